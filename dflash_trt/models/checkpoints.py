@@ -1,0 +1,110 @@
+"""Loading HF-format checkpoints: targets (dir, hub id or alias) and DFlash drafters (safetensors only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.models import embedded
+from dflash_trt.models.draft_config import DraftConfig
+from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.models.target import TargetModel, check_model_type
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def safetensors_files(path: Path, what: str) -> list[Path]:
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        return files
+    pickled = [p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
+    if pickled:
+        raise DFlashError(
+            f"{path}: {what} weights are pickled ({pickled[0]}); only *.safetensors are loaded "
+            "(convert them with safetensors' save_file)"
+        )
+    raise DFlashError(f"{path}: no *.safetensors weights found for the {what}")
+
+
+def resolve_target(spec: str) -> str:
+    """An alias becomes its local directory; directories and hub ids pass through."""
+    if spec in embedded.TARGET_ALIASES:
+        return str(embedded.embedded_target_dir(spec))
+    return spec
+
+
+def load_target(spec: str, dtype: torch.dtype = torch.float32) -> tuple[TargetModel, PreTrainedTokenizerBase | None]:
+    source = resolve_target(spec)
+    path = Path(source)
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise DFlashError(f"{path}: not an HF checkpoint directory (no config.json)")
+        safetensors_files(path, "target")
+    elif source.startswith((".", "/", "~")) or source.count("/") != 1:
+        raise DFlashError(
+            f"target '{spec}' is neither a directory, a hub id (org/name) nor an alias "
+            f"({', '.join(embedded.TARGET_ALIASES)})"
+        )
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+    except OSError as err:
+        raise DFlashError(f"target '{spec}': cannot load its config ({str(err).splitlines()[0]})") from None
+    check_model_type(config.model_type, f"target '{spec}'")
+    model = AutoModelForCausalLM.from_pretrained(
+        source, dtype=dtype, use_safetensors=True, trust_remote_code=False
+    )
+    tokenizer = load_tokenizer(source)
+    return TargetModel(model), tokenizer
+
+
+def load_tokenizer(source: str) -> PreTrainedTokenizerBase | None:
+    path = Path(source)
+    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+    except (OSError, ValueError):
+        return None
+
+
+def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32) -> DFlashDrafter:
+    path = Path(path)
+    if not path.is_dir():
+        raise DFlashError(f"drafter '{path}' is not a directory (expected config.json + *.safetensors)")
+    config = DraftConfig.from_dir(path)
+    drafter = DFlashDrafter(config)
+    state: dict[str, torch.Tensor] = {}
+    for file in safetensors_files(path, "drafter"):
+        state.update(load_file(file))
+    expected = set(drafter.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        detail = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
+        raise DFlashError(
+            f"{path}: drafter weights do not match its config ({detail}; "
+            f"{len(missing)} missing, {len(unexpected)} unexpected)"
+        )
+    for name, tensor in drafter.state_dict().items():
+        if state[name].shape != tensor.shape:
+            raise DFlashError(
+                f"{path}: weight {name} has shape {tuple(state[name].shape)}, config says {tuple(tensor.shape)}"
+            )
+    drafter.load_state_dict(state)
+    return drafter.to(dtype).eval()
+
+
+def save_drafter(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """Write z-lab HF format: config.json + model.safetensors (no embedding, no LM head)."""
+    import json
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(dtype).contiguous() for k, v in drafter.state_dict().items()}
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    config = drafter.config.to_dict()
+    config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

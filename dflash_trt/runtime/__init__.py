@@ -1,0 +1,1 @@
+"""Runtime: the LLM API and per-request sessions for each backend."""

@@ -1,0 +1,1 @@
+"""The DFlash algorithm, backend-agnostic: reference loop, acceptance rules, sampling, stopping, metrics."""

@@ -1,0 +1,98 @@
+"""Per-request speculative-decoding metrics, named as vLLM names them.
+
+A "draft" is one verify step; its acceptance length τ counts the bonus token, so τ = accepted + 1
+lies in [1, block_size] and mean_acceptance_length = 1 + accepted_tokens / drafts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    block_size: int | None  # None: autoregressive decoding
+    acceptance_lengths: list[int] = field(default_factory=list)  # τ per verify step
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    prefill_s: float = 0.0  # prompt forward + first token (time to first token)
+    decode_s: float = 0.0  # everything after the first token
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+    def record(self, accepted: int) -> None:
+        assert self.block_size is not None and 0 <= accepted < self.block_size
+        self.acceptance_lengths.append(accepted + 1)
+
+    @property
+    def num_drafts(self) -> int:
+        return len(self.acceptance_lengths)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.num_drafts * ((self.block_size or 1) - 1)
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        return sum(self.acceptance_lengths) - self.num_drafts
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        if not self.num_drafts:
+            return None
+        return 1 + self.num_accepted_tokens / self.num_drafts
+
+    @property
+    def accepted_per_position(self) -> list[int]:
+        """How many steps accepted the draft at block slot 1, 2, ..., B-1."""
+        slots = (self.block_size or 1) - 1
+        return [sum(1 for tau in self.acceptance_lengths if tau > k + 1) for k in range(slots)]
+
+    @property
+    def acceptance_rate_per_position(self) -> list[float]:
+        return [count / self.num_drafts for count in self.accepted_per_position] if self.num_drafts else []
+
+    @property
+    def histogram(self) -> dict[int, int]:
+        """Steps per acceptance length τ = 1..B."""
+        size = self.block_size or 1
+        return {tau: self.acceptance_lengths.count(tau) for tau in range(1, size + 1)}
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        # The first token comes from the prefill; decode throughput counts the rest.
+        rest = self.output_tokens - 1
+        return rest / self.decode_s if rest > 0 and self.decode_s > 0 else None
+
+    def to_dict(self) -> dict:
+        return {
+            "block_size": self.block_size,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "acceptance_lengths": self.acceptance_lengths,
+            "accepted_per_position": self.accepted_per_position,
+            "histogram": self.histogram,
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+        }
+
+
+def summary_line(metrics: RequestMetrics) -> str:
+    """One human line: tokens, speed, and acceptance when speculative."""
+    speed = metrics.decode_tokens_per_s
+    text = f"{metrics.output_tokens} tokens"
+    if speed:
+        text += f", {speed:.1f} tok/s decode"
+    if metrics.mean_acceptance_length is not None:
+        text += (
+            f", mean acceptance length {metrics.mean_acceptance_length:.2f} "
+            f"over {metrics.num_drafts} steps (B={metrics.block_size})"
+        )
+    return text

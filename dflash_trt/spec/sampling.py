@@ -1,0 +1,89 @@
+"""SamplingParams and the target distribution they define (temperature, top-k, top-p, seed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dflash_trt.errors import DFlashError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What to sample and when to stop. temperature == 0 means greedy (argmax)."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k cut
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # stop strings: excluded from the text
+    stop_token_ids: tuple[int, ...] = ()  # extra stop tokens besides EOS
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        # Accept a single string or lists from callers; store tuples so the params stay hashable.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop or ()))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise DFlashError(f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not self.temperature >= 0:
+            raise DFlashError(f"SamplingParams.temperature must be >= 0, got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise DFlashError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise DFlashError(f"SamplingParams.top_k must be an integer >= 0, got {self.top_k!r}")
+        if any(not s for s in self.stop):
+            raise DFlashError("SamplingParams.stop must not contain an empty string")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Softmax(logits / T) restricted to the top-k, then to the top-p nucleus, renormalised.
+
+    logits [..., V] -> probs [..., V] float32. Ties at the top-k boundary keep torch.topk's pick.
+    """
+    scores = logits.float() / params.temperature
+    vocab = scores.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if params.top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # Keep a token while the mass strictly before it is below top_p (the first always stays).
+        keep_sorted = sorted_probs.cumsum(dim=-1) - sorted_probs < params.top_p
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        probs = probs * keep
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+class Sampler:
+    """Per-request sampling state: the params and a seeded generator."""
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.generator = torch.Generator()
+        if params.seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(params.seed)
+
+    def sample(self, logits: torch.Tensor) -> int:
+        """One token from logits [V]."""
+        if self.params.greedy:
+            return int(logits.argmax())
+        return self.draw(target_probs(logits, self.params))
+
+    def draw(self, probs: torch.Tensor) -> int:
+        return int(torch.multinomial(probs.float().cpu(), 1, generator=self.generator))
+
+    def uniform(self) -> float:
+        return float(torch.rand((), generator=self.generator))

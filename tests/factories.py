@@ -1,0 +1,130 @@
+"""Tiny random-weight models, tokenizers and drafters written to disk in HF format, for tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
+
+from dflash_trt.models.checkpoints import save_drafter
+from dflash_trt.models.draft_config import DraftConfig
+from dflash_trt.models.drafter import DFlashDrafter
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """Byte-level tokenizer: 256 byte tokens + 4 specials (ids 256..259), with a chat template."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    for name in SPECIALS:
+        vocab[name] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.add_special_tokens({"additional_special_tokens": SPECIALS})
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def target_config(family: str, vocab_size: int = 264, layers: int = 4, **extra):
+    common = dict(vocab_size=vocab_size, num_hidden_layers=layers, max_position_embeddings=512, **SMALL)
+    common.update(extra)
+    if family == "llama":
+        return LlamaConfig(**common, tie_word_embeddings=True)
+    if family == "qwen3":
+        return Qwen3Config(**common)
+    if family == "qwen3_moe":
+        return Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    if family == "qwen3_next":
+        from transformers import Qwen3NextConfig
+
+        return Qwen3NextConfig(
+            **common,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            layer_types=["linear_attention", "full_attention"] * (layers // 2),
+        )
+    raise ValueError(family)
+
+
+def make_target(path: Path, family: str = "qwen3", seed: int = 0, tokenizer: bool = True, **config) -> Path:
+    """Write a random tiny target checkpoint (config.json + model.safetensors [+ tokenizer])."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(target_config(family, **config), dtype=torch.float32)
+    # Default init gives near-uniform logits; scale up so greedy choices are decisive, as in real models.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(path)
+    if tokenizer:
+        byte_tokenizer().save_pretrained(path)
+    return path
+
+
+def draft_config_dict(
+    hidden_size: int = 64,
+    layers: int = 2,
+    block_size: int = 4,
+    target_layer_ids: list[int] | None = (1, 2),
+    mask_token_id: int = 259,
+    nested: bool = True,
+    **extra,
+) -> dict:
+    raw = dict(
+        SMALL,
+        hidden_size=hidden_size,
+        num_hidden_layers=layers,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=512,
+        architectures=["DFlashDraftModel"],
+        model_type="qwen3",
+    )
+    fields = dict(block_size=block_size, mask_token_id=mask_token_id)
+    if target_layer_ids is not None:
+        fields["target_layer_ids"] = list(target_layer_ids)
+    if nested:
+        raw["dflash_config"] = fields
+    else:
+        raw.update(fields)
+    raw.update(extra)
+    return raw
+
+
+def make_drafter(path: Path, seed: int = 0, **config) -> Path:
+    """Write a random drafter in z-lab HF format (float32, so parity tests see no rounding)."""
+    raw = draft_config_dict(**config)
+    torch.manual_seed(seed)
+    drafter = DFlashDrafter(DraftConfig.from_dict(raw))
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(torch.randn_like(p) * 0.1)  # norms too, so no weight is a trivial constant
+    save_drafter(drafter, path, dtype=torch.float32)
+    # keep the author's own field layout (top-level vs nested) exactly as given
+    (path / "config.json").write_text(json.dumps(raw, indent=2))
+    return path
