@@ -128,3 +128,32 @@ def make_drafter(path: Path, seed: int = 0, **config) -> Path:
     # keep the author's own field layout (top-level vs nested) exactly as given
     (path / "config.json").write_text(json.dumps(raw, indent=2))
     return path
+
+
+class OracleDraftSession:
+    """Test double for the drafter: proposes the target's own greedy continuation, corrupting
+    each slot with probability `corrupt`, so a test can drive full, partial and zero acceptance
+    through the real loop. It rebuilds the committed sequence from what the loop tells it."""
+
+    def __init__(self, model, prompt: list[int], corrupt: float, seed: int = 0):
+        self.model = model
+        self.history: list[int] = []
+        self.prompt = list(prompt)
+        self.last_block: list[int] = []
+        self.corrupt = corrupt
+        self.rng = torch.Generator().manual_seed(seed)
+
+    @torch.inference_mode()
+    def draft(self, features, bonus: int, block_size: int) -> list[int]:
+        n = features.shape[0]
+        self.history += self.prompt if not self.history else self.last_block[:n]
+        seq = self.history + [bonus]
+        drafts = []
+        for _ in range(block_size - 1):
+            logits = self.model(torch.tensor([seq + drafts])).logits[0, -1]
+            token = int(logits.argmax())
+            if float(torch.rand((), generator=self.rng)) < self.corrupt:
+                token = int(torch.randint(logits.shape[0], (), generator=self.rng))
+            drafts.append(token)
+        self.last_block = [bonus, *drafts]
+        return drafts

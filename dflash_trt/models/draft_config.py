@@ -61,6 +61,8 @@ class DraftConfig:
         return self.layer_type(layer) == "sliding_attention"
 
     def layer_window(self, layer: int) -> int | None:
+        # Qwen3Config keeps sliding_window only when use_sliding_window is true; the reference
+        # reads it from there too, so a sliding layer without it is causal with no window.
         return self.arch.sliding_window if self.layer_type(layer) == "sliding_attention" else None
 
     @classmethod
@@ -118,9 +120,6 @@ class DraftConfig:
             raise DFlashError(f"{where}: target_layer_ids is empty")
         if self.arch.num_attention_heads % self.arch.num_key_value_heads:
             raise DFlashError(f"{where}: num_attention_heads must be a multiple of num_key_value_heads")
-        if any(self.layer_type(i) == "sliding_attention" for i in range(self.num_layers)):
-            if not self.arch.sliding_window:
-                raise DFlashError(f"{where}: layer_types has sliding_attention but sliding_window is not set")
 
     def to_dict(self) -> dict[str, Any]:
         """The z-lab layout: Qwen3 fields at top level, DFlash fields inside `dflash_config`."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.models import embedded
+from dflash_trt.models.chat import encode_prompt
 from dflash_trt.models.checkpoints import load_drafter, load_target, load_tokenizer
 from dflash_trt.models.pairing import validate_pair
 from dflash_trt.runtime.torch_backend import TorchDraftSession, TorchTargetSession
@@ -71,13 +72,7 @@ class LLM:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise DFlashError("this target has no tokenizer; pass prompts as lists of token ids")
-            if self.tokenizer.chat_template:
-                text = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-                )
-                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            else:
-                ids = self.tokenizer(prompt)["input_ids"]
+            ids = encode_prompt(self.tokenizer, prompt)
         else:
             ids = list(prompt)
             bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < self.target.vocab_size)]

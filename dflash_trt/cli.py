@@ -1,0 +1,126 @@
+"""The `dflash-trt` command line: thin Click wrappers over the Python API."""
+
+from __future__ import annotations
+
+import json
+import sys
+from functools import wraps
+from pathlib import Path
+
+import click
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.models.embedded import DEFAULT_TARGET
+
+TARGET_HELP = f"HF checkpoint directory, hub id, or alias (default: {DEFAULT_TARGET}, embedded)."
+DRAFT_HELP = "DFlash drafter directory (z-lab HF format). Default: the drafter shipped for the target."
+
+
+def user_errors(command):
+    """A DFlashError becomes one 'Error: ...' line and exit status 2, never a traceback."""
+
+    @wraps(command)
+    def run(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except DFlashError as err:
+            raise click.UsageError(str(err)) from None
+
+    return run
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dflash-trt")
+def main():
+    """dflash-trt: lossless DFlash speculative decoding, from HF checkpoints to TensorRT engines."""
+
+
+@main.command()
+@click.argument("prompt")
+@click.option("--target", default=DEFAULT_TARGET, show_default=True, help=TARGET_HELP)
+@click.option("--draft", default=None, help=DRAFT_HELP)
+@click.option("--backend", type=click.Choice(["torch", "onnxruntime", "tensorrt"]), default="torch", show_default=True)
+@click.option("--block-size", type=int, default=None, help="Verify block size B (default: the drafter's).")
+@click.option("--speculative/--no-speculative", default=True, show_default=True, help="Off: plain autoregressive decoding.")
+@click.option("--max-tokens", type=int, default=256, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 disables top-k.")
+@click.option("--seed", type=int, default=None)
+@click.option("--stop", multiple=True, help="Stop string (repeatable); cut from the output.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, metrics) instead of streaming.")
+@user_errors
+def generate(prompt, target, draft, backend, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop, as_json):
+    """Generate a reply to PROMPT, streaming it, then print the acceptance summary."""
+    from dflash_trt.runtime.llm import AUTO, LLM
+    from dflash_trt.spec.metrics import summary_line
+    from dflash_trt.spec.sampling import SamplingParams
+
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop
+    )
+    llm = LLM(target=target, draft=draft or AUTO, backend=backend, block_size=block_size)
+    if speculative and llm.drafter is None:
+        raise DFlashError(f"no drafter for target '{target}': pass --draft DIR or --no-speculative")
+    if as_json:
+        out = llm.generate(prompt, params, speculative=speculative)[0]
+        click.echo(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
+                               "metrics": out.metrics.to_dict()}))
+        return
+    shown = 0
+    for out in llm.stream(prompt, params, speculative=speculative):
+        click.echo(out.text[shown:], nl=False)
+        shown = len(out.text)
+    click.echo()
+    click.echo(f"[{out.finish_reason}] {summary_line(out.metrics)}", err=True)
+
+
+@main.command("train-drafter")
+@click.option("--target", default=DEFAULT_TARGET, show_default=True, help=TARGET_HELP)
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="Run directory.")
+@click.option("--corpus", type=click.Path(path_type=Path), default=None, help="Corpus directory (default: OUT/corpus); resumed if present.")
+@click.option("--prompts", "num_prompts", type=int, default=1600, show_default=True, help="Training prompts to answer.")
+@click.option("--data-minutes", type=float, default=None, help="Stop answering prompts after this long (keep what is done).")
+@click.option("--max-new-tokens", type=int, default=256, show_default=True, help="Longest target response.")
+@click.option("--layers", type=int, default=2, show_default=True, help="Draft layers.")
+@click.option("--block-size", type=int, default=16, show_default=True)
+@click.option("--taps", default=None, help="Target layer ids to tap, e.g. 1,8,14,20,27 (default: 5 evenly spaced).")
+@click.option("--mask-token-id", type=int, default=None, help="MASK id (default: the tokenizer's mask token; SmolLM2: 16).")
+@click.option("--anchors", type=int, default=24, show_default=True, help="Blocks per sequence per step.")
+@click.option("--epochs", type=float, default=1.0, show_default=True)
+@click.option("--lr", type=float, default=6e-4, show_default=True)
+@click.option("--train-minutes", type=float, default=None, help="Stop training after this long and write the drafter.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", default=None, help="torch device (default: cuda when present, else cpu).")
+@user_errors
+def train_drafter(target, out, corpus, num_prompts, data_minutes, max_new_tokens, layers, block_size, taps,
+                  mask_token_id, anchors, epochs, lr, train_minutes, seed, device):
+    """Train a DFlash drafter for TARGET: regenerate responses, then fit. Resumable."""
+    from dflash_trt.models.checkpoints import load_target
+    from dflash_trt.models.draft_config import default_target_layer_ids
+    from dflash_trt.train.corpus import CorpusConfig, build_corpus
+    from dflash_trt.train.trainer import Trainer, TrainConfig
+
+    target_model, tokenizer = load_target(target)
+    tap_ids = (
+        tuple(int(t) for t in taps.split(","))
+        if taps else tuple(default_target_layer_ids(target_model.num_layers, 5))
+    )
+    if mask_token_id is None:
+        mask_token_id = 16 if target == DEFAULT_TARGET else getattr(tokenizer, "mask_token_id", None)
+    if mask_token_id is None:
+        raise DFlashError("this tokenizer has no mask token: pass --mask-token-id (an id the target never emits)")
+    corpus = corpus or out / "corpus"
+    config = CorpusConfig(taps=tap_ids, num_prompts=num_prompts, max_new_tokens=max_new_tokens, seed=seed)
+    build_corpus(target_model, tokenizer, corpus, config, deadline_s=None if data_minutes is None else 60 * data_minutes)
+    train = TrainConfig(layers=layers, block_size=block_size, mask_token_id=mask_token_id, anchors=anchors,
+                        epochs=epochs, lr=lr, seed=seed, max_minutes=train_minutes)
+    trainer = Trainer(target_model, corpus, out, train, device=device)
+    summary = trainer.fit()
+    path = trainer.export(summary)
+    click.echo(f"drafter written to {path}: validation mean acceptance length {summary['val_tau']:.2f} "
+               f"(greedy, B={block_size}, {summary['val_blocks']} held-out blocks)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Drafter training: target-regenerated corpus, anchor-block objective, trainer, evaluation."""

@@ -1,0 +1,76 @@
+"""Build (or resume) a training corpus: prompts -> target responses + features, in shards."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.models.chat import encode_prompt
+from dflash_trt.models.target import TargetModel
+from dflash_trt.train import prompts as sources
+from dflash_trt.train.data import generate_batch, self_instruct, write_shard
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    taps: tuple[int, ...]
+    num_prompts: int = 1600
+    code_share: float = 0.45
+    math_share: float = 0.25  # the rest: self-instructed chat prompts
+    batch_size: int = 48
+    max_new_tokens: int = 256
+    seed: int = 0
+
+
+def build_prompts(target: TargetModel, tokenizer, config: CorpusConfig) -> list[str]:
+    n_code = int(config.num_prompts * config.code_share)
+    n_math = int(config.num_prompts * config.math_share)
+    n_chat = config.num_prompts - n_code - n_math
+    with tqdm(total=n_chat, desc="self-instruct prompts", unit="prompt") as bar:
+        chat = self_instruct(target.model, tokenizer, n_chat, config.seed, progress=bar.update)
+    mixed = sources.code_prompts(n_code, config.seed) + sources.math_prompts(n_math, config.seed) + chat
+    random.Random(config.seed).shuffle(mixed)  # every prefix of the corpus has the same mix
+    return mixed
+
+
+def build_corpus(target: TargetModel, tokenizer, out: Path, config: CorpusConfig, deadline_s: float | None = None) -> Path:
+    """Write shards under out/ until all prompts are done or `deadline_s` seconds have passed.
+
+    Re-running with the same directory resumes: finished shards are kept, the config must match.
+    """
+    if tokenizer is None or not tokenizer.chat_template:
+        raise DFlashError("training data needs a target with a tokenizer and a chat template")
+    out.mkdir(parents=True, exist_ok=True)
+    meta_file, prompt_file = out / "corpus.json", out / "prompts.jsonl"
+    if meta_file.exists():
+        saved = json.loads(meta_file.read_text())
+        if saved != json.loads(json.dumps(asdict(config))):
+            raise DFlashError(f"{meta_file}: corpus was built with other settings; use a new directory")
+    if not prompt_file.exists():
+        prompts = build_prompts(target, tokenizer, config)
+        prompt_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+        meta_file.write_text(json.dumps(asdict(config)))
+    prompts = [json.loads(line)["prompt"] for line in prompt_file.read_text().splitlines()]
+    stop = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")} - {None}
+    started = time.monotonic()
+    batches = range(0, len(prompts), config.batch_size)
+    with tqdm(total=len(batches), desc="target responses", unit="batch") as bar:
+        for index, begin in enumerate(batches):
+            shard = out / f"shard-{index:05d}.safetensors"
+            bar.update(1)
+            if shard.exists():
+                continue
+            if deadline_s is not None and time.monotonic() - started > deadline_s:
+                break
+            batch = [encode_prompt(tokenizer, p) for p in prompts[begin : begin + config.batch_size]]
+            results = generate_batch(
+                target.model, batch, config.max_new_tokens, stop, config.taps, pad_id=tokenizer.pad_token_id or 0
+            )
+            write_shard(shard, batch, results)
+    return out

@@ -1,0 +1,116 @@
+"""The DFlash training objective on one sequence (research/dflash.md §3).
+
+Random anchors a_b are drawn from response positions. Block b is [x_a, MASK x (B-1)] at positions
+a..a+B-1; it sees the context rows strictly before its anchor and its own B rows (both ways),
+never another block. Slot k predicts x_{a+k} (same position, no shift), weighted by
+exp(-(k-1)/gamma). All blocks of a sequence go through the drafter in one packed pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from dflash_trt.models.drafter import DFlashDrafter
+
+IGNORE = -100
+
+
+@dataclass
+class Blocks:
+    anchors: torch.Tensor  # [N]
+    ids: torch.Tensor  # [N*B] block input ids
+    positions: torch.Tensor  # [N*B]
+    labels: torch.Tensor  # [N, B-1], IGNORE past the sequence end
+    visible: torch.Tensor  # [1, 1, N*B, ctx + N*B] bool
+
+
+def sample_anchors(seq_len: int, prompt_len: int, count: int, generator: torch.Generator) -> torch.Tensor:
+    """Distinct sorted anchors in [prompt_len, seq_len - 2]: response tokens with a label after them."""
+    valid = seq_len - 1 - prompt_len
+    if valid <= 0:
+        return torch.empty(0, dtype=torch.long)
+    pick = torch.randperm(valid, generator=generator)[: min(count, valid)]
+    return (pick + prompt_len).sort().values
+
+
+def make_blocks(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_id: int, ctx_len: int) -> Blocks:
+    n, size = anchors.shape[0], block_size
+    offsets = torch.arange(size)
+    positions = anchors[:, None] + offsets  # [N, B]
+    ids = torch.full((n, size), mask_id, dtype=torch.long)
+    ids[:, 0] = tokens[anchors]
+    label_pos = positions[:, 1:]
+    labels = torch.where(label_pos < tokens.shape[0], tokens[label_pos.clamp(max=tokens.shape[0] - 1)], IGNORE)
+    # context column j is visible to block b iff j < a_b; block columns only within the same block
+    ctx_visible = torch.arange(ctx_len)[None, :] < anchors[:, None]  # [N, ctx]
+    ctx_visible = ctx_visible.repeat_interleave(size, dim=0)  # [N*B, ctx]
+    block_of = torch.arange(n).repeat_interleave(size)
+    own_block = block_of[:, None] == block_of[None, :]  # [N*B, N*B]
+    visible = torch.cat([ctx_visible, own_block], dim=1)[None, None]
+    return Blocks(anchors, ids.flatten(), positions.flatten(), labels, visible)
+
+
+def position_weights(block_size: int, gamma: float) -> torch.Tensor:
+    """w_k = exp(-(k-1)/gamma) for slots k = 1..B-1: early slots matter most for acceptance."""
+    return torch.exp(-torch.arange(block_size - 1, dtype=torch.float32) / gamma)
+
+
+def default_gamma(block_size: int) -> float:
+    """SpecForge's published choices (7 for B=16, 5 for B=10, 4 for B=8), interpolated."""
+    return {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, max(1.0, block_size / 2 - 1))
+
+
+def block_logits(
+    drafter: DFlashDrafter,
+    embed: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    features: torch.Tensor,
+    blocks: Blocks,
+    vocab: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Packed drafter pass -> logits [N, B-1, V'] for slots 1..B-1.
+
+    `vocab` restricts the output layer to the listed token ids (the labels must all be among
+    them): on CPU the 49k-row LM head otherwise costs more than the whole drafter.
+    """
+    ctx_len = features.shape[0]
+    device = features.device
+    context = drafter.inject_context(features[None], torch.arange(ctx_len, device=device)[None])
+    hidden = drafter.block_hidden(
+        F.embedding(blocks.ids.to(device), embed)[None],
+        blocks.positions.to(device)[None],
+        context,
+        torch.arange(ctx_len, device=device)[None],
+        visible=blocks.visible.to(device),
+    )
+    n = blocks.anchors.shape[0]
+    hidden = hidden.view(n, -1, hidden.shape[-1])[:, 1:]  # slot 0 is the anchor itself
+    weight = lm_head_weight if vocab is None else lm_head_weight[vocab]
+    logits = hidden @ weight.T * drafter.config.output_multiplier
+    cap = drafter.config.final_logit_softcapping
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def weighted_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Position-weighted cross-entropy over valid labels. logits [N, B-1, V'], labels [N, B-1]."""
+    valid = labels != IGNORE
+    per_token = F.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten(), reduction="none")
+    w = (weights[None, :].to(logits.device) * valid).flatten()
+    return (per_token * w).sum() / w.sum().clamp(min=1e-8)
+
+
+def greedy_acceptance(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """τ per block if the labels are the target's greedy continuation: 1 + matching prefix length."""
+    match = (logits.argmax(-1) == labels) & (labels != IGNORE)
+    return 1 + match.long().cumprod(dim=1).sum(dim=1)
+
+
+def warmup_cosine(step: int, total: int, warmup: int) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))

@@ -1,0 +1,262 @@
+"""Train a DFlash drafter on a target-regenerated corpus: frozen target, resumable, seeded."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.models.checkpoints import save_drafter
+from dflash_trt.models.draft_config import DraftConfig
+from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.models.target import TargetModel
+from dflash_trt.train.data import read_shard
+from dflash_trt.train.objective import (
+    IGNORE,
+    block_logits,
+    default_gamma,
+    greedy_acceptance,
+    make_blocks,
+    position_weights,
+    sample_anchors,
+    warmup_cosine,
+    weighted_loss,
+)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    layers: int = 2
+    block_size: int = 16
+    mask_token_id: int = 16
+    anchors: int = 24  # blocks per sequence per step
+    epochs: float = 1.0
+    lr: float = 6e-4
+    warmup: float = 0.04
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+    val_share: float = 0.05
+    init_from_target: bool = True
+    seed: int = 0
+    max_minutes: float | None = None  # stop early (and still write the drafter) after this long
+    checkpoint_every: int = 200
+
+
+def draft_config_for(target: TargetModel, taps: tuple[int, ...], config: TrainConfig) -> DraftConfig:
+    """A drafter shaped like the target's own layers (same heads, MLP width, RoPE)."""
+    t = target.config
+    raw = dict(
+        hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size,
+        num_hidden_layers=config.layers,
+        num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads,
+        head_dim=getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
+        rms_norm_eps=t.rms_norm_eps,
+        rope_parameters=dict(t.rope_parameters),
+        max_position_embeddings=t.max_position_embeddings,
+        vocab_size=target.vocab_size,
+        hidden_act="silu",
+        attention_bias=False,
+        model_type="qwen3",
+        dflash_config=dict(
+            block_size=config.block_size, target_layer_ids=list(taps), mask_token_id=config.mask_token_id
+        ),
+        num_target_layers=target.num_layers,
+    )
+    return DraftConfig.from_dict(raw, where="train config")
+
+
+def init_from_target(drafter: DFlashDrafter, target: TargetModel) -> None:
+    """Copy target layers 0..L-1 into the draft layers (attention, MLP, norms).
+
+    Those target layers read token embeddings, as the draft layers do for their block tokens; it
+    gives a small-data run a working language-model start instead of noise. q_norm/k_norm have
+    no target counterpart in Llama and stay at their identity initialisation.
+    """
+    source = target.model.model.layers
+    with torch.no_grad():
+        for index, layer in enumerate(drafter.layers):
+            src = source[index]
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                getattr(layer.self_attn, name).weight.copy_(getattr(src.self_attn, name).weight)
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                getattr(layer.mlp, name).weight.copy_(getattr(src.mlp, name).weight)
+            layer.input_layernorm.weight.copy_(src.input_layernorm.weight)
+            layer.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
+
+
+def load_corpus(corpus: Path) -> list[dict]:
+    shards = sorted(corpus.glob("shard-*.safetensors"))
+    if not shards:
+        raise DFlashError(f"{corpus}: no corpus shards; build the corpus first")
+    return [seq for shard in shards for seq in read_shard(shard)]
+
+
+def corpus_taps(corpus: Path) -> tuple[int, ...]:
+    return tuple(json.loads((corpus / "corpus.json").read_text())["taps"])
+
+
+class Trainer:
+    def __init__(self, target: TargetModel, corpus: Path, out: Path, config: TrainConfig, device: str | None = None):
+        self.target, self.out, self.config = target, out, config
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        torch.manual_seed(config.seed)
+        self.taps = corpus_taps(corpus)
+        sequences = load_corpus(corpus)
+        random.Random(config.seed).shuffle(sequences)
+        n_val = max(1, int(len(sequences) * config.val_share))
+        self.val, self.train = sequences[:n_val], sequences[n_val:]
+        self.drafter = DFlashDrafter(draft_config_for(target, self.taps, config))
+        if config.init_from_target:
+            init_from_target(self.drafter, target)
+        self.drafter.to(self.device).train()
+        # Frozen target pieces the drafter borrows: the embedding table and the (tied) LM head.
+        self.embed = target.model.get_input_embeddings().weight.detach().to(self.device)
+        self.head = target.lm_head.weight.detach().to(self.device)
+        self.vocab, self.remap = self._training_vocab(sequences)
+        self.weights = position_weights(config.block_size, default_gamma(config.block_size))
+        self.optimizer = torch.optim.AdamW(
+            self.drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95)
+        )
+        self.total_steps = max(1, int(len(self.train) * config.epochs))
+        self.step = 0
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.history: list[dict] = []
+
+    def _training_vocab(self, sequences: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every token id in the corpus: the output layer is restricted to these while training."""
+        seen = torch.zeros(self.target.vocab_size, dtype=torch.bool)
+        for seq in sequences:
+            seen[seq["tokens"]] = True
+        vocab = seen.nonzero()[:, 0]
+        remap = torch.full((self.target.vocab_size,), IGNORE, dtype=torch.long)
+        remap[vocab] = torch.arange(vocab.shape[0])
+        return vocab.to(self.device), remap
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def identity(self) -> dict:
+        """Settings a checkpoint must share to be resumed (time limits and cadence may change)."""
+        return {k: v for k, v in asdict(self.config).items() if k not in ("max_minutes", "checkpoint_every")}
+
+    def checkpoint_path(self) -> Path:
+        return self.out / "checkpoint.pt"
+
+    def save_checkpoint(self) -> None:
+        state = {
+            "step": self.step,
+            "drafter": self.drafter.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "config": self.identity(),
+            "history": self.history,
+        }
+        self.out.mkdir(parents=True, exist_ok=True)
+        tmp = self.checkpoint_path().with_suffix(".tmp")
+        torch.save(state, tmp)
+        tmp.replace(self.checkpoint_path())
+
+    def maybe_resume(self) -> None:
+        path = self.checkpoint_path()
+        if not path.exists():
+            return
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        if state["config"] != self.identity():
+            raise DFlashError(f"{path}: checkpoint was trained with other settings; use a new output directory")
+        self.drafter.load_state_dict(state["drafter"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        self.step, self.history = state["step"], state["history"]
+
+    # -- training ------------------------------------------------------------------------------
+
+    def train_step(self, seq: dict) -> dict | None:
+        cfg = self.config
+        tokens, prompt_len = seq["tokens"], seq["prompt_len"]
+        anchors = sample_anchors(tokens.shape[0], prompt_len, cfg.anchors, self.generator)
+        if anchors.numel() == 0:
+            return None
+        features = seq["features"].to(self.device, torch.float32)
+        blocks = make_blocks(tokens, anchors, cfg.block_size, cfg.mask_token_id, features.shape[0])
+        labels = torch.where(blocks.labels == IGNORE, IGNORE, self.remap[blocks.labels.clamp(min=0)]).to(self.device)
+        logits = block_logits(self.drafter, self.embed, self.head, features, blocks, self.vocab)
+        loss = weighted_loss(logits, labels, self.weights)
+        lr = cfg.lr * warmup_cosine(self.step, self.total_steps, max(1, int(cfg.warmup * self.total_steps)))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        tau = greedy_acceptance(logits.detach(), labels).float().mean().item()
+        return {"step": self.step, "loss": loss.item(), "tau": tau, "lr": lr}
+
+    def advance(self) -> dict | None:
+        """One training step on the next sequence; the order is a pure function of (seed, step)."""
+        epoch, index = divmod(self.step, len(self.train))
+        order = list(range(len(self.train)))
+        random.Random(self.config.seed + epoch).shuffle(order)
+        record = self.train_step(self.train[order[index]])
+        self.step += 1
+        if record:
+            self.history.append(record)
+        return record
+
+    def fit(self) -> dict:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.maybe_resume()
+        started = time.monotonic()
+        with tqdm(total=self.total_steps, initial=self.step, desc="train drafter", unit="seq") as bar:
+            while self.step < self.total_steps:
+                if self.config.max_minutes and time.monotonic() - started > 60 * self.config.max_minutes:
+                    break
+                self.advance()
+                bar.update(1)
+                recent = self.history[-50:]
+                if recent:
+                    bar.set_postfix(
+                        loss=f"{sum(r['loss'] for r in recent) / len(recent):.3f}",
+                        tau=f"{sum(r['tau'] for r in recent) / len(recent):.2f}",
+                    )
+                if self.step % self.config.checkpoint_every == 0:
+                    self.save_checkpoint()
+        self.save_checkpoint()
+        return self.validate()
+
+    @torch.no_grad()
+    def validate(self, anchors: int = 32) -> dict:
+        """Greedy acceptance on held-out sequences, over the FULL vocabulary as at inference."""
+        self.drafter.eval()
+        generator = torch.Generator().manual_seed(self.config.seed + 1)
+        taus = []
+        for seq in self.val:
+            picked = sample_anchors(seq["tokens"].shape[0], seq["prompt_len"], anchors, generator)
+            if picked.numel() == 0:
+                continue
+            features = seq["features"].to(self.device, torch.float32)
+            blocks = make_blocks(seq["tokens"], picked, self.config.block_size, self.config.mask_token_id, features.shape[0])
+            logits = block_logits(self.drafter, self.embed, self.head, features, blocks)
+            taus.append(greedy_acceptance(logits, blocks.labels.to(self.device)).float())
+        self.drafter.train()
+        tau = torch.cat(taus)
+        return {"val_sequences": len(self.val), "val_blocks": int(tau.numel()), "val_tau": float(tau.mean())}
+
+    def export(self, summary: dict) -> Path:
+        """Write the final drafter (bf16, z-lab layout) next to a training summary."""
+        final = self.out / "drafter"
+        tmp = self.out / "drafter.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_drafter(self.drafter.cpu(), tmp)
+        (tmp / "training.json").write_text(json.dumps({"config": asdict(self.config), "taps": self.taps, **summary}, indent=2))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        self.drafter.to(self.device)
+        return final

@@ -1,0 +1,73 @@
+"""The trainer end to end on a tiny corpus: learns, resumes, and writes a loadable drafter."""
+
+import json
+
+import pytest
+import torch
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.models.checkpoints import load_drafter, load_target
+from dflash_trt.models.pairing import validate_pair
+from dflash_trt.train.data import generate_batch, read_shard, write_shard
+from dflash_trt.train.trainer import Trainer, TrainConfig
+
+TAPS = (1, 2)
+
+
+@pytest.fixture(scope="module")
+def corpus(tiny_pairs, tmp_path_factory):
+    target, _ = load_target(str(tiny_pairs["llama"][0]))
+    root = tmp_path_factory.mktemp("corpus")
+    gen = torch.Generator().manual_seed(0)
+    for shard in range(2):
+        prompts = [torch.randint(0, 256, (5,), generator=gen).tolist() for _ in range(6)]
+        results = generate_batch(target.model, prompts, max_new_tokens=20, stop_ids=set(), taps=TAPS)
+        write_shard(root / f"shard-{shard:05d}.safetensors", prompts, results)
+    (root / "corpus.json").write_text(json.dumps({"taps": list(TAPS)}))
+    return target, root
+
+
+def test_shards_round_trip(corpus):
+    _, root = corpus
+    sequences = read_shard(root / "shard-00000.safetensors")
+    assert len(sequences) == 6
+    for seq in sequences:
+        assert seq["prompt_len"] == 5 and seq["tokens"].shape[0] == 25
+        assert seq["features"].shape == (24, 2 * 64)
+
+
+def config(**change):
+    base = dict(layers=1, block_size=4, mask_token_id=259, anchors=8, epochs=3, lr=3e-3, warmup=0.1, val_share=0.1)
+    return TrainConfig(**{**base, **change})
+
+
+def test_training_lowers_the_loss_and_exports_a_loadable_drafter(corpus, tmp_path):
+    target, root = corpus
+    trainer = Trainer(target, root, tmp_path, config(), device="cpu")
+    summary = trainer.fit()
+    losses = [r["loss"] for r in trainer.history]
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
+    assert summary["val_blocks"] > 0 and 1 <= summary["val_tau"] <= 4
+    path = trainer.export(summary)
+    drafter = load_drafter(path)
+    validate_pair(target, drafter.config)
+    assert drafter.config.target_layer_ids == TAPS and drafter.config.block_size == 4
+    assert next(drafter.parameters()).dtype == torch.float32  # loaded for compute; stored bf16
+    assert not (tmp_path / "drafter.tmp").exists()
+
+
+def test_training_is_deterministic_and_resumes_exactly(corpus, tmp_path):
+    target, root = corpus
+    full = Trainer(target, root, tmp_path / "full", config(epochs=2), device="cpu")
+    full.fit()
+    part = Trainer(target, root, tmp_path / "part", config(epochs=2), device="cpu")
+    for _ in range(7):  # interrupted mid-epoch
+        part.advance()
+    part.save_checkpoint()
+    resumed = Trainer(target, root, tmp_path / "part", config(epochs=2), device="cpu")
+    resumed.fit()
+    assert resumed.step == full.step
+    for name, tensor in full.drafter.state_dict().items():
+        torch.testing.assert_close(resumed.drafter.state_dict()[name], tensor, rtol=0, atol=0)
+    with pytest.raises(DFlashError, match="other settings"):
+        Trainer(target, root, tmp_path / "part", config(epochs=5), device="cpu").maybe_resume()
