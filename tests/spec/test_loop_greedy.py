@@ -24,8 +24,10 @@ def run(llm, prompt, params, speculative, block_size=None):
     return llm.generate(prompt, params, speculative=speculative)[0]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe"])
-@pytest.mark.parametrize("block_size", [2, 4, 8, 16])
+@pytest.mark.parametrize(
+    "family, block_size",
+    [("llama", 2), ("llama", 8), ("qwen3", 4), ("qwen3", 16), ("qwen3_moe", 4)],
+)
 def test_random_drafter_greedy_equals_autoregressive(llms, family, block_size):
     llm = llms[family]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
@@ -66,8 +68,13 @@ def ar_generate(target, prompt, max_tokens):
     return [next(steps).tokens[0] for _ in range(max_tokens)]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe"])
-@pytest.mark.parametrize("block_size, corrupt", [(2, 0.3), (4, 0.0), (8, 0.15), (16, 0.05)])
+ORACLE_CASES = [(2, 0.3), (4, 0.0), (8, 0.15), (16, 0.05)]
+
+
+@pytest.mark.parametrize(
+    "family, block_size, corrupt",
+    [("llama", *c) for c in ORACLE_CASES] + [("qwen3", *c) for c in ORACLE_CASES] + [("qwen3_moe", 8, 0.15)],
+)
 def test_oracle_drafter_greedy_equals_autoregressive(llms, family, block_size, corrupt):
     target = llms[family].target
     prompt = PROMPTS[1]
@@ -84,9 +91,9 @@ def test_hybrid_target_greedy_equals_autoregressive(hybrid_target):
 
     target, _ = load_target(str(hybrid_target))
     prompt = [5, 6, 7, 8, 9, 10]
-    expected = ar_generate(target, prompt, 24)
+    expected = ar_generate(target, prompt, 16)
     for block_size, corrupt in [(4, 0.2), (8, 0.1)]:
-        spec, taus = oracle_generate(target, prompt, block_size, corrupt, 24)
+        spec, taus = oracle_generate(target, prompt, block_size, corrupt, 16)
         assert spec == expected
         assert max(taus) > 1 and min(taus) < block_size
 
@@ -124,10 +131,13 @@ def test_eos_stops_generation(llms):
     assert llm.eos_token_ids == (llm.tokenizer.eos_token_id,)
 
 
-def test_greedy_matches_the_authors_loop_token_and_step_for_step(tiny_pairs, llms):
+def test_greedy_matches_the_authors_loop_token_and_step_for_step(tiny_pairs, llms, monkeypatch):
     """Same drafter weights in the reference `dflash_generate`: same tokens AND same τ per step."""
     reference = pytest.importorskip("dflash.model", reason="test oracle: pip install --no-deps dflash==0.1.0")
     import json
+    import time
+
+    monkeypatch.setattr(reference, "_cuda_time", time.perf_counter)  # its stats timer syncs CUDA
 
     from safetensors.torch import load_file
     from transformers import Qwen3Config

@@ -1,0 +1,117 @@
+"""The Python API: prompts, batches, streaming, errors before work, and T>0 exactness end to end."""
+
+import pytest
+import torch
+from factories import make_drafter, make_target
+from scipy.stats import chisquare
+
+from dflash_trt import LLM, DFlashError, SamplingParams
+from dflash_trt.spec.sampling import target_probs
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_pairs):
+    target, draft = tiny_pairs["qwen3"]
+    return LLM(str(target), str(draft))
+
+
+def test_string_prompts_get_the_chat_template(llm):
+    out = llm.generate("hi", SamplingParams(max_tokens=3))[0]
+    text = llm.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert out.prompt_token_ids == llm.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_a_batch_returns_one_output_per_prompt_in_order(llm):
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    prompts = ["abc", [5, 6, 7], "zz top"]
+    batch = llm.generate(prompts, params)
+    assert [o.prompt for o in batch] == prompts
+    for prompt, out in zip(prompts, batch):
+        assert out.token_ids == llm.generate(prompt, params)[0].token_ids
+
+
+def test_stream_grows_and_ends_with_the_final_output(llm):
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    lengths, reasons = [], []
+    for out in llm.stream("abc", params):
+        lengths.append(len(out.token_ids))
+        reasons.append(out.finish_reason)
+    assert lengths == sorted(lengths) and lengths[-1] == 12
+    assert reasons[-1] == "length" and set(reasons[:-1]) <= {None}
+    assert out.token_ids == llm.generate("abc", params)[0].token_ids
+
+
+def test_metrics_add_up(llm):
+    out = llm.generate([9, 8, 7], SamplingParams(max_tokens=20, ignore_eos=True))[0]
+    m = out.metrics
+    assert m.block_size == 4 and m.output_tokens == 20
+    assert 1 + sum(m.acceptance_lengths) >= 20  # prefill token + τ per step (the last may be cut)
+    assert m.num_draft_tokens == 3 * m.num_drafts
+    assert m.mean_acceptance_length == pytest.approx(sum(m.acceptance_lengths) / m.num_drafts)
+    assert sum(m.histogram.values()) == m.num_drafts
+    assert m.accepted_per_position == sorted(m.accepted_per_position, reverse=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(backend="vllm"), "backend 'vllm' is unknown"),
+        (dict(backend="onnxruntime"), "not available yet"),
+        (dict(block_size=1), "block_size must be an integer >= 2"),
+    ],
+)
+def test_bad_construction_is_refused(tiny_pairs, kwargs, message):
+    target, draft = tiny_pairs["qwen3"]
+    with pytest.raises(DFlashError, match=message):
+        LLM(str(target), str(draft), **kwargs)
+
+
+def test_bad_requests_are_refused_before_any_work(llm, tiny_pairs):
+    with pytest.raises(DFlashError, match="prompt is empty"):
+        llm.generate([[]])
+    with pytest.raises(DFlashError, match="token id 999 is outside"):
+        llm.generate(["fine", [1, 999]])
+    with pytest.raises(DFlashError, match="no prompts"):
+        llm.generate([])
+    no_draft = LLM(str(tiny_pairs["qwen3"][0]), draft=None)
+    with pytest.raises(DFlashError, match="needs a drafter"):
+        no_draft.generate("x", speculative=True)
+    assert no_draft.generate("x", SamplingParams(max_tokens=2), speculative=False)[0].token_ids
+
+
+def test_stop_strings_need_a_tokenizer(tmp_path):
+    target = make_target(tmp_path / "t", "llama", tokenizer=False)
+    llm = LLM(str(target), str(make_drafter(tmp_path / "d")))
+    with pytest.raises(DFlashError, match="stop strings need a tokenizer"):
+        llm.generate([1, 2], SamplingParams(stop=["x"]))
+    with pytest.raises(DFlashError, match="pass prompts as lists of token ids"):
+        llm.generate("text")
+
+
+def test_sampled_speculative_output_follows_the_target_distribution(tmp_path):
+    """T>0 end to end on a vocabulary of 8: the second token (the first one a verify step emits)
+    has the exact marginal sum_t1 p(t1) p(t2 | t1) of the target."""
+    target = make_target(tmp_path / "t", "qwen3", vocab_size=8, tokenizer=False, seed=3)
+    draft = make_drafter(tmp_path / "d", mask_token_id=7, seed=4)
+    llm = LLM(str(target), str(draft))
+    params = dict(temperature=1.5, top_k=6, max_tokens=2, ignore_eos=True)
+    prompt = [1, 2, 3]
+    model = llm.target.model
+    with torch.no_grad():
+        p1 = target_probs(model(torch.tensor([prompt])).logits[0, -1], SamplingParams(**params))
+        marginal = torch.zeros(8)
+        for t1 in range(8):
+            if p1[t1] > 0:
+                logits = model(torch.tensor([prompt + [t1]])).logits[0, -1]
+                marginal += p1[t1] * target_probs(logits, SamplingParams(**params))
+    counts = torch.zeros(8)
+    accepted = 0
+    for seed in range(1500):
+        out = llm.generate(prompt, SamplingParams(**params, seed=seed))[0]
+        counts[out.token_ids[1]] += 1
+        accepted += out.metrics.acceptance_lengths[0] > 1
+    support = marginal > 1e-9
+    assert counts[~support].sum() == 0
+    assert chisquare(counts[support].numpy(), (marginal[support] * counts.sum()).numpy()).pvalue > 1e-3
+    assert 0 < accepted < 1500  # both the accept and the reject paths were taken

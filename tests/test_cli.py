@@ -1,0 +1,62 @@
+"""The command line: streaming generate, JSON output, --help everywhere, one-line errors."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dflash_trt.cli import main
+
+
+@pytest.fixture(scope="module")
+def pair_args(tiny_pairs):
+    target, draft = tiny_pairs["llama"]
+    return ["--target", str(target), "--draft", str(draft)]
+
+
+def test_generate_streams_text_and_prints_the_summary(pair_args):
+    result = CliRunner().invoke(main, ["generate", *pair_args, "--max-tokens", "12", "hello"])
+    assert result.exit_code == 0, result.output
+    assert "mean acceptance length" in result.stderr and "B=4" in result.stderr
+    assert result.stdout.strip() or result.stdout == "\n"
+
+
+def test_generate_json_matches_the_api(pair_args, tiny_pairs):
+    from dflash_trt import LLM, SamplingParams
+
+    result = CliRunner().invoke(main, ["generate", *pair_args, "--max-tokens", "10", "--json", "hello"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    target, draft = tiny_pairs["llama"]
+    expected = LLM(str(target), str(draft)).generate("hello", SamplingParams(max_tokens=10))[0]
+    assert data["token_ids"] == expected.token_ids and data["metrics"]["block_size"] == 4
+
+
+def test_no_speculative_runs_without_a_drafter(tiny_pairs):
+    target, _ = tiny_pairs["llama"]
+    result = CliRunner().invoke(main, ["generate", "--target", str(target), "--no-speculative", "--max-tokens", "5", "x"])
+    assert result.exit_code == 0, result.output
+    assert "tokens" in result.stderr and "acceptance" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--draft", "missing-dir"], "drafter 'missing-dir' is not a directory"),
+        (["--temperature", "-1"], "SamplingParams.temperature"),
+        (["--block-size", "1"], "block_size must be an integer >= 2"),
+    ],
+)
+def test_user_errors_are_one_line(pair_args, args, message):
+    target_only = pair_args[:2]
+    result = CliRunner().invoke(main, ["generate", *target_only, *args, "x"])
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.output
+    assert sum(line.startswith("Error") for line in result.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", [[], ["generate"], ["train-drafter"]])
+def test_help_everywhere(command):
+    result = CliRunner().invoke(main, [*command, "--help"])
+    assert result.exit_code == 0 and "Usage:" in result.output
