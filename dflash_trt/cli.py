@@ -122,5 +122,38 @@ def train_drafter(target, out, corpus, num_prompts, data_minutes, max_new_tokens
                f"(greedy, B={block_size}, {summary['val_blocks']} held-out blocks)")
 
 
+@main.command()
+@click.option("--target", default=DEFAULT_TARGET, show_default=True, help=TARGET_HELP)
+@click.option("--draft", default=None, help=DRAFT_HELP)
+@click.option("--dataset", "datasets", default="humaneval,mt-bench", show_default=True, help="Comma-separated: humaneval, mt-bench.")
+@click.option("--block-size", "block_sizes", default="16", show_default=True, help="Comma-separated block sizes.")
+@click.option("--temperature", "temperatures", default="0", show_default=True, help="Comma-separated temperatures.")
+@click.option("--num-prompts", type=int, default=10, show_default=True, help="First N prompts of each dataset.")
+@click.option("--max-tokens", type=int, default=128, show_default=True)
+@click.option("--baseline/--no-baseline", default=True, show_default=True, help="Also run speculative=False for the speedup.")
+@click.option("--json-out", type=click.Path(path_type=Path), default=None, help="Write the results here as JSON.")
+@user_errors
+def bench(target, draft, datasets, block_sizes, temperatures, num_prompts, max_tokens, baseline, json_out):
+    """Measure acceptance length and speedup over autoregressive decoding; print a table."""
+    from dflash_trt.bench.datasets import load_prompts
+    from dflash_trt.bench.runner import run_setting, table
+    from dflash_trt.runtime.llm import AUTO, LLM
+
+    names = [d.strip() for d in datasets.split(",")]
+    prompt_sets = {name: load_prompts(name, num_prompts) for name in names}
+    sizes = [int(b) for b in block_sizes.split(",")]
+    temps = [float(t) for t in temperatures.split(",")]
+    llm = LLM(target=target, draft=draft or AUTO, block_size=sizes[0])
+    if llm.drafter is None:
+        raise DFlashError(f"no drafter for target '{target}': pass --draft DIR")
+    results = [
+        run_setting(llm, name, prompts, size, temp, max_tokens, baseline)
+        for name, prompts in prompt_sets.items() for size in sizes for temp in temps
+    ]
+    click.echo(table(results))
+    if json_out:
+        json_out.write_text(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -130,6 +130,7 @@ class Trainer:
         self.step = 0
         self.generator = torch.Generator().manual_seed(config.seed)
         self.history: list[dict] = []
+        self.started: float | None = None
 
     def _training_vocab(self, sequences: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
         """Every token id in the corpus: the output layer is restricted to these while training."""
@@ -189,7 +190,7 @@ class Trainer:
         labels = torch.where(blocks.labels == IGNORE, IGNORE, self.remap[blocks.labels.clamp(min=0)]).to(self.device)
         logits = block_logits(self.drafter, self.embed, self.head, features, blocks, self.vocab)
         loss = weighted_loss(logits, labels, self.weights)
-        lr = cfg.lr * warmup_cosine(self.step, self.total_steps, max(1, int(cfg.warmup * self.total_steps)))
+        lr = cfg.lr * warmup_cosine(*self.schedule_position())
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
@@ -198,6 +199,15 @@ class Trainer:
         self.optimizer.step()
         tau = greedy_acceptance(logits.detach(), labels).float().mean().item()
         return {"step": self.step, "loss": loss.item(), "tau": tau, "lr": lr}
+
+    def schedule_position(self) -> tuple[int, int, int]:
+        """(step, total, warmup) for the LR schedule. Under a time limit the schedule follows the
+        clock instead, so the cosine still reaches zero when time runs out (not bit-reproducible)."""
+        total, step = self.total_steps, self.step
+        if self.config.max_minutes and self.started is not None:
+            elapsed = (time.monotonic() - self.started) / (60 * self.config.max_minutes)
+            step = max(step, int(elapsed * total))
+        return step, total, max(1, int(self.config.warmup * total))
 
     def advance(self) -> dict | None:
         """One training step on the next sequence; the order is a pure function of (seed, step)."""
@@ -213,7 +223,7 @@ class Trainer:
     def fit(self) -> dict:
         self.out.mkdir(parents=True, exist_ok=True)
         self.maybe_resume()
-        started = time.monotonic()
+        started = self.started = time.monotonic()
         with tqdm(total=self.total_steps, initial=self.step, desc="train drafter", unit="seq") as bar:
             while self.step < self.total_steps:
                 if self.config.max_minutes and time.monotonic() - started > 60 * self.config.max_minutes:

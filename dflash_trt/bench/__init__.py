@@ -1,0 +1,1 @@
+"""Benchmarks: prompt sets, acceptance/speed runs, tables and JSON."""

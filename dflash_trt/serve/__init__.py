@@ -1,0 +1,1 @@
+"""Serving: Triton model repository and the OpenAI-compatible front. Not built yet."""

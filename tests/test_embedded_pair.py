@@ -1,0 +1,86 @@
+"""The embedded default pair (SmolLM2-135M-Instruct + our shipped drafter), on the real target.
+
+Marked slow: it converts the packaged GGUF once (about 40 s) and runs a 135M model on the CPU.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dflash_trt.models.embedded import DEFAULT_TARGET, default_drafter
+
+pytestmark = pytest.mark.slow
+
+if default_drafter(DEFAULT_TARGET) is None:
+    pytest.skip("no drafter shipped for the embedded target", allow_module_level=True)
+
+# Acceptance regression: τ measured with the shipped drafter (greedy, 64 new tokens, first 3
+# prompts of each set; see docs/drafter-smollm2-135m.md). A change that breaks acceptance (tap
+# offset, mask id, positions, block layout) drops τ to about 1 and fails here.
+PINNED_TAU = json.loads((Path(__file__).parent / "data" / "pinned_tau.json").read_text())
+TOLERANCE = 0.35
+
+
+@pytest.fixture(scope="module")
+def llm():
+    from dflash_trt import LLM
+
+    return LLM()  # the embedded default pair
+
+
+def test_greedy_speculative_equals_autoregressive(llm):
+    from dflash_trt import SamplingParams
+
+    params = SamplingParams(max_tokens=48)
+    for prompt in ["What is the capital of France?", "Write a Python function that adds two numbers.", "Name three colors."]:
+        ar = llm.generate(prompt, params, speculative=False)[0]
+        spec = llm.generate(prompt, params, speculative=True)[0]
+        assert spec.token_ids == ar.token_ids and spec.text == ar.text
+
+
+@pytest.mark.parametrize("key", sorted(PINNED_TAU))
+def test_acceptance_length_regression(llm, key):
+    from dflash_trt.bench.datasets import load_prompts
+    from dflash_trt.bench.runner import run_setting
+
+    dataset, block = key.split("@")
+    result = run_setting(llm, dataset, load_prompts(dataset, 3), int(block), 0.0, 64, baseline=False)
+    assert result.mean_acceptance_length == pytest.approx(PINNED_TAU[key], abs=TOLERANCE)
+
+
+def test_matches_the_authors_loop_on_the_real_pair(llm, monkeypatch):
+    """Real acceptance (not a random drafter): same tokens and same τ per step as `dflash_generate`."""
+    import time
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import Qwen3Config
+
+    from dflash_trt import SamplingParams
+
+    reference = pytest.importorskip("dflash.model", reason="test oracle: pip install --no-deps dflash==0.1.0")
+    monkeypatch.setattr(reference, "_cuda_time", time.perf_counter)
+    path = default_drafter(DEFAULT_TARGET)
+    raw = json.loads((path / "config.json").read_text())
+    ref = reference.DFlashDraftModel(Qwen3Config(**raw)).eval()
+    ref.load_state_dict({k: v.float() for k, v in load_file(path / "model.safetensors").items()}, strict=False)
+    llm.block_size = 16
+    prompt = llm.encode("Write a Python function that checks whether a number is prime.")
+    stats = reference.dflash_generate(ref, llm.target.model, torch.tensor([prompt]), max_new_tokens=48,
+                                      stop_token_ids=None, block_size=16, return_stats=True)
+    ours = llm.generate(prompt, SamplingParams(max_tokens=48, ignore_eos=True))[0]
+    assert ours.token_ids == stats.output_ids[0, len(prompt):].tolist()
+    n = len(stats.acceptance_lengths) - 1
+    assert ours.metrics.acceptance_lengths[:n] == stats.acceptance_lengths[:n]
+    assert max(stats.acceptance_lengths) > 2  # a trained drafter: real acceptances were compared
+
+
+def test_cli_generate_with_no_arguments_but_the_prompt():
+    from click.testing import CliRunner
+
+    from dflash_trt.cli import main
+
+    result = CliRunner().invoke(main, ["generate", "--max-tokens", "24", "Say hello."])
+    assert result.exit_code == 0, result.output
+    assert "mean acceptance length" in result.stderr
