@@ -99,7 +99,7 @@ def train_drafter(target, out, corpus, num_prompts, data_minutes, max_new_tokens
     from dflash_trt.models.checkpoints import load_target
     from dflash_trt.models.draft_config import default_target_layer_ids
     from dflash_trt.train.corpus import CorpusConfig, build_corpus
-    from dflash_trt.train.trainer import Trainer, TrainConfig
+    from dflash_trt.train.trainer import TrainConfig, Trainer
 
     target_model, tokenizer = load_target(target)
     tap_ids = (
@@ -122,37 +122,69 @@ def train_drafter(target, out, corpus, num_prompts, data_minutes, max_new_tokens
                f"(greedy, B={block_size}, {summary['val_blocks']} held-out blocks)")
 
 
+def _csv(kind):
+    """Click callback: "1,8,32" -> (1, 8, 32), with a one-line error naming the option."""
+    def parse(ctx, param, value):
+        try:
+            return tuple(kind(v) for v in value.split(",") if v.strip())
+        except ValueError:
+            raise click.BadParameter(f"expected comma-separated {kind.__name__}s, got '{value}'") from None
+    return parse
+
+
 @main.command()
-@click.option("--target", default=DEFAULT_TARGET, show_default=True, help=TARGET_HELP)
+@click.option("--target", default=None, help=TARGET_HELP + " Offline mode.")
 @click.option("--draft", default=None, help=DRAFT_HELP)
-@click.option("--dataset", "datasets", default="humaneval,mt-bench", show_default=True, help="Comma-separated: humaneval, mt-bench.")
-@click.option("--block-size", "block_sizes", default="16", show_default=True, help="Comma-separated block sizes.")
-@click.option("--temperature", "temperatures", default="0", show_default=True, help="Comma-separated temperatures.")
+@click.option("--backend", default="torch", show_default=True, help="Offline backend: torch, onnxruntime, tensorrt.")
+@click.option("--base-url", default=None, help="Benchmark an OpenAI-compatible server instead (e.g. http://127.0.0.1:8000/v1).")
+@click.option("--baseline-url", default=None, help="Server mode: an autoregressive server to compare against.")
+@click.option("--model", default=None, help="Server mode: model name (default: the server's first).")
+@click.option("--dataset", "datasets", default="humaneval,mt-bench", show_default=True, callback=_csv(str),
+              help="Comma-separated: humaneval, mt-bench, gsm, math.")
+@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Your own prompts: JSONL with a 'prompt' field per line.")
 @click.option("--num-prompts", type=int, default=10, show_default=True, help="First N prompts of each dataset.")
 @click.option("--max-tokens", type=int, default=128, show_default=True)
-@click.option("--baseline/--no-baseline", default=True, show_default=True, help="Also run speculative=False for the speedup.")
-@click.option("--json-out", type=click.Path(path_type=Path), default=None, help="Write the results here as JSON.")
+@click.option("--block-size", "block_sizes", default="16", show_default=True, callback=_csv(int), help="Comma-separated block sizes.")
+@click.option("--temperature", "temperatures", default="0", show_default=True, callback=_csv(float), help="Comma-separated temperatures.")
+@click.option("--concurrency", default="1", show_default=True, callback=_csv(int), help="Comma-separated requests in flight (server mode).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--baseline/--no-baseline", default=True, show_default=True, help="Also run the autoregressive baseline (speedup, greedy check).")
+@click.option("--json-out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write the full record here.")
+@click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write a PNG: throughput, speedup, τ histogram.")
 @user_errors
-def bench(target, draft, datasets, block_sizes, temperatures, num_prompts, max_tokens, baseline, json_out):
-    """Measure acceptance length and speedup over autoregressive decoding; print a table."""
-    from dflash_trt.bench.datasets import load_prompts
-    from dflash_trt.bench.runner import run_setting, table
-    from dflash_trt.runtime.llm import AUTO, LLM
+def bench(target, draft, backend, base_url, baseline_url, model, datasets, prompts_file, num_prompts, max_tokens,
+          block_sizes, temperatures, concurrency, seed, baseline, json_out, plot):
+    """Throughput, speedup over autoregressive decoding, and acceptance, per dataset; prints a table.
 
-    names = [d.strip() for d in datasets.split(",")]
-    prompt_sets = {name: load_prompts(name, num_prompts) for name in names}
-    sizes = [int(b) for b in block_sizes.split(",")]
-    temps = [float(t) for t in temperatures.split(",")]
-    llm = LLM(target=target, draft=draft or AUTO, block_size=sizes[0])
-    if llm.drafter is None:
-        raise DFlashError(f"no drafter for target '{target}': pass --draft DIR")
-    results = [
-        run_setting(llm, name, prompts, size, temp, max_tokens, baseline)
-        for name, prompts in prompt_sets.items() for size in sizes for temp in temps
-    ]
-    click.echo(table(results))
+    Offline (default): the pair runs in this process, DFlash and speculative=False on the same prompts
+    after a warm-up. Server: --base-url sends the same prompts to a running OpenAI-compatible server.
+    In greedy mode every DFlash output is checked against the baseline; a mismatch exits with status 3.
+    """
+    from dflash_trt.bench import report
+    from dflash_trt.bench.run import BenchConfig, run_bench
+
+    config = BenchConfig(
+        datasets=datasets, prompts_file=prompts_file, num_prompts=num_prompts, max_tokens=max_tokens,
+        block_sizes=block_sizes, temperatures=temperatures, concurrency=concurrency, seed=seed, baseline=baseline,
+        target=target, draft=draft, backend=backend, base_url=base_url, baseline_url=baseline_url, model=model,
+    )
+    results = run_bench(config)
+    click.echo(report.table(results))
+    click.echo(report.acceptance_lines(results))
     if json_out:
-        json_out.write_text(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
+        report.write_json(report.record(config, results), json_out)
+        click.echo(f"record written to {json_out}", err=True)
+    if plot:
+        report.plot(results, plot)
+        click.echo(f"plot written to {plot}", err=True)
+    wrong = [r for r in results if r.mismatches]
+    for r in wrong:
+        click.secho(f"MISMATCH: {r.dataset} B={r.block_size}: {len(r.mismatches)} greedy DFlash outputs differ from "
+                    f"the baseline (first: request {r.mismatches[0]['request']}); the speedup is not valid",
+                    fg="red", bold=True, err=True)
+    if wrong:
+        sys.exit(3)
 
 
 if __name__ == "__main__":

@@ -41,12 +41,16 @@ def test_greedy_speculative_equals_autoregressive(llm):
 
 @pytest.mark.parametrize("key", sorted(PINNED_TAU))
 def test_acceptance_length_regression(llm, key):
+    from dflash_trt import SamplingParams
     from dflash_trt.bench.datasets import load_prompts
-    from dflash_trt.bench.runner import run_setting
+    from dflash_trt.bench.offline import run_offline
+    from dflash_trt.bench.summary import summarize
 
     dataset, block = key.split("@")
-    result = run_setting(llm, dataset, load_prompts(dataset, 3), int(block), 0.0, 64, baseline=False)
-    assert result.mean_acceptance_length == pytest.approx(PINNED_TAU[key], abs=TOLERANCE)
+    prompts = load_prompts(dataset, 3)
+    records, wall = run_offline(llm, prompts, SamplingParams(max_tokens=64), True, int(block), key)
+    tau = summarize(records, wall, int(block)).mean_acceptance_length
+    assert tau == pytest.approx(PINNED_TAU[key], abs=TOLERANCE)
 
 
 def test_matches_the_authors_loop_on_the_real_pair(llm, monkeypatch):

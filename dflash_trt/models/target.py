@@ -124,3 +124,12 @@ class TargetModel:
                 output_hidden_states=bool(taps),
                 logits_to_keep=1 if last_logits_only else 0,
             )
+
+
+def eos_token_ids(target: TargetModel, tokenizer) -> tuple[int, ...]:
+    """Every id that ends a reply: the generation config's and the tokenizer's."""
+    ids = target.model.generation_config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return tuple(sorted(set(ids)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from dflash_trt.errors import DFlashError
@@ -11,8 +12,9 @@ from dflash_trt.models import embedded
 from dflash_trt.models.chat import encode_prompt
 from dflash_trt.models.checkpoints import load_drafter, load_target, load_tokenizer
 from dflash_trt.models.pairing import validate_pair
+from dflash_trt.models.target import eos_token_ids
 from dflash_trt.runtime.torch_backend import TorchDraftSession, TorchTargetSession
-from dflash_trt.spec.loop import autoregressive_decode, speculative_decode
+from dflash_trt.spec.loop import DraftSession, TargetSession, autoregressive_decode, speculative_decode
 from dflash_trt.spec.metrics import RequestMetrics
 from dflash_trt.spec.sampling import Sampler, SamplingParams
 from dflash_trt.spec.stopping import StopChecker
@@ -33,6 +35,11 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
 
 
+def _check_block_size(block_size) -> None:
+    if block_size is not None and (not isinstance(block_size, int) or block_size < 2):
+        raise DFlashError(f"block_size must be an integer >= 2, got {block_size!r}")
+
+
 class LLM:
     def __init__(
         self,
@@ -43,27 +50,60 @@ class LLM:
     ):
         if backend not in BACKENDS:
             raise DFlashError(f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}")
-        if backend != "torch":
-            raise DFlashError(f"backend '{backend}' is not available yet in this build; use backend='torch'")
-        if block_size is not None and (not isinstance(block_size, int) or block_size < 2):
-            raise DFlashError(f"block_size must be an integer >= 2, got {block_size!r}")
+        if backend == "tensorrt":
+            raise DFlashError("backend 'tensorrt' is not available yet in this build; use 'torch' or 'onnxruntime'")
+        _check_block_size(block_size)
         if draft == AUTO:
             found = embedded.default_drafter(target)
             draft = None if found is None else str(found)
+        if backend == "onnxruntime":
+            if draft is None:
+                raise DFlashError("backend 'onnxruntime' runs an exported (target, drafter) bundle: pass draft=DIR")
+            from dflash_trt.runtime.bundles import cached_bundle
+
+            self._load_bundle(cached_bundle(target, draft), block_size)
+            return
+        self.backend = "torch"
         self.target, self.tokenizer = load_target(target)
         self.drafter = None
         if draft is not None:
             self.drafter = load_drafter(draft)
             validate_pair(self.target, self.drafter.config, self.tokenizer, load_tokenizer(draft))
+        self.vocab_size = self.target.vocab_size
+        self.has_drafter = self.drafter is not None
         self.block_size = block_size or (self.drafter.config.block_size if self.drafter else None)
-        self.eos_token_ids = self._eos_token_ids()
+        self.eos_token_ids = eos_token_ids(self.target, self.tokenizer)
 
-    def _eos_token_ids(self) -> tuple[int, ...]:
-        ids = self.target.model.generation_config.eos_token_id
-        ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            ids.append(self.tokenizer.eos_token_id)
-        return tuple(sorted(set(ids)))
+    @classmethod
+    def from_bundle(cls, path: str | Path, block_size: int | None = None) -> LLM:
+        """Run an exported bundle (`dflash-trt export`) on onnxruntime; no PyTorch model code is used."""
+        _check_block_size(block_size)
+        llm = cls.__new__(cls)
+        llm._load_bundle(Path(path), block_size)
+        return llm
+
+    def _load_bundle(self, path: Path, block_size: int | None) -> None:
+        from dflash_trt.runtime.ort_backend import OrtBundle
+
+        self.backend = "onnxruntime"
+        self._bundle = OrtBundle(path)
+        manifest = self._bundle.manifest
+        self.target = self.drafter = None  # no PyTorch models behind this backend
+        self.tokenizer = load_tokenizer(str(path))
+        self.vocab_size = manifest["target"]["vocab_size"]
+        self.has_drafter = True
+        self.block_size = block_size or manifest["draft"]["block_size"]
+        self.eos_token_ids = tuple(manifest["target"]["eos_token_ids"])
+
+    def _sessions(self, speculative: bool) -> tuple[TargetSession, DraftSession | None]:
+        if self.backend == "onnxruntime":
+            from dflash_trt.runtime.ort_backend import OrtDraftSession, OrtTargetSession
+
+            return OrtTargetSession(self._bundle), OrtDraftSession(self._bundle) if speculative else None
+        if not speculative:
+            return TorchTargetSession(self.target, ()), None
+        taps = self.drafter.config.target_layer_ids
+        return TorchTargetSession(self.target, taps), TorchDraftSession(self.drafter, self.target)
 
     # -- prompts -------------------------------------------------------------------------------
 
@@ -75,9 +115,9 @@ class LLM:
             ids = encode_prompt(self.tokenizer, prompt)
         else:
             ids = list(prompt)
-            bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < self.target.vocab_size)]
+            bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < self.vocab_size)]
             if bad:
-                raise DFlashError(f"prompt token id {bad[0]!r} is outside the vocabulary (size {self.target.vocab_size})")
+                raise DFlashError(f"prompt token id {bad[0]!r} is outside the vocabulary (size {self.vocab_size})")
         if not ids:
             raise DFlashError("prompt is empty")
         return ids
@@ -116,7 +156,7 @@ class LLM:
         return self._run(prompt, self.encode(prompt), params, speculative)
 
     def _check_request(self, params: SamplingParams, speculative: bool) -> None:
-        if speculative and self.drafter is None:
+        if speculative and not self.has_drafter:
             raise DFlashError("speculative=True needs a drafter: pass draft=... or use speculative=False")
         if params.stop and self.tokenizer is None:
             raise DFlashError("stop strings need a tokenizer; this target has none (use stop_token_ids)")
@@ -124,13 +164,11 @@ class LLM:
     def _run(self, prompt: Prompt, ids: list[int], params: SamplingParams, speculative: bool) -> Iterator[RequestOutput]:
         sampler = Sampler(params)
         metrics = RequestMetrics(block_size=self.block_size if speculative else None, prompt_tokens=len(ids))
+        target, drafter = self._sessions(speculative)
         if speculative:
-            taps = self.drafter.config.target_layer_ids
-            target = TorchTargetSession(self.target, taps)
-            drafter = TorchDraftSession(self.drafter, self.target)
             steps = speculative_decode(target, drafter, ids, self.block_size, sampler)
         else:
-            steps = autoregressive_decode(TorchTargetSession(self.target, ()), ids, sampler)
+            steps = autoregressive_decode(target, ids, sampler)
         stop = StopChecker(params, self.eos_token_ids, self.decode)
         output = RequestOutput(prompt=prompt, prompt_token_ids=ids, metrics=metrics)
         start = time.perf_counter()

@@ -9,7 +9,7 @@ from dflash_trt.errors import DFlashError
 from dflash_trt.models.checkpoints import load_drafter, load_target
 from dflash_trt.models.pairing import validate_pair
 from dflash_trt.train.data import generate_batch, read_shard, write_shard
-from dflash_trt.train.trainer import Trainer, TrainConfig
+from dflash_trt.train.trainer import TrainConfig, Trainer
 
 TAPS = (1, 2)
 

@@ -1,0 +1,155 @@
+"""Bench output: the terminal table, the JSON record (config, versions, hardware), the plot."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+
+from dflash_trt.bench import datasets
+from dflash_trt.bench.run import BenchConfig, SettingResult
+
+SCHEMA = Path(__file__).resolve().parent / "schema.json"
+SCHEMA_VERSION = 1
+PACKAGES = ("dflash-trt", "torch", "transformers", "onnxruntime", "tensorrt", "openai")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment() -> dict:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    gpu = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+        threads = torch.get_num_threads()
+    except ImportError:
+        threads = None
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 if hasattr(os, "sysconf") else None
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": threads,
+        "memory_gib": round(memory, 1) if memory else None,
+        "gpu": gpu,
+        "packages": versions,
+    }
+
+
+def record(config: BenchConfig, results: list[SettingResult]) -> dict:
+    """The JSON document (schema: bench/schema.json)."""
+    names = list(config.datasets) + ([f"file:{config.prompts_file.stem}"] if config.prompts_file else [])
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()} | {"mode": config.mode},
+        "datasets": {name: datasets.SOURCES.get(name, f"user prompts: {config.prompts_file}") for name in names},
+        "environment": environment(),
+        "results": [r.to_dict() for r in results],
+    }
+
+
+def _f(value: float | None, spec: str = ".1f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _check(result: SettingResult) -> str:
+    if result.mismatches is None:
+        return "-"
+    return "identical" if not result.mismatches else f"MISMATCH x{len(result.mismatches)}"
+
+
+def table(results: list[SettingResult]) -> str:
+    head = ("| dataset | B | T | C | n | τ | base tok/s | DFlash tok/s | speedup | base decode | DFlash decode "
+            "| decode speedup | draft ms | verify ms | other ms | greedy check |")
+    rows = [head, "|" + "---|" * 16]
+    for r in results:
+        d, b = r.dflash, r.baseline
+        rows.append(" | ".join([
+            f"| {r.dataset}", _f(r.block_size, "d") if r.block_size else "server", f"{r.temperature:g}", str(r.concurrency),
+            str(r.prompts), _f(d.mean_acceptance_length, ".2f"), _f(b.tokens_per_s if b else None),
+            _f(d.tokens_per_s), _f(r.speedup, ".2f", "x"), _f(b.decode_tokens_per_s if b else None),
+            _f(d.decode_tokens_per_s), _f(r.decode_speedup, ".2f", "x"), _f(d.draft_ms_per_step, ".0f"),
+            _f(d.verify_ms_per_step, ".0f"), _f(d.other_ms_per_step, ".0f"), _check(r),
+        ]) + " |")
+    return "\n".join(rows)
+
+
+def acceptance_lines(results: list[SettingResult], positions: int = 8) -> str:
+    """Where drafts stop being accepted: τ histogram and acceptance rate at the first block slots."""
+    lines = []
+    for r in results:
+        d = r.dflash
+        if not d.histogram:
+            continue
+        hist = " ".join(f"{tau}:{count}" for tau, count in d.histogram.items() if count)
+        rates = " ".join(f"{rate:.2f}" for rate in d.acceptance_rate_per_position[:positions])
+        lines.append(f"{r.dataset} B={r.block_size} T={r.temperature:g}: τ histogram {hist} | accepted at slot 1..{positions}: {rates}")
+    return "\n".join(lines)
+
+
+def plot(results: list[SettingResult], path: Path) -> None:
+    """Throughput and speedup vs concurrency per setting, and the τ histograms."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    fig, (ax_tps, ax_speed, ax_hist) = plt.subplots(1, 3, figsize=(16, 4.5))
+    series: dict[tuple, list[SettingResult]] = {}
+    for r in results:
+        series.setdefault((r.dataset, r.block_size, r.temperature), []).append(r)
+    for (name, size, temp), rows in series.items():
+        rows.sort(key=lambda r: r.concurrency)
+        label = f"{name} B={size or 'server'} T={temp:g}"
+        xs = [r.concurrency for r in rows]
+        line, = ax_tps.plot(xs, [r.dflash.tokens_per_s for r in rows], marker="o", label=f"{label} DFlash")
+        if all(r.baseline for r in rows):
+            ax_tps.plot(xs, [r.baseline.tokens_per_s for r in rows], marker="x", linestyle="--",
+                        color=line.get_color(), label=f"{label} baseline")
+        if all(r.speedup for r in rows):
+            ax_speed.plot(xs, [r.speedup for r in rows], marker="o", label=label)
+    for r in results:
+        if r.dflash.histogram and r.concurrency == min(x.concurrency for x in results):
+            taus = list(r.dflash.histogram)
+            total = sum(r.dflash.histogram.values())
+            ax_hist.plot(taus, [c / total for c in r.dflash.histogram.values()], marker=".",
+                         label=f"{r.dataset} B={r.block_size} T={r.temperature:g}")
+    ax_tps.set(title="output throughput", xlabel="concurrency", ylabel="tokens/s")
+    ax_speed.set(title="speedup over baseline", xlabel="concurrency", ylabel="x")
+    ax_speed.axhline(1.0, color="grey", linewidth=0.8)
+    ax_hist.set(title="acceptance length per verify step", xlabel="τ (bonus included)", ylabel="share of steps")
+    for ax in (ax_tps, ax_speed, ax_hist):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_json(doc: dict, path: Path) -> None:
+    """Write next to the target, then rename: an interrupted run never leaves a truncated record."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,171 @@
+"""The benchmark: every (dataset, temperature, block size, concurrency) setting, DFlash vs baseline."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dflash_trt.bench import datasets
+from dflash_trt.bench.summary import SideSummary, find_mismatches, summarize
+from dflash_trt.errors import DFlashError
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    datasets: tuple[str, ...] = ("humaneval", "mt-bench")
+    prompts_file: Path | None = None  # the user's own prompts, benchmarked as dataset "file:<name>"
+    num_prompts: int = 10
+    max_tokens: int = 128
+    block_sizes: tuple[int, ...] = (16,)
+    temperatures: tuple[float, ...] = (0.0,)
+    concurrency: tuple[int, ...] = (1,)
+    seed: int = 0
+    baseline: bool = True
+    # offline mode
+    target: str | None = None
+    draft: str | None = None
+    backend: str = "torch"
+    # server mode
+    base_url: str | None = None
+    baseline_url: str | None = None
+    model: str | None = None
+
+    @property
+    def mode(self) -> str:
+        return "server" if self.base_url else "offline"
+
+    def check(self) -> None:
+        """Every user mistake is one line, before any model loads or request is sent."""
+        if self.num_prompts < 1 or self.max_tokens < 1:
+            raise DFlashError("--num-prompts and --max-tokens must be >= 1")
+        if any(b < 2 for b in self.block_sizes):
+            raise DFlashError(f"block sizes must be >= 2, got {list(self.block_sizes)}")
+        if any(t < 0 for t in self.temperatures):
+            raise DFlashError(f"temperatures must be >= 0, got {list(self.temperatures)}")
+        if any(c < 1 for c in self.concurrency):
+            raise DFlashError(f"concurrency must be >= 1, got {list(self.concurrency)}")
+        if self.mode == "offline" and self.concurrency != (1,):
+            raise DFlashError(
+                f"offline backend '{self.backend}' runs one request at a time, so --concurrency "
+                f"{','.join(map(str, self.concurrency))} would only queue; benchmark concurrency against a "
+                "server with --base-url")
+        if self.mode == "server" and (self.target or self.draft):
+            raise DFlashError("--base-url benchmarks a running server: drop --target/--draft (the server has its model)")
+        if self.baseline_url and not self.base_url:
+            raise DFlashError("--baseline-url needs --base-url (the DFlash server to compare against it)")
+        unknown = [name for name in self.datasets if name not in datasets.DATASETS]
+        if unknown:
+            raise DFlashError(f"dataset '{unknown[0]}' is unknown; choose from {', '.join(datasets.DATASETS)}")
+        if self.prompts_file is not None and not self.prompts_file.is_file():
+            raise DFlashError(f"prompts file {self.prompts_file} does not exist")
+
+
+@dataclass
+class SettingResult:
+    mode: str
+    backend: str
+    dataset: str
+    block_size: int | None  # None: the server's own
+    temperature: float
+    concurrency: int
+    prompts: int
+    dflash: SideSummary
+    baseline: SideSummary | None = None
+    speedup: float | None = None  # throughput ratio, DFlash / baseline, same prompts, same run
+    decode_speedup: float | None = None
+    mismatches: list[dict] | None = None  # greedy only; None: not checked
+    outputs: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def load_prompt_sets(config: BenchConfig) -> dict[str, list[str]]:
+    sets = {name: datasets.load_prompts(name, config.num_prompts) for name in config.datasets}
+    if config.prompts_file is not None:
+        sets[f"file:{config.prompts_file.stem}"] = datasets.load_prompt_file(config.prompts_file)[: config.num_prompts]
+    if not sets:
+        raise DFlashError("nothing to benchmark: pass --dataset NAME and/or --prompts FILE.jsonl")
+    return sets
+
+
+def compare(result: SettingResult, dflash_records, baseline_records) -> SettingResult:
+    if baseline_records is None:
+        return result
+    if result.baseline.tokens_per_s:
+        result.speedup = result.dflash.tokens_per_s / result.baseline.tokens_per_s
+    if result.dflash.decode_tokens_per_s and result.baseline.decode_tokens_per_s:
+        result.decode_speedup = result.dflash.decode_tokens_per_s / result.baseline.decode_tokens_per_s
+    if result.temperature == 0:
+        result.mismatches = find_mismatches(dflash_records, baseline_records)
+    return result
+
+
+def run_offline_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) -> list[SettingResult]:
+    from dflash_trt.bench.offline import run_offline, warm_up
+    from dflash_trt.models import embedded
+    from dflash_trt.runtime.llm import AUTO, LLM
+    from dflash_trt.spec.sampling import SamplingParams
+
+    llm = LLM(target=config.target or embedded.DEFAULT_TARGET, draft=config.draft or AUTO,
+              backend=config.backend, block_size=config.block_sizes[0])
+    if not llm.has_drafter:
+        raise DFlashError(f"no drafter for target '{config.target}': pass --draft DIR")
+
+    warm_up(llm, next(iter(prompt_sets.values()))[0], config.block_sizes[0])
+    results = []
+    for name, prompts in prompt_sets.items():
+        for temperature in config.temperatures:
+            params = SamplingParams(max_tokens=config.max_tokens, temperature=temperature, seed=config.seed)
+            base = None
+            if config.baseline:  # one baseline per (dataset, T): it does not depend on the block size
+                base = run_offline(llm, prompts, params, False, None, f"{name} T={temperature} baseline")
+            for size in config.block_sizes:
+                records, wall = run_offline(llm, prompts, params, True, size, f"{name} T={temperature} B={size}")
+                result = SettingResult(
+                    mode="offline", backend=config.backend, dataset=name, block_size=size,
+                    temperature=temperature, concurrency=1, prompts=len(prompts),
+                    dflash=summarize(records, wall, size),
+                    baseline=summarize(base[0], base[1], None) if base else None,
+                    outputs=[r.text for r in records],
+                )
+                results.append(compare(result, records, base[0] if base else None))
+    return results
+
+
+def run_server_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) -> list[SettingResult]:
+    from dflash_trt.bench.server import connect, read_spec_counters, run_server
+
+    endpoint = connect(config.base_url, config.model)
+    baseline = connect(config.baseline_url, None) if config.baseline_url else None
+    results = []
+    for name, prompts in prompt_sets.items():
+        for temperature in config.temperatures:
+            for concurrency in config.concurrency:
+                label = f"{name} T={temperature} C={concurrency}"
+                before = read_spec_counters(endpoint)
+                records, wall = run_server(endpoint, prompts, config.max_tokens, temperature, config.seed, concurrency, label)
+                after = read_spec_counters(endpoint)
+                reported = [tau for r in records for tau in (r.acceptance_lengths or [])]
+                side = summarize(records, wall, max(reported) if reported else None)
+                if not reported and before and after and after[0] > before[0]:
+                    side.mean_acceptance_length = 1 + (after[1] - before[1]) / (after[0] - before[0])
+                base = None
+                if baseline is not None:
+                    base = run_server(baseline, prompts, config.max_tokens, temperature, config.seed, concurrency, f"{label} baseline")
+                result = SettingResult(
+                    mode="server", backend=endpoint.base_url, dataset=name, block_size=None,
+                    temperature=temperature, concurrency=concurrency, prompts=len(prompts), dflash=side,
+                    baseline=summarize(base[0], base[1], None) if base else None,
+                    outputs=[r.text for r in records],
+                )
+                results.append(compare(result, records, base[0] if base else None))
+    return results
+
+
+def run_bench(config: BenchConfig) -> list[SettingResult]:
+    config.check()
+    prompt_sets = load_prompt_sets(config)
+    if config.mode == "server":
+        return run_server_bench(config, prompt_sets)
+    return run_offline_bench(config, prompt_sets)

@@ -1,0 +1,170 @@
+"""`dflash-trt export`: (target, drafter) -> an ONNX bundle directory (DESIGN §4).
+
+The bundle is written into a hidden sibling directory and renamed into place only after every
+graph passed `onnx.checker` and bundle.json (with file hashes) was written last, so an interrupted
+or failed export never leaves a directory that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+import onnx
+import torch
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.export.graphs import DraftBlockGraph, DraftContextGraph, TargetGraph, kv_names
+from dflash_trt.export.manifest import FORMAT_VERSION, MANIFEST, file_hashes
+from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.models.target import TargetModel, eos_token_ids
+
+OPSET = 17
+EXTERNAL_DATA_THRESHOLD = 1024  # bytes: every weight tensor goes to <graph>.onnx.data
+VERSIONED = ("dflash-trt", "torch", "transformers", "onnx", "onnxruntime")
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _io(name: str, dtype: str, shape: list) -> dict:
+    return {"name": name, "dtype": dtype, "shape": shape}
+
+
+def _graph_specs(target: TargetModel, drafter: DFlashDrafter) -> dict[str, dict]:
+    """Names, dtypes and shapes (symbolic dims as strings) of every graph's inputs and outputs."""
+    t, d = target.config, drafter.config
+    tl, dl = target.num_layers, d.num_layers
+    t_kv = [target.config.num_key_value_heads, _head_dim(t)]
+    d_kv = [d.arch.num_key_value_heads, d.arch.head_dim or d.hidden_size // d.arch.num_attention_heads]
+    features = len(d.target_layer_ids) * target.hidden_size
+    vocab = target.vocab_size
+    return {
+        "target": {
+            "inputs": [_io("input_ids", "int64", ["batch", "new"]), _io("past_lengths", "int64", ["batch"])]
+            + [_io(n, "float32", ["batch", t_kv[0], "past", t_kv[1]]) for n in kv_names("past", tl)],
+            "outputs": [_io("logits", "float32", ["batch", "new", vocab]), _io("features", "float32", ["batch", "new", features])]
+            + [_io(n, "float32", ["batch", t_kv[0], "past+new", t_kv[1]]) for n in kv_names("present", tl)],
+        },
+        "draft_context": {
+            "inputs": [_io("features", "float32", ["batch", "new", features]), _io("positions", "int64", ["batch", "new"])],
+            "outputs": [_io(n, "float32", ["batch", d_kv[0], "new", d_kv[1]]) for n in kv_names("context", dl)],
+        },
+        "draft_block": {
+            "inputs": [_io("block_ids", "int64", ["batch", "block"]), _io("context_lengths", "int64", ["batch"])]
+            + [_io(n, "float32", ["batch", d_kv[0], "context", d_kv[1]]) for n in kv_names("context", dl)],
+            "outputs": [_io("draft_logits", "float32", ["batch", "block-1", vocab]), _io("draft_tokens", "int64", ["batch", "block-1"])],
+        },
+    }
+
+
+def _dynamic_axes(spec: dict) -> dict[str, dict[int, str]]:
+    return {io["name"]: {i: dim for i, dim in enumerate(io["shape"]) if isinstance(dim, str)}
+            for io in spec["inputs"] + spec["outputs"]}
+
+
+def _example_inputs(spec: dict) -> tuple[torch.Tensor, ...]:
+    """Small random inputs with distinct symbolic sizes, so the trace cannot confuse two axes."""
+    sizes = {"batch": 2, "new": 3, "past": 5, "block": 4, "context": 6}
+    generator = torch.Generator().manual_seed(0)
+    tensors = []
+    for io in spec["inputs"]:
+        shape = [sizes[d] if isinstance(d, str) else d for d in io["shape"]]
+        if io["name"] == "past_lengths":  # rows of different lengths: the masks are traced too
+            tensors.append(torch.tensor([sizes["past"], 2]))
+        elif io["name"] == "context_lengths":
+            tensors.append(torch.tensor([sizes["context"], 2]))
+        elif io["dtype"] == "int64":
+            tensors.append(torch.randint(0, 8, shape, generator=generator))
+        else:
+            tensors.append(torch.randn(shape, generator=generator))
+    return tuple(tensors)
+
+
+def _export_graph(module: torch.nn.Module, spec: dict, path: Path) -> None:
+    inputs = _example_inputs(spec)
+    with warnings.catch_warnings(), torch.no_grad():
+        # The TorchScript exporter is deprecated in favour of torch.export, but it traces these
+        # flat-I/O modules with symbolic dims reliably; revisit when the dynamo path handles HF RoPE.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module.eval(), inputs, str(path), input_names=[i["name"] for i in spec["inputs"]],
+            output_names=[o["name"] for o in spec["outputs"]], dynamic_axes=_dynamic_axes(spec),
+            opset_version=OPSET, dynamo=False,
+        )
+    model = onnx.load(str(path))
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=path.name + ".data", size_threshold=EXTERNAL_DATA_THRESHOLD)
+    onnx.checker.check_model(str(path), full_check=True)
+
+
+def _versions() -> dict[str, str | None]:
+    found = {}
+    for name in VERSIONED:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: Path, flavour: str = "portable",
+                  force: bool = False, progress: Callable[[str], None] = lambda step: None) -> Path:
+    if flavour == "plugin":
+        raise DFlashError("the plugin flavour (dflash:: custom ops) is not built yet; use --flavour portable")
+    if flavour != "portable":
+        raise DFlashError(f"unknown flavour '{flavour}'; choose plugin or portable")
+    out = Path(out)
+    if out.exists() and not force:
+        raise DFlashError(f"{out} already exists; pass --force to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    d = drafter.config
+    specs = _graph_specs(target, drafter)
+    modules = {
+        "target": TargetGraph(target, tuple(d.target_layer_ids)),
+        "draft_context": DraftContextGraph(drafter),
+        "draft_block": DraftBlockGraph(drafter, target),
+    }
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        for name, module in modules.items():
+            progress(f"exporting {name}.onnx")
+            _export_graph(module, specs[name], tmp / f"{name}.onnx")
+        if tokenizer is not None:
+            progress("writing the tokenizer")
+            tokenizer.save_pretrained(tmp)
+        progress("hashing files")
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "flavour": flavour,
+            "opset": OPSET,
+            "graphs": {name: {"file": f"{name}.onnx", **spec} for name, spec in specs.items()},
+            "target": {
+                "model_type": target.model_type, "num_layers": target.num_layers, "hidden_size": target.hidden_size,
+                "vocab_size": target.vocab_size, "num_key_value_heads": target.config.num_key_value_heads,
+                "head_dim": _head_dim(target.config), "eos_token_ids": list(eos_token_ids(target, tokenizer)),
+            },
+            "draft": {
+                "num_layers": d.num_layers, "block_size": d.block_size, "mask_token_id": d.mask_token_id,
+                "target_layer_ids": list(d.target_layer_ids),
+                "num_key_value_heads": d.arch.num_key_value_heads,
+                "head_dim": d.arch.head_dim or d.hidden_size // d.arch.num_attention_heads,
+            },
+            "versions": _versions(),
+            "files": file_hashes(tmp),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")  # last: marks the bundle complete
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.replace(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+

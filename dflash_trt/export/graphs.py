@@ -1,0 +1,134 @@
+"""The three exported graphs as torch modules with flat tensor I/O (DESIGN §4).
+
+    target.onnx         input_ids [b, s], past_lengths [b], past K/V per layer
+                        -> logits [b, s, V], features [b, s, taps*H], present K/V per layer
+    draft_context.onnx  features [b, n, taps*H], positions [b, n] -> context K/V per draft layer
+    draft_block.onnx    block_ids [b, B], context_lengths [b], context K/V per draft layer
+                        -> draft_logits [b, B-1, V], draft_tokens [b, B-1]
+
+K/V tensors are [b, kv_heads, tokens, head_dim], K after RoPE. Caches grow by concatenation
+(present = past ++ new) and rows are valid up to their length: `past_lengths` / `context_lengths`
+mask the rest, so a batch can hold sequences of different lengths and the host rolls a cache back
+by slicing. No Python control flow depends on tensor values, so one trace serves every shape.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.models.target import TargetModel
+
+EXPORTABLE_TARGETS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+def kv_names(prefix: str, layers: int) -> list[str]:
+    return [f"{prefix}_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
+
+
+def _layer_window(config, index: int) -> int | None:
+    types = getattr(config, "layer_types", None)
+    if types is not None and types[index] == "sliding_attention":
+        return config.sliding_window
+    return None
+
+
+class TargetGraph(nn.Module):
+    """Prefill and verify over an explicit KV cache, reusing the HF modules' weights and RoPE."""
+
+    def __init__(self, target: TargetModel, taps: tuple[int, ...]):
+        super().__init__()
+        if target.model_type not in EXPORTABLE_TARGETS:
+            names = ", ".join(sorted(EXPORTABLE_TARGETS))
+            raise DFlashError(f"export: target model_type '{target.model_type}' has no ONNX graph yet (exportable: {names})")
+        self.model = target.model.model
+        self.lm_head = target.lm_head
+        self.config = target.config
+        self.taps = taps
+        last = target.num_layers - 1
+        # HF reports the last layer's output after the final norm; keep the torch backend's view.
+        self.normed_taps = {k for k in taps if k == last}
+
+    def forward(self, input_ids: torch.Tensor, past_lengths: torch.Tensor, *past: torch.Tensor):
+        b, s = input_ids.shape
+        x = self.model.embed_tokens(input_ids)
+        positions = past_lengths[:, None] + torch.arange(s, device=input_ids.device)[None]  # [b, s]
+        cos, sin = self.model.rotary_emb(x, positions)
+        p = past[0].shape[2]
+        past_index = torch.arange(p, device=input_ids.device)[None].expand(b, p)
+        key_positions = torch.cat([past_index, positions], dim=1)  # [b, p + s]
+        key_valid = torch.cat([past_index < past_lengths[:, None], torch.ones_like(positions, dtype=torch.bool)], dim=1)
+        diff = positions[:, :, None] - key_positions[:, None, :]  # [b, s, p + s]
+        causal = key_valid[:, None, :] & (diff >= 0)
+        features, present = [], []
+        for index, layer in enumerate(self.model.layers):
+            window = _layer_window(self.config, index)
+            mask = causal if window is None else causal & (diff < window)
+            x, kv = self._layer(layer, x, cos, sin, past[2 * index], past[2 * index + 1], mask[:, None])
+            present += kv
+            if index in self.taps:
+                features.append(self.model.norm(x) if index in self.normed_taps else x)
+        logits = self.lm_head(self.model.norm(x)).float()
+        return (logits, torch.cat(features, dim=-1), *present)
+
+    @staticmethod
+    def _layer(layer, x, cos, sin, past_k, past_v, mask):
+        attn = layer.self_attn
+        b, s, _ = x.shape
+        d = attn.head_dim
+        h = layer.input_layernorm(x)
+        q = attn.q_proj(h).view(b, s, -1, d)
+        k = attn.k_proj(h).view(b, s, -1, d)
+        v = attn.v_proj(h).view(b, s, -1, d).transpose(1, 2)
+        if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        k_all = torch.cat([past_k, k], dim=2)  # [b, kv_heads, p + s, d]
+        v_all = torch.cat([past_v, v], dim=2)
+        groups = q.shape[1] // k.shape[1]
+        out = nn.functional.scaled_dot_product_attention(
+            q, k_all.repeat_interleave(groups, dim=1), v_all.repeat_interleave(groups, dim=1),
+            attn_mask=mask, scale=attn.scaling,
+        )
+        x = x + attn.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return x, (k_all, v_all)
+
+
+class DraftContextGraph(nn.Module):
+    """KV injection: newly committed target features -> the draft layers' context K/V."""
+
+    def __init__(self, drafter: DFlashDrafter):
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, features: torch.Tensor, positions: torch.Tensor):
+        kv = self.drafter.inject_context(features, positions)
+        return tuple(t for pair in kv for t in pair)
+
+
+class DraftBlockGraph(nn.Module):
+    """The non-causal block pass: [bonus, MASK...] over the cached context -> B-1 draft tokens."""
+
+    def __init__(self, drafter: DFlashDrafter, target: TargetModel):
+        super().__init__()
+        self.drafter = drafter
+        self.embed_tokens = target.model.get_input_embeddings()  # the drafter borrows the target's
+        self.lm_head = target.lm_head
+
+    def forward(self, block_ids: torch.Tensor, context_lengths: torch.Tensor, *context: torch.Tensor):
+        b, n = block_ids.shape
+        c = context[0].shape[2]
+        positions = context_lengths[:, None] + torch.arange(n, device=block_ids.device)[None]
+        context_index = torch.arange(c, device=block_ids.device)[None].expand(b, c)
+        visible = torch.cat([context_index < context_lengths[:, None], torch.ones_like(block_ids, dtype=torch.bool)], dim=1)
+        pairs = [(context[2 * i], context[2 * i + 1]) for i in range(len(context) // 2)]
+        hidden = self.drafter.block_hidden(
+            nn.functional.embedding(block_ids, self.embed_tokens.weight), positions, pairs, context_index,
+            visible[:, None, None, :],
+        )
+        logits = self.drafter.logits(hidden[:, 1:], self.lm_head).float()  # slot 0 is the bonus, not a draft
+        return logits, logits.argmax(dim=-1)

@@ -1,0 +1,57 @@
+"""bundle.json: what an exported bundle holds, and the checks a runtime makes before loading it.
+
+Torch-free on purpose: the onnxruntime backend reads bundles without importing model code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from dflash_trt.errors import DFlashError
+
+MANIFEST = "bundle.json"
+FORMAT_VERSION = 1
+GRAPHS = ("target", "draft_context", "draft_block")
+FLAVOURS = ("portable", "plugin")
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): sha256(p) for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
+
+
+def read_bundle(root: str | Path, verify_hashes: bool = True) -> dict:
+    """The manifest of a complete, intact bundle; one clear line for anything else."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DFlashError(f"bundle '{root}' is not a directory (write one with: dflash-trt export -o DIR)")
+    path = root / MANIFEST
+    if not path.is_file():
+        raise DFlashError(f"{root}: no {MANIFEST}, so this is not a complete bundle (was the export interrupted?)")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DFlashError(f"{path}: not valid JSON ({err})") from None
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise DFlashError(
+            f"{root}: bundle format {version} (written by dflash-trt {manifest.get('versions', {}).get('dflash-trt')}); "
+            f"this dflash-trt reads format {FORMAT_VERSION}: re-export it")
+    if manifest.get("flavour") not in FLAVOURS:
+        raise DFlashError(f"{root}: unknown flavour {manifest.get('flavour')!r} (expected one of {', '.join(FLAVOURS)})")
+    for name, digest in manifest["files"].items():
+        file = root / name
+        if not file.is_file():
+            raise DFlashError(f"{root}: {name} is missing from the bundle")
+        if verify_hashes and sha256(file) != digest:
+            raise DFlashError(f"{root}: {name} does not match its hash in {MANIFEST} (modified or corrupted): re-export")
+    return manifest

