@@ -60,7 +60,7 @@ def generate(prompt, target, draft, backend, block_size, speculative, max_tokens
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop
     )
     llm = LLM(target=target, draft=draft or AUTO, backend=backend, block_size=block_size)
-    if speculative and llm.drafter is None:
+    if speculative and not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{target}': pass --draft DIR or --no-speculative")
     if as_json:
         out = llm.generate(prompt, params, speculative=speculative)[0]
@@ -73,6 +73,46 @@ def generate(prompt, target, draft, backend, block_size, speculative, max_tokens
         shown = len(out.text)
     click.echo()
     click.echo(f"[{out.finish_reason}] {summary_line(out.metrics)}", err=True)
+
+
+@main.command()
+@click.option("--target", default=DEFAULT_TARGET, show_default=True, help=TARGET_HELP)
+@click.option("--draft", default=None, help=DRAFT_HELP)
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path, file_okay=False), required=True, help="Bundle directory to write.")
+@click.option("--flavour", type=click.Choice(["portable", "plugin"]), default="portable", show_default=True,
+              help="portable: standard ONNX ops only; plugin: dflash:: custom ops (KV injection, block attention).")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="Compare each graph on onnxruntime with PyTorch (polygraphy run --onnxrt).")
+@user_errors
+def export(target, draft, out, flavour, force, check):
+    """Export target and drafter to an ONNX bundle (target, draft_context, draft_block graphs + bundle.json)."""
+    from tqdm import tqdm
+
+    from dflash_trt.models.checkpoints import load_drafter, load_target, load_tokenizer
+    from dflash_trt.models.embedded import default_drafter
+    from dflash_trt.models.pairing import validate_pair
+
+    draft = draft or default_drafter(target)
+    if draft is None:
+        raise DFlashError(f"no drafter for target '{target}': pass --draft DIR")
+    if out.exists() and not force:
+        raise DFlashError(f"{out} already exists; pass --force to replace it")
+    from dflash_trt.export.bundle import check_flavour, export_bundle
+
+    check_flavour(flavour)
+
+    drafter = load_drafter(draft)
+    target_model, tokenizer = load_target(target)
+    validate_pair(target_model, drafter.config, tokenizer, load_tokenizer(str(draft)))
+    with tqdm(total=5, desc="export", unit="step") as bar:
+        def step(what: str) -> None:
+            bar.set_postfix_str(what)
+            bar.update()
+
+        path = export_bundle(target_model, drafter, tokenizer, out, flavour=flavour, force=force, check=check,
+                             progress=step)
+    click.echo(f"bundle written to {path}")
 
 
 @main.command("train-drafter")

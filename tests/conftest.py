@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 from factories import make_drafter, make_target
 
+from dflash_trt.export.bundle import export_bundle
+from dflash_trt.models.checkpoints import load_drafter, load_target
+
 
 @pytest.fixture(scope="session")
 def tiny_pairs(tmp_path_factory):
@@ -22,3 +25,16 @@ def tiny_pairs(tmp_path_factory):
 def hybrid_target(tmp_path_factory):
     """A tiny Qwen3-Next target: Gated DeltaNet (recurrent) + full attention layers."""
     return make_target(tmp_path_factory.mktemp("hybrid") / "qwen3_next", "qwen3_next", seed=7)
+
+
+@pytest.fixture(scope="session")
+def bundles(tiny_pairs, tmp_path_factory):
+    """family -> (ONNX bundle dir, TargetModel, DFlashDrafter), exported without the polygraphy check."""
+    root = tmp_path_factory.mktemp("bundles")
+    made = {}
+    for family in ("llama", "qwen3"):
+        target_dir, draft_dir = tiny_pairs[family]
+        target, tokenizer = load_target(str(target_dir))
+        drafter = load_drafter(draft_dir)
+        made[family] = (export_bundle(target, drafter, tokenizer, root / family, check=False), target, drafter)
+    return made

@@ -21,6 +21,7 @@ import torch
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.graphs import DraftBlockGraph, DraftContextGraph, TargetGraph, kv_names
 from dflash_trt.export.manifest import FORMAT_VERSION, MANIFEST, file_hashes
+from dflash_trt.export.verify import ATOL, RTOL, check_graph
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.target import TargetModel, eos_token_ids
 
@@ -87,7 +88,8 @@ def _example_inputs(spec: dict) -> tuple[torch.Tensor, ...]:
     return tuple(tensors)
 
 
-def _export_graph(module: torch.nn.Module, spec: dict, path: Path) -> None:
+def _export_graph(module: torch.nn.Module, spec: dict, path: Path, check: bool) -> str | None:
+    """Export, move weights to external data, run onnx.checker; then polygraphy when `check`."""
     inputs = _example_inputs(spec)
     with warnings.catch_warnings(), torch.no_grad():
         # The TorchScript exporter is deprecated in favour of torch.export, but it traces these
@@ -102,6 +104,9 @@ def _export_graph(module: torch.nn.Module, spec: dict, path: Path) -> None:
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=path.name + ".data", size_threshold=EXTERNAL_DATA_THRESHOLD)
     onnx.checker.check_model(str(path), full_check=True)
+    if not check:
+        return None
+    return check_graph(path, module, inputs, [i["name"] for i in spec["inputs"]], [o["name"] for o in spec["outputs"]])
 
 
 def _versions() -> dict[str, str | None]:
@@ -114,12 +119,17 @@ def _versions() -> dict[str, str | None]:
     return found
 
 
-def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: Path, flavour: str = "portable",
-                  force: bool = False, progress: Callable[[str], None] = lambda step: None) -> Path:
+def check_flavour(flavour: str) -> None:
     if flavour == "plugin":
         raise DFlashError("the plugin flavour (dflash:: custom ops) is not built yet; use --flavour portable")
     if flavour != "portable":
         raise DFlashError(f"unknown flavour '{flavour}'; choose plugin or portable")
+
+
+def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: Path, flavour: str = "portable",
+                  force: bool = False, check: bool = True, progress: Callable[[str], None] = lambda step: None) -> Path:
+    """Write the bundle; `progress` is called after each of its steps (3 graphs, tokenizer, manifest)."""
+    check_flavour(flavour)
     out = Path(out)
     if out.exists() and not force:
         raise DFlashError(f"{out} already exists; pass --force to replace it")
@@ -132,14 +142,14 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
         "draft_block": DraftBlockGraph(drafter, target),
     }
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    checks = {}
     try:
         for name, module in modules.items():
-            progress(f"exporting {name}.onnx")
-            _export_graph(module, specs[name], tmp / f"{name}.onnx")
+            checks[name] = _export_graph(module, specs[name], tmp / f"{name}.onnx", check)
+            progress(f"{name}.onnx")
         if tokenizer is not None:
-            progress("writing the tokenizer")
             tokenizer.save_pretrained(tmp)
-        progress("hashing files")
+        progress("tokenizer")
         manifest = {
             "format_version": FORMAT_VERSION,
             "flavour": flavour,
@@ -156,10 +166,13 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
                 "num_key_value_heads": d.arch.num_key_value_heads,
                 "head_dim": d.arch.head_dim or d.hidden_size // d.arch.num_attention_heads,
             },
+            "checks": {"onnx.checker": "passed",
+                       "polygraphy_vs_pytorch": {"atol": ATOL, "rtol": RTOL, **checks} if check else None},
             "versions": _versions(),
             "files": file_hashes(tmp),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")  # last: marks the bundle complete
+        progress(MANIFEST)
         if out.exists():
             shutil.rmtree(out)
         tmp.replace(out)

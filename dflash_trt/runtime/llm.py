@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.models import embedded

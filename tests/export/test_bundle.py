@@ -1,0 +1,138 @@
+"""The bundle on disk: contents, manifest, the polygraphy check, refusals, and no half-written bundles."""
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from dflash_trt import LLM
+from dflash_trt.cli import main
+from dflash_trt.errors import DFlashError
+from dflash_trt.export import bundle as bundle_module
+from dflash_trt.export.bundle import export_bundle
+from dflash_trt.export.manifest import MANIFEST, read_bundle, sha256
+from dflash_trt.models.checkpoints import load_drafter, load_target
+
+
+def test_bundle_holds_graphs_weights_tokenizer_and_a_manifest(bundles):
+    path, target, drafter = bundles["qwen3"]
+    manifest = read_bundle(path)
+    for graph in ("target", "draft_context", "draft_block"):
+        assert (path / f"{graph}.onnx").is_file() and (path / f"{graph}.onnx.data").is_file()
+        assert manifest["graphs"][graph]["file"] == f"{graph}.onnx"
+    # weights live in external data: the graph files themselves stay small
+    assert (path / "target.onnx").stat().st_size < (path / "target.onnx.data").stat().st_size
+    assert (path / "tokenizer.json").is_file()
+    assert manifest["draft"]["block_size"] == drafter.config.block_size
+    assert manifest["draft"]["target_layer_ids"] == list(drafter.config.target_layer_ids)
+    assert manifest["target"]["num_layers"] == target.num_layers and manifest["flavour"] == "portable"
+    assert manifest["files"]["target.onnx.data"] == sha256(path / "target.onnx.data")
+    names = [io["name"] for io in manifest["graphs"]["target"]["inputs"]]
+    assert names[:3] == ["input_ids", "past_lengths", "past_key_0"]
+
+
+def test_export_runs_polygraphy_against_pytorch(tiny_pairs, tmp_path):
+    target_dir, draft_dir = tiny_pairs["llama"]
+    target, tokenizer = load_target(str(target_dir))
+    out = export_bundle(target, load_drafter(draft_dir), tokenizer, tmp_path / "b", check=True)
+    checks = read_bundle(out)["checks"]["polygraphy_vs_pytorch"]
+    assert {checks[g] for g in ("target", "draft_context", "draft_block")} == {"passed"}
+
+
+def test_polygraphy_check_catches_a_wrong_graph(tiny_pairs, tmp_path, monkeypatch):
+    """Swap in a graph that computes something else: the check must refuse the bundle."""
+    target_dir, draft_dir = tiny_pairs["llama"]
+    target, tokenizer = load_target(str(target_dir))
+    drafter = load_drafter(draft_dir)
+    real = bundle_module.DraftContextGraph
+
+    class Skewed(real):
+        def forward(self, features, positions):
+            return tuple(t * 1.01 for t in super().forward(features, positions))
+
+    exported = []
+    monkeypatch.setattr(bundle_module, "DraftContextGraph", Skewed)
+    original_check = bundle_module.check_graph
+
+    def check_against_the_true_module(graph, module, *args):
+        exported.append(graph.name)
+        return original_check(graph, real(drafter) if isinstance(module, Skewed) else module, *args)
+
+    monkeypatch.setattr(bundle_module, "check_graph", check_against_the_true_module)
+    with pytest.raises(DFlashError, match="polygraphy: draft_context.onnx on onnxruntime differs from PyTorch"):
+        export_bundle(target, drafter, tokenizer, tmp_path / "b", check=True)
+    assert "draft_context.onnx" in exported and not (tmp_path / "b").exists()
+
+
+def test_a_failed_export_leaves_nothing_that_looks_complete(tiny_pairs, tmp_path, monkeypatch):
+    target_dir, draft_dir = tiny_pairs["qwen3"]
+    target, tokenizer = load_target(str(target_dir))
+    real = bundle_module._export_graph
+
+    def fail_on_the_last_graph(module, spec, path, check):
+        if path.name == "draft_block.onnx":
+            raise RuntimeError("disk full")
+        return real(module, spec, path, check)
+
+    monkeypatch.setattr(bundle_module, "_export_graph", fail_on_the_last_graph)
+    with pytest.raises(RuntimeError, match="disk full"):
+        export_bundle(target, load_drafter(draft_dir), tokenizer, tmp_path / "b", check=False)
+    assert list(tmp_path.iterdir()) == []  # neither the bundle nor its temporary sibling
+
+
+def test_export_refusals_are_one_line(tiny_pairs, bundles, tmp_path):
+    target_dir, draft_dir = tiny_pairs["qwen3_moe"]
+    target, tokenizer = load_target(str(target_dir))
+    with pytest.raises(DFlashError, match="model_type 'qwen3_moe' has no ONNX graph yet"):
+        export_bundle(target, load_drafter(draft_dir), tokenizer, tmp_path / "moe", check=False)
+    path, target, drafter = bundles["qwen3"]
+    with pytest.raises(DFlashError, match="already exists; pass --force"):
+        export_bundle(target, drafter, None, path, check=False)
+    with pytest.raises(DFlashError, match="plugin flavour .* is not built yet"):
+        export_bundle(target, drafter, None, tmp_path / "p", flavour="plugin", check=False)
+
+
+def _broken_copy(bundles, tmp_path, edit):
+    source = bundles["qwen3"][0]
+    copy = tmp_path / "copy"
+    shutil.copytree(source, copy)
+    edit(copy)
+    return copy
+
+
+def _edit_manifest(**changes):
+    def edit(path):
+        manifest = json.loads((path / MANIFEST).read_text())
+        manifest.update(changes)
+        (path / MANIFEST).write_text(json.dumps(manifest))
+    return edit
+
+
+def _corrupt(path):
+    with (path / "draft_block.onnx.data").open("r+b") as f:
+        f.seek(100)
+        f.write(b"\x00\x01\x02\x03")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda p: (p / "target.onnx.data").unlink(), "target.onnx.data is missing from the bundle"),
+    (_corrupt, "draft_block.onnx.data does not match its hash"),
+    (lambda p: (p / MANIFEST).unlink(), "no bundle.json, so this is not a complete bundle"),
+    (_edit_manifest(format_version=99), "bundle format 99 .* reads format 1: re-export"),
+    (_edit_manifest(flavour="plugin"), "plugin-flavour bundles need the dflash op library"),
+    (_edit_manifest(flavour="tensorrt"), "unknown flavour 'tensorrt'"),
+])
+def test_bad_bundles_refuse_to_load_in_one_line(bundles, tmp_path, edit, message):
+    with pytest.raises(DFlashError, match=message):
+        LLM.from_bundle(_broken_copy(bundles, tmp_path, edit))
+
+
+def test_cli_export_writes_a_bundle_and_refuses_the_plugin_flavour(tiny_pairs, tmp_path):
+    target_dir, draft_dir = tiny_pairs["llama"]
+    args = ["export", "--target", str(target_dir), "--draft", str(draft_dir)]
+    result = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "b"), "--no-check"])
+    assert result.exit_code == 0, result.output
+    assert read_bundle(tmp_path / "b")["flavour"] == "portable"
+    result = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "c"), "--flavour", "plugin"])
+    assert result.exit_code == 2 and "plugin flavour" in result.output and not (tmp_path / "c").exists()

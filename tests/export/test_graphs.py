@@ -1,0 +1,82 @@
+"""Each exported graph on onnxruntime against the PyTorch reference: ragged batches, several lengths."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from dflash_trt.export.graphs import kv_names
+
+ATOL = 1e-4  # float32 graphs on the same CPU: differences are reduction-order round-off
+
+
+def session(bundle, name):
+    return ort.InferenceSession(str(bundle / f"{name}.onnx"), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("first, kept, new", [(5, (5, 3), 4), (1, (1, 0), 1), (7, (2, 7), 6)])
+def test_target_graph_matches_the_target_on_ragged_rows(bundles, family, first, kept, new):
+    """Two rows share one call; row r keeps only `kept[r]` of its `first` cached tokens (a rollback)."""
+    bundle, target, drafter = bundles[family]
+    taps = tuple(drafter.config.target_layer_ids)
+    g = torch.Generator().manual_seed(first * 10 + new)
+    prefix = torch.randint(0, target.vocab_size, (2, first), generator=g)
+    suffix = torch.randint(0, target.vocab_size, (2, new), generator=g)
+    s = session(bundle, "target")
+    cfg = target.config
+    empty = np.zeros((2, cfg.num_key_value_heads, 0, cfg.head_dim), np.float32)
+    feed = {"input_ids": prefix.numpy(), "past_lengths": np.zeros(2, np.int64)}
+    feed |= {n: empty for n in kv_names("past", target.num_layers)}
+    first_out = s.run(None, feed)
+    feed = {"input_ids": suffix.numpy(), "past_lengths": np.array(kept, np.int64)}
+    feed |= dict(zip(kv_names("past", target.num_layers), first_out[2:], strict=True))
+    logits, features, *present = s.run(None, feed)
+    for row in range(2):
+        ids = prefix[row, : kept[row]].tolist() + suffix[row].tolist()
+        ref_logits, ref_features = target.forward(ids, target.new_cache(), taps)
+        np.testing.assert_allclose(logits[row], ref_logits[-new:].numpy(), atol=ATOL, rtol=0)
+        np.testing.assert_allclose(features[row], ref_features[-new:].numpy(), atol=ATOL, rtol=0)
+        ref_first, _ = target.forward(prefix[row].tolist(), target.new_cache(), taps)
+        np.testing.assert_allclose(first_out[0][row], ref_first.numpy(), atol=ATOL, rtol=0)
+    assert present[0].shape[2] == first + new  # present = past ++ new; the host slices to roll back
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("n", [1, 3, 9])
+def test_draft_context_graph_matches_kv_injection(bundles, family, n):
+    bundle, _, drafter = bundles[family]
+    g = torch.Generator().manual_seed(n)
+    features = torch.randn(2, n, drafter.fc.in_features, generator=g)
+    positions = torch.stack([torch.arange(4, 4 + n), torch.arange(11, 11 + n)])
+    out = session(bundle, "draft_context").run(None, {"features": features.numpy(), "positions": positions.numpy()})
+    with torch.no_grad():
+        ref = [t for pair in drafter.inject_context(features, positions) for t in pair]
+    for got, want in zip(out, ref, strict=True):
+        np.testing.assert_allclose(got, want.numpy(), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("block, lengths", [(2, (3, 3)), (4, (6, 2)), (8, (9, 5))])
+def test_draft_block_graph_matches_the_block_pass(bundles, family, block, lengths):
+    """Row r sees only its first lengths[r] context positions; padding beyond must not leak in."""
+    bundle, target, drafter = bundles[family]
+    g = torch.Generator().manual_seed(block)
+    cap = max(lengths)
+    arch = drafter.config.arch
+    context = [torch.randn(2, arch.num_key_value_heads, cap, arch.head_dim, generator=g)
+               for _ in range(2 * drafter.config.num_layers)]
+    block_ids = torch.randint(0, target.vocab_size, (2, block), generator=g)
+    feed = {"block_ids": block_ids.numpy(), "context_lengths": np.array(lengths, np.int64)}
+    feed |= {n: t.numpy() for n, t in zip(kv_names("context", drafter.config.num_layers), context, strict=True)}
+    logits, tokens = session(bundle, "draft_block").run(None, feed)
+    assert tokens.shape == (2, block - 1)
+    for row, length in enumerate(lengths):
+        pairs = [(context[2 * i][row : row + 1, :, :length], context[2 * i + 1][row : row + 1, :, :length])
+                 for i in range(drafter.config.num_layers)]
+        with torch.no_grad():
+            hidden = drafter.block_hidden(target.embed(block_ids[row : row + 1]),
+                                          torch.arange(length, length + block)[None], pairs, torch.arange(length)[None])
+            ref = drafter.logits(hidden[:, 1:], target.lm_head)[0]
+        np.testing.assert_allclose(logits[row], ref.numpy(), atol=ATOL, rtol=0)
+        assert tokens[row].tolist() == ref.argmax(-1).tolist()
