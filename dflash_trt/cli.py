@@ -40,6 +40,8 @@ def main():
 @click.option("--target", default=DEFAULT_TARGET, show_default=True, help=TARGET_HELP)
 @click.option("--draft", default=None, help=DRAFT_HELP)
 @click.option("--backend", type=click.Choice(["torch", "onnxruntime", "tensorrt"]), default="torch", show_default=True)
+@click.option("--bundle", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Run an exported bundle (dflash-trt export) on onnxruntime instead of --target/--draft.")
 @click.option("--block-size", type=int, default=None, help="Verify block size B (default: the drafter's).")
 @click.option("--speculative/--no-speculative", default=True, show_default=True, help="Off: plain autoregressive decoding.")
 @click.option("--max-tokens", type=int, default=256, show_default=True)
@@ -50,7 +52,7 @@ def main():
 @click.option("--stop", multiple=True, help="Stop string (repeatable); cut from the output.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, metrics) instead of streaming.")
 @user_errors
-def generate(prompt, target, draft, backend, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop, as_json):
+def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop, as_json):
     """Generate a reply to PROMPT, streaming it, then print the acceptance summary."""
     from dflash_trt.runtime.llm import AUTO, LLM
     from dflash_trt.spec.metrics import summary_line
@@ -59,7 +61,10 @@ def generate(prompt, target, draft, backend, block_size, speculative, max_tokens
     params = SamplingParams(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop
     )
-    llm = LLM(target=target, draft=draft or AUTO, backend=backend, block_size=block_size)
+    if bundle:
+        llm = LLM.from_bundle(bundle, block_size=block_size)
+    else:
+        llm = LLM(target=target, draft=draft or AUTO, backend=backend, block_size=block_size)
     if speculative and not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{target}': pass --draft DIR or --no-speculative")
     if as_json:
@@ -173,6 +178,7 @@ def _csv(kind):
 
 
 @main.command()
+@click.argument("bundle", required=False, type=click.Path(path_type=Path, file_okay=False))
 @click.option("--target", default=None, help=TARGET_HELP + " Offline mode.")
 @click.option("--draft", default=None, help=DRAFT_HELP)
 @click.option("--backend", default="torch", show_default=True, help="Offline backend: torch, onnxruntime, tensorrt.")
@@ -193,12 +199,12 @@ def _csv(kind):
 @click.option("--json-out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write the full record here.")
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write a PNG: throughput, speedup, τ histogram.")
 @user_errors
-def bench(target, draft, backend, base_url, baseline_url, model, datasets, prompts_file, num_prompts, max_tokens,
+def bench(bundle, target, draft, backend, base_url, baseline_url, model, datasets, prompts_file, num_prompts, max_tokens,
           block_sizes, temperatures, concurrency, seed, baseline, json_out, plot):
     """Throughput, speedup over autoregressive decoding, and acceptance, per dataset; prints a table.
 
-    Offline (default): the pair runs in this process, DFlash and speculative=False on the same prompts
-    after a warm-up. Server: --base-url sends the same prompts to a running OpenAI-compatible server.
+    Offline (default): the pair (or the exported BUNDLE, on onnxruntime) runs in this process, DFlash
+    and speculative=False on the same prompts after a warm-up. Server: --base-url sends the same prompts to a running OpenAI-compatible server.
     In greedy mode every DFlash output is checked against the baseline; a mismatch exits with status 3.
     """
     from dflash_trt.bench import report
@@ -207,7 +213,7 @@ def bench(target, draft, backend, base_url, baseline_url, model, datasets, promp
     config = BenchConfig(
         datasets=datasets, prompts_file=prompts_file, num_prompts=num_prompts, max_tokens=max_tokens,
         block_sizes=block_sizes, temperatures=temperatures, concurrency=concurrency, seed=seed, baseline=baseline,
-        target=target, draft=draft, backend=backend, base_url=base_url, baseline_url=baseline_url, model=model,
+        bundle=bundle, target=target, draft=draft, backend=backend, base_url=base_url, baseline_url=baseline_url, model=model,
     )
     results = run_bench(config)
     click.echo(report.table(results))

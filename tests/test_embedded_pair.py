@@ -88,3 +88,19 @@ def test_cli_generate_with_no_arguments_but_the_prompt():
     result = CliRunner().invoke(main, ["generate", "--max-tokens", "24", "Say hello."])
     assert result.exit_code == 0, result.output
     assert "mean acceptance length" in result.stderr
+
+
+def test_the_embedded_pair_exports_and_runs_on_onnxruntime(llm, tmp_path):
+    """Issue: the embedded pair exports (graphs checked by polygraphy) and decodes identically on onnxruntime."""
+    from dflash_trt import LLM, SamplingParams
+    from dflash_trt.export.bundle import export_bundle
+
+    bundle = export_bundle(llm.target, llm.drafter, llm.tokenizer, tmp_path / "bundle", check=True)
+    ort_llm = LLM.from_bundle(bundle)
+    ort_llm.block_size = llm.block_size = 16  # other tests change the shared llm's block size
+    params = SamplingParams(max_tokens=32)
+    for prompt in ["Write a Python function that adds two numbers.", "Name three colors."]:
+        ours = ort_llm.generate(prompt, params)[0]
+        ref = llm.generate(prompt, params)[0]
+        assert ours.token_ids == ref.token_ids
+        assert ours.metrics.acceptance_lengths == ref.metrics.acceptance_lengths

@@ -21,7 +21,8 @@ class BenchConfig:
     concurrency: tuple[int, ...] = (1,)
     seed: int = 0
     baseline: bool = True
-    # offline mode
+    # offline mode: an exported bundle, or checkpoints run on `backend`
+    bundle: Path | None = None
     target: str | None = None
     draft: str | None = None
     backend: str = "torch"
@@ -49,8 +50,10 @@ class BenchConfig:
                 f"offline backend '{self.backend}' runs one request at a time, so --concurrency "
                 f"{','.join(map(str, self.concurrency))} would only queue; benchmark concurrency against a "
                 "server with --base-url")
-        if self.mode == "server" and (self.target or self.draft):
-            raise DFlashError("--base-url benchmarks a running server: drop --target/--draft (the server has its model)")
+        if self.mode == "server" and (self.target or self.draft or self.bundle):
+            raise DFlashError("--base-url benchmarks a running server: drop DIR/--target/--draft (the server has its model)")
+        if self.bundle and (self.target or self.draft):
+            raise DFlashError("pass either a bundle DIR or --target/--draft, not both")
         if self.baseline_url and not self.base_url:
             raise DFlashError("--baseline-url needs --base-url (the DFlash server to compare against it)")
         unknown = [name for name in self.datasets if name not in datasets.DATASETS]
@@ -107,8 +110,11 @@ def run_offline_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) ->
     from dflash_trt.runtime.llm import AUTO, LLM
     from dflash_trt.spec.sampling import SamplingParams
 
-    llm = LLM(target=config.target or embedded.DEFAULT_TARGET, draft=config.draft or AUTO,
-              backend=config.backend, block_size=config.block_sizes[0])
+    if config.bundle:
+        llm = LLM.from_bundle(config.bundle, block_size=config.block_sizes[0])
+    else:
+        llm = LLM(target=config.target or embedded.DEFAULT_TARGET, draft=config.draft or AUTO,
+                  backend=config.backend, block_size=config.block_sizes[0])
     if not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{config.target}': pass --draft DIR")
 
@@ -123,7 +129,7 @@ def run_offline_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) ->
             for size in config.block_sizes:
                 records, wall = run_offline(llm, prompts, params, True, size, f"{name} T={temperature} B={size}")
                 result = SettingResult(
-                    mode="offline", backend=config.backend, dataset=name, block_size=size,
+                    mode="offline", backend=llm.backend, dataset=name, block_size=size,
                     temperature=temperature, concurrency=1, prompts=len(prompts),
                     dflash=summarize(records, wall, size),
                     baseline=summarize(base[0], base[1], None) if base else None,

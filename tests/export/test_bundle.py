@@ -136,3 +136,17 @@ def test_cli_export_writes_a_bundle_and_refuses_the_plugin_flavour(tiny_pairs, t
     assert read_bundle(tmp_path / "b")["flavour"] == "portable"
     result = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "c"), "--flavour", "plugin"])
     assert result.exit_code == 2 and "plugin flavour" in result.output and not (tmp_path / "c").exists()
+
+
+def test_cli_generate_and_bench_run_a_bundle(bundles, tiny_pairs):
+    from dflash_trt import SamplingParams
+
+    path = bundles["llama"][0]
+    result = CliRunner().invoke(main, ["generate", "--bundle", str(path), "--max-tokens", "8", "--json", "hey"])
+    assert result.exit_code == 0, result.output
+    expected = LLM(*map(str, tiny_pairs["llama"])).generate("hey", SamplingParams(max_tokens=8))[0]
+    assert json.loads(result.stdout)["token_ids"] == expected.token_ids
+    result = CliRunner().invoke(main, ["bench", str(path), "--dataset", "mt-bench", "--num-prompts", "1", "--max-tokens", "6",
+                                       "--block-size", "4"])
+    assert result.exit_code == 0, result.output
+    assert "identical" in result.stdout
