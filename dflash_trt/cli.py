@@ -120,6 +120,33 @@ def export(target, draft, out, flavour, force, check):
     click.echo(f"bundle written to {path}")
 
 
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--no-verify", is_flag=True, help="Skip re-hashing the files (fast look at a large bundle).")
+@user_errors
+def inspect(bundle, no_verify):
+    """Describe an exported bundle: graphs and their I/O, pair settings, checks, versions."""
+    from dflash_trt.export.manifest import read_bundle
+
+    manifest = read_bundle(bundle, verify_hashes=not no_verify)
+    t, d = manifest["target"], manifest["draft"]
+    click.echo(f"{bundle}: {manifest['flavour']} flavour, opset {manifest['opset']}, format {manifest['format_version']}"
+               f"{'' if no_verify else ', all file hashes match'}")
+    click.echo(f"target: {t['model_type']}, {t['num_layers']} layers, hidden {t['hidden_size']}, vocab {t['vocab_size']}")
+    click.echo(f"draft: {d['num_layers']} layers, block size {d['block_size']}, taps {d['target_layer_ids']}, "
+               f"mask id {d['mask_token_id']}")
+    for name, graph in manifest["graphs"].items():
+        click.echo(f"{graph['file']}:")
+        for kind in ("inputs", "outputs"):
+            shown = graph[kind] if len(graph[kind]) <= 6 else graph[kind][:4] + [{"name": f"... {len(graph[kind]) - 4} more"}]
+            for io in shown:
+                shape = "" if "shape" not in io else f" {io['dtype']}[{', '.join(map(str, io['shape']))}]"
+                click.echo(f"  {kind[:-1]:6} {io['name']}{shape}")
+    checks = manifest.get("checks", {})
+    click.echo(f"checks: {json.dumps(checks)}")
+    click.echo("versions: " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items() if v))
+
+
 @main.command("train-drafter")
 @click.option("--target", default=DEFAULT_TARGET, show_default=True, help=TARGET_HELP)
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="Run directory.")

@@ -150,3 +150,14 @@ def test_cli_generate_and_bench_run_a_bundle(bundles, tiny_pairs):
                                        "--block-size", "4"])
     assert result.exit_code == 0, result.output
     assert "identical" in result.stdout
+
+
+def test_cli_inspect_describes_the_bundle_and_its_checks(bundles, tmp_path):
+    path = bundles["qwen3"][0]
+    result = CliRunner().invoke(main, ["inspect", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "portable flavour" in result.stdout and "all file hashes match" in result.stdout
+    assert "input  block_ids int64[batch, block]" in result.stdout
+    broken = _broken_copy(bundles, tmp_path, _corrupt)
+    result = CliRunner().invoke(main, ["inspect", str(broken)])
+    assert result.exit_code == 2 and "does not match its hash" in result.output
