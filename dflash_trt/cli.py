@@ -135,7 +135,7 @@ def inspect(bundle, no_verify):
     click.echo(f"target: {t['model_type']}, {t['num_layers']} layers, hidden {t['hidden_size']}, vocab {t['vocab_size']}")
     click.echo(f"draft: {d['num_layers']} layers, block size {d['block_size']}, taps {d['target_layer_ids']}, "
                f"mask id {d['mask_token_id']}")
-    for name, graph in manifest["graphs"].items():
+    for graph in manifest["graphs"].values():
         click.echo(f"{graph['file']}:")
         for kind in ("inputs", "outputs"):
             shown = graph[kind] if len(graph[kind]) <= 6 else graph[kind][:4] + [{"name": f"... {len(graph[kind]) - 4} more"}]

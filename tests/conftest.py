@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from factories import make_drafter, make_target
 
+from dflash_trt.export import op_library
 from dflash_trt.export.bundle import export_bundle
 from dflash_trt.models.checkpoints import load_drafter, load_target
 
@@ -37,4 +38,14 @@ def bundles(tiny_pairs, tmp_path_factory):
         target, tokenizer = load_target(str(target_dir))
         drafter = load_drafter(draft_dir)
         made[family] = (export_bundle(target, drafter, tokenizer, root / family, check=False), target, drafter)
+        if family == "qwen3" and op_library.LIBRARY.is_file():
+            plugin = export_bundle(target, drafter, tokenizer, root / "qwen3-plugin", flavour="plugin", check=False)
+            made["qwen3-plugin"] = (plugin, target, drafter)
     return made
+
+
+@pytest.fixture
+def plugin_bundle(bundles):
+    if "qwen3-plugin" not in bundles:
+        pytest.skip("dflash op library not built (bash scripts/build_plugins.sh)")
+    return bundles["qwen3-plugin"]

@@ -20,7 +20,10 @@ import torch
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.graphs import DraftBlockGraph, DraftContextGraph, TargetGraph, kv_names
-from dflash_trt.export.manifest import FORMAT_VERSION, MANIFEST, file_hashes
+from dflash_trt.export.manifest import FLAVOURS, FORMAT_VERSION, MANIFEST, file_hashes
+from dflash_trt.export.op_library import op_library
+from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph
+from dflash_trt.export.plugin_ops import DOMAIN, OP_VERSION, register_symbolics
 from dflash_trt.export.verify import ATOL, RTOL, check_graph
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.target import TargetModel, eos_token_ids
@@ -88,9 +91,11 @@ def _example_inputs(spec: dict) -> tuple[torch.Tensor, ...]:
     return tuple(tensors)
 
 
-def _export_graph(module: torch.nn.Module, spec: dict, path: Path, check: bool) -> str | None:
+def _export_graph(module: torch.nn.Module, spec: dict, path: Path, check: bool, plugin: bool) -> str | None:
     """Export, move weights to external data, run onnx.checker; then polygraphy when `check`."""
     inputs = _example_inputs(spec)
+    if plugin:
+        register_symbolics(OPSET)
     with warnings.catch_warnings(), torch.no_grad():
         # The TorchScript exporter is deprecated in favour of torch.export, but it traces these
         # flat-I/O modules with symbolic dims reliably; revisit when the dynamo path handles HF RoPE.
@@ -98,15 +103,17 @@ def _export_graph(module: torch.nn.Module, spec: dict, path: Path, check: bool) 
         torch.onnx.export(
             module.eval(), inputs, str(path), input_names=[i["name"] for i in spec["inputs"]],
             output_names=[o["name"] for o in spec["outputs"]], dynamic_axes=_dynamic_axes(spec),
-            opset_version=OPSET, dynamo=False,
+            opset_version=OPSET, dynamo=False, custom_opsets={DOMAIN: OP_VERSION} if plugin else None,
         )
     model = onnx.load(str(path))
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=path.name + ".data", size_threshold=EXTERNAL_DATA_THRESHOLD)
-    onnx.checker.check_model(str(path), full_check=True)
+    # full_check runs ONNX shape inference, which knows nothing of the dflash ops.
+    onnx.checker.check_model(str(path), full_check=not plugin)
     if not check:
         return None
-    return check_graph(path, module, inputs, [i["name"] for i in spec["inputs"]], [o["name"] for o in spec["outputs"]])
+    return check_graph(path, module, inputs, [i["name"] for i in spec["inputs"]], [o["name"] for o in spec["outputs"]],
+                       plugin=plugin)
 
 
 def _versions() -> dict[str, str | None]:
@@ -119,33 +126,34 @@ def _versions() -> dict[str, str | None]:
     return found
 
 
-def check_flavour(flavour: str) -> None:
-    if flavour == "plugin":
-        raise DFlashError("the plugin flavour (dflash:: custom ops) is not built yet; use --flavour portable")
-    if flavour != "portable":
-        raise DFlashError(f"unknown flavour '{flavour}'; choose plugin or portable")
+def check_flavour(flavour: str, check: bool = True) -> None:
+    if flavour not in FLAVOURS:
+        raise DFlashError(f"unknown flavour '{flavour}'; choose {' or '.join(FLAVOURS)}")
+    if flavour == "plugin" and check:
+        op_library()  # checking plugin graphs runs them: the op library must be built first
 
 
 def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: Path, flavour: str = "portable",
                   force: bool = False, check: bool = True, progress: Callable[[str], None] = lambda step: None) -> Path:
     """Write the bundle; `progress` is called after each of its steps (3 graphs, tokenizer, manifest)."""
-    check_flavour(flavour)
+    check_flavour(flavour, check)
     out = Path(out)
     if out.exists() and not force:
         raise DFlashError(f"{out} already exists; pass --force to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     d = drafter.config
     specs = _graph_specs(target, drafter)
+    plugin = flavour == "plugin"
     modules = {
         "target": TargetGraph(target, tuple(d.target_layer_ids)),
-        "draft_context": DraftContextGraph(drafter),
-        "draft_block": DraftBlockGraph(drafter, target),
+        "draft_context": PluginDraftContextGraph(drafter) if plugin else DraftContextGraph(drafter),
+        "draft_block": PluginDraftBlockGraph(drafter, target) if plugin else DraftBlockGraph(drafter, target),
     }
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     checks = {}
     try:
         for name, module in modules.items():
-            checks[name] = _export_graph(module, specs[name], tmp / f"{name}.onnx", check)
+            checks[name] = _export_graph(module, specs[name], tmp / f"{name}.onnx", check, plugin and name != "target")
             progress(f"{name}.onnx")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
@@ -154,6 +162,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
             "format_version": FORMAT_VERSION,
             "flavour": flavour,
             "opset": OPSET,
+            "custom_ops": {"domain": DOMAIN, "version": OP_VERSION, "ops": ["InjectKV", "BlockAttention"]} if plugin else None,
             "graphs": {name: {"file": f"{name}.onnx", **spec} for name, spec in specs.items()},
             "target": {
                 "model_type": target.model_type, "num_layers": target.num_layers, "hidden_size": target.hidden_size,
@@ -166,7 +175,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
                 "num_key_value_heads": d.arch.num_key_value_heads,
                 "head_dim": d.arch.head_dim or d.hidden_size // d.arch.num_attention_heads,
             },
-            "checks": {"onnx.checker": "passed",
+            "checks": {"onnx.checker": "passed" if not plugin else "passed (no shape inference through dflash ops)",
                        "polygraphy_vs_pytorch": {"atol": ATOL, "rtol": RTOL, **checks} if check else None},
             "versions": _versions(),
             "files": file_hashes(tmp),

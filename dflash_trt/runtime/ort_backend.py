@@ -13,6 +13,7 @@ import torch
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.manifest import GRAPHS, read_bundle
+from dflash_trt.export.op_library import session_options
 
 
 def _names(spec: dict, key: str) -> list[str]:
@@ -29,11 +30,7 @@ class OrtBundle:
             raise DFlashError("backend 'onnxruntime' needs onnxruntime: pip install onnxruntime") from err
         self.root = Path(root)
         self.manifest = read_bundle(self.root)
-        if self.manifest["flavour"] == "plugin":
-            raise DFlashError(f"{self.root}: plugin-flavour bundles need the dflash op library, which is not built yet")
-        options = ort.SessionOptions()
-        if threads:
-            options.intra_op_num_threads = threads
+        options = session_options(self.manifest["flavour"] == "plugin", threads)
         self.sessions = {
             name: ort.InferenceSession(str(self.root / self.manifest["graphs"][name]["file"]), options,
                                        providers=["CPUExecutionProvider"])

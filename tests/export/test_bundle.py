@@ -10,6 +10,7 @@ from dflash_trt import LLM
 from dflash_trt.cli import main
 from dflash_trt.errors import DFlashError
 from dflash_trt.export import bundle as bundle_module
+from dflash_trt.export import op_library
 from dflash_trt.export.bundle import export_bundle
 from dflash_trt.export.manifest import MANIFEST, read_bundle, sha256
 from dflash_trt.models.checkpoints import load_drafter, load_target
@@ -55,9 +56,9 @@ def test_polygraphy_check_catches_a_wrong_graph(tiny_pairs, tmp_path, monkeypatc
     monkeypatch.setattr(bundle_module, "DraftContextGraph", Skewed)
     original_check = bundle_module.check_graph
 
-    def check_against_the_true_module(graph, module, *args):
+    def check_against_the_true_module(graph, module, *args, **kwargs):
         exported.append(graph.name)
-        return original_check(graph, real(drafter) if isinstance(module, Skewed) else module, *args)
+        return original_check(graph, real(drafter) if isinstance(module, Skewed) else module, *args, **kwargs)
 
     monkeypatch.setattr(bundle_module, "check_graph", check_against_the_true_module)
     with pytest.raises(DFlashError, match="polygraphy: draft_context.onnx on onnxruntime differs from PyTorch"):
@@ -70,10 +71,10 @@ def test_a_failed_export_leaves_nothing_that_looks_complete(tiny_pairs, tmp_path
     target, tokenizer = load_target(str(target_dir))
     real = bundle_module._export_graph
 
-    def fail_on_the_last_graph(module, spec, path, check):
+    def fail_on_the_last_graph(module, spec, path, *args):
         if path.name == "draft_block.onnx":
             raise RuntimeError("disk full")
-        return real(module, spec, path, check)
+        return real(module, spec, path, *args)
 
     monkeypatch.setattr(bundle_module, "_export_graph", fail_on_the_last_graph)
     with pytest.raises(RuntimeError, match="disk full"):
@@ -89,8 +90,36 @@ def test_export_refusals_are_one_line(tiny_pairs, bundles, tmp_path):
     path, target, drafter = bundles["qwen3"]
     with pytest.raises(DFlashError, match="already exists; pass --force"):
         export_bundle(target, drafter, None, path, check=False)
-    with pytest.raises(DFlashError, match="plugin flavour .* is not built yet"):
-        export_bundle(target, drafter, None, tmp_path / "p", flavour="plugin", check=False)
+    with pytest.raises(DFlashError, match="unknown flavour 'fast'"):
+        export_bundle(target, drafter, None, tmp_path / "p", flavour="fast", check=False)
+
+
+def test_plugin_flavour_without_the_op_library_is_refused_in_one_line(bundles, plugin_bundle, tmp_path, monkeypatch):
+    path, target, drafter = plugin_bundle
+    monkeypatch.setattr(op_library, "LIBRARY", tmp_path / "missing.so")
+    with pytest.raises(DFlashError, match="needs the dflash onnxruntime op library: build it with"):
+        LLM.from_bundle(path)
+    with pytest.raises(DFlashError, match="needs the dflash onnxruntime op library"):
+        export_bundle(target, drafter, None, tmp_path / "p", flavour="plugin", check=True)
+    assert not (tmp_path / "p").exists()
+
+
+def test_plugin_bundle_declares_its_custom_ops(plugin_bundle):
+    import onnx
+
+    path = plugin_bundle[0]
+    manifest = read_bundle(path)
+    assert manifest["flavour"] == "plugin" and manifest["custom_ops"]["domain"] == "dflash"
+    for graph, ops in {"draft_context": {"InjectKV"}, "draft_block": {"InjectKV", "BlockAttention"}, "target": set()}.items():
+        model = onnx.load(str(path / f"{graph}.onnx"), load_external_data=False)
+        assert {n.op_type for n in model.graph.node if n.domain == "dflash"} == ops
+
+
+def test_plugin_export_passes_the_polygraphy_check(plugin_bundle, tiny_pairs, tmp_path):
+    path, target, drafter = plugin_bundle
+    out = export_bundle(target, drafter, None, tmp_path / "b", flavour="plugin", check=True)
+    checks = read_bundle(out)["checks"]["polygraphy_vs_pytorch"]
+    assert {checks[g] for g in ("target", "draft_context", "draft_block")} == {"passed"}
 
 
 def _broken_copy(bundles, tmp_path, edit):
@@ -120,7 +149,6 @@ def _corrupt(path):
     (_corrupt, "draft_block.onnx.data does not match its hash"),
     (lambda p: (p / MANIFEST).unlink(), "no bundle.json, so this is not a complete bundle"),
     (_edit_manifest(format_version=99), "bundle format 99 .* reads format 1: re-export"),
-    (_edit_manifest(flavour="plugin"), "plugin-flavour bundles need the dflash op library"),
     (_edit_manifest(flavour="tensorrt"), "unknown flavour 'tensorrt'"),
 ])
 def test_bad_bundles_refuse_to_load_in_one_line(bundles, tmp_path, edit, message):
@@ -128,14 +156,14 @@ def test_bad_bundles_refuse_to_load_in_one_line(bundles, tmp_path, edit, message
         LLM.from_bundle(_broken_copy(bundles, tmp_path, edit))
 
 
-def test_cli_export_writes_a_bundle_and_refuses_the_plugin_flavour(tiny_pairs, tmp_path):
+def test_cli_export_writes_a_bundle_and_refuses_an_existing_directory(tiny_pairs, tmp_path):
     target_dir, draft_dir = tiny_pairs["llama"]
-    args = ["export", "--target", str(target_dir), "--draft", str(draft_dir)]
-    result = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "b"), "--no-check"])
+    args = ["export", "--target", str(target_dir), "--draft", str(draft_dir), "-o", str(tmp_path / "b")]
+    result = CliRunner().invoke(main, [*args, "--no-check"])
     assert result.exit_code == 0, result.output
     assert read_bundle(tmp_path / "b")["flavour"] == "portable"
-    result = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "c"), "--flavour", "plugin"])
-    assert result.exit_code == 2 and "plugin flavour" in result.output and not (tmp_path / "c").exists()
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "already exists; pass --force" in result.output
 
 
 def test_cli_generate_and_bench_run_a_bundle(bundles, tiny_pairs):

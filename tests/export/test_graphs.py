@@ -80,3 +80,30 @@ def test_draft_block_graph_matches_the_block_pass(bundles, family, block, length
             ref = drafter.logits(hidden[:, 1:], target.lm_head)[0]
         np.testing.assert_allclose(logits[row], ref.numpy(), atol=ATOL, rtol=0)
         assert tokens[row].tolist() == ref.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("block, lengths", [(4, (6, 2)), (16, (20, 9))])
+def test_plugin_flavour_graphs_compute_what_the_portable_ones_do(bundles, plugin_bundle, block, lengths):
+    from dflash_trt.export.op_library import session_options
+
+    portable = bundles["qwen3"][0]
+    plugin, target, drafter = plugin_bundle
+    arch = drafter.config.arch
+    g = torch.Generator().manual_seed(block)
+
+    def both(name, feed):
+        ours = ort.InferenceSession(str(plugin / f"{name}.onnx"), session_options(True), providers=["CPUExecutionProvider"])
+        return session(portable, name).run(None, feed), ours.run(None, feed)
+
+    features = torch.randn(2, 5, drafter.fc.in_features, generator=g).numpy()
+    positions = np.stack([np.arange(3, 8), np.arange(0, 5)])
+    for a, b in zip(*both("draft_context", {"features": features, "positions": positions}), strict=True):
+        np.testing.assert_allclose(b, a, atol=ATOL, rtol=0)
+    cap = max(lengths)
+    feed = {"block_ids": torch.randint(0, target.vocab_size, (2, block), generator=g).numpy(),
+            "context_lengths": np.array(lengths, np.int64)}
+    feed |= {n: torch.randn(2, arch.num_key_value_heads, cap, arch.head_dim, generator=g).numpy()
+             for n in kv_names("context", drafter.config.num_layers)}
+    (logits_a, tokens_a), (logits_b, tokens_b) = both("draft_block", feed)
+    np.testing.assert_allclose(logits_b, logits_a, atol=ATOL, rtol=0)
+    assert (tokens_a == tokens_b).all()

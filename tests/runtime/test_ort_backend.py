@@ -51,3 +51,13 @@ def test_llm_with_backend_onnxruntime_exports_once_and_reuses(tiny_pairs, tmp_pa
     assert (bundle / "bundle.json").stat().st_mtime_ns == stamp  # reused, not re-exported
     params = SamplingParams(max_tokens=12)
     assert first.generate("yo", params)[0].token_ids == second.generate("yo", params)[0].token_ids
+
+
+@pytest.mark.parametrize("block", [4, 16])
+def test_greedy_plugin_flavour_equals_torch(plugin_bundle, tiny_pairs, block):
+    ours = LLM.from_bundle(plugin_bundle[0], block_size=block)
+    ref = LLM(*map(str, tiny_pairs["qwen3"]), block_size=block)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    for prompt in ["hello there", [9, 8, 7, 6]]:
+        a, b = ours.generate(prompt, params)[0], ref.generate(prompt, params)[0]
+        assert a.token_ids == b.token_ids and a.metrics.acceptance_lengths == b.metrics.acceptance_lengths

@@ -1,0 +1,26 @@
+"""Where the `dflash` onnxruntime op library lives, and sessions that load it (torch-free)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dflash_trt.errors import DFlashError
+
+LIBRARY = Path(__file__).resolve().parent.parent / "_ops" / "libdflash_ort_ops.so"
+
+
+def op_library() -> Path:
+    if not LIBRARY.is_file():
+        raise DFlashError("plugin flavour needs the dflash onnxruntime op library: build it with bash scripts/build_plugins.sh")
+    return LIBRARY
+
+
+def session_options(plugin: bool, threads: int | None = None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    if plugin:
+        options.register_custom_ops_library(str(op_library()))
+    return options
