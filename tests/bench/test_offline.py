@@ -118,7 +118,7 @@ def test_cli_flags_a_corrupted_dflash_output_loudly(pair, monkeypatch, tmp_path)
     ({"datasets": ("gsm8k-full",)}, "dataset 'gsm8k-full' is unknown"),
     ({"block_sizes": (1,)}, "block sizes must be >= 2"),
     ({"temperatures": (-0.5,)}, "temperatures must be >= 0"),
-    ({"base_url": "http://127.0.0.1:9/v1", "target": "x"}, "drop --target"),
+    ({"base_url": "http://127.0.0.1:9/v1", "target": "x"}, "drop DIR/--target"),
     ({"baseline_url": "http://127.0.0.1:9/v1"}, "--baseline-url needs --base-url"),
     ({"num_prompts": 0}, "must be >= 1"),
 ])

@@ -57,14 +57,15 @@ def test_metrics_add_up(llm):
     "kwargs, message",
     [
         (dict(backend="vllm"), "backend 'vllm' is unknown"),
-        (dict(backend="onnxruntime"), "not available yet"),
+        (dict(backend="tensorrt"), "backend 'tensorrt' is not available yet"),
+        (dict(backend="onnxruntime", draft=None), "backend 'onnxruntime' runs an exported .* bundle: pass draft=DIR"),
         (dict(block_size=1), "block_size must be an integer >= 2"),
     ],
 )
 def test_bad_construction_is_refused(tiny_pairs, kwargs, message):
     target, draft = tiny_pairs["qwen3"]
     with pytest.raises(DFlashError, match=message):
-        LLM(str(target), str(draft), **kwargs)
+        LLM(str(target), **({"draft": str(draft)} | kwargs))
 
 
 def test_bad_requests_are_refused_before_any_work(llm, tiny_pairs):
