@@ -51,9 +51,10 @@ def _graph_specs(target: TargetModel, drafter: DFlashDrafter) -> dict[str, dict]
     vocab = target.vocab_size
     return {
         "target": {
-            "inputs": [_io("input_ids", "int64", ["batch", "new"]), _io("past_lengths", "int64", ["batch"])]
+            "inputs": [_io("input_ids", "int64", ["batch", "new"]), _io("past_lengths", "int64", ["batch"]),
+                       _io("logits_from", "int64", [])]
             + [_io(n, "float32", ["batch", t_kv[0], "past", t_kv[1]]) for n in kv_names("past", tl)],
-            "outputs": [_io("logits", "float32", ["batch", "new", vocab]), _io("features", "float32", ["batch", "new", features])]
+            "outputs": [_io("logits", "float32", ["batch", "new-logits_from", vocab]), _io("features", "float32", ["batch", "new", features])]
             + [_io(n, "float32", ["batch", t_kv[0], "past+new", t_kv[1]]) for n in kv_names("present", tl)],
         },
         "draft_context": {
@@ -84,6 +85,8 @@ def _example_inputs(spec: dict) -> tuple[torch.Tensor, ...]:
             tensors.append(torch.tensor([sizes["past"], 2]))
         elif io["name"] == "context_lengths":
             tensors.append(torch.tensor([sizes["context"], 2]))
+        elif io["name"] == "logits_from":
+            tensors.append(torch.tensor(1))
         elif io["dtype"] == "int64":
             tensors.append(torch.randint(0, 8, shape, generator=generator))
         else:

@@ -1,7 +1,7 @@
 """The three exported graphs as torch modules with flat tensor I/O (DESIGN §4).
 
-    target.onnx         input_ids [b, s], past_lengths [b], past K/V per layer
-                        -> logits [b, s, V], features [b, s, taps*H], present K/V per layer
+    target.onnx         input_ids [b, s], past_lengths [b], logits_from [], past K/V per layer
+                        -> logits [b, s - logits_from, V], features [b, s, taps*H], present K/V per layer
     draft_context.onnx  features [b, n, taps*H], positions [b, n] -> context K/V per draft layer
     draft_block.onnx    block_ids [b, B], context_lengths [b], context K/V per draft layer
                         -> draft_logits [b, B-1, V], draft_tokens [b, B-1]
@@ -52,7 +52,8 @@ class TargetGraph(nn.Module):
         # HF reports the last layer's output after the final norm; keep the torch backend's view.
         self.normed_taps = {k for k in taps if k == last}
 
-    def forward(self, input_ids: torch.Tensor, past_lengths: torch.Tensor, *past: torch.Tensor):
+    def forward(self, input_ids: torch.Tensor, past_lengths: torch.Tensor, logits_from: torch.Tensor,
+                *past: torch.Tensor):
         b, s = input_ids.shape
         x = self.model.embed_tokens(input_ids)
         positions = past_lengths[:, None] + torch.arange(s, device=input_ids.device)[None]  # [b, s]
@@ -71,6 +72,8 @@ class TargetGraph(nn.Module):
             present += kv
             if index in self.taps:
                 features.append(self.model.norm(x) if index in self.normed_taps else x)
+        # A prefill needs only the last position's logits: skip the LM head (the largest matmul) elsewhere.
+        x = x.narrow(1, logits_from, s - logits_from)
         logits = self.lm_head(self.model.norm(x)).float()
         return (logits, torch.cat(features, dim=-1), *present)
 

@@ -47,21 +47,22 @@ class OrtBundle:
 class OrtTargetSession:
     def __init__(self, bundle: OrtBundle):
         self.session = bundle.sessions["target"]
-        self.past_names = _names(bundle.graphs["target"], "inputs")[2:]
+        self.past_names = _names(bundle.graphs["target"], "inputs")[3:]
         self.past = bundle.empty_cache("target")
         self.length = 0  # committed tokens
         self.pending: list[np.ndarray] | None = None
 
-    def _run(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, ids: list[int], last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.pending is None, "commit() the previous forward first"
-        feed = {"input_ids": np.array([ids], np.int64), "past_lengths": np.array([self.length], np.int64)}
+        feed = {"input_ids": np.array([ids], np.int64), "past_lengths": np.array([self.length], np.int64),
+                "logits_from": np.array(len(ids) - 1 if last_only else 0, np.int64)}
         feed.update(zip(self.past_names, self.past, strict=True))
         logits, features, *present = self.session.run(None, feed)
         self.pending = present
         return torch.from_numpy(logits[0]), torch.from_numpy(features[0])
 
     def prefill(self, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, features = self._run(prompt)
+        logits, features = self._run(prompt, last_only=True)
         self.commit(len(prompt))
         return logits[-1], features
 

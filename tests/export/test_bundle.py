@@ -30,7 +30,7 @@ def test_bundle_holds_graphs_weights_tokenizer_and_a_manifest(bundles):
     assert manifest["target"]["num_layers"] == target.num_layers and manifest["flavour"] == "portable"
     assert manifest["files"]["target.onnx.data"] == sha256(path / "target.onnx.data")
     names = [io["name"] for io in manifest["graphs"]["target"]["inputs"]]
-    assert names[:3] == ["input_ids", "past_lengths", "past_key_0"]
+    assert names[:4] == ["input_ids", "past_lengths", "logits_from", "past_key_0"]
 
 
 def test_export_runs_polygraphy_against_pytorch(tiny_pairs, tmp_path):

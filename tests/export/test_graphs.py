@@ -26,16 +26,16 @@ def test_target_graph_matches_the_target_on_ragged_rows(bundles, family, first, 
     s = session(bundle, "target")
     cfg = target.config
     empty = np.zeros((2, cfg.num_key_value_heads, 0, cfg.head_dim), np.float32)
-    feed = {"input_ids": prefix.numpy(), "past_lengths": np.zeros(2, np.int64)}
+    feed = {"input_ids": prefix.numpy(), "past_lengths": np.zeros(2, np.int64), "logits_from": np.array(0)}
     feed |= {n: empty for n in kv_names("past", target.num_layers)}
     first_out = s.run(None, feed)
-    feed = {"input_ids": suffix.numpy(), "past_lengths": np.array(kept, np.int64)}
+    feed = {"input_ids": suffix.numpy(), "past_lengths": np.array(kept, np.int64), "logits_from": np.array(new - 1)}
     feed |= dict(zip(kv_names("past", target.num_layers), first_out[2:], strict=True))
     logits, features, *present = s.run(None, feed)
     for row in range(2):
         ids = prefix[row, : kept[row]].tolist() + suffix[row].tolist()
         ref_logits, ref_features = target.forward(ids, target.new_cache(), taps)
-        np.testing.assert_allclose(logits[row], ref_logits[-new:].numpy(), atol=ATOL, rtol=0)
+        np.testing.assert_allclose(logits[row], ref_logits[-1:].numpy(), atol=ATOL, rtol=0)  # logits_from: last only
         np.testing.assert_allclose(features[row], ref_features[-new:].numpy(), atol=ATOL, rtol=0)
         ref_first, _ = target.forward(prefix[row].tolist(), target.new_cache(), taps)
         np.testing.assert_allclose(first_out[0][row], ref_first.numpy(), atol=ATOL, rtol=0)
