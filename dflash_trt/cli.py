@@ -245,6 +245,8 @@ def bench(bundle, target, draft, backend, base_url, baseline_url, model, dataset
     results = run_bench(config)
     click.echo(report.table(results))
     click.echo(report.acceptance_lines(results))
+    for name, source in report.record_sources(config).items():
+        click.echo(f"{name}: {source}")
     if json_out:
         report.write_json(report.record(config, results), json_out)
         click.echo(f"record written to {json_out}", err=True)

@@ -57,14 +57,19 @@ def environment() -> dict:
     }
 
 
+def record_sources(config: BenchConfig) -> dict[str, str]:
+    """Where each prompt set came from (which source stood in for GSM8K / MATH500)."""
+    names = list(config.datasets) + ([f"file:{config.prompts_file.stem}"] if config.prompts_file else [])
+    return {name: datasets.SOURCES.get(name, f"user prompts: {config.prompts_file}") for name in names}
+
+
 def record(config: BenchConfig, results: list[SettingResult]) -> dict:
     """The JSON document (schema: bench/schema.json)."""
-    names = list(config.datasets) + ([f"file:{config.prompts_file.stem}"] if config.prompts_file else [])
     return {
         "schema_version": SCHEMA_VERSION,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()} | {"mode": config.mode},
-        "datasets": {name: datasets.SOURCES.get(name, f"user prompts: {config.prompts_file}") for name in names},
+        "datasets": record_sources(config),
         "environment": environment(),
         "results": [r.to_dict() for r in results],
     }
