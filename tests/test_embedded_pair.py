@@ -16,10 +16,10 @@ if default_drafter(DEFAULT_TARGET) is None:
     pytest.skip("no drafter shipped for the embedded target", allow_module_level=True)
 
 # Acceptance regression: τ measured with the shipped drafter (greedy, 64 new tokens, first 3
-# prompts of each set; see docs/drafter-smollm2-135m.md). A change that breaks acceptance (tap
+# prompts of each set; see dflash_trt/drafters/smollm2-135m-b16/README.md). A change that breaks acceptance (tap
 # offset, mask id, positions, block layout) drops τ to about 1 and fails here.
 PINNED_TAU = json.loads((Path(__file__).parent / "data" / "pinned_tau.json").read_text())
-TOLERANCE = 0.35
+TOLERANCE = 0.06  # greedy is deterministic; one accepted token more or less moves τ by ~0.007
 
 
 @pytest.fixture(scope="module")
