@@ -262,5 +262,21 @@ def bench(bundle, target, draft, backend, base_url, baseline_url, model, dataset
         sys.exit(3)
 
 
+@main.command("bench-report")
+@click.argument("record", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write a PNG: throughput, speedup, τ histogram.")
+@user_errors
+def bench_report(record, plot):
+    """Print the table of a saved bench RECORD (--json-out) again, and optionally plot it."""
+    from dflash_trt.bench import report
+
+    results = report.load_results(record)
+    click.echo(report.table(results))
+    click.echo(report.acceptance_lines(results))
+    if plot:
+        report.plot(results, plot)
+        click.echo(f"plot written to {plot}", err=True)
+
+
 if __name__ == "__main__":
     sys.exit(main())

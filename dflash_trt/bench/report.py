@@ -75,6 +75,20 @@ def record(config: BenchConfig, results: list[SettingResult]) -> dict:
     }
 
 
+def load_results(path: Path) -> list[SettingResult]:
+    """The results of a saved record, checked against the schema first."""
+    import jsonschema
+
+    from dflash_trt.errors import DFlashError
+
+    try:
+        doc = json.loads(path.read_text())
+        jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
+    except (json.JSONDecodeError, jsonschema.ValidationError) as err:
+        raise DFlashError(f"{path} is not a dflash-trt bench record: {str(err).splitlines()[0]}") from None
+    return [SettingResult.from_dict(r) for r in doc["results"]]
+
+
 def _f(value: float | None, spec: str = ".1f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
@@ -122,27 +136,16 @@ def plot(results: list[SettingResult], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_tps, ax_speed, ax_hist) = plt.subplots(1, 3, figsize=(16, 4.5))
-    series: dict[tuple, list[SettingResult]] = {}
-    for r in results:
-        series.setdefault((r.dataset, r.block_size, r.temperature), []).append(r)
-    for (name, size, temp), rows in series.items():
-        rows.sort(key=lambda r: r.concurrency)
-        label = f"{name} B={size or 'server'} T={temp:g}"
-        xs = [r.concurrency for r in rows]
-        line, = ax_tps.plot(xs, [r.dflash.tokens_per_s for r in rows], marker="o", label=f"{label} DFlash")
-        if all(r.baseline for r in rows):
-            ax_tps.plot(xs, [r.baseline.tokens_per_s for r in rows], marker="x", linestyle="--",
-                        color=line.get_color(), label=f"{label} baseline")
-        if all(r.speedup for r in rows):
-            ax_speed.plot(xs, [r.speedup for r in rows], marker="o", label=label)
+    if len({r.concurrency for r in results}) == 1:
+        _bars(ax_tps, ax_speed, results)  # one concurrency: lines would be single dots
+    else:
+        _lines(ax_tps, ax_speed, results)
     for r in results:
         if r.dflash.histogram and r.concurrency == min(x.concurrency for x in results):
             taus = list(r.dflash.histogram)
             total = sum(r.dflash.histogram.values())
             ax_hist.plot(taus, [c / total for c in r.dflash.histogram.values()], marker=".",
-                         label=f"{r.dataset} B={r.block_size} T={r.temperature:g}")
-    ax_tps.set(title="output throughput", xlabel="concurrency", ylabel="tokens/s")
-    ax_speed.set(title="speedup over baseline", xlabel="concurrency", ylabel="x")
+                         label=_label(r))
     ax_speed.axhline(1.0, color="grey", linewidth=0.8)
     ax_hist.set(title="acceptance length per verify step", xlabel="τ (bonus included)", ylabel="share of steps")
     for ax in (ax_tps, ax_speed, ax_hist):
@@ -151,6 +154,43 @@ def plot(results: list[SettingResult], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _label(r: SettingResult) -> str:
+    return f"{r.dataset} B={r.block_size or 'server'} T={r.temperature:g}"
+
+
+def _lines(ax_tps, ax_speed, results: list[SettingResult]) -> None:
+    """Throughput and speedup against concurrency, one line per (dataset, block size, temperature)."""
+    series: dict[tuple, list[SettingResult]] = {}
+    for r in results:
+        series.setdefault((r.dataset, r.block_size, r.temperature), []).append(r)
+    for rows in series.values():
+        rows.sort(key=lambda r: r.concurrency)
+        xs = [r.concurrency for r in rows]
+        line, = ax_tps.plot(xs, [r.dflash.tokens_per_s for r in rows], marker="o", label=f"{_label(rows[0])} DFlash")
+        if all(r.baseline for r in rows):
+            ax_tps.plot(xs, [r.baseline.tokens_per_s for r in rows], marker="x", linestyle="--",
+                        color=line.get_color(), label=f"{_label(rows[0])} baseline")
+        if all(r.speedup for r in rows):
+            ax_speed.plot(xs, [r.speedup for r in rows], marker="o", label=_label(rows[0]))
+    ax_tps.set(title="output throughput", xlabel="concurrency", ylabel="tokens/s")
+    ax_speed.set(title="speedup over baseline", xlabel="concurrency", ylabel="x")
+
+
+def _bars(ax_tps, ax_speed, results: list[SettingResult]) -> None:
+    """Grouped bars per setting: DFlash vs baseline tokens/s, and the speedup."""
+    xs = range(len(results))
+    labels = [_label(r) for r in results]
+    ax_tps.bar([x - 0.2 for x in xs], [r.dflash.tokens_per_s for r in results], 0.4, label="DFlash")
+    ax_tps.bar([x + 0.2 for x in xs], [r.baseline.tokens_per_s if r.baseline else 0 for r in results], 0.4,
+               label="baseline")
+    ax_speed.bar(xs, [r.speedup or 0 for r in results], 0.6)
+    for ax in (ax_tps, ax_speed):
+        ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=7)
+    concurrency = results[0].concurrency
+    ax_tps.set(title=f"output throughput (concurrency {concurrency})", ylabel="tokens/s")
+    ax_speed.set(title=f"speedup over baseline (concurrency {concurrency})", ylabel="x")
 
 
 def write_json(doc: dict, path: Path) -> None:

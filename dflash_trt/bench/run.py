@@ -82,6 +82,12 @@ class SettingResult:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict) -> SettingResult:
+        baseline = data.get("baseline")
+        return cls(**{**data, "dflash": SideSummary.from_dict(data["dflash"]),
+                      "baseline": SideSummary.from_dict(baseline) if baseline else None})
+
 
 def load_prompt_sets(config: BenchConfig) -> dict[str, list[str]]:
     sets = {name: datasets.load_prompts(name, config.num_prompts) for name in config.datasets}

@@ -50,6 +50,11 @@ class SideSummary:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict) -> SideSummary:
+        # JSON object keys are strings; the histogram is keyed by τ.
+        return cls(**{**data, "histogram": {int(k): v for k, v in data.get("histogram", {}).items()}})
+
 
 def summarize(records: list[RequestRecord], wall_s: float, block_size: int | None) -> SideSummary:
     tokens = sum(r.output_tokens for r in records)

@@ -84,6 +84,27 @@ def test_plot_writes_a_png(results, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_saved_record_reloads_into_the_same_table_and_plot(config, results, tmp_path):
+    path = tmp_path / "bench.json"
+    report.write_json(report.record(config, results), path)
+    assert report.table(report.load_results(path)) == report.table(results)
+    result = CliRunner().invoke(main, ["bench-report", str(path), "--plot", str(tmp_path / "again.png")])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[2:2 + len(results)] == report.table(results).splitlines()[2:]
+    assert (tmp_path / "again.png").read_bytes()[:4] == b"\x89PNG"
+    path.write_text(json.dumps({"results": []}))
+    result = CliRunner().invoke(main, ["bench-report", str(path)])
+    assert result.exit_code == 2 and "is not a dflash-trt bench record" in result.output
+
+
+def test_plot_draws_lines_against_concurrency_when_there_are_several(results, tmp_path):
+    import dataclasses
+
+    more = results[:1] + [dataclasses.replace(results[0], concurrency=4)]
+    report.plot(more, tmp_path / "lines.png")
+    assert (tmp_path / "lines.png").stat().st_size > 0
+
+
 def test_mismatch_detector_names_the_request_and_position():
     ok = RequestRecord(text="abc", output_tokens=3, latency_s=1, ttft_s=0.1, token_ids=[1, 2, 3])
     bad = RequestRecord(text="abd", output_tokens=3, latency_s=1, ttft_s=0.1, token_ids=[1, 2, 4])
