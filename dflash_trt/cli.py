@@ -159,6 +159,8 @@ def inspect(bundle, no_verify):
 @click.option("--taps", default=None, help="Target layer ids to tap, e.g. 1,8,14,20,27 (default: 5 evenly spaced).")
 @click.option("--mask-token-id", type=int, default=None, help="MASK id (default: the tokenizer's mask token; SmolLM2: 16).")
 @click.option("--anchors", type=int, default=24, show_default=True, help="Blocks per sequence per step.")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True, help="Sequences per training step (raise on a GPU, e.g. 32).")
+@click.option("--gen-batch", type=click.IntRange(min=1), default=48, show_default=True, help="Prompts the target answers at once (raise on a GPU, e.g. 256).")
 @click.option("--epochs", type=float, default=1.0, show_default=True)
 @click.option("--lr", type=float, default=6e-4, show_default=True)
 @click.option("--train-minutes", type=float, default=None, help="Stop training after this long and write the drafter.")
@@ -166,14 +168,18 @@ def inspect(bundle, no_verify):
 @click.option("--device", default=None, help="torch device (default: cuda when present, else cpu).")
 @user_errors
 def train_drafter(target, out, corpus, num_prompts, data_minutes, max_new_tokens, layers, block_size, taps,
-                  mask_token_id, anchors, epochs, lr, train_minutes, seed, device):
+                  mask_token_id, anchors, batch, gen_batch, epochs, lr, train_minutes, seed, device):
     """Train a DFlash drafter for TARGET: regenerate responses, then fit. Resumable."""
     from dflash_trt.models.checkpoints import load_target
     from dflash_trt.models.draft_config import default_target_layer_ids
     from dflash_trt.train.corpus import CorpusConfig, build_corpus
     from dflash_trt.train.trainer import TrainConfig, Trainer
 
+    import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     target_model, tokenizer = load_target(target)
+    target_model.model.to(device)  # the target answers the prompts on the training device too
     tap_ids = (
         tuple(int(t) for t in taps.split(","))
         if taps else tuple(default_target_layer_ids(target_model.num_layers, 5))
@@ -183,10 +189,11 @@ def train_drafter(target, out, corpus, num_prompts, data_minutes, max_new_tokens
     if mask_token_id is None:
         raise DFlashError("this tokenizer has no mask token: pass --mask-token-id (an id the target never emits)")
     corpus = corpus or out / "corpus"
-    config = CorpusConfig(taps=tap_ids, num_prompts=num_prompts, max_new_tokens=max_new_tokens, seed=seed)
+    config = CorpusConfig(taps=tap_ids, num_prompts=num_prompts, max_new_tokens=max_new_tokens, seed=seed,
+                          batch_size=gen_batch)
     build_corpus(target_model, tokenizer, corpus, config, deadline_s=None if data_minutes is None else 60 * data_minutes)
     train = TrainConfig(layers=layers, block_size=block_size, mask_token_id=mask_token_id, anchors=anchors,
-                        epochs=epochs, lr=lr, seed=seed, max_minutes=train_minutes)
+                        batch=batch, epochs=epochs, lr=lr, seed=seed, max_minutes=train_minutes)
     trainer = Trainer(target_model, corpus, out, train, device=device)
     summary = trainer.fit()
     path = trainer.export(summary)

@@ -33,7 +33,9 @@ def build_prompts(target: TargetModel, tokenizer, config: CorpusConfig) -> list[
     n_math = int(config.num_prompts * config.math_share)
     n_chat = config.num_prompts - n_code - n_math
     with tqdm(total=n_chat, desc="self-instruct prompts", unit="prompt") as bar:
-        chat = self_instruct(target.model, tokenizer, n_chat, config.seed, progress=bar.update)
+        chat = self_instruct(
+            target.model, tokenizer, n_chat, config.seed, batch_size=config.batch_size, progress=bar.update
+        )
     mixed = sources.code_prompts(n_code, config.seed) + sources.math_prompts(n_math, config.seed) + chat
     random.Random(config.seed).shuffle(mixed)  # every prefix of the corpus has the same mix
     return mixed

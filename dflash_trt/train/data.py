@@ -37,9 +37,10 @@ def generate_batch(
 
     Finished rows leave the batch (their cache rows are dropped) so the rest run faster.
     """
+    device = model.device
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     active = list(range(len(prompts)))  # batch row -> prompt index
@@ -67,26 +68,26 @@ def generate_batch(
                 sorted_p, order = probs.sort(dim=-1, descending=True)
                 keep = sorted_p.cumsum(-1) - sorted_p < top_p
                 probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
-            chosen = torch.multinomial(probs, 1, generator=generator)[:, 0]
+            # sampled on the CPU so a seeded run gives the same prompts on any device
+            chosen = torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].to(device)
         else:
             chosen = logits.argmax(dim=-1)
         keep_rows = []
-        for row, index in enumerate(active):
-            token = int(chosen[row])
+        for row, (index, token) in enumerate(zip(active, chosen.tolist(), strict=True)):
             responses[index].append(token)
             if token not in stop_ids and step + 1 < max_new_tokens:
                 keep_rows.append(row)
         if not keep_rows:
             break
         if len(keep_rows) < len(active):
-            select = torch.tensor(keep_rows)
+            select = torch.tensor(keep_rows, device=device)
             cache.batch_select_indices(select)
             mask, positions, chosen = mask[select], positions[select], chosen[select]
             active = [active[r] for r in keep_rows]
         ids = chosen[:, None]
-        mask = torch.cat([mask, torch.ones(len(active), 1, dtype=mask.dtype)], dim=1)
+        mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
         positions = positions[:, -1:] + 1
-    return [(r, torch.cat(f) if f else None) for r, f in zip(responses, feats, strict=True)]
+    return [(r, torch.cat(f).cpu() if f else None) for r, f in zip(responses, feats, strict=True)]
 
 
 def write_shard(path: Path, prompts: list[list[int]], results: list[tuple[list[int], torch.Tensor]]) -> None:

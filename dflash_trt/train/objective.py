@@ -3,7 +3,8 @@
 Random anchors a_b are drawn from response positions. Block b is [x_a, MASK x (B-1)] at positions
 a..a+B-1; it sees the context rows strictly before its anchor and its own B rows (both ways),
 never another block. Slot k predicts x_{a+k} (same position, no shift), weighted by
-exp(-(k-1)/gamma). All blocks of a sequence go through the drafter in one packed pass.
+exp(-(k-1)/gamma). All blocks of a sequence go through the drafter in one packed pass; several sequences are
+padded into one batch (`stack_blocks`) so a GPU step is not launch-bound.
 """
 
 from __future__ import annotations
@@ -64,31 +65,72 @@ def default_gamma(block_size: int) -> float:
     return {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, max(1.0, block_size / 2 - 1))
 
 
+@dataclass
+class BlockBatch:
+    """Several sequences' blocks, padded to a common context length and block count."""
+
+    features: torch.Tensor  # [b, L, F]
+    ids: torch.Tensor  # [b, n*B]
+    positions: torch.Tensor  # [b, n*B]
+    labels: torch.Tensor  # [b*n, B-1]; a padding block's labels are all IGNORE
+    visible: torch.Tensor  # [b, 1, n*B, L + n*B]
+
+    @property
+    def real_blocks(self) -> torch.Tensor:
+        """[b*n] bool: every real block has a label at slot 1 (anchors stop 2 before the end)."""
+        return self.labels[:, 0] != IGNORE
+
+
+def stack_blocks(items: list[tuple[torch.Tensor, Blocks]], mask_id: int) -> BlockBatch:
+    """Pad (features, blocks) pairs into one batch. Padding blocks see only themselves (never an
+    empty attention row) and padding context columns are visible to no one."""
+    b = len(items)
+    n = max(blocks.anchors.shape[0] for _, blocks in items)
+    ctx = max(features.shape[0] for features, _ in items)
+    size = items[0][1].labels.shape[1] + 1
+    features = items[0][0].new_zeros(b, ctx, items[0][0].shape[1])
+    ids = torch.full((b, n * size), mask_id, dtype=torch.long)
+    positions = torch.zeros(b, n * size, dtype=torch.long)
+    labels = torch.full((b * n, size - 1), IGNORE, dtype=torch.long)
+    visible = torch.zeros(b, 1, n * size, ctx + n * size, dtype=torch.bool)
+    block_of = torch.arange(n).repeat_interleave(size)
+    visible[:, 0, :, ctx:] = block_of[:, None] == block_of[None, :]
+    for i, (feats, blocks) in enumerate(items):
+        k, c = blocks.anchors.shape[0], feats.shape[0]
+        features[i, :c] = feats
+        ids[i, : k * size] = blocks.ids
+        positions[i, : k * size] = blocks.positions
+        labels[i * n : i * n + k] = blocks.labels
+        visible[i, 0, : k * size, :c] = blocks.visible[0, 0, :, :c]
+    return BlockBatch(features, ids, positions, labels, visible)
+
+
 def block_logits(
     drafter: DFlashDrafter,
     embed: torch.Tensor,
     lm_head_weight: torch.Tensor,
-    features: torch.Tensor,
-    blocks: Blocks,
+    batch: BlockBatch,
     vocab: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Packed drafter pass -> logits [N, B-1, V'] for slots 1..B-1.
+    """Packed drafter pass -> logits [b*n, B-1, V'] for slots 1..B-1.
 
     `vocab` restricts the output layer to the listed token ids (the labels must all be among
     them): on CPU the 49k-row LM head otherwise costs more than the whole drafter.
     """
-    ctx_len = features.shape[0]
+    features = batch.features
+    b, ctx_len = features.shape[:2]
     device = features.device
-    context = drafter.inject_context(features[None], torch.arange(ctx_len, device=device)[None])
+    ctx_positions = torch.arange(ctx_len, device=device)[None].expand(b, ctx_len)
+    context = drafter.inject_context(features, ctx_positions)
     hidden = drafter.block_hidden(
-        F.embedding(blocks.ids.to(device), embed)[None],
-        blocks.positions.to(device)[None],
+        F.embedding(batch.ids.to(device), embed),
+        batch.positions.to(device),
         context,
-        torch.arange(ctx_len, device=device)[None],
-        visible=blocks.visible.to(device),
+        ctx_positions,
+        visible=batch.visible.to(device),
     )
-    n = blocks.anchors.shape[0]
-    hidden = hidden.view(n, -1, hidden.shape[-1])[:, 1:]  # slot 0 is the anchor itself
+    rows = batch.labels.shape[0]
+    hidden = hidden.reshape(rows, -1, hidden.shape[-1])[:, 1:]  # slot 0 is the anchor itself
     weight = lm_head_weight if vocab is None else lm_head_weight[vocab]
     logits = hidden @ weight.T * drafter.config.output_multiplier
     cap = drafter.config.final_logit_softcapping

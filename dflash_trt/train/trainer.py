@@ -26,6 +26,7 @@ from dflash_trt.train.objective import (
     make_blocks,
     position_weights,
     sample_anchors,
+    stack_blocks,
     warmup_cosine,
     weighted_loss,
 )
@@ -37,6 +38,7 @@ class TrainConfig:
     block_size: int = 16
     mask_token_id: int = 16
     anchors: int = 24  # blocks per sequence per step
+    batch: int = 1  # sequences per step (padded together; raise it on a GPU)
     epochs: float = 1.0
     lr: float = 6e-4
     warmup: float = 0.04
@@ -118,6 +120,10 @@ class Trainer:
         if config.init_from_target:
             init_from_target(self.drafter, target)
         self.drafter.to(self.device).train()
+        if self.device.type == "cuda":  # keep the whole corpus on the GPU: no copy per step
+            torch.backends.cuda.matmul.allow_tf32 = True  # training only; the frozen target ran before
+            for seq in sequences:
+                seq["features"] = seq["features"].to(self.device)
         # Frozen target pieces the drafter borrows: the embedding table and the (tied) LM head.
         self.embed = target.model.get_input_embeddings().weight.detach().to(self.device)
         self.head = target.lm_head.weight.detach().to(self.device)
@@ -126,7 +132,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95)
         )
-        self.total_steps = max(1, int(len(self.train) * config.epochs))
+        self.total_steps = max(1, int(len(self.train) * config.epochs / config.batch))
         self.step = 0
         self.generator = torch.Generator().manual_seed(config.seed)
         self.history: list[dict] = []
@@ -179,16 +185,29 @@ class Trainer:
 
     # -- training ------------------------------------------------------------------------------
 
-    def train_step(self, seq: dict) -> dict | None:
-        cfg = self.config
-        tokens, prompt_len = seq["tokens"], seq["prompt_len"]
-        anchors = sample_anchors(tokens.shape[0], prompt_len, cfg.anchors, self.generator)
-        if anchors.numel() == 0:
+    def _batch(self, sequences: list[dict], anchors: int, generator: torch.Generator):
+        """Sample anchors per sequence and pad their blocks into one batch (None if no anchors)."""
+        cfg, items = self.config, []
+        for seq in sequences:
+            picked = sample_anchors(seq["tokens"].shape[0], seq["prompt_len"], anchors, generator)
+            if picked.numel():
+                features = seq["features"]
+                blocks = make_blocks(seq["tokens"], picked, cfg.block_size, cfg.mask_token_id, features.shape[0])
+                items.append((features, blocks))
+        if not items:
             return None
-        features = seq["features"].to(self.device, torch.float32)
-        blocks = make_blocks(tokens, anchors, cfg.block_size, cfg.mask_token_id, features.shape[0])
-        labels = torch.where(blocks.labels == IGNORE, IGNORE, self.remap[blocks.labels.clamp(min=0)]).to(self.device)
-        logits = block_logits(self.drafter, self.embed, self.head, features, blocks, self.vocab)
+        batch = stack_blocks(items, cfg.mask_token_id)
+        batch.features = batch.features.to(self.device, torch.float32)
+        return batch
+
+    def train_step(self, sequences: list[dict]) -> dict | None:
+        cfg = self.config
+        batch = self._batch(sequences, cfg.anchors, self.generator)
+        if batch is None:
+            return None
+        labels = batch.labels
+        labels = torch.where(labels == IGNORE, IGNORE, self.remap[labels.clamp(min=0)]).to(self.device)
+        logits = block_logits(self.drafter, self.embed, self.head, batch, self.vocab)
         loss = weighted_loss(logits, labels, self.weights)
         lr = cfg.lr * warmup_cosine(*self.schedule_position())
         for group in self.optimizer.param_groups:
@@ -197,7 +216,8 @@ class Trainer:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip)
         self.optimizer.step()
-        tau = greedy_acceptance(logits.detach(), labels).float().mean().item()
+        real = batch.real_blocks.to(self.device)
+        tau = greedy_acceptance(logits.detach(), labels)[real].float().mean().item()
         return {"step": self.step, "loss": loss.item(), "tau": tau, "lr": lr}
 
     def schedule_position(self) -> tuple[int, int, int]:
@@ -210,15 +230,24 @@ class Trainer:
         return step, total, max(1, int(self.config.warmup * total))
 
     def advance(self) -> dict | None:
-        """One training step on the next sequence; the order is a pure function of (seed, step)."""
-        epoch, index = divmod(self.step, len(self.train))
-        order = list(range(len(self.train)))
-        random.Random(self.config.seed + epoch).shuffle(order)
-        record = self.train_step(self.train[order[index]])
+        """One training step on the next sequences; the order is a pure function of (seed, step)."""
+        picked = []
+        for position in range(self.step * self.config.batch, (self.step + 1) * self.config.batch):
+            epoch, index = divmod(position, len(self.train))
+            order = self._epoch_order(epoch)
+            picked.append(self.train[order[index]])
+        record = self.train_step(picked)
         self.step += 1
         if record:
             self.history.append(record)
         return record
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        if getattr(self, "_order_epoch", None) != epoch:
+            order = list(range(len(self.train)))
+            random.Random(self.config.seed + epoch).shuffle(order)
+            self._order_epoch, self._order = epoch, order
+        return self._order
 
     def fit(self) -> dict:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -247,14 +276,13 @@ class Trainer:
         self.drafter.eval()
         generator = torch.Generator().manual_seed(self.config.seed + 1)
         taus = []
-        for seq in self.val:
-            picked = sample_anchors(seq["tokens"].shape[0], seq["prompt_len"], anchors, generator)
-            if picked.numel() == 0:
+        for begin in range(0, len(self.val), self.config.batch):
+            batch = self._batch(self.val[begin : begin + self.config.batch], anchors, generator)
+            if batch is None:
                 continue
-            features = seq["features"].to(self.device, torch.float32)
-            blocks = make_blocks(seq["tokens"], picked, self.config.block_size, self.config.mask_token_id, features.shape[0])
-            logits = block_logits(self.drafter, self.embed, self.head, features, blocks)
-            taus.append(greedy_acceptance(logits, blocks.labels.to(self.device)).float())
+            logits = block_logits(self.drafter, self.embed, self.head, batch)
+            tau = greedy_acceptance(logits, batch.labels.to(self.device))
+            taus.append(tau[batch.real_blocks.to(self.device)].float())
         self.drafter.train()
         tau = torch.cat(taus)
         return {"val_sequences": len(self.val), "val_blocks": int(tau.numel()), "val_tau": float(tau.mean())}

@@ -8,7 +8,14 @@ from factories import make_drafter
 from dflash_trt.models.checkpoints import load_drafter, load_target
 from dflash_trt.runtime.torch_backend import TorchDraftSession
 from dflash_trt.train.data import generate_batch
-from dflash_trt.train.objective import IGNORE, block_logits, greedy_acceptance, make_blocks, sample_anchors
+from dflash_trt.train.objective import (
+    IGNORE,
+    block_logits,
+    greedy_acceptance,
+    make_blocks,
+    sample_anchors,
+    stack_blocks,
+)
 
 BLOCK = 4
 TAPS = (1, 2)
@@ -50,7 +57,7 @@ def test_packed_training_pass_equals_the_inference_draft(pair):
     blocks = make_blocks(tokens, anchors, BLOCK, drafter.config.mask_token_id, features.shape[0])
     with torch.no_grad():
         packed = block_logits(drafter, target.model.get_input_embeddings().weight, target.lm_head.weight,
-                              features, blocks)
+                              stack_blocks([(features, blocks)], drafter.config.mask_token_id))
     for row, anchor in enumerate(anchors.tolist()):
         session = TorchDraftSession(drafter, target)
         # inference: context = features strictly before the anchor, bonus = the anchor token
@@ -64,9 +71,31 @@ def test_restricted_vocab_logits_are_a_column_subset(pair):
     _, features = target.forward(tokens[:-1].tolist(), target.new_cache(), TAPS)
     blocks = make_blocks(tokens, torch.tensor([1, 4]), BLOCK, drafter.config.mask_token_id, features.shape[0])
     vocab = torch.tensor([3, 17, 100, 263])
-    args = (drafter, target.model.get_input_embeddings().weight, target.lm_head.weight, features, blocks)
+    batch = stack_blocks([(features, blocks)], drafter.config.mask_token_id)
+    args = (drafter, target.model.get_input_embeddings().weight, target.lm_head.weight, batch)
     with torch.no_grad():
         torch.testing.assert_close(block_logits(*args, vocab=vocab), block_logits(*args)[..., vocab])
+
+
+def test_padded_batch_equals_each_sequence_alone(pair):
+    """Sequences of different lengths and anchor counts padded into one step give the same logits
+    for their real blocks as alone, and padding blocks are marked as not real."""
+    target, drafter = pair
+    head, embed = target.lm_head.weight, target.model.get_input_embeddings().weight
+    mask_id = drafter.config.mask_token_id
+    items = []
+    for seed, length, anchors in ((4, 14, [2, 5, 9]), (5, 9, [3])):
+        tokens = torch.randint(0, 264, (length,), generator=torch.Generator().manual_seed(seed))
+        _, features = target.forward(tokens[:-1].tolist(), target.new_cache(), TAPS)
+        items.append((features, make_blocks(tokens, torch.tensor(anchors), BLOCK, mask_id, features.shape[0])))
+    batch = stack_blocks(items, mask_id)
+    assert batch.real_blocks.tolist() == [True, True, True, True, False, False]
+    with torch.no_grad():
+        together = block_logits(drafter, embed, head, batch)
+        first = block_logits(drafter, embed, head, stack_blocks(items[:1], mask_id))
+        second = block_logits(drafter, embed, head, stack_blocks(items[1:], mask_id))
+    torch.testing.assert_close(together[:3], first, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(together[3:4], second, rtol=1e-4, atol=1e-5)
 
 
 def test_greedy_acceptance_counts_the_matching_prefix_plus_bonus():

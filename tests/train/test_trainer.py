@@ -41,9 +41,10 @@ def config(**change):
     return TrainConfig(**{**base, **change})
 
 
-def test_training_lowers_the_loss_and_exports_a_loadable_drafter(corpus, tmp_path):
+@pytest.mark.parametrize("batch", [1, 3])
+def test_training_lowers_the_loss_and_exports_a_loadable_drafter(corpus, tmp_path, batch):
     target, root = corpus
-    trainer = Trainer(target, root, tmp_path, config(), device="cpu")
+    trainer = Trainer(target, root, tmp_path, config(batch=batch, epochs=3 * batch), device="cpu")
     summary = trainer.fit()
     losses = [r["loss"] for r in trainer.history]
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
@@ -56,18 +57,19 @@ def test_training_lowers_the_loss_and_exports_a_loadable_drafter(corpus, tmp_pat
     assert not (tmp_path / "drafter.tmp").exists()
 
 
-def test_training_is_deterministic_and_resumes_exactly(corpus, tmp_path):
+@pytest.mark.parametrize("batch", [1, 2])
+def test_training_is_deterministic_and_resumes_exactly(corpus, tmp_path, batch):
     target, root = corpus
-    full = Trainer(target, root, tmp_path / "full", config(epochs=2), device="cpu")
+    full = Trainer(target, root, tmp_path / "full", config(epochs=2, batch=batch), device="cpu")
     full.fit()
-    part = Trainer(target, root, tmp_path / "part", config(epochs=2), device="cpu")
-    for _ in range(7):  # interrupted mid-epoch
+    part = Trainer(target, root, tmp_path / "part", config(epochs=2, batch=batch), device="cpu")
+    for _ in range(7 // batch):  # interrupted mid-epoch
         part.advance()
     part.save_checkpoint()
-    resumed = Trainer(target, root, tmp_path / "part", config(epochs=2), device="cpu")
+    resumed = Trainer(target, root, tmp_path / "part", config(epochs=2, batch=batch), device="cpu")
     resumed.fit()
     assert resumed.step == full.step
     for name, tensor in full.drafter.state_dict().items():
         torch.testing.assert_close(resumed.drafter.state_dict()[name], tensor, rtol=0, atol=0)
     with pytest.raises(DFlashError, match="other settings"):
-        Trainer(target, root, tmp_path / "part", config(epochs=5), device="cpu").maybe_resume()
+        Trainer(target, root, tmp_path / "part", config(epochs=5, batch=batch), device="cpu").maybe_resume()
