@@ -161,6 +161,9 @@ def inspect(bundle, no_verify):
 @click.option("--anchors", type=int, default=24, show_default=True, help="Blocks per sequence per step.")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True, help="Sequences per training step (raise on a GPU, e.g. 32).")
 @click.option("--gen-batch", type=click.IntRange(min=1), default=48, show_default=True, help="Prompts the target answers at once (raise on a GPU, e.g. 256).")
+@click.option("--store-features/--online-features", default=None,
+              help="Keep the target's tapped features in the corpus (default on CPU) or recompute them each "
+                   "training step (default on a GPU, where storing ~6 KB per token costs more).")
 @click.option("--epochs", type=float, default=1.0, show_default=True)
 @click.option("--lr", type=float, default=6e-4, show_default=True)
 @click.option("--train-minutes", type=float, default=None, help="Stop training after this long and write the drafter.")
@@ -168,14 +171,14 @@ def inspect(bundle, no_verify):
 @click.option("--device", default=None, help="torch device (default: cuda when present, else cpu).")
 @user_errors
 def train_drafter(target, out, corpus, num_prompts, data_minutes, max_new_tokens, layers, block_size, taps,
-                  mask_token_id, anchors, batch, gen_batch, epochs, lr, train_minutes, seed, device):
+                  mask_token_id, anchors, batch, gen_batch, store_features, epochs, lr, train_minutes, seed, device):
     """Train a DFlash drafter for TARGET: regenerate responses, then fit. Resumable."""
+    import torch
+
     from dflash_trt.models.checkpoints import load_target
     from dflash_trt.models.draft_config import default_target_layer_ids
     from dflash_trt.train.corpus import CorpusConfig, build_corpus
     from dflash_trt.train.trainer import TrainConfig, Trainer
-
-    import torch
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     target_model, tokenizer = load_target(target)
@@ -189,8 +192,10 @@ def train_drafter(target, out, corpus, num_prompts, data_minutes, max_new_tokens
     if mask_token_id is None:
         raise DFlashError("this tokenizer has no mask token: pass --mask-token-id (an id the target never emits)")
     corpus = corpus or out / "corpus"
+    if store_features is None:
+        store_features = torch.device(device).type == "cpu"
     config = CorpusConfig(taps=tap_ids, num_prompts=num_prompts, max_new_tokens=max_new_tokens, seed=seed,
-                          batch_size=gen_batch)
+                          batch_size=gen_batch, store_features=store_features)
     build_corpus(target_model, tokenizer, corpus, config, deadline_s=None if data_minutes is None else 60 * data_minutes)
     train = TrainConfig(layers=layers, block_size=block_size, mask_token_id=mask_token_id, anchors=anchors,
                         batch=batch, epochs=epochs, lr=lr, seed=seed, max_minutes=train_minutes)

@@ -26,6 +26,7 @@ class CorpusConfig:
     batch_size: int = 48
     max_new_tokens: int = 256
     seed: int = 0
+    store_features: bool = True  # False: tokens only; the trainer recomputes features (GPU)
 
 
 def build_prompts(target: TargetModel, tokenizer, config: CorpusConfig) -> list[str]:
@@ -71,8 +72,9 @@ def build_corpus(target: TargetModel, tokenizer, out: Path, config: CorpusConfig
             if deadline_s is not None and time.monotonic() - started > deadline_s:
                 break
             batch = [encode_prompt(tokenizer, p) for p in prompts[begin : begin + config.batch_size]]
+            taps = config.taps if config.store_features else ()
             results = generate_batch(
-                target.model, batch, config.max_new_tokens, stop, config.taps, pad_id=tokenizer.pad_token_id or 0
+                target.model, batch, config.max_new_tokens, stop, taps, pad_id=tokenizer.pad_token_id or 0
             )
             write_shard(shard, batch, results)
     return out

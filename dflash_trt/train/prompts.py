@@ -22,6 +22,8 @@ CODE_TEMPLATES = (
     "Implement this Python function:\n\n```python\n{stub}\n```",
     "Write a Python function `{name}{args}` that does the following: {summary}",
     "Complete the function below and explain how it works.\n\n{stub}",
+    "{summary}\nWrite this as a Python function called `{name}`, with a short example of its use.",
+    "Here is the signature and docstring of a Python function. Write its body.\n\n```python\n{stub}\n```",
 )
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 
@@ -55,10 +57,16 @@ def _stdlib_functions(rng: random.Random, limit: int) -> list[tuple[str, str, st
 
 
 def code_prompts(count: int, seed: int) -> list[str]:
+    """`count` coding tasks. Past the number of documented functions (about 3,600), functions come
+    round again, each time under a template it has not had yet, so no prompt repeats."""
     rng = random.Random(seed)
+    functions = _stdlib_functions(rng, count)
+    first = [rng.randrange(len(CODE_TEMPLATES)) for _ in functions]
     prompts = []
-    for name, args, summary, stub in _stdlib_functions(rng, count):
-        template = rng.choice(CODE_TEMPLATES)
+    for index in range(min(count, len(functions) * len(CODE_TEMPLATES))):
+        round_, which = divmod(index, len(functions))
+        name, args, summary, stub = functions[which]
+        template = CODE_TEMPLATES[(first[which] + round_) % len(CODE_TEMPLATES)]
         prompts.append(template.format(name=name, args=args, summary=summary, stub=stub))
     return prompts
 

@@ -17,7 +17,7 @@ from dflash_trt.models.checkpoints import save_drafter
 from dflash_trt.models.draft_config import DraftConfig
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.target import TargetModel
-from dflash_trt.train.data import read_shard
+from dflash_trt.train.data import read_shard, tapped_features
 from dflash_trt.train.objective import (
     IGNORE,
     block_logits,
@@ -120,10 +120,18 @@ class Trainer:
         if config.init_from_target:
             init_from_target(self.drafter, target)
         self.drafter.to(self.device).train()
-        if self.device.type == "cuda":  # keep the whole corpus on the GPU: no copy per step
-            torch.backends.cuda.matmul.allow_tf32 = True  # training only; the frozen target ran before
-            for seq in sequences:
-                seq["features"] = seq["features"].to(self.device)
+        stored = [seq["features"] is not None for seq in sequences]
+        if any(stored) and not all(stored):
+            raise DFlashError(f"{corpus}: some shards store target features and some do not; rebuild it")
+        # A tokens-only corpus: the frozen target recomputes the features of each step's sequences.
+        self.online_features = not all(stored)
+        if self.online_features:
+            target.model.to(self.device)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True  # training only; the corpus tokens are fixed
+            if not self.online_features:  # keep the whole corpus on the GPU: no copy per step
+                for seq in sequences:
+                    seq["features"] = seq["features"].to(self.device)
         # Frozen target pieces the drafter borrows: the embedding table and the (tied) LM head.
         self.embed = target.model.get_input_embeddings().weight.detach().to(self.device)
         self.head = target.lm_head.weight.detach().to(self.device)
@@ -187,15 +195,21 @@ class Trainer:
 
     def _batch(self, sequences: list[dict], anchors: int, generator: torch.Generator):
         """Sample anchors per sequence and pad their blocks into one batch (None if no anchors)."""
-        cfg, items = self.config, []
+        cfg, chosen = self.config, []
         for seq in sequences:
             picked = sample_anchors(seq["tokens"].shape[0], seq["prompt_len"], anchors, generator)
             if picked.numel():
-                features = seq["features"]
-                blocks = make_blocks(seq["tokens"], picked, cfg.block_size, cfg.mask_token_id, features.shape[0])
-                items.append((features, blocks))
-        if not items:
+                chosen.append((seq, picked))
+        if not chosen:
             return None
+        if self.online_features:
+            features = tapped_features(self.target.model, [seq["tokens"] for seq, _ in chosen], self.taps)
+        else:
+            features = [seq["features"] for seq, _ in chosen]
+        items = []
+        for (seq, picked), feats in zip(chosen, features, strict=True):
+            blocks = make_blocks(seq["tokens"], picked, cfg.block_size, cfg.mask_token_id, feats.shape[0])
+            items.append((feats, blocks))
         batch = stack_blocks(items, cfg.mask_token_id)
         batch.features = batch.features.to(self.device, torch.float32)
         return batch

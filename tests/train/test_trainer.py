@@ -8,22 +8,36 @@ import torch
 from dflash_trt.errors import DFlashError
 from dflash_trt.models.checkpoints import load_drafter, load_target
 from dflash_trt.models.pairing import validate_pair
-from dflash_trt.train.data import generate_batch, read_shard, write_shard
+from dflash_trt.train.data import generate_batch, read_shard, tapped_features, write_shard
 from dflash_trt.train.trainer import TrainConfig, Trainer
 
 TAPS = (1, 2)
+
+
+def write_corpus(target, root, taps):
+    """Two shards of greedy responses; `taps=()` writes tokens only (features recomputed online)."""
+    gen = torch.Generator().manual_seed(0)
+    for shard in range(2):
+        # prompts of different lengths, so batches are really padded
+        prompts = [torch.randint(0, 256, (5 + i % 3,), generator=gen).tolist() for i in range(6)]
+        results = generate_batch(target.model, prompts, max_new_tokens=20, stop_ids={7}, taps=taps)
+        write_shard(root / f"shard-{shard:05d}.safetensors", prompts, results)
+    (root / "corpus.json").write_text(json.dumps({"taps": list(TAPS)}))
 
 
 @pytest.fixture(scope="module")
 def corpus(tiny_pairs, tmp_path_factory):
     target, _ = load_target(str(tiny_pairs["llama"][0]))
     root = tmp_path_factory.mktemp("corpus")
-    gen = torch.Generator().manual_seed(0)
-    for shard in range(2):
-        prompts = [torch.randint(0, 256, (5,), generator=gen).tolist() for _ in range(6)]
-        results = generate_batch(target.model, prompts, max_new_tokens=20, stop_ids=set(), taps=TAPS)
-        write_shard(root / f"shard-{shard:05d}.safetensors", prompts, results)
-    (root / "corpus.json").write_text(json.dumps({"taps": list(TAPS)}))
+    write_corpus(target, root, TAPS)
+    return target, root
+
+
+@pytest.fixture(scope="module")
+def tokens_only(corpus, tmp_path_factory):
+    target, _ = corpus
+    root = tmp_path_factory.mktemp("tokens-only")
+    write_corpus(target, root, ())
     return target, root
 
 
@@ -31,9 +45,45 @@ def test_shards_round_trip(corpus):
     _, root = corpus
     sequences = read_shard(root / "shard-00000.safetensors")
     assert len(sequences) == 6
-    for seq in sequences:
-        assert seq["prompt_len"] == 5 and seq["tokens"].shape[0] == 25
-        assert seq["features"].shape == (24, 2 * 64)
+    for i, seq in enumerate(sequences):
+        assert seq["prompt_len"] == 5 + i % 3 and seq["tokens"].shape[0] <= seq["prompt_len"] + 20
+        assert seq["features"].shape == (seq["tokens"].shape[0] - 1, 2 * 64)
+
+
+def test_online_features_equal_the_features_captured_while_generating(corpus, tokens_only):
+    """A tokens-only corpus holds the same sequences; one padded forward over several of them gives
+    the features the incremental decode captured (stored in bf16, hence the tolerance)."""
+    target, root = corpus
+    _, bare = tokens_only
+    stored = read_shard(root / "shard-00001.safetensors")
+    plain = read_shard(bare / "shard-00001.safetensors")
+    assert all(seq["features"] is None for seq in plain)
+    assert [s["tokens"].tolist() for s in stored] == [s["tokens"].tolist() for s in plain]
+    assert len({s["tokens"].shape[0] for s in plain}) > 1  # the batch below is really padded
+    online = tapped_features(target.model, [s["tokens"] for s in plain], TAPS)
+    for seq, feats in zip(stored, online, strict=True):
+        torch.testing.assert_close(feats, seq["features"].float(), rtol=1e-2, atol=2e-2)
+
+
+def test_a_tokens_only_corpus_trains_with_online_features(tokens_only, tmp_path):
+    target, root = tokens_only
+    trainer = Trainer(target, root, tmp_path, config(batch=2, epochs=6), device="cpu")
+    assert trainer.online_features
+    summary = trainer.fit()
+    losses = [r["loss"] for r in trainer.history]
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
+    assert summary["val_blocks"] > 0 and 1 <= summary["val_tau"] <= 4
+
+
+def test_a_corpus_mixing_stored_and_missing_features_is_refused(corpus, tokens_only, tmp_path):
+    target, root = corpus
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "corpus.json").write_text((root / "corpus.json").read_text())
+    (mixed / "shard-00000.safetensors").write_bytes((root / "shard-00000.safetensors").read_bytes())
+    (mixed / "shard-00001.safetensors").write_bytes((tokens_only[1] / "shard-00001.safetensors").read_bytes())
+    with pytest.raises(DFlashError, match="some shards store target features"):
+        Trainer(target, mixed, tmp_path / "run", config(), device="cpu")
 
 
 def config(**change):
