@@ -153,6 +153,7 @@ def inspect(bundle, no_verify):
 @click.option("--corpus", type=click.Path(path_type=Path), default=None, help="Corpus directory (default: OUT/corpus); resumed if present.")
 @click.option("--prompts", "num_prompts", type=int, default=1600, show_default=True, help="Training prompts to answer.")
 @click.option("--data-minutes", type=float, default=None, help="Stop answering prompts after this long (keep what is done).")
+@click.option("--corpus-only", is_flag=True, help="Build (or extend) the corpus and stop; train later with --corpus.")
 @click.option("--max-new-tokens", type=int, default=256, show_default=True, help="Longest target response.")
 @click.option("--layers", type=int, default=2, show_default=True, help="Draft layers.")
 @click.option("--block-size", type=int, default=16, show_default=True)
@@ -164,14 +165,15 @@ def inspect(bundle, no_verify):
 @click.option("--store-features/--online-features", default=None,
               help="Keep the target's tapped features in the corpus (default on CPU) or recompute them each "
                    "training step (default on a GPU, where storing ~6 KB per token costs more).")
+@click.option("--bf16", is_flag=True, help="Train with bfloat16 matmuls (GPUs; CPUs with AVX512-BF16 or AMX).")
 @click.option("--epochs", type=float, default=1.0, show_default=True)
 @click.option("--lr", type=float, default=6e-4, show_default=True)
 @click.option("--train-minutes", type=float, default=None, help="Stop training after this long and write the drafter.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default=None, help="torch device (default: cuda when present, else cpu).")
 @user_errors
-def train_drafter(target, out, corpus, num_prompts, data_minutes, max_new_tokens, layers, block_size, taps,
-                  mask_token_id, anchors, batch, gen_batch, store_features, epochs, lr, train_minutes, seed, device):
+def train_drafter(target, out, corpus, num_prompts, data_minutes, corpus_only, max_new_tokens, layers, block_size, taps,
+                  mask_token_id, anchors, batch, gen_batch, store_features, bf16, epochs, lr, train_minutes, seed, device):
     """Train a DFlash drafter for TARGET: regenerate responses, then fit. Resumable."""
     import torch
 
@@ -197,8 +199,11 @@ def train_drafter(target, out, corpus, num_prompts, data_minutes, max_new_tokens
     config = CorpusConfig(taps=tap_ids, num_prompts=num_prompts, max_new_tokens=max_new_tokens, seed=seed,
                           batch_size=gen_batch, store_features=store_features)
     build_corpus(target_model, tokenizer, corpus, config, deadline_s=None if data_minutes is None else 60 * data_minutes)
+    if corpus_only:
+        click.echo(f"corpus written to {corpus}")
+        return
     train = TrainConfig(layers=layers, block_size=block_size, mask_token_id=mask_token_id, anchors=anchors,
-                        batch=batch, epochs=epochs, lr=lr, seed=seed, max_minutes=train_minutes)
+                        batch=batch, bf16=bf16, epochs=epochs, lr=lr, seed=seed, max_minutes=train_minutes)
     trainer = Trainer(target_model, corpus, out, train, device=device)
     summary = trainer.fit()
     path = trainer.export(summary)

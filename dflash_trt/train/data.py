@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
+
+from dflash_trt.models.kv_cache import growing_cache
 
 
 @torch.inference_mode()
@@ -44,7 +46,7 @@ def generate_batch(
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
+    cache = growing_cache(model.config)
     active = list(range(len(prompts)))  # batch row -> prompt index
     responses: list[list[int]] = [[] for _ in prompts]
     feats: list[list[torch.Tensor]] = [[] for _ in prompts]

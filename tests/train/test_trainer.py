@@ -91,10 +91,10 @@ def config(**change):
     return TrainConfig(**{**base, **change})
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_training_lowers_the_loss_and_exports_a_loadable_drafter(corpus, tmp_path, batch):
+@pytest.mark.parametrize(("batch", "bf16"), [(1, False), (3, False), (1, True)])
+def test_training_lowers_the_loss_and_exports_a_loadable_drafter(corpus, tmp_path, batch, bf16):
     target, root = corpus
-    trainer = Trainer(target, root, tmp_path, config(batch=batch, epochs=3 * batch), device="cpu")
+    trainer = Trainer(target, root, tmp_path, config(batch=batch, bf16=bf16, epochs=3 * batch), device="cpu")
     summary = trainer.fit()
     losses = [r["loss"] for r in trainer.history]
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
