@@ -24,9 +24,15 @@ def user_errors(command):
         try:
             return command(*args, **kwargs)
         except DFlashError as err:
-            raise click.UsageError(str(err)) from None
+            raise UserError(str(err)) from None
 
     return run
+
+
+class UserError(click.ClickException):
+    """Printed as one 'Error: ...' line (no usage text: the command line itself was fine)."""
+
+    exit_code = 2
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -94,19 +100,21 @@ def export(target, draft, out, flavour, force, check):
     """Export target and drafter to an ONNX bundle (target, draft_context, draft_block graphs + bundle.json)."""
     from tqdm import tqdm
 
-    from dflash_trt.models.checkpoints import load_drafter, load_target, load_tokenizer
+    from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, load_tokenizer, resolve_draft
     from dflash_trt.models.embedded import default_drafter
     from dflash_trt.models.pairing import validate_pair
 
     draft = draft or default_drafter(target)
     if draft is None:
         raise DFlashError(f"no drafter for target '{target}': pass --draft DIR")
+    draft = resolve_draft(draft)
     if out.exists() and not force:
         raise DFlashError(f"{out} already exists; pass --force to replace it")
     from dflash_trt.export.bundle import check_flavour, export_bundle
 
     check_flavour(flavour)
 
+    check_pair(target, draft)  # from configs, before any weights load
     drafter = load_drafter(draft)
     target_model, tokenizer = load_target(target)
     validate_pair(target_model, drafter.config, tokenizer, load_tokenizer(str(draft)))

@@ -67,6 +67,18 @@ def target_config(family: str, vocab_size: int = 264, layers: int = 4, **extra):
             linear_num_value_heads=4,
             layer_types=["linear_attention", "full_attention"] * (layers // 2),
         )
+    if family == "qwen3_5_text":
+        from transformers.models.qwen3_5 import Qwen3_5TextConfig
+
+        return Qwen3_5TextConfig(
+            **common,
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            layer_types=["linear_attention", "full_attention"] * (layers // 2),
+        )
     raise ValueError(family)
 
 

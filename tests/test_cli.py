@@ -14,11 +14,16 @@ def pair_args(tiny_pairs):
     return ["--target", str(target), "--draft", str(draft)]
 
 
-def test_generate_streams_text_and_prints_the_summary(pair_args):
+def test_generate_streams_text_and_prints_the_summary(pair_args, tiny_pairs):
+    from dflash_trt import LLM, SamplingParams
+
     result = CliRunner().invoke(main, ["generate", *pair_args, "--max-tokens", "12", "hello"])
     assert result.exit_code == 0, result.output
     assert "mean acceptance length" in result.stderr and "B=4" in result.stderr
-    assert result.stdout.strip() or result.stdout == "\n"
+    target, draft = tiny_pairs["llama"]
+    expected = LLM(str(target), str(draft)).generate("hello", SamplingParams(max_tokens=12))[0]
+    assert len(expected.token_ids) == 12 and expected.text
+    assert result.stdout == expected.text + "\n"  # the streamed pieces add up to the reply
 
 
 def test_generate_json_matches_the_api(pair_args, tiny_pairs):
@@ -56,7 +61,9 @@ def test_user_errors_are_one_line(pair_args, args, message):
     assert sum(line.startswith("Error") for line in result.stderr.splitlines()) == 1
 
 
-@pytest.mark.parametrize("command", [[], ["generate"], ["train-drafter"]])
+@pytest.mark.parametrize(
+    "command", [[], ["generate"], ["train-drafter"], ["export"], ["inspect"], ["bench"], ["bench-report"]]
+)
 def test_help_everywhere(command):
     result = CliRunner().invoke(main, [*command, "--help"])
     assert result.exit_code == 0 and "Usage:" in result.output

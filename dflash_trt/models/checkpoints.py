@@ -12,6 +12,7 @@ from dflash_trt.errors import DFlashError
 from dflash_trt.models import embedded
 from dflash_trt.models.draft_config import DraftConfig
 from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.models.pairing import TargetShape, validate_pair
 from dflash_trt.models.target import TargetModel, check_model_type
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -37,7 +38,8 @@ def resolve_target(spec: str) -> str:
     return spec
 
 
-def load_target(spec: str, dtype: torch.dtype = torch.float32) -> tuple[TargetModel, PreTrainedTokenizerBase | None]:
+def target_source(spec: str):
+    """(source, config) for a target spec, checked without loading any weights."""
     source = resolve_target(spec)
     path = Path(source)
     if path.exists():
@@ -54,6 +56,11 @@ def load_target(spec: str, dtype: torch.dtype = torch.float32) -> tuple[TargetMo
     except OSError as err:
         raise DFlashError(f"target '{spec}': cannot load its config ({str(err).splitlines()[0]})") from None
     check_model_type(config.model_type, f"target '{spec}'")
+    return source, config
+
+
+def load_target(spec: str, dtype: torch.dtype = torch.float32) -> tuple[TargetModel, PreTrainedTokenizerBase | None]:
+    source, _ = target_source(spec)
     model = AutoModelForCausalLM.from_pretrained(
         source, dtype=dtype, use_safetensors=True, trust_remote_code=False
     )
@@ -62,17 +69,48 @@ def load_target(spec: str, dtype: torch.dtype = torch.float32) -> tuple[TargetMo
 
 
 def load_tokenizer(source: str) -> PreTrainedTokenizerBase | None:
+    """The checkpoint's tokenizer; None if it ships none. Files that are there but broken are an error."""
     path = Path(source)
     if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
         return None
     try:
         return AutoTokenizer.from_pretrained(source, trust_remote_code=False)
-    except (OSError, ValueError):
-        return None
+    except (OSError, ValueError) as err:
+        if path.is_dir():
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise DFlashError(f"{path}: tokenizer files are present but do not load ({reason})") from None
+        return None  # a hub repository without a tokenizer
+
+
+def check_pair(target_spec: str, draft_path: str | Path) -> None:
+    """Validate a (target, drafter) pair from their configs and tokenizers, before any weights load."""
+    source, config = target_source(target_spec)
+    draft_path = resolve_draft(draft_path)
+    if not draft_path.is_dir():
+        raise DFlashError(f"drafter '{draft_path}' is not a directory (expected config.json + *.safetensors)")
+    draft_config = DraftConfig.from_dir(draft_path)
+    safetensors_files(draft_path, "drafter")
+    validate_pair(TargetShape.of(config), draft_config, load_tokenizer(source), load_tokenizer(str(draft_path)))
+
+
+def resolve_draft(spec: str | Path) -> Path:
+    """A drafter directory, or a hub id (org/name) fetched into the HF cache: safetensors, configs and
+    tokenizer files only (never pickles or code)."""
+    path = Path(spec)
+    if path.exists() or str(spec).startswith((".", "/", "~")) or str(spec).count("/") != 1:
+        return path
+    from huggingface_hub import snapshot_download
+
+    try:
+        local = snapshot_download(str(spec), allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.jinja"])
+    except Exception as err:  # offline, unknown repo, gated: all one line for the user
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DFlashError(f"drafter '{spec}': not a local directory and not fetched from the hub ({first})") from None
+    return Path(local)
 
 
 def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32) -> DFlashDrafter:
-    path = Path(path)
+    path = resolve_draft(path)
     if not path.is_dir():
         raise DFlashError(f"drafter '{path}' is not a directory (expected config.json + *.safetensors)")
     config = DraftConfig.from_dir(path)

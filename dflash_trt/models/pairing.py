@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Protocol
+
 from transformers import PreTrainedTokenizerBase
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.models.draft_config import DraftConfig
-from dflash_trt.models.target import TargetModel
+
+
+class TargetDims(Protocol):
+    """What pairing needs of a target: a loaded TargetModel, or a TargetShape read from its config."""
+
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, config) -> TargetShape:
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return cls(text.hidden_size, text.num_hidden_layers, text.vocab_size)
 
 
 def validate_pair(
-    target: TargetModel,
+    target: TargetDims,
     draft: DraftConfig,
     target_tokenizer: PreTrainedTokenizerBase | None = None,
     draft_tokenizer: PreTrainedTokenizerBase | None = None,

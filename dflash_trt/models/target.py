@@ -103,6 +103,8 @@ class TargetModel:
         pending, cache.pending = cache.pending, []
         assert 0 <= keep <= len(pending)
         drop = len(pending) - keep
+        # a recurrent state cannot be cropped: dropping tokens needs the snapshot taken in forward()
+        assert not (drop and self.is_stateful and cache.snapshot is None), "stateful rollback without a snapshot"
         if drop and cache.snapshot is not None:
             cache.kv = cache.snapshot
             if keep:

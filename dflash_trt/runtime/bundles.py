@@ -35,9 +35,10 @@ def cached_bundle(target: str, draft: str) -> Path:
     if (out / "bundle.json").is_file():
         return out
     from dflash_trt.export.bundle import export_bundle
-    from dflash_trt.models.checkpoints import load_drafter, load_target, load_tokenizer
+    from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, load_tokenizer
     from dflash_trt.models.pairing import validate_pair
 
+    check_pair(target, draft)
     target_model, tokenizer = load_target(target)
     drafter = load_drafter(draft)
     validate_pair(target_model, drafter.config, tokenizer, load_tokenizer(draft))

@@ -10,7 +10,7 @@ from pathlib import Path
 from dflash_trt.errors import DFlashError
 from dflash_trt.models import embedded
 from dflash_trt.models.chat import encode_prompt
-from dflash_trt.models.checkpoints import load_drafter, load_target, load_tokenizer
+from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, load_tokenizer, resolve_draft
 from dflash_trt.models.pairing import validate_pair
 from dflash_trt.models.target import eos_token_ids
 from dflash_trt.runtime.torch_backend import TorchDraftSession, TorchTargetSession
@@ -56,6 +56,8 @@ class LLM:
         if draft == AUTO:
             found = embedded.default_drafter(target)
             draft = None if found is None else str(found)
+        elif draft is not None:
+            draft = str(resolve_draft(draft))  # a hub id is fetched once, here
         if backend == "onnxruntime":
             if draft is None:
                 raise DFlashError("backend 'onnxruntime' runs an exported (target, drafter) bundle: pass draft=DIR")
@@ -64,11 +66,13 @@ class LLM:
             self._load_bundle(cached_bundle(target, draft), block_size)
             return
         self.backend = "torch"
+        if draft is not None:
+            check_pair(target, draft)  # from configs: a wrong pair is refused before any weights load
         self.target, self.tokenizer = load_target(target)
         self.drafter = None
         if draft is not None:
             self.drafter = load_drafter(draft)
-            validate_pair(self.target, self.drafter.config, self.tokenizer, load_tokenizer(draft))
+            validate_pair(self.target, self.drafter.config)  # the loaded embedding may differ from the config
         self.vocab_size = self.target.vocab_size
         self.has_drafter = self.drafter is not None
         self.block_size = block_size or (self.drafter.config.block_size if self.drafter else None)

@@ -44,10 +44,19 @@ def fresh(target, ids, n_last):
     return logits[-n_last:], features[-n_last:]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "qwen3_next"])
+@pytest.fixture(scope="module")
+def qwen3_5_target(tmp_path_factory):
+    """A tiny Qwen3.5 text model: Gated DeltaNet + full attention, without Qwen3-Next's MoE."""
+    from factories import make_target
+
+    return make_target(tmp_path_factory.mktemp("qwen3_5") / "t", "qwen3_5_text", seed=9)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text"])
 @pytest.mark.parametrize("keep", [0, 1, 3, 6])
-def test_rollback_equals_fresh_forward(tiny_pairs, hybrid_target, family, keep):
-    path = hybrid_target if family == "qwen3_next" else tiny_pairs[family][0]
+def test_rollback_equals_fresh_forward(tiny_pairs, hybrid_target, qwen3_5_target, family, keep):
+    hybrids = {"qwen3_next": hybrid_target, "qwen3_5_text": qwen3_5_target}
+    path = hybrids.get(family) or tiny_pairs[family][0]
     target, _ = load_target(str(path))
     prefix, block, follow = list(range(40, 51)), list(range(100, 106)), [7, 9, 11]
     got = rollback_case(target, prefix, block, keep, follow)
@@ -66,8 +75,8 @@ def test_hybrid_rollback_needs_the_snapshot(hybrid_target):
     target.forward(prefix, cache)
     target.commit(cache, len(prefix))
     target.forward(block, cache)
-    cache.snapshot = None  # take the attention-only rollback path
-    target.commit(cache, 2)
+    cache.kv.crop(-(len(block) - 2))  # the attention-only rollback, by hand (commit() refuses it)
+    cache.snapshot, cache.pending, cache.length = None, [], cache.length + 2
     logits, _ = target.forward(follow, cache)
     expected, _ = fresh(target, prefix + block[:2] + follow, len(follow))
     assert (logits - expected).abs().max() > 1e-4
@@ -91,3 +100,13 @@ def test_target_load_errors(tmp_path):
     (path / "model.safetensors").rename(path / "pytorch_model.bin")
     with pytest.raises(DFlashError, match="pickled"):
         load_target(str(path))
+
+
+def test_a_stateful_rollback_without_its_snapshot_is_refused(hybrid_target):
+    target, _ = load_target(str(hybrid_target))
+    cache = target.new_cache()
+    target.forward([5, 6, 7], cache)
+    target.commit(cache, 3)
+    target.forward([8], cache)  # one token: no snapshot is taken
+    with pytest.raises(AssertionError, match="without a snapshot"):
+        target.commit(cache, 0)

@@ -158,3 +158,35 @@ def test_greedy_matches_the_authors_loop_token_and_step_for_step(tiny_pairs, llm
         # the reference truncates its last step at max_new_tokens; compare the full steps
         n = len(stats.acceptance_lengths) - 1
         assert ours.metrics.acceptance_lengths[:n] == stats.acceptance_lengths[:n]
+
+
+@pytest.mark.parametrize("family, block_size", [("llama", 4), ("qwen3", 8)])
+def test_eos_and_stops_inside_accepted_blocks_end_both_paths_alike(llms, family, block_size, monkeypatch):
+    """With a mostly-right drafter, EOS, stop tokens and stop strings land inside multi-token steps;
+    the committed text must still end exactly where autoregressive decoding ends."""
+    llm = llms[family]
+    prompt = PROMPTS[1]
+    plain = llm._sessions
+
+    def sessions(speculative):
+        if not speculative:
+            return plain(False)
+        return TorchTargetSession(llm.target, (0,)), OracleDraftSession(llm.target.model, prompt, 0.1)
+
+    monkeypatch.setattr(llm, "_sessions", sessions)
+    base = run(llm, prompt, SamplingParams(max_tokens=40, ignore_eos=True), False)
+    eos = base.token_ids[9]
+    end = base.token_ids.index(eos) + 1
+    monkeypatch.setattr(llm, "eos_token_ids", (eos,))
+    cases = [
+        SamplingParams(max_tokens=40),  # EOS
+        SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=[base.token_ids[12]]),
+        SamplingParams(max_tokens=40, ignore_eos=True, stop=[llm.tokenizer.decode(base.token_ids[14:16])]),
+        SamplingParams(max_tokens=11, ignore_eos=True),
+    ]
+    for params in cases:
+        ar = run(llm, prompt, params, False)
+        spec = run(llm, prompt, params, True, block_size)
+        assert (spec.token_ids, spec.text, spec.finish_reason) == (ar.token_ids, ar.text, ar.finish_reason)
+        assert max(spec.metrics.acceptance_lengths) > 1  # it stopped inside multi-token steps
+    assert run(llm, prompt, cases[0], True, block_size).token_ids == base.token_ids[:end]

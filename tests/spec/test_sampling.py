@@ -4,11 +4,10 @@ import torch
 from dflash_trt.errors import DFlashError
 from dflash_trt.spec.sampling import SamplingParams, target_probs
 
-reference = pytest.importorskip("dflash.model", reason="test oracle: pip install --no-deps dflash==0.1.0")
-
 
 @pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.6, 5, 1.0), (1.2, 0, 0.7), (0.9, 8, 0.85)])
 def test_target_probs_match_the_reference_filters(temperature, top_k, top_p):
+    reference = pytest.importorskip("dflash.model", reason="test oracle: pip install --no-deps dflash==0.1.0")
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(top_k))
     ours = target_probs(logits, SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p))
     theirs = reference._sampling_probs(logits, temperature, top_p, top_k)
