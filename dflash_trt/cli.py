@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from functools import wraps
 from pathlib import Path
@@ -233,7 +234,7 @@ def _csv(kind):
 @click.argument("bundle", required=False, type=click.Path(path_type=Path, file_okay=False))
 @click.option("--target", default=None, help=TARGET_HELP + " Offline mode.")
 @click.option("--draft", default=None, help=DRAFT_HELP)
-@click.option("--backend", default="torch", show_default=True, help="Offline backend: torch, onnxruntime, tensorrt.")
+@click.option("--backend", default=None, help="Offline backend: torch (default), onnxruntime, tensorrt; a bundle DIR runs on onnxruntime.")
 @click.option("--base-url", default=None, help="Benchmark an OpenAI-compatible server instead (e.g. http://127.0.0.1:8000/v1).")
 @click.option("--baseline-url", default=None, help="Server mode: an autoregressive server to compare against.")
 @click.option("--model", default=None, help="Server mode: model name (default: the server's first).")
@@ -273,7 +274,8 @@ def bench(bundle, target, draft, backend, base_url, baseline_url, model, dataset
     for name, source in report.record_sources(config).items():
         click.echo(f"{name}: {source}")
     if json_out:
-        report.write_json(report.record(config, results), json_out)
+        command = shlex.join(["dflash-trt", *sys.argv[1:]])
+        report.write_json(report.record(config, results, command), json_out)
         click.echo(f"record written to {json_out}", err=True)
     if plot:
         report.plot(results, plot)

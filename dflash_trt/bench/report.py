@@ -63,11 +63,12 @@ def record_sources(config: BenchConfig) -> dict[str, str]:
     return {name: datasets.SOURCES.get(name, f"user prompts: {config.prompts_file}") for name in names}
 
 
-def record(config: BenchConfig, results: list[SettingResult]) -> dict:
-    """The JSON document (schema: bench/schema.json)."""
+def record(config: BenchConfig, results: list[SettingResult], command: str | None = None) -> dict:
+    """The JSON document (schema: bench/schema.json). `command`: the command line that made it."""
     return {
         "schema_version": SCHEMA_VERSION,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": command,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()} | {"mode": config.mode},
         "datasets": record_sources(config),
         "environment": environment(),

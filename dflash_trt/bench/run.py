@@ -25,7 +25,7 @@ class BenchConfig:
     bundle: Path | None = None
     target: str | None = None
     draft: str | None = None
-    backend: str = "torch"
+    backend: str | None = None  # None: torch for checkpoints, onnxruntime for a bundle
     # server mode
     base_url: str | None = None
     baseline_url: str | None = None
@@ -47,13 +47,16 @@ class BenchConfig:
             raise DFlashError(f"concurrency must be >= 1, got {list(self.concurrency)}")
         if self.mode == "offline" and self.concurrency != (1,):
             raise DFlashError(
-                f"offline backend '{self.backend}' runs one request at a time, so --concurrency "
+                f"offline backend '{self.backend or 'torch'}' runs one request at a time, so --concurrency "
                 f"{','.join(map(str, self.concurrency))} would only queue; benchmark concurrency against a "
                 "server with --base-url")
         if self.mode == "server" and (self.target or self.draft or self.bundle):
             raise DFlashError("--base-url benchmarks a running server: drop DIR/--target/--draft (the server has its model)")
         if self.bundle and (self.target or self.draft):
             raise DFlashError("pass either a bundle DIR or --target/--draft, not both")
+        if self.bundle and self.backend not in (None, "onnxruntime"):
+            raise DFlashError(f"a bundle DIR runs on onnxruntime, not '{self.backend}': drop --backend, "
+                              "or pass --target/--draft to run the checkpoints on it")
         if self.baseline_url and not self.base_url:
             raise DFlashError("--baseline-url needs --base-url (the DFlash server to compare against it)")
         unknown = [name for name in self.datasets if name not in datasets.DATASETS]
@@ -120,11 +123,11 @@ def run_offline_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) ->
         llm = LLM.from_bundle(config.bundle, block_size=config.block_sizes[0])
     else:
         llm = LLM(target=config.target or embedded.DEFAULT_TARGET, draft=config.draft or AUTO,
-                  backend=config.backend, block_size=config.block_sizes[0])
+                  backend=config.backend or "torch", block_size=config.block_sizes[0])
     if not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{config.target}': pass --draft DIR")
 
-    warm_up(llm, next(iter(prompt_sets.values()))[0], config.block_sizes[0])
+    warm_up(llm, next(iter(prompt_sets.values()))[0], config.block_sizes)
     results = []
     for name, prompts in prompt_sets.items():
         for temperature in config.temperatures:
@@ -146,7 +149,7 @@ def run_offline_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) ->
 
 
 def run_server_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) -> list[SettingResult]:
-    from dflash_trt.bench.server import connect, read_spec_counters, run_server
+    from dflash_trt.bench.server import connect, read_spec_counters, run_server, warm_up_server
 
     endpoint = connect(config.base_url, config.model)
     baseline = connect(config.baseline_url, None) if config.baseline_url else None
@@ -155,6 +158,8 @@ def run_server_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) -> 
         for temperature in config.temperatures:
             for concurrency in config.concurrency:
                 label = f"{name} T={temperature} C={concurrency}"
+                for server in (endpoint, baseline) if baseline else (endpoint,):  # untimed, like offline
+                    warm_up_server(server, prompts[:concurrency], temperature, config.seed, concurrency)
                 before = read_spec_counters(endpoint)
                 records, wall = run_server(endpoint, prompts, config.max_tokens, temperature, config.seed, concurrency, label)
                 after = read_spec_counters(endpoint)

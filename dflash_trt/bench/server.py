@@ -72,6 +72,11 @@ def _request(client, endpoint: Endpoint, prompt: str, max_tokens: int, temperatu
                 ttft = ttft if ttft is not None else time.perf_counter() - start
                 parts.append(choice.delta.content)
     latency = time.perf_counter() - start
+    if usage is not None and usage.completion_tokens and not parts:
+        # e.g. a reasoning server that streams only `reasoning_content`: two empty texts would
+        # pass the greedy check while saying nothing about equality
+        raise DFlashError(f"the server at {endpoint.base_url} returned {usage.completion_tokens} tokens but no "
+                          "message content; the greedy check needs the text")
     if usage is None:
         raise DFlashError(f"the server at {endpoint.base_url} sent no usage (needs stream_options.include_usage)")
     extra = usage.model_extra or {}
@@ -93,6 +98,11 @@ def run_server(endpoint: Endpoint, prompts: list[str], max_tokens: int, temperat
             records[futures[future]] = future.result()
             bar.update()
     return records, time.perf_counter() - start
+
+
+def warm_up_server(endpoint: Endpoint, prompts: list[str], temperature: float, seed: int, concurrency: int) -> None:
+    """The first C prompts once, short and untimed: servers compile, allocate and fill caches lazily."""
+    run_server(endpoint, prompts, 8, temperature, seed, concurrency, "warm-up")
 
 
 def read_spec_counters(endpoint: Endpoint) -> tuple[float, float] | None:

@@ -14,12 +14,24 @@ COUNTS = {"humaneval": 164, "mt-bench": 80, "gsm": 200, "math": 270}
 def test_each_set_has_its_count_and_wrapper(name):
     prompts = datasets.load_prompts(name)
     assert len(prompts) == COUNTS[name] and all(p.strip() for p in prompts)
-    assert datasets.load_prompts(name, 3) == prompts[:3]
+    assert len(set(prompts)) == len(prompts)  # no duplicated problem
     assert name in datasets.SOURCES
     if name == "humaneval":
         assert all(p.startswith("Write a solution to the following problem") and p.endswith("```") for p in prompts)
     if name in ("gsm", "math"):
         assert all(p.endswith("put your final answer within \\boxed{}.") for p in prompts)
+
+
+def test_humaneval_and_mt_bench_keep_their_source_order_and_fields():
+    rows = [json.loads(line) for line in (datasets.DATA / "humaneval.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [f"HumanEval/{i}" for i in range(164)]
+    assert all("def " in r["prompt"] and ('"""' in r["prompt"] or "'''" in r["prompt"]) for r in rows)
+    rows = [json.loads(line) for line in (datasets.DATA / "mt_bench.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == list(range(81, 161))
+    assert all(len(r["turns"]) == 2 for r in rows)  # both turns shipped; the benchmark asks the first
+    assert len({r["category"] for r in rows}) == 8 and all(sum(r["category"] == c for r in rows) == 10
+                                                           for c in {r["category"] for r in rows})
+    assert datasets.load_prompts("mt-bench") == [r["turns"][0] for r in rows]
 
 
 def test_gsm_file_is_what_its_generator_makes():

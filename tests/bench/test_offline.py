@@ -42,6 +42,8 @@ def test_every_setting_is_measured_against_its_baseline(results):
         # τ pooled over steps is the histogram's mean
         assert r.dflash.step_acceptance_length == pytest.approx(sum(t * c for t, c in r.dflash.histogram.items()) / steps)
         assert r.dflash.draft_ms_per_step > 0 and r.dflash.verify_ms_per_step > 0
+        expected = r.dflash.decode_tokens_per_s / r.baseline.decode_tokens_per_s
+        assert r.decode_speedup == pytest.approx(expected)
 
 
 def test_greedy_outputs_are_checked_and_identical(results):
@@ -134,7 +136,9 @@ def test_cli_flags_a_corrupted_dflash_output_loudly(pair, monkeypatch, tmp_path)
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 3, result.output
     assert "MISMATCH" in result.stderr and "MISMATCH x1" in result.stdout
-    assert json.loads((tmp_path / "r.json").read_text())["results"][0]["mismatches"][0]["request"] == 0
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["results"][0]["mismatches"][0]["request"] == 0
+    assert saved["command"].startswith("dflash-trt ")  # how to reproduce the record
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -145,6 +149,7 @@ def test_cli_flags_a_corrupted_dflash_output_loudly(pair, monkeypatch, tmp_path)
     ({"base_url": "http://127.0.0.1:9/v1", "target": "x"}, "drop DIR/--target"),
     ({"baseline_url": "http://127.0.0.1:9/v1"}, "--baseline-url needs --base-url"),
     ({"num_prompts": 0}, "must be >= 1"),
+    ({"target": None, "bundle": "some/bundle", "backend": "torch"}, "a bundle DIR runs on onnxruntime"),
 ])
 def test_bad_configurations_fail_before_any_work(changes, message):
     config = BenchConfig(**{"target": "no/such/dir", **changes})

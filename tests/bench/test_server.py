@@ -20,8 +20,9 @@ class Stub:
     `vllm_counters`: expose vLLM-style spec-decode counters on /metrics instead.
     """
 
-    def __init__(self, acceptance=None, vllm_counters=False, suffix=""):
+    def __init__(self, acceptance=None, vllm_counters=False, suffix="", content=True):
         self.acceptance, self.vllm_counters, self.suffix = acceptance, vllm_counters, suffix
+        self.content = content  # False: stream usage but no message text (as a reasoning-only server)
         self.in_flight = self.max_in_flight = self.requests = 0
         self.drafts = self.accepted = 0
         self.lock = threading.Lock()
@@ -60,7 +61,8 @@ class Stub:
                 time.sleep(0.05)  # long enough for concurrent requests to overlap
                 words = request["messages"][0]["content"].split()[: request["max_tokens"]]
                 words[-1] += stub.suffix
-                chunks = [{"choices": [{"index": 0, "delta": {"content": w + " "}, "finish_reason": None}]} for w in words]
+                chunks = [{"choices": [{"index": 0, "delta": {"content": w + " "}, "finish_reason": None}]}
+                          for w in words if stub.content]
                 usage = {"prompt_tokens": 5, "completion_tokens": len(words), "total_tokens": 5 + len(words)}
                 if stub.acceptance:
                     usage["acceptance_lengths"] = stub.acceptance
@@ -104,7 +106,8 @@ def test_concurrency_usage_acceptance_and_the_check(stubs):
     config = BenchConfig(base_url=dflash.url, baseline_url=baseline.url, datasets=("mt-bench",), num_prompts=6,
                          max_tokens=8, concurrency=(1, 3))
     one, three = run_bench(config)
-    assert dflash.requests == baseline.requests == 12 and dflash.max_in_flight == 3
+    # each level is warmed up first with its first C prompts, untimed: (1 + 6) + (3 + 6)
+    assert dflash.requests == baseline.requests == 16 and dflash.max_in_flight == 3
     for result in (one, three):
         assert result.mode == "server" and result.dflash.requests == 6
         assert result.dflash.mean_acceptance_length == pytest.approx(8 / 3)
@@ -142,3 +145,10 @@ def test_unreachable_server_or_unknown_model_is_one_line(stubs):
     server = stubs()
     with pytest.raises(DFlashError, match="does not serve 'other'"):
         run_bench(BenchConfig(base_url=server.url, model="other", datasets=("mt-bench",), num_prompts=1))
+
+
+def test_a_reply_without_text_is_refused_not_counted_as_equal(stubs):
+    silent = stubs(content=False)
+    config = BenchConfig(base_url=silent.url, datasets=("mt-bench",), num_prompts=2, max_tokens=4, baseline=False)
+    with pytest.raises(DFlashError, match="no message content"):
+        run_bench(config)
