@@ -24,7 +24,7 @@ from dflash_trt.export.manifest import FLAVOURS, FORMAT_VERSION, MANIFEST, file_
 from dflash_trt.export.op_library import op_library
 from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph
 from dflash_trt.export.plugin_ops import DOMAIN, OP_VERSION, register_symbolics
-from dflash_trt.export.verify import ATOL, RTOL, check_graph
+from dflash_trt.export.verify import ATOL, RTOL, check_graph, inspect_graph
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.target import TargetModel, eos_token_ids
 
@@ -109,14 +109,31 @@ def _export_graph(module: torch.nn.Module, spec: dict, path: Path, check: bool, 
             opset_version=OPSET, dynamo=False, custom_opsets={DOMAIN: OP_VERSION} if plugin else None,
         )
     model = onnx.load(str(path))
+    _declare_io_shapes(model, spec)
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=path.name + ".data", size_threshold=EXTERNAL_DATA_THRESHOLD)
     # full_check runs ONNX shape inference, which knows nothing of the dflash ops.
     onnx.checker.check_model(str(path), full_check=not plugin)
-    if not check:
-        return None
-    return check_graph(path, module, inputs, [i["name"] for i in spec["inputs"]], [o["name"] for o in spec["outputs"]],
-                       plugin=plugin)
+    summary = inspect_graph(path, spec)
+    if check:
+        summary["polygraphy_vs_pytorch"] = check_graph(
+            path, module, inputs, [i["name"] for i in spec["inputs"]], [o["name"] for o in spec["outputs"]], plugin=plugin)
+    return summary
+
+
+def _declare_io_shapes(model, spec: dict) -> None:
+    """Write the contract's shapes onto the graph I/O: where the tracer could not prove a dim static
+    (e.g. head_dim after a reshape) it invents a symbol, and engine builders need the number."""
+    for kind, values in (("inputs", model.graph.input), ("outputs", model.graph.output)):
+        declared = {io["name"]: io["shape"] for io in spec[kind]}
+        for value in values:
+            dims = value.type.tensor_type.shape.dim
+            assert len(dims) == len(declared[value.name]), f"{value.name}: rank differs from the contract"
+            for dim, want in zip(dims, declared[value.name], strict=True):
+                if isinstance(want, str):
+                    dim.dim_param = want
+                else:
+                    dim.dim_value = int(want)
 
 
 def _versions() -> dict[str, str | None]:
@@ -178,8 +195,15 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
                 "num_key_value_heads": d.arch.num_key_value_heads,
                 "head_dim": d.arch.head_dim or d.hidden_size // d.arch.num_attention_heads,
             },
-            "checks": {"onnx.checker": "passed" if not plugin else "passed (no shape inference through dflash ops)",
-                       "polygraphy_vs_pytorch": {"atol": ATOL, "rtol": RTOL, **checks} if check else None},
+            "checks": {
+                "onnx.checker": "passed" if not plugin else "passed (no shape inference through dflash ops)",
+                # polygraphy inspect model: each graph's I/O names, dtypes and shapes equal the manifest's
+                "polygraphy_inspect": {name: {k: v for k, v in c.items() if k != "polygraphy_vs_pytorch"}
+                                       for name, c in checks.items()},
+                "polygraphy_vs_pytorch": {"atol": ATOL, "rtol": RTOL,
+                                          **{name: c["polygraphy_vs_pytorch"] for name, c in checks.items()}}
+                if check else None,
+            },
             "versions": _versions(),
             "files": file_hashes(tmp),
         }

@@ -46,6 +46,9 @@ def read_bundle(root: str | Path, verify_hashes: bool = True) -> dict:
         raise DFlashError(
             f"{root}: bundle format {version} (written by dflash-trt {manifest.get('versions', {}).get('dflash-trt')}); "
             f"this dflash-trt reads format {FORMAT_VERSION}: re-export it")
+    missing = [key for key in ("files", "graphs", "target", "draft") if key not in manifest]
+    if missing:
+        raise DFlashError(f"{path}: the manifest has no '{missing[0]}' section (not written by dflash-trt export?)")
     if manifest.get("flavour") not in FLAVOURS:
         raise DFlashError(f"{root}: unknown flavour {manifest.get('flavour')!r} (expected one of {', '.join(FLAVOURS)})")
     for name, digest in manifest["files"].items():
@@ -54,4 +57,6 @@ def read_bundle(root: str | Path, verify_hashes: bool = True) -> dict:
             raise DFlashError(f"{root}: {name} is missing from the bundle")
         if verify_hashes and sha256(file) != digest:
             raise DFlashError(f"{root}: {name} does not match its hash in {MANIFEST} (modified or corrupted): re-export")
+    if manifest["flavour"] == "plugin" and not (manifest.get("custom_ops") or {}).get("version"):
+        raise DFlashError(f"{root}: a plugin-flavour bundle must record its custom_ops version; re-export it")
     return manifest

@@ -15,6 +15,22 @@ def op_library() -> Path:
     return LIBRARY
 
 
+def library_version() -> int | None:
+    """The op contract version the built library implements (None: built before versions were exported)."""
+    import ctypes
+
+    library = ctypes.CDLL(str(op_library()))
+    return library.DflashOpsVersion() if hasattr(library, "DflashOpsVersion") else None
+
+
+def check_library_version(bundle_version: int, where: str) -> None:
+    built = library_version()
+    if built != bundle_version:
+        raise DFlashError(
+            f"{where}: exported for dflash ops version {bundle_version}, but the op library implements version "
+            f"{built}: rebuild it (bash scripts/build_plugins.sh) or re-export the bundle")
+
+
 def session_options(plugin: bool, threads: int | None = None):
     import onnxruntime as ort
 

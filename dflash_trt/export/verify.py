@@ -39,3 +39,26 @@ def check_graph(graph: Path, module: torch.nn.Module, inputs: tuple[torch.Tensor
     if not bool(verdict):
         raise DFlashError(f"polygraphy: {graph.name} on onnxruntime differs from PyTorch beyond atol={ATOL}, rtol={RTOL}")
     return "passed"
+
+
+def inspect_graph(graph: Path, spec: dict) -> dict:
+    """polygraphy's `inspect model` view of an exported graph, held against the manifest: every input
+    and output must have the declared name, dtype and (symbolic) shape, in order. Returns a summary."""
+    from collections import Counter
+
+    import onnx
+    from polygraphy.backend.onnx import util as onnx_util
+
+    model = onnx.load(str(graph), load_external_data=False)
+    for kind, found in (("inputs", onnx_util.get_input_metadata(model.graph)),
+                        ("outputs", onnx_util.get_output_metadata(model.graph))):
+        seen = [(name, str(meta.dtype), [d if isinstance(d, str) else int(d) for d in meta.shape])
+                for name, meta in found.items()]
+        declared = [(io["name"], io["dtype"], list(io["shape"])) for io in spec[kind]]
+        if seen != declared:
+            first = next((s, d) for s, d in zip(seen + [None] * len(declared), declared + [None] * len(seen))
+                         if s != d)
+            raise DFlashError(f"polygraphy inspect: {graph.name} {kind} differ from the manifest "
+                              f"(graph has {first[0]}, manifest says {first[1]})")
+    ops = Counter(f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in model.graph.node)
+    return {"nodes": sum(ops.values()), "custom_ops": sorted(op for op in ops if "::" in op)}

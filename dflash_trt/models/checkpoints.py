@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.models import embedded
@@ -14,9 +14,7 @@ from dflash_trt.models.draft_config import DraftConfig
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.pairing import TargetShape, validate_pair
 from dflash_trt.models.target import TargetModel, check_model_type
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
+from dflash_trt.models.tokenizers import load_tokenizer
 
 def safetensors_files(path: Path, what: str) -> list[Path]:
     files = sorted(path.glob("*.safetensors"))
@@ -66,20 +64,6 @@ def load_target(spec: str, dtype: torch.dtype = torch.float32) -> tuple[TargetMo
     )
     tokenizer = load_tokenizer(source)
     return TargetModel(model), tokenizer
-
-
-def load_tokenizer(source: str) -> PreTrainedTokenizerBase | None:
-    """The checkpoint's tokenizer; None if it ships none. Files that are there but broken are an error."""
-    path = Path(source)
-    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
-        return None
-    try:
-        return AutoTokenizer.from_pretrained(source, trust_remote_code=False)
-    except (OSError, ValueError) as err:
-        if path.is_dir():
-            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise DFlashError(f"{path}: tokenizer files are present but do not load ({reason})") from None
-        return None  # a hub repository without a tokenizer
 
 
 def check_pair(target_spec: str, draft_path: str | Path) -> None:

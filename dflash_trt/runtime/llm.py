@@ -10,10 +10,7 @@ from pathlib import Path
 from dflash_trt.errors import DFlashError
 from dflash_trt.models import embedded
 from dflash_trt.models.chat import encode_prompt
-from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, load_tokenizer, resolve_draft
-from dflash_trt.models.pairing import validate_pair
-from dflash_trt.models.target import eos_token_ids
-from dflash_trt.runtime.torch_backend import TorchDraftSession, TorchTargetSession
+from dflash_trt.models.tokenizers import load_tokenizer
 from dflash_trt.spec.loop import DraftSession, TargetSession, autoregressive_decode, speculative_decode
 from dflash_trt.spec.metrics import RequestMetrics
 from dflash_trt.spec.sampling import Sampler, SamplingParams
@@ -53,6 +50,11 @@ class LLM:
         if backend == "tensorrt":
             raise DFlashError("backend 'tensorrt' is not available yet in this build; use 'torch' or 'onnxruntime'")
         _check_block_size(block_size)
+        # PyTorch model code is imported here, on the torch path only: from_bundle never loads it.
+        from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, resolve_draft
+        from dflash_trt.models.pairing import validate_pair
+        from dflash_trt.models.target import eos_token_ids
+
         if draft == AUTO:
             found = embedded.default_drafter(target)
             draft = None if found is None else str(found)
@@ -104,6 +106,8 @@ class LLM:
             from dflash_trt.runtime.ort_backend import OrtDraftSession, OrtTargetSession
 
             return OrtTargetSession(self._bundle), OrtDraftSession(self._bundle) if speculative else None
+        from dflash_trt.runtime.torch_backend import TorchDraftSession, TorchTargetSession
+
         if not speculative:
             return TorchTargetSession(self.target, ()), None
         taps = self.drafter.config.target_layer_ids

@@ -13,7 +13,7 @@ import torch
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.manifest import GRAPHS, read_bundle
-from dflash_trt.export.op_library import session_options
+from dflash_trt.export.op_library import check_library_version, session_options
 
 
 def _names(spec: dict, key: str) -> list[str]:
@@ -30,7 +30,10 @@ class OrtBundle:
             raise DFlashError("backend 'onnxruntime' needs onnxruntime: pip install onnxruntime") from err
         self.root = Path(root)
         self.manifest = read_bundle(self.root)
-        options = session_options(self.manifest["flavour"] == "plugin", threads)
+        plugin = self.manifest["flavour"] == "plugin"
+        options = session_options(plugin, threads)
+        if plugin:
+            check_library_version(self.manifest["custom_ops"]["version"], str(self.root))
         self.sessions = {
             name: ort.InferenceSession(str(self.root / self.manifest["graphs"][name]["file"]), options,
                                        providers=["CPUExecutionProvider"])

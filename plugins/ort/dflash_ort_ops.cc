@@ -84,6 +84,10 @@ struct BlockAttention {
 
 }  // namespace
 
+// The op contract version (plugins/*/README.md headings, dflash_trt.export.plugin_ops.OP_VERSION):
+// bundles record the version their graphs were exported for, and the runtime compares it with this.
+extern "C" int DflashOpsVersion() { return 1; }
+
 extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   Ort::InitApi(api_base->GetApi(ORT_API_VERSION));
   // One domain object for the process: sessions keep pointers to it.

@@ -150,10 +150,34 @@ def _corrupt(path):
     (lambda p: (p / MANIFEST).unlink(), "no bundle.json, so this is not a complete bundle"),
     (_edit_manifest(format_version=99), "bundle format 99 .* reads format 1: re-export"),
     (_edit_manifest(flavour="tensorrt"), "unknown flavour 'tensorrt'"),
+    (lambda p: _drop_key(p, "graphs"), "the manifest has no .graphs. section"),
+    (_edit_manifest(flavour="plugin", custom_ops=None), "must record its custom_ops version"),
 ])
 def test_bad_bundles_refuse_to_load_in_one_line(bundles, tmp_path, edit, message):
-    with pytest.raises(DFlashError, match=message):
+    with pytest.raises(DFlashError, match=message) as err:
         LLM.from_bundle(_broken_copy(bundles, tmp_path, edit))
+    assert "\n" not in str(err.value)
+
+
+def _drop_key(path, key):
+    manifest = json.loads((path / MANIFEST).read_text())
+    del manifest[key]
+    (path / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_a_plugin_bundle_for_another_op_version_is_refused(plugin_bundle, tmp_path):
+    from dflash_trt.export.op_library import library_version
+    from dflash_trt.export.plugin_ops import OP_VERSION
+
+    assert library_version() == OP_VERSION  # the built library implements the contract Python exports
+    copy = tmp_path / "copy"
+    shutil.copytree(plugin_bundle[0], copy)
+    manifest = json.loads((copy / MANIFEST).read_text())
+    manifest["custom_ops"]["version"] = OP_VERSION + 1
+    (copy / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(DFlashError, match=f"exported for dflash ops version {OP_VERSION + 1}, but the op library "
+                                          f"implements version {OP_VERSION}: rebuild it"):
+        LLM.from_bundle(copy)
 
 
 def test_cli_export_writes_a_bundle_and_refuses_an_existing_directory(tiny_pairs, tmp_path):
@@ -189,3 +213,24 @@ def test_cli_inspect_describes_the_bundle_and_its_checks(bundles, tmp_path):
     broken = _broken_copy(bundles, tmp_path, _corrupt)
     result = CliRunner().invoke(main, ["inspect", str(broken)])
     assert result.exit_code == 2 and "does not match its hash" in result.output
+
+
+def test_polygraphy_inspection_holds_each_graph_to_its_manifest(bundles, plugin_bundle):
+    import copy
+
+    from dflash_trt.export.verify import inspect_graph
+
+    manifest = read_bundle(bundles["qwen3"][0])
+    inspected = manifest["checks"]["polygraphy_inspect"]
+    assert set(inspected) == {"target", "draft_context", "draft_block"}
+    assert all(v["nodes"] > 0 and v["custom_ops"] == [] for v in inspected.values())
+    plugin = read_bundle(plugin_bundle[0])["checks"]["polygraphy_inspect"]
+    assert plugin["draft_block"]["custom_ops"] == ["dflash::BlockAttention", "dflash::InjectKV"]
+    spec = manifest["graphs"]["draft_block"]
+    path = bundles["qwen3"][0] / spec["file"]
+    assert inspect_graph(path, spec) == inspected["draft_block"]
+    for field, value in (("dtype", "float16"), ("shape", ["batch", "block", 7]), ("name", "renamed")):
+        wrong = copy.deepcopy(spec)
+        wrong["outputs"][0][field] = value
+        with pytest.raises(DFlashError, match="draft_block.onnx outputs differ from the manifest"):
+            inspect_graph(path, wrong)

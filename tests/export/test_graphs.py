@@ -15,24 +15,28 @@ def session(bundle, name):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-@pytest.mark.parametrize("first, kept, new", [(5, (5, 3), 4), (1, (1, 0), 1), (7, (2, 7), 6)])
+@pytest.mark.parametrize(
+    "first, kept, new", [(5, (5, 3), 4), (1, (1, 0), 1), (7, (2, 7), 6), (6, (4,), 3), (4, (4, 1, 2), 5)]
+)
 def test_target_graph_matches_the_target_on_ragged_rows(bundles, family, first, kept, new):
-    """Two rows share one call; row r keeps only `kept[r]` of its `first` cached tokens (a rollback)."""
+    """len(kept) rows (batch 1, 2 and 3) share one call; row r keeps only `kept[r]` of its `first`
+    cached tokens (a rollback)."""
     bundle, target, drafter = bundles[family]
     taps = tuple(drafter.config.target_layer_ids)
+    rows = len(kept)
     g = torch.Generator().manual_seed(first * 10 + new)
-    prefix = torch.randint(0, target.vocab_size, (2, first), generator=g)
-    suffix = torch.randint(0, target.vocab_size, (2, new), generator=g)
+    prefix = torch.randint(0, target.vocab_size, (rows, first), generator=g)
+    suffix = torch.randint(0, target.vocab_size, (rows, new), generator=g)
     s = session(bundle, "target")
     cfg = target.config
-    empty = np.zeros((2, cfg.num_key_value_heads, 0, cfg.head_dim), np.float32)
-    feed = {"input_ids": prefix.numpy(), "past_lengths": np.zeros(2, np.int64), "logits_from": np.array(0)}
+    empty = np.zeros((rows, cfg.num_key_value_heads, 0, cfg.head_dim), np.float32)
+    feed = {"input_ids": prefix.numpy(), "past_lengths": np.zeros(rows, np.int64), "logits_from": np.array(0)}
     feed |= {n: empty for n in kv_names("past", target.num_layers)}
     first_out = s.run(None, feed)
     feed = {"input_ids": suffix.numpy(), "past_lengths": np.array(kept, np.int64), "logits_from": np.array(new - 1)}
     feed |= dict(zip(kv_names("past", target.num_layers), first_out[2:], strict=True))
     logits, features, *present = s.run(None, feed)
-    for row in range(2):
+    for row in range(rows):
         ids = prefix[row, : kept[row]].tolist() + suffix[row].tolist()
         ref_logits, ref_features = target.forward(ids, target.new_cache(), taps)
         np.testing.assert_allclose(logits[row], ref_logits[-1:].numpy(), atol=ATOL, rtol=0)  # logits_from: last only
@@ -43,12 +47,12 @@ def test_target_graph_matches_the_target_on_ragged_rows(bundles, family, first, 
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-@pytest.mark.parametrize("n", [1, 3, 9])
-def test_draft_context_graph_matches_kv_injection(bundles, family, n):
+@pytest.mark.parametrize("n, rows", [(1, 2), (3, 1), (9, 2), (4, 3)])
+def test_draft_context_graph_matches_kv_injection(bundles, family, n, rows):
     bundle, _, drafter = bundles[family]
     g = torch.Generator().manual_seed(n)
-    features = torch.randn(2, n, drafter.fc.in_features, generator=g)
-    positions = torch.stack([torch.arange(4, 4 + n), torch.arange(11, 11 + n)])
+    features = torch.randn(rows, n, drafter.fc.in_features, generator=g)
+    positions = torch.stack([torch.arange(4 + 7 * r, 4 + 7 * r + n) for r in range(rows)])
     out = session(bundle, "draft_context").run(None, {"features": features.numpy(), "positions": positions.numpy()})
     with torch.no_grad():
         ref = [t for pair in drafter.inject_context(features, positions) for t in pair]
@@ -57,20 +61,21 @@ def test_draft_context_graph_matches_kv_injection(bundles, family, n):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-@pytest.mark.parametrize("block, lengths", [(2, (3, 3)), (4, (6, 2)), (8, (9, 5))])
+@pytest.mark.parametrize("block, lengths", [(2, (3, 3)), (4, (6, 2)), (8, (9, 5)), (16, (7,)), (4, (5, 1, 8))])
 def test_draft_block_graph_matches_the_block_pass(bundles, family, block, lengths):
-    """Row r sees only its first lengths[r] context positions; padding beyond must not leak in."""
+    """Row r (of 1 to 3) sees only its first lengths[r] context positions; padding must not leak in."""
     bundle, target, drafter = bundles[family]
+    rows = len(lengths)
     g = torch.Generator().manual_seed(block)
     cap = max(lengths)
     arch = drafter.config.arch
-    context = [torch.randn(2, arch.num_key_value_heads, cap, arch.head_dim, generator=g)
+    context = [torch.randn(rows, arch.num_key_value_heads, cap, arch.head_dim, generator=g)
                for _ in range(2 * drafter.config.num_layers)]
-    block_ids = torch.randint(0, target.vocab_size, (2, block), generator=g)
+    block_ids = torch.randint(0, target.vocab_size, (rows, block), generator=g)
     feed = {"block_ids": block_ids.numpy(), "context_lengths": np.array(lengths, np.int64)}
     feed |= {n: t.numpy() for n, t in zip(kv_names("context", drafter.config.num_layers), context, strict=True)}
     logits, tokens = session(bundle, "draft_block").run(None, feed)
-    assert tokens.shape == (2, block - 1)
+    assert tokens.shape == (rows, block - 1)
     for row, length in enumerate(lengths):
         pairs = [(context[2 * i][row : row + 1, :, :length], context[2 * i + 1][row : row + 1, :, :length])
                  for i in range(drafter.config.num_layers)]
@@ -82,7 +87,7 @@ def test_draft_block_graph_matches_the_block_pass(bundles, family, block, length
         assert tokens[row].tolist() == ref.argmax(-1).tolist()
 
 
-@pytest.mark.parametrize("block, lengths", [(4, (6, 2)), (16, (20, 9))])
+@pytest.mark.parametrize("block, lengths", [(4, (6, 2)), (16, (20, 9)), (8, (11,))])
 def test_plugin_flavour_graphs_compute_what_the_portable_ones_do(bundles, plugin_bundle, block, lengths):
     from dflash_trt.export.op_library import session_options
 
@@ -95,14 +100,15 @@ def test_plugin_flavour_graphs_compute_what_the_portable_ones_do(bundles, plugin
         ours = ort.InferenceSession(str(plugin / f"{name}.onnx"), session_options(True), providers=["CPUExecutionProvider"])
         return session(portable, name).run(None, feed), ours.run(None, feed)
 
-    features = torch.randn(2, 5, drafter.fc.in_features, generator=g).numpy()
-    positions = np.stack([np.arange(3, 8), np.arange(0, 5)])
+    rows = len(lengths)
+    features = torch.randn(rows, 5, drafter.fc.in_features, generator=g).numpy()
+    positions = np.stack([np.arange(3, 8), np.arange(0, 5)][:rows])
     for a, b in zip(*both("draft_context", {"features": features, "positions": positions}), strict=True):
         np.testing.assert_allclose(b, a, atol=ATOL, rtol=0)
     cap = max(lengths)
-    feed = {"block_ids": torch.randint(0, target.vocab_size, (2, block), generator=g).numpy(),
+    feed = {"block_ids": torch.randint(0, target.vocab_size, (rows, block), generator=g).numpy(),
             "context_lengths": np.array(lengths, np.int64)}
-    feed |= {n: torch.randn(2, arch.num_key_value_heads, cap, arch.head_dim, generator=g).numpy()
+    feed |= {n: torch.randn(rows, arch.num_key_value_heads, cap, arch.head_dim, generator=g).numpy()
              for n in kv_names("context", drafter.config.num_layers)}
     (logits_a, tokens_a), (logits_b, tokens_b) = both("draft_block", feed)
     np.testing.assert_allclose(logits_b, logits_a, atol=ATOL, rtol=0)

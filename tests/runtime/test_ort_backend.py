@@ -61,3 +61,27 @@ def test_greedy_plugin_flavour_equals_torch(plugin_bundle, tiny_pairs, block):
     for prompt in ["hello there", [9, 8, 7, 6]]:
         a, b = ours.generate(prompt, params)[0], ref.generate(prompt, params)[0]
         assert a.token_ids == b.token_ids and a.metrics.acceptance_lengths == b.metrics.acceptance_lengths
+
+
+def test_from_bundle_runs_without_loading_pytorch_model_code(bundles):
+    """A fresh interpreter loads a bundle and generates; no model-definition module is imported."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys\n"
+        "from dflash_trt import LLM, SamplingParams\n"
+        f"llm = LLM.from_bundle({str(bundles['llama'][0])!r})\n"
+        "out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=6))[0]\n"
+        "print(json.dumps({'tokens': len(out.token_ids), 'modules': sorted(sys.modules)}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["tokens"] == 6
+    loaded = set(report["modules"])
+    ours = {"dflash_trt.models.drafter", "dflash_trt.models.target", "dflash_trt.models.checkpoints",
+            "dflash_trt.runtime.torch_backend", "dflash_trt.export.graphs"}
+    assert not ours & loaded, ours & loaded
+    assert not [m for m in loaded if m.startswith("transformers.models.") and ".modeling_" in m
+                and not m.endswith("modeling_auto")]
