@@ -42,6 +42,18 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
+def linear_attention(layers: int) -> dict:
+    """Tiny Gated DeltaNet settings for the hybrid families, alternating with full attention."""
+    return dict(
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        layer_types=["linear_attention", "full_attention"] * (layers // 2),
+    )
+
+
 def target_config(family: str, vocab_size: int = 264, layers: int = 4, **extra):
     common = dict(vocab_size=vocab_size, num_hidden_layers=layers, max_position_embeddings=512, **SMALL)
     common.update(extra)
@@ -56,29 +68,16 @@ def target_config(family: str, vocab_size: int = 264, layers: int = 4, **extra):
 
         return Qwen3NextConfig(
             **common,
+            **linear_attention(layers),
             num_experts=4,
             num_experts_per_tok=2,
             moe_intermediate_size=32,
             shared_expert_intermediate_size=32,
-            linear_conv_kernel_dim=4,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
-            layer_types=["linear_attention", "full_attention"] * (layers // 2),
         )
     if family == "qwen3_5_text":
         from transformers.models.qwen3_5 import Qwen3_5TextConfig
 
-        return Qwen3_5TextConfig(
-            **common,
-            linear_conv_kernel_dim=4,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
-            layer_types=["linear_attention", "full_attention"] * (layers // 2),
-        )
+        return Qwen3_5TextConfig(**common, **linear_attention(layers))
     raise ValueError(family)
 
 
