@@ -36,7 +36,20 @@ class UserError(click.ClickException):
     exit_code = 2
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class RecordingGroup(click.Group):
+    """Keeps the arguments it was invoked with (`ctx.meta["argv"]`), so records can say how they were
+    made: sys.argv is the host's command line when the CLI runs inside another program (tests, scripts)."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta["argv"] = list(args)
+        return super().parse_args(ctx, args)
+
+
+def invoked_command() -> str:
+    return shlex.join(["dflash-trt", *click.get_current_context().meta["argv"]])
+
+
+@click.group(cls=RecordingGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="dflash-trt")
 def main():
     """dflash-trt: lossless DFlash speculative decoding, from HF checkpoints to TensorRT engines."""
@@ -274,8 +287,7 @@ def bench(bundle, target, draft, backend, base_url, baseline_url, model, dataset
     for name, source in report.record_sources(config).items():
         click.echo(f"{name}: {source}")
     if json_out:
-        command = shlex.join(["dflash-trt", *sys.argv[1:]])
-        report.write_json(report.record(config, results, command), json_out)
+        report.write_json(report.record(config, results, invoked_command()), json_out)
         click.echo(f"record written to {json_out}", err=True)
     if plot:
         report.plot(results, plot)

@@ -146,6 +146,7 @@ class Trainer:
         self.generator = torch.Generator().manual_seed(config.seed)
         self.history: list[dict] = []
         self.started: float | None = None
+        self.resumed_elapsed_s = 0.0
 
     def _training_vocab(self, sequences: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
         """Every token id in the corpus: the output layer is restricted to these while training."""
@@ -174,6 +175,8 @@ class Trainer:
             "generator": self.generator.get_state(),
             "config": self.identity(),
             "history": self.history,
+            # the clock-driven LR schedule resumes from here, not from a fresh warm restart
+            "elapsed_s": self.elapsed_s(),
         }
         self.out.mkdir(parents=True, exist_ok=True)
         tmp = self.checkpoint_path().with_suffix(".tmp")
@@ -191,6 +194,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
         self.step, self.history = state["step"], state["history"]
+        self.resumed_elapsed_s = float(state.get("elapsed_s", 0.0))
 
     # -- training ------------------------------------------------------------------------------
 
@@ -238,12 +242,17 @@ class Trainer:
         tau = greedy_acceptance(logits.detach(), labels)[real].float().mean().item()
         return {"step": self.step, "loss": loss.item(), "tau": tau, "lr": lr}
 
+    def elapsed_s(self) -> float:
+        """Training time so far, across resumes: a time limit covers the whole run, not each part."""
+        running = time.monotonic() - self.started if self.started is not None else 0.0
+        return self.resumed_elapsed_s + running
+
     def schedule_position(self) -> tuple[int, int, int]:
         """(step, total, warmup) for the LR schedule. Under a time limit the schedule follows the
         clock instead, so the cosine still reaches zero when time runs out (not bit-reproducible)."""
         total, step = self.total_steps, self.step
         if self.config.max_minutes and self.started is not None:
-            elapsed = (time.monotonic() - self.started) / (60 * self.config.max_minutes)
+            elapsed = self.elapsed_s() / (60 * self.config.max_minutes)
             step = max(step, int(elapsed * total))
         return step, total, max(1, int(self.config.warmup * total))
 
@@ -270,10 +279,10 @@ class Trainer:
     def fit(self) -> dict:
         self.out.mkdir(parents=True, exist_ok=True)
         self.maybe_resume()
-        started = self.started = time.monotonic()
+        self.started = time.monotonic()
         with tqdm(total=self.total_steps, initial=self.step, desc="train drafter", unit="seq") as bar:
             while self.step < self.total_steps:
-                if self.config.max_minutes and time.monotonic() - started > 60 * self.config.max_minutes:
+                if self.config.max_minutes and self.elapsed_s() > 60 * self.config.max_minutes:
                     break
                 self.advance()
                 bar.update(1)

@@ -1,6 +1,7 @@
 """The trainer end to end on a tiny corpus: learns, resumes, and writes a loadable drafter."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -123,3 +124,27 @@ def test_training_is_deterministic_and_resumes_exactly(corpus, tmp_path, batch):
         torch.testing.assert_close(resumed.drafter.state_dict()[name], tensor, rtol=0, atol=0)
     with pytest.raises(DFlashError, match="other settings"):
         Trainer(target, root, tmp_path / "part", config(epochs=5, batch=batch), device="cpu").maybe_resume()
+
+
+
+def _stopped_after(seconds, corpus, out):
+    """A one-minute run interrupted after one step, with `seconds` of its time spent."""
+    target, root = corpus
+    part = Trainer(target, root, out, config(epochs=2, max_minutes=1.0), device="cpu")
+    part.advance()
+    part.started = time.monotonic() - seconds
+    part.save_checkpoint()
+    return Trainer(target, root, out, config(epochs=2, max_minutes=1.0), device="cpu")
+
+
+def test_a_time_limit_spans_resumes(corpus, tmp_path):
+    """A run stopped after 30 of its 60 s resumes half-way down its LR schedule and keeps only the
+    remaining time: restarting the clock would warm-restart the cosine and overrun the limit."""
+    resumed = _stopped_after(30.0, corpus, tmp_path / "half")
+    resumed.maybe_resume()
+    resumed.started = time.monotonic()
+    step, total, _ = resumed.schedule_position()
+    assert 0.45 * total <= step <= 0.55 * total
+    spent = _stopped_after(61.0, corpus, tmp_path / "spent")
+    spent.fit()
+    assert spent.step == 1  # no time left: validated and stopped without another step
