@@ -126,8 +126,7 @@ def export(target, draft, out, flavour, force, check):
         raise DFlashError(f"{out} already exists; pass --force to replace it")
     from dflash_trt.export.bundle import check_flavour, export_bundle
 
-    check_flavour(flavour)
-
+    check_flavour(flavour, check)  # before loading weights: a missing op library fails in seconds
     check_pair(target, draft)  # from configs, before any weights load
     drafter = load_drafter(draft)
     target_model, tokenizer = load_target(target)

@@ -312,7 +312,8 @@ class Trainer:
             taus.append(tau[batch.real_blocks.to(self.device)].float())
         self.drafter.train()
         tau = torch.cat(taus)
-        return {"val_sequences": len(self.val), "val_blocks": int(tau.numel()), "val_tau": float(tau.mean())}
+        return {"steps": self.step, "train_minutes": round(self.elapsed_s() / 60, 1), "val_sequences": len(self.val),
+                "val_blocks": int(tau.numel()), "val_tau": float(tau.mean())}
 
     def export(self, summary: dict) -> Path:
         """Write the final drafter (bf16, z-lab layout) next to a training summary."""
