@@ -75,8 +75,12 @@ def test_matches_the_authors_loop_on_the_real_pair(llm, monkeypatch):
                                       stop_token_ids=None, block_size=16, return_stats=True)
     ours = llm.generate(prompt, SamplingParams(max_tokens=48, ignore_eos=True))[0]
     assert ours.token_ids == stats.output_ids[0, len(prompt):].tolist()
-    n = len(stats.acceptance_lengths) - 1
-    assert ours.metrics.acceptance_lengths[:n] == stats.acceptance_lengths[:n]
+    # Near the end the reference shrinks its block to the tokens left (ours drafts a full block and
+    # truncates), which changes the non-causal draft: compare the steps whose block was full.
+    taus, n = stats.acceptance_lengths, 0
+    while n < len(taus) - 1 and 48 - sum(taus[:n]) >= 16:
+        n += 1
+    assert n >= 10 and ours.metrics.acceptance_lengths[:n] == taus[:n]
     assert max(stats.acceptance_lengths) > 2  # a trained drafter: real acceptances were compared
 
 

@@ -17,6 +17,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.models.kv_cache import growing_cache
 
 ATTENTION_ONLY = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe"})
 HYBRID_RECURRENT = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
@@ -72,7 +73,7 @@ class TargetModel:
         return nn.functional.embedding(ids, self.model.get_input_embeddings().weight)
 
     def new_cache(self) -> TargetCache:
-        return TargetCache(kv=DynamicCache(config=self.config))
+        return TargetCache(kv=growing_cache(self.config))
 
     @torch.inference_mode()
     def forward(
