@@ -177,6 +177,10 @@ class LLM:
             steps = speculative_decode(target, drafter, ids, self.block_size, sampler)
         else:
             steps = autoregressive_decode(target, ids, sampler)
+        if self.backend == "onnxruntime":
+            from dflash_trt.runtime.ort_backend import lean_steps
+
+            steps = lean_steps(steps)
         stop = StopChecker(params, self.eos_token_ids, self.decode)
         output = RequestOutput(prompt=prompt, prompt_token_ids=ids, metrics=metrics)
         start = time.perf_counter()

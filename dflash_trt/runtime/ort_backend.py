@@ -6,6 +6,8 @@ Caches live on the host as numpy arrays and grow by concatenation, exactly as th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -100,3 +102,26 @@ class OrtDraftSession:
         feed.update(zip(self.context_names, self.context, strict=True))
         (tokens,) = self.block.run(["draft_tokens"], feed)
         return tokens[0].tolist()
+
+
+@contextmanager
+def _one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def lean_steps(steps: Iterator) -> Iterator:
+    """Advance decode steps with torch on one thread. The loop's own torch work between Runs
+    (argmax or sampling over [B, vocab] logits) is small, and torch's OpenMP workers spin after it,
+    taking cores from onnxruntime's next Run (measured: 14.6 -> 10.0 ms per B=16 draft, 2 cores).
+    Only the step itself is scoped: the caller's code between steps keeps its thread count."""
+    while True:
+        with _one_torch_thread():
+            step = next(steps, None)
+        if step is None:
+            return
+        yield step

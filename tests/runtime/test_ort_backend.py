@@ -1,6 +1,7 @@
 """backend="onnxruntime": the same verify loop over an exported bundle, token-identical to torch and AR."""
 
 import pytest
+import torch
 
 from dflash_trt import LLM, SamplingParams
 
@@ -85,3 +86,28 @@ def test_from_bundle_runs_without_loading_pytorch_model_code(bundles):
     assert not ours & loaded, ours & loaded
     assert not [m for m in loaded if m.startswith("transformers.models.") and ".modeling_" in m
                 and not m.endswith("modeling_auto")]
+
+
+def test_steps_run_torch_on_one_thread_and_the_caller_keeps_its_own():
+    from dflash_trt.runtime.ort_backend import lean_steps
+
+    inside = []
+
+    def steps():
+        for index in range(3):
+            inside.append(torch.get_num_threads())
+            yield index
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        outside = [(step, torch.get_num_threads()) for step in lean_steps(steps())]
+        assert inside == [1, 1, 1] and outside == [(0, 2), (1, 2), (2, 2)]
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_bundle_sessions_stop_spinning_after_each_run():
+    from dflash_trt.export.op_library import session_options
+
+    assert session_options(False).get_session_config_entry("session.force_spinning_stop") == "1"
