@@ -58,6 +58,8 @@ class TorchDraftSession:
             self.context,
             torch.arange(0, start, device=device)[None],
         )
-        # Slot j predicts the token at position start + j; slot 0 (the bonus) is not a draft.
-        logits = self.drafter.logits(hidden[:, 1:], self.target.lm_head)
-        return logits[0].argmax(dim=-1).tolist()
+        # Slot j predicts the token at position start + j; slot 0 (the bonus) is not a draft. Its
+        # row still goes through the LM head: CPU GEMMs are much slower for odd row counts (measured
+        # on SmolLM2's head: 7 rows 31.6 ms, 8 rows 15.8 ms), and B is usually a multiple of 8.
+        logits = self.drafter.logits(hidden, self.target.lm_head)
+        return logits[0, 1:].argmax(dim=-1).tolist()
