@@ -44,14 +44,14 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 def linear_attention(layers: int) -> dict:
     """Tiny Gated DeltaNet settings for the hybrid families, alternating with full attention."""
-    return dict(
-        linear_conv_kernel_dim=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        layer_types=["linear_attention", "full_attention"] * (layers // 2),
-    )
+    return {
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "layer_types": ["linear_attention", "full_attention"] * (layers // 2),
+    }
 
 
 def target_config(family: str, vocab_size: int = 264, layers: int = 4, **extra):

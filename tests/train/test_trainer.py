@@ -128,7 +128,6 @@ def test_training_is_deterministic_and_resumes_exactly(corpus, tmp_path, batch):
         Trainer(target, root, tmp_path / "part", config(epochs=5, batch=batch), device="cpu").maybe_resume()
 
 
-
 def _stopped_after(seconds, corpus, out):
     """A one-minute run interrupted after one step, with `seconds` of its time spent."""
     target, root = corpus
