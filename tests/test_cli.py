@@ -67,3 +67,20 @@ def test_user_errors_are_one_line(pair_args, args, message):
 def test_help_everywhere(command):
     result = CliRunner().invoke(main, [*command, "--help"])
     assert result.exit_code == 0 and "Usage:" in result.output
+
+
+def test_train_drafter_refuses_a_mismatched_start_drafter_before_building_data(tiny_pairs, tmp_path, monkeypatch):
+    """The start drafter is checked first: building the corpus can take an hour."""
+    import dflash_trt.train.corpus as corpus
+
+    def no_corpus(*args, **kwargs):
+        raise AssertionError("the corpus was built before the start drafter was checked")
+
+    monkeypatch.setattr(corpus, "build_corpus", no_corpus)
+    target, draft = tiny_pairs["llama"]
+    args = ["train-drafter", "--target", str(target), "-o", str(tmp_path / "run"), "--init-drafter", str(draft),
+            "--taps", "1,2", "--mask-token-id", "259", "--block-size", "8"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+    assert errors == [f"Error: {draft}: cannot start from this drafter: its block_size is 4, this run trains 8"]

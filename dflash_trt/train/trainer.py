@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import time
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.models.checkpoints import save_drafter
+from dflash_trt.models.checkpoints import load_drafter, resolve_draft, save_drafter
 from dflash_trt.models.draft_config import DraftConfig
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.target import TargetModel
@@ -47,6 +49,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     val_share: float = 0.05
     init_from_target: bool = True
+    init_drafter: str | None = None  # start from this drafter's weights (fine-tune) instead
     seed: int = 0
     max_minutes: float | None = None  # stop early (and still write the drafter) after this long
     checkpoint_every: int = 200
@@ -96,11 +99,69 @@ def init_from_target(drafter: DFlashDrafter, target: TargetModel) -> None:
             layer.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
 
 
+def check_init_drafter(path: str, want: DraftConfig) -> None:
+    """Refuse, before any work, a start drafter whose shape or DFlash contract (taps, block size,
+    MASK id) differs from what this run trains. Reads config.json only."""
+    have = DraftConfig.from_dir(resolve_draft(path))
+    for name in ("num_layers", "hidden_size", "block_size", "target_layer_ids", "mask_token_id"):
+        if getattr(want, name) != getattr(have, name):
+            raise DFlashError(
+                f"{path}: cannot start from this drafter: its {name} is {getattr(have, name)}, "
+                f"this run trains {getattr(want, name)}"
+            )
+
+
+def init_from_drafter(drafter: DFlashDrafter, path: str) -> None:
+    """Start from a trained drafter's weights: fine-tuning it on a larger corpus."""
+    check_init_drafter(path, drafter.config)
+    drafter.load_state_dict(load_drafter(path).state_dict())
+
+
 def load_corpus(corpus: Path) -> list[dict]:
+    """Every sequence of the corpus, each with a stable `key` ("shard-00003:17")."""
     shards = sorted(corpus.glob("shard-*.safetensors"))
     if not shards:
         raise DFlashError(f"{corpus}: no corpus shards; build the corpus first")
-    return [seq for shard in shards for seq in read_shard(shard)]
+    sequences = []
+    for shard in shards:
+        for row, seq in enumerate(read_shard(shard)):
+            seq["key"] = f"{shard.stem}:{row}"
+            sequences.append(seq)
+    return sequences
+
+
+SPLIT_FILE = "split.json"
+
+
+def validation_keys(corpus: Path, sequences: list[dict], val_share: float) -> set[str]:
+    """The held-out sequences, fixed once chosen: recorded in corpus/split.json.
+
+    A corpus grows (a stopped build is resumed, more prompts are answered), and a run may start
+    from a drafter trained on the smaller corpus. So a sequence's side never changes once a
+    trainer has seen it; sequences in shards the file does not list yet are split by a hash of
+    their key, independent of corpus size and order.
+    """
+    path = corpus / SPLIT_FILE
+    record = {"val_share": val_share, "shards": [], "validation": []}
+    if path.exists():
+        record = json.loads(path.read_text())
+        if record["val_share"] != val_share:
+            raise DFlashError(f"{path}: the corpus was split with val_share {record['val_share']}, not {val_share}")
+    known = set(record["shards"])
+    held = set(record["validation"])
+    fresh = sorted({seq["key"].split(":")[0] for seq in sequences} - known)
+    if fresh:
+        scale = 10_000
+        new_keys = [seq["key"] for seq in sequences if seq["key"].split(":")[0] in fresh]
+        rank = {key: zlib.crc32(key.encode()) % scale for key in new_keys}
+        held |= {key for key in new_keys if rank[key] < val_share * scale}
+        if not held:  # a tiny corpus still gets one held-out sequence
+            held.add(min(new_keys, key=rank.get))
+        record = {"val_share": val_share, "shards": sorted(known | set(fresh)), "validation": sorted(held)}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(tmp, path)
+    return held
 
 
 def corpus_taps(corpus: Path) -> tuple[int, ...]:
@@ -114,11 +175,16 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.taps = corpus_taps(corpus)
         sequences = load_corpus(corpus)
-        random.Random(config.seed).shuffle(sequences)
-        n_val = max(1, int(len(sequences) * config.val_share))
-        self.val, self.train = sequences[:n_val], sequences[n_val:]
+        held = validation_keys(corpus, sequences, config.val_share)
+        self.val = [seq for seq in sequences if seq["key"] in held]
+        self.train = [seq for seq in sequences if seq["key"] not in held]
+        if not self.val or not self.train:
+            raise DFlashError(f"{corpus}: too few sequences ({len(sequences)}) for a training and a validation split")
+        random.Random(config.seed).shuffle(self.train)
         self.drafter = DFlashDrafter(draft_config_for(target, self.taps, config))
-        if config.init_from_target:
+        if config.init_drafter:
+            init_from_drafter(self.drafter, config.init_drafter)
+        elif config.init_from_target:
             init_from_target(self.drafter, target)
         self.drafter.to(self.device).train()
         stored = [seq["features"] is not None for seq in sequences]

@@ -149,3 +149,42 @@ def test_a_time_limit_spans_resumes(corpus, tmp_path):
     spent = _stopped_after(61.0, corpus, tmp_path / "spent")
     spent.fit()
     assert spent.step == 1  # no time left: validated and stopped without another step
+
+
+def _copy_corpus(root, dest, shards):
+    dest.mkdir(exist_ok=True)
+    (dest / "corpus.json").write_text((root / "corpus.json").read_text())
+    for shard in shards:
+        name = f"shard-{shard:05d}.safetensors"
+        (dest / name).write_bytes((root / name).read_bytes())
+
+
+def test_the_validation_split_holds_as_the_corpus_grows(corpus, tmp_path):
+    """A sequence keeps its side once a trainer has seen it: a run that starts from a drafter
+    trained on the smaller corpus never validates on what that drafter trained on."""
+    target, root = corpus
+    grown = tmp_path / "grown"
+    _copy_corpus(root, grown, [0])
+    small = Trainer(target, grown, tmp_path / "a", config(val_share=0.3), device="cpu")
+    _copy_corpus(root, grown, [1])
+    large = Trainer(target, grown, tmp_path / "b", config(val_share=0.3), device="cpu")
+    val, train = {s["key"] for s in large.val}, {s["key"] for s in large.train}
+    assert {s["key"] for s in small.val} <= val and not val & {s["key"] for s in small.train}
+    assert not val & train and len(val | train) == 12
+    assert any(key.startswith("shard-00001") for key in val)  # new shards give their share too
+    with pytest.raises(DFlashError, match="split with val_share 0.3, not 0.1"):
+        Trainer(target, grown, tmp_path / "c", config(val_share=0.1), device="cpu")
+
+
+def test_training_can_start_from_a_trained_drafter(corpus, tmp_path):
+    target, root = corpus
+    first = Trainer(target, root, tmp_path / "a", config(epochs=1), device="cpu")
+    path = first.export(first.fit())
+    warm = Trainer(target, root, tmp_path / "b", config(init_drafter=str(path)), device="cpu")
+    cold = Trainer(target, root, tmp_path / "c", config(), device="cpu")
+    trained = load_drafter(path).state_dict()
+    for name, tensor in warm.drafter.state_dict().items():
+        torch.testing.assert_close(tensor, trained[name], rtol=0, atol=0)
+    assert any(not torch.equal(t, trained[n]) for n, t in cold.drafter.state_dict().items())
+    with pytest.raises(DFlashError, match="its num_layers is 1, this run trains 2"):
+        Trainer(target, root, tmp_path / "d", config(layers=2, init_drafter=str(path)), device="cpu")
