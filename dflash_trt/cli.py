@@ -234,8 +234,9 @@ def train_drafter(target, out, corpus, num_prompts, data_minutes, corpus_only, m
     trainer = Trainer(target_model, corpus, out, train, device=device)
     summary = trainer.fit()
     path = trainer.export(summary)
-    click.echo(f"drafter written to {path}: validation mean acceptance length {summary['val_tau']:.2f} "
-               f"(greedy, B={block_size}, {summary['val_blocks']} held-out blocks)")
+    click.echo(f"drafter written to {path}: validation mean acceptance length {summary['val_tau']:.2f} per block, "
+               f"{summary['val_tau_decode']:.2f} per decoding step (greedy, B={block_size}, "
+               f"{summary['val_sequences']} held-out sequences)")
 
 
 def _csv(kind):

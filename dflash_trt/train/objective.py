@@ -151,6 +151,17 @@ def greedy_acceptance(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
     return 1 + match.long().cumprod(dim=1).sum(dim=1)
 
 
+def decode_walk(accepted: torch.Tensor) -> tuple[int, int]:
+    """(tokens, steps) of greedy decoding over a response, given the acceptance length of a block
+    anchored at each of its positions: each step commits its accepted drafts plus the target's
+    token, and the next block is anchored at that token."""
+    tokens = steps = position = 0
+    while position < accepted.shape[0]:
+        length = int(accepted[position])
+        steps, tokens, position = steps + 1, tokens + length, position + length
+    return tokens, steps
+
+
 def warmup_cosine(step: int, total: int, warmup: int) -> float:
     if step < warmup:
         return (step + 1) / warmup

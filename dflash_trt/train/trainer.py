@@ -23,6 +23,7 @@ from dflash_trt.train.data import read_shard, tapped_features
 from dflash_trt.train.objective import (
     IGNORE,
     block_logits,
+    decode_walk,
     default_gamma,
     greedy_acceptance,
     make_blocks,
@@ -264,13 +265,14 @@ class Trainer:
 
     # -- training ------------------------------------------------------------------------------
 
-    def _batch(self, sequences: list[dict], anchors: int, generator: torch.Generator):
+    def _sampled_batch(self, sequences: list[dict], anchors: int, generator: torch.Generator):
         """Sample anchors per sequence and pad their blocks into one batch (None if no anchors)."""
-        cfg, chosen = self.config, []
-        for seq in sequences:
-            picked = sample_anchors(seq["tokens"].shape[0], seq["prompt_len"], anchors, generator)
-            if picked.numel():
-                chosen.append((seq, picked))
+        picks = [sample_anchors(seq["tokens"].shape[0], seq["prompt_len"], anchors, generator) for seq in sequences]
+        return self._batch([(seq, p) for seq, p in zip(sequences, picks, strict=True) if p.numel()])
+
+    def _batch(self, chosen: list[tuple[dict, torch.Tensor]]):
+        """Pad the blocks at the given anchors of each sequence into one batch (None if none)."""
+        cfg = self.config
         if not chosen:
             return None
         if self.online_features:
@@ -287,7 +289,7 @@ class Trainer:
 
     def train_step(self, sequences: list[dict]) -> dict | None:
         cfg = self.config
-        batch = self._batch(sequences, cfg.anchors, self.generator)
+        batch = self._sampled_batch(sequences, cfg.anchors, self.generator)
         if batch is None:
             return None
         labels = batch.labels
@@ -365,21 +367,41 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self, anchors: int = 32) -> dict:
-        """Greedy acceptance on held-out sequences, over the FULL vocabulary as at inference."""
+        """Greedy acceptance on held-out sequences, over the FULL vocabulary as at inference.
+
+        `val_tau` averages blocks at random response positions. Decoding does not visit positions
+        uniformly: it takes many short steps where the drafter is weak and few long ones where it is
+        strong, so it sees a lower mean. `val_tau_decode` walks each response as greedy decoding
+        would (the corpus responses are the target's own greedy output): the first block at the
+        first response token, each next block at the token after the last one accepted; it is the
+        number to compare with `bench`'s acceptance length.
+        """
         self.drafter.eval()
         generator = torch.Generator().manual_seed(self.config.seed + 1)
         taus = []
         for begin in range(0, len(self.val), self.config.batch):
-            batch = self._batch(self.val[begin : begin + self.config.batch], anchors, generator)
+            batch = self._sampled_batch(self.val[begin : begin + self.config.batch], anchors, generator)
             if batch is None:
                 continue
-            logits = block_logits(self.drafter, self.embed, self.head, batch)
-            tau = greedy_acceptance(logits, batch.labels.to(self.device))
-            taus.append(tau[batch.real_blocks.to(self.device)].float())
+            taus.append(self._acceptance(batch))
+        walks = [decode_walk(self._acceptance_everywhere(seq, anchors)) for seq in self.val]
+        tokens, steps = (sum(column) for column in zip(*walks, strict=True))
         self.drafter.train()
         tau = torch.cat(taus)
         return {"steps": self.step, "train_minutes": round(self.elapsed_s() / 60, 1), "val_sequences": len(self.val),
-                "val_blocks": int(tau.numel()), "val_tau": float(tau.mean())}
+                "val_blocks": int(tau.numel()), "val_tau": float(tau.mean()),
+                "val_tau_decode": tokens / max(1, steps)}
+
+    def _acceptance(self, batch) -> torch.Tensor:
+        logits = block_logits(self.drafter, self.embed, self.head, batch)
+        tau = greedy_acceptance(logits, batch.labels.to(self.device))
+        return tau[batch.real_blocks.to(self.device)].float().cpu()
+
+    def _acceptance_everywhere(self, seq: dict, chunk: int) -> torch.Tensor:
+        """Greedy acceptance length of a block at every response anchor, `chunk` blocks per pass."""
+        every = torch.arange(seq["prompt_len"], seq["tokens"].shape[0] - 1)
+        parts = [self._acceptance(self._batch([(seq, every[i : i + chunk])])) for i in range(0, every.shape[0], chunk)]
+        return torch.cat(parts) if parts else torch.empty(0)
 
     def export(self, summary: dict) -> Path:
         """Write the final drafter (bf16, z-lab layout) next to a training summary."""

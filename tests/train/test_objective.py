@@ -11,6 +11,7 @@ from dflash_trt.train.data import generate_batch
 from dflash_trt.train.objective import (
     IGNORE,
     block_logits,
+    decode_walk,
     greedy_acceptance,
     make_blocks,
     sample_anchors,
@@ -105,6 +106,13 @@ def test_greedy_acceptance_counts_the_matching_prefix_plus_bonus():
             logits[block, slot, token] = 1
     labels = torch.tensor([[1, 2, 3], [1, 2, 3], [1, IGNORE, IGNORE]])
     assert greedy_acceptance(logits, labels).tolist() == [4, 2, 1]
+
+
+def test_the_decode_walk_anchors_each_block_after_the_last_accepted_token():
+    # anchors 0 (3 tokens) -> 3 (2) -> 5 (1) -> 6 (1): 7 tokens in 4 steps; anchors 1, 2, 4 unvisited
+    assert decode_walk(torch.tensor([3, 9, 9, 2, 9, 1, 1])) == (7, 4)
+    assert decode_walk(torch.tensor([1, 1, 1])) == (3, 3)
+    assert decode_walk(torch.empty(0)) == (0, 0)
 
 
 def test_batched_generation_matches_single_sequence_decoding(pair):

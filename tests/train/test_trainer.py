@@ -100,6 +100,7 @@ def test_training_lowers_the_loss_and_exports_a_loadable_drafter(corpus, tmp_pat
     losses = [r["loss"] for r in trainer.history]
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
     assert summary["val_blocks"] > 0 and 1 <= summary["val_tau"] <= 4
+    assert 1 <= summary["val_tau_decode"] <= 4
     assert summary["steps"] == trainer.total_steps == len(trainer.history) and summary["train_minutes"] >= 0
     path = trainer.export(summary)
     assert json.loads((path / "training.json").read_text())["steps"] == summary["steps"]
