@@ -9,6 +9,9 @@ import torch
 from dflash_trt.errors import DFlashError
 from dflash_trt.models.checkpoints import load_drafter, load_target
 from dflash_trt.models.pairing import validate_pair
+from dflash_trt.runtime.torch_backend import TorchDraftSession, TorchTargetSession
+from dflash_trt.spec.loop import speculative_decode
+from dflash_trt.spec.sampling import Sampler, SamplingParams
 from dflash_trt.train.data import generate_batch, read_shard, tapped_features, write_shard
 from dflash_trt.train.trainer import TrainConfig, Trainer
 
@@ -189,3 +192,30 @@ def test_training_can_start_from_a_trained_drafter(corpus, tmp_path):
     assert any(not torch.equal(t, trained[n]) for n, t in cold.drafter.state_dict().items())
     with pytest.raises(DFlashError, match="its num_layers is 1, this run trains 2"):
         Trainer(target, root, tmp_path / "d", config(layers=2, init_drafter=str(path)), device="cpu")
+
+
+def test_validation_acceptance_is_what_decoding_gets(tokens_only, tmp_path):
+    """The acceptance the trainer computes for a block at a response position equals what the
+    real speculative loop gets when it anchors a block there, so `val_tau_decode` (which walks
+    those positions as decoding does) is the acceptance length decoding will see."""
+    target, root = tokens_only
+    trainer = Trainer(target, root, tmp_path, config(batch=2, epochs=6), device="cpu")
+    trainer.fit()
+    drafter, block = trainer.drafter.eval(), trainer.config.block_size
+    compared = longer = 0
+    for seq in trainer.val + trainer.train:
+        tokens, start = seq["tokens"], seq["prompt_len"]
+        with torch.no_grad():
+            everywhere = trainer._acceptance_everywhere(seq, 8)
+        steps = speculative_decode(
+            TorchTargetSession(target, TAPS), TorchDraftSession(drafter, target), tokens[:start].tolist(), block,
+            Sampler(SamplingParams(temperature=0)),
+        )
+        anchor = start + len(next(steps).tokens) - 1  # the prefill's token anchors the first block
+        while anchor + block < tokens.shape[0]:  # the corpus holds every label and the bonus token
+            step = next(steps)
+            assert step.tokens == tokens[anchor + 1 : anchor + 1 + len(step.tokens)].tolist()  # greedy corpus
+            assert everywhere[anchor - start] == step.accepted + 1
+            compared, longer = compared + 1, longer + (step.accepted > 0)
+            anchor += step.accepted + 1
+    assert compared >= 20 and longer >= 3  # the drafter's blocks do get accepted, some of them
