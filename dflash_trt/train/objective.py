@@ -129,10 +129,13 @@ def block_logits(
         ctx_positions,
         visible=batch.visible.to(device),
     )
-    rows = batch.labels.shape[0]
-    hidden = hidden.reshape(rows, -1, hidden.shape[-1])[:, 1:]  # slot 0 is the anchor itself
+    rows, width = batch.labels.shape[0], hidden.shape[-1]
+    hidden = hidden.reshape(rows, -1, width)[:, 1:].reshape(-1, width)  # slot 0 is the anchor itself
     weight = lm_head_weight if vocab is None else lm_head_weight[vocab]
-    logits = hidden @ weight.T * drafter.config.output_multiplier
+    # one 2-D GEMM: a 3-D `hidden @ weight.T` runs as a batched matmul, ~8x slower on CPU
+    logits = (hidden @ weight.T).view(rows, -1, weight.shape[0])
+    if drafter.config.output_multiplier != 1.0:
+        logits = logits * drafter.config.output_multiplier
     cap = drafter.config.final_logit_softcapping
     return torch.tanh(logits / cap) * cap if cap else logits
 

@@ -366,7 +366,7 @@ class Trainer:
         return self.validate()
 
     @torch.no_grad()
-    def validate(self, anchors: int = 32) -> dict:
+    def validate(self, anchors: int = 32, walk_tokens: int = 128) -> dict:
         """Greedy acceptance on held-out sequences, over the FULL vocabulary as at inference.
 
         `val_tau` averages blocks at random response positions. Decoding does not visit positions
@@ -374,7 +374,8 @@ class Trainer:
         strong, so it sees a lower mean. `val_tau_decode` walks each response as greedy decoding
         would (the corpus responses are the target's own greedy output): the first block at the
         first response token, each next block at the token after the last one accepted; it is the
-        number to compare with `bench`'s acceptance length.
+        number to compare with `bench`'s acceptance length, and like `bench`'s default it covers
+        the first `walk_tokens` tokens of each response (a fp32 block at every position is costly).
         """
         self.drafter.eval()
         generator = torch.Generator().manual_seed(self.config.seed + 1)
@@ -384,7 +385,7 @@ class Trainer:
             if batch is None:
                 continue
             taus.append(self._acceptance(batch))
-        walks = [decode_walk(self._acceptance_everywhere(seq, anchors)) for seq in self.val]
+        walks = [decode_walk(self._acceptance_everywhere(seq, anchors, walk_tokens)) for seq in self.val]
         tokens, steps = (sum(column) for column in zip(*walks, strict=True))
         self.drafter.train()
         tau = torch.cat(taus)
@@ -397,9 +398,10 @@ class Trainer:
         tau = greedy_acceptance(logits, batch.labels.to(self.device))
         return tau[batch.real_blocks.to(self.device)].float().cpu()
 
-    def _acceptance_everywhere(self, seq: dict, chunk: int) -> torch.Tensor:
-        """Greedy acceptance length of a block at every response anchor, `chunk` blocks per pass."""
-        every = torch.arange(seq["prompt_len"], seq["tokens"].shape[0] - 1)
+    def _acceptance_everywhere(self, seq: dict, chunk: int, limit: int | None = None) -> torch.Tensor:
+        """Greedy acceptance length of a block at each of the first `limit` response anchors (all
+        by default), `chunk` blocks per pass."""
+        every = torch.arange(seq["prompt_len"], seq["tokens"].shape[0] - 1)[:limit]
         parts = [self._acceptance(self._batch([(seq, every[i : i + chunk])])) for i in range(0, every.shape[0], chunk)]
         return torch.cat(parts) if parts else torch.empty(0)
 
