@@ -45,6 +45,9 @@ class TrainConfig:
     bf16: bool = False  # autocast the drafter's matmuls to bfloat16 (fp32 weights and optimizer state)
     epochs: float = 1.0
     lr: float = 6e-4
+    # position-weight decay (None: the published value for the block size). A weak drafter gains
+    # most from its first slots, since acceptance is a product over them: a smaller gamma focuses there.
+    gamma: float | None = None
     warmup: float = 0.04
     grad_clip: float = 1.0
     weight_decay: float = 0.0
@@ -204,7 +207,7 @@ class Trainer:
         self.embed = target.model.get_input_embeddings().weight.detach().to(self.device)
         self.head = target.lm_head.weight.detach().to(self.device)
         self.vocab, self.remap = self._training_vocab(sequences)
-        self.weights = position_weights(config.block_size, default_gamma(config.block_size))
+        self.weights = position_weights(config.block_size, config.gamma or default_gamma(config.block_size))
         self.optimizer = torch.optim.AdamW(
             self.drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95)
         )
@@ -229,7 +232,10 @@ class Trainer:
 
     def identity(self) -> dict:
         """Settings a checkpoint must share to be resumed (time limits and cadence may change)."""
-        return {k: v for k, v in asdict(self.config).items() if k not in ("max_minutes", "checkpoint_every")}
+        identity = {k: v for k, v in asdict(self.config).items() if k not in ("max_minutes", "checkpoint_every")}
+        if identity["gamma"] is None:  # unset: as checkpoints written before the setting existed
+            del identity["gamma"]
+        return identity
 
     def checkpoint_path(self) -> Path:
         return self.out / "checkpoint.pt"

@@ -219,3 +219,15 @@ def test_validation_acceptance_is_what_decoding_gets(tokens_only, tmp_path):
             compared, longer = compared + 1, longer + (step.accepted > 0)
             anchor += step.accepted + 1
     assert compared >= 20 and longer >= 3  # the drafter's blocks do get accepted, some of them
+
+
+def test_gamma_sets_the_position_weights_and_a_checkpoint_keeps_it(corpus, tmp_path):
+    target, root = corpus
+    focused = Trainer(target, root, tmp_path / "run", config(gamma=3.0), device="cpu")
+    torch.testing.assert_close(focused.weights, torch.tensor([1.0, 0.7165313, 0.5134171]))
+    focused.advance()
+    focused.save_checkpoint()
+    with pytest.raises(DFlashError, match="other settings"):
+        Trainer(target, root, tmp_path / "run", config(gamma=2.0), device="cpu").maybe_resume()
+    # unset, it is left out: checkpoints written before the setting existed still resume
+    assert "gamma" not in Trainer(target, root, tmp_path / "other", config(), device="cpu").identity()
