@@ -2,7 +2,6 @@
 
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -17,15 +16,18 @@ class Stub:
     """Answers each chat completion with the prompt's first words, streamed one word per chunk.
 
     `acceptance`: per-request τ list put in usage (what dflash-trt's server reports);
-    `vllm_counters`: expose vLLM-style spec-decode counters on /metrics instead.
+    `vllm_counters`: expose vLLM-style spec-decode counters on /metrics instead;
+    `together`: hold each request until that many are in flight (a barrier, so concurrency is
+    shown without relying on timing; a client that never sends that many fails its requests).
     """
 
-    def __init__(self, acceptance=None, vllm_counters=False, suffix="", content=True):
+    def __init__(self, acceptance=None, vllm_counters=False, suffix="", content=True, together=None):
         self.acceptance, self.vllm_counters, self.suffix = acceptance, vllm_counters, suffix
         self.content = content  # False: stream usage but no message text (as a reasoning-only server)
         self.in_flight = self.max_in_flight = self.requests = 0
         self.drafts = self.accepted = 0
         self.lock = threading.Lock()
+        self.barrier = threading.Barrier(together) if together else None
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -58,7 +60,8 @@ class Stub:
                     stub.in_flight += 1
                     stub.requests += 1
                     stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
-                time.sleep(0.05)  # long enough for concurrent requests to overlap
+                if stub.barrier:
+                    stub.barrier.wait(timeout=10)
                 words = request["messages"][0]["content"].split()[: request["max_tokens"]]
                 words[-1] += stub.suffix
                 chunks = [{"choices": [{"index": 0, "delta": {"content": w + " "}, "finish_reason": None}]}
@@ -107,7 +110,7 @@ def test_concurrency_usage_acceptance_and_the_check(stubs):
                          max_tokens=8, concurrency=(1, 3))
     one, three = run_bench(config)
     # each level is warmed up first with its first C prompts, untimed: (1 + 6) + (3 + 6)
-    assert dflash.requests == baseline.requests == 16 and dflash.max_in_flight == 3
+    assert dflash.requests == baseline.requests == 16 and dflash.max_in_flight <= 3
     for result in (one, three):
         assert result.mode == "server" and result.dflash.requests == 6
         assert result.dflash.mean_acceptance_length == pytest.approx(8 / 3)
@@ -115,6 +118,13 @@ def test_concurrency_usage_acceptance_and_the_check(stubs):
         assert result.mismatches == [] and result.speedup is not None
         assert result.dflash.mean_ttft_s is not None and result.dflash.decode_tokens_per_s is not None
     assert (one.concurrency, three.concurrency) == (1, 3)
+
+
+def test_requests_really_run_concurrently(stubs):
+    server = stubs(together=3)  # every request waits until three are in flight
+    (result,) = run_bench(BenchConfig(base_url=server.url, datasets=("mt-bench",), num_prompts=6, max_tokens=4,
+                                      concurrency=(3,)))
+    assert server.requests == 3 + 6 and server.max_in_flight == 3 and result.dflash.requests == 6
 
 
 def test_output_tokens_come_from_usage(stubs):
