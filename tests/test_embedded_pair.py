@@ -95,12 +95,17 @@ def test_cli_generate_with_no_arguments_but_the_prompt():
     assert "mean acceptance length" in result.stderr
 
 
-def test_the_embedded_pair_exports_and_runs_on_onnxruntime(llm, tmp_path):
-    """Issue: the embedded pair exports (graphs checked by polygraphy) and decodes identically on onnxruntime."""
+@pytest.mark.parametrize("flavour", ["portable", "plugin"])
+def test_the_embedded_pair_exports_and_runs_on_onnxruntime(llm, tmp_path, flavour):
+    """Issue: the embedded pair exports (graphs checked by polygraphy) and decodes identically on
+    onnxruntime, with standard ops and with the dflash custom ops."""
     from dflash_trt import LLM, SamplingParams
     from dflash_trt.export.bundle import export_bundle
+    from dflash_trt.export.op_library import LIBRARY
 
-    bundle = export_bundle(llm.target, llm.drafter, llm.tokenizer, tmp_path / "bundle", check=True)
+    if flavour == "plugin" and not LIBRARY.is_file():
+        pytest.skip("dflash op library not built (bash scripts/build_plugins.sh)")
+    bundle = export_bundle(llm.target, llm.drafter, llm.tokenizer, tmp_path / "bundle", flavour=flavour, check=True)
     ort_llm = LLM.from_bundle(bundle)
     ort_llm.block_size = llm.block_size = 16  # other tests change the shared llm's block size
     params = SamplingParams(max_tokens=32)
