@@ -58,6 +58,10 @@ class TrainConfig:
     max_minutes: float | None = None  # stop early (and still write the drafter) after this long
     checkpoint_every: int = 200
 
+    def __post_init__(self):
+        if self.gamma is not None and not self.gamma > 0:
+            raise DFlashError(f"gamma must be positive (got {self.gamma})")
+
 
 def draft_config_for(target: TargetModel, taps: tuple[int, ...], config: TrainConfig) -> DraftConfig:
     """A drafter shaped like the target's own layers (same heads, MLP width, RoPE)."""
@@ -207,7 +211,7 @@ class Trainer:
         self.embed = target.model.get_input_embeddings().weight.detach().to(self.device)
         self.head = target.lm_head.weight.detach().to(self.device)
         self.vocab, self.remap = self._training_vocab(sequences)
-        self.weights = position_weights(config.block_size, config.gamma or default_gamma(config.block_size))
+        self.weights = position_weights(config.block_size, default_gamma(config.block_size) if config.gamma is None else config.gamma)
         self.optimizer = torch.optim.AdamW(
             self.drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95)
         )

@@ -231,3 +231,9 @@ def test_gamma_sets_the_position_weights_and_a_checkpoint_keeps_it(corpus, tmp_p
         Trainer(target, root, tmp_path / "run", config(gamma=2.0), device="cpu").maybe_resume()
     # unset, it is left out: checkpoints written before the setting existed still resume
     assert "gamma" not in Trainer(target, root, tmp_path / "other", config(), device="cpu").identity()
+
+
+@pytest.mark.parametrize("gamma", [0.0, -1.0])
+def test_a_gamma_that_is_not_positive_is_refused_not_replaced_by_the_default(gamma):
+    with pytest.raises(DFlashError, match="gamma must be positive"):
+        TrainConfig(gamma=gamma)
