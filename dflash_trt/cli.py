@@ -186,7 +186,7 @@ def inspect(bundle, no_verify):
 @click.option("--store-features/--online-features", default=None,
               help="Keep the target's tapped features in the corpus (default on CPU) or recompute them each "
                    "training step (default on a GPU, where storing ~6 KB per token costs more).")
-@click.option("--bf16", is_flag=True, help="Train with bfloat16 matmuls (GPUs; CPUs with AVX512-BF16 or AMX).")
+@click.option("--bf16", is_flag=True, help="Train with bfloat16 matmuls (GPUs; CPUs with AVX512-BF16 or AMX; refused on other CPUs, where it is ~25x slower).")
 @click.option("--epochs", type=float, default=1.0, show_default=True)
 @click.option("--lr", type=float, default=6e-4, show_default=True)
 @click.option("--gamma", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -206,9 +206,11 @@ def train_drafter(target, out, corpus, num_prompts, data_minutes, corpus_only, m
     from dflash_trt.models.checkpoints import load_target
     from dflash_trt.models.draft_config import default_target_layer_ids
     from dflash_trt.train.corpus import CorpusConfig, build_corpus
-    from dflash_trt.train.trainer import TrainConfig, Trainer, check_init_drafter, draft_config_for
+    from dflash_trt.train.trainer import TrainConfig, Trainer, check_bf16, check_init_drafter, draft_config_for
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if bf16:
+        check_bf16(device)
     target_model, tokenizer = load_target(target)
     target_model.model.to(device)  # the target answers the prompts on the training device too
     tap_ids = (

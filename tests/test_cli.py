@@ -84,3 +84,26 @@ def test_train_drafter_refuses_a_mismatched_start_drafter_before_building_data(t
     assert result.exit_code == 2, result.output
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error")]
     assert errors == [f"Error: {draft}: cannot start from this drafter: its block_size is 4, this run trains 8"]
+
+
+@pytest.mark.parametrize("fast_bf16", [False, True])
+def test_train_drafter_bf16_needs_a_cpu_with_bf16_matmuls(tmp_path, monkeypatch, fast_bf16):
+    """Emulated bf16 matmuls made a training step 26x slower than fp32: refused before any work."""
+    import torch
+
+    import dflash_trt.models.checkpoints as checkpoints
+
+    def reached_the_target(*args, **kwargs):
+        raise RuntimeError("reached load_target")
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: fast_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(checkpoints, "load_target", reached_the_target)
+    result = CliRunner().invoke(main, ["train-drafter", "-o", str(tmp_path / "run"), "--bf16", "--device", "cpu"])
+    if fast_bf16:
+        assert isinstance(result.exception, RuntimeError) and "reached load_target" in str(result.exception)
+    else:
+        assert result.exit_code == 2, result.output
+        errors = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+        assert len(errors) == 1 and "no AVX512-BF16 or AMX" in errors[0] and "without --bf16" in errors[0]
+    assert not (tmp_path / "run").exists()
