@@ -176,6 +176,9 @@ def inspect(bundle, no_verify):
 @click.option("--data-minutes", type=float, default=None, help="Stop answering prompts after this long (keep what is done).")
 @click.option("--corpus-only", is_flag=True, help="Build (or extend) the corpus and stop; train later with --corpus.")
 @click.option("--max-new-tokens", type=int, default=256, show_default=True, help="Longest target response.")
+@click.option("--mix", default=None,
+              help="Prompt sources and shares, e.g. code=0.35,math=0.15,assistant=0.35,chat=0.15 (the default); "
+                   "chat (self-instructed) gets what the others leave.")
 @click.option("--layers", type=int, default=2, show_default=True, help="Draft layers.")
 @click.option("--block-size", type=int, default=16, show_default=True)
 @click.option("--taps", default=None, help="Target layer ids to tap, e.g. 1,8,14,20,27 (default: 5 evenly spaced).")
@@ -197,7 +200,7 @@ def inspect(bundle, no_verify):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default=None, help="torch device (default: cuda when present, else cpu).")
 @user_errors
-def train_drafter(target, out, corpus, num_prompts, data_minutes, corpus_only, max_new_tokens, layers, block_size, taps,
+def train_drafter(target, out, corpus, num_prompts, data_minutes, corpus_only, max_new_tokens, mix, layers, block_size, taps,
                   mask_token_id, anchors, batch, gen_batch, store_features, bf16, epochs, lr, gamma, init_drafter,
                   train_minutes, seed, device):
     """Train a DFlash drafter for TARGET: regenerate responses, then fit. Resumable."""
@@ -205,9 +208,10 @@ def train_drafter(target, out, corpus, num_prompts, data_minutes, corpus_only, m
 
     from dflash_trt.models.checkpoints import load_target
     from dflash_trt.models.draft_config import default_target_layer_ids
-    from dflash_trt.train.corpus import CorpusConfig, build_corpus
+    from dflash_trt.train.corpus import CorpusConfig, build_corpus, parse_mix
     from dflash_trt.train.trainer import TrainConfig, Trainer, check_bf16, check_init_drafter, draft_config_for
 
+    shares = {} if mix is None else parse_mix(mix)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if bf16:
         check_bf16(device)
@@ -230,7 +234,7 @@ def train_drafter(target, out, corpus, num_prompts, data_minutes, corpus_only, m
     if store_features is None:
         store_features = torch.device(device).type == "cpu"
     config = CorpusConfig(taps=tap_ids, num_prompts=num_prompts, max_new_tokens=max_new_tokens, seed=seed,
-                          batch_size=gen_batch, store_features=store_features)
+                          batch_size=gen_batch, store_features=store_features, **shares)
     build_corpus(target_model, tokenizer, corpus, config, deadline_s=None if data_minutes is None else 60 * data_minutes)
     if corpus_only:
         click.echo(f"corpus written to {corpus}")

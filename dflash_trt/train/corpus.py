@@ -21,25 +21,66 @@ from dflash_trt.train.data import generate_batch, self_instruct, write_shard
 class CorpusConfig:
     taps: tuple[int, ...]
     num_prompts: int = 1600
-    code_share: float = 0.45
-    math_share: float = 0.25  # the rest: self-instructed chat prompts
+    code_share: float = 0.35
+    math_share: float = 0.15
+    assistant_share: float = 0.35  # templated everyday requests; the rest: self-instructed chat prompts
     batch_size: int = 48
     max_new_tokens: int = 256
     seed: int = 0
     store_features: bool = True  # False: tokens only; the trainer recomputes features (GPU)
 
 
+# Corpora built before the assistant source existed have no such key: they mixed none of it.
+PRE_ASSISTANT_MIX = {"assistant_share": 0.0}
+
+MIX_SOURCES = ("code", "math", "assistant", "chat")
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    """"code=0.35,math=0.15,assistant=0.35,chat=0.15" -> CorpusConfig share fields. A source not
+    named gets none, except chat, which gets whatever the named shares leave."""
+    shares = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        name = name.strip()
+        if name not in MIX_SOURCES:
+            raise DFlashError(f"--mix: unknown source '{name}' (expected {', '.join(MIX_SOURCES)})")
+        try:
+            shares[name] = float(value)
+        except ValueError:
+            raise DFlashError(f"--mix: '{part}' is not source=share") from None
+        if shares[name] < 0:
+            raise DFlashError(f"--mix: the share of {name} is negative")
+    total = sum(shares.values())
+    # chat takes what the others leave; named, the shares must add up to 1 exactly
+    if total > 1 + 1e-6 or ("chat" in shares and abs(total - 1) > 1e-6):
+        raise DFlashError(f"--mix: the shares add up to {total:g}, not 1")
+    return {f"{name}_share": shares.get(name, 0.0) for name in MIX_SOURCES if name != "chat"}
+
+
 def build_prompts(target: TargetModel, tokenizer, config: CorpusConfig) -> list[str]:
     n_code = int(config.num_prompts * config.code_share)
     n_math = int(config.num_prompts * config.math_share)
-    n_chat = config.num_prompts - n_code - n_math
+    n_assistant = int(config.num_prompts * config.assistant_share)
+    n_chat = config.num_prompts - n_code - n_math - n_assistant
     with tqdm(total=n_chat, desc="self-instruct prompts", unit="prompt") as bar:
         chat = self_instruct(
             target.model, tokenizer, n_chat, config.seed, batch_size=config.batch_size, progress=bar.update
         )
-    mixed = sources.code_prompts(n_code, config.seed) + sources.math_prompts(n_math, config.seed) + chat
+    mixed = (sources.code_prompts(n_code, config.seed) + sources.math_prompts(n_math, config.seed)
+             + sources.assistant_prompts(n_assistant, config.seed) + chat)
     random.Random(config.seed).shuffle(mixed)  # every prefix of the corpus has the same mix
     return mixed
+
+
+def check_settings(meta_file: Path, config: CorpusConfig) -> None:
+    """A corpus is resumed only with the settings it was built with (its prompts and shards follow them)."""
+    saved = {**PRE_ASSISTANT_MIX, **json.loads(meta_file.read_text())}
+    wanted = json.loads(json.dumps(asdict(config)))
+    if saved != wanted:
+        differ = ", ".join(f"{key} {saved.get(key)} (now {wanted.get(key)})"
+                           for key in sorted(set(saved) | set(wanted)) if saved.get(key) != wanted.get(key))
+        raise DFlashError(f"{meta_file}: corpus was built with other settings: {differ}; use a new directory")
 
 
 def build_corpus(target: TargetModel, tokenizer, out: Path, config: CorpusConfig, deadline_s: float | None = None) -> Path:
@@ -52,9 +93,7 @@ def build_corpus(target: TargetModel, tokenizer, out: Path, config: CorpusConfig
     out.mkdir(parents=True, exist_ok=True)
     meta_file, prompt_file = out / "corpus.json", out / "prompts.jsonl"
     if meta_file.exists():
-        saved = json.loads(meta_file.read_text())
-        if saved != json.loads(json.dumps(asdict(config))):
-            raise DFlashError(f"{meta_file}: corpus was built with other settings; use a new directory")
+        check_settings(meta_file, config)
     if not prompt_file.exists():
         prompts = build_prompts(target, tokenizer, config)
         prompt_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))

@@ -28,11 +28,16 @@ CODE_TEMPLATES = (
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 
 
-def _stdlib_functions(rng: random.Random, limit: int) -> list[tuple[str, str, str, str]]:
-    """(name, args, summary, stub) for documented top-level or method functions in the stdlib."""
+def _stdlib_files() -> list[Path]:
+    """The standard library's own modules: no tests, no IDLE, no installed third-party packages."""
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"test", "tests", "idlelib", "site-packages", "dist-packages"}
-    files = sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
+    return sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
+
+
+def _stdlib_functions(rng: random.Random, limit: int) -> list[tuple[str, str, str, str]]:
+    """(name, args, summary, stub) for documented top-level or method functions in the stdlib."""
+    files = _stdlib_files()
     rng.shuffle(files)
     found = []
     for file in files:
@@ -78,3 +83,94 @@ def math_prompts(count: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     # Half carry the benchmark's "reason step by step" suffix, half are asked plainly.
     return [item["question"] + (MATH_SUFFIX.format() if rng.random() < 0.5 else "") for item in data]
+
+
+# General-assistant requests: everyday writing, explaining, advising, role-play and editing tasks,
+# the prose a chat model mostly writes. Templates and topics are our own words.
+ASSISTANT_TEMPLATES = (
+    "Write a short blog post about {topic}.",
+    "Explain {topic} to someone who has never heard of it.",
+    "What are the most important things to know about {topic}? Answer with a numbered list.",
+    "Give me three practical tips related to {topic}, with a sentence of explanation for each.",
+    "Write a friendly email to a colleague inviting them to a talk about {topic}.",
+    "Write a short story in which {topic} plays a central role.",
+    "Write a poem about {topic}.",
+    "What are the advantages and disadvantages of {topic}?",
+    "Imagine you are a teacher. Prepare a five-minute lesson plan on {topic}.",
+    "Pretend you are a tour guide and describe {topic} to a group of visitors.",
+    "Summarize the history of {topic} in one paragraph.",
+    "Write a persuasive paragraph arguing that everyone should learn about {topic}.",
+    "Compare {topic} with {other}. How are they similar and how do they differ?",
+    "Write a dialogue between two friends discussing {topic}.",
+    "Describe a typical day for a person whose job is closely connected to {topic}.",
+    "I want to get started with {topic}. Where should I begin?",
+    "Write a product description for a new book about {topic}.",
+    "What are common misconceptions about {topic}?",
+    "Create a short quiz with three questions about {topic}, and give the answers.",
+    "Write a speech for the opening of a conference on {topic}.",
+)
+EDIT_TEMPLATES = (
+    "Summarize the following text in two sentences:\n\n{text}",
+    "Rewrite the following text in simpler words:\n\n{text}",
+    "Extract the key terms from the following text and explain each in a few words:\n\n{text}",
+    "Turn the following text into a bulleted list of its main points:\n\n{text}",
+    "Rewrite the following text in a more formal tone:\n\n{text}",
+    "Write three questions that the following text answers, and answer them:\n\n{text}",
+)
+TOPICS = (
+    "photosynthesis", "the water cycle", "volcanoes", "black holes", "the immune system", "climate change",
+    "renewable energy", "electric cars", "the printing press", "the Roman Empire", "ancient Egypt",
+    "the Industrial Revolution", "the Renaissance", "the French Revolution", "the history of the internet",
+    "machine learning", "cybersecurity", "cloud computing", "smartphones", "social media", "video games",
+    "remote work", "time management", "public speaking", "learning a foreign language", "healthy sleep",
+    "meal planning", "running a marathon", "yoga", "gardening", "composting", "beekeeping", "birdwatching",
+    "photography", "painting with watercolors", "learning the guitar", "jazz music", "classical music",
+    "the Olympic Games", "chess", "football", "mountain climbing", "camping", "traveling on a budget",
+    "visiting Japan", "the city of Paris", "the Amazon rainforest", "coral reefs", "deserts", "the Arctic",
+    "recycling", "plastic pollution", "urban planning", "public transportation", "bicycles", "trains",
+    "airplanes", "space exploration", "the Moon landing", "Mars", "the solar system", "telescopes",
+    "vaccines", "nutrition", "the human brain", "genetics", "evolution", "dinosaurs", "honeybees",
+    "whales", "dogs as pets", "cats", "starting a small business", "personal finance", "saving for retirement",
+    "inflation", "supply and demand", "cryptocurrencies", "marketing", "job interviews", "writing a resume",
+    "leadership", "teamwork", "negotiation", "philosophy", "democracy", "human rights", "mythology",
+    "Shakespeare", "poetry", "science fiction", "libraries", "museums", "architecture", "bridges",
+    "the history of writing", "mathematics in everyday life", "probability", "prime numbers", "statistics",
+    "the scientific method", "chemistry in the kitchen", "baking bread", "coffee", "tea", "chocolate",
+    "volunteering", "friendship", "parenting", "moving to a new city", "minimalism", "mindfulness",
+    "stress management", "first aid", "weather forecasting", "earthquakes", "oceans", "rivers", "forests",
+    "agriculture", "robots", "3D printing", "open source software", "the history of computers", "databases",
+)
+
+
+def _stdlib_paragraphs(rng: random.Random, limit: int) -> list[str]:
+    """Prose paragraphs (module docstrings) from the Python standard library's sources (PSF licence)."""
+    found = []
+    for file in _stdlib_files():
+        try:
+            doc = ast.get_docstring(ast.parse(file.read_text(encoding="utf-8")))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for paragraph in (doc or "").split("\n\n"):
+            text = " ".join(paragraph.split())
+            if 200 <= len(text) <= 900 and text.count(" ") > 30 and ">>>" not in text:
+                found.append(text)
+    rng.shuffle(found)
+    return found[:limit]
+
+
+def assistant_prompts(count: int, seed: int) -> list[str]:
+    """`count` general-assistant requests: topic templates, plus one in six an editing task on a
+    stdlib prose paragraph. No prompt repeats."""
+    rng = random.Random(seed)
+    n_edit = count // 6
+    paragraphs = _stdlib_paragraphs(rng, n_edit)
+    edits = [rng.choice(EDIT_TEMPLATES).format(text=text) for text in paragraphs]
+    pairs = [(template, topic) for template in ASSISTANT_TEMPLATES for topic in TOPICS]
+    rng.shuffle(pairs)
+    topical = []
+    for template, topic in pairs[: count - len(edits)]:
+        other = rng.choice([t for t in TOPICS if t != topic])
+        topical.append(template.format(topic=topic, other=other))
+    mixed = topical + edits
+    rng.shuffle(mixed)
+    return mixed
