@@ -2,6 +2,7 @@
 own prompt list and settings, and with a held-out split that names real sequences."""
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,9 @@ def test_a_committed_corpus_is_tokens_only_and_within_its_settings(corpus):
     for seq in sequences:
         assert seq["features"] is None
         assert 0 < seq["prompt_len"] < len(seq["tokens"]) <= seq["prompt_len"] + meta["max_new_tokens"]
-    shards = sorted(path.glob("shard-*.safetensors"))
-    full = [len([s for s in sequences if s["key"].startswith(shard.stem + ":")]) for shard in shards]
-    assert all(n == meta["batch_size"] for n in full[:-1])  # batches answered in prompt order
+    per_shard = Counter(seq["key"].split(":")[0] for seq in sequences)
+    sizes = [per_shard[shard] for shard in sorted(per_shard)]
+    assert all(n == meta["batch_size"] for n in sizes[:-1])  # batches answered in prompt order
 
 
 def test_the_held_out_split_names_sequences_of_the_corpus(corpus):
@@ -45,14 +46,13 @@ def test_the_held_out_split_names_sequences_of_the_corpus(corpus):
 
 @pytest.mark.slow
 def test_shards_hold_the_chat_encoding_of_the_prompt_list_in_order(corpus):
-    from transformers import AutoTokenizer
-
     from dflash_trt.models.chat import encode_prompt
     from dflash_trt.models.checkpoints import resolve_target
     from dflash_trt.models.embedded import DEFAULT_TARGET
+    from dflash_trt.models.tokenizers import load_tokenizer
 
     path, meta, sequences = corpus
-    tokenizer = AutoTokenizer.from_pretrained(resolve_target(DEFAULT_TARGET))
+    tokenizer = load_tokenizer(resolve_target(DEFAULT_TARGET))
     prompts = [json.loads(line)["prompt"] for line in (path / "prompts.jsonl").read_text().splitlines()]
     step = max(1, len(sequences) // 40)  # a sample across every shard keeps this a few seconds
     for index in range(0, len(sequences), step):
