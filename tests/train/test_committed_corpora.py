@@ -32,7 +32,7 @@ def test_a_committed_corpus_is_tokens_only_and_within_its_settings(corpus):
         assert seq["features"] is None
         assert 0 < seq["prompt_len"] < len(seq["tokens"]) <= seq["prompt_len"] + meta["max_new_tokens"]
     per_shard = Counter(seq["key"].split(":")[0] for seq in sequences)
-    sizes = [per_shard[shard] for shard in sorted(per_shard)]
+    sizes = [per_shard[shard.stem] for shard in sorted(path.glob("shard-*.safetensors"))]
     assert all(n == meta["batch_size"] for n in sizes[:-1])  # batches answered in prompt order
 
 
