@@ -194,6 +194,9 @@ def inspect(bundle, no_verify):
 @click.option("--lr", type=float, default=6e-4, show_default=True)
 @click.option("--gamma", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Position-weight decay: slot k weighs exp(-(k-1)/gamma) (default: 7 for B=16, 4 for B=8).")
+@click.option("--distill", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Share of the loss taken against the target's own next-token distribution (soft labels) "
+                   "instead of its greedy token; attention-only targets.")
 @click.option("--init-drafter", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
               help="Start from this drafter's weights (e.g. fine-tune the shipped one on a larger corpus).")
 @click.option("--train-minutes", type=float, default=None, help="Stop training after this long and write the drafter.")
@@ -201,14 +204,15 @@ def inspect(bundle, no_verify):
 @click.option("--device", default=None, help="torch device (default: cuda when present, else cpu).")
 @user_errors
 def train_drafter(target, out, corpus, num_prompts, data_minutes, corpus_only, max_new_tokens, mix, layers, block_size, taps,
-                  mask_token_id, anchors, batch, gen_batch, store_features, bf16, epochs, lr, gamma, init_drafter,
-                  train_minutes, seed, device):
+                  mask_token_id, anchors, batch, gen_batch, store_features, bf16, epochs, lr, gamma, distill,
+                  init_drafter, train_minutes, seed, device):
     """Train a DFlash drafter for TARGET: regenerate responses, then fit. Resumable."""
     import torch
 
     from dflash_trt.models.checkpoints import load_target
     from dflash_trt.models.draft_config import default_target_layer_ids
     from dflash_trt.train.corpus import CorpusConfig, build_corpus, parse_mix
+    from dflash_trt.train.teacher import check_distillable
     from dflash_trt.train.trainer import TrainConfig, Trainer, check_bf16, check_init_drafter, draft_config_for
 
     shares = {} if mix is None else parse_mix(mix)
@@ -226,10 +230,13 @@ def train_drafter(target, out, corpus, num_prompts, data_minutes, corpus_only, m
     if mask_token_id is None:
         raise DFlashError("this tokenizer has no mask token: pass --mask-token-id (an id the target never emits)")
     train = TrainConfig(layers=layers, block_size=block_size, mask_token_id=mask_token_id, anchors=anchors,
-                        batch=batch, bf16=bf16, epochs=epochs, lr=lr, gamma=gamma, seed=seed, max_minutes=train_minutes,
+                        batch=batch, bf16=bf16, epochs=epochs, lr=lr, gamma=gamma, distill=distill, seed=seed,
+                        max_minutes=train_minutes,
                         init_drafter=None if init_drafter is None else str(init_drafter))
     if init_drafter is not None:  # checked before the corpus is built: that can take an hour
         check_init_drafter(train.init_drafter, draft_config_for(target_model, tap_ids, train))
+    if distill:  # also before the corpus is built
+        check_distillable(target_model.model)
     corpus = corpus or out / "corpus"
     if store_features is None:
         store_features = torch.device(device).type == "cpu"

@@ -86,6 +86,22 @@ def test_train_drafter_refuses_a_mismatched_start_drafter_before_building_data(t
     assert errors == [f"Error: {draft}: cannot start from this drafter: its block_size is 4, this run trains 8"]
 
 
+def test_train_drafter_refuses_distill_on_a_recurrent_target_before_building_data(hybrid_target, tmp_path, monkeypatch):
+    import dflash_trt.train.corpus as corpus
+
+    def no_corpus(*args, **kwargs):
+        raise AssertionError("the corpus was built before --distill was checked")
+
+    monkeypatch.setattr(corpus, "build_corpus", no_corpus)
+    args = ["train-drafter", "--target", str(hybrid_target), "-o", str(tmp_path / "run"), "--distill", "0.5",
+            "--taps", "1,2", "--mask-token-id", "259", "--block-size", "4"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and "needs an attention-only target; 'qwen3_next' has recurrent layers" in errors[0]
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("fast_bf16", [False, True])
 def test_train_drafter_bf16_needs_a_cpu_with_bf16_matmuls(tmp_path, monkeypatch, fast_bf16):
     """Emulated bf16 matmuls made a training step 26x slower than fp32: refused before any work."""

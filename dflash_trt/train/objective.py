@@ -140,10 +140,23 @@ def block_logits(
     return torch.tanh(logits / cap) * cap if cap else logits
 
 
-def weighted_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Position-weighted cross-entropy over valid labels. logits [N, B-1, V'], labels [N, B-1]."""
+def weighted_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+    teacher: torch.Tensor | None = None,
+    distill: float = 0.0,
+) -> torch.Tensor:
+    """Position-weighted cross-entropy over valid labels. logits [N, B-1, V'], labels [N, B-1].
+
+    With `teacher` (the target's log-probabilities, same shape as logits) a `distill` share of each
+    token's loss is the cross-entropy against that soft distribution instead of the hard label.
+    """
     valid = labels != IGNORE
     per_token = F.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten(), reduction="none")
+    if teacher is not None and distill > 0:
+        soft = -(teacher.exp() * F.log_softmax(logits, dim=-1)).sum(-1).flatten()
+        per_token = (1 - distill) * per_token + distill * soft
     w = (weights[None, :].to(logits.device) * valid).flatten()
     return (per_token * w).sum() / w.sum().clamp(min=1e-8)
 

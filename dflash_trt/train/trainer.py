@@ -33,6 +33,7 @@ from dflash_trt.train.objective import (
     warmup_cosine,
     weighted_loss,
 )
+from dflash_trt.train.teacher import check_distillable, final_hidden, teacher_logprobs
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class TrainConfig:
     # position-weight decay (None: the published value for the block size). A weak drafter gains
     # most from its first slots, since acceptance is a product over them: a smaller gamma focuses there.
     gamma: float | None = None
+    # share of each token's loss taken against the target's own next-token distribution instead of
+    # its greedy token (soft labels: more signal per token from a small corpus); 0 = hard labels only
+    distill: float = 0.0
     warmup: float = 0.04
     grad_clip: float = 1.0
     weight_decay: float = 0.0
@@ -61,6 +65,8 @@ class TrainConfig:
     def __post_init__(self):
         if self.gamma is not None and not self.gamma > 0:
             raise DFlashError(f"gamma must be positive (got {self.gamma})")
+        if not 0 <= self.distill <= 1:
+            raise DFlashError(f"distill is a share of the loss, between 0 and 1 (got {self.distill})")
 
 
 def check_bf16(device: str) -> None:
@@ -214,7 +220,9 @@ class Trainer:
             raise DFlashError(f"{corpus}: some shards store target features and some do not; rebuild it")
         # A tokens-only corpus: the frozen target recomputes the features of each step's sequences.
         self.online_features = not all(stored)
-        if self.online_features:
+        if config.distill:
+            check_distillable(target.model)
+        if self.online_features or config.distill:
             target.model.to(self.device)
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True  # training only; the corpus tokens are fixed
@@ -251,8 +259,11 @@ class Trainer:
     def identity(self) -> dict:
         """Settings a checkpoint must share to be resumed (time limits and cadence may change)."""
         identity = {k: v for k, v in asdict(self.config).items() if k not in ("max_minutes", "checkpoint_every")}
-        if identity["gamma"] is None:  # unset: as checkpoints written before the setting existed
+        # unset: as checkpoints written before these settings existed
+        if identity["gamma"] is None:
             del identity["gamma"]
+        if not identity["distill"]:
+            del identity["distill"]
         return identity
 
     def checkpoint_path(self) -> Path:
@@ -322,7 +333,8 @@ class Trainer:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
             logits = block_logits(self.drafter, self.embed, self.head, batch, self.vocab)
         logits = logits.float()
-        loss = weighted_loss(logits, labels, self.weights)
+        teacher = self._teacher(batch) if cfg.distill else None
+        loss = weighted_loss(logits, labels, self.weights, teacher, cfg.distill)
         lr = cfg.lr * warmup_cosine(*self.schedule_position())
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -333,6 +345,14 @@ class Trainer:
         real = batch.real_blocks.to(self.device)
         tau = greedy_acceptance(logits.detach(), labels)[real].float().mean().item()
         return {"step": self.step, "loss": loss.item(), "tau": tau, "lr": lr}
+
+    def _teacher(self, batch) -> torch.Tensor:
+        """The target's log-probabilities for the batch's labels, from its deepest tapped layer on."""
+        deepest = max(range(len(self.taps)), key=self.taps.__getitem__)
+        width = self.target.hidden_size
+        tap = batch.features[..., deepest * width : (deepest + 1) * width]
+        final = final_hidden(self.target.model, tap, self.taps[deepest])
+        return teacher_logprobs(final, batch.positions, self.config.block_size, self.head, self.vocab)
 
     def elapsed_s(self) -> float:
         """Training time so far, across resumes: a time limit covers the whole run, not each part."""

@@ -237,3 +237,25 @@ def test_gamma_sets_the_position_weights_and_a_checkpoint_keeps_it(corpus, tmp_p
 def test_a_gamma_that_is_not_positive_is_refused_not_replaced_by_the_default(gamma):
     with pytest.raises(DFlashError, match="gamma must be positive"):
         TrainConfig(gamma=gamma)
+
+
+def test_distillation_trains_on_the_targets_distributions_and_a_checkpoint_keeps_it(corpus, tmp_path):
+    target, root = corpus
+    soft = Trainer(target, root, tmp_path / "soft", config(distill=0.5, epochs=3), device="cpu")
+    hard = Trainer(target, root, tmp_path / "hard", config(epochs=3), device="cpu")
+    soft.advance(), hard.advance()
+    # same seed, same blocks, same start: only the loss differs
+    assert soft.history[0]["tau"] == hard.history[0]["tau"] and soft.history[0]["loss"] != hard.history[0]["loss"]
+    summary = soft.fit()
+    losses = [r["loss"] for r in soft.history]
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
+    assert 1 <= summary["val_tau"] <= 4
+    assert soft.identity()["distill"] == 0.5 and "distill" not in hard.identity()
+    with pytest.raises(DFlashError, match="other settings"):
+        Trainer(target, root, tmp_path / "soft", config(distill=0.2, epochs=3), device="cpu").maybe_resume()
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5])
+def test_a_distill_share_outside_zero_to_one_is_refused(share):
+    with pytest.raises(DFlashError, match="distill is a share of the loss"):
+        TrainConfig(distill=share)
