@@ -153,9 +153,10 @@ def weighted_loss(
     token's loss is the cross-entropy against that soft distribution instead of the hard label.
     """
     valid = labels != IGNORE
-    per_token = F.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten(), reduction="none")
+    log_probs = F.log_softmax(logits, dim=-1)  # once, for the hard and the soft term
+    per_token = F.nll_loss(log_probs.flatten(0, 1), labels.clamp(min=0).flatten(), reduction="none")
     if teacher is not None and distill > 0:
-        soft = -(teacher.exp() * F.log_softmax(logits, dim=-1)).sum(-1).flatten()
+        soft = -(teacher.exp() * log_probs).sum(-1).flatten()
         per_token = (1 - distill) * per_token + distill * soft
     w = (weights[None, :].to(logits.device) * valid).flatten()
     return (per_token * w).sum() / w.sum().clamp(min=1e-8)
