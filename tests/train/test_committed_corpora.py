@@ -33,7 +33,7 @@ def test_a_committed_corpus_is_tokens_only_and_within_its_settings(corpus):
         assert 0 < seq["prompt_len"] < len(seq["tokens"]) <= seq["prompt_len"] + meta["max_new_tokens"]
     per_shard = Counter(seq["key"].split(":")[0] for seq in sequences)
     sizes = [per_shard[shard.stem] for shard in sorted(path.glob("shard-*.safetensors"))]
-    assert all(n == meta["batch_size"] for n in sizes[:-1])  # batches answered in prompt order
+    assert all(n == meta["batch_size"] for n in sizes[:-1])  # whole batches, one shard each
 
 
 def test_the_held_out_split_names_sequences_of_the_corpus(corpus):
@@ -45,16 +45,20 @@ def test_the_held_out_split_names_sequences_of_the_corpus(corpus):
 
 
 @pytest.mark.slow
-def test_shards_hold_the_chat_encoding_of_the_prompt_list_in_order(corpus):
+def test_shards_hold_the_chat_encoding_of_the_prompt_list_in_answering_order(corpus):
     from dflash_trt.models.chat import encode_prompt
     from dflash_trt.models.checkpoints import resolve_target
     from dflash_trt.models.embedded import DEFAULT_TARGET
     from dflash_trt.models.tokenizers import load_tokenizer
+    from dflash_trt.train.corpus import LEGACY_SETTINGS, CorpusConfig, answer_order
 
     path, meta, sequences = corpus
     tokenizer = load_tokenizer(resolve_target(DEFAULT_TARGET))
     prompts = [json.loads(line)["prompt"] for line in (path / "prompts.jsonl").read_text().splitlines()]
+    encoded = [encode_prompt(tokenizer, prompt) for prompt in prompts]
+    config = CorpusConfig(**{**LEGACY_SETTINGS, **meta, "taps": tuple(meta["taps"])})
+    order = [i for batch in answer_order([len(ids) for ids in encoded], config) for i in batch]
     step = max(1, len(sequences) // 40)  # a sample across every shard keeps this a few seconds
     for index in range(0, len(sequences), step):
         seq = sequences[index]
-        assert seq["tokens"][: seq["prompt_len"]].tolist() == encode_prompt(tokenizer, prompts[index]), seq["key"]
+        assert seq["tokens"][: seq["prompt_len"]].tolist() == encoded[order[index]], seq["key"]

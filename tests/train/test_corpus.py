@@ -1,12 +1,14 @@
-"""Corpus settings: the prompt mix option, and resuming corpora built before a setting existed."""
+"""Corpus settings: the prompt mix option, the answering order, and resuming corpora built
+before a setting existed."""
 
 import json
-from dataclasses import asdict
+import random
+from dataclasses import asdict, replace
 
 import pytest
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.train.corpus import CorpusConfig, check_settings, parse_mix
+from dflash_trt.train.corpus import SORT_WINDOW, CorpusConfig, answer_order, build_corpus, check_settings, parse_mix
 
 
 def test_parse_mix_names_shares_and_gives_chat_the_rest():
@@ -76,3 +78,47 @@ def test_a_packed_corpus_keeps_every_sequence_and_drops_only_the_features(tmp_pa
     with pytest.raises(DFlashError, match="not a corpus"):
         pack_corpus(tmp_path / "nothing", tmp_path / "other")
     assert not (tmp_path / "other").exists() and not list(tmp_path.glob("*.tmp"))
+
+
+def test_answer_order_sorts_prompts_by_length_within_windows_of_the_list():
+    config = CorpusConfig(taps=(1,), batch_size=3)
+    rng = random.Random(0)
+    lengths = [rng.randrange(5, 300) for _ in range(3 * SORT_WINDOW * 2 + 4)]
+    batches = answer_order(lengths, config)
+    flat = [i for batch in batches for i in batch]
+    assert sorted(flat) == list(range(len(lengths)))  # every prompt answered once
+    assert [len(batch) for batch in batches] == [3] * (len(batches) - 1) + [len(lengths) % 3 or 3]
+    window = 3 * SORT_WINDOW
+    for begin in range(0, len(lengths), window):
+        chunk = flat[begin : begin + window]
+        assert set(chunk) == set(range(begin, min(len(lengths), begin + window)))  # a slice of the list
+        assert [lengths[i] for i in chunk] == sorted(lengths[i] for i in chunk)
+    in_order = answer_order(lengths, replace(config, length_sorted=False))
+    assert [i for batch in in_order for i in batch] == list(range(len(lengths)))
+
+
+def _answered(corpus_dir, prompts, tokenizer):
+    """Index in `prompts` of each sequence of the corpus, in shard order."""
+    from dflash_trt.models.chat import encode_prompt
+    from dflash_trt.train.trainer import load_corpus
+
+    encoded = [encode_prompt(tokenizer, p) for p in prompts]
+    return [encoded.index(seq["tokens"][: seq["prompt_len"]].tolist()) for seq in load_corpus(corpus_dir)]
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_corpus_is_answered_in_its_own_order_and_an_older_one_resumes_in_list_order(tiny_pairs, tmp_path, legacy):
+    from dflash_trt.models.checkpoints import load_target
+
+    target, tokenizer = load_target(str(tiny_pairs["llama"][0]))
+    prompts = ["a" * n for n in (9, 2, 7, 1, 5, 3)]  # one byte token per character
+    config = CorpusConfig(taps=(1, 2), num_prompts=len(prompts), batch_size=2, max_new_tokens=2)
+    meta = json.loads(json.dumps(asdict(config)))
+    if legacy:  # written before the setting existed
+        del meta["length_sorted"]
+    (tmp_path / "corpus.json").write_text(json.dumps(meta))
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+
+    build_corpus(target, tokenizer, tmp_path, config)  # the CLI's config: length_sorted by default
+    assert _answered(tmp_path, prompts, tokenizer) == ([0, 1, 2, 3, 4, 5] if legacy else [3, 1, 5, 4, 2, 0])
+    assert json.loads((tmp_path / "corpus.json").read_text()) == meta  # settings untouched
