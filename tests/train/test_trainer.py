@@ -259,3 +259,33 @@ def test_distillation_trains_on_the_targets_distributions_and_a_checkpoint_keeps
 def test_a_distill_share_outside_zero_to_one_is_refused(share):
     with pytest.raises(DFlashError, match="distill is a share of the loss"):
         TrainConfig(distill=share)
+
+
+def test_the_validation_script_reports_the_trainers_validation_and_zeroes_taps(corpus, tmp_path, capsys, monkeypatch):
+    """scripts/validate_drafter.py samples the same held-out blocks as `Trainer.validate` and walks
+    the same responses, so with no tap zeroed its figures are the trainer's; zeroing every tap
+    leaves the drafter only its block tokens."""
+    import runpy
+    from pathlib import Path
+
+    target, root = corpus
+    trainer = Trainer(target, root, tmp_path / "run", config(epochs=4), device="cpu")
+    path = trainer.export(trainer.fit())
+    expected = trainer.validate(walk_tokens=128)
+    script = Path(__file__).resolve().parents[2] / "scripts" / "validate_drafter.py"
+    target_dir = str(target.model.config._name_or_path)
+    argv = ["validate_drafter.py", "--corpus", str(root), "--target", target_dir, "--draft", str(path), "--walk",
+            "--zero-taps", "", "--zero-taps", "1,2"]
+    monkeypatch.setattr("sys.argv", argv)
+    runpy.run_path(str(script), run_name="__main__")
+    plain, blind = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert plain["zeroed_taps"] == [] and blind["zeroed_taps"] == [1, 2]
+    assert plain["sequences"] == len(trainer.val)
+    assert plain["tau_block"] == round(expected["val_tau"], 3)
+    assert plain["tau_decode"] == round(expected["val_tau_decode"], 3)
+    assert blind != plain
+
+    monkeypatch.setattr("sys.argv", [*argv[:7], "--zero-taps", "5"])
+    with pytest.raises(SystemExit):
+        runpy.run_path(str(script), run_name="__main__")
+    assert "--zero-taps [5]: the drafter taps [1, 2]" in capsys.readouterr().err
