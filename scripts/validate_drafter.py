@@ -17,12 +17,9 @@ import json
 import tempfile
 from pathlib import Path
 
-import torch
-
 from dflash_trt.models.checkpoints import load_target, resolve_draft
 from dflash_trt.models.draft_config import DraftConfig
 from dflash_trt.models.embedded import DEFAULT_TARGET, default_drafter
-from dflash_trt.train.objective import block_logits, decode_walk, greedy_acceptance
 from dflash_trt.train.trainer import SPLIT_FILE, TrainConfig, Trainer
 
 
@@ -53,17 +50,15 @@ def main() -> None:
                          seed=args.seed, init_drafter=draft, val_share=val_share)
     with tempfile.TemporaryDirectory() as scratch:
         trainer = Trainer(target, args.corpus, Path(scratch), config, device="cpu")
-    trainer.drafter.eval()
     for zeroed in ablations:
         result = measure(trainer, trainer.val[: args.sequences], [shape.target_layer_ids.index(t) for t in zeroed],
                          shape.hidden_size, args)
         print(json.dumps({"draft": args.draft or "shipped", "corpus": str(args.corpus), "zeroed_taps": zeroed, **result}))
 
 
-@torch.no_grad()
 def measure(trainer: Trainer, held_out: list[dict], columns: list[int], width: int, args) -> dict:
-    """Acceptance over `held_out` with the features of the tap `columns` zeroed; the same blocks for
-    every call (the anchor generator restarts from the seed)."""
+    """The trainer's held-out acceptance with the features of the tap `columns` zeroed; the same
+    blocks for every call."""
 
     def batch(chosen):
         made = Trainer._batch(trainer, chosen)
@@ -72,21 +67,11 @@ def measure(trainer: Trainer, held_out: list[dict], columns: list[int], width: i
         return made
 
     trainer._batch = batch  # every block below, random or walked, sees the edited features
-    generator = torch.Generator().manual_seed(args.seed + 1)
-    taus, first = [], []
-    for seq in held_out:
-        blocks = trainer._sampled_batch([seq], args.anchors, generator)
-        if blocks is None:
-            continue
-        logits = block_logits(trainer.drafter, trainer.embed, trainer.head, blocks)
-        real = blocks.real_blocks
-        taus.append(greedy_acceptance(logits, blocks.labels)[real].float())
-        first.append((logits[:, 0].argmax(-1) == blocks.labels[:, 0])[real].float())
-    result = {"sequences": len(held_out), "tau_block": round(torch.cat(taus).mean().item(), 3),
-              "first_slot": round(torch.cat(first).mean().item(), 3)}
+    tau, tokens, steps = trainer.held_out_acceptance(held_out, args.anchors, walk=args.walk)
+    # greedy τ is 1 + the matching prefix: the first slot was accepted wherever τ > 1
+    result = {"sequences": len(held_out), "tau_block": round(tau.mean().item(), 3),
+              "first_slot": round((tau > 1).float().mean().item(), 3)}
     if args.walk:
-        walks = [decode_walk(trainer._acceptance_everywhere(seq, args.anchors, 128)) for seq in held_out]
-        tokens, steps = (sum(column) for column in zip(*walks, strict=True))
         result["tau_decode"] = round(tokens / max(1, steps), 3)
     return result
 

@@ -77,9 +77,14 @@ def build_prompts(target: TargetModel, tokenizer, config: CorpusConfig) -> list[
     return mixed
 
 
+def saved_settings(meta_file: Path) -> dict:
+    """The settings a corpus was built with, the keys it predates filled with what they meant then."""
+    return {**LEGACY_SETTINGS, **json.loads(meta_file.read_text())}
+
+
 def check_settings(meta_file: Path, config: CorpusConfig) -> None:
     """A corpus is resumed only with the settings it was built with (its prompts and shards follow them)."""
-    saved = {**LEGACY_SETTINGS, **json.loads(meta_file.read_text())}
+    saved = saved_settings(meta_file)
     wanted = json.loads(json.dumps(asdict(config)))
     if saved != wanted:
         differ = ", ".join(f"{key} {saved.get(key)} (now {wanted.get(key)})"
@@ -115,8 +120,7 @@ def build_corpus(target: TargetModel, tokenizer, out: Path, config: CorpusConfig
     meta_file, prompt_file = out / "corpus.json", out / "prompts.jsonl"
     if meta_file.exists():
         # The answering order is the corpus's own, not a user's choice: older corpora resume in list order.
-        saved = {**LEGACY_SETTINGS, **json.loads(meta_file.read_text())}
-        config = replace(config, length_sorted=saved["length_sorted"])
+        config = replace(config, length_sorted=saved_settings(meta_file)["length_sorted"])
         check_settings(meta_file, config)
     if not prompt_file.exists():
         prompts = build_prompts(target, tokenizer, config)

@@ -421,21 +421,32 @@ class Trainer:
         number to compare with `bench`'s acceptance length, and like `bench`'s default it covers
         the first `walk_tokens` tokens of each response (a fp32 block at every position is costly).
         """
-        self.drafter.eval()
-        generator = torch.Generator().manual_seed(self.config.seed + 1)
-        taus = []
-        for begin in range(0, len(self.val), self.config.batch):
-            batch = self._sampled_batch(self.val[begin : begin + self.config.batch], anchors, generator)
-            if batch is None:
-                continue
-            taus.append(self._acceptance(batch))
-        walks = [decode_walk(self._acceptance_everywhere(seq, anchors, walk_tokens)) for seq in self.val]
-        tokens, steps = (sum(column) for column in zip(*walks, strict=True))
-        self.drafter.train()
-        tau = torch.cat(taus)
+        tau, tokens, steps = self.held_out_acceptance(self.val, anchors, walk_tokens)
         return {"steps": self.step, "train_minutes": round(self.elapsed_s() / 60, 1), "val_sequences": len(self.val),
                 "val_blocks": int(tau.numel()), "val_tau": float(tau.mean()),
                 "val_tau_decode": tokens / max(1, steps)}
+
+    @torch.no_grad()
+    def held_out_acceptance(
+        self, sequences: list[dict], anchors: int = 32, walk_tokens: int = 128, walk: bool = True
+    ) -> tuple[torch.Tensor, int, int]:
+        """Greedy τ of each block at random response positions of `sequences` (the anchor generator
+        restarts from the seed, so every call draws the same blocks), and the (tokens, steps) of
+        walking the first `walk_tokens` of each response as decoding does ((0, 0) without `walk`)."""
+        self.drafter.eval()
+        generator = torch.Generator().manual_seed(self.config.seed + 1)
+        taus = []
+        for begin in range(0, len(sequences), self.config.batch):
+            batch = self._sampled_batch(sequences[begin : begin + self.config.batch], anchors, generator)
+            if batch is None:
+                continue
+            taus.append(self._acceptance(batch))
+        tokens = steps = 0
+        if walk:
+            walks = [decode_walk(self._acceptance_everywhere(seq, anchors, walk_tokens)) for seq in sequences]
+            tokens, steps = (sum(column) for column in zip(*walks, strict=True))
+        self.drafter.train()
+        return torch.cat(taus), tokens, steps
 
     def _acceptance(self, batch) -> torch.Tensor:
         logits = block_logits(self.drafter, self.embed, self.head, batch)

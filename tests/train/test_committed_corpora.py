@@ -50,13 +50,13 @@ def test_shards_hold_the_chat_encoding_of_the_prompt_list_in_answering_order(cor
     from dflash_trt.models.checkpoints import resolve_target
     from dflash_trt.models.embedded import DEFAULT_TARGET
     from dflash_trt.models.tokenizers import load_tokenizer
-    from dflash_trt.train.corpus import LEGACY_SETTINGS, CorpusConfig, answer_order
+    from dflash_trt.train.corpus import CorpusConfig, answer_order, saved_settings
 
     path, meta, sequences = corpus
     tokenizer = load_tokenizer(resolve_target(DEFAULT_TARGET))
     prompts = [json.loads(line)["prompt"] for line in (path / "prompts.jsonl").read_text().splitlines()]
     encoded = [encode_prompt(tokenizer, prompt) for prompt in prompts]
-    config = CorpusConfig(**{**LEGACY_SETTINGS, **meta, "taps": tuple(meta["taps"])})
+    config = CorpusConfig(**{**saved_settings(path / "corpus.json"), "taps": tuple(meta["taps"])})
     order = [i for batch in answer_order([len(ids) for ids in encoded], config) for i in batch]
     step = max(1, len(sequences) // 40)  # a sample across every shard keeps this a few seconds
     for index in range(0, len(sequences), step):

@@ -8,7 +8,14 @@ from dataclasses import asdict, replace
 import pytest
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.train.corpus import SORT_WINDOW, CorpusConfig, answer_order, build_corpus, check_settings, parse_mix
+from dflash_trt.train.corpus import (
+    SORT_WINDOW,
+    CorpusConfig,
+    answer_order,
+    build_corpus,
+    check_settings,
+    parse_mix,
+)
 
 
 def test_parse_mix_names_shares_and_gives_chat_the_rest():
