@@ -33,6 +33,8 @@ def main() -> None:
     parser.add_argument("--zero-taps", action="append", help="target layer ids whose features are zeroed, e.g. 1,8; "
                         "repeat for several ablations on the same blocks (an empty value: none zeroed)")
     parser.add_argument("--walk", action="store_true", help="also walk each response as greedy decoding does")
+    parser.add_argument("--block-size", type=int, default=None,
+                        help="verify block size to measure (default: the drafter's); smaller blocks as decoding runs them")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -43,6 +45,8 @@ def main() -> None:
         unknown = set(zeroed) - set(shape.target_layer_ids)
         if unknown:
             parser.error(f"--zero-taps {sorted(unknown)}: the drafter taps {list(shape.target_layer_ids)}")
+    if args.block_size is not None and not 2 <= args.block_size <= shape.block_size:
+        parser.error(f"--block-size {args.block_size}: between 2 and the drafter's {shape.block_size}")
     target, _ = load_target(args.target)
     split = args.corpus / SPLIT_FILE  # the held-out share the corpus was split with, once chosen
     val_share = json.loads(split.read_text())["val_share"] if split.exists() else TrainConfig.val_share
@@ -53,21 +57,22 @@ def main() -> None:
     for zeroed in ablations:
         result = measure(trainer, trainer.val[: args.sequences], [shape.target_layer_ids.index(t) for t in zeroed],
                          shape.hidden_size, args)
-        print(json.dumps({"draft": args.draft or "shipped", "corpus": str(args.corpus), "zeroed_taps": zeroed, **result}))
+        print(json.dumps({"draft": args.draft or "shipped", "corpus": str(args.corpus), "zeroed_taps": zeroed,
+                          "block_size": args.block_size or shape.block_size, **result}))
 
 
 def measure(trainer: Trainer, held_out: list[dict], columns: list[int], width: int, args) -> dict:
     """The trainer's held-out acceptance with the features of the tap `columns` zeroed; the same
     blocks for every call."""
 
-    def batch(chosen):
-        made = Trainer._batch(trainer, chosen)
+    def batch(chosen, lengths=None):
+        made = Trainer._batch(trainer, chosen, lengths)
         for column in columns:
             made.features[..., column * width : (column + 1) * width] = 0
         return made
 
     trainer._batch = batch  # every block below, random or walked, sees the edited features
-    tau, tokens, steps = trainer.held_out_acceptance(held_out, args.anchors, walk=args.walk)
+    tau, tokens, steps = trainer.held_out_acceptance(held_out, args.anchors, walk=args.walk, size=args.block_size)
     # greedy τ is 1 + the matching prefix: the first slot was accepted wherever τ > 1
     result = {"sequences": len(held_out), "tau_block": round(tau.mean().item(), 3),
               "first_slot": round((tau > 1).float().mean().item(), 3)}

@@ -123,3 +123,17 @@ def test_train_drafter_bf16_needs_a_cpu_with_bf16_matmuls(tmp_path, monkeypatch,
         errors = [line for line in result.stderr.splitlines() if line.startswith("Error")]
         assert len(errors) == 1 and "no AVX512-BF16 or AMX" in errors[0] and "without --bf16" in errors[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_train_drafter_refuses_block_sizes_beyond_the_drafters_before_loading_the_target(tmp_path, monkeypatch):
+    import dflash_trt.models.checkpoints as checkpoints
+
+    def reached_the_target(*args, **kwargs):
+        raise RuntimeError("reached load_target")
+
+    monkeypatch.setattr(checkpoints, "load_target", reached_the_target)
+    result = CliRunner().invoke(main, ["train-drafter", "-o", str(tmp_path / "run"), "--block-sizes", "16,32,1"])
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and "block sizes [32, 1]" in errors[0] and "block size 16" in errors[0]
+    assert not (tmp_path / "run").exists()

@@ -38,19 +38,34 @@ def sample_anchors(seq_len: int, prompt_len: int, count: int, generator: torch.G
     return (pick + prompt_len).sort().values
 
 
-def make_blocks(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_id: int, ctx_len: int) -> Blocks:
+def make_blocks(
+    tokens: torch.Tensor,
+    anchors: torch.Tensor,
+    block_size: int,
+    mask_id: int,
+    ctx_len: int,
+    lengths: torch.Tensor | None = None,
+) -> Blocks:
+    """Blocks of `block_size` slots at `anchors`. With `lengths` [N], block b is a shorter block of
+    lengths[b] slots padded to block_size: its slots from lengths[b] on carry no label and no real
+    slot sees them (a padding slot sees only itself), so it trains exactly what decoding with that
+    verify block size runs (the block attends both ways: its length changes every slot's output)."""
     n, size = anchors.shape[0], block_size
     offsets = torch.arange(size)
     positions = anchors[:, None] + offsets  # [N, B]
     ids = torch.full((n, size), mask_id, dtype=torch.long)
     ids[:, 0] = tokens[anchors]
+    real_slot = offsets[None, :] < (torch.full((n,), size) if lengths is None else lengths)[:, None]  # [N, B]
     label_pos = positions[:, 1:]
-    labels = torch.where(label_pos < tokens.shape[0], tokens[label_pos.clamp(max=tokens.shape[0] - 1)], IGNORE)
+    in_sequence = label_pos < tokens.shape[0]
+    labels = torch.where(in_sequence & real_slot[:, 1:], tokens[label_pos.clamp(max=tokens.shape[0] - 1)], IGNORE)
     # context column j is visible to block b iff j < a_b; block columns only within the same block
     ctx_visible = torch.arange(ctx_len)[None, :] < anchors[:, None]  # [N, ctx]
     ctx_visible = ctx_visible.repeat_interleave(size, dim=0)  # [N*B, ctx]
     block_of = torch.arange(n).repeat_interleave(size)
-    own_block = block_of[:, None] == block_of[None, :]  # [N*B, N*B]
+    real = real_slot.flatten()
+    slots_meet = (real[:, None] & real[None, :]) | torch.eye(n * size, dtype=torch.bool)  # padding: itself only
+    own_block = (block_of[:, None] == block_of[None, :]) & slots_meet  # [N*B, N*B]
     visible = torch.cat([ctx_visible, own_block], dim=1)[None, None]
     return Blocks(anchors, ids.flatten(), positions.flatten(), labels, visible)
 
@@ -102,6 +117,7 @@ def stack_blocks(items: list[tuple[torch.Tensor, Blocks]], mask_id: int) -> Bloc
         positions[i, : k * size] = blocks.positions
         labels[i * n : i * n + k] = blocks.labels
         visible[i, 0, : k * size, :c] = blocks.visible[0, 0, :, :c]
+        visible[i, 0, : k * size, ctx : ctx + k * size] = blocks.visible[0, 0, :, c:]  # shorter blocks' padding
     return BlockBatch(features, ids, positions, labels, visible)
 
 

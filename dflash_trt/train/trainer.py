@@ -40,6 +40,10 @@ from dflash_trt.train.teacher import check_distillable, final_hidden, teacher_lo
 class TrainConfig:
     layers: int = 2
     block_size: int = 16
+    # verify block sizes to train, each block's drawn at random (e.g. (16, 8, 4)); empty: block_size
+    # only. A drafter trained on 16-slot blocks alone drafts worse at B=8 (its slots attend to the
+    # whole block), and the smaller verify is what pays on a CPU.
+    block_sizes: tuple[int, ...] = ()
     mask_token_id: int = 16
     anchors: int = 24  # blocks per sequence per step
     batch: int = 1  # sequences per step (padded together; raise it on a GPU)
@@ -67,6 +71,14 @@ class TrainConfig:
             raise DFlashError(f"gamma must be positive (got {self.gamma})")
         if not 0 <= self.distill <= 1:
             raise DFlashError(f"distill is a share of the loss, between 0 and 1 (got {self.distill})")
+        wrong = [size for size in self.block_sizes if not 2 <= size <= self.block_size]
+        if wrong:
+            raise DFlashError(f"block sizes {wrong}: each trained block size must be between 2 and the "
+                              f"drafter's block size {self.block_size}")
+
+    @property
+    def trained_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.block_sizes), reverse=True)) or (self.block_size,)
 
 
 def check_bf16(device: str) -> None:
@@ -264,6 +276,10 @@ class Trainer:
             del identity["gamma"]
         if not identity["distill"]:
             del identity["distill"]
+        if identity["block_sizes"]:
+            identity["block_sizes"] = list(identity["block_sizes"])
+        else:
+            del identity["block_sizes"]
         return identity
 
     def checkpoint_path(self) -> Path:
@@ -300,13 +316,22 @@ class Trainer:
 
     # -- training ------------------------------------------------------------------------------
 
-    def _sampled_batch(self, sequences: list[dict], anchors: int, generator: torch.Generator):
-        """Sample anchors per sequence and pad their blocks into one batch (None if no anchors)."""
+    def _sampled_batch(
+        self, sequences: list[dict], anchors: int, generator: torch.Generator, sizes: tuple[int, ...] | None = None
+    ):
+        """Sample anchors per sequence and pad their blocks into one batch (None if no anchors).
+        Each block's length is drawn from `sizes` (default: the drafter's block size)."""
         picks = [sample_anchors(seq["tokens"].shape[0], seq["prompt_len"], anchors, generator) for seq in sequences]
-        return self._batch([(seq, p) for seq, p in zip(sequences, picks, strict=True) if p.numel()])
+        chosen = [(seq, p) for seq, p in zip(sequences, picks, strict=True) if p.numel()]
+        lengths = None
+        if sizes and sizes != (self.config.block_size,):
+            table = torch.tensor(sizes)
+            lengths = [table[torch.randint(len(sizes), p.shape, generator=generator)] for _, p in chosen]
+        return self._batch(chosen, lengths)
 
-    def _batch(self, chosen: list[tuple[dict, torch.Tensor]]):
-        """Pad the blocks at the given anchors of each sequence into one batch (None if none)."""
+    def _batch(self, chosen: list[tuple[dict, torch.Tensor]], lengths: list[torch.Tensor] | None = None):
+        """Pad the blocks at the given anchors of each sequence into one batch (None if none);
+        `lengths`, per sequence, makes shorter blocks (see `make_blocks`)."""
         cfg = self.config
         if not chosen:
             return None
@@ -315,8 +340,9 @@ class Trainer:
         else:
             features = [seq["features"] for seq, _ in chosen]
         items = []
-        for (seq, picked), feats in zip(chosen, features, strict=True):
-            blocks = make_blocks(seq["tokens"], picked, cfg.block_size, cfg.mask_token_id, feats.shape[0])
+        for index, ((seq, picked), feats) in enumerate(zip(chosen, features, strict=True)):
+            length = None if lengths is None else lengths[index]
+            blocks = make_blocks(seq["tokens"], picked, cfg.block_size, cfg.mask_token_id, feats.shape[0], length)
             items.append((feats, blocks))
         batch = stack_blocks(items, cfg.mask_token_id)
         batch.features = batch.features.to(self.device, torch.float32)
@@ -324,7 +350,7 @@ class Trainer:
 
     def train_step(self, sequences: list[dict]) -> dict | None:
         cfg = self.config
-        batch = self._sampled_batch(sequences, cfg.anchors, self.generator)
+        batch = self._sampled_batch(sequences, cfg.anchors, self.generator, cfg.trained_sizes)
         if batch is None:
             return None
         labels = batch.labels
@@ -420,30 +446,40 @@ class Trainer:
         first response token, each next block at the token after the last one accepted; it is the
         number to compare with `bench`'s acceptance length, and like `bench`'s default it covers
         the first `walk_tokens` tokens of each response (a fp32 block at every position is costly).
+        A run that trains smaller block sizes too also gets `val_tau_by_size` (random blocks only).
         """
         tau, tokens, steps = self.held_out_acceptance(self.val, anchors, walk_tokens)
-        return {"steps": self.step, "train_minutes": round(self.elapsed_s() / 60, 1), "val_sequences": len(self.val),
-                "val_blocks": int(tau.numel()), "val_tau": float(tau.mean()),
-                "val_tau_decode": tokens / max(1, steps)}
+        summary = {"steps": self.step, "train_minutes": round(self.elapsed_s() / 60, 1), "val_sequences": len(self.val),
+                   "val_blocks": int(tau.numel()), "val_tau": float(tau.mean()),
+                   "val_tau_decode": tokens / max(1, steps)}
+        if self.config.block_sizes:
+            summary["val_tau_by_size"] = {
+                size: float(self.held_out_acceptance(self.val, anchors, walk=False, size=size)[0].mean())
+                for size in self.config.trained_sizes
+            }
+        return summary
 
     @torch.no_grad()
     def held_out_acceptance(
-        self, sequences: list[dict], anchors: int = 32, walk_tokens: int = 128, walk: bool = True
+        self, sequences: list[dict], anchors: int = 32, walk_tokens: int = 128, walk: bool = True,
+        size: int | None = None,
     ) -> tuple[torch.Tensor, int, int]:
         """Greedy τ of each block at random response positions of `sequences` (the anchor generator
         restarts from the seed, so every call draws the same blocks), and the (tokens, steps) of
-        walking the first `walk_tokens` of each response as decoding does ((0, 0) without `walk`)."""
+        walking the first `walk_tokens` of each response as decoding does ((0, 0) without `walk`),
+        with verify blocks of `size` slots (default: the drafter's block size)."""
+        size = size or self.config.block_size
         self.drafter.eval()
         generator = torch.Generator().manual_seed(self.config.seed + 1)
         taus = []
         for begin in range(0, len(sequences), self.config.batch):
-            batch = self._sampled_batch(sequences[begin : begin + self.config.batch], anchors, generator)
+            batch = self._sampled_batch(sequences[begin : begin + self.config.batch], anchors, generator, (size,))
             if batch is None:
                 continue
             taus.append(self._acceptance(batch))
         tokens = steps = 0
         if walk:
-            walks = [decode_walk(self._acceptance_everywhere(seq, anchors, walk_tokens)) for seq in sequences]
+            walks = [decode_walk(self._acceptance_everywhere(seq, anchors, walk_tokens, size)) for seq in sequences]
             tokens, steps = (sum(column) for column in zip(*walks, strict=True))
         self.drafter.train()
         return torch.cat(taus), tokens, steps
@@ -453,11 +489,17 @@ class Trainer:
         tau = greedy_acceptance(logits, batch.labels.to(self.device))
         return tau[batch.real_blocks.to(self.device)].float().cpu()
 
-    def _acceptance_everywhere(self, seq: dict, chunk: int, limit: int | None = None) -> torch.Tensor:
-        """Greedy acceptance length of a block at each of the first `limit` response anchors (all
-        by default), `chunk` blocks per pass."""
+    def _acceptance_everywhere(
+        self, seq: dict, chunk: int, limit: int | None = None, size: int | None = None
+    ) -> torch.Tensor:
+        """Greedy acceptance length of a block of `size` slots (default: the drafter's block size)
+        at each of the first `limit` response anchors (all by default), `chunk` blocks per pass."""
         every = torch.arange(seq["prompt_len"], seq["tokens"].shape[0] - 1)[:limit]
-        parts = [self._acceptance(self._batch([(seq, every[i : i + chunk])])) for i in range(0, every.shape[0], chunk)]
+        parts = []
+        for begin in range(0, every.shape[0], chunk):
+            anchors = every[begin : begin + chunk]
+            lengths = None if size in (None, self.config.block_size) else [torch.full_like(anchors, size)]
+            parts.append(self._acceptance(self._batch([(seq, anchors)], lengths)))
         return torch.cat(parts) if parts else torch.empty(0)
 
     def export(self, summary: dict) -> Path:

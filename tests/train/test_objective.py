@@ -66,6 +66,29 @@ def test_packed_training_pass_equals_the_inference_draft(pair):
         assert packed[row].argmax(-1).tolist() == drafts
 
 
+def test_shorter_blocks_train_what_a_smaller_verify_block_drafts(pair):
+    """A block of length L < B in a B-slot packed pass gives the logits an inference draft with
+    block size L gives: its padding slots are invisible and carry no label."""
+    target, drafter = pair
+    tokens = torch.tensor([11, 52, 9, 200, 31, 7, 7, 64, 18, 90, 3, 44, 250, 16])
+    _, features = target.forward(tokens[:-1].tolist(), target.new_cache(), TAPS)
+    anchors, lengths = torch.tensor([2, 5, 6, 10]), torch.tensor([2, 3, 4, 3])
+    mask_id = drafter.config.mask_token_id
+    blocks = make_blocks(tokens, anchors, BLOCK, mask_id, features.shape[0], lengths)
+    assert blocks.labels.tolist() == [[200, IGNORE, IGNORE], [7, 64, IGNORE], [64, 18, 90], [44, 250, IGNORE]]
+    with torch.no_grad():
+        packed = block_logits(drafter, target.model.get_input_embeddings().weight, target.lm_head.weight,
+                              stack_blocks([(features, blocks)], mask_id))
+        full = block_logits(drafter, target.model.get_input_embeddings().weight, target.lm_head.weight,
+                            stack_blocks([(features, make_blocks(tokens, anchors, BLOCK, mask_id, features.shape[0]))],
+                                         mask_id))
+    for row, (anchor, length) in enumerate(zip(anchors.tolist(), lengths.tolist())):
+        drafts = TorchDraftSession(drafter, target).draft(features[:anchor], int(tokens[anchor]), length)
+        assert packed[row, : length - 1].argmax(-1).tolist() == drafts
+    # and the length matters: a 2-slot block's first draft differs from the 4-slot block's
+    assert not torch.allclose(packed[0, 0], full[0, 0])
+
+
 def test_restricted_vocab_logits_are_a_column_subset(pair):
     target, drafter = pair
     tokens = torch.randint(0, 264, (12,), generator=torch.Generator().manual_seed(1))

@@ -13,6 +13,7 @@ from dflash_trt.runtime.torch_backend import TorchDraftSession, TorchTargetSessi
 from dflash_trt.spec.loop import speculative_decode
 from dflash_trt.spec.sampling import Sampler, SamplingParams
 from dflash_trt.train.data import generate_batch, read_shard, tapped_features, write_shard
+from dflash_trt.train.objective import IGNORE
 from dflash_trt.train.trainer import TrainConfig, Trainer
 
 TAPS = (1, 2)
@@ -194,19 +195,21 @@ def test_training_can_start_from_a_trained_drafter(corpus, tmp_path):
         Trainer(target, root, tmp_path / "d", config(layers=2, init_drafter=str(path)), device="cpu")
 
 
-def test_validation_acceptance_is_what_decoding_gets(tokens_only, tmp_path):
+@pytest.mark.parametrize("block", [4, 3])
+def test_validation_acceptance_is_what_decoding_gets(tokens_only, tmp_path, block):
     """The acceptance the trainer computes for a block at a response position equals what the
     real speculative loop gets when it anchors a block there, so `val_tau_decode` (which walks
-    those positions as decoding does) is the acceptance length decoding will see."""
+    those positions as decoding does) is the acceptance length decoding will see; also for a
+    verify block smaller than the drafter's."""
     target, root = tokens_only
-    trainer = Trainer(target, root, tmp_path, config(batch=2, epochs=6), device="cpu")
+    trainer = Trainer(target, root, tmp_path, config(batch=2, epochs=6, block_sizes=(4, 3)), device="cpu")
     trainer.fit()
-    drafter, block = trainer.drafter.eval(), trainer.config.block_size
+    drafter = trainer.drafter.eval()
     compared = longer = 0
     for seq in trainer.val + trainer.train:
         tokens, start = seq["tokens"], seq["prompt_len"]
         with torch.no_grad():
-            everywhere = trainer._acceptance_everywhere(seq, 8)
+            everywhere = trainer._acceptance_everywhere(seq, 8, size=block)
         steps = speculative_decode(
             TorchTargetSession(target, TAPS), TorchDraftSession(drafter, target), tokens[:start].tolist(), block,
             Sampler(SamplingParams(temperature=0)),
@@ -231,6 +234,25 @@ def test_gamma_sets_the_position_weights_and_a_checkpoint_keeps_it(corpus, tmp_p
         Trainer(target, root, tmp_path / "run", config(gamma=2.0), device="cpu").maybe_resume()
     # unset, it is left out: checkpoints written before the setting existed still resume
     assert "gamma" not in Trainer(target, root, tmp_path / "other", config(), device="cpu").identity()
+
+
+def test_mixed_block_sizes_train_each_size_and_a_checkpoint_keeps_them(corpus, tmp_path):
+    target, root = corpus
+    mixed = Trainer(target, root, tmp_path / "mixed", config(block_sizes=(4, 2), epochs=2), device="cpu")
+    batch = mixed._sampled_batch(mixed.train[:3], 8, torch.Generator().manual_seed(0), mixed.config.trained_sizes)
+    real = batch.labels[batch.real_blocks]
+    short = (real[:, 1:] == IGNORE).all(dim=1)  # a 2-slot block has its one label at slot 1 only
+    assert 0 < short.sum() < real.shape[0]
+    summary = mixed.fit()
+    by_size = summary["val_tau_by_size"]
+    assert set(by_size) == {4, 2} and by_size[4] == summary["val_tau"] and 1 <= by_size[2] <= 2
+    assert mixed.identity()["block_sizes"] == [4, 2]
+    with pytest.raises(DFlashError, match="other settings"):
+        Trainer(target, root, tmp_path / "mixed", config(block_sizes=(4, 3), epochs=2), device="cpu").maybe_resume()
+    plain = Trainer(target, root, tmp_path / "plain", config(), device="cpu")
+    assert "block_sizes" not in plain.identity() and plain.config.trained_sizes == (4,)
+    with pytest.raises(DFlashError, match=r"block sizes \[8\]"):
+        TrainConfig(block_size=4, block_sizes=(4, 8))
 
 
 @pytest.mark.parametrize("gamma", [0.0, -1.0])
