@@ -323,11 +323,19 @@ class Trainer:
         Each block's length is drawn from `sizes` (default: the drafter's block size)."""
         picks = [sample_anchors(seq["tokens"].shape[0], seq["prompt_len"], anchors, generator) for seq in sequences]
         chosen = [(seq, p) for seq, p in zip(sequences, picks, strict=True) if p.numel()]
-        lengths = None
-        if sizes and sizes != (self.config.block_size,):
-            table = torch.tensor(sizes)
-            lengths = [table[torch.randint(len(sizes), p.shape, generator=generator)] for _, p in chosen]
-        return self._batch(chosen, lengths)
+        return self._batch(chosen, self._block_lengths([p for _, p in chosen], sizes, generator))
+
+    def _block_lengths(
+        self, picks: list[torch.Tensor], sizes: tuple[int, ...] | None, generator: torch.Generator | None
+    ) -> list[torch.Tensor] | None:
+        """Each picked block's length: drawn from `sizes` when it names several, that size when it
+        names one (no draw, so every size sees the same anchors), None for full-length blocks."""
+        if not sizes or sizes == (self.config.block_size,):
+            return None
+        if len(sizes) == 1:
+            return [torch.full_like(p, sizes[0]) for p in picks]
+        table = torch.tensor(sizes)
+        return [table[torch.randint(len(sizes), p.shape, generator=generator)] for p in picks]
 
     def _batch(self, chosen: list[tuple[dict, torch.Tensor]], lengths: list[torch.Tensor] | None = None):
         """Pad the blocks at the given anchors of each sequence into one batch (None if none);
@@ -340,8 +348,7 @@ class Trainer:
         else:
             features = [seq["features"] for seq, _ in chosen]
         items = []
-        for index, ((seq, picked), feats) in enumerate(zip(chosen, features, strict=True)):
-            length = None if lengths is None else lengths[index]
+        for (seq, picked), feats, length in zip(chosen, features, lengths or [None] * len(chosen), strict=True):
             blocks = make_blocks(seq["tokens"], picked, cfg.block_size, cfg.mask_token_id, feats.shape[0], length)
             items.append((feats, blocks))
         batch = stack_blocks(items, cfg.mask_token_id)
@@ -454,7 +461,8 @@ class Trainer:
                    "val_tau_decode": tokens / max(1, steps)}
         if self.config.block_sizes:
             summary["val_tau_by_size"] = {
-                size: float(self.held_out_acceptance(self.val, anchors, walk=False, size=size)[0].mean())
+                size: summary["val_tau"] if size == self.config.block_size
+                else float(self.held_out_acceptance(self.val, anchors, walk=False, size=size)[0].mean())
                 for size in self.config.trained_sizes
             }
         return summary
@@ -498,7 +506,7 @@ class Trainer:
         parts = []
         for begin in range(0, every.shape[0], chunk):
             anchors = every[begin : begin + chunk]
-            lengths = None if size in (None, self.config.block_size) else [torch.full_like(anchors, size)]
+            lengths = self._block_lengths([anchors], None if size is None else (size,), None)
             parts.append(self._acceptance(self._batch([(seq, anchors)], lengths)))
         return torch.cat(parts) if parts else torch.empty(0)
 

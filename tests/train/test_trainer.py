@@ -243,6 +243,14 @@ def test_mixed_block_sizes_train_each_size_and_a_checkpoint_keeps_them(corpus, t
     real = batch.labels[batch.real_blocks]
     short = (real[:, 1:] == IGNORE).all(dim=1)  # a 2-slot block has its one label at slot 1 only
     assert 0 < short.sum() < real.shape[0]
+    # one size: no draw, so each size measures blocks at the same anchors, batch after batch
+    def one_by_one(size):
+        generator = torch.Generator().manual_seed(0)
+        return [mixed._sampled_batch([seq], 8, generator, (size,)) for seq in mixed.train[:3]]
+
+    for two, four in zip(one_by_one(2), one_by_one(4), strict=True):
+        assert torch.equal(two.positions, four.positions) and torch.equal(two.ids, four.ids)
+        assert (two.labels[:, 1:] == IGNORE).all() and (four.labels[:, 1:] != IGNORE).any()
     summary = mixed.fit()
     by_size = summary["val_tau_by_size"]
     assert set(by_size) == {4, 2} and by_size[4] == summary["val_tau"] and 1 <= by_size[2] <= 2
