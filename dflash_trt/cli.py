@@ -212,9 +212,6 @@ def _csv(kind):
 @click.option("--distill", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Share of the loss taken against the target's own next-token distribution (soft labels) "
                    "instead of its greedy token; attention-only targets.")
-@click.option("--walk-weights", is_flag=True,
-              help="Weigh each training block by 1/(its acceptance length): anchors as often as greedy decoding "
-                   "lands on them, instead of uniformly over response tokens.")
 @click.option("--init-drafter", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
               help="Start from this drafter's weights (e.g. fine-tune the shipped one on a larger corpus).")
 @click.option("--train-minutes", type=float, default=None, help="Stop training after this long and write the drafter.")
@@ -224,7 +221,7 @@ def _csv(kind):
 def train_drafter(target, out, corpus, num_prompts, data_minutes, corpus_only, max_new_tokens, mix, layers, block_size,
                   block_sizes, taps,
                   mask_token_id, anchors, batch, gen_batch, store_features, bf16, epochs, lr, gamma, distill,
-                  walk_weights, init_drafter, train_minutes, seed, device):
+                  init_drafter, train_minutes, seed, device):
     """Train a DFlash drafter for TARGET: regenerate responses, then fit. Resumable."""
     import torch
 
@@ -252,7 +249,7 @@ def train_drafter(target, out, corpus, num_prompts, data_minutes, corpus_only, m
     train = TrainConfig(layers=layers, block_size=block_size, block_sizes=block_sizes,
                         mask_token_id=mask_token_id, anchors=anchors,
                         batch=batch, bf16=bf16, epochs=epochs, lr=lr, gamma=gamma, distill=distill, seed=seed,
-                        walk_weights=walk_weights, max_minutes=train_minutes,
+                        max_minutes=train_minutes,
                         init_drafter=None if init_drafter is None else str(init_drafter))
     if init_drafter is not None:  # checked before the corpus is built: that can take an hour
         check_init_drafter(train.init_drafter, draft_config_for(target_model, tap_ids, train))

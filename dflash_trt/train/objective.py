@@ -162,13 +162,11 @@ def weighted_loss(
     weights: torch.Tensor,
     teacher: torch.Tensor | None = None,
     distill: float = 0.0,
-    block_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Position-weighted cross-entropy over valid labels. logits [N, B-1, V'], labels [N, B-1].
 
     With `teacher` (the target's log-probabilities, same shape as logits) a `distill` share of each
     token's loss is the cross-entropy against that soft distribution instead of the hard label.
-    `block_weights` [N] scales each block's terms (see `walk_weights`).
     """
     valid = labels != IGNORE
     log_probs = F.log_softmax(logits, dim=-1)  # once, for the hard and the soft term
@@ -176,10 +174,7 @@ def weighted_loss(
     if teacher is not None and distill > 0:
         soft = -(teacher.exp() * log_probs).sum(-1).flatten()
         per_token = (1 - distill) * per_token + distill * soft
-    w = weights[None, :].to(logits.device) * valid
-    if block_weights is not None:
-        w = w * block_weights[:, None]
-    w = w.flatten()
+    w = (weights[None, :].to(logits.device) * valid).flatten()
     return (per_token * w).sum() / w.sum().clamp(min=1e-8)
 
 
@@ -187,14 +182,6 @@ def greedy_acceptance(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
     """τ per block if the labels are the target's greedy continuation: 1 + matching prefix length."""
     match = (logits.argmax(-1) == labels) & (labels != IGNORE)
     return 1 + match.long().cumprod(dim=1).sum(dim=1)
-
-
-def walk_weights(accepted: torch.Tensor) -> torch.Tensor:
-    """1/τ per block: how often decoding anchors a block there. A walk commits τ tokens per step,
-    so around positions where blocks accept τ it takes a step every τ tokens: uniform random
-    anchors over-train easy stretches (a repeated line accepting 12) that decoding crosses in one
-    step, and under-train the hard ones where it spends most of its steps."""
-    return 1.0 / accepted.float()
 
 
 def decode_walk(accepted: torch.Tensor) -> tuple[int, int]:

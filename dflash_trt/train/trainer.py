@@ -30,7 +30,6 @@ from dflash_trt.train.objective import (
     position_weights,
     sample_anchors,
     stack_blocks,
-    walk_weights,
     warmup_cosine,
     weighted_loss,
 )
@@ -57,9 +56,6 @@ class TrainConfig:
     # share of each token's loss taken against the target's own next-token distribution instead of
     # its greedy token (soft labels: more signal per token from a small corpus); 0 = hard labels only
     distill: float = 0.0
-    # weigh each block by 1/τ of its own current acceptance, so training sees anchors as often as
-    # greedy decoding does (`walk_weights`), not uniformly over response tokens
-    walk_weights: bool = False
     warmup: float = 0.04
     grad_clip: float = 1.0
     weight_decay: float = 0.0
@@ -280,8 +276,6 @@ class Trainer:
             del identity["gamma"]
         if not identity["distill"]:
             del identity["distill"]
-        if not identity["walk_weights"]:
-            del identity["walk_weights"]
         if identity["block_sizes"]:
             identity["block_sizes"] = list(identity["block_sizes"])
         else:
@@ -373,9 +367,7 @@ class Trainer:
             logits = block_logits(self.drafter, self.embed, self.head, batch, self.vocab)
         logits = logits.float()
         teacher = self._teacher(batch) if cfg.distill else None
-        accepted = greedy_acceptance(logits.detach(), labels)
-        block_weights = walk_weights(accepted) if cfg.walk_weights else None
-        loss = weighted_loss(logits, labels, self.weights, teacher, cfg.distill, block_weights)
+        loss = weighted_loss(logits, labels, self.weights, teacher, cfg.distill)
         lr = cfg.lr * warmup_cosine(*self.schedule_position())
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -384,7 +376,7 @@ class Trainer:
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip)
         self.optimizer.step()
         real = batch.real_blocks.to(self.device)
-        tau = accepted[real].float().mean().item()
+        tau = greedy_acceptance(logits.detach(), labels)[real].float().mean().item()
         return {"step": self.step, "loss": loss.item(), "tau": tau, "lr": lr}
 
     def _teacher(self, batch) -> torch.Tensor:

@@ -16,8 +16,6 @@ from dflash_trt.train.objective import (
     make_blocks,
     sample_anchors,
     stack_blocks,
-    walk_weights,
-    weighted_loss,
 )
 
 BLOCK = 4
@@ -138,32 +136,6 @@ def test_the_decode_walk_anchors_each_block_after_the_last_accepted_token():
     assert decode_walk(torch.tensor([3, 9, 9, 2, 9, 1, 1])) == (7, 4)
     assert decode_walk(torch.tensor([1, 1, 1])) == (3, 3)
     assert decode_walk(torch.empty(0)) == (0, 0)
-
-
-def test_walk_weights_count_the_steps_decoding_takes_over_each_stretch():
-    # stretches of constant acceptance: decoding anchors a block every τ tokens, so the weights
-    # summed over a stretch are its number of decoding steps, whatever τ is there
-    stretches = [(4, 40), (1, 20), (2, 40), (12, 36)]
-    accepted = torch.cat([torch.full((length,), tau) for tau, length in stretches])
-    for (tau, length), start in zip(stretches, [0, 40, 60, 100], strict=True):
-        part = accepted[start : start + length]
-        assert walk_weights(part).sum().item() == pytest.approx(decode_walk(part)[1]) == length / tau
-    assert walk_weights(accepted).sum().item() == pytest.approx(decode_walk(accepted)[1])
-
-
-def test_block_weights_scale_each_blocks_share_of_the_loss():
-    logits = torch.randn(2, 3, 6, generator=torch.Generator().manual_seed(0))
-    labels = torch.tensor([[1, 2, 3], [4, 5, IGNORE]])
-    position = torch.tensor([1.0, 0.5, 0.25])
-    alone = [weighted_loss(logits[i : i + 1], labels[i : i + 1], position) for i in range(2)]
-    # a block weighed 0 drops out; equal weights change nothing
-    torch.testing.assert_close(weighted_loss(logits, labels, position, block_weights=torch.tensor([0.0, 2.0])), alone[1])
-    torch.testing.assert_close(weighted_loss(logits, labels, position, block_weights=torch.tensor([3.0, 3.0])),
-                               weighted_loss(logits, labels, position))
-    # otherwise each block's weighted sum enters in proportion to its weight times its label weights
-    mass = [position.sum(), position[:2].sum()]
-    expected = (0.25 * mass[0] * alone[0] + 1.0 * mass[1] * alone[1]) / (0.25 * mass[0] + 1.0 * mass[1])
-    torch.testing.assert_close(weighted_loss(logits, labels, position, block_weights=torch.tensor([0.25, 1.0])), expected)
 
 
 def test_batched_generation_matches_single_sequence_decoding(pair):

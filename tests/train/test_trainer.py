@@ -285,24 +285,6 @@ def test_distillation_trains_on_the_targets_distributions_and_a_checkpoint_keeps
         Trainer(target, root, tmp_path / "soft", config(distill=0.2, epochs=3), device="cpu").maybe_resume()
 
 
-def test_walk_weights_reweigh_blocks_by_their_acceptance_and_a_checkpoint_keeps_them(corpus, tmp_path):
-    target, root = corpus
-    first = Trainer(target, root, tmp_path / "first", config(epochs=3), device="cpu")
-    start = str(first.export(first.fit()))  # a drafter that accepts something, so blocks' τ differ
-    walk = Trainer(target, root, tmp_path / "walk", config(walk_weights=True, init_drafter=start), device="cpu")
-    uniform = Trainer(target, root, tmp_path / "uniform", config(init_drafter=start), device="cpu")
-    walk.advance(), uniform.advance()
-    # same seed, same blocks, same start: only the blocks' weights in the loss differ
-    assert walk.history[0]["tau"] == uniform.history[0]["tau"] > 1
-    assert walk.history[0]["loss"] != uniform.history[0]["loss"]
-    summary = walk.fit()
-    losses = [r["loss"] for r in walk.history]
-    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 and 1 <= summary["val_tau"] <= 4
-    assert walk.identity()["walk_weights"] is True and "walk_weights" not in uniform.identity()
-    with pytest.raises(DFlashError, match="other settings"):
-        Trainer(target, root, tmp_path / "walk", config(init_drafter=start), device="cpu").maybe_resume()
-
-
 @pytest.mark.parametrize("share", [-0.1, 1.5])
 def test_a_distill_share_outside_zero_to_one_is_refused(share):
     with pytest.raises(DFlashError, match="distill is a share of the loss"):
