@@ -62,7 +62,7 @@ def main():
 @click.option("--backend", type=click.Choice(["torch", "onnxruntime", "tensorrt"]), default="torch", show_default=True)
 @click.option("--bundle", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Run an exported bundle (dflash-trt export) on onnxruntime instead of --target/--draft.")
-@click.option("--block-size", type=int, default=None, help="Verify block size B (default: the drafter's).")
+@click.option("--block-size", type=int, default=None, help="Verify block size B (default: the drafter's, at most 4: on a CPU a larger verify costs more than its drafts save).")
 @click.option("--speculative/--no-speculative", default=True, show_default=True, help="Off: plain autoregressive decoding.")
 @click.option("--max-tokens", type=int, default=256, show_default=True)
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
@@ -299,7 +299,8 @@ def pack_corpus(src, dst):
               help="Your own prompts: JSONL with a 'prompt' field per line.")
 @click.option("--num-prompts", type=int, default=10, show_default=True, help="First N prompts of each dataset.")
 @click.option("--max-tokens", type=int, default=128, show_default=True)
-@click.option("--block-size", "block_sizes", default="16", show_default=True, callback=_csv(int), help="Comma-separated block sizes.")
+@click.option("--block-size", "block_sizes", default="4", show_default=True, callback=_csv(int),
+              help="Comma-separated block sizes (4: what generate verifies on a CPU unless told otherwise).")
 @click.option("--temperature", "temperatures", default="0", show_default=True, callback=_csv(float), help="Comma-separated temperatures.")
 @click.option("--concurrency", default="1", show_default=True, callback=_csv(int), help="Comma-separated requests in flight (server mode).")
 @click.option("--seed", type=int, default=0, show_default=True)

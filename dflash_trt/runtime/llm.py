@@ -21,6 +21,18 @@ AUTO = "auto"  # draft=AUTO: the drafter shipped for the target alias, if there 
 
 Prompt = str | list[int]
 
+# Both runtime backends of this build run on the CPU, where a verify's cost grows with its block:
+# SmolLM2-135M's target pass took ~55 ms for 1 token, ~60-80 ms for 4 and ~110-130 ms for 16 on
+# our 2-core VM, so the shipped drafter decodes faster than plain decoding only at B=4 (bench,
+# greedy, HumanEval: torch 1.24x at B=4, 0.72x at B=8, 0.61x at B=16). Unless asked otherwise a
+# request verifies at most this many tokens (a GPU engine, where 16 cost what 1 does, will not cap).
+CPU_BLOCK_SIZE = 4
+
+
+def default_block_size(trained: int) -> int:
+    """The verify block size when none is given: the drafter's own, at most CPU_BLOCK_SIZE."""
+    return min(trained, CPU_BLOCK_SIZE)
+
 
 @dataclass
 class RequestOutput:
@@ -54,6 +66,7 @@ class LLM:
         from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, resolve_draft
         from dflash_trt.models.pairing import validate_pair
         from dflash_trt.models.target import eos_token_ids
+        from dflash_trt.runtime.skinny import use_skinny_linears
 
         if draft == AUTO:
             found = embedded.default_drafter(target)
@@ -75,9 +88,11 @@ class LLM:
         if draft is not None:
             self.drafter = load_drafter(draft)
             validate_pair(self.target, self.drafter.config)  # the loaded embedding may differ from the config
+            use_skinny_linears(self.drafter)
+        use_skinny_linears(self.target.model)  # a verify of 2-4 tokens then costs about what 1 does
         self.vocab_size = self.target.vocab_size
         self.has_drafter = self.drafter is not None
-        self.block_size = block_size or (self.drafter.config.block_size if self.drafter else None)
+        self.block_size = block_size or (default_block_size(self.drafter.config.block_size) if self.drafter else None)
         self.eos_token_ids = eos_token_ids(self.target, self.tokenizer)
 
     @classmethod
@@ -98,7 +113,7 @@ class LLM:
         self.tokenizer = load_tokenizer(str(path))
         self.vocab_size = manifest["target"]["vocab_size"]
         self.has_drafter = True
-        self.block_size = block_size or manifest["draft"]["block_size"]
+        self.block_size = block_size or default_block_size(manifest["draft"]["block_size"])
         self.eos_token_ids = tuple(manifest["target"]["eos_token_ids"])
 
     def _sessions(self, speculative: bool) -> tuple[TargetSession, DraftSession | None]:

@@ -68,6 +68,16 @@ def test_bad_construction_is_refused(tiny_pairs, kwargs, message):
         LLM(str(target), **({"draft": str(draft)} | kwargs))
 
 
+def test_the_verify_block_defaults_to_the_drafters_but_at_most_four_on_a_cpu(tiny_pairs, tmp_path):
+    target, _ = tiny_pairs["qwen3"]
+    wide = make_drafter(tmp_path / "wide", seed=3, block_size=8, target_layer_ids=[1, 2])
+    assert LLM(str(target), str(wide)).block_size == 4
+    assert LLM(str(target), str(wide), block_size=8).block_size == 8
+    assert LLM(str(target), str(tiny_pairs["qwen3"][1])).block_size == 4  # a drafter trained at 4 keeps it
+    narrow = make_drafter(tmp_path / "narrow", seed=3, block_size=3, target_layer_ids=[1, 2])
+    assert LLM(str(target), str(narrow)).block_size == 3
+
+
 def test_bad_requests_are_refused_before_any_work(llm, tiny_pairs):
     with pytest.raises(DFlashError, match="prompt is empty"):
         llm.generate([[]])
