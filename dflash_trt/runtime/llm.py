@@ -22,9 +22,10 @@ AUTO = "auto"  # draft=AUTO: the drafter shipped for the target alias, if there 
 Prompt = str | list[int]
 
 # Both runtime backends of this build run on the CPU, where a verify's cost grows with its block:
-# SmolLM2-135M's target pass took ~55 ms for 1 token, ~60-80 ms for 4 and ~110-130 ms for 16 on
-# our 2-core VM, so the shipped drafter decodes faster than plain decoding only at B=4 (bench,
-# greedy, HumanEval: torch 1.24x at B=4, 0.72x at B=8, 0.61x at B=16). Unless asked otherwise a
+# on our 2-core VM one SmolLM2-135M target token took ~68-72 ms on torch, a 4-token verify 66-73 ms
+# and a 16-token one 128-148 ms, so the shipped drafter decodes faster than plain decoding only at
+# B=4 (docs/bench/smollm2-135m-torch.json, greedy HumanEval: 1.31x at B=4, 0.76x at B=8, 0.68x at
+# B=16; onnxruntime 1.00x / 0.95x / 0.69x). Unless asked otherwise a
 # request verifies at most this many tokens (a GPU engine, where 16 cost what 1 does, will not cap).
 CPU_BLOCK_SIZE = 4
 

@@ -60,6 +60,7 @@ class TorchDraftSession:
         )
         # Slot j predicts the token at position start + j; slot 0 (the bonus) is not a draft. Its
         # row still goes through the LM head: CPU GEMMs are much slower for odd row counts (measured
-        # on SmolLM2's head: 7 rows 31.6 ms, 8 rows 15.8 ms), and B is usually a multiple of 8.
+        # on SmolLM2's head: 7 rows 31.6 ms, 8 rows 15.8 ms), and B is 4 on a CPU by default or a
+        # multiple of 8; 4 rows take SkinnyLinear's product (runtime/skinny.py), as 3 would.
         logits = self.drafter.logits(hidden, self.target.lm_head)
         return logits[0, 1:].argmax(dim=-1).tolist()
