@@ -215,13 +215,16 @@ def _csv(kind):
 @click.option("--init-drafter", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
               help="Start from this drafter's weights (e.g. fine-tune the shipped one on a larger corpus).")
 @click.option("--train-minutes", type=float, default=None, help="Stop training after this long and write the drafter.")
+@click.option("--draft-vocab", type=click.IntRange(min=0), default=16384, show_default=True,
+              help="The drafter proposes only this many of the training responses' most frequent tokens "
+                   "(a smaller output layer: a faster draft; 0: any token).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default=None, help="torch device (default: cuda when present, else cpu).")
 @user_errors
 def train_drafter(target, out, corpus, num_prompts, data_minutes, corpus_only, max_new_tokens, mix, layers, block_size,
                   block_sizes, taps,
                   mask_token_id, anchors, batch, gen_batch, store_features, bf16, epochs, lr, gamma, distill,
-                  init_drafter, train_minutes, seed, device):
+                  init_drafter, train_minutes, draft_vocab, seed, device):
     """Train a DFlash drafter for TARGET: regenerate responses, then fit. Resumable."""
     import torch
 
@@ -249,7 +252,7 @@ def train_drafter(target, out, corpus, num_prompts, data_minutes, corpus_only, m
     train = TrainConfig(layers=layers, block_size=block_size, block_sizes=block_sizes,
                         mask_token_id=mask_token_id, anchors=anchors,
                         batch=batch, bf16=bf16, epochs=epochs, lr=lr, gamma=gamma, distill=distill, seed=seed,
-                        max_minutes=train_minutes,
+                        max_minutes=train_minutes, draft_vocab=draft_vocab,
                         init_drafter=None if init_drafter is None else str(init_drafter))
     if init_drafter is not None:  # checked before the corpus is built: that can take an hour
         check_init_drafter(train.init_drafter, draft_config_for(target_model, tap_ids, train))
@@ -270,6 +273,22 @@ def train_drafter(target, out, corpus, num_prompts, data_minutes, corpus_only, m
     click.echo(f"drafter written to {path}: validation mean acceptance length {summary['val_tau']:.2f} per block, "
                f"{summary['val_tau_decode']:.2f} per decoding step (greedy, B={block_size}, "
                f"{summary['val_sequences']} held-out sequences)")
+
+
+@main.command("draft-vocab")
+@click.argument("draft", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.option("--corpus", "corpora", multiple=True, required=True,
+              type=click.Path(path_type=Path, file_okay=False, exists=True),
+              help="A training corpus (repeatable): its responses are counted, held-out ones excepted.")
+@click.option("--size", type=click.IntRange(min=0), default=16384, show_default=True,
+              help="How many of the most frequent response tokens to keep (0: remove the list, any token).")
+@user_errors
+def draft_vocab(draft, corpora, size):
+    """Give the drafter DRAFT a draft vocabulary: it then proposes only the corpora's most frequent
+    response tokens, through a smaller output layer (a faster draft step; output is unchanged)."""
+    from dflash_trt.train.vocab import set_draft_vocab
+
+    click.echo(set_draft_vocab(draft, corpora, size))
 
 
 @main.command("pack-corpus")

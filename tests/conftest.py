@@ -12,12 +12,15 @@ from dflash_trt.models.checkpoints import load_drafter, load_target
 
 @pytest.fixture(scope="session")
 def tiny_pairs(tmp_path_factory):
-    """family -> (target dir, drafter dir) for each supported attention-only family."""
+    """family -> (target dir, drafter dir) for each supported attention-only family. The llama
+    drafter has a draft vocabulary (every third id of 264, and the mask), the others propose any id."""
     root = tmp_path_factory.mktemp("pairs")
     pairs = {}
     for seed, family in enumerate(["llama", "qwen3", "qwen3_moe"]):
         target = make_target(root / family, family, seed=seed)
-        drafter = make_drafter(root / f"{family}-draft", seed=seed, block_size=4, target_layer_ids=[1, 2])
+        vocab = sorted(set(range(0, 264, 3)) | {259}) if family == "llama" else None
+        drafter = make_drafter(root / f"{family}-draft", seed=seed, draft_vocab=vocab, block_size=4,
+                               target_layer_ids=[1, 2])
         pairs[family] = (target, drafter)
     return pairs
 

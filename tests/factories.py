@@ -127,15 +127,18 @@ def draft_config_dict(
     return raw
 
 
-def make_drafter(path: Path, seed: int = 0, **config) -> Path:
-    """Write a random drafter in z-lab HF format (float32, so parity tests see no rounding)."""
+def make_drafter(path: Path, seed: int = 0, draft_vocab: list[int] | None = None, **config) -> Path:
+    """Write a random drafter in z-lab HF format (float32, so parity tests see no rounding), with
+    a draft vocabulary (draft_vocab.json) when `draft_vocab` lists token ids."""
     raw = draft_config_dict(**config)
     torch.manual_seed(seed)
     drafter = DFlashDrafter(DraftConfig.from_dict(raw))
     with torch.no_grad():
         for p in drafter.parameters():
             p.add_(torch.randn_like(p) * 0.1)  # norms too, so no weight is a trivial constant
-    save_drafter(drafter, path, dtype=torch.float32)
+    if draft_vocab is not None:
+        drafter.draft_vocab = torch.tensor(sorted(draft_vocab))
+    save_drafter(drafter, path, dtype=torch.float32, vocab_source="test")
     # keep the author's own field layout (top-level vs nested) exactly as given
     (path / "config.json").write_text(json.dumps(raw, indent=2))
     return path

@@ -41,6 +41,11 @@ def _io(name: str, dtype: str, shape: list) -> dict:
     return {"name": name, "dtype": dtype, "shape": shape}
 
 
+def _draft_vocab_size(target: TargetModel, drafter: DFlashDrafter) -> int:
+    """Rows of the draft head: the draft vocabulary's, or the target's whole vocabulary."""
+    return target.vocab_size if drafter.draft_vocab is None else int(drafter.draft_vocab.shape[0])
+
+
 def _graph_specs(target: TargetModel, drafter: DFlashDrafter) -> dict[str, dict]:
     """Names, dtypes and shapes (symbolic dims as strings) of every graph's inputs and outputs."""
     t, d = target.config, drafter.config
@@ -49,6 +54,7 @@ def _graph_specs(target: TargetModel, drafter: DFlashDrafter) -> dict[str, dict]
     d_kv = [d.arch.num_key_value_heads, d.arch.head_dim or d.hidden_size // d.arch.num_attention_heads]
     features = len(d.target_layer_ids) * target.hidden_size
     vocab = target.vocab_size
+    draft_vocab = _draft_vocab_size(target, drafter)
     return {
         "target": {
             "inputs": [_io("input_ids", "int64", ["batch", "new"]), _io("past_lengths", "int64", ["batch"]),
@@ -64,7 +70,7 @@ def _graph_specs(target: TargetModel, drafter: DFlashDrafter) -> dict[str, dict]
         "draft_block": {
             "inputs": [_io("block_ids", "int64", ["batch", "block"]), _io("context_lengths", "int64", ["batch"])]
             + [_io(n, "float32", ["batch", d_kv[0], "context", d_kv[1]]) for n in kv_names("context", dl)],
-            "outputs": [_io("draft_logits", "float32", ["batch", "block-1", vocab]), _io("draft_tokens", "int64", ["batch", "block-1"])],
+            "outputs": [_io("draft_logits", "float32", ["batch", "block-1", draft_vocab]), _io("draft_tokens", "int64", ["batch", "block-1"])],
         },
     }
 
@@ -194,6 +200,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
                 "target_layer_ids": list(d.target_layer_ids),
                 "num_key_value_heads": d.arch.num_key_value_heads,
                 "head_dim": d.arch.head_dim or d.hidden_size // d.arch.num_attention_heads,
+                "draft_vocab_size": _draft_vocab_size(target, drafter),
             },
             "checks": {
                 "onnx.checker": "passed" if not plugin else "passed (no shape inference through dflash ops)",

@@ -4,7 +4,9 @@
                         -> logits [b, s - logits_from, V], features [b, s, taps*H], present K/V per layer
     draft_context.onnx  features [b, n, taps*H], positions [b, n] -> context K/V per draft layer
     draft_block.onnx    block_ids [b, B], context_lengths [b], context K/V per draft layer
-                        -> draft_logits [b, B-1, V], draft_tokens [b, B-1]
+                        -> draft_logits [b, B-1, V'], draft_tokens [b, B-1]
+
+V' is the drafter's draft vocabulary size (the target's V without one); draft_tokens are target ids.
 
 K/V tensors are [b, kv_heads, tokens, head_dim], K after RoPE. Caches grow by concatenation
 (present = past ++ new) and rows are valid up to their length: `past_lengths` / `context_lengths`
@@ -120,7 +122,7 @@ class DraftBlockGraph(nn.Module):
         super().__init__()
         self.drafter = drafter
         self.embed_tokens = target.model.get_input_embeddings()  # the drafter borrows the target's
-        self.lm_head = target.lm_head
+        self.head = drafter.head(target.lm_head)
 
     def forward(self, block_ids: torch.Tensor, context_lengths: torch.Tensor, *context: torch.Tensor):
         b, n = block_ids.shape
@@ -133,5 +135,5 @@ class DraftBlockGraph(nn.Module):
             nn.functional.embedding(block_ids, self.embed_tokens.weight), positions, pairs, context_index,
             visible[:, None, None, :],
         )
-        logits = self.drafter.logits(hidden[:, 1:], self.lm_head).float()  # slot 0 is the bonus, not a draft
-        return logits, logits.argmax(dim=-1)
+        logits, tokens = self.head(hidden[:, 1:])  # slot 0 is the bonus, not a draft
+        return logits.float(), tokens

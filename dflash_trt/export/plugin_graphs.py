@@ -44,7 +44,7 @@ class PluginDraftBlockGraph(nn.Module):
         check_plugin_drafter(drafter)
         self.drafter = drafter
         self.embed_tokens = target.model.get_input_embeddings()
-        self.lm_head = target.lm_head
+        self.head = drafter.head(target.lm_head)
 
     def forward(self, block_ids: torch.Tensor, context_lengths: torch.Tensor, *context: torch.Tensor):
         d = self.drafter
@@ -63,5 +63,5 @@ class PluginDraftBlockGraph(nn.Module):
                                   d.config.layer_window(index) or 0)
             x = x + attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        logits = d.logits(d.norm(x)[:, 1:], self.lm_head).float()
-        return logits, logits.argmax(dim=-1)
+        logits, tokens = self.head(d.norm(x)[:, 1:])
+        return logits.float(), tokens

@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerBa
 from dflash_trt.errors import DFlashError
 from dflash_trt.models import embedded
 from dflash_trt.models.draft_config import DraftConfig
+from dflash_trt.models.draft_vocab import DRAFT_VOCAB_FILE, read_draft_vocab, write_draft_vocab
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.pairing import TargetShape, validate_pair
 from dflash_trt.models.target import TargetModel, check_model_type
@@ -74,6 +75,7 @@ def check_pair(target_spec: str, draft_path: str | Path) -> None:
         raise DFlashError(f"drafter '{draft_path}' is not a directory (expected config.json + *.safetensors)")
     draft_config = DraftConfig.from_dir(draft_path)
     safetensors_files(draft_path, "drafter")
+    read_draft_vocab(draft_path, getattr(config, "vocab_size", None))
     validate_pair(TargetShape.of(config), draft_config, load_tokenizer(source), load_tokenizer(str(draft_path)))
 
 
@@ -116,11 +118,15 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32) -> DFlash
                 f"{path}: weight {name} has shape {tuple(state[name].shape)}, config says {tuple(tensor.shape)}"
             )
     drafter.load_state_dict(state)
+    drafter.draft_vocab = read_draft_vocab(path, config.vocab_size)
     return drafter.to(dtype).eval()
 
 
-def save_drafter(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
-    """Write z-lab HF format: config.json + model.safetensors (no embedding, no LM head)."""
+def save_drafter(
+    drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype = torch.bfloat16, vocab_source: str = ""
+) -> None:
+    """Write z-lab HF format: config.json + model.safetensors (no embedding, no LM head), plus
+    draft_vocab.json when the drafter has a draft vocabulary."""
     import json
 
     path = Path(path)
@@ -130,3 +136,7 @@ def save_drafter(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype = 
     config = drafter.config.to_dict()
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if drafter.draft_vocab is not None:
+        write_draft_vocab(path, drafter.draft_vocab, vocab_source)
+    else:  # a folder written over keeps no stale list
+        (path / DRAFT_VOCAB_FILE).unlink(missing_ok=True)

@@ -22,6 +22,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 
 from dflash_trt.models.draft_config import DraftConfig
+from dflash_trt.models.draft_vocab import DraftHead
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]  # K, V: [batch, kv_heads, tokens, head_dim], K post-RoPE
 
@@ -126,6 +127,9 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = Qwen3RMSNorm(arch.hidden_size, eps=arch.rms_norm_eps)
         self.norm = Qwen3RMSNorm(arch.hidden_size, eps=arch.rms_norm_eps)
         self.rotary = Qwen3RotaryEmbedding(arch)  # inv_freq is a non-persistent buffer
+        # Token ids it may propose (models/draft_vocab.py); None: the whole vocabulary. Not a
+        # buffer: z-lab's state dict has no such entry, so it travels in its own file.
+        self.draft_vocab: torch.Tensor | None = None
 
     def rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary(like, positions)
@@ -165,10 +169,7 @@ class DFlashDrafter(nn.Module):
             x = layer(x, cos, sin, context[index], mask)
         return self.norm(x)
 
-    def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        """Draft logits through the target's LM head (the drafter has none of its own)."""
-        logits = lm_head(hidden) * self.config.output_multiplier
-        cap = self.config.final_logit_softcapping
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+    def head(self, lm_head: nn.Module) -> DraftHead:
+        """The output layer over the target's LM head (the drafter has none of its own),
+        restricted to `draft_vocab` when the drafter has one."""
+        return DraftHead(lm_head, self.draft_vocab, self.config.output_multiplier, self.config.final_logit_softcapping)

@@ -89,7 +89,9 @@ class LLM:
         if draft is not None:
             self.drafter = load_drafter(draft)
             validate_pair(self.target, self.drafter.config)  # the loaded embedding may differ from the config
+            self.draft_head = self.drafter.head(self.target.lm_head)  # built once, shared by sessions
             use_skinny_linears(self.drafter)
+            use_skinny_linears(self.draft_head)
         use_skinny_linears(self.target.model)  # a verify of 2-4 tokens then costs about what 1 does
         self.vocab_size = self.target.vocab_size
         self.has_drafter = self.drafter is not None
@@ -127,7 +129,7 @@ class LLM:
         if not speculative:
             return TorchTargetSession(self.target, ()), None
         taps = self.drafter.config.target_layer_ids
-        return TorchTargetSession(self.target, taps), TorchDraftSession(self.drafter, self.target)
+        return TorchTargetSession(self.target, taps), TorchDraftSession(self.drafter, self.target, self.draft_head)
 
     # -- prompts -------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from dflash_trt.models.draft_vocab import DraftHead
 from dflash_trt.models.drafter import DFlashDrafter, LayerKV
 from dflash_trt.models.target import TargetModel
 
@@ -29,9 +30,11 @@ class TorchTargetSession:
 class TorchDraftSession:
     """Holds the drafter's context K/V for the committed prefix (block K/V are never kept)."""
 
-    def __init__(self, drafter: DFlashDrafter, target: TargetModel):
+    def __init__(self, drafter: DFlashDrafter, target: TargetModel, head: DraftHead | None = None):
         self.drafter = drafter
         self.target = target
+        # Callers that open many sessions pass one head: a draft vocabulary's head is a copy of rows.
+        self.head = head if head is not None else drafter.head(target.lm_head)
         self.mask_token_id = drafter.config.mask_token_id
         self.context: list[LayerKV] | None = None
         self.length = 0  # committed positions whose K/V are cached
@@ -59,8 +62,8 @@ class TorchDraftSession:
             torch.arange(0, start, device=device)[None],
         )
         # Slot j predicts the token at position start + j; slot 0 (the bonus) is not a draft. Its
-        # row still goes through the LM head: CPU GEMMs are much slower for odd row counts (measured
-        # on SmolLM2's head: 7 rows 31.6 ms, 8 rows 15.8 ms), and B is 4 on a CPU by default or a
-        # multiple of 8; 4 rows take SkinnyLinear's product (runtime/skinny.py), as 3 would.
-        logits = self.drafter.logits(hidden, self.target.lm_head)
-        return logits[0, 1:].argmax(dim=-1).tolist()
+        # row still goes through the head: CPU GEMMs are much slower for odd row counts (measured
+        # on SmolLM2's head: 7 rows 31.6 ms, 8 rows 15.8 ms), and B is 4 on a CPU by default;
+        # 4 rows take SkinnyLinear's product (runtime/skinny.py), as 3 would.
+        _, tokens = self.head(hidden)
+        return tokens[0, 1:].tolist()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from dflash_trt.models.draft_vocab import scale_logits
 from dflash_trt.models.drafter import DFlashDrafter
 
 IGNORE = -100
@@ -150,10 +151,7 @@ def block_logits(
     weight = lm_head_weight if vocab is None else lm_head_weight[vocab]
     # one 2-D GEMM: a 3-D `hidden @ weight.T` runs as a batched matmul, ~8x slower on CPU
     logits = (hidden @ weight.T).view(rows, -1, weight.shape[0])
-    if drafter.config.output_multiplier != 1.0:
-        logits = logits * drafter.config.output_multiplier
-    cap = drafter.config.final_logit_softcapping
-    return torch.tanh(logits / cap) * cap if cap else logits
+    return scale_logits(logits, drafter.config.output_multiplier, drafter.config.final_logit_softcapping)
 
 
 def weighted_loss(

@@ -17,6 +17,7 @@ from tqdm import tqdm
 from dflash_trt.errors import DFlashError
 from dflash_trt.models.checkpoints import load_drafter, resolve_draft, save_drafter
 from dflash_trt.models.draft_config import DraftConfig
+from dflash_trt.models.draft_vocab import most_frequent, response_counts
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.target import TargetModel
 from dflash_trt.train.data import read_shard, tapped_features
@@ -34,6 +35,8 @@ from dflash_trt.train.objective import (
     weighted_loss,
 )
 from dflash_trt.train.teacher import check_distillable, final_hidden, teacher_logprobs
+
+OUTSIDE_DRAFT_VOCAB = -1  # a label the draft vocabulary cannot produce: it never matches a draft
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,9 @@ class TrainConfig:
     seed: int = 0
     max_minutes: float | None = None  # stop early (and still write the drafter) after this long
     checkpoint_every: int = 200
+    # the drafter proposes only the `draft_vocab` most frequent response tokens of its training split
+    # (models/draft_vocab.py: a smaller head, a faster draft); 0: the whole vocabulary
+    draft_vocab: int = 16384
 
     def __post_init__(self):
         if self.gamma is not None and not self.gamma > 0:
@@ -245,6 +251,13 @@ class Trainer:
         self.embed = target.model.get_input_embeddings().weight.detach().to(self.device)
         self.head = target.lm_head.weight.detach().to(self.device)
         self.vocab, self.remap = self._training_vocab(sequences)
+        self.draft_vocab, self.draft_remap = None, None
+        if config.draft_vocab:  # what the drafter will propose; validation drafts from it too
+            ids = most_frequent(response_counts(self.train, target.vocab_size), config.draft_vocab)
+            self.drafter.draft_vocab = ids
+            self.draft_remap = torch.full((target.vocab_size,), OUTSIDE_DRAFT_VOCAB, dtype=torch.long)
+            self.draft_remap[ids] = torch.arange(ids.shape[0])
+            self.draft_vocab, self.draft_remap = ids.to(self.device), self.draft_remap.to(self.device)
         self.weights = position_weights(config.block_size, default_gamma(config.block_size) if config.gamma is None else config.gamma)
         self.optimizer = torch.optim.AdamW(
             self.drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95)
@@ -270,7 +283,7 @@ class Trainer:
 
     def identity(self) -> dict:
         """Settings a checkpoint must share to be resumed (time limits and cadence may change)."""
-        identity = {k: v for k, v in asdict(self.config).items() if k not in ("max_minutes", "checkpoint_every")}
+        identity = {k: v for k, v in asdict(self.config).items() if k not in ("max_minutes", "checkpoint_every", "draft_vocab")}
         # unset: as checkpoints written before these settings existed
         if identity["gamma"] is None:
             del identity["gamma"]
@@ -444,7 +457,8 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self, anchors: int = 32, walk_tokens: int = 128) -> dict:
-        """Greedy acceptance on held-out sequences, over the FULL vocabulary as at inference.
+        """Greedy acceptance on held-out sequences, drafting as at inference (from the draft
+        vocabulary when the run has one, else from the full vocabulary).
 
         `val_tau` averages blocks at random response positions. Decoding does not visit positions
         uniformly: it takes many short steps where the drafter is weak and few long ones where it is
@@ -493,8 +507,11 @@ class Trainer:
         return torch.cat(taus), tokens, steps
 
     def _acceptance(self, batch) -> torch.Tensor:
-        logits = block_logits(self.drafter, self.embed, self.head, batch)
-        tau = greedy_acceptance(logits, batch.labels.to(self.device))
+        labels = batch.labels.to(self.device)
+        logits = block_logits(self.drafter, self.embed, self.head, batch, self.draft_vocab)
+        if self.draft_vocab is not None:  # logits index the draft vocabulary: so must the labels
+            labels = torch.where(labels == IGNORE, IGNORE, self.draft_remap[labels.clamp(min=0)])
+        tau = greedy_acceptance(logits, labels)
         return tau[batch.real_blocks.to(self.device)].float().cpu()
 
     def _acceptance_everywhere(
@@ -515,7 +532,8 @@ class Trainer:
         final = self.out / "drafter"
         tmp = self.out / "drafter.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        save_drafter(self.drafter.cpu(), tmp)
+        source = f"the (at most) {self.config.draft_vocab} most frequent response tokens of the training split ({len(self.train)} sequences)"
+        save_drafter(self.drafter.cpu(), tmp, vocab_source=source)
         (tmp / "training.json").write_text(json.dumps({"config": asdict(self.config), "taps": self.taps, **summary}, indent=2))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)

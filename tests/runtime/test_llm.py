@@ -100,11 +100,13 @@ def test_stop_strings_need_a_tokenizer(tmp_path):
         llm.generate("text")
 
 
-def test_sampled_speculative_output_follows_the_target_distribution(tmp_path):
+@pytest.mark.parametrize("draft_vocab", [None, [1, 4, 6]])
+def test_sampled_speculative_output_follows_the_target_distribution(tmp_path, draft_vocab):
     """T>0 end to end on a vocabulary of 8: the second token (the first one a verify step emits)
-    has the exact marginal sum_t1 p(t1) p(t2 | t1) of the target."""
+    has the exact marginal sum_t1 p(t1) p(t2 | t1) of the target, also when the drafter may
+    propose only 3 of the 8 ids (a draft vocabulary)."""
     target = make_target(tmp_path / "t", "qwen3", vocab_size=8, tokenizer=False, seed=3)
-    draft = make_drafter(tmp_path / "d", mask_token_id=7, seed=4)
+    draft = make_drafter(tmp_path / "d", mask_token_id=7, seed=4, draft_vocab=draft_vocab)
     llm = LLM(str(target), str(draft))
     params = dict(temperature=1.5, top_k=6, max_tokens=2, ignore_eos=True)
     prompt = [1, 2, 3]
@@ -126,3 +128,5 @@ def test_sampled_speculative_output_follows_the_target_distribution(tmp_path):
     assert counts[~support].sum() == 0
     assert chisquare(counts[support].numpy(), (marginal[support] * counts.sum()).numpy()).pvalue > 1e-3
     assert 0 < accepted < 1500  # both the accept and the reject paths were taken
+    if draft_vocab:
+        assert llm.draft_head.size == len(draft_vocab)  # the restricted head was in use

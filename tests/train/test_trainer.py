@@ -113,6 +113,21 @@ def test_training_lowers_the_loss_and_exports_a_loadable_drafter(corpus, tmp_pat
     assert drafter.config.target_layer_ids == TAPS and drafter.config.block_size == 4
     assert next(drafter.parameters()).dtype == torch.float32  # loaded for compute; stored bf16
     assert not (tmp_path / "drafter.tmp").exists()
+    # the draft vocabulary: every token its training responses hold (fewer than the default 16384)
+    seen = {t for seq in trainer.train for t in seq["tokens"][seq["prompt_len"] :].tolist()}
+    assert drafter.draft_vocab.tolist() == sorted(seen) and len(seen) < target.vocab_size
+
+
+def test_a_draft_vocabulary_keeps_the_most_frequent_response_tokens_or_none(corpus, tmp_path):
+    target, root = corpus
+    trainer = Trainer(target, root, tmp_path / "five", config(epochs=0.1, draft_vocab=5), device="cpu")
+    counts = torch.zeros(target.vocab_size, dtype=torch.long)
+    for seq in trainer.train:
+        counts += torch.bincount(seq["tokens"][seq["prompt_len"] :], minlength=target.vocab_size)
+    drafter = load_drafter(trainer.export(trainer.fit()))
+    assert len(drafter.draft_vocab) == 5 and counts[drafter.draft_vocab].min() >= counts.topk(5).values.min()
+    whole = Trainer(target, root, tmp_path / "whole", config(epochs=0.1, draft_vocab=0), device="cpu")
+    assert load_drafter(whole.export(whole.fit())).draft_vocab is None
 
 
 @pytest.mark.parametrize("batch", [1, 2])
