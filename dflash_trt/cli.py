@@ -155,7 +155,7 @@ def inspect(bundle, no_verify):
                f"{'' if no_verify else ', all file hashes match'}")
     click.echo(f"target: {t['model_type']}, {t['num_layers']} layers, hidden {t['hidden_size']}, vocab {t['vocab_size']}")
     click.echo(f"draft: {d['num_layers']} layers, block size {d['block_size']}, taps {d['target_layer_ids']}, "
-               f"mask id {d['mask_token_id']}")
+               f"mask id {d['mask_token_id']}, drafts from {d.get('draft_vocab_size', t['vocab_size'])} token ids")
     for graph in manifest["graphs"].values():
         click.echo(f"{graph['file']}:")
         for kind in ("inputs", "outputs"):

@@ -62,7 +62,7 @@ def test_user_errors_are_one_line(pair_args, args, message):
 
 
 @pytest.mark.parametrize(
-    "command", [[], ["generate"], ["train-drafter"], ["export"], ["inspect"], ["bench"], ["bench-report"], ["pack-corpus"]]
+    "command", [[], ["generate"], ["train-drafter"], ["export"], ["inspect"], ["bench"], ["bench-report"], ["pack-corpus"], ["draft-vocab"]]
 )
 def test_help_everywhere(command):
     result = CliRunner().invoke(main, [*command, "--help"])
