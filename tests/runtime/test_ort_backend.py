@@ -64,6 +64,27 @@ def test_greedy_plugin_flavour_equals_torch(plugin_bundle, tiny_pairs, block):
         assert a.token_ids == b.token_ids and a.metrics.acceptance_lengths == b.metrics.acceptance_lengths
 
 
+def test_plugin_flavour_with_a_draft_vocabulary_equals_torch(tiny_pairs, tmp_path):
+    """The llama drafter drafts from 89 of 264 ids: its plugin-flavour bundle passes the polygraphy
+    check and decodes what the torch backend does, step for step."""
+    from dflash_trt.export import op_library
+    from dflash_trt.export.bundle import export_bundle
+    from dflash_trt.models.checkpoints import load_drafter, load_target
+
+    if not op_library.LIBRARY.is_file():
+        pytest.skip("dflash op library not built (bash scripts/build_plugins.sh)")
+    target_dir, draft_dir = tiny_pairs["llama"]
+    target, tokenizer = load_target(str(target_dir))
+    drafter = load_drafter(draft_dir)
+    assert drafter.draft_vocab is not None
+    path = export_bundle(target, drafter, tokenizer, tmp_path / "b", flavour="plugin", check=True)
+    ours, ref = LLM.from_bundle(path, block_size=4), LLM(str(target_dir), str(draft_dir), block_size=4)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    for prompt in ["hello there", [9, 8, 7, 6]]:
+        a, b = ours.generate(prompt, params)[0], ref.generate(prompt, params)[0]
+        assert a.token_ids == b.token_ids and a.metrics.acceptance_lengths == b.metrics.acceptance_lengths
+
+
 def test_from_bundle_runs_without_loading_pytorch_model_code(bundles):
     """A fresh interpreter loads a bundle and generates; no model-definition module is imported."""
     import json
