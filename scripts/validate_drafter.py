@@ -17,7 +17,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from dflash_trt.models.checkpoints import load_target, resolve_draft
+from dflash_trt.models.checkpoints import load_drafter, load_target, resolve_draft
 from dflash_trt.models.draft_config import DraftConfig
 from dflash_trt.models.embedded import DEFAULT_TARGET, default_drafter
 from dflash_trt.train.trainer import SPLIT_FILE, TrainConfig, Trainer
@@ -54,6 +54,7 @@ def main() -> None:
                          seed=args.seed, init_drafter=draft, val_share=val_share)
     with tempfile.TemporaryDirectory() as scratch:
         trainer = Trainer(target, args.corpus, Path(scratch), config, device="cpu")
+    trainer.use_draft_vocab(load_drafter(draft).draft_vocab)  # the drafter's own list, not one from this corpus
     for zeroed in ablations:
         result = measure(trainer, trainer.val[: args.sequences], [shape.target_layer_ids.index(t) for t in zeroed],
                          shape.hidden_size, args)

@@ -251,13 +251,10 @@ class Trainer:
         self.embed = target.model.get_input_embeddings().weight.detach().to(self.device)
         self.head = target.lm_head.weight.detach().to(self.device)
         self.vocab, self.remap = self._training_vocab(sequences)
-        self.draft_vocab, self.draft_remap = None, None
-        if config.draft_vocab:  # what the drafter will propose; validation drafts from it too
-            ids = most_frequent(response_counts(self.train, target.vocab_size), config.draft_vocab)
-            self.drafter.draft_vocab = ids
-            self.draft_remap = torch.full((target.vocab_size,), OUTSIDE_DRAFT_VOCAB, dtype=torch.long)
-            self.draft_remap[ids] = torch.arange(ids.shape[0])
-            self.draft_vocab, self.draft_remap = ids.to(self.device), self.draft_remap.to(self.device)
+        # what the drafter will propose; validation drafts from it too
+        self.use_draft_vocab(
+            most_frequent(response_counts(self.train, target.vocab_size), config.draft_vocab) if config.draft_vocab else None
+        )
         self.weights = position_weights(config.block_size, default_gamma(config.block_size) if config.gamma is None else config.gamma)
         self.optimizer = torch.optim.AdamW(
             self.drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95)
@@ -268,6 +265,15 @@ class Trainer:
         self.history: list[dict] = []
         self.started: float | None = None
         self.resumed_elapsed_s = 0.0
+
+    def use_draft_vocab(self, ids: torch.Tensor | None) -> None:
+        """Draft from these token ids (None: all) in validation and in the exported drafter."""
+        self.drafter.draft_vocab = ids
+        self.draft_vocab = self.draft_remap = None
+        if ids is not None:
+            remap = torch.full((self.target.vocab_size,), OUTSIDE_DRAFT_VOCAB, dtype=torch.long)
+            remap[ids] = torch.arange(ids.shape[0])
+            self.draft_vocab, self.draft_remap = ids.to(self.device), remap.to(self.device)
 
     def _training_vocab(self, sequences: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
         """Every token id in the corpus: the output layer is restricted to these while training."""

@@ -309,14 +309,22 @@ def test_a_distill_share_outside_zero_to_one_is_refused(share):
 def test_the_validation_script_reports_the_trainers_validation_and_zeroes_taps(corpus, tmp_path, capsys, monkeypatch):
     """scripts/validate_drafter.py samples the same held-out blocks as `Trainer.validate` and walks
     the same responses, so with no tap zeroed its figures are the trainer's; zeroing every tap
-    leaves the drafter only its block tokens."""
+    leaves the drafter only its block tokens. The script drafts from the drafter's own list, not
+    from the one a run on this corpus would choose: here that list keeps every other id of the run's."""
     import runpy
     from pathlib import Path
+
+    from dflash_trt.models.draft_vocab import write_draft_vocab
 
     target, root = corpus
     trainer = Trainer(target, root, tmp_path / "run", config(epochs=4), device="cpu")
     path = trainer.export(trainer.fit())
+    full = trainer.validate(walk_tokens=128)
+    kept = trainer.draft_vocab.cpu()[::2]  # every other id the run chose
+    write_draft_vocab(path, kept, "test")
+    trainer.use_draft_vocab(kept)
     expected = trainer.validate(walk_tokens=128)
+    assert expected["val_tau"] < full["val_tau"]  # the list matters here
     script = Path(__file__).resolve().parents[2] / "scripts" / "validate_drafter.py"
     target_dir = str(target.model.config._name_or_path)
     argv = ["validate_drafter.py", "--corpus", str(root), "--target", target_dir, "--draft", str(path), "--walk",
