@@ -81,6 +81,7 @@ class SettingResult:
     decode_speedup: float | None = None
     mismatches: list[dict] | None = None  # greedy only; None: not checked
     outputs: list[str] = field(default_factory=list)
+    draft_vocab_size: int | None = None  # token ids the drafter may propose (offline mode; None: unknown)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -142,7 +143,7 @@ def run_offline_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) ->
                     temperature=temperature, concurrency=1, prompts=len(prompts),
                     dflash=summarize(records, wall, size),
                     baseline=summarize(base[0], base[1], None) if base else None,
-                    outputs=[r.text for r in records],
+                    outputs=[r.text for r in records], draft_vocab_size=llm.draft_vocab_size,
                 )
                 results.append(compare(result, records, base[0] if base else None))
     return results

