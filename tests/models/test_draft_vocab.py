@@ -10,7 +10,13 @@ from torch import nn
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.models.checkpoints import load_drafter, save_drafter
-from dflash_trt.models.draft_vocab import DRAFT_VOCAB_FILE, DraftHead, most_frequent, read_draft_vocab
+from dflash_trt.models.draft_vocab import (
+    DRAFT_VOCAB_FILE,
+    DraftHead,
+    most_frequent,
+    read_draft_vocab,
+    write_draft_vocab,
+)
 
 
 def lm_head(vocab=50, hidden=16, bias=False):
@@ -100,3 +106,19 @@ def test_both_backends_report_how_many_ids_the_drafter_may_propose(tiny_pairs, b
     assert LLM(*map(str, tiny_pairs["llama"])).draft_vocab_size == 89  # its list
     assert LLM.from_bundle(bundles["llama"][0]).draft_vocab_size == 89
     assert LLM(*map(str, tiny_pairs["qwen3"])).draft_vocab_size == 264  # no list: the target's vocabulary
+
+
+def test_adding_or_changing_a_draft_vocabulary_gives_a_fresh_cached_bundle(tiny_pairs, tmp_path):
+    """LLM(..., backend="onnxruntime") caches its export by the checkpoints' files: a new list must
+    not be served a bundle whose draft graph was traced without it."""
+    import shutil
+
+    from dflash_trt.runtime.bundles import bundle_key
+
+    target, draft = tiny_pairs["qwen3"]
+    draft = shutil.copytree(draft, tmp_path / "d")
+    before = bundle_key(str(target), str(draft))
+    write_draft_vocab(draft, torch.tensor([1, 2, 3]), "test")
+    listed = bundle_key(str(target), str(draft))
+    write_draft_vocab(draft, torch.tensor([1, 2, 3, 4]), "test")
+    assert len({before, listed, bundle_key(str(target), str(draft))}) == 3
