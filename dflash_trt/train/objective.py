@@ -125,14 +125,12 @@ def stack_blocks(items: list[tuple[torch.Tensor, Blocks]], mask_id: int) -> Bloc
 def block_logits(
     drafter: DFlashDrafter,
     embed: torch.Tensor,
-    lm_head_weight: torch.Tensor,
+    head_rows: torch.Tensor,
     batch: BlockBatch,
-    vocab: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Packed drafter pass -> logits [b*n, B-1, V'] for slots 1..B-1.
-
-    `vocab` restricts the output layer to the listed token ids (the labels must all be among
-    them): on CPU the 49k-row LM head otherwise costs more than the whole drafter.
+    """Packed drafter pass -> logits [b*n, B-1, V'] for slots 1..B-1, one column per row of
+    `head_rows` [V', H]: the LM head's rows for the ids the caller scores (the labels must all be
+    among them). On CPU the 49k-row LM head otherwise costs more than the whole drafter.
     """
     features = batch.features
     b, ctx_len = features.shape[:2]
@@ -148,9 +146,8 @@ def block_logits(
     )
     rows, width = batch.labels.shape[0], hidden.shape[-1]
     hidden = hidden.reshape(rows, -1, width)[:, 1:].reshape(-1, width)  # slot 0 is the anchor itself
-    weight = lm_head_weight if vocab is None else lm_head_weight[vocab]
-    # one 2-D GEMM: a 3-D `hidden @ weight.T` runs as a batched matmul, ~8x slower on CPU
-    logits = (hidden @ weight.T).view(rows, -1, weight.shape[0])
+    # one 2-D GEMM: a 3-D `hidden @ head_rows.T` runs as a batched matmul, ~8x slower on CPU
+    logits = (hidden @ head_rows.T).view(rows, -1, head_rows.shape[0])
     return scale_logits(logits, drafter.config.output_multiplier, drafter.config.final_logit_softcapping)
 
 

@@ -49,19 +49,18 @@ def final_hidden(model: PreTrainedModel, tap_hidden: torch.Tensor, tap_layer: in
 
 @torch.no_grad()
 def teacher_logprobs(
-    final: torch.Tensor, positions: torch.Tensor, block_size: int, head: torch.Tensor, vocab: torch.Tensor | None
+    final: torch.Tensor, positions: torch.Tensor, block_size: int, head_rows: torch.Tensor
 ) -> torch.Tensor:
     """Log-probabilities [b*n, B-1, V'] of the target for block slots 1..B-1.
 
     `final` is [b, L, H] (one row per token but each sequence's last), `positions` the blocks'
     [b, n*B] slot positions. Slot k of a block at anchor a is labelled with the token at a+k, which
     the target predicted from row a+k-1. Rows past a sequence's end are clamped; their labels are
-    ignored anyway. `vocab` restricts the distribution to the ids the training logits cover.
+    ignored anyway. `head_rows` are the LM head's rows for the ids the training logits cover.
     """
     b, length, width = final.shape
     rows = positions.view(b, -1, block_size)[:, :, 1:].to(final.device) - 1
     rows = rows.clamp(0, length - 1).reshape(b, -1)
     picked = torch.gather(final, 1, rows[..., None].expand(-1, -1, width)).reshape(-1, width)
-    weight = head if vocab is None else head[vocab]
-    logits = (picked @ weight.T).view(-1, block_size - 1, weight.shape[0])
+    logits = (picked @ head_rows.T).view(-1, block_size - 1, head_rows.shape[0])
     return F.log_softmax(logits.float(), dim=-1)

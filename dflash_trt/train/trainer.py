@@ -251,6 +251,7 @@ class Trainer:
         self.embed = target.model.get_input_embeddings().weight.detach().to(self.device)
         self.head = target.lm_head.weight.detach().to(self.device)
         self.vocab, self.remap = self._training_vocab(sequences)
+        self.vocab_head = self.head[self.vocab]  # the output rows training computes, gathered once, not per step
         # what the drafter will propose; validation drafts from it too
         self.use_draft_vocab(
             most_frequent(response_counts(self.train, target.vocab_size), config.draft_vocab) if config.draft_vocab else None
@@ -269,11 +270,11 @@ class Trainer:
     def use_draft_vocab(self, ids: torch.Tensor | None) -> None:
         """Draft from these token ids (None: all) in validation and in the exported drafter."""
         self.drafter.draft_vocab = ids
-        self.draft_vocab = self.draft_remap = None
+        self.draft_head, self.draft_remap = self.head, None  # the rows validation drafts from
         if ids is not None:
             remap = torch.full((self.target.vocab_size,), OUTSIDE_DRAFT_VOCAB, dtype=torch.long)
             remap[ids] = torch.arange(ids.shape[0])
-            self.draft_vocab, self.draft_remap = ids.to(self.device), remap.to(self.device)
+            self.draft_head, self.draft_remap = self.head[ids.to(self.device)], remap.to(self.device)
 
     def _training_vocab(self, sequences: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
         """Every token id in the corpus: the output layer is restricted to these while training."""
@@ -383,7 +384,7 @@ class Trainer:
         labels = torch.where(labels == IGNORE, IGNORE, self.remap[labels.clamp(min=0)]).to(self.device)
         # bf16 autocast halves the step on GPUs and on CPUs with AVX512-BF16/AMX; validation stays fp32.
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-            logits = block_logits(self.drafter, self.embed, self.head, batch, self.vocab)
+            logits = block_logits(self.drafter, self.embed, self.vocab_head, batch)
         logits = logits.float()
         teacher = self._teacher(batch) if cfg.distill else None
         loss = weighted_loss(logits, labels, self.weights, teacher, cfg.distill)
@@ -404,7 +405,7 @@ class Trainer:
         width = self.target.hidden_size
         tap = batch.features[..., deepest * width : (deepest + 1) * width]
         final = final_hidden(self.target.model, tap, self.taps[deepest])
-        return teacher_logprobs(final, batch.positions, self.config.block_size, self.head, self.vocab)
+        return teacher_logprobs(final, batch.positions, self.config.block_size, self.vocab_head)
 
     def elapsed_s(self) -> float:
         """Training time so far, across resumes: a time limit covers the whole run, not each part."""
@@ -514,8 +515,8 @@ class Trainer:
 
     def _acceptance(self, batch) -> torch.Tensor:
         labels = batch.labels.to(self.device)
-        logits = block_logits(self.drafter, self.embed, self.head, batch, self.draft_vocab)
-        if self.draft_vocab is not None:  # logits index the draft vocabulary: so must the labels
+        logits = block_logits(self.drafter, self.embed, self.draft_head, batch)
+        if self.draft_remap is not None:  # logits index the draft vocabulary: so must the labels
             labels = torch.where(labels == IGNORE, IGNORE, self.draft_remap[labels.clamp(min=0)])
         tau = greedy_acceptance(logits, labels)
         return tau[batch.real_blocks.to(self.device)].float().cpu()

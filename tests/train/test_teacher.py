@@ -45,7 +45,7 @@ def test_teacher_slot_k_is_the_targets_distribution_for_the_token_at_anchor_plus
     final = final_hidden(target.model, tap3, tap_layer=3)
     head = target.lm_head.weight
     vocab = torch.tensor([3, 40, 41, 200, 258])
-    got = teacher_logprobs(final, batch.positions, BLOCK, head, vocab)
+    got = teacher_logprobs(final, batch.positions, BLOCK, head[vocab])
     assert got.shape == (2 * 3, BLOCK - 1, vocab.shape[0])
     n = 3
     for i, seq in enumerate(seqs):

@@ -320,7 +320,7 @@ def test_the_validation_script_reports_the_trainers_validation_and_zeroes_taps(c
     trainer = Trainer(target, root, tmp_path / "run", config(epochs=4), device="cpu")
     path = trainer.export(trainer.fit())
     full = trainer.validate(walk_tokens=128)
-    kept = trainer.draft_vocab.cpu()[::2]  # every other id the run chose
+    kept = trainer.drafter.draft_vocab[::2]  # every other id the run chose
     write_draft_vocab(path, kept, "test")
     trainer.use_draft_vocab(kept)
     expected = trainer.validate(walk_tokens=128)
