@@ -132,3 +132,31 @@ def test_bundle_sessions_stop_spinning_after_each_run():
     from dflash_trt.export.op_library import session_options
 
     assert session_options(False).get_session_config_entry("session.force_spinning_stop") == "1"
+
+
+def test_a_drafter_tapping_the_last_layer_decodes_as_on_torch(tiny_pairs, tmp_path):
+    """HF reports the last layer's output after the final norm, and that is what the torch backend
+    taps. The exported target graph must hand the drafter the same features, or a drafter trained
+    on that tap drafts from other inputs on onnxruntime (and TensorRT)."""
+    import numpy as np
+    from factories import make_drafter
+
+    from dflash_trt.export.bundle import export_bundle
+    from dflash_trt.models.checkpoints import load_drafter, load_target
+    from dflash_trt.runtime.ort_backend import OrtBundle, OrtTargetSession
+
+    target_dir, _ = tiny_pairs["qwen3"]
+    target, tokenizer = load_target(str(target_dir))
+    last = target.num_layers - 1
+    draft_dir = make_drafter(tmp_path / "draft", seed=3, block_size=4, target_layer_ids=[1, last])
+    path = export_bundle(target, load_drafter(draft_dir), tokenizer, tmp_path / "bundle", check=False)
+
+    prompt = [5, 9, 17, 33, 2, 71]
+    _, ours = OrtTargetSession(OrtBundle(path)).prefill(prompt)
+    _, ref = target.forward(prompt, target.new_cache(), (1, last))
+    np.testing.assert_allclose(ours.numpy(), ref.numpy(), atol=1e-4, rtol=0)
+
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    a = LLM.from_bundle(path, block_size=4).generate([9, 8, 7, 6], params)[0]
+    b = LLM(str(target_dir), str(draft_dir), block_size=4).generate([9, 8, 7, 6], params)[0]
+    assert a.token_ids == b.token_ids and a.metrics.acceptance_lengths == b.metrics.acceptance_lengths
