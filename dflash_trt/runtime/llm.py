@@ -67,6 +67,7 @@ class LLM:
         from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, resolve_draft
         from dflash_trt.models.pairing import validate_pair
         from dflash_trt.models.target import eos_token_ids
+        from dflash_trt.runtime.grouped_attention import use_grouped_attention
         from dflash_trt.runtime.skinny import use_skinny_linears
 
         if draft == AUTO:
@@ -93,6 +94,7 @@ class LLM:
             use_skinny_linears(self.drafter)
             use_skinny_linears(self.draft_head)
         use_skinny_linears(self.target.model)  # a verify of 2-4 tokens then costs about what 1 does
+        use_grouped_attention(self.target.model)  # ...and does not copy the K/V cache per query group
         self.vocab_size = self.target.vocab_size
         self.has_drafter = self.drafter is not None
         # how many token ids the drafter may propose (its draft vocabulary, else the whole vocabulary)
