@@ -22,9 +22,9 @@ AUTO = "auto"  # draft=AUTO: the drafter shipped for the target alias, if there 
 Prompt = str | list[int]
 
 # Both runtime backends of this build run on the CPU, where a verify's cost grows with its block:
-# on our 2-core VM one SmolLM2-135M target token took ~62-72 ms on torch, a 4-token verify 65-74 ms
-# and a 16-token one 135-152 ms, so the shipped drafter decodes fastest at B=4
-# (docs/bench/smollm2-135m-torch.json, greedy HumanEval: 1.35x at B=4, 0.96x at B=8, 0.65x at
+# on our 2-core VM one SmolLM2-135M target token took ~61-72 ms on torch, a 4-token verify 63-76 ms
+# and a 16-token one 127-152 ms, so the shipped drafter decodes fastest at B=4
+# (docs/bench/smollm2-135m-torch.json, greedy HumanEval: 1.44x at B=4, 0.98x at B=8, 0.77x at
 # B=16; onnxruntime 1.28x / 1.18x / 0.88x). Unless asked otherwise a
 # request verifies at most this many tokens (a GPU engine, where 16 cost what 1 does, will not cap).
 CPU_BLOCK_SIZE = 4
