@@ -17,8 +17,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from dflash_trt.models.checkpoints import load_drafter, load_target, resolve_draft
+from dflash_trt.models.checkpoints import load_target, resolve_draft
 from dflash_trt.models.draft_config import DraftConfig
+from dflash_trt.models.draft_vocab import read_draft_vocab
 from dflash_trt.models.embedded import DEFAULT_TARGET, default_drafter
 from dflash_trt.train.trainer import SPLIT_FILE, TrainConfig, Trainer
 
@@ -39,7 +40,8 @@ def main() -> None:
     args = parser.parse_args()
 
     draft = args.draft or str(default_drafter(args.target))
-    shape = DraftConfig.from_dir(resolve_draft(draft))
+    folder = resolve_draft(draft)
+    shape = DraftConfig.from_dir(folder)
     ablations = [[int(t) for t in text.split(",") if t.strip()] for text in args.zero_taps or [""]]
     for zeroed in ablations:
         unknown = set(zeroed) - set(shape.target_layer_ids)
@@ -51,10 +53,11 @@ def main() -> None:
     split = args.corpus / SPLIT_FILE  # the held-out share the corpus was split with, once chosen
     val_share = json.loads(split.read_text())["val_share"] if split.exists() else TrainConfig.val_share
     config = TrainConfig(layers=shape.num_layers, block_size=shape.block_size, mask_token_id=shape.mask_token_id,
-                         seed=args.seed, init_drafter=draft, val_share=val_share)
+                         seed=args.seed, init_drafter=draft, val_share=val_share,
+                         draft_vocab=0)  # no list from this corpus: the drafter's own is set below
     with tempfile.TemporaryDirectory() as scratch:
         trainer = Trainer(target, args.corpus, Path(scratch), config, device="cpu")
-    trainer.use_draft_vocab(load_drafter(draft).draft_vocab)  # the drafter's own list, not one from this corpus
+    trainer.use_draft_vocab(read_draft_vocab(folder, target.vocab_size))  # the drafter's own list (file only, no weights)
     for zeroed in ablations:
         result = measure(trainer, trainer.val[: args.sequences], [shape.target_layer_ids.index(t) for t in zeroed],
                          shape.hidden_size, args)
