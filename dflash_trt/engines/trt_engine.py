@@ -1,0 +1,91 @@
+"""TensorRT and TensorRT-RTX engine builds: one ONNX graph -> one serialized engine with its profiles.
+
+The two libraries share the builder API (module `tensorrt` or `tensorrt_rtx`). Networks are
+strongly typed: each tensor keeps the dtype the exported graph gives it, so `--dtype` is decided
+at export (TensorRT-RTX accepts nothing else). TensorRT-RTX builds ahead of time for the compute
+capabilities named, without a GPU; full TensorRT builds for the GPU it runs on and is the only one
+that takes our plugin library (TensorRT-RTX's ONNX parser aborts on custom-domain nodes).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from dflash_trt.engines.manifest import LIBRARIES
+from dflash_trt.engines.profiles import input_ranges
+from dflash_trt.errors import DFlashError
+
+
+def trt_module(kind: str):
+    """The builder library for an engine kind, or one line saying how to install it."""
+    module, product, package = LIBRARIES[kind]
+    try:
+        return __import__(module)
+    except ImportError as err:
+        raise DFlashError(f"--engine {kind} needs {product}, which does not import here ({err}): pip install {package}"
+                          + (" (full TensorRT's libraries are not on PyPI: use it where NVIDIA's installers put it)"
+                             if kind == "tensorrt" else "")) from None
+
+
+def library_version(kind: str) -> str | None:
+    try:
+        return trt_module(kind).__version__
+    except DFlashError:
+        return None
+
+
+class _Collect:
+    """Keeps the builder's log: errors become the one-line failure, the rest is dropped (the int64
+    binding warnings repeat for every graph and say nothing a user can act on)."""
+
+    def __init__(self, trt):
+        outer = self
+
+        class Logger(trt.ILogger):
+            def __init__(self):
+                trt.ILogger.__init__(self)
+
+            def log(self, severity, msg):
+                if severity <= trt.ILogger.Severity.ERROR:
+                    outer.errors.append(msg)
+
+        self.errors: list[str] = []
+        self.logger = Logger()
+
+
+def build_trt_graph(kind: str, source: Path, out: Path, spec: dict, profiles: dict[str, dict],
+                    compute_capabilities: tuple[str, ...], plugin_library: Path | None = None) -> dict:
+    """Build `source` into `out` with one optimization profile per phase; returns what was built."""
+    trt = trt_module(kind)
+    log = _Collect(trt)
+    builder = trt.Builder(log.logger)
+    if plugin_library is not None:
+        builder.get_plugin_registry().load_library(str(plugin_library))
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, log.logger)
+    if not parser.parse_from_file(str(source)):
+        errors = [parser.get_error(i).desc() for i in range(parser.num_errors)] or log.errors
+        raise DFlashError(f"{source.name}: {kind} could not parse it: {errors[0] if errors else 'unknown error'}")
+    config = builder.create_builder_config()
+    if kind == "tensorrt-rtx":
+        config.num_compute_capabilities = len(compute_capabilities)
+        for index, cc in enumerate(compute_capabilities):
+            config.set_compute_capability(getattr(trt.ComputeCapability, "SM" + cc.replace(".", "")), index)
+    shape_inputs = {network.get_input(i).name for i in range(network.num_inputs) if network.get_input(i).is_shape_tensor}
+    for dims in profiles.values():
+        profile = builder.create_optimization_profile()
+        for name, (low, opt, high) in input_ranges(spec, dims).items():
+            if name in shape_inputs:
+                profile.set_shape_input(name, low, opt, high)
+            else:
+                profile.set_shape(name, low, opt, high)
+        config.add_optimization_profile(profile)
+    start = time.perf_counter()
+    engine = builder.build_serialized_network(network, config)
+    seconds = time.perf_counter() - start
+    if engine is None:
+        raise DFlashError(f"{source.name}: {kind} build failed: {log.errors[-1] if log.errors else 'no engine returned'}")
+    with out.open("wb") as f:
+        f.write(engine)
+    return {"file": out.name, "build_s": round(seconds, 3), "bytes": out.stat().st_size}

@@ -1,0 +1,65 @@
+"""Open what `export` or `build` wrote: the runtime's view of either bundle, checked before loading.
+
+An engine bundle carries its source bundle's sections (graphs, pair settings) in engine.json, so
+the sessions read the same fields from both. Nothing heavier than ctypes is imported here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dflash_trt.engines.manifest import ENGINE_MANIFEST, LIBRARIES, RuntimeEnv, check_runtime, is_engine_bundle, read_engine_bundle
+from dflash_trt.export.manifest import read_bundle
+
+
+def bundle_kind(root: str | Path) -> str:
+    """"onnx" (an exported bundle) or the engine kind engine.json names; unchecked, for dispatch."""
+    root = Path(root)
+    if not is_engine_bundle(root):
+        return "onnx"
+    try:
+        return json.loads((root / ENGINE_MANIFEST).read_text())["engine"]["kind"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return "unknown"  # open_bundle then says what is wrong with it
+
+
+def open_bundle(root: str | Path) -> tuple[str, dict]:
+    """-> (engine kind, manifest view with graphs/target/draft/flavour/custom_ops/dtype).
+
+    The kind is "onnx" for an exported bundle (run by onnxruntime as it is)."""
+    root = Path(root)
+    if not is_engine_bundle(root):
+        return "onnx", read_bundle(root)
+    manifest = read_engine_bundle(root)
+    kind = manifest["engine"]["kind"]
+    check_runtime(manifest, runtime_env(kind, root / (manifest.get("plugin_library") or {}).get("file", "")), str(root))
+    # The engines carry their source bundle's sections; file names are the engine bundle's.
+    graphs = {name: {**spec, "file": manifest["engines"][name]["file"]} for name, spec in manifest["source"]["graphs"].items()}
+    view = {**manifest["source"], "graphs": graphs, "dtype": manifest["dtype"], "engine": manifest["engine"],
+            "max_seq_len": manifest["max_seq_len"], "max_batch": manifest["max_batch"], "profiles": manifest["profiles"],
+            "block_size": manifest["block_size"]}
+    return kind, view
+
+
+def runtime_env(kind: str, plugin: Path) -> RuntimeEnv:
+    """What this machine offers an engine bundle of `kind` (library, GPU, plugin library)."""
+    module = LIBRARIES[kind][0]
+    try:
+        version = __import__(module).__version__
+    except ImportError:
+        version = None
+    if kind == "onnxruntime":
+        return RuntimeEnv(version)
+    from dflash_trt.engines.build import plugin_library_version
+
+    return RuntimeEnv(version, gpu_compute_capability(), plugin_library_version(plugin) if plugin.is_file() else None)
+
+
+def gpu_compute_capability() -> str | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}.{minor}"
