@@ -21,11 +21,11 @@ class BenchConfig:
     concurrency: tuple[int, ...] = (1,)
     seed: int = 0
     baseline: bool = True
-    # offline mode: an exported bundle, or checkpoints run on `backend`
+    # offline mode: an exported or engine bundle, or checkpoints run on `backend`
     bundle: Path | None = None
     target: str | None = None
     draft: str | None = None
-    backend: str | None = None  # None: torch for checkpoints, onnxruntime for a bundle
+    backend: str | None = None  # None: torch for checkpoints; a bundle's own (onnxruntime, or tensorrt engines)
     # server mode
     base_url: str | None = None
     baseline_url: str | None = None
@@ -54,8 +54,9 @@ class BenchConfig:
             raise DFlashError("--base-url benchmarks a running server: drop DIR/--target/--draft (the server has its model)")
         if self.bundle and (self.target or self.draft):
             raise DFlashError("pass either a bundle DIR or --target/--draft, not both")
-        if self.bundle and self.backend not in (None, "onnxruntime"):
-            raise DFlashError(f"a bundle DIR runs on onnxruntime, not '{self.backend}': drop --backend, "
+        if self.bundle and self.backend is not None:
+            raise DFlashError(f"a bundle DIR runs on the backend its graphs need (onnxruntime, or tensorrt for "
+                              f"TensorRT engines), not --backend '{self.backend}': drop --backend, "
                               "or pass --target/--draft to run the checkpoints on it")
         if self.baseline_url and not self.base_url:
             raise DFlashError("--baseline-url needs --base-url (the DFlash server to compare against it)")

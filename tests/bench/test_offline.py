@@ -156,7 +156,7 @@ def test_cli_flags_a_corrupted_dflash_output_loudly(pair, monkeypatch, tmp_path)
     ({"base_url": "http://127.0.0.1:9/v1", "target": "x"}, "drop DIR/--target"),
     ({"baseline_url": "http://127.0.0.1:9/v1"}, "--baseline-url needs --base-url"),
     ({"num_prompts": 0}, "must be >= 1"),
-    ({"target": None, "bundle": "some/bundle", "backend": "torch"}, "a bundle DIR runs on onnxruntime"),
+    ({"target": None, "bundle": "some/bundle", "backend": "torch"}, "a bundle DIR runs on the backend its graphs need"),
 ])
 def test_bad_configurations_fail_before_any_work(changes, message):
     config = BenchConfig(**{"target": "no/such/dir", **changes})
