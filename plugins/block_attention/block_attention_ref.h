@@ -8,13 +8,16 @@
 #include <limits>
 #include <vector>
 
+#include "common/host_device.h"
+
 namespace dflash {
 
 struct BlockAttentionShape {
   int64_t batch, heads, kv_heads, block, context, head_dim;
 };
 
-inline bool key_visible(int64_t q_pos, int64_t k_pos, bool causal, int64_t window) {
+// The CUDA kernel applies this same function, so the two cannot drift apart.
+DFLASH_HOST_DEVICE inline bool key_visible(int64_t q_pos, int64_t k_pos, bool causal, int64_t window) {
   const int64_t diff = q_pos - k_pos;
   if (causal && diff < 0) return false;
   if (window > 0 && (diff >= window || (!causal && -diff >= window))) return false;

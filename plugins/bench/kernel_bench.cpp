@@ -1,0 +1,149 @@
+// Times the dflash CUDA kernels at the Qwen3-8B drafter's shapes (32 heads, 8 kv heads, head_dim
+// 128, hidden 4096, block 16, bfloat16) against their memory-bandwidth floor: the bytes each call
+// must move at least (plugins/*/README.md), over a peak bandwidth. Prints a table; --json PATH also
+// writes it. Usage: kernel_bench [--json PATH] [--peak-tbps 3.35]. Exit 77 without a GPU.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "block_attention/block_attention_kernel.h"
+#include "inject_kv/inject_kv_kernel.h"
+
+namespace {
+
+constexpr int64_t kHeads = 32, kKv = 8, kD = 128, kHidden = 4096, kBlock = 16, kElem = 2;  // bfloat16
+
+struct Row {
+  std::string op, shape;
+  double bytes, micros;
+};
+
+// Device buffer of `bytes` filled with small bfloat16-ish values (0x3c00 = 0.0078 as bf16), never zeros.
+void* buffer(size_t bytes) {
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes + 16) != cudaSuccess) {
+    std::fprintf(stderr, "cudaMalloc(%zu) failed\n", bytes);
+    std::exit(1);
+  }
+  std::vector<uint16_t> host((bytes + 1) / 2, 0x3c00);
+  cudaMemcpy(p, host.data(), host.size() * 2, cudaMemcpyHostToDevice);
+  return p;
+}
+
+// Mean microseconds per call over 50 calls after 5 warm-up calls, timed with CUDA events.
+double time_calls(const std::function<cudaError_t()>& call) {
+  for (int i = 0; i < 5; ++i) call();
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start);
+  for (int i = 0; i < 50; ++i) call();
+  cudaEventRecord(stop);
+  cudaEventSynchronize(stop);
+  float ms = 0.f;
+  cudaEventElapsedTime(&ms, start, stop);
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "kernel failed: %s\n", cudaGetErrorString(status));
+    std::exit(1);
+  }
+  return ms * 1000.0 / 50;
+}
+
+Row inject_kv(int64_t batch, int64_t tokens) {
+  const dflash::InjectKVShape s{batch, tokens, kHidden, kKv, kD};
+  const int64_t rows = batch * tokens;
+  void* x = buffer(rows * kHidden * kElem);
+  void* wk = buffer(kKv * kD * kHidden * kElem);
+  void* wv = buffer(kKv * kD * kHidden * kElem);
+  void* norm = buffer(kD * kElem);
+  void* cs = buffer(rows * kD * kElem);
+  void* sn = buffer(rows * kD * kElem);
+  void* k = buffer(rows * kKv * kD * kElem);
+  void* v = buffer(rows * kKv * kD * kElem);
+  void* ws = buffer(dflash::inject_kv_workspace_size(s));
+  const double micros = time_calls([&] {
+    return dflash::inject_kv_launch(s, dflash::DType::kBFloat16, x, wk, wv, norm, cs, sn, 1e-6f, ws, k, v, nullptr);
+  });
+  for (void* p : {x, wk, wv, norm, cs, sn, k, v, ws}) cudaFree(p);
+  // Weights, hidden, cos/sin, k_norm in; k and v out.
+  const double bytes =
+      kElem * double(2 * kKv * kD * kHidden + rows * kHidden + 2 * rows * kD + kD + 2 * rows * kKv * kD);
+  return {"InjectKV", "b=" + std::to_string(batch) + " n=" + std::to_string(tokens), bytes, micros};
+}
+
+Row block_attention(int64_t batch, int64_t context) {
+  const dflash::BlockAttentionShape s{batch, kHeads, kKv, kBlock, context, kD};
+  void* q = buffer(batch * kHeads * kBlock * kD * kElem);
+  void* kc = buffer(batch * kKv * context * kD * kElem);
+  void* vc = buffer(batch * kKv * context * kD * kElem);
+  void* kb = buffer(batch * kKv * kBlock * kD * kElem);
+  void* vb = buffer(batch * kKv * kBlock * kD * kElem);
+  void* out = buffer(batch * kHeads * kBlock * kD * kElem);
+  void* ws = buffer(dflash::block_attention_workspace_size(s));
+  std::vector<int64_t> full(batch, context);  // every row uses its whole context
+  int64_t* lengths = static_cast<int64_t*>(buffer(batch * sizeof(int64_t)));
+  cudaMemcpy(lengths, full.data(), batch * sizeof(int64_t), cudaMemcpyHostToDevice);
+  const double micros = time_calls([&] {
+    return dflash::block_attention_launch(s, dflash::DType::kBFloat16, q, kc, vc, kb, vb, lengths, 0.0883883f, false, 0,
+                                          ws, out, nullptr);
+  });
+  for (void* p : {q, kc, vc, kb, vb, out, ws, static_cast<void*>(lengths)}) cudaFree(p);
+  // q in, out out, the block's K/V, the valid context's K/V, the lengths.
+  const double bytes =
+      kElem * double(2 * batch * kHeads * kBlock * kD + 2 * batch * kKv * (kBlock + context) * kD) + 8.0 * batch;
+  return {"BlockAttention", "b=" + std::to_string(batch) + " context=" + std::to_string(context), bytes, micros};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* json = nullptr;
+  double peak_tbps = 3.35;  // H100 SXM HBM3
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--json") == 0) json = argv[i + 1];
+    if (std::strcmp(argv[i], "--peak-tbps") == 0) peak_tbps = std::atof(argv[i + 1]);
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("skipped: no CUDA device\n");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  std::vector<Row> rows;
+  for (int64_t batch : {1, 8}) rows.push_back(inject_kv(batch, kBlock));
+  rows.push_back(inject_kv(1, 4096));
+  for (int64_t batch : {1, 8})
+    for (int64_t context : {1024, 4096, 16384}) rows.push_back(block_attention(batch, context));
+
+  std::printf("%s, bfloat16, floor at %.2f TB/s\n%-15s %-20s %10s %10s %10s %8s\n", prop.name, peak_tbps, "op", "shape",
+              "MB", "floor us", "time us", "floor %");
+  for (const Row& r : rows) {
+    const double floor_us = r.bytes / (peak_tbps * 1e12) * 1e6;
+    std::printf("%-15s %-20s %10.2f %10.2f %10.2f %7.0f%%\n", r.op.c_str(), r.shape.c_str(), r.bytes / 1e6, floor_us,
+                r.micros, 100.0 * floor_us / r.micros);
+  }
+  if (json != nullptr) {
+    FILE* f = std::fopen(json, "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "cannot write %s\n", json);
+      return 1;
+    }
+    std::fprintf(f, "{\"device\": \"%s\", \"dtype\": \"bfloat16\", \"peak_tbps\": %.3f, \"rows\": [\n", prop.name,
+                 peak_tbps);
+    for (size_t i = 0; i < rows.size(); ++i)
+      std::fprintf(f, "  {\"op\": \"%s\", \"shape\": \"%s\", \"bytes\": %.0f, \"time_us\": %.3f}%s\n",
+                   rows[i].op.c_str(), rows[i].shape.c_str(), rows[i].bytes, rows[i].micros,
+                   i + 1 < rows.size() ? "," : "");
+    std::fprintf(f, "]}\n");
+    std::fclose(f);
+  }
+  return 0;
+}

@@ -1,0 +1,165 @@
+// dflash::InjectKV v1 CUDA kernels: a split-K projection GEMM into float32 scratch, then one warp
+// per (row, kv head) that sums the splits, RMS-normalises and RoPEs k and stores k and v.
+#include "inject_kv/inject_kv_kernel.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/convert.cuh"
+
+namespace dflash {
+namespace {
+
+constexpr int kTile = static_cast<int>(InjectKVPlan::kTile);
+constexpr int kProjectThreads = 128;  // 16 x 8 threads, each 2 rows x 4 columns of the 32 x 32 tile
+constexpr int kPairsPerLane = static_cast<int>(kInjectKVMaxHeadDim / 64);
+
+struct Launch {
+  int64_t tokens, hidden, kv_heads, head_dim;
+  int64_t row_begin, row_count;  // this launch's rows
+  int64_t splits, k_per_split;
+  float epsilon;
+};
+
+// partial[split][row - row_begin][c] = sum over this split's K range of hidden[row, k] * W[c, k],
+// where W stacks k_weight over v_weight (c < kv*d: a key column, else a value column).
+template <typename T>
+__global__ void __launch_bounds__(kProjectThreads)
+    project_kernel(Launch a, const T* hidden, const T* k_weight, const T* v_weight, float* partial) {
+  // Stored [k][row] and [k][column]: the inner loop reads along rows/columns; +1 spreads the
+  // transposing stores over all banks.
+  __shared__ float x_s[kTile][kTile + 1];
+  __shared__ float w_s[kTile][kTile + 1];
+  const int64_t kvd = a.kv_heads * a.head_dim, cols = 2 * kvd;
+  const int64_t row0 = blockIdx.y * kTile, col0 = blockIdx.x * kTile;
+  const int64_t k_begin = blockIdx.z * a.k_per_split;
+  const int64_t k_end = min(a.hidden, k_begin + a.k_per_split);
+  const int tr = threadIdx.x / 8, tc = threadIdx.x % 8;
+  float acc[2][4] = {};
+
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kTile) {
+    // Consecutive threads walk K, which is contiguous in both hidden and the weights.
+    for (int e = threadIdx.x; e < kTile * kTile; e += kProjectThreads) {
+      const int r = e / kTile, kk = e % kTile;
+      const int64_t k = k0 + kk, row = row0 + r, col = col0 + r;
+      const bool k_ok = k < k_end;
+      x_s[kk][r] = k_ok && row < a.row_count ? load(hidden + (a.row_begin + row) * a.hidden + k) : 0.f;
+      const T* w = col < kvd ? k_weight + col * a.hidden : v_weight + (col - kvd) * a.hidden;
+      w_s[kk][r] = k_ok && col < cols ? load(w + k) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int kk = 0; kk < kTile; ++kk) {
+      const float x0 = x_s[kk][2 * tr], x1 = x_s[kk][2 * tr + 1];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float w = w_s[kk][4 * tc + c];
+        acc[0][c] += x0 * w;
+        acc[1][c] += x1 * w;
+      }
+    }
+    __syncthreads();
+  }
+  // Every split writes its whole tile (zeros for an empty K range): the reducer sums all splits.
+  float* out = partial + blockIdx.z * a.row_count * cols;
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + 2 * tr + r;
+    if (row >= a.row_count) continue;
+    for (int c = 0; c < 4; ++c) {
+      const int64_t col = col0 + 4 * tc + c;
+      if (col < cols) out[row * cols + col] = acc[r][c];
+    }
+  }
+}
+
+__device__ __forceinline__ float sum_splits(const float* partial, int64_t split_stride, int64_t splits) {
+  float total = 0.f;
+  for (int64_t s = 0; s < splits; ++s) total += partial[s * split_stride];
+  return total;
+}
+
+// One warp per (row, kv head): k = rope(rmsnorm(sum of k partials) * k_norm), v = sum of v partials.
+// Lane handles the rotate-half pairs (j, j + d/2) for j = lane, lane + 32, ...: both halves of a
+// pair are in its registers, so RoPE needs no exchange between lanes.
+template <typename T>
+__global__ void __launch_bounds__(128)
+    norm_rope_kernel(Launch a, const float* partial, const T* k_norm, const T* cos, const T* sin, T* k_out, T* v_out) {
+  const int lane = threadIdx.x % 32;
+  const int64_t item = blockIdx.x * 4 + threadIdx.x / 32;
+  if (item >= a.row_count * a.kv_heads) return;
+  const int64_t local = item / a.kv_heads, h = item % a.kv_heads, row = a.row_begin + local;
+  const int64_t d = a.head_dim, half = d / 2, cols = 2 * a.kv_heads * d, split_stride = a.row_count * cols;
+  const float* k_sum = partial + local * cols + h * d;
+  const float* v_sum = k_sum + a.kv_heads * d;
+
+  float lo[kPairsPerLane], hi[kPairsPerLane], square_sum = 0.f;
+#pragma unroll
+  for (int p = 0; p < kPairsPerLane; ++p) {
+    const int64_t j = lane + 32 * p;
+    lo[p] = j < half ? sum_splits(k_sum + j, split_stride, a.splits) : 0.f;
+    hi[p] = j < half ? sum_splits(k_sum + j + half, split_stride, a.splits) : 0.f;
+    square_sum += lo[p] * lo[p] + hi[p] * hi[p];
+  }
+  for (int offset = 16; offset > 0; offset /= 2) square_sum += __shfl_xor_sync(0xffffffffu, square_sum, offset);
+  const float inv_rms = 1.f / sqrtf(square_sum / static_cast<float>(d) + a.epsilon);
+
+  const int64_t b = row / a.tokens, t = row % a.tokens;
+  const int64_t out = ((b * a.kv_heads + h) * a.tokens + t) * d;
+  const T* c = cos + row * d;
+  const T* s = sin + row * d;
+#pragma unroll
+  for (int p = 0; p < kPairsPerLane; ++p) {
+    const int64_t j = lane + 32 * p;
+    if (j >= half) continue;
+    const float x = lo[p] * inv_rms * load(k_norm + j), y = hi[p] * inv_rms * load(k_norm + j + half);
+    k_out[out + j] = from_float<T>(x * load(c + j) - y * load(s + j));
+    k_out[out + j + half] = from_float<T>(y * load(c + j + half) + x * load(s + j + half));
+  }
+  for (int64_t j = lane; j < d; j += 32) v_out[out + j] = from_float<T>(sum_splits(v_sum + j, split_stride, a.splits));
+}
+
+template <typename T>
+cudaError_t launch_typed(const InjectKVShape& s, const void* hidden, const void* k_weight, const void* v_weight,
+                         const void* k_norm, const void* cos, const void* sin, float epsilon, void* workspace,
+                         void* k_out, void* v_out, cudaStream_t stream) {
+  const InjectKVPlan plan = inject_kv_plan(s);
+  const int64_t rows = s.batch * s.tokens, cols = 2 * s.kv_heads * s.head_dim;
+  float* partial = static_cast<float*>(workspace);
+  for (int64_t begin = 0; begin < rows; begin += plan.rows_per_launch) {
+    const Launch a{
+        s.tokens,    s.hidden,         s.kv_heads, s.head_dim, begin, std::min(plan.rows_per_launch, rows - begin),
+        plan.splits, plan.k_per_split, epsilon};
+    const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTile)), static_cast<unsigned>(ceil_div(a.row_count, kTile)),
+                    static_cast<unsigned>(plan.splits));
+    project_kernel<T><<<grid, kProjectThreads, 0, stream>>>(
+        a, static_cast<const T*>(hidden), static_cast<const T*>(k_weight), static_cast<const T*>(v_weight), partial);
+    const auto items = static_cast<unsigned>(ceil_div(a.row_count * s.kv_heads, 4));
+    norm_rope_kernel<T><<<items, 128, 0, stream>>>(a, partial, static_cast<const T*>(k_norm),
+                                                   static_cast<const T*>(cos), static_cast<const T*>(sin),
+                                                   static_cast<T*>(k_out), static_cast<T*>(v_out));
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t inject_kv_launch(const InjectKVShape& s, DType dtype, const void* hidden, const void* k_weight,
+                             const void* v_weight, const void* k_norm, const void* cos, const void* sin, float epsilon,
+                             void* workspace, void* k_out, void* v_out, cudaStream_t stream) {
+  if (inject_kv_unsupported(s) != nullptr) return cudaErrorInvalidValue;
+  if (s.batch * s.tokens == 0) return cudaSuccess;
+  switch (dtype) {
+    case DType::kFloat32:
+      return launch_typed<float>(s, hidden, k_weight, v_weight, k_norm, cos, sin, epsilon, workspace, k_out, v_out,
+                                 stream);
+    case DType::kFloat16:
+      return launch_typed<__half>(s, hidden, k_weight, v_weight, k_norm, cos, sin, epsilon, workspace, k_out, v_out,
+                                  stream);
+    case DType::kBFloat16:
+      return launch_typed<__nv_bfloat16>(s, hidden, k_weight, v_weight, k_norm, cos, sin, epsilon, workspace, k_out,
+                                         v_out, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace dflash

@@ -1,0 +1,130 @@
+// Shared host-side helpers of the dflash TensorRT plugins (see plugin_common.h).
+#include "tensorrt/plugin_common.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+
+namespace dflash::trt {
+namespace {
+
+std::atomic<nvinfer1::ILoggerFinder*> g_logger_finder{nullptr};
+
+const nvinfer1::PluginField* find_field(const nvinfer1::PluginFieldCollection* fc, const char* name) {
+  if (fc == nullptr || (fc->nbFields > 0 && fc->fields == nullptr)) return nullptr;
+  for (int32_t i = 0; i < fc->nbFields; ++i) {
+    const nvinfer1::PluginField& field = fc->fields[i];
+    if (field.name != nullptr && std::strcmp(field.name, name) == 0) return &field;
+  }
+  return nullptr;
+}
+
+const nvinfer1::PluginField* find_scalar(const nvinfer1::PluginFieldCollection* fc, const char* name,
+                                         std::string* error) {
+  const nvinfer1::PluginField* field = find_field(fc, name);
+  if (field == nullptr) {
+    *error = std::string("missing attribute '") + name + "'";
+    return nullptr;
+  }
+  if (field->data == nullptr || field->length != 1) {
+    *error = std::string("attribute '") + name + "' must be one value";
+    return nullptr;
+  }
+  return field;
+}
+
+}  // namespace
+
+void set_logger_finder(nvinfer1::ILoggerFinder* finder) noexcept { g_logger_finder.store(finder); }
+
+void log_error(const char* message) noexcept {
+  nvinfer1::ILoggerFinder* finder = g_logger_finder.load();
+  nvinfer1::ILogger* logger = nullptr;
+  try {
+    logger = finder != nullptr ? finder->findLogger() : nullptr;  // findLogger is not declared noexcept
+  } catch (...) {
+    logger = nullptr;
+  }
+  if (logger != nullptr) {
+    logger->log(nvinfer1::ILogger::Severity::kERROR, message);
+  } else {
+    std::fprintf(stderr, "[dflash_trt_plugins] ERROR: %s\n", message);
+  }
+}
+
+void log_error(const std::string& message) noexcept { log_error(message.c_str()); }
+
+bool to_dtype(nvinfer1::DataType type, DType* out) noexcept {
+  switch (type) {
+    case nvinfer1::DataType::kFLOAT:
+      *out = DType::kFloat32;
+      return true;
+    case nvinfer1::DataType::kHALF:
+      *out = DType::kFloat16;
+      return true;
+    case nvinfer1::DataType::kBF16:
+      *out = DType::kBFloat16;
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool format_combination_ok(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* in_out, int32_t nb_in_out,
+                           uint32_t int64_positions) noexcept {
+  if (in_out == nullptr || pos < 0 || pos >= nb_in_out || pos >= 32) return false;
+  const nvinfer1::PluginTensorDesc& desc = in_out[pos].desc;
+  if (desc.format != nvinfer1::TensorFormat::kLINEAR) return false;
+  if (int64_positions & (1u << pos)) return desc.type == nvinfer1::DataType::kINT64;
+  DType unused;
+  if (!to_dtype(desc.type, &unused)) return false;
+  // TensorRT asks position by position, earlier ones already fixed: match the first float one.
+  for (int32_t first = 0; first < pos; ++first) {
+    if (!(int64_positions & (1u << first))) return desc.type == in_out[first].desc.type;
+  }
+  return true;
+}
+
+bool read_int_field(const nvinfer1::PluginFieldCollection* fc, const char* name, int64_t* value, std::string* error) {
+  const nvinfer1::PluginField* field = find_scalar(fc, name, error);
+  if (field == nullptr) return false;
+  if (field->type == nvinfer1::PluginFieldType::kINT32) {
+    *value = *static_cast<const int32_t*>(field->data);
+  } else if (field->type == nvinfer1::PluginFieldType::kINT64) {
+    *value = *static_cast<const int64_t*>(field->data);
+  } else {
+    *error = std::string("attribute '") + name + "' must be an integer";
+    return false;
+  }
+  return true;
+}
+
+bool read_float_field(const nvinfer1::PluginFieldCollection* fc, const char* name, float* value, std::string* error) {
+  const nvinfer1::PluginField* field = find_scalar(fc, name, error);
+  if (field == nullptr) return false;
+  if (field->type == nvinfer1::PluginFieldType::kFLOAT32) {
+    *value = *static_cast<const float*>(field->data);
+  } else if (field->type == nvinfer1::PluginFieldType::kFLOAT64) {
+    *value = static_cast<float>(*static_cast<const double*>(field->data));
+  } else {
+    *error = std::string("attribute '") + name + "' must be a float";
+    return false;
+  }
+  return true;
+}
+
+bool dims_match(const nvinfer1::Dims& have, const nvinfer1::Dims& want) noexcept {
+  if (have.nbDims != want.nbDims) return false;
+  for (int32_t i = 0; i < have.nbDims; ++i) {
+    if (have.d[i] >= 0 && want.d[i] >= 0 && have.d[i] != want.d[i]) return false;
+  }
+  return true;
+}
+
+std::string to_string(const nvinfer1::Dims& dims) {
+  std::string text = "[";
+  for (int32_t i = 0; i < dims.nbDims; ++i) text += (i ? ", " : "") + std::to_string(dims.d[i]);
+  return text + "]";
+}
+
+}  // namespace dflash::trt

@@ -1,0 +1,210 @@
+// GPU parity of the CUDA kernels against their CPU reference twins (plugins/*/*_ref.h): random
+// inputs (never zeros), several shapes, float32 / float16 / bfloat16. Inputs are rounded to the
+// dtype first and the reference runs on those rounded values in float32, so the gap measures the
+// kernel alone: summation order, plus one rounding of each output to the dtype.
+// Exit status 77 (ctest: skipped) when no CUDA device is visible.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "block_attention/block_attention_kernel.h"
+#include "inject_kv/inject_kv_kernel.h"
+
+namespace {
+
+using dflash::DType;
+
+int g_failures = 0;
+
+// Tolerance |got - want| <= tol * (1 + |want|): outputs are O(1); float16 and bfloat16 allow a
+// few units in the last place of the final rounding (2^-11 and 2^-8 relative).
+double tolerance(DType dtype) { return dtype == DType::kFloat32 ? 1e-4 : dtype == DType::kFloat16 ? 2e-3 : 1.6e-2; }
+const char* name(DType dtype) {
+  return dtype == DType::kFloat32 ? "float32" : dtype == DType::kFloat16 ? "float16" : "bfloat16";
+}
+
+// Host values rounded to `dtype` (kept as float for the reference) and their device copy.
+struct Tensor {
+  std::vector<float> host;
+  void* device = nullptr;
+  Tensor(std::vector<float> values, DType dtype) : host(std::move(values)) {
+    const size_t size = dflash::dtype_size(dtype);
+    std::vector<unsigned char> bytes(host.size() * size);
+    for (size_t i = 0; i < host.size(); ++i) {
+      if (dtype == DType::kFloat16) {
+        const __half h = __float2half_rn(host[i]);
+        host[i] = __half2float(h);
+        std::memcpy(&bytes[i * size], &h, size);
+      } else if (dtype == DType::kBFloat16) {
+        const __nv_bfloat16 h = __float2bfloat16_rn(host[i]);
+        host[i] = __bfloat162float(h);
+        std::memcpy(&bytes[i * size], &h, size);
+      } else {
+        std::memcpy(&bytes[i * size], &host[i], size);
+      }
+    }
+    cudaMalloc(&device, bytes.size() + 1);
+    cudaMemcpy(device, bytes.data(), bytes.size(), cudaMemcpyHostToDevice);
+  }
+  ~Tensor() { cudaFree(device); }
+};
+
+std::vector<float> read_back(const void* device, size_t count, DType dtype) {
+  const size_t size = dflash::dtype_size(dtype);
+  std::vector<unsigned char> bytes(count * size);
+  cudaMemcpy(bytes.data(), device, bytes.size(), cudaMemcpyDeviceToHost);
+  std::vector<float> out(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (dtype == DType::kFloat16) {
+      __half h;
+      std::memcpy(&h, &bytes[i * size], size);
+      out[i] = __half2float(h);
+    } else if (dtype == DType::kBFloat16) {
+      __nv_bfloat16 h;
+      std::memcpy(&h, &bytes[i * size], size);
+      out[i] = __bfloat162float(h);
+    } else {
+      std::memcpy(&out[i], &bytes[i * size], size);
+    }
+  }
+  return out;
+}
+
+std::vector<float> normal(size_t count, float stddev, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.f, stddev);
+  std::vector<float> out(count);
+  for (float& x : out) x = dist(rng);
+  return out;
+}
+
+void compare(const char* what, const std::vector<float>& got, const std::vector<float>& want, DType dtype) {
+  double worst = 0.0;
+  bool finite = true;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double err = std::fabs(got[i] - want[i]) / (1.0 + std::fabs(want[i]));
+    finite = finite && std::isfinite(err);
+    if (err > worst) worst = err;
+  }
+  const bool ok = finite && worst <= tolerance(dtype);
+  if (!ok) ++g_failures;
+  std::printf("%s %-72s %-8s max scaled error %.2e%s (tolerance %.1e)\n", ok ? "ok  " : "FAIL", what, name(dtype),
+              worst, finite ? "" : ", non-finite values", tolerance(dtype));
+}
+
+void inject_kv_case(int64_t b, int64_t n, int64_t hidden, int64_t kv, int64_t d, DType dtype) {
+  std::mt19937 rng(static_cast<unsigned>(b * 1000 + n * 10 + d));
+  const dflash::InjectKVShape s{b, n, hidden, kv, d};
+  Tensor x(normal(b * n * hidden, 1.f, rng), dtype);
+  Tensor wk(normal(kv * d * hidden, 1.f / std::sqrt(float(hidden)), rng), dtype);
+  Tensor wv(normal(kv * d * hidden, 1.f / std::sqrt(float(hidden)), rng), dtype);
+  std::vector<float> gamma(d), angles(b * n * d), cos_v(b * n * d), sin_v(b * n * d);
+  std::uniform_real_distribution<float> unit(0.f, 1.f);
+  for (float& g : gamma) g = 0.5f + unit(rng);
+  for (int64_t r = 0; r < b * n; ++r)
+    for (int64_t j = 0; j < d / 2; ++j) {
+      const float angle = 6.f * unit(rng);
+      cos_v[r * d + j] = cos_v[r * d + j + d / 2] = std::cos(angle);
+      sin_v[r * d + j] = sin_v[r * d + j + d / 2] = std::sin(angle);
+    }
+  Tensor norm(gamma, dtype), cos_t(cos_v, dtype), sin_t(sin_v, dtype);
+  const size_t out_count = b * kv * n * d;
+  void *k_out, *v_out, *workspace;
+  cudaMalloc(&k_out, out_count * dflash::dtype_size(dtype) + 1);
+  cudaMalloc(&v_out, out_count * dflash::dtype_size(dtype) + 1);
+  cudaMalloc(&workspace, dflash::inject_kv_workspace_size(s) + 1);
+  const cudaError_t launched =
+      dflash::inject_kv_launch(s, dtype, x.device, wk.device, wv.device, norm.device, cos_t.device, sin_t.device, 1e-6f,
+                               workspace, k_out, v_out, nullptr);
+  const cudaError_t done = cudaDeviceSynchronize();
+  std::vector<float> k_want(out_count), v_want(out_count);
+  dflash::inject_kv_ref(s, x.host.data(), wk.host.data(), wv.host.data(), norm.host.data(), cos_t.host.data(),
+                        sin_t.host.data(), 1e-6f, k_want.data(), v_want.data());
+  char what[128];
+  std::snprintf(what, sizeof what, "InjectKV b=%ld n=%ld H=%ld kv=%ld d=%ld", long(b), long(n), long(hidden), long(kv),
+                long(d));
+  if (launched != cudaSuccess || done != cudaSuccess) {
+    ++g_failures;
+    std::printf("FAIL %s: %s\n", what, cudaGetErrorString(launched != cudaSuccess ? launched : done));
+  } else {
+    compare((std::string(what) + " k").c_str(), read_back(k_out, out_count, dtype), k_want, dtype);
+    compare((std::string(what) + " v").c_str(), read_back(v_out, out_count, dtype), v_want, dtype);
+  }
+  cudaFree(k_out);
+  cudaFree(v_out);
+  cudaFree(workspace);
+}
+
+void block_attention_case(int64_t b, int64_t heads, int64_t kv, int64_t n, int64_t c, int64_t d,
+                          std::vector<int64_t> lengths, bool causal, int64_t window, DType dtype) {
+  std::mt19937 rng(static_cast<unsigned>(heads * 100 + n * 10 + c + d));
+  const dflash::BlockAttentionShape s{b, heads, kv, n, c, d};
+  Tensor q(normal(b * heads * n * d, 1.f, rng), dtype);
+  Tensor kc(normal(b * kv * c * d, 1.f, rng), dtype), vc(normal(b * kv * c * d, 1.f, rng), dtype);
+  Tensor kb(normal(b * kv * n * d, 1.f, rng), dtype), vb(normal(b * kv * n * d, 1.f, rng), dtype);
+  void *lens, *out, *workspace;
+  cudaMalloc(&lens, b * sizeof(int64_t));
+  cudaMemcpy(lens, lengths.data(), b * sizeof(int64_t), cudaMemcpyHostToDevice);
+  const size_t out_count = b * heads * n * d;
+  cudaMalloc(&out, out_count * dflash::dtype_size(dtype) + 1);
+  cudaMalloc(&workspace, dflash::block_attention_workspace_size(s) + 1);
+  const float scale = 1.f / std::sqrt(float(d));
+  const cudaError_t launched =
+      dflash::block_attention_launch(s, dtype, q.device, kc.device, vc.device, kb.device, vb.device,
+                                     static_cast<const int64_t*>(lens), scale, causal, window, workspace, out, nullptr);
+  const cudaError_t done = cudaDeviceSynchronize();
+  std::vector<float> want(out_count);
+  dflash::block_attention_ref(s, q.host.data(), kc.host.data(), vc.host.data(), kb.host.data(), vb.host.data(),
+                              lengths.data(), scale, causal, window, want.data());
+  char what[128];
+  std::snprintf(what, sizeof what, "BlockAttention b=%ld h=%ld kv=%ld n=%ld C=%ld d=%ld causal=%d window=%ld", long(b),
+                long(heads), long(kv), long(n), long(c), long(d), int(causal), long(window));
+  if (launched != cudaSuccess || done != cudaSuccess) {
+    ++g_failures;
+    std::printf("FAIL %s: %s\n", what, cudaGetErrorString(launched != cudaSuccess ? launched : done));
+  } else {
+    compare(what, read_back(out, out_count, dtype), want, dtype);
+  }
+  cudaFree(lens);
+  cudaFree(out);
+  cudaFree(workspace);
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  const cudaError_t status = cudaGetDeviceCount(&devices);
+  if (status != cudaSuccess || devices == 0) {
+    std::printf("skipped: no CUDA device (cudaGetDeviceCount: %s)\n",
+                status != cudaSuccess ? cudaGetErrorString(status) : "0 devices");
+    return 77;
+  }
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    inject_kv_case(1, 1, 16, 1, 8, dtype);
+    inject_kv_case(2, 5, 32, 2, 16, dtype);
+    inject_kv_case(3, 7, 24, 3, 4, dtype);       // hidden and columns not multiples of the 32 tile
+    inject_kv_case(1, 16, 4096, 8, 128, dtype);  // Qwen3-8B drafter block: split-K
+    inject_kv_case(2, 700, 256, 2, 64, dtype);   // 1400 rows: two launches of the row loop
+    inject_kv_case(1, 3, 96, 1, 256, dtype);     // widest head
+    block_attention_case(1, 2, 1, 4, 6, 8, {6}, false, 0, dtype);
+    block_attention_case(2, 4, 2, 8, 9, 16, {9, 3}, false, 0, dtype);        // ragged context
+    block_attention_case(2, 3, 3, 5, 7, 4, {7, 0}, true, 0, dtype);          // causal; an empty context
+    block_attention_case(2, 4, 1, 6, 10, 8, {10, 6}, false, 4, dtype);       // window, both sides
+    block_attention_case(1, 2, 2, 16, 20, 8, {17}, true, 5, dtype);          // causal + window
+    block_attention_case(1, 2, 1, 4, 0, 8, {0}, false, 0, dtype);            // no context tensor at all
+    block_attention_case(1, 32, 8, 16, 4096, 128, {4000}, false, 0, dtype);  // split over keys
+    block_attention_case(4, 32, 8, 16, 1024, 128, {1024, 17, 0, 600}, false, 0, dtype);
+    block_attention_case(2, 16, 4, 16, 2048, 128, {2048, 1500}, true, 256, dtype);  // sliding window, split
+    block_attention_case(1, 8, 2, 16, 300, 80, {300}, false, 0, dtype);             // head_dim not a multiple of 32
+    block_attention_case(2, 4, 2, 16, 700, 256, {700, 33}, false, 0, dtype);        // widest head
+    block_attention_case(1, 4, 4, 3, 10, 8, {4}, true, 2, dtype);                   // causal window of 2
+  }
+  std::printf("%s\n", g_failures ? "FAILED" : "all kernel parity cases passed");
+  return g_failures ? 1 : 0;
+}
