@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import sys
 from functools import wraps
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import click
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.export.manifest import DTYPES, read_bundle
 from dflash_trt.models.embedded import DEFAULT_TARGET
 
 TARGET_HELP = f"HF checkpoint directory, hub id, or alias (default: {DEFAULT_TARGET}, embedded)."
@@ -61,7 +63,8 @@ def main():
 @click.option("--draft", default=None, help=DRAFT_HELP)
 @click.option("--backend", type=click.Choice(["torch", "onnxruntime", "tensorrt"]), default="torch", show_default=True)
 @click.option("--bundle", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="Run an exported bundle (dflash-trt export) on onnxruntime instead of --target/--draft.")
+              help="Run what export or build wrote instead of --target/--draft: an ONNX bundle or onnxruntime "
+                   "engines on onnxruntime, TensorRT engines on the GPU.")
 @click.option("--block-size", type=int, default=None, help="Verify block size B (default: the drafter's, at most 4: on a CPU a larger verify costs more than its drafts save).")
 @click.option("--speculative/--no-speculative", default=True, show_default=True, help="Off: plain autoregressive decoding.")
 @click.option("--max-tokens", type=int, default=256, show_default=True)
@@ -106,14 +109,35 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path, file_okay=False), required=True, help="Bundle directory to write.")
 @click.option("--flavour", type=click.Choice(["portable", "plugin"]), default="portable", show_default=True,
               help="portable: standard ONNX ops only; plugin: dflash:: custom ops (KV injection, block attention).")
+@click.option("--dtype", type=click.Choice(list(DTYPES)), default="fp32", show_default=True,
+              help="Precision of the graphs' weights, K/V caches and features (logits stay fp32).")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--check/--no-check", default=True, show_default=True,
-              help="Compare each graph on onnxruntime with PyTorch (polygraphy run --onnxrt).")
+              help="Compare each graph on onnxruntime with PyTorch (polygraphy run --onnxrt); "
+                   "graphs onnxruntime cannot run (bf16; plugin with fp16) are skipped and recorded.")
 @user_errors
-def export(target, draft, out, flavour, force, check):
+def export(target, draft, out, flavour, dtype, force, check):
     """Export target and drafter to an ONNX bundle (target, draft_context, draft_block graphs + bundle.json)."""
     from tqdm import tqdm
 
+    if out.exists() and not force:
+        raise DFlashError(f"{out} already exists; pass --force to replace it")
+    with tqdm(total=5, desc="export", unit="step") as bar:
+        def step(what: str) -> None:
+            bar.set_postfix_str(what)
+            bar.update()
+
+        path = _export_pair(target, draft, out, flavour, DTYPES[dtype], step, force=force, check=check)
+    for graph, verdict in (read_bundle(path, verify_hashes=False)["checks"]["polygraphy_vs_pytorch"] or {}).items():
+        if str(verdict).startswith("skipped"):  # recorded in bundle.json; said here so it is not missed
+            click.echo(f"{graph}.onnx: onnxruntime check {verdict}", err=True)
+    click.echo(f"bundle written to {path}")
+
+
+def _export_pair(target: str, draft: str | None, out: Path, flavour: str, dtype: str, progress,
+                 force: bool = False, check: bool = True) -> Path:
+    """Check the pair from its configs, load it, and export its ONNX bundle to OUT (export, build)."""
+    from dflash_trt.export.bundle import check_flavour, export_bundle
     from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, load_tokenizer, resolve_draft
     from dflash_trt.models.embedded import default_drafter
     from dflash_trt.models.pairing import validate_pair
@@ -122,23 +146,102 @@ def export(target, draft, out, flavour, force, check):
     if draft is None:
         raise DFlashError(f"no drafter for target '{target}': pass --draft DIR")
     draft = resolve_draft(draft)
-    if out.exists() and not force:
-        raise DFlashError(f"{out} already exists; pass --force to replace it")
-    from dflash_trt.export.bundle import check_flavour, export_bundle
-
-    check_flavour(flavour, check)  # before loading weights: a missing op library fails in seconds
+    check_flavour(flavour, check, dtype)  # before loading weights: a missing op library fails in seconds
     check_pair(target, draft)  # from configs, before any weights load
     drafter = load_drafter(draft)
     target_model, tokenizer = load_target(target)
     validate_pair(target_model, drafter.config, tokenizer, load_tokenizer(str(draft)))
-    with tqdm(total=5, desc="export", unit="step") as bar:
+    return export_bundle(target_model, drafter, tokenizer, out, flavour=flavour, dtype=dtype, force=force, check=check,
+                         progress=progress)
+
+
+def engine_table(manifest: dict) -> str:
+    """One row per engine: graph, file, size, build time."""
+    rows = [("graph", "file", "MB", "build s")]
+    for graph, info in manifest["engines"].items():
+        rows.append((graph, info["file"], f"{info['bytes'] / 1e6:.1f}", f"{info['build_s']:.1f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
+             for row in rows]
+    engine = manifest["engine"]
+    head = (f"{engine['kind']} {engine['version']}, {manifest['dtype']}"
+            + (f", SM {', '.join(manifest['compute_capabilities'])}" if manifest["compute_capabilities"] else "")
+            + f", max batch {manifest['max_batch']}, max seq len {manifest['max_seq_len']}, block {manifest['block_size']}")
+    return "\n".join([head, *lines])
+
+
+def _engine_default(compute_capability: str | None) -> str:
+    """--compute-capability names consumer GPUs to build for ahead of time (TensorRT-RTX); with a GPU
+    here, full TensorRT builds for it; otherwise the CPU engine."""
+    if compute_capability:
+        return "tensorrt-rtx"
+    from dflash_trt.runtime.engine_bundles import gpu_compute_capability
+
+    return "tensorrt" if gpu_compute_capability() else "onnxruntime"
+
+
+@main.command()
+@click.option("--target", default=None, help=TARGET_HELP + " Exported first (see export).")
+@click.option("--draft", default=None, help=DRAFT_HELP)
+@click.option("--bundle", "source", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Build from this exported ONNX bundle instead of --target/--draft.")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="Engine bundle directory to write.")
+@click.option("--engine", type=click.Choice(["tensorrt-rtx", "tensorrt", "onnxruntime"]), default=None,
+              help="tensorrt-rtx: ahead of time for consumer GPUs (no GPU needed); tensorrt: for this GPU, with the "
+                   "dflash plugin library; onnxruntime: optimized CPU graphs. Default: tensorrt-rtx with "
+                   "--compute-capability, else tensorrt on a GPU, else onnxruntime.")
+@click.option("--compute-capability", default=None, help="Comma-separated targets for tensorrt-rtx, e.g. 12.0,8.9.")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
+              help="Precision of weights and activations (default: the bundle's; fp32 when exporting).")
+@click.option("--flavour", type=click.Choice(["portable", "plugin"]), default="portable", show_default=True,
+              help="When exporting: plugin expresses KV injection and block attention as dflash:: ops (--engine tensorrt).")
+@click.option("--max-batch", type=int, default=1, show_default=True, help="Largest batch the engines accept.")
+@click.option("--max-seq-len", type=int, default=2048, show_default=True, help="Longest sequence (prompt + output).")
+@click.option("--block-size", type=int, default=None, help="Largest verify block (default: the drafter's).")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@user_errors
+def build(target, draft, source, out, engine, compute_capability, dtype, flavour, max_batch, max_seq_len, block_size, force):
+    """Build engines from a (target, drafter) pair or an ONNX bundle: one engine per graph, with
+    optimization profiles for the prefill and the B-token steps, and engine.json."""
+    import tempfile
+
+    from tqdm import tqdm
+
+    from dflash_trt.engines.build import build_engines, check_graphs, check_source
+    from dflash_trt.engines.config import BuildConfig, parse_compute_capabilities
+    from dflash_trt.export.manifest import read_bundle
+
+    if source is not None and (target or draft):
+        raise DFlashError("pass either --bundle or --target/--draft, not both")
+    config = BuildConfig(engine=engine or _engine_default(compute_capability),
+                         compute_capabilities=parse_compute_capabilities(compute_capability),
+                         dtype=DTYPES[dtype] if dtype else None, max_batch=max_batch, max_seq_len=max_seq_len,
+                         block_size=block_size, force=force)
+    if out.exists() and not force:
+        raise DFlashError(f"{out} already exists; pass --force to replace it")
+    if source is not None:  # refusals before any engine is built, or any weights load
+        check_source(read_bundle(source), config, str(source))
+    else:
+        check_graphs(flavour, config.dtype or "float32", config, "--target/--draft")
+    exported = None
+    with tqdm(total=4 + (5 if source is None else 0), desc=f"build ({config.engine})", unit="step") as bar:
         def step(what: str) -> None:
             bar.set_postfix_str(what)
             bar.update()
 
-        path = export_bundle(target_model, drafter, tokenizer, out, flavour=flavour, force=force, check=check,
-                             progress=step)
-    click.echo(f"bundle written to {path}")
+        try:
+            if source is None:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                exported = Path(tempfile.mkdtemp(prefix=f".{out.name}-onnx-", dir=out.parent))
+                source = _export_pair(target or DEFAULT_TARGET, draft, exported / "bundle", flavour,
+                                      config.dtype or "float32", step)
+            manifest = build_engines(source, out, config, command=invoked_command(), progress=step)
+        finally:
+            if exported is not None:
+                shutil.rmtree(exported, ignore_errors=True)
+    click.echo(engine_table(manifest))
+    click.echo(f"engine bundle written to {out}")
 
 
 @main.command()
@@ -146,12 +249,18 @@ def export(target, draft, out, flavour, force, check):
 @click.option("--no-verify", is_flag=True, help="Skip re-hashing the files (fast look at a large bundle).")
 @user_errors
 def inspect(bundle, no_verify):
-    """Describe an exported bundle: graphs and their I/O, pair settings, checks, versions."""
+    """Describe an exported bundle (graphs and their I/O, pair settings, checks, versions) or an
+    engine bundle (engines, profiles, plugin library, the bundle it was built from)."""
+    from dflash_trt.engines.manifest import is_engine_bundle
     from dflash_trt.export.manifest import read_bundle
 
+    if is_engine_bundle(bundle):
+        _inspect_engines(bundle, no_verify)
+        return
     manifest = read_bundle(bundle, verify_hashes=not no_verify)
     t, d = manifest["target"], manifest["draft"]
-    click.echo(f"{bundle}: {manifest['flavour']} flavour, opset {manifest['opset']}, format {manifest['format_version']}"
+    click.echo(f"{bundle}: {manifest['flavour']} flavour, {manifest['dtype']}, opset {manifest['opset']}, "
+               f"format {manifest['format_version']}"
                f"{'' if no_verify else ', all file hashes match'}")
     click.echo(f"target: {t['model_type']}, {t['num_layers']} layers, hidden {t['hidden_size']}, vocab {t['vocab_size']}")
     click.echo(f"draft: {d['num_layers']} layers, block size {d['block_size']}, taps {d['target_layer_ids']}, "
@@ -166,6 +275,25 @@ def inspect(bundle, no_verify):
     checks = manifest.get("checks", {})
     click.echo(f"checks: {json.dumps(checks)}")
     click.echo("versions: " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items() if v))
+
+
+def _inspect_engines(bundle: Path, no_verify: bool) -> None:
+    from dflash_trt.engines.manifest import read_engine_bundle
+
+    manifest = read_engine_bundle(bundle, verify_hashes=not no_verify)
+    click.echo(f"{bundle}: engine bundle, format {manifest['format_version']}{'' if no_verify else ', all file hashes match'}")
+    click.echo(engine_table(manifest))
+    for graph, phases in manifest["profiles"].items():
+        shown = "; ".join(f"{phase} " + ", ".join(f"{dim} {lo}..{hi} (opt {opt})" for dim, (lo, opt, hi) in dims.items())
+                          for phase, dims in phases.items())
+        click.echo(f"profiles {graph}: {shown}")
+    plugin = manifest.get("plugin_library")
+    click.echo("plugin library: " + ("none" if plugin is None else f"{plugin['file']} v{plugin['version']} sha256 {plugin['sha256'][:16]}"))
+    source, t, d = manifest["source"], manifest["source"]["target"], manifest["source"]["draft"]
+    click.echo(f"source bundle: {source['flavour']} flavour, sha256 {source['bundle_sha256'][:16]}; target {t['model_type']} "
+               f"{t['num_layers']} layers; draft {d['num_layers']} layers, block size {d['block_size']}, taps {d['target_layer_ids']}")
+    if manifest.get("command"):
+        click.echo(f"built with: {manifest['command']}")
 
 
 def _csv(kind):
@@ -308,7 +436,8 @@ def pack_corpus(src, dst):
 @click.argument("bundle", required=False, type=click.Path(path_type=Path, file_okay=False))
 @click.option("--target", default=None, help=TARGET_HELP + " Offline mode.")
 @click.option("--draft", default=None, help=DRAFT_HELP)
-@click.option("--backend", default=None, help="Offline backend: torch (default), onnxruntime, tensorrt; a bundle DIR runs on onnxruntime.")
+@click.option("--backend", default=None, help="Offline backend: torch (default), onnxruntime, tensorrt; a bundle DIR runs on its own "
+                   "(onnxruntime, or tensorrt for TensorRT engines).")
 @click.option("--base-url", default=None, help="Benchmark an OpenAI-compatible server instead (e.g. http://127.0.0.1:8000/v1).")
 @click.option("--baseline-url", default=None, help="Server mode: an autoregressive server to compare against.")
 @click.option("--model", default=None, help="Server mode: model name (default: the server's first).")

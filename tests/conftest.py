@@ -26,6 +26,16 @@ def tiny_pairs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def small_vocab_pair(tmp_path_factory):
+    """(target dir, drafter dir) over a 6-token vocabulary (no tokenizer; MASK is id 5). Export must
+    draw its example ids from so small a vocabulary, and greedy drafts of this pair are often accepted."""
+    root = tmp_path_factory.mktemp("small-vocab")
+    target = make_target(root / "target", "qwen3", seed=5, tokenizer=False, vocab_size=6)
+    drafter = make_drafter(root / "draft", seed=5, block_size=4, target_layer_ids=[1, 2], mask_token_id=5)
+    return target, drafter
+
+
+@pytest.fixture(scope="session")
 def hybrid_target(tmp_path_factory):
     """A tiny Qwen3-Next target: Gated DeltaNet (recurrent) + full attention layers."""
     return make_target(tmp_path_factory.mktemp("hybrid") / "qwen3_next", "qwen3_next", seed=7)
@@ -44,6 +54,21 @@ def bundles(tiny_pairs, tmp_path_factory):
         if family == "qwen3" and op_library.LIBRARY.is_file():
             plugin = export_bundle(target, drafter, tokenizer, root / "qwen3-plugin", flavour="plugin", check=False)
             made["qwen3-plugin"] = (plugin, target, drafter)
+    return made
+
+
+@pytest.fixture(scope="session")
+def half_bundles(tiny_pairs, tmp_path_factory):
+    """(family, dtype) -> (ONNX bundle dir, TargetModel, DFlashDrafter) for float16 and bfloat16
+    exports, with the polygraphy check (onnxruntime skips what it cannot run)."""
+    root = tmp_path_factory.mktemp("half-bundles")
+    made = {}
+    for family, dtype in (("llama", "float16"), ("qwen3", "float16"), ("qwen3", "bfloat16")):
+        target_dir, draft_dir = tiny_pairs[family]
+        target, tokenizer = load_target(str(target_dir))
+        drafter = load_drafter(draft_dir)
+        path = export_bundle(target, drafter, tokenizer, root / f"{family}-{dtype}", dtype=dtype, check=True)
+        made[family, dtype] = (path, target, drafter)
     return made
 
 

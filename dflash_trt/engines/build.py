@@ -19,19 +19,29 @@ from dflash_trt.engines.manifest import ENGINE_FORMAT_VERSION, ENGINE_MANIFEST
 from dflash_trt.engines.profiles import profile_dims
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.manifest import GRAPHS, MANIFEST, file_hashes, read_bundle, sha256
+from dflash_trt.export.op_library import onnxruntime_refusal
 
 PLUGIN_LIBRARY = Path(__file__).resolve().parent.parent / "_ops" / "libdflash_trt_plugins.so"
 
 
-def check_source(manifest: dict, config: BuildConfig, where: str) -> None:
-    """Refusals that depend on the source bundle, before any engine is built."""
-    dtype = manifest.get("dtype", "float32")
+def check_graphs(flavour: str, dtype: str, config: BuildConfig, where: str) -> None:
+    """Refusals that depend on the graphs' flavour and dtype (known before an export too)."""
     if config.dtype is not None and config.dtype != dtype:
         raise DFlashError(f"{where} holds {dtype} graphs but --dtype asks for {config.dtype}: re-export with "
                           f"dflash-trt export --dtype, or build from --target/--draft")
-    if manifest["flavour"] == "plugin" and config.engine == "tensorrt-rtx":
-        raise DFlashError(f"{where} is a plugin-flavour bundle; TensorRT-RTX cannot parse dflash:: custom ops: export "
-                          f"--flavour portable, or build with --engine tensorrt")
+    if config.engine == "onnxruntime":
+        refusal = onnxruntime_refusal(flavour, dtype)
+        if refusal:
+            raise DFlashError(f"{where}: --engine onnxruntime cannot run {dtype} {flavour}-flavour graphs "
+                              f"({refusal}): build TensorRT engines, or use fp32")
+    if flavour == "plugin" and config.engine == "tensorrt-rtx":
+        raise DFlashError(f"{where}: plugin-flavour graphs; TensorRT-RTX cannot parse dflash:: custom ops: use "
+                          f"--flavour portable, or --engine tensorrt")
+
+
+def check_source(manifest: dict, config: BuildConfig, where: str) -> None:
+    """Refusals that depend on the source bundle, before any engine is built."""
+    check_graphs(manifest["flavour"], manifest.get("dtype", "float32"), config, where)
     block = config.block_size or manifest["draft"]["block_size"]
     if block > manifest["draft"]["block_size"]:
         raise DFlashError(f"--block-size {block} is larger than the drafter's block size {manifest['draft']['block_size']}")

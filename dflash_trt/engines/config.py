@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.export.manifest import DTYPES
 
 ENGINES = ("tensorrt-rtx", "tensorrt", "onnxruntime")
-# The CLI's short names -> the dtype names bundle.json records.
-DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # TensorRT-RTX's ComputeCapability enum (1.7): consumer GPUs only, no Hopper (SM90).
 RTX_COMPUTE_CAPABILITIES = ("7.5", "8.0", "8.6", "8.9", "12.0", "12.1")
 

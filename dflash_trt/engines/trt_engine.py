@@ -67,6 +67,9 @@ def build_trt_graph(kind: str, source: Path, out: Path, spec: dict, profiles: di
     if not parser.parse_from_file(str(source)):
         errors = [parser.get_error(i).desc() for i in range(parser.num_errors)] or log.errors
         raise DFlashError(f"{source.name}: {kind} could not parse it: {errors[0] if errors else 'unknown error'}")
+    tensors = [network.get_input(i) for i in range(network.num_inputs)] + \
+        [network.get_output(i) for i in range(network.num_outputs)]
+    io = {t.name: t.dtype.name for t in tensors}  # as TensorRT typed them: the graph's own dtypes
     config = builder.create_builder_config()
     if kind == "tensorrt-rtx":
         config.num_compute_capabilities = len(compute_capabilities)
@@ -88,4 +91,4 @@ def build_trt_graph(kind: str, source: Path, out: Path, spec: dict, profiles: di
         raise DFlashError(f"{source.name}: {kind} build failed: {log.errors[-1] if log.errors else 'no engine returned'}")
     with out.open("wb") as f:
         f.write(engine)
-    return {"file": out.name, "build_s": round(seconds, 3), "bytes": out.stat().st_size}
+    return {"file": out.name, "build_s": round(seconds, 3), "bytes": out.stat().st_size, "io": io}

@@ -15,6 +15,8 @@ MANIFEST = "bundle.json"
 FORMAT_VERSION = 1
 GRAPHS = ("target", "draft_context", "draft_block")
 FLAVOURS = ("portable", "plugin")
+# Command-line spelling -> the dtype name a bundle records (numpy's and torch's spelling).
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def sha256(path: Path) -> str:
@@ -51,6 +53,8 @@ def read_bundle(root: str | Path, verify_hashes: bool = True) -> dict:
         raise DFlashError(f"{path}: the manifest has no '{missing[0]}' section (not written by dflash-trt export?)")
     if manifest.get("flavour") not in FLAVOURS:
         raise DFlashError(f"{root}: unknown flavour {manifest.get('flavour')!r} (expected one of {', '.join(FLAVOURS)})")
+    if manifest.setdefault("dtype", "float32") not in DTYPES.values():  # bundles before dtypes: float32
+        raise DFlashError(f"{root}: unknown dtype {manifest['dtype']!r} (expected one of {', '.join(DTYPES.values())})")
     for name, digest in manifest["files"].items():
         file = root / name
         if not file.is_file():

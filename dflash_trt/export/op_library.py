@@ -1,4 +1,5 @@
-"""Where the `dflash` onnxruntime op library lives, and sessions that load it (torch-free)."""
+"""Where the `dflash` onnxruntime op library lives, sessions that load it, and which bundles
+onnxruntime can run (torch-free)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,20 @@ def check_library_version(bundle_version: int, where: str) -> None:
         raise DFlashError(
             f"{where}: exported for dflash ops version {bundle_version}, but the op library implements version "
             f"{built}: rebuild it (bash scripts/build_plugins.sh) or re-export the bundle")
+
+
+def onnxruntime_refusal(flavour: str, dtype: str) -> str | None:
+    """Why onnxruntime's CPU provider cannot run graphs of this flavour and dtype; None when it can.
+
+    Measured with onnxruntime 1.32: float16 graphs run (ops without a float16 CPU kernel are computed
+    in float32 between casts); bfloat16 ones fail to load ("Could not find an implementation for
+    MatMul(13)"); the dflash op library implements float32 only.
+    """
+    if dtype == "bfloat16":
+        return "onnxruntime's CPU provider has no bfloat16 kernels (MatMul, Mul)"
+    if flavour == "plugin" and dtype != "float32":
+        return "the dflash onnxruntime op library runs float32 only"
+    return None
 
 
 def session_options(plugin: bool, threads: int | None = None):

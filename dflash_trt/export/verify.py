@@ -7,20 +7,39 @@ cannot do — and `Comparator.compare_accuracy` checks it against the PyTorch mo
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.op_library import session_options
 
-ATOL = 1e-3
-RTOL = 1e-3
+# How close onnxruntime must come to PyTorch, by bundle dtype: an element passes within `rtol` of
+# its own value, or within `atol` plus `atol_rms` x the RMS of its output.
+# float32: reduction-order round-off; measured at most 1e-4 on SmolLM2-135M.
+# float16: rounding error follows the magnitudes summed into an element, not the element (a logit
+# near 0 is a sum of terms of the RMS's size), so the absolute part follows the output's RMS. On
+# SmolLM2-135M onnxruntime (which computes float16 ops lacking a CPU kernel in float32) differed from
+# PyTorch by up to 0.016 x RMS (target features) and 0.009 x RMS (draft logits) beyond 1% of the value.
+# No bfloat16 entry: onnxruntime cannot run those graphs (op_library.onnxruntime_refusal).
+TOLERANCES = {"float32": {"atol": 1e-3, "rtol": 1e-3}, "float16": {"atol_rms": 5e-2, "rtol": 1e-2}}
+
+
+def _atol(golden: np.ndarray, tolerance: dict) -> float:
+    if golden.dtype.kind != "f" and "atol_rms" in tolerance:
+        # token ids, the argmax of logits compared beside them: in half precision a near tie may
+        # flip between two correct implementations
+        return math.inf
+    rms = float(np.sqrt(np.mean(np.square(golden, dtype=np.float64))))
+    return tolerance.get("atol", 0.0) + tolerance.get("atol_rms", 0.0) * rms
 
 
 def check_graph(graph: Path, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], input_names: list[str],
-                output_names: list[str], plugin: bool = False) -> str:
-    """Returns "passed"; raises DFlashError naming the graph when any output is out of tolerance."""
+                output_names: list[str], tolerance: dict, plugin: bool = False) -> str:
+    """Returns "passed"; raises DFlashError naming the graph when any output is out of `tolerance`
+    (a TOLERANCES entry)."""
     import onnxruntime as ort
     from polygraphy.backend.onnxrt import OnnxrtRunner
     from polygraphy.comparator import Comparator, IterationResult
@@ -31,13 +50,18 @@ def check_graph(graph: Path, module: torch.nn.Module, inputs: tuple[torch.Tensor
     with torch.no_grad():
         outputs = module.eval()(*inputs)
     goldens = IterationResult({n: t.numpy() for n, t in zip(output_names, outputs, strict=True)}, runner_name="pytorch")
+    compare = SimpleCompareFunc(atol={n: _atol(g, tolerance) for n, g in goldens.items()}, rtol=tolerance["rtol"])
     session = ort.InferenceSession(str(graph), session_options(plugin), providers=["CPUExecutionProvider"])
     feed = {n: t.numpy() for n, t in zip(input_names, inputs, strict=True)}
     results = Comparator.run([OnnxrtRunner(session, name="onnxruntime")], data_loader=[feed])
     results.append(("pytorch", [goldens]))
-    verdict = Comparator.compare_accuracy(results, compare_func=SimpleCompareFunc(atol=ATOL, rtol=RTOL))
+    # Relative differences divide by the goldens: a draft token id 0 makes 0/0, which polygraphy
+    # already passes on the absolute difference; numpy's warning about it is noise in the export.
+    with np.errstate(invalid="ignore"):
+        verdict = Comparator.compare_accuracy(results, compare_func=compare)
     if not bool(verdict):
-        raise DFlashError(f"polygraphy: {graph.name} on onnxruntime differs from PyTorch beyond atol={ATOL}, rtol={RTOL}")
+        beyond = ", ".join(f"{k}={v}" for k, v in tolerance.items())
+        raise DFlashError(f"polygraphy: {graph.name} on onnxruntime differs from PyTorch beyond {beyond}")
     return "passed"
 
 

@@ -43,3 +43,23 @@ def cached_bundle(target: str, draft: str) -> Path:
     drafter = load_drafter(draft)
     validate_pair(target_model, drafter.config, tokenizer, load_tokenizer(draft))
     return export_bundle(target_model, drafter, tokenizer, out, force=True)
+
+
+def cached_engines(target: str, draft: str) -> Path:
+    """`LLM(..., backend="tensorrt")` from checkpoints: TensorRT engines for this GPU, built once
+    from the cached bundle into the user cache (keyed by the bundle and the GPU's compute capability)."""
+    from dflash_trt.errors import DFlashError
+    from dflash_trt.runtime.engine_bundles import gpu_compute_capability
+
+    gpu = gpu_compute_capability()
+    if gpu is None:
+        raise DFlashError("backend 'tensorrt' runs TensorRT engines on an NVIDIA GPU, and none is visible here: "
+                          "use backend 'onnxruntime' or 'torch'")
+    out = embedded.cache_root() / "engines" / f"{bundle_key(target, draft)}-sm{gpu.replace('.', '')}"
+    if (out / "engine.json").is_file():
+        return out
+    from dflash_trt.engines.build import build_engines
+    from dflash_trt.engines.config import BuildConfig
+
+    build_engines(cached_bundle(target, draft), out, BuildConfig(engine="tensorrt", force=True))
+    return out

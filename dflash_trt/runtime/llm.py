@@ -60,8 +60,6 @@ class LLM:
     ):
         if backend not in BACKENDS:
             raise DFlashError(f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}")
-        if backend == "tensorrt":
-            raise DFlashError("backend 'tensorrt' is not available yet in this build; use 'torch' or 'onnxruntime'")
         _check_block_size(block_size)
         # PyTorch model code is imported here, on the torch path only: from_bundle never loads it.
         from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, resolve_draft
@@ -75,12 +73,13 @@ class LLM:
             draft = None if found is None else str(found)
         elif draft is not None:
             draft = str(resolve_draft(draft))  # a hub id is fetched once, here
-        if backend == "onnxruntime":
+        if backend in ("onnxruntime", "tensorrt"):
             if draft is None:
-                raise DFlashError("backend 'onnxruntime' runs an exported (target, drafter) bundle: pass draft=DIR")
-            from dflash_trt.runtime.bundles import cached_bundle
+                raise DFlashError(f"backend '{backend}' runs an exported (target, drafter) bundle: pass draft=DIR")
+            from dflash_trt.runtime.bundles import cached_bundle, cached_engines
 
-            self._load_bundle(cached_bundle(target, draft), block_size)
+            bundle = cached_bundle(target, draft) if backend == "onnxruntime" else cached_engines(target, draft)
+            self._load_bundle(bundle, block_size)
             return
         self.backend = "torch"
         if draft is not None:
@@ -104,24 +103,39 @@ class LLM:
 
     @classmethod
     def from_bundle(cls, path: str | Path, block_size: int | None = None) -> LLM:
-        """Run an exported bundle (`dflash-trt export`) on onnxruntime; no PyTorch model code is used."""
+        """Run what `dflash-trt export` or `dflash-trt build` wrote: an ONNX bundle or an onnxruntime
+        engine bundle on onnxruntime, TensorRT engines on the GPU. No PyTorch model code is used."""
         _check_block_size(block_size)
         llm = cls.__new__(cls)
         llm._load_bundle(Path(path), block_size)
         return llm
 
     def _load_bundle(self, path: Path, block_size: int | None) -> None:
-        from dflash_trt.runtime.ort_backend import OrtBundle
+        from dflash_trt.runtime.engine_bundles import bundle_kind
 
-        self.backend = "onnxruntime"
-        self._bundle = OrtBundle(path)
+        if bundle_kind(path) in ("tensorrt", "tensorrt-rtx"):
+            from dflash_trt.runtime.trt_backend import TrtBundle
+
+            self.backend = "tensorrt"
+            self._bundle = TrtBundle(path)
+        else:
+            from dflash_trt.runtime.ort_backend import OrtBundle
+
+            self.backend = "onnxruntime"
+            self._bundle = OrtBundle(path)
         manifest = self._bundle.manifest
         self.target = self.drafter = None  # no PyTorch models behind this backend
         self.tokenizer = load_tokenizer(str(path))
         self.vocab_size = manifest["target"]["vocab_size"]
         self.has_drafter = True
         self.draft_vocab_size = manifest["draft"].get("draft_vocab_size", self.vocab_size)  # bundles before it: all
-        self.block_size = block_size or default_block_size(manifest["draft"]["block_size"])
+        if self.backend == "tensorrt":  # on a GPU a verify of B tokens costs what one does: no CPU cap
+            self.block_size = block_size or manifest["block_size"]
+        else:
+            self.block_size = block_size or default_block_size(manifest.get("block_size", manifest["draft"]["block_size"]))
+        if self.block_size > manifest.get("block_size", self.block_size):
+            raise DFlashError(f"block_size {self.block_size} is larger than the engines were built for "
+                              f"({manifest['block_size']}): rebuild with --block-size")
         self.eos_token_ids = tuple(manifest["target"]["eos_token_ids"])
 
     def _sessions(self, speculative: bool) -> tuple[TargetSession, DraftSession | None]:
@@ -129,6 +143,10 @@ class LLM:
             from dflash_trt.runtime.ort_backend import OrtDraftSession, OrtTargetSession
 
             return OrtTargetSession(self._bundle), OrtDraftSession(self._bundle) if speculative else None
+        if self.backend == "tensorrt":
+            from dflash_trt.runtime.trt_backend import TrtDraftSession, TrtTargetSession
+
+            return TrtTargetSession(self._bundle), TrtDraftSession(self._bundle) if speculative else None
         from dflash_trt.runtime.torch_backend import TorchDraftSession, TorchTargetSession
 
         if not speculative:

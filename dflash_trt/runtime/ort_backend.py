@@ -14,8 +14,9 @@ import numpy as np
 import torch
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.export.manifest import GRAPHS, read_bundle
-from dflash_trt.export.op_library import check_library_version, session_options
+from dflash_trt.export.manifest import GRAPHS
+from dflash_trt.export.op_library import check_library_version, onnxruntime_refusal, session_options
+from dflash_trt.runtime.engine_bundles import open_bundle
 
 
 def _names(spec: dict, key: str) -> list[str]:
@@ -23,7 +24,8 @@ def _names(spec: dict, key: str) -> list[str]:
 
 
 class OrtBundle:
-    """The three onnxruntime sessions of one bundle, loaded once and shared by every request."""
+    """The three onnxruntime sessions of one bundle, loaded once and shared by every request: an
+    exported bundle as it is, or an onnxruntime engine bundle (graphs `build` optimized already)."""
 
     def __init__(self, root: str | Path, threads: int | None = None):
         try:
@@ -31,9 +33,18 @@ class OrtBundle:
         except ImportError as err:
             raise DFlashError("backend 'onnxruntime' needs onnxruntime: pip install onnxruntime") from err
         self.root = Path(root)
-        self.manifest = read_bundle(self.root)
+        kind, self.manifest = open_bundle(self.root)
+        if kind not in ("onnx", "onnxruntime"):
+            raise DFlashError(f"{self.root} holds {kind} engines: run it with backend 'tensorrt'")
         plugin = self.manifest["flavour"] == "plugin"
+        self.dtype = self.manifest.get("dtype", "float32")
+        refusal = onnxruntime_refusal(self.manifest["flavour"], self.dtype)
+        if refusal:
+            raise DFlashError(f"{self.root}: onnxruntime cannot run this {self.dtype} {self.manifest['flavour']} bundle "
+                              f"({refusal}); build TensorRT engines from it, or re-export with --dtype fp32")
         options = session_options(plugin, threads)
+        if kind == "onnxruntime":  # optimized at build time: loading skips the optimizer
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         if plugin:
             check_library_version(self.manifest["custom_ops"]["version"], str(self.root))
         self.sessions = {
@@ -46,7 +57,7 @@ class OrtBundle:
     def empty_cache(self, who: str) -> list[np.ndarray]:
         info = self.manifest[who]
         shape = (1, info["num_key_value_heads"], 0, info["head_dim"])
-        return [np.zeros(shape, np.float32) for _ in range(2 * info["num_layers"])]
+        return [np.zeros(shape, self.dtype) for _ in range(2 * info["num_layers"])]
 
 
 class OrtTargetSession:

@@ -133,3 +133,17 @@ def test_full_tensorrt_without_its_library_or_a_gpu_is_refused_in_one_line(bundl
         with pytest.raises(DFlashError, match="no CUDA GPU is visible here"):
             build_engines(bundles["qwen3"][0], tmp_path / "e", BuildConfig(engine="tensorrt"))
     assert not (tmp_path / "e").exists()
+
+
+def test_onnxruntime_engines_of_graphs_it_cannot_run_are_refused_before_building(half_bundles, tmp_path):
+    with pytest.raises(DFlashError, match="--engine onnxruntime cannot run bfloat16 portable-flavour graphs"):
+        build_engines(half_bundles["qwen3", "bfloat16"][0], tmp_path / "e", ORT)
+    assert not (tmp_path / "e").exists()
+
+
+def test_a_float16_onnxruntime_engine_decodes_like_autoregressive_on_it(half_bundles, tmp_path):
+    out = tmp_path / "e"
+    build_engines(half_bundles["llama", "float16"][0], out, ORT)
+    llm = LLM.from_bundle(out)
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    assert llm.generate([7, 8, 9], params)[0].token_ids == llm.generate([7, 8, 9], params, speculative=False)[0].token_ids

@@ -38,3 +38,18 @@ def test_the_engines_refuse_to_load_without_a_gpu_in_one_line(rtx_bundle):
         pytest.skip("a GPU is visible: the engines would load")
     with pytest.raises(DFlashError, match="holds TensorRT engines for SM 12.0, 8.9 and no CUDA GPU is visible here"):
         LLM.from_bundle(rtx_bundle)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_bundles_build_for_sm120_as_strongly_typed_engines(half_bundles, tmp_path, dtype):
+    out = tmp_path / dtype
+    build_engines(half_bundles["qwen3", dtype][0], out, BuildConfig(engine="tensorrt-rtx", compute_capabilities=("12.0",),
+                                                                    max_seq_len=128))
+    manifest = read_engine_bundle(out)
+    assert manifest["dtype"] == dtype and manifest["source"]["graphs"]["target"]["inputs"][3]["dtype"] == dtype
+    # what TensorRT itself typed the bindings as (strongly typed: the graph's own dtypes)
+    expected = {"float16": "HALF", "bfloat16": "BF16"}[dtype]
+    target = manifest["engines"]["target"]["io"]
+    assert target["past_key_0"] == target["present_key_0"] == target["features"] == expected
+    assert target["logits"] == "FLOAT" and target["input_ids"] == "INT64"
+    assert manifest["engines"]["draft_block"]["io"]["context_key_0"] == expected

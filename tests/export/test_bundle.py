@@ -41,8 +41,10 @@ def test_export_runs_polygraphy_against_pytorch(tiny_pairs, tmp_path):
     assert {checks[g] for g in ("target", "draft_context", "draft_block")} == {"passed"}
 
 
-def test_polygraphy_check_catches_a_wrong_graph(tiny_pairs, tmp_path, monkeypatch):
-    """Swap in a graph that computes something else: the check must refuse the bundle."""
+@pytest.mark.parametrize("dtype, skew", [("float32", 1.01), ("float16", 1.1)])
+def test_polygraphy_check_catches_a_wrong_graph(tiny_pairs, tmp_path, monkeypatch, dtype, skew):
+    """Swap in a graph that computes something else: the check must refuse the bundle (float16 is
+    checked within 5% of each output's RMS, so its wrong graph is off by more)."""
     target_dir, draft_dir = tiny_pairs["llama"]
     target, tokenizer = load_target(str(target_dir))
     drafter = load_drafter(draft_dir)
@@ -50,7 +52,7 @@ def test_polygraphy_check_catches_a_wrong_graph(tiny_pairs, tmp_path, monkeypatc
 
     class Skewed(real):
         def forward(self, features, positions):
-            return tuple(t * 1.01 for t in super().forward(features, positions))
+            return tuple(t * skew for t in super().forward(features, positions))
 
     exported = []
     monkeypatch.setattr(bundle_module, "DraftContextGraph", Skewed)
@@ -62,7 +64,7 @@ def test_polygraphy_check_catches_a_wrong_graph(tiny_pairs, tmp_path, monkeypatc
 
     monkeypatch.setattr(bundle_module, "check_graph", check_against_the_true_module)
     with pytest.raises(DFlashError, match="polygraphy: draft_context.onnx on onnxruntime differs from PyTorch"):
-        export_bundle(target, drafter, tokenizer, tmp_path / "b", check=True)
+        export_bundle(target, drafter, tokenizer, tmp_path / "b", check=True, dtype=dtype)
     assert "draft_context.onnx" in exported and not (tmp_path / "b").exists()
 
 
@@ -188,6 +190,18 @@ def test_cli_export_writes_a_bundle_and_refuses_an_existing_directory(tiny_pairs
     assert read_bundle(tmp_path / "b")["flavour"] == "portable"
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2 and "already exists; pass --force" in result.output
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_cli_exports_a_pair_whose_vocabulary_is_smaller_than_the_example_ids(small_vocab_pair, tmp_path, dtype):
+    """Six token ids: the ids export traces and checks with must be drawn from them."""
+    target_dir, draft_dir = small_vocab_pair
+    result = CliRunner().invoke(main, ["export", "--target", str(target_dir), "--draft", str(draft_dir),
+                                       "-o", str(tmp_path / "b"), "--dtype", dtype])
+    assert result.exit_code == 0, result.output
+    manifest = read_bundle(tmp_path / "b")
+    assert manifest["target"]["vocab_size"] == 6 and manifest["dtype"] == {"fp32": "float32", "fp16": "float16"}[dtype]
+    assert {manifest["checks"]["polygraphy_vs_pytorch"][g] for g in ("target", "draft_context", "draft_block")} == {"passed"}
 
 
 def test_cli_generate_and_bench_run_a_bundle(bundles, tiny_pairs):

@@ -57,7 +57,9 @@ def test_metrics_add_up(llm):
     "kwargs, message",
     [
         (dict(backend="vllm"), "backend 'vllm' is unknown"),
-        (dict(backend="tensorrt"), "backend 'tensorrt' is not available yet"),
+        pytest.param(dict(backend="tensorrt"), "backend 'tensorrt' runs TensorRT engines on an NVIDIA GPU, and none is visible",
+                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")),
+        (dict(backend="tensorrt", draft=None), "backend 'tensorrt' runs an exported .* bundle: pass draft=DIR"),
         (dict(backend="onnxruntime", draft=None), "backend 'onnxruntime' runs an exported .* bundle: pass draft=DIR"),
         (dict(block_size=1), "block_size must be an integer >= 2"),
     ],

@@ -160,3 +160,39 @@ def test_a_drafter_tapping_the_last_layer_decodes_as_on_torch(tiny_pairs, tmp_pa
     a = LLM.from_bundle(path, block_size=4).generate([9, 8, 7, 6], params)[0]
     b = LLM(str(target_dir), str(draft_dir), block_size=4).generate([9, 8, 7, 6], params)[0]
     assert a.token_ids == b.token_ids and a.metrics.acceptance_lengths == b.metrics.acceptance_lengths
+
+
+@pytest.mark.parametrize("pair", ["llama", "qwen3", "small-vocab"])
+def test_greedy_dflash_on_a_float16_bundle_equals_autoregressive_decoding_on_it(half_bundles, small_vocab_pair,
+                                                                                 tmp_path, pair):
+    """Caches, features and context K/V stay float16 from step to step, through every rollback. The
+    6-token pair gets drafts accepted (the random tiny drafters of the others rarely do), so the
+    accepted-prefix path runs on float16 caches too."""
+    import numpy as np
+
+    from dflash_trt.export.bundle import export_bundle
+    from dflash_trt.models.checkpoints import load_drafter, load_target
+    from dflash_trt.runtime.ort_backend import OrtBundle, OrtTargetSession
+
+    if pair == "small-vocab":
+        target_dir, draft_dir = small_vocab_pair
+        target, _ = load_target(str(target_dir))
+        path = export_bundle(target, load_drafter(draft_dir), None, tmp_path / "b", dtype="float16", check=False)
+        prompts = [[1, 2, 3], [0, 4, 1, 1], [2]]
+    else:
+        path = half_bundles[pair, "float16"][0]
+        prompts = ["hello there", [5, 6, 7]]
+    target = OrtTargetSession(OrtBundle(path))
+    logits, features = target.prefill([1, 2, 3])
+    assert logits.dtype == torch.float32 and features.dtype == torch.float16 and target.past[0].dtype == np.float16
+    llm = LLM.from_bundle(path)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    accepted = []
+    for block in (2, 4):
+        llm.block_size = block
+        for prompt in prompts:
+            ours = llm.generate(prompt, params)[0]
+            assert ours.token_ids == llm.generate(prompt, params, speculative=False)[0].token_ids
+            accepted += ours.metrics.acceptance_lengths
+    if pair == "small-vocab":
+        assert max(accepted) == 4  # a whole B=4 block accepted, at least once
