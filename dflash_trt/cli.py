@@ -122,22 +122,22 @@ def export(target, draft, out, flavour, dtype, force, check):
 
     if out.exists() and not force:
         raise DFlashError(f"{out} already exists; pass --force to replace it")
-    with tqdm(total=5, desc="export", unit="step") as bar:
-        def step(what: str) -> None:
-            bar.set_postfix_str(what)
-            bar.update()
+    from dflash_trt.export.bundle import export_bundle
 
-        path = _export_pair(target, draft, out, flavour, DTYPES[dtype], step, force=force, check=check)
+    pair = _load_pair(target, draft, flavour, DTYPES[dtype], check)
+    with tqdm(total=5, desc="export", unit="step") as bar:
+        path = export_bundle(*pair, out, flavour=flavour, dtype=DTYPES[dtype], force=force, check=check,
+                             progress=_progress(bar))
     for graph, verdict in (read_bundle(path, verify_hashes=False)["checks"]["polygraphy_vs_pytorch"] or {}).items():
         if str(verdict).startswith("skipped"):  # recorded in bundle.json; said here so it is not missed
             click.echo(f"{graph}.onnx: onnxruntime check {verdict}", err=True)
     click.echo(f"bundle written to {path}")
 
 
-def _export_pair(target: str, draft: str | None, out: Path, flavour: str, dtype: str, progress,
-                 force: bool = False, check: bool = True) -> Path:
-    """Check the pair from its configs, load it, and export its ONNX bundle to OUT (export, build)."""
-    from dflash_trt.export.bundle import check_flavour, export_bundle
+def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: bool = True):
+    """Check the pair from its configs, then load it -> (target model, drafter, tokenizer). Everything a
+    user can get wrong is refused here, before any progress bar starts (export, build)."""
+    from dflash_trt.export.bundle import check_flavour
     from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, load_tokenizer, resolve_draft
     from dflash_trt.models.embedded import default_drafter
     from dflash_trt.models.pairing import validate_pair
@@ -151,8 +151,15 @@ def _export_pair(target: str, draft: str | None, out: Path, flavour: str, dtype:
     drafter = load_drafter(draft)
     target_model, tokenizer = load_target(target)
     validate_pair(target_model, drafter.config, tokenizer, load_tokenizer(str(draft)))
-    return export_bundle(target_model, drafter, tokenizer, out, flavour=flavour, dtype=dtype, force=force, check=check,
-                         progress=progress)
+    return target_model, drafter, tokenizer
+
+
+def _progress(bar):
+    def step(what: str) -> None:
+        bar.set_postfix_str(what)
+        bar.update()
+
+    return step
 
 
 def engine_table(manifest: dict) -> str:
@@ -210,6 +217,7 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
 
     from dflash_trt.engines.build import build_engines, check_graphs, check_source
     from dflash_trt.engines.config import BuildConfig, parse_compute_capabilities
+    from dflash_trt.export.bundle import export_bundle
     from dflash_trt.export.manifest import read_bundle
 
     if source is not None and (target or draft):
@@ -224,19 +232,16 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
         check_source(read_bundle(source), config, str(source))
     else:
         check_graphs(flavour, config.dtype or "float32", config, "--target/--draft")
+    pair = None if source is not None else _load_pair(target or DEFAULT_TARGET, draft, flavour, config.dtype or "float32")
     exported = None
     with tqdm(total=4 + (5 if source is None else 0), desc=f"build ({config.engine})", unit="step") as bar:
-        def step(what: str) -> None:
-            bar.set_postfix_str(what)
-            bar.update()
-
         try:
             if source is None:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 exported = Path(tempfile.mkdtemp(prefix=f".{out.name}-onnx-", dir=out.parent))
-                source = _export_pair(target or DEFAULT_TARGET, draft, exported / "bundle", flavour,
-                                      config.dtype or "float32", step)
-            manifest = build_engines(source, out, config, command=invoked_command(), progress=step)
+                source = export_bundle(*pair, exported / "bundle", flavour=flavour, dtype=config.dtype or "float32",
+                                       progress=_progress(bar))
+            manifest = build_engines(source, out, config, command=invoked_command(), progress=_progress(bar))
         finally:
             if exported is not None:
                 shutil.rmtree(exported, ignore_errors=True)

@@ -127,7 +127,9 @@ def test_llm_and_cli_refuse_a_wrong_pair_before_loading_weights(tiny_pairs, tmp_
     with pytest.raises(DFlashError, match=message):
         LLM(target=target_dir, draft=str(draft))
     for command in (["generate", "--target", target_dir, "--draft", str(draft), "hi"],
-                    ["export", "--target", target_dir, "--draft", str(draft), "-o", str(tmp_path / "out")]):
+                    ["export", "--target", target_dir, "--draft", str(draft), "-o", str(tmp_path / "out")],
+                    ["build", "--target", target_dir, "--draft", str(draft), "-o", str(tmp_path / "out"),
+                     "--engine", "onnxruntime"]):
         result = CliRunner().invoke(main, command)
         assert result.exit_code != 0 and message.split(" ")[0] in result.output
         assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
