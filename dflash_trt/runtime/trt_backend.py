@@ -8,7 +8,9 @@ step runs on the first whose box holds its shapes. CUDA graphs need fixed shapes
 with the slot-buffer contract (v2); until then steps are launched one by one.
 
 Never construct a TensorRT Runtime without a CUDA device (the library crashes the process):
-`open_bundle` refuses a machine without a GPU before this module touches TensorRT.
+`open_bundle` refuses a machine without a GPU before this module touches TensorRT. A bundle on
+device "cpu" exists for the tests, which stand a fake TensorRT module (onnxruntime underneath) in
+for the library, so that this module's own logic is tested on machines without a GPU.
 """
 
 from __future__ import annotations
@@ -29,17 +31,18 @@ TORCH_DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfl
 class _Graph:
     """One engine and an execution context per profile, sharing the bundle's stream."""
 
-    def __init__(self, trt, runtime, path: Path, phases: dict[str, dict], stream: torch.cuda.Stream):
+    def __init__(self, trt, runtime, path: Path, phases: dict[str, dict], device: torch.device, stream: int):
         self.trt = trt
         self.engine = runtime.deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
             raise DFlashError(f"{path}: TensorRT could not deserialize the engine (built for another version or GPU?)")
         self.phases = phases
-        self.stream = stream
+        self.device = device
+        self.stream = stream  # a CUDA stream handle; 0 off CUDA
         self.contexts = []
         for index in range(len(phases)):
             context = self.engine.create_execution_context()
-            context.set_optimization_profile_async(index, stream.cuda_stream)
+            context.set_optimization_profile_async(index, stream)
             self.contexts.append(context)
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
@@ -48,8 +51,8 @@ class _Graph:
     def run(self, sizes: dict[str, int], feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run on a profile holding `sizes` (symbolic dim -> value), the last listed first: profiles
         go from the prefill's wide box to the decode step's tight one, which TensorRT tuned for
-        exactly these shapes. Feeds are CUDA tensors, except shape inputs (0-d, on the host, as
-        TensorRT reads them before launching)."""
+        exactly these shapes. Feeds are on the bundle's device, except shape inputs (0-d, on the host,
+        as TensorRT reads them before launching)."""
         boxes = list(enumerate(self.phases.values()))[::-1]
         index = next((i for i, dims in boxes if covers(dims, sizes)), None)
         if index is None:
@@ -58,15 +61,16 @@ class _Graph:
         context = self.contexts[index]
         for name in self.inputs:
             tensor = feeds[name]
-            context.set_input_shape(name, tuple(tensor.shape))
+            if not context.set_input_shape(name, tuple(tensor.shape)):  # outside the profile: say so now
+                raise DFlashError(f"{name}{tuple(tensor.shape)} is outside the engine's profile {list(self.phases)[index]}")
             context.set_tensor_address(name, tensor.data_ptr())
         outputs = {}
         for name in self.outputs:
             shape = tuple(context.get_tensor_shape(name))
             dtype = TORCH_DTYPES[self.engine.get_tensor_dtype(name).name]
-            outputs[name] = torch.empty(shape, dtype=dtype, device="cuda")
+            outputs[name] = torch.empty(shape, dtype=dtype, device=self.device)
             context.set_tensor_address(name, outputs[name].data_ptr())
-        if not context.execute_async_v3(self.stream.cuda_stream):
+        if not context.execute_async_v3(self.stream):
             raise DFlashError("TensorRT failed to launch the engine (see its log above)")
         return outputs
 
@@ -74,8 +78,9 @@ class _Graph:
 class TrtBundle:
     """The three engines of one bundle, deserialized once and shared by every request."""
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, device: str = "cuda"):
         self.root = Path(root)
+        self.device = torch.device(device)
         kind, self.manifest = open_bundle(self.root)  # refuses before TensorRT is touched
         if kind not in ("tensorrt", "tensorrt-rtx"):
             raise DFlashError(f"{self.root} is not a TensorRT engine bundle ({kind}): run it with backend 'onnxruntime'")
@@ -85,8 +90,10 @@ class TrtBundle:
         plugin = self.manifest.get("plugin_library")
         if plugin is not None:
             self.runtime.get_plugin_registry().load_library(str(self.root / plugin["file"]))
-        self.stream = torch.cuda.Stream()
-        self.graphs = {name: _Graph(trt, self.runtime, self.root / spec["file"], self.manifest["profiles"][name], self.stream)
+        self.stream = torch.cuda.Stream() if self.device.type == "cuda" else None
+        handle = 0 if self.stream is None else self.stream.cuda_stream
+        self.graphs = {name: _Graph(trt, self.runtime, self.root / spec["file"], self.manifest["profiles"][name],
+                                    self.device, handle)
                        for name, spec in self.manifest["graphs"].items()}
         self.dtype = TORCH_DTYPES[{"float32": "FLOAT", "float16": "HALF", "bfloat16": "BF16"}[self.manifest["dtype"]]]
         self.max_seq_len = self.manifest["max_seq_len"]
@@ -94,17 +101,23 @@ class TrtBundle:
     def empty_cache(self, who: str) -> list[torch.Tensor]:
         info = self.manifest[who]
         shape = (1, info["num_key_value_heads"], 0, info["head_dim"])
-        return [torch.empty(shape, dtype=self.dtype, device="cuda") for _ in range(2 * info["num_layers"])]
+        return [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(2 * info["num_layers"])]
 
     def run(self, graph: str, sizes: dict[str, int], feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.stream is None:
+            return self.graphs[graph].run(sizes, feeds)
+        # The engine's stream waits for the caller's: for the feeds written there (a commit's copy,
+        # the draft context's concatenation) and for its reads of earlier outputs, whose memory this
+        # launch may reuse.
+        self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream):
             outputs = self.graphs[graph].run(sizes, feeds)
         torch.cuda.current_stream().wait_stream(self.stream)  # the loop's torch ops read the outputs
         return outputs
 
 
-def _ids(ids: list[int]) -> torch.Tensor:
-    return torch.tensor([ids], dtype=torch.int64, device="cuda")
+def _ids(ids: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor([ids], dtype=torch.int64, device=device)
 
 
 class TrtTargetSession:
@@ -123,7 +136,8 @@ class TrtTargetSession:
             raise DFlashError(f"the sequence would reach {self.length + len(ids)} tokens, beyond the engine's "
                               f"--max-seq-len {self.bundle.max_seq_len}: rebuild with a larger one")
         logits_from = len(ids) - 1 if last_only else 0
-        feeds = {"input_ids": _ids(ids), "past_lengths": torch.tensor([self.length], device="cuda"),
+        device = self.bundle.device
+        feeds = {"input_ids": _ids(ids, device), "past_lengths": torch.tensor([self.length], device=device),
                  "logits_from": torch.tensor(logits_from, dtype=torch.int64)}  # a shape input: host memory
         feeds.update(zip(self.past_names, self.past, strict=True))
         sizes = {"batch": 1, "new": len(ids), "past": self.length, "logits_from": logits_from}
@@ -155,13 +169,14 @@ class TrtDraftSession:
 
     def draft(self, features: torch.Tensor, bonus: int, block_size: int) -> list[int]:
         n = features.shape[0]
-        positions = torch.arange(self.length, self.length + n, device="cuda")[None]
+        device = self.bundle.device
+        positions = torch.arange(self.length, self.length + n, device=device)[None]
         new = self.bundle.run("draft_context", {"batch": 1, "new": n},
                               {"features": features[None].to(self.bundle.dtype).contiguous(), "positions": positions})
         self.context = [torch.cat([c, new[name]], dim=2) for c, name in zip(self.context, self.context_names, strict=True)]
         self.length += n
-        feeds = {"block_ids": _ids([bonus] + [self.mask_token_id] * (block_size - 1)),
-                 "context_lengths": torch.tensor([self.length], device="cuda")}
+        feeds = {"block_ids": _ids([bonus] + [self.mask_token_id] * (block_size - 1), device),
+                 "context_lengths": torch.tensor([self.length], device=device)}
         feeds.update(zip(self.context_names, self.context, strict=True))
         out = self.bundle.run("draft_block", {"batch": 1, "block": block_size, "context": self.length}, feeds)
         return out["draft_tokens"][0].tolist()  # the only device -> host copy of a draft step
