@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from dflash_trt.engines.profiles import profile_dims
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.manifest import GRAPHS, MANIFEST, file_hashes, read_bundle, sha256
 from dflash_trt.export.op_library import onnxruntime_refusal
+from dflash_trt.export.staging import staged_directory
 
 PLUGIN_LIBRARY = Path(__file__).resolve().parent.parent / "_ops" / "libdflash_trt_plugins.so"
 
@@ -82,9 +82,7 @@ def build_engines(source: Path, out: Path, config: BuildConfig, command: str | N
     if config.engine == "tensorrt":
         compute_capabilities = (_current_gpu(config),)
     block_size = config.block_size or manifest["draft"]["block_size"]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with staged_directory(out) as tmp:
         profiles, engines = {}, {}
         for graph in GRAPHS:
             spec = manifest["graphs"][graph]
@@ -124,12 +122,6 @@ def build_engines(source: Path, out: Path, config: BuildConfig, command: str | N
         }
         (tmp / ENGINE_MANIFEST).write_text(json.dumps(engine_manifest, indent=2) + "\n")  # last: marks it complete
         progress(ENGINE_MANIFEST)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.replace(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return engine_manifest
 
 

@@ -7,12 +7,11 @@ one line what to rebuild or install. Torch-free, like export/manifest.py.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.export.manifest import sha256
+from dflash_trt.export.manifest import load_manifest, verify_files
 
 ENGINE_MANIFEST = "engine.json"
 ENGINE_FORMAT_VERSION = 1
@@ -41,12 +40,7 @@ def read_engine_bundle(root: str | Path, verify_hashes: bool = True) -> dict:
     """The manifest of a complete, intact engine bundle; one clear line for anything else."""
     root = Path(root)
     path = root / ENGINE_MANIFEST
-    if not path.is_file():
-        raise DFlashError(f"{root}: no {ENGINE_MANIFEST}, so this is not a complete engine bundle (was the build interrupted?)")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise DFlashError(f"{path}: not valid JSON ({err})") from None
+    manifest = load_manifest(root, ENGINE_MANIFEST, "engine bundle", "build")
     if manifest.get("format_version") != ENGINE_FORMAT_VERSION:
         raise DFlashError(f"{root}: engine bundle format {manifest.get('format_version')}; this dflash-trt reads format "
                           f"{ENGINE_FORMAT_VERSION}: rebuild it with dflash-trt build")
@@ -55,12 +49,7 @@ def read_engine_bundle(root: str | Path, verify_hashes: bool = True) -> dict:
             raise DFlashError(f"{path}: the manifest has no '{key}' section (not written by dflash-trt build?)")
     if manifest["engine"].get("kind") not in LIBRARIES:
         raise DFlashError(f"{root}: unknown engine kind {manifest['engine'].get('kind')!r}")
-    for name, digest in manifest["files"].items():
-        file = root / name
-        if not file.is_file():
-            raise DFlashError(f"{root}: {name} is missing from the engine bundle")
-        if verify_hashes and sha256(file) != digest:
-            raise DFlashError(f"{root}: {name} does not match its hash in {ENGINE_MANIFEST} (modified or corrupted): rebuild")
+    verify_files(root, manifest["files"], ENGINE_MANIFEST, "engine bundle", "rebuild", verify_hashes)
     return manifest
 
 

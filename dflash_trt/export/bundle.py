@@ -8,8 +8,6 @@ or failed export never leaves a directory that looks complete.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +24,7 @@ from dflash_trt.export.manifest import DTYPES, FLAVOURS, FORMAT_VERSION, MANIFES
 from dflash_trt.export.op_library import onnxruntime_refusal, op_library
 from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph
 from dflash_trt.export.plugin_ops import DOMAIN, OP_VERSION, register_symbolics
+from dflash_trt.export.staging import staged_directory
 from dflash_trt.export.verify import TOLERANCES, check_graph, inspect_graph
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.target import TargetModel, eos_token_ids
@@ -211,7 +210,6 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
     out = Path(out)
     if out.exists() and not force:
         raise DFlashError(f"{out} already exists; pass --force to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
     d = drafter.config
     specs = _graph_specs(target, drafter, dtype)
     plugin = flavour == "plugin"
@@ -220,9 +218,8 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
         "draft_context": PluginDraftContextGraph(drafter) if plugin else DraftContextGraph(drafter),
         "draft_block": PluginDraftBlockGraph(drafter, target) if plugin else DraftBlockGraph(drafter, target),
     }
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     checks = {}
-    try:
+    with staged_directory(out) as tmp:
         with _parameters_in(list(modules.values()), getattr(torch, dtype)):
             for name, module in modules.items():
                 checks[name] = _export_graph(module, specs[name], tmp / f"{name}.onnx", check,
@@ -264,11 +261,5 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")  # last: marks the bundle complete
         progress(MANIFEST)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.replace(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
 

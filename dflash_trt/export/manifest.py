@@ -31,18 +31,34 @@ def file_hashes(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): sha256(p) for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
 
 
+def load_manifest(root: Path, name: str, kind: str, writer: str) -> dict:
+    """The JSON manifest `name` of a `kind` that `dflash-trt <writer>` wrote last; one line if absent or broken."""
+    path = root / name
+    if not path.is_file():
+        raise DFlashError(f"{root}: no {name}, so this is not a complete {kind} (was the {writer} interrupted?)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DFlashError(f"{path}: not valid JSON ({err})") from None
+
+
+def verify_files(root: Path, files: dict[str, str], manifest: str, kind: str, fix: str, verify_hashes: bool) -> None:
+    """Every file the manifest lists is there and, when `verify_hashes`, unchanged."""
+    for name, digest in files.items():
+        file = root / name
+        if not file.is_file():
+            raise DFlashError(f"{root}: {name} is missing from the {kind}")
+        if verify_hashes and sha256(file) != digest:
+            raise DFlashError(f"{root}: {name} does not match its hash in {manifest} (modified or corrupted): {fix}")
+
+
 def read_bundle(root: str | Path, verify_hashes: bool = True) -> dict:
     """The manifest of a complete, intact bundle; one clear line for anything else."""
     root = Path(root)
     if not root.is_dir():
         raise DFlashError(f"bundle '{root}' is not a directory (write one with: dflash-trt export -o DIR)")
     path = root / MANIFEST
-    if not path.is_file():
-        raise DFlashError(f"{root}: no {MANIFEST}, so this is not a complete bundle (was the export interrupted?)")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise DFlashError(f"{path}: not valid JSON ({err})") from None
+    manifest = load_manifest(root, MANIFEST, "bundle", "export")
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
         raise DFlashError(
@@ -55,12 +71,7 @@ def read_bundle(root: str | Path, verify_hashes: bool = True) -> dict:
         raise DFlashError(f"{root}: unknown flavour {manifest.get('flavour')!r} (expected one of {', '.join(FLAVOURS)})")
     if manifest.setdefault("dtype", "float32") not in DTYPES.values():  # bundles before dtypes: float32
         raise DFlashError(f"{root}: unknown dtype {manifest['dtype']!r} (expected one of {', '.join(DTYPES.values())})")
-    for name, digest in manifest["files"].items():
-        file = root / name
-        if not file.is_file():
-            raise DFlashError(f"{root}: {name} is missing from the bundle")
-        if verify_hashes and sha256(file) != digest:
-            raise DFlashError(f"{root}: {name} does not match its hash in {MANIFEST} (modified or corrupted): re-export")
+    verify_files(root, manifest["files"], MANIFEST, "bundle", "re-export", verify_hashes)
     if manifest["flavour"] == "plugin" and not (manifest.get("custom_ops") or {}).get("version"):
         raise DFlashError(f"{root}: a plugin-flavour bundle must record its custom_ops version; re-export it")
     return manifest

@@ -9,7 +9,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dflash_trt.engines.manifest import ENGINE_MANIFEST, LIBRARIES, RuntimeEnv, check_runtime, is_engine_bundle, read_engine_bundle
+from dflash_trt.engines.manifest import (
+    ENGINE_MANIFEST,
+    LIBRARIES,
+    RuntimeEnv,
+    check_runtime,
+    is_engine_bundle,
+    read_engine_bundle,
+)
 from dflash_trt.export.manifest import read_bundle
 
 

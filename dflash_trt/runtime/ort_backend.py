@@ -16,6 +16,7 @@ import torch
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.manifest import GRAPHS
 from dflash_trt.export.op_library import check_library_version, onnxruntime_refusal, session_options
+from dflash_trt.runtime.concat_cache import ConcatCacheTarget
 from dflash_trt.runtime.engine_bundles import open_bundle
 
 
@@ -60,35 +61,21 @@ class OrtBundle:
         return [np.zeros(shape, self.dtype) for _ in range(2 * info["num_layers"])]
 
 
-class OrtTargetSession:
+class OrtTargetSession(ConcatCacheTarget):
     def __init__(self, bundle: OrtBundle):
+        super().__init__(bundle.empty_cache("target"))
         self.session = bundle.sessions["target"]
         self.past_names = _names(bundle.graphs["target"], "inputs")[3:]
-        self.past = bundle.empty_cache("target")
-        self.length = 0  # committed tokens
-        self.pending: list[np.ndarray] | None = None
 
-    def _run(self, ids: list[int], last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        assert self.pending is None, "commit() the previous forward first"
+    def _step(self, ids: list[int], logits_from: int) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
         feed = {"input_ids": np.array([ids], np.int64), "past_lengths": np.array([self.length], np.int64),
-                "logits_from": np.array(len(ids) - 1 if last_only else 0, np.int64)}
+                "logits_from": np.array(logits_from, np.int64)}
         feed.update(zip(self.past_names, self.past, strict=True))
         logits, features, *present = self.session.run(None, feed)
-        self.pending = present
-        return torch.from_numpy(logits[0]), torch.from_numpy(features[0])
+        return torch.from_numpy(logits[0]), torch.from_numpy(features[0]), present
 
-    def prefill(self, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, features = self._run(prompt, last_only=True)
-        self.commit(len(prompt))
-        return logits[-1], features
-
-    def forward(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._run(ids)
-
-    def commit(self, keep: int) -> None:
-        present, self.pending = self.pending, None
-        self.length += keep
-        self.past = [np.ascontiguousarray(p[:, :, : self.length]) for p in present]
+    def _keep(self, present: np.ndarray, length: int) -> np.ndarray:
+        return np.ascontiguousarray(present[:, :, :length])
 
 
 class OrtDraftSession:

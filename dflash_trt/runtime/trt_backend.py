@@ -22,6 +22,7 @@ import torch
 from dflash_trt.engines.manifest import LIBRARIES
 from dflash_trt.engines.profiles import covers
 from dflash_trt.errors import DFlashError
+from dflash_trt.runtime.concat_cache import ConcatCacheTarget
 from dflash_trt.runtime.engine_bundles import open_bundle
 
 TORCH_DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16, "INT64": torch.int64,
@@ -120,43 +121,28 @@ def _ids(ids: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor([ids], dtype=torch.int64, device=device)
 
 
-class TrtTargetSession:
+class TrtTargetSession(ConcatCacheTarget):
     def __init__(self, bundle: TrtBundle):
+        super().__init__(bundle.empty_cache("target"))
         self.bundle = bundle
         spec = bundle.manifest["graphs"]["target"]
         self.past_names = [io["name"] for io in spec["inputs"]][3:]
         self.present_names = [io["name"] for io in spec["outputs"]][2:]
-        self.past = bundle.empty_cache("target")
-        self.length = 0
-        self.pending: list[torch.Tensor] | None = None
 
-    def _run(self, ids: list[int], last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        assert self.pending is None, "commit() the previous forward first"
+    def _step(self, ids: list[int], logits_from: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         if self.length + len(ids) > self.bundle.max_seq_len:
             raise DFlashError(f"the sequence would reach {self.length + len(ids)} tokens, beyond the engine's "
                               f"--max-seq-len {self.bundle.max_seq_len}: rebuild with a larger one")
-        logits_from = len(ids) - 1 if last_only else 0
         device = self.bundle.device
         feeds = {"input_ids": _ids(ids, device), "past_lengths": torch.tensor([self.length], device=device),
                  "logits_from": torch.tensor(logits_from, dtype=torch.int64)}  # a shape input: host memory
         feeds.update(zip(self.past_names, self.past, strict=True))
         sizes = {"batch": 1, "new": len(ids), "past": self.length, "logits_from": logits_from}
         out = self.bundle.run("target", sizes, feeds)
-        self.pending = [out[name] for name in self.present_names]
-        return out["logits"][0], out["features"][0]
+        return out["logits"][0], out["features"][0], [out[name] for name in self.present_names]
 
-    def prefill(self, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, features = self._run(prompt, last_only=True)
-        self.commit(len(prompt))
-        return logits[-1], features
-
-    def forward(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._run(ids)
-
-    def commit(self, keep: int) -> None:
-        present, self.pending = self.pending, None
-        self.length += keep
-        self.past = [p[:, :, : self.length].contiguous() for p in present]  # rollback: a device copy (v1)
+    def _keep(self, present: torch.Tensor, length: int) -> torch.Tensor:
+        return present[:, :, :length].contiguous()  # a device copy in contract v1
 
 
 class TrtDraftSession:
