@@ -1,0 +1,11 @@
+import sys; sys.path.insert(0, __import__("os").path.dirname(__file__))
+from run_common import *
+s = sess(model_gqa()); lengths, q_valid, caches, x = setup(512, 300)
+io, vals, y = bind_common(s, caches, {"x": x, **feeds_for("gqa", lengths, q_valid, 512)})
+before = caches[0][0, :, 300:304].copy()
+s.run_with_iobinding(io)
+o = io.get_outputs()
+print("get_outputs ptrs differ between calls:", o[1].data_ptr() != io.get_outputs()[1].data_ptr(), "; bound OrtValue ptr == numpy ptr:", vals[0].data_ptr() == caches[0].ctypes.data)
+print("numpy cache rows [300,304) changed by the run (written in place):", not np.array_equal(before, caches[0][0, :, 300:304]))
+# second step: advance lengths by the committed count (rollback = just pass smaller lengths)
+print("get_outputs()[j] ptr == bound numpy cache j (bind order):", [o[j].data_ptr() == caches[j].ctypes.data for j in range(4)])
