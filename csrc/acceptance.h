@@ -1,0 +1,41 @@
+// acceptance.h: which drafted tokens the target keeps, and the token that follows them.
+//
+// The C++ twin of dflash_trt/spec/acceptance.py. Both rules return (n, next): the first n drafts are
+// accepted and `next` is the target's own token at the first position it did not accept (the
+// bonus when all are accepted), so every committed token is one the target would have produced.
+//
+// Randomness comes only from the counter RNG keyed by (seed, request, position of the token being
+// decided), so a request's accepted tokens do not depend on what else is in the batch.
+#pragma once
+
+#include <cstdint>
+
+#include "sampling.h"
+
+namespace dflash {
+
+struct Acceptance {
+  int64_t accepted;  // drafts kept, 0..num_drafts
+  int64_t next;      // the target's token after them
+};
+
+// Longest prefix of drafts equal to the target's argmax. logits [num_drafts + 1, vocab].
+Acceptance accept_greedy(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab);
+
+// Speculative rejection sampling with the draft as a point mass (q(d) = 1): accept d with
+// probability p(d); on rejection draw from p with d removed, renormalised; all accepted -> draw the
+// bonus from the last row. Exact for any draft (Leviathan et al., 2023).
+// `position` is the sequence position of drafts[0] (tokens already in the sequence before it):
+// the decision about drafts[j] draws at position + j.
+Acceptance accept_point_mass(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,
+                             const SamplingParams& params, uint64_t request, uint32_t position);
+
+// The rule the params ask for: greedy at temperature 0, point-mass rejection sampling otherwise.
+Acceptance accept(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,
+                  const SamplingParams& params, uint64_t request, uint32_t position);
+
+// One token from one logits row, for prefill and plain decoding: argmax, or a draw at `position`.
+int64_t sample(const float* logits, int64_t vocab, const SamplingParams& params, uint64_t request,
+               uint32_t position);
+
+}  // namespace dflash

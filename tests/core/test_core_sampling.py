@@ -1,0 +1,83 @@
+"""Target distribution (csrc/sampling.cpp) against the Python oracle dflash_trt.spec.sampling.target_probs."""
+
+import numpy as np
+import pytest
+import torch
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.spec.sampling import SamplingParams, target_probs
+
+CASES = [
+    # (temperature, top_k, top_p, vocab)
+    (1.0, 0, 1.0, 50),
+    (0.7, 5, 1.0, 50),
+    (1.3, 0, 0.8, 50),
+    (0.9, 8, 0.85, 300),
+    (0.05, 0, 1.0, 40),  # nearly greedy: one token carries almost all the mass
+    (10.0, 0, 0.95, 40),  # nearly flat: the nucleus keeps most of the vocabulary
+    (1.0, 1, 1.0, 30),  # top-k = 1: a point mass
+    (1.0, 29, 1.0, 30),  # top-k = vocab - 1
+    (1.0, 30, 1.0, 30),  # top-k = vocab: no cut
+    (1.0, 500, 1.0, 30),  # top-k > vocab: no cut
+    (1.0, 0, 1e-4, 30),  # top-p tiny: only the first token stays
+    (0.8, 3, 0.5, 1000),
+    (1.0, 0, 1.0, 1),  # one-token vocabulary
+]
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p, vocab", CASES)
+def test_target_probs_equal_the_python_oracle(core, temperature, top_k, top_p, vocab):
+    logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(vocab + top_k)) * 3
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    expected = target_probs(logits, params)
+    ours = torch.from_numpy(core.target_probs(logits.numpy(), core.SamplingParams(
+        temperature=temperature, top_k=top_k, top_p=top_p)))
+    assert torch.equal(ours > 0, expected > 0), "different tokens survive the filters"
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 3, 4])
+def test_top_k_keeps_every_token_tied_at_the_boundary(core, top_k):
+    """Integer logits with many ties: every score equal to the k-th largest stays, as in the oracle."""
+    logits = torch.tensor([[3.0, 1.0, 3.0, 2.0, 2.0, 2.0, 0.0, 1.0]])
+    expected = target_probs(logits, SamplingParams(temperature=1.0, top_k=top_k))
+    ours = torch.from_numpy(core.target_probs(logits.numpy(), core.SamplingParams(temperature=1.0, top_k=top_k)))
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_comparison_can_fail(core):
+    """A different filter gives a detectably different row, so the parity tests above have teeth."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    expected = target_probs(logits, SamplingParams(temperature=1.0, top_p=0.9))
+    ours = torch.from_numpy(core.target_probs(logits.numpy(), core.SamplingParams(temperature=1.0, top_p=0.8)))
+    assert not torch.equal(ours > 0, expected > 0)
+
+
+def test_sample_is_argmax_at_temperature_zero_and_stays_in_the_support_otherwise(core):
+    gen = torch.Generator().manual_seed(1)
+    greedy = core.SamplingParams()
+    params = core.SamplingParams(temperature=1.0, top_k=3, seed=4)
+    for request in range(200):
+        row = torch.randn(20, generator=gen)
+        assert core.sample(row.numpy(), greedy, request, 0) == int(row.argmax())
+        allowed = set(row.topk(3).indices.tolist())
+        assert core.sample(row.numpy(), params, request, 5) in allowed
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"temperature": -0.1}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -1}, "top_k"),
+])
+def test_bad_params_are_one_line_dflash_errors(core, kwargs, field):
+    with pytest.raises(DFlashError, match=f"SamplingParams.{field}") as err:
+        core.SamplingParams(**kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_target_probs_refuses_greedy_params_and_bad_shapes(core):
+    with pytest.raises(DFlashError, match="temperature > 0"):
+        core.target_probs(np.zeros((1, 4), np.float32), core.SamplingParams())
+    with pytest.raises(DFlashError, match=r"shape \[rows, vocab\]"):
+        core.target_probs(np.zeros(4, np.float32), core.SamplingParams(temperature=1.0))
