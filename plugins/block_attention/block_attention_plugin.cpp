@@ -1,9 +1,8 @@
-// dflash::BlockAttention v1 TensorRT plugin: attributes, shape and format rules, and the call into
-// the CUDA launcher. Every method is noexcept and reports through the TensorRT logger.
+// dflash::BlockAttention v1 TensorRT plugin: attributes, shape rules, and the call into the CUDA
+// launcher. Every method is noexcept and reports through the TensorRT logger.
 #include "block_attention/block_attention_plugin.h"
 
 #include <cmath>
-#include <new>
 
 #include "block_attention/block_attention_kernel.h"
 #include "tensorrt/plugin_common.h"
@@ -13,38 +12,12 @@ namespace {
 
 using nvinfer1::Dims;
 
-constexpr int32_t kInputs = 6;  // q, k_context, v_context, k_block, v_block, context_lengths
-constexpr int32_t kOutputs = 1;
-constexpr uint32_t kInt64Inputs = 1u << 5;  // context_lengths
-
-// Logs "dflash::BlockAttention: <what><detail>" through TensorRT's logger; returns TensorRT's failure status.
-int32_t fail(const char* what, const char* detail = "") noexcept {
-  try {
-    log_error(std::string("dflash::BlockAttention: ") + what + detail);
-  } catch (...) {
-    log_error(what);
-  }
-  return -1;
-}
-int32_t fail(const std::string& what) noexcept { return fail(what.c_str()); }
-
-bool same(int64_t a, int64_t b) { return a < 0 || b < 0 || a == b; }
+constexpr int32_t kInputs = BlockAttentionPlugin::kNbInputs;
+constexpr int32_t kOutputs = BlockAttentionPlugin::kNbOutputs;
 
 BlockAttentionShape shape_of(const Dims* in) {
   // q [b, heads, n, d], k_context [b, kv, C, d]
   return {in[0].d[0], in[0].d[1], in[1].d[1], in[0].d[2], in[1].d[2], in[0].d[3]};
-}
-
-template <typename Desc, typename GetDims>
-int32_t check_dims(const Desc* in, int32_t nb_inputs, GetDims get) noexcept {
-  try {
-    Dims dims[kInputs];
-    for (int32_t i = 0; i < kInputs && i < nb_inputs; ++i) dims[i] = get(in[i]);
-    const std::string error = check_block_attention_dims(dims, nb_inputs);
-    return error.empty() ? 0 : fail(error);
-  } catch (...) {
-    return fail("out of memory while checking shapes");
-  }
 }
 
 }  // namespace
@@ -76,35 +49,22 @@ std::string check_block_attention_dims(const Dims* in, int32_t nb_inputs) {
   if (q.nbDims != 4 || kc.nbDims != 4 || vc.nbDims != 4 || kb.nbDims != 4 || vb.nbDims != 4 || lengths.nbDims != 1)
     return "q, k_context, v_context, k_block and v_block must be rank 4, context_lengths rank 1";
   const int64_t b = q.d[0], heads = q.d[1], n = q.d[2], d = q.d[3], kv = kc.d[1];
-  if (!dims_match(vc, kc) || !same(kc.d[0], b) || !same(kc.d[3], d))
+  if (!dims_match(vc, kc) || !same_dim(kc.d[0], b) || !same_dim(kc.d[3], d))
     return "k_context and v_context must be [batch, kv_heads, context, head_dim] matching q " + to_string(q) +
            ", got " + to_string(kc) + " and " + to_string(vc);
   const Dims block{4, {b, kv, n, d}};
   if (!dims_match(kb, block) || !dims_match(vb, block))
     return "k_block and v_block must be [batch, kv_heads, block, head_dim] = " + to_string(block) + ", got " +
            to_string(kb) + " and " + to_string(vb);
-  if (!same(lengths.d[0], b)) return "context_lengths must be [batch], got " + to_string(lengths);
+  if (!same_dim(lengths.d[0], b)) return "context_lengths must be [batch], got " + to_string(lengths);
   if (kv == 0 || (heads >= 0 && kv > 0 && heads % kv != 0))
     return "heads (" + std::to_string(heads) + ") must be a multiple of kv_heads (" + std::to_string(kv) + ")";
   if (d == 0 || d > kBlockAttentionMaxHeadDim) return "head_dim must be in [1, 256], got " + std::to_string(d);
   return "";
 }
 
-nvinfer1::IPluginCapability* BlockAttentionPlugin::getCapabilityInterface(
-    nvinfer1::PluginCapabilityType type) noexcept {
-  switch (type) {
-    case nvinfer1::PluginCapabilityType::kCORE:
-      return static_cast<nvinfer1::IPluginV3OneCore*>(this);
-    case nvinfer1::PluginCapabilityType::kBUILD:
-      return static_cast<nvinfer1::IPluginV3OneBuild*>(this);
-    case nvinfer1::PluginCapabilityType::kRUNTIME:
-      return static_cast<nvinfer1::IPluginV3OneRuntime*>(this);
-  }
-  return nullptr;
-}
-
-nvinfer1::IPluginV3* BlockAttentionPlugin::clone() noexcept {
-  return new (std::nothrow) BlockAttentionPlugin(attributes_);
+std::string BlockAttentionPlugin::dims_error(const Dims* inputs, int32_t nb_inputs) const {
+  return check_block_attention_dims(inputs, nb_inputs);
 }
 
 int32_t BlockAttentionPlugin::getOutputDataTypes(nvinfer1::DataType* output_types, int32_t nb_outputs,
@@ -122,30 +82,12 @@ int32_t BlockAttentionPlugin::getOutputShapes(const nvinfer1::DimsExprs* inputs,
   return fail("expects 6 inputs with q of rank 4, and 1 output");
 }
 
-bool BlockAttentionPlugin::supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* in_out,
-                                                     int32_t nb_inputs, int32_t nb_outputs) noexcept {
-  return nb_inputs == kInputs && nb_outputs == kOutputs &&
-         format_combination_ok(pos, in_out, nb_inputs + nb_outputs, kInt64Inputs);
-}
-
-int32_t BlockAttentionPlugin::configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nb_inputs,
-                                              const nvinfer1::DynamicPluginTensorDesc*, int32_t nb_outputs) noexcept {
-  if (nb_outputs != kOutputs) return fail("expects 1 output");
-  // Build time: dims TensorRT leaves to runtime are -1 and are checked again in onShapeChange.
-  return check_dims(in, nb_inputs, [](const auto& t) { return t.desc.dims; });
-}
-
 size_t BlockAttentionPlugin::getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* inputs, int32_t nb_inputs,
                                               const nvinfer1::DynamicPluginTensorDesc*, int32_t) const noexcept {
   if (nb_inputs != kInputs) return 0;
   Dims max[kInputs];
   for (int32_t i = 0; i < kInputs; ++i) max[i] = inputs[i].max;
   return block_attention_workspace_size(shape_of(max));  // covers every smaller shape
-}
-
-int32_t BlockAttentionPlugin::onShapeChange(const nvinfer1::PluginTensorDesc* in, int32_t nb_inputs,
-                                            const nvinfer1::PluginTensorDesc*, int32_t) noexcept {
-  return check_dims(in, nb_inputs, [](const auto& t) { return t.dims; });
 }
 
 int32_t BlockAttentionPlugin::enqueue(const nvinfer1::PluginTensorDesc* input_desc, const nvinfer1::PluginTensorDesc*,
@@ -161,42 +103,6 @@ int32_t BlockAttentionPlugin::enqueue(const nvinfer1::PluginTensorDesc* input_de
                              attributes_.window, workspace, outputs[0], stream);
   if (status == cudaSuccess) return 0;
   return fail("kernel launch failed: ", cudaGetErrorString(status));
-}
-
-nvinfer1::IPluginV3* BlockAttentionPlugin::attachToContext(nvinfer1::IPluginResourceContext*) noexcept {
-  return clone();  // no per-context resources: the workspace comes from TensorRT
-}
-
-const nvinfer1::PluginFieldCollection* BlockAttentionPlugin::getFieldsToSerialize() noexcept {
-  // Same names and types as the ONNX attributes, so createPlugin reads an engine's fields and a
-  // node's attributes alike.
-  serialized_[0] = {"scale", &attributes_.scale, nvinfer1::PluginFieldType::kFLOAT32, 1};
-  serialized_[1] = {"causal", &attributes_.causal, nvinfer1::PluginFieldType::kINT32, 1};
-  serialized_[2] = {"window", &attributes_.window, nvinfer1::PluginFieldType::kINT32, 1};
-  serialized_collection_ = {3, serialized_};
-  return &serialized_collection_;
-}
-
-BlockAttentionCreator::BlockAttentionCreator() noexcept
-    : fields_{{"scale", nullptr, nvinfer1::PluginFieldType::kFLOAT32, 1},
-              {"causal", nullptr, nvinfer1::PluginFieldType::kINT32, 1},
-              {"window", nullptr, nvinfer1::PluginFieldType::kINT32, 1}},
-      field_names_{3, fields_} {}
-
-nvinfer1::IPluginV3* BlockAttentionCreator::createPlugin(const char* name, const nvinfer1::PluginFieldCollection* fc,
-                                                         nvinfer1::TensorRTPhase) noexcept {
-  try {
-    BlockAttentionAttributes attributes;
-    const std::string error = parse_block_attention_attributes(fc, &attributes);
-    if (!error.empty()) {
-      fail(std::string("node '") + (name ? name : "") + "': " + error);
-      return nullptr;
-    }
-    return new BlockAttentionPlugin(attributes);
-  } catch (...) {
-    fail("createPlugin: out of memory");
-    return nullptr;
-  }
 }
 
 }  // namespace dflash::trt

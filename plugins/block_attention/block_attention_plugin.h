@@ -1,6 +1,6 @@
 // dflash::BlockAttention v1 as a TensorRT IPluginV3: a thin wrapper over block_attention_launch (no
-// math here). The plugin name is the ONNX op type, so TensorRT's ONNX parser picks it for
-// `dflash::BlockAttention` nodes. Contract: plugins/block_attention/README.md.
+// math here); PluginBase holds the IPluginV3 boilerplate. The plugin name is the ONNX op type, so
+// TensorRT's ONNX parser picks it for `dflash::BlockAttention` nodes. Contract: plugins/block_attention/README.md.
 #pragma once
 
 #include <NvInferRuntime.h>
@@ -8,10 +8,9 @@
 #include <cstdint>
 #include <string>
 
-namespace dflash::trt {
+#include "tensorrt/plugin_base.h"
 
-constexpr char kBlockAttentionName[] = "BlockAttention";
-constexpr char kBlockAttentionVersion[] = "1";
+namespace dflash::trt {
 
 struct BlockAttentionAttributes {
   float scale = 0.f;
@@ -29,62 +28,36 @@ bool block_attention_output_shapes(const nvinfer1::DimsExprs* inputs, int32_t nb
 // The six input dims against the contract, skipping dims TensorRT does not know yet (-1): "" or why not.
 std::string check_block_attention_dims(const nvinfer1::Dims* inputs, int32_t nb_inputs);
 
-class BlockAttentionPlugin : public nvinfer1::IPluginV3,
-                             public nvinfer1::IPluginV3OneCore,
-                             public nvinfer1::IPluginV3OneBuild,
-                             public nvinfer1::IPluginV3OneRuntime {
+class BlockAttentionPlugin : public PluginBase<BlockAttentionPlugin, BlockAttentionAttributes> {
  public:
-  explicit BlockAttentionPlugin(const BlockAttentionAttributes& attributes) : attributes_(attributes) {}
-  const BlockAttentionAttributes& attributes() const { return attributes_; }
+  static constexpr char kName[] = "BlockAttention";
+  static constexpr char kVersion[] = "1";
+  static constexpr int32_t kNbInputs = 6;  // q, k_context, v_context, k_block, v_block, context_lengths
+  static constexpr int32_t kNbOutputs = 1;
+  static constexpr uint32_t kInt64Inputs = 1u << 5;  // context_lengths
+  static constexpr char kWrongOutputCount[] = "expects 1 output";
+  static constexpr AttributeField<BlockAttentionAttributes> kFields[] = {{"scale", &BlockAttentionAttributes::scale},
+                                                                         {"causal", &BlockAttentionAttributes::causal},
+                                                                         {"window", &BlockAttentionAttributes::window}};
+  using PluginBase::PluginBase;
 
-  // IPluginV3
-  nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
-  nvinfer1::IPluginV3* clone() noexcept override;
-  // IPluginV3OneCore
-  const char* getPluginName() const noexcept override { return kBlockAttentionName; }
-  const char* getPluginVersion() const noexcept override { return kBlockAttentionVersion; }
-  const char* getPluginNamespace() const noexcept override { return ""; }
+  // The input check configurePlugin (build time) and onShapeChange (runtime) run: check_block_attention_dims.
+  std::string dims_error(const nvinfer1::Dims* inputs, int32_t nb_inputs) const;
+
   // IPluginV3OneBuild
-  int32_t getNbOutputs() const noexcept override { return 1; }
   int32_t getOutputDataTypes(nvinfer1::DataType* output_types, int32_t nb_outputs,
                              const nvinfer1::DataType* input_types, int32_t nb_inputs) const noexcept override;
   int32_t getOutputShapes(const nvinfer1::DimsExprs* inputs, int32_t nb_inputs, const nvinfer1::DimsExprs* shape_inputs,
                           int32_t nb_shape_inputs, nvinfer1::DimsExprs* outputs, int32_t nb_outputs,
                           nvinfer1::IExprBuilder& builder) noexcept override;
-  bool supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* in_out, int32_t nb_inputs,
-                                 int32_t nb_outputs) noexcept override;
-  int32_t configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nb_inputs,
-                          const nvinfer1::DynamicPluginTensorDesc* out, int32_t nb_outputs) noexcept override;
   size_t getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* inputs, int32_t nb_inputs,
                           const nvinfer1::DynamicPluginTensorDesc* outputs, int32_t nb_outputs) const noexcept override;
   // IPluginV3OneRuntime
-  int32_t onShapeChange(const nvinfer1::PluginTensorDesc* in, int32_t nb_inputs, const nvinfer1::PluginTensorDesc* out,
-                        int32_t nb_outputs) noexcept override;
   int32_t enqueue(const nvinfer1::PluginTensorDesc* input_desc, const nvinfer1::PluginTensorDesc* output_desc,
                   const void* const* inputs, void* const* outputs, void* workspace,
                   cudaStream_t stream) noexcept override;
-  nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
-  const nvinfer1::PluginFieldCollection* getFieldsToSerialize() noexcept override;
-
- private:
-  BlockAttentionAttributes attributes_;
-  nvinfer1::PluginField serialized_[3];  // points into attributes_
-  nvinfer1::PluginFieldCollection serialized_collection_{};
 };
 
-class BlockAttentionCreator : public nvinfer1::IPluginCreatorV3One {
- public:
-  BlockAttentionCreator() noexcept;
-  const char* getPluginName() const noexcept override { return kBlockAttentionName; }
-  const char* getPluginVersion() const noexcept override { return kBlockAttentionVersion; }
-  const char* getPluginNamespace() const noexcept override { return ""; }
-  const nvinfer1::PluginFieldCollection* getFieldNames() noexcept override { return &field_names_; }
-  nvinfer1::IPluginV3* createPlugin(const char* name, const nvinfer1::PluginFieldCollection* fc,
-                                    nvinfer1::TensorRTPhase phase) noexcept override;
-
- private:
-  nvinfer1::PluginField fields_[3];
-  nvinfer1::PluginFieldCollection field_names_{};
-};
+using BlockAttentionCreator = CreatorBase<BlockAttentionPlugin, parse_block_attention_attributes>;
 
 }  // namespace dflash::trt

@@ -1,9 +1,8 @@
-// dflash::InjectKV v1 TensorRT plugin: attributes, shape and format rules, and the call into the
-// CUDA launcher. Every method is noexcept and reports through the TensorRT logger.
+// dflash::InjectKV v1 TensorRT plugin: attributes, shape rules, and the call into the CUDA launcher.
+// Every method is noexcept and reports through the TensorRT logger.
 #include "inject_kv/inject_kv_plugin.h"
 
 #include <cmath>
-#include <new>
 
 #include "inject_kv/inject_kv_kernel.h"
 #include "tensorrt/plugin_common.h"
@@ -13,36 +12,11 @@ namespace {
 
 using nvinfer1::Dims;
 
-constexpr int32_t kInputs = 6;  // hidden, k_weight, v_weight, k_norm, cos, sin
-constexpr int32_t kOutputs = 2;
-
-// Logs "dflash::InjectKV: <what><detail>" through TensorRT's logger; returns TensorRT's failure status.
-int32_t fail(const char* what, const char* detail = "") noexcept {
-  try {
-    log_error(std::string("dflash::InjectKV: ") + what + detail);
-  } catch (...) {
-    log_error(what);
-  }
-  return -1;
-}
-int32_t fail(const std::string& what) noexcept { return fail(what.c_str()); }
-
-bool same(int64_t a, int64_t b) { return a < 0 || b < 0 || a == b; }
+constexpr int32_t kInputs = InjectKVPlugin::kNbInputs;
+constexpr int32_t kOutputs = InjectKVPlugin::kNbOutputs;
 
 InjectKVShape shape_of(const Dims* in, int32_t num_kv_heads) {
   return {in[0].d[0], in[0].d[1], in[0].d[2], num_kv_heads, in[4].d[2]};
-}
-
-template <typename Desc, typename GetDims>
-int32_t check_dims(const Desc* in, int32_t nb_inputs, int32_t num_kv_heads, GetDims get) noexcept {
-  try {
-    Dims dims[kInputs];
-    for (int32_t i = 0; i < kInputs && i < nb_inputs; ++i) dims[i] = get(in[i]);
-    const std::string error = check_inject_kv_dims(dims, nb_inputs, num_kv_heads);
-    return error.empty() ? 0 : fail(error);
-  } catch (...) {
-    return fail("out of memory while checking shapes");
-  }
 }
 
 }  // namespace
@@ -81,32 +55,22 @@ std::string check_inject_kv_dims(const Dims* in, int32_t nb_inputs, int32_t num_
   if (hidden.nbDims != 3 || cos.nbDims != 3 || sin.nbDims != 3 || wk.nbDims != 2 || wv.nbDims != 2 || norm.nbDims != 1)
     return "hidden, cos and sin must be rank 3, k_weight and v_weight rank 2, k_norm rank 1";
   const int64_t d = cos.d[2], h = hidden.d[2];
-  if (!dims_match(sin, cos) || !same(cos.d[0], hidden.d[0]) || !same(cos.d[1], hidden.d[1]))
+  if (!dims_match(sin, cos) || !same_dim(cos.d[0], hidden.d[0]) || !same_dim(cos.d[1], hidden.d[1]))
     return "cos and sin must be [batch, tokens, head_dim] like hidden " + to_string(hidden) + ", got cos " +
            to_string(cos) + " and sin " + to_string(sin);
   const Dims weight{2, {d < 0 ? -1 : num_kv_heads * d, h}};
   if (!dims_match(wk, weight) || !dims_match(wv, weight))
     return "k_weight and v_weight must be [num_kv_heads * head_dim, hidden] = " + to_string(weight) + ", got " +
            to_string(wk) + " and " + to_string(wv);
-  if (!same(norm.d[0], d)) return "k_norm must be [head_dim] = [" + std::to_string(d) + "], got " + to_string(norm);
+  if (!same_dim(norm.d[0], d)) return "k_norm must be [head_dim] = [" + std::to_string(d) + "], got " + to_string(norm);
   if (d >= 0 && (d < 2 || d % 2 != 0 || d > kInjectKVMaxHeadDim))
     return "head_dim must be even and in [2, 256], got " + std::to_string(d);
   return "";
 }
 
-nvinfer1::IPluginCapability* InjectKVPlugin::getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept {
-  switch (type) {
-    case nvinfer1::PluginCapabilityType::kCORE:
-      return static_cast<nvinfer1::IPluginV3OneCore*>(this);
-    case nvinfer1::PluginCapabilityType::kBUILD:
-      return static_cast<nvinfer1::IPluginV3OneBuild*>(this);
-    case nvinfer1::PluginCapabilityType::kRUNTIME:
-      return static_cast<nvinfer1::IPluginV3OneRuntime*>(this);
-  }
-  return nullptr;
+std::string InjectKVPlugin::dims_error(const Dims* inputs, int32_t nb_inputs) const {
+  return check_inject_kv_dims(inputs, nb_inputs, attributes_.num_kv_heads);
 }
-
-nvinfer1::IPluginV3* InjectKVPlugin::clone() noexcept { return new (std::nothrow) InjectKVPlugin(attributes_); }
 
 int32_t InjectKVPlugin::getOutputDataTypes(nvinfer1::DataType* output_types, int32_t nb_outputs,
                                            const nvinfer1::DataType* input_types, int32_t nb_inputs) const noexcept {
@@ -122,30 +86,12 @@ int32_t InjectKVPlugin::getOutputShapes(const nvinfer1::DimsExprs* inputs, int32
   return fail("expects 6 inputs with hidden and cos of rank 3, and 2 outputs");
 }
 
-bool InjectKVPlugin::supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* in_out,
-                                               int32_t nb_inputs, int32_t nb_outputs) noexcept {
-  return nb_inputs == kInputs && nb_outputs == kOutputs &&
-         format_combination_ok(pos, in_out, nb_inputs + nb_outputs, /*int64_positions=*/0);
-}
-
-int32_t InjectKVPlugin::configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nb_inputs,
-                                        const nvinfer1::DynamicPluginTensorDesc*, int32_t nb_outputs) noexcept {
-  if (nb_outputs != kOutputs) return fail("expects 2 outputs (k, v)");
-  // Build time: dims TensorRT leaves to runtime are -1 and are checked again in onShapeChange.
-  return check_dims(in, nb_inputs, attributes_.num_kv_heads, [](const auto& t) { return t.desc.dims; });
-}
-
 size_t InjectKVPlugin::getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* inputs, int32_t nb_inputs,
                                         const nvinfer1::DynamicPluginTensorDesc*, int32_t) const noexcept {
   if (nb_inputs != kInputs) return 0;
   Dims max[kInputs];
   for (int32_t i = 0; i < kInputs; ++i) max[i] = inputs[i].max;
   return inject_kv_workspace_size(shape_of(max, attributes_.num_kv_heads));  // covers every smaller shape
-}
-
-int32_t InjectKVPlugin::onShapeChange(const nvinfer1::PluginTensorDesc* in, int32_t nb_inputs,
-                                      const nvinfer1::PluginTensorDesc*, int32_t) noexcept {
-  return check_dims(in, nb_inputs, attributes_.num_kv_heads, [](const auto& t) { return t.dims; });
 }
 
 int32_t InjectKVPlugin::enqueue(const nvinfer1::PluginTensorDesc* input_desc, const nvinfer1::PluginTensorDesc*,
@@ -160,40 +106,6 @@ int32_t InjectKVPlugin::enqueue(const nvinfer1::PluginTensorDesc* input_desc, co
                        inputs[4], inputs[5], attributes_.epsilon, workspace, outputs[0], outputs[1], stream);
   if (status == cudaSuccess) return 0;
   return fail("kernel launch failed: ", cudaGetErrorString(status));
-}
-
-nvinfer1::IPluginV3* InjectKVPlugin::attachToContext(nvinfer1::IPluginResourceContext*) noexcept {
-  return clone();  // no per-context resources: the workspace comes from TensorRT
-}
-
-const nvinfer1::PluginFieldCollection* InjectKVPlugin::getFieldsToSerialize() noexcept {
-  // Same names and types as the ONNX attributes, so createPlugin reads an engine's fields and a
-  // node's attributes alike.
-  serialized_[0] = {"num_kv_heads", &attributes_.num_kv_heads, nvinfer1::PluginFieldType::kINT32, 1};
-  serialized_[1] = {"epsilon", &attributes_.epsilon, nvinfer1::PluginFieldType::kFLOAT32, 1};
-  serialized_collection_ = {2, serialized_};
-  return &serialized_collection_;
-}
-
-InjectKVCreator::InjectKVCreator() noexcept
-    : fields_{{"num_kv_heads", nullptr, nvinfer1::PluginFieldType::kINT32, 1},
-              {"epsilon", nullptr, nvinfer1::PluginFieldType::kFLOAT32, 1}},
-      field_names_{2, fields_} {}
-
-nvinfer1::IPluginV3* InjectKVCreator::createPlugin(const char* name, const nvinfer1::PluginFieldCollection* fc,
-                                                   nvinfer1::TensorRTPhase) noexcept {
-  try {
-    InjectKVAttributes attributes;
-    const std::string error = parse_inject_kv_attributes(fc, &attributes);
-    if (!error.empty()) {
-      fail(std::string("node '") + (name ? name : "") + "': " + error);
-      return nullptr;
-    }
-    return new InjectKVPlugin(attributes);
-  } catch (...) {
-    fail("createPlugin: out of memory");
-    return nullptr;
-  }
 }
 
 }  // namespace dflash::trt

@@ -33,6 +33,23 @@ const nvinfer1::PluginField* find_scalar(const nvinfer1::PluginFieldCollection* 
   return field;
 }
 
+// One value of type Narrow or Wide (the field says which) into `*value`; else false with `*error` set.
+template <typename Narrow, typename Wide, typename Out>
+bool read_scalar(const nvinfer1::PluginFieldCollection* fc, const char* name, nvinfer1::PluginFieldType narrow,
+                 nvinfer1::PluginFieldType wide, const char* kind, Out* value, std::string* error) {
+  const nvinfer1::PluginField* field = find_scalar(fc, name, error);
+  if (field == nullptr) return false;
+  if (field->type == narrow) {
+    *value = static_cast<Out>(*static_cast<const Narrow*>(field->data));
+  } else if (field->type == wide) {
+    *value = static_cast<Out>(*static_cast<const Wide*>(field->data));
+  } else {
+    *error = std::string("attribute '") + name + "' must be " + kind;
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 void set_logger_finder(nvinfer1::ILoggerFinder* finder) noexcept { g_logger_finder.store(finder); }
@@ -53,6 +70,15 @@ void log_error(const char* message) noexcept {
 }
 
 void log_error(const std::string& message) noexcept { log_error(message.c_str()); }
+
+int32_t log_op_error(const char* op, const char* what, const char* detail) noexcept {
+  try {
+    log_error(std::string("dflash::") + op + ": " + what + detail);
+  } catch (...) {
+    log_error(what);
+  }
+  return -1;
+}
 
 bool to_dtype(nvinfer1::DataType type, DType* out) noexcept {
   switch (type) {
@@ -86,37 +112,21 @@ bool format_combination_ok(int32_t pos, const nvinfer1::DynamicPluginTensorDesc*
 }
 
 bool read_int_field(const nvinfer1::PluginFieldCollection* fc, const char* name, int64_t* value, std::string* error) {
-  const nvinfer1::PluginField* field = find_scalar(fc, name, error);
-  if (field == nullptr) return false;
-  if (field->type == nvinfer1::PluginFieldType::kINT32) {
-    *value = *static_cast<const int32_t*>(field->data);
-  } else if (field->type == nvinfer1::PluginFieldType::kINT64) {
-    *value = *static_cast<const int64_t*>(field->data);
-  } else {
-    *error = std::string("attribute '") + name + "' must be an integer";
-    return false;
-  }
-  return true;
+  return read_scalar<int32_t, int64_t>(fc, name, nvinfer1::PluginFieldType::kINT32, nvinfer1::PluginFieldType::kINT64,
+                                       "an integer", value, error);
 }
 
 bool read_float_field(const nvinfer1::PluginFieldCollection* fc, const char* name, float* value, std::string* error) {
-  const nvinfer1::PluginField* field = find_scalar(fc, name, error);
-  if (field == nullptr) return false;
-  if (field->type == nvinfer1::PluginFieldType::kFLOAT32) {
-    *value = *static_cast<const float*>(field->data);
-  } else if (field->type == nvinfer1::PluginFieldType::kFLOAT64) {
-    *value = static_cast<float>(*static_cast<const double*>(field->data));
-  } else {
-    *error = std::string("attribute '") + name + "' must be a float";
-    return false;
-  }
-  return true;
+  return read_scalar<float, double>(fc, name, nvinfer1::PluginFieldType::kFLOAT32,
+                                    nvinfer1::PluginFieldType::kFLOAT64, "a float", value, error);
 }
+
+bool same_dim(int64_t a, int64_t b) noexcept { return a < 0 || b < 0 || a == b; }
 
 bool dims_match(const nvinfer1::Dims& have, const nvinfer1::Dims& want) noexcept {
   if (have.nbDims != want.nbDims) return false;
   for (int32_t i = 0; i < have.nbDims; ++i) {
-    if (have.d[i] >= 0 && want.d[i] >= 0 && have.d[i] != want.d[i]) return false;
+    if (!same_dim(have.d[i], want.d[i])) return false;
   }
   return true;
 }

@@ -16,6 +16,8 @@ namespace dflash::trt {
 void set_logger_finder(nvinfer1::ILoggerFinder* finder) noexcept;
 void log_error(const char* message) noexcept;
 void log_error(const std::string& message) noexcept;
+// Logs "dflash::<op>: <what><detail>"; returns -1, TensorRT's failure status.
+int32_t log_op_error(const char* op, const char* what, const char* detail = "") noexcept;
 
 // TensorRT's float types onto the kernels' own enum; false for any other type.
 bool to_dtype(nvinfer1::DataType type, DType* out) noexcept;
@@ -33,6 +35,8 @@ bool format_combination_ok(int32_t pos, const nvinfer1::DynamicPluginTensorDesc*
 bool read_int_field(const nvinfer1::PluginFieldCollection* fc, const char* name, int64_t* value, std::string* error);
 bool read_float_field(const nvinfer1::PluginFieldCollection* fc, const char* name, float* value, std::string* error);
 
+// True when a and b are equal or either is not known yet (-1).
+bool same_dim(int64_t a, int64_t b) noexcept;
 // True when every dim TensorRT knows (>= 0) equals `want`'s, or `want`'s is -1; ranks must match.
 bool dims_match(const nvinfer1::Dims& have, const nvinfer1::Dims& want) noexcept;
 

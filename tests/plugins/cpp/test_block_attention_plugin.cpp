@@ -9,6 +9,7 @@
 #include "captured_log.h"
 #include "check.h"
 #include "mock_expr_builder.h"
+#include "plugin_harness.h"
 
 using dflash::trt::BlockAttentionCreator;
 using dflash::trt::BlockAttentionPlugin;
@@ -19,11 +20,7 @@ using nvinfer1::PluginFieldType;
 
 namespace {
 
-std::unique_ptr<BlockAttentionPlugin> create(BlockAttentionCreator& creator, const nvinfer1::PluginFieldCollection& fc,
-                                             nvinfer1::TensorRTPhase phase = nvinfer1::TensorRTPhase::kBUILD) {
-  return std::unique_ptr<BlockAttentionPlugin>(
-      static_cast<BlockAttentionPlugin*>(creator.createPlugin("layer3.attention", &fc, phase)));
-}
+constexpr char kNode[] = "layer3.attention";
 
 // q [b, heads, n, d], k/v_context [b, kv, C, d], k/v_block [b, kv, n, d], context_lengths [b]
 std::vector<Dims> input_dims(int64_t b, int64_t heads, int64_t kv, int64_t n, int64_t c, int64_t d) {
@@ -40,12 +37,10 @@ TEST(onnx_attributes_survive_serialization_into_an_engine) {
   const PluginField attrs[] = {{"scale", &scale, PluginFieldType::kFLOAT32, 1},
                                {"causal", &causal, PluginFieldType::kINT32, 1},
                                {"window", &window, PluginFieldType::kINT32, 1}};
-  auto built = create(creator, {3, attrs});
+  auto built = create(creator, kNode, {3, attrs});
   CHECK(built != nullptr);
   if (!built) return;
-  auto* runtime = static_cast<nvinfer1::IPluginV3OneRuntime*>(
-      built->getCapabilityInterface(nvinfer1::PluginCapabilityType::kRUNTIME));
-  auto restored = create(creator, *runtime->getFieldsToSerialize(), nvinfer1::TensorRTPhase::kRUNTIME);
+  auto restored = reload(creator, kNode, *built);
   CHECK(restored != nullptr);
   if (!restored) return;
   CHECK_EQ(restored->attributes().scale, scale);
@@ -57,14 +52,9 @@ TEST(onnx_attributes_survive_serialization_into_an_engine) {
 
 TEST(the_creator_declares_the_onnx_attribute_names_and_types) {
   BlockAttentionCreator creator;
-  const nvinfer1::PluginFieldCollection* names = creator.getFieldNames();
-  CHECK_EQ(names->nbFields, 3);
-  const char* expected[] = {"scale", "causal", "window"};
-  const PluginFieldType types[] = {PluginFieldType::kFLOAT32, PluginFieldType::kINT32, PluginFieldType::kINT32};
-  for (int i = 0; i < 3 && i < names->nbFields; ++i) {
-    CHECK_EQ(std::string(names->fields[i].name), std::string(expected[i]));
-    CHECK(names->fields[i].type == types[i]);
-  }
+  check_declared(creator, {{"scale", PluginFieldType::kFLOAT32},
+                          {"causal", PluginFieldType::kINT32},
+                          {"window", PluginFieldType::kINT32}});
 }
 
 TEST(bad_attributes_are_refused_with_one_logged_line) {
@@ -76,11 +66,7 @@ TEST(bad_attributes_are_refused_with_one_logged_line) {
                                     {"causal", causal, PluginFieldType::kINT32, 1},
                                     {"window", window, PluginFieldType::kINT32, 1}};
   };
-  struct Case {
-    std::vector<PluginField> fields;
-    const char* message;
-  };
-  const std::vector<Case> cases = {
+  check_refused(creator, kNode, "dflash::BlockAttention: node 'layer3.attention': ", {
       {fields(&scale, &two, &zero), "causal must be 0 or 1, got 2"},
       {fields(&scale, &zero, &minus), "window must be >= 0 (0: none), got -1"},
       {fields(&inf, &zero, &zero), "scale must be finite"},
@@ -90,12 +76,7 @@ TEST(bad_attributes_are_refused_with_one_logged_line) {
         {"causal", &zero, PluginFieldType::kINT32, 1},
         {"window", &zero, PluginFieldType::kINT32, 1}},
        "attribute 'scale' must be a float"},
-  };
-  for (const Case& c : cases) {
-    CapturedLog log;
-    CHECK(create(creator, {static_cast<int32_t>(c.fields.size()), c.fields.data()}) == nullptr);
-    CHECK(log.contains(std::string("dflash::BlockAttention: node 'layer3.attention': ") + c.message));
-  }
+  });
 }
 
 TEST(the_output_has_the_shape_and_dtype_of_q) {

@@ -9,6 +9,7 @@
 #include "inject_kv/inject_kv_kernel.h"
 #include "inject_kv/inject_kv_plugin.h"
 #include "mock_expr_builder.h"
+#include "plugin_harness.h"
 
 using dflash::trt::InjectKVCreator;
 using dflash::trt::InjectKVPlugin;
@@ -18,11 +19,7 @@ using nvinfer1::PluginFieldType;
 
 namespace {
 
-std::unique_ptr<InjectKVPlugin> create(InjectKVCreator& creator, const nvinfer1::PluginFieldCollection& fc,
-                                       nvinfer1::TensorRTPhase phase = nvinfer1::TensorRTPhase::kBUILD) {
-  return std::unique_ptr<InjectKVPlugin>(
-      static_cast<InjectKVPlugin*>(creator.createPlugin("layer0.inject", &fc, phase)));
-}
+constexpr char kNode[] = "layer0.inject";
 
 // hidden [b, n, H], k_weight/v_weight [kv*d, H], k_norm [d], cos/sin [b, n, d]
 std::vector<Dims> input_dims(int64_t b, int64_t n, int64_t h, int64_t kv, int64_t d) {
@@ -38,13 +35,10 @@ TEST(onnx_attributes_survive_serialization_into_an_engine) {
   const float epsilon = 1e-6f;
   const PluginField attrs[] = {{"num_kv_heads", &kv, PluginFieldType::kINT32, 1},
                                {"epsilon", &epsilon, PluginFieldType::kFLOAT32, 1}};
-  auto built = create(creator, {2, attrs});
+  auto built = create(creator, kNode, {2, attrs});
   CHECK(built != nullptr);
   if (!built) return;
-  auto* runtime = static_cast<nvinfer1::IPluginV3OneRuntime*>(
-      built->getCapabilityInterface(nvinfer1::PluginCapabilityType::kRUNTIME));
-  const nvinfer1::PluginFieldCollection* fields = runtime->getFieldsToSerialize();
-  auto restored = create(creator, *fields, nvinfer1::TensorRTPhase::kRUNTIME);
+  auto restored = reload(creator, kNode, *built);
   CHECK(restored != nullptr);
   if (!restored) return;
   CHECK_EQ(restored->attributes().num_kv_heads, 4);
@@ -55,12 +49,7 @@ TEST(onnx_attributes_survive_serialization_into_an_engine) {
 
 TEST(the_creator_declares_the_onnx_attribute_names_and_types) {
   InjectKVCreator creator;
-  const nvinfer1::PluginFieldCollection* names = creator.getFieldNames();
-  CHECK_EQ(names->nbFields, 2);
-  CHECK_EQ(std::string(names->fields[0].name), std::string("num_kv_heads"));
-  CHECK(names->fields[0].type == PluginFieldType::kINT32);
-  CHECK_EQ(std::string(names->fields[1].name), std::string("epsilon"));
-  CHECK(names->fields[1].type == PluginFieldType::kFLOAT32);
+  check_declared(creator, {{"num_kv_heads", PluginFieldType::kINT32}, {"epsilon", PluginFieldType::kFLOAT32}});
 }
 
 TEST(the_plugin_exposes_core_build_and_runtime_interfaces) {
@@ -80,11 +69,7 @@ TEST(bad_attributes_are_refused_with_one_logged_line) {
   const int32_t kv = 2, zero = 0;
   const int64_t kv64 = 2;
   const float epsilon = 1e-6f, nan = std::nanf(""), negative = -1.f;
-  struct Case {
-    std::vector<PluginField> fields;
-    const char* message;
-  };
-  const std::vector<Case> cases = {
+  check_refused(creator, kNode, "dflash::InjectKV: node 'layer0.inject': ", {
       {{{"num_kv_heads", &kv, PluginFieldType::kINT32, 1}}, "missing attribute 'epsilon'"},
       {{{"num_kv_heads", &zero, PluginFieldType::kINT32, 1}, {"epsilon", &epsilon, PluginFieldType::kFLOAT32, 1}},
        "num_kv_heads must be >= 1, got 0"},
@@ -94,12 +79,7 @@ TEST(bad_attributes_are_refused_with_one_logged_line) {
        "epsilon must be finite and >= 0"},
       {{{"num_kv_heads", &kv, PluginFieldType::kINT32, 1}, {"epsilon", &negative, PluginFieldType::kFLOAT32, 1}},
        "epsilon must be finite and >= 0"},
-  };
-  for (const Case& c : cases) {
-    CapturedLog log;
-    CHECK(create(creator, {static_cast<int32_t>(c.fields.size()), c.fields.data()}) == nullptr);
-    CHECK(log.contains(std::string("dflash::InjectKV: node 'layer0.inject': ") + c.message));
-  }
+  });
 }
 
 TEST(outputs_are_k_and_v_of_shape_batch_kv_tokens_head_dim_in_hiddens_dtype) {
