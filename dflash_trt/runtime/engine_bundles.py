@@ -40,7 +40,8 @@ def open_bundle(root: str | Path) -> tuple[str, dict]:
         return "onnx", read_bundle(root)
     manifest = read_engine_bundle(root)
     kind = manifest["engine"]["kind"]
-    check_runtime(manifest, runtime_env(kind, root / (manifest.get("plugin_library") or {}).get("file", "")), str(root))
+    plugin = manifest.get("plugin_library")
+    check_runtime(manifest, runtime_env(kind, None if plugin is None else root / plugin["file"]), str(root))
     # The engines carry their source bundle's sections; file names are the engine bundle's.
     graphs = {name: {**spec, "file": manifest["engines"][name]["file"]} for name, spec in manifest["source"]["graphs"].items()}
     view = {**manifest["source"], "graphs": graphs, "dtype": manifest["dtype"], "engine": manifest["engine"],
@@ -49,7 +50,7 @@ def open_bundle(root: str | Path) -> tuple[str, dict]:
     return kind, view
 
 
-def runtime_env(kind: str, plugin: Path) -> RuntimeEnv:
+def runtime_env(kind: str, plugin: Path | None) -> RuntimeEnv:
     """What this machine offers an engine bundle of `kind` (library, GPU, plugin library)."""
     module = LIBRARIES[kind][0]
     try:
@@ -60,7 +61,8 @@ def runtime_env(kind: str, plugin: Path) -> RuntimeEnv:
         return RuntimeEnv(version)
     from dflash_trt.engines.build import plugin_library_version
 
-    return RuntimeEnv(version, gpu_compute_capability(), plugin_library_version(plugin) if plugin.is_file() else None)
+    loaded = plugin_library_version(plugin) if plugin is not None and plugin.is_file() else None
+    return RuntimeEnv(version, gpu_compute_capability(), loaded)
 
 
 def gpu_compute_capability() -> str | None:
