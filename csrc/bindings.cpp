@@ -11,9 +11,11 @@
 
 #include "acceptance.h"
 #include "errors.h"
+#include "executor.h"
 #include "metrics.h"
 #include "rng.h"
 #include "sampling.h"
+#include "scheduler.h"
 #include "slots.h"
 
 namespace py = pybind11;
@@ -44,6 +46,72 @@ py::dict to_dict(const SpecMetrics& m) {
   d["num_accepted_tokens"] = m.num_accepted_tokens;
   d["accepted_per_position"] = m.accepted_per_position;
   d["mean_acceptance_length"] = m.num_drafts ? py::cast(m.mean_acceptance_length()) : py::none();
+  return d;
+}
+
+// An executor's logits as owned float32 rows: a numpy array (or anything with __array__) [n, vocab],
+// or [vocab] for one row. One copy; the shape is checked against what the phase expects.
+LogitsRows logits_from(const py::handle& obj, const char* phase) {
+  FloatArray a = FloatArray::ensure(obj);
+  if (!a || (a.ndim() != 1 && a.ndim() != 2))
+    throw Error(std::string("executor ") + phase + " must return float logits arrays [rows, vocab] (or [vocab])");
+  LogitsRows out;
+  out.rows = a.ndim() == 1 ? 1 : a.shape(0);
+  out.vocab = a.shape(a.ndim() - 1);
+  if (out.vocab < 1) throw Error(std::string("executor ") + phase + " returned logits with no vocabulary columns");
+  out.data.assign(a.data(), a.data() + out.rows * out.vocab);
+  return out;
+}
+
+std::vector<LogitsRows> logits_list(const py::object& obj, size_t rows, const char* phase) {
+  std::vector<LogitsRows> out;
+  for (const py::handle item : obj) out.push_back(logits_from(item, phase));
+  if (out.size() != rows)
+    throw Error(std::string("executor ") + phase + " returned " + std::to_string(out.size()) + " logits arrays for " +
+                std::to_string(rows) + " rows");
+  return out;
+}
+
+// The trampoline: a Python subclass of _core.Executor implements the phases; logits come back as
+// numpy arrays and are copied into LogitsRows here, so the scheduler sees no Python type.
+class PyExecutor : public Executor {
+ public:
+  std::vector<LogitsRows> prefill(const std::vector<int64_t>& rows,
+                                  const std::vector<std::vector<int64_t>>& prompts) override {
+    return logits_list(call("prefill", rows, prompts), rows.size(), "prefill");
+  }
+  std::vector<std::vector<int64_t>> draft(const std::vector<int64_t>& rows, const std::vector<int64_t>& bonus,
+                                          int64_t block_size) override {
+    auto out = call("draft", rows, bonus, block_size).cast<std::vector<std::vector<int64_t>>>();
+    if (out.size() != rows.size())
+      throw Error("executor draft returned " + std::to_string(out.size()) + " token lists for " +
+                  std::to_string(rows.size()) + " rows");
+    return out;
+  }
+  std::vector<LogitsRows> verify(const std::vector<int64_t>& rows,
+                                 const std::vector<std::vector<int64_t>>& blocks) override {
+    return logits_list(call("verify", rows, blocks), rows.size(), "verify");
+  }
+  void commit(const std::vector<int64_t>& rows, const std::vector<int64_t>& kept) override { call("commit", rows, kept); }
+  void release(int64_t row) override { call("release", row); }
+
+ private:
+  template <typename... Args>
+  py::object call(const char* name, Args&&... args) {
+    py::gil_scoped_acquire gil;
+    py::function f = py::get_override(static_cast<const Executor*>(this), name);
+    if (!f) throw Error(std::string("the Python executor does not implement ") + name + "()");
+    return f(std::forward<Args>(args)...);
+  }
+};
+
+py::dict output_dict(const RequestOutput& o) {
+  py::dict d;
+  d["request"] = o.request;
+  d["new_tokens"] = o.new_tokens;
+  d["num_tokens"] = o.num_tokens;
+  d["finish_reason"] = o.finish == Finish::kNone ? py::object(py::none()) : py::object(py::str(finish_name(o.finish)));
+  d["metrics"] = to_dict(o.metrics);
   return d;
 }
 
@@ -145,4 +213,56 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "aggregate", [](const std::vector<SpecMetrics>& requests) { return to_dict(aggregate(requests)); },
       py::arg("requests"), "Summed counters of many requests, as a dict.");
+
+  py::class_<Executor, PyExecutor>(m, "Executor",
+                                   "Subclass in Python and implement prefill / draft / verify / commit / release "
+                                   "(csrc/executor.h); rows are KV slot indices.")
+      .def(py::init<>());
+
+  py::class_<SchedulerConfig>(m, "SchedulerConfig")
+      .def(py::init([](int64_t max_batch, int64_t capacity, int64_t block_size, uint64_t engine_seed) {
+             return SchedulerConfig{max_batch, capacity, block_size, engine_seed};
+           }),
+           py::kw_only(), py::arg("max_batch") = 8, py::arg("capacity") = 2048, py::arg("block_size") = 4,
+           py::arg("engine_seed") = 0)
+      .def_readonly("max_batch", &SchedulerConfig::max_batch)
+      .def_readonly("capacity", &SchedulerConfig::capacity)
+      .def_readonly("block_size", &SchedulerConfig::block_size)
+      .def_readonly("engine_seed", &SchedulerConfig::engine_seed);
+
+  py::class_<RequestParams>(m, "RequestParams")
+      .def(py::init([](int64_t max_tokens, double temperature, int64_t top_k, double top_p, py::object seed,
+                       std::vector<int64_t> stop_token_ids, std::vector<int64_t> eos_token_ids, bool ignore_eos) {
+             RequestParams p;
+             p.sampling = SamplingParams{temperature, top_k, top_p, seed.is_none() ? 0 : seed.cast<uint64_t>()};
+             p.sampling.validate();
+             p.seeded = !seed.is_none();
+             p.max_tokens = max_tokens;
+             p.stop_token_ids = std::move(stop_token_ids);
+             p.eos_token_ids = std::move(eos_token_ids);
+             p.ignore_eos = ignore_eos;
+             return p;
+           }),
+           py::kw_only(), py::arg("max_tokens") = 256, py::arg("temperature") = 0.0, py::arg("top_k") = 0,
+           py::arg("top_p") = 1.0, py::arg("seed") = py::none(), py::arg("stop_token_ids") = std::vector<int64_t>{},
+           py::arg("eos_token_ids") = std::vector<int64_t>{}, py::arg("ignore_eos") = false)
+      .def_readonly("max_tokens", &RequestParams::max_tokens)
+      .def_readonly("seeded", &RequestParams::seeded);
+
+  py::class_<Scheduler>(m, "Scheduler")
+      .def(py::init<Executor&, const SchedulerConfig&>(), py::arg("executor"), py::arg("config"),
+           py::keep_alive<1, 2>())
+      .def("add_request", &Scheduler::add_request, py::arg("prompt"), py::arg("params"))
+      .def("abort", &Scheduler::abort, py::arg("request"))
+      .def(
+          "step",
+          [](Scheduler& s) {
+            py::list out;
+            for (const RequestOutput& o : s.step()) out.append(output_dict(o));
+            return out;
+          },
+          "One step over every live request -> [dict(request, new_tokens, num_tokens, finish_reason, metrics)].")
+      .def_property_readonly("num_live", &Scheduler::num_live)
+      .def_property_readonly("has_work", &Scheduler::has_work)
+      .def_property_readonly("slots", &Scheduler::slots, py::return_value_policy::reference_internal);
 }

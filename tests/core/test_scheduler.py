@@ -1,0 +1,264 @@
+"""The core's scheduler (csrc/scheduler.cpp) over the Python session executor (runtime/core_engine.py),
+against the oracle: every request's greedy output equals its own autoregressive output from
+LLM.generate(..., speculative=False), whatever else is in the batch and whenever it arrived."""
+
+import random
+
+import pytest
+
+from dflash_trt import LLM, SamplingParams
+from dflash_trt.errors import DFlashError
+
+
+@pytest.fixture(scope="module")
+def engine_module(core):
+    from dflash_trt.runtime import core_engine
+
+    return core_engine
+
+
+@pytest.fixture(scope="module")
+def llms(tiny_pairs, small_vocab_pair):
+    made = {family: LLM(*map(str, tiny_pairs[family])) for family in ("llama", "qwen3")}
+    made["small_vocab"] = LLM(*map(str, small_vocab_pair))  # drafts often accepted: acceptance is exercised
+    return made
+
+
+_AR = {}
+
+
+def autoregressive(llm, name, prompt, params):
+    key = (name, tuple(prompt), params)
+    if key not in _AR:
+        _AR[key] = llm.generate(prompt, params, speculative=False)[0]
+    return _AR[key]
+
+
+def workload(vocab, count, seed):
+    """`count` (arrival step, prompt, params): prompts of 1..24 tokens, max_tokens 3..20, some stopping on EOS."""
+    rng = random.Random(seed)
+    top = min(vocab, 5) if vocab <= 6 else vocab  # the small pair's MASK (5) is not a prompt token
+    work, step = [], 0
+    for i in range(count):
+        prompt = [rng.randrange(top) for _ in range(rng.randint(1, 24))]
+        params = SamplingParams(max_tokens=rng.randint(3, 20), ignore_eos=i % 2 == 0)
+        work.append((step, prompt, params))
+        step += rng.choice([0, 1, 2])
+    return work
+
+
+def drive(engine, work):
+    """Add each request at its arrival step (later if every slot is taken); step until all finish."""
+    waiting = list(enumerate(work))
+    ids, step = {}, 0
+    while waiting or engine.has_work:
+        while waiting and waiting[0][1][0] <= step and engine.scheduler.num_live < engine.slots.num_slots:
+            index, (_, prompt, params) = waiting.pop(0)
+            ids[index] = engine.add_request(prompt, params)
+        engine.step()
+        step += 1
+        assert step < 2000, "the engine does not finish"
+    return [engine.outputs[ids[i]] for i in range(len(work))]
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama", "small_vocab"])
+@pytest.mark.parametrize("concurrency", [1, 3, 8])
+def test_greedy_equals_each_requests_autoregressive_output(engine_module, llms, name, concurrency):
+    llm = llms[name]
+    work = workload(llm.vocab_size, 8 if concurrency > 1 else 4, seed=concurrency)
+    engine = engine_module.CoreEngine(llm, max_batch=concurrency, capacity=64)
+    outputs = drive(engine, work)
+    for (_, prompt, params), out in zip(work, outputs, strict=True):
+        ref = autoregressive(llm, name, prompt, params)
+        assert out.token_ids == ref.token_ids, (prompt, params)
+        assert out.finish_reason == ref.finish_reason
+    assert engine.slots.num_free == concurrency and not engine.executor.rows
+    if name == "small_vocab":  # speculation really happened: drafts were made and some accepted
+        drafts = sum(o.metrics["num_drafts"] for o in outputs)
+        accepted = sum(o.metrics["num_accepted_tokens"] for o in outputs)
+        assert drafts > 0 and accepted > 0
+
+
+def test_plain_decoding_through_the_core_equals_autoregressive(engine_module, llms):
+    llm = llms["qwen3"]
+    work = workload(llm.vocab_size, 5, seed=11)
+    engine = engine_module.CoreEngine(llm, max_batch=3, capacity=64, speculative=False)
+    for (_, prompt, params), out in zip(work, drive(engine, work), strict=True):
+        assert out.token_ids == autoregressive(llm, "qwen3", prompt, params).token_ids
+        assert out.metrics["num_drafts"] == 0
+
+
+def test_greedy_equals_the_python_speculative_loop(engine_module, llms):
+    llm = llms["small_vocab"]
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    prompts = [[1, 2, 3], [4, 0, 4, 0, 1, 1, 2]]
+    engine = engine_module.CoreEngine(llm, max_batch=2, capacity=64)
+    ids = [engine.add_request(p, params) for p in prompts]
+    taus = {i: [] for i in ids}  # acceptance length per verify step while the block was not cut short
+    while engine.has_work:
+        before = {
+            i: (
+                len(engine.outputs[i].token_ids),
+                engine.outputs[i].metrics.get("num_drafts", 0),
+                engine.outputs[i].metrics.get("num_accepted_tokens", 0),
+            )
+            for i in ids
+        }
+        engine.step()
+        for i in ids:
+            emitted, drafts, accepted = before[i]
+            m = engine.outputs[i].metrics
+            if m["num_drafts"] > drafts and params.max_tokens - emitted >= llm.block_size:
+                taus[i].append(m["num_accepted_tokens"] - accepted + 1)
+    for i, prompt in zip(ids, prompts, strict=True):
+        ref = llm.generate(prompt, params)[0]
+        assert engine.outputs[i].token_ids == ref.token_ids
+        # the same drafts step for step: the executor hands the drafter the same features as the loop
+        assert taus[i] == ref.metrics.acceptance_lengths[: len(taus[i])] and len(taus[i]) >= 5
+
+
+@pytest.mark.parametrize("name", ["qwen3", "small_vocab"])
+def test_seeded_sampling_is_the_same_alone_and_in_a_batch(engine_module, llms, name):
+    llm = llms[name]
+    top = 5 if name == "small_vocab" else llm.vocab_size
+    rng = random.Random(3)
+    prompts = [[rng.randrange(top) for _ in range(rng.randint(2, 12))] for _ in range(5)]
+    params = [
+        SamplingParams(
+            max_tokens=16,
+            temperature=0.9,
+            top_p=0.95,
+            top_k=50 if i % 2 else 0,
+            seed=100 + i,
+            ignore_eos=True,
+        )
+        for i in range(5)
+    ]
+    alone = [
+        engine_module.CoreEngine(llm, max_batch=1, capacity=64).run([p], s)[0].token_ids
+        for p, s in zip(prompts, params, strict=True)
+    ]
+    work = [(i, p, s) for i, (p, s) in enumerate(zip(prompts, params, strict=True))]
+    batched = [o.token_ids for o in drive(engine_module.CoreEngine(llm, max_batch=4, capacity=64), work)]
+    assert batched == alone
+    # the seed matters (so the equality above is not vacuous)
+    other = engine_module.CoreEngine(llm, max_batch=1, capacity=64).run(
+        [prompts[0]], SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=999, ignore_eos=True)
+    )[0]
+    assert other.token_ids != alone[0]
+
+
+def test_abort_mid_stream_frees_the_slot_and_the_others_continue(engine_module, llms):
+    llm = llms["qwen3"]
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    prompts = [[5, 6, 7], [9, 8, 7, 6, 5, 4], [1, 2]]
+    engine = engine_module.CoreEngine(llm, max_batch=3, capacity=64)
+    ids = [engine.add_request(p, params) for p in prompts]
+    engine.step()
+    engine.step()
+    assert engine.slots.num_free == 0
+    victim = ids[1]
+    streamed = list(engine.outputs[victim].token_ids)
+    assert 0 < len(streamed) < 20
+    assert engine.abort(victim)
+    assert engine.slots.num_free == 1, "abort frees the slot at once"
+    assert len(engine.executor.rows) == 2, "and the executor's row"
+    assert not engine.abort(victim), "a second abort is a no-op"
+    touched = engine.step()
+    assert any(o.request == victim and o.finish_reason == "abort" for o in touched)
+    assert engine.outputs[victim].token_ids == streamed
+    # a newcomer takes the freed slot while the others run on
+    late = engine.add_request([3, 3, 3, 3], params)
+    while engine.has_work:
+        engine.step()
+    for request, prompt in ((ids[0], prompts[0]), (ids[2], prompts[2]), (late, [3, 3, 3, 3])):
+        assert engine.outputs[request].token_ids == autoregressive(llm, "qwen3", prompt, params).token_ids
+    assert engine.slots.num_free == 3
+
+
+def test_a_thousand_add_abort_cycles_leave_the_allocator_as_it_began(engine_module, llms):
+    engine = engine_module.CoreEngine(llms["qwen3"], max_batch=4, capacity=64)
+    slots = engine.slots
+
+    def snapshot():
+        return slots.num_free, [slots.request(i) for i in range(slots.num_slots)]
+
+    begin = snapshot()
+    rng = random.Random(0)
+    live = []
+    for cycle in range(1000):
+        if live and (len(live) == 4 or rng.random() < 0.5):
+            assert engine.abort(live.pop(rng.randrange(len(live))))
+        else:
+            prompt = [rng.randrange(200) for _ in range(rng.randint(1, 8))]
+            live.append(
+                engine.add_request(prompt, SamplingParams(max_tokens=rng.randint(2, 30), ignore_eos=True))
+            )
+        if cycle % 50 == 0:  # some requests get to run (and some finish on their own)
+            engine.step()
+            live = [r for r in live if engine.outputs[r].finish_reason is None]
+        assert slots.num_free == 4 - len(live)
+    for request in live:
+        engine.abort(request)
+    while engine.has_work:
+        engine.step()
+    assert snapshot() == begin
+    assert not engine.executor.rows and engine.scheduler.num_live == 0
+
+
+def test_over_capacity_and_full_engine_are_refused_with_one_line_and_the_others_continue(engine_module, llms):
+    llm = llms["qwen3"]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    engine = engine_module.CoreEngine(llm, max_batch=2, capacity=32)
+    first = engine.add_request([4, 5, 6], params)
+    engine.step()
+    with pytest.raises(DFlashError) as err:
+        engine.add_request(list(range(10, 40)), params)  # 30 + 12 > 32
+    message = str(err.value)
+    assert "\n" not in message and "42 tokens" in message and "KV slot holds 32" in message
+    assert engine.slots.num_free == 1, "refused before any work"
+    second = engine.add_request([7, 8], params)
+    with pytest.raises(DFlashError, match="no free KV slot"):
+        engine.add_request([1], params)
+    while engine.has_work:
+        engine.step()
+    for request, prompt in ((first, [4, 5, 6]), (second, [7, 8])):
+        assert engine.outputs[request].token_ids == autoregressive(llm, "qwen3", prompt, params).token_ids
+        assert engine.outputs[request].finish_reason == "length"
+
+
+def test_a_python_executor_error_reaches_the_caller_and_leaves_no_claim(engine_module, llms):
+    engine = engine_module.CoreEngine(llms["qwen3"], max_batch=2, capacity=64)
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=8, ignore_eos=True))
+    engine.step()
+
+    def broken(rows, blocks):
+        raise RuntimeError("verify broke")
+
+    engine.executor.verify = broken
+    with pytest.raises(RuntimeError, match="verify broke"):
+        engine.step()
+    slot = next(i for i in range(2) if engine.slots.request(i) >= 0)
+    assert engine.slots.reserved(slot) == 0
+
+
+@pytest.fixture(scope="module")
+def ort_llms(bundles):
+    pytest.importorskip("onnxruntime")
+    return {family: LLM.from_bundle(bundles[family][0]) for family in ("llama", "qwen3")}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("concurrency", [1, 3, 8])
+def test_onnxruntime_sessions_behind_the_core_equal_autoregressive(
+    engine_module, ort_llms, llms, family, concurrency
+):
+    llm = ort_llms[family]
+    work = workload(llm.vocab_size, 8 if concurrency > 1 else 4, seed=20 + concurrency)
+    engine = engine_module.CoreEngine(llm, max_batch=concurrency, capacity=64)
+    for (_, prompt, params), out in zip(work, drive(engine, work), strict=True):
+        ref = autoregressive(llm, f"ort-{family}", prompt, params)
+        assert out.token_ids == ref.token_ids, (prompt, params)
+        assert out.token_ids == autoregressive(llms[family], family, prompt, params).token_ids  # and torch's
+        assert out.finish_reason == ref.finish_reason
+    assert engine.slots.num_free == concurrency and not engine.executor.rows
