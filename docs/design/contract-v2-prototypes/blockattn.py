@@ -1,9 +1,10 @@
 """Batched draft-block attention over a fixed-capacity context cache: dflash::BlockAttention (custom op, loops to
 context_lengths) vs ONNX Attention-24 (is_causal=0, nonpad_kv_seqlen) after TensorScatter of the block K/V."""
-import numpy as np, onnxruntime as ort, time, glob
+import numpy as np, onnxruntime as ort, time
+from dflash_trt.export.op_library import op_library
 from onnx import helper as h, TensorProto as TP
 NH, NKV, D, S, B = 8, 2, 32, 16, 4
-lib = glob.glob("/work/main/dflash_trt/_ops/libdflash_ort_ops.so")[0]
+lib = str(op_library())  # bash scripts/build_plugins.sh builds it
 so = ort.SessionOptions(); so.intra_op_num_threads = 2; so.log_severity_level = 3; so.register_custom_ops_library(lib)
 vi = h.make_tensor_value_info; F = TP.FLOAT
 ins = [vi("q", F, ["b", NH, "s", D]), vi("kc", F, ["b", NKV, "C", D]), vi("vc", F, ["b", NKV, "C", D]), vi("kb", F, ["b", NKV, "s", D]),
