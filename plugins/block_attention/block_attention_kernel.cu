@@ -225,18 +225,10 @@ cudaError_t block_attention_launch(const BlockAttentionShape& s, DType dtype, co
   const Args a{
       s.heads,     s.kv_heads, s.block, s.context, s.head_dim, s.heads / s.kv_heads, s.batch * s.heads * s.block,
       plan.splits, scale,      causal,  window};
-  switch (dtype) {
-    case DType::kFloat32:
-      return launch_typed<float>(s, plan, a, q, k_context, v_context, k_block, v_block, context_lengths, workspace, out,
-                                 stream);
-    case DType::kFloat16:
-      return launch_typed<__half>(s, plan, a, q, k_context, v_context, k_block, v_block, context_lengths, workspace,
-                                  out, stream);
-    case DType::kBFloat16:
-      return launch_typed<__nv_bfloat16>(s, plan, a, q, k_context, v_context, k_block, v_block, context_lengths,
-                                         workspace, out, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_dtype(dtype, [&](auto tag) {
+    return launch_typed<typename decltype(tag)::type>(s, plan, a, q, k_context, v_context, k_block, v_block,
+                                                      context_lengths, workspace, out, stream);
+  });
 }
 
 }  // namespace dflash

@@ -4,6 +4,9 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include "common/dtype.h"
 
 namespace dflash {
 
@@ -30,6 +33,25 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
 template <typename T>
 __device__ __forceinline__ float load(const T* p) {
   return to_float(__ldg(p));
+}
+
+// Calls launch(TypeTag<T>{}) with T the storage type `dtype` names: one switch for every launcher.
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+template <typename Launch>
+cudaError_t dispatch_dtype(DType dtype, Launch&& launch) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return launch(TypeTag<float>{});
+    case DType::kFloat16:
+      return launch(TypeTag<__half>{});
+    case DType::kBFloat16:
+      return launch(TypeTag<__nv_bfloat16>{});
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace dflash

@@ -148,18 +148,10 @@ cudaError_t inject_kv_launch(const InjectKVShape& s, DType dtype, const void* hi
                              void* workspace, void* k_out, void* v_out, cudaStream_t stream) {
   if (inject_kv_unsupported(s) != nullptr) return cudaErrorInvalidValue;
   if (s.batch * s.tokens == 0) return cudaSuccess;
-  switch (dtype) {
-    case DType::kFloat32:
-      return launch_typed<float>(s, hidden, k_weight, v_weight, k_norm, cos, sin, epsilon, workspace, k_out, v_out,
-                                 stream);
-    case DType::kFloat16:
-      return launch_typed<__half>(s, hidden, k_weight, v_weight, k_norm, cos, sin, epsilon, workspace, k_out, v_out,
-                                  stream);
-    case DType::kBFloat16:
-      return launch_typed<__nv_bfloat16>(s, hidden, k_weight, v_weight, k_norm, cos, sin, epsilon, workspace, k_out,
-                                         v_out, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_dtype(dtype, [&](auto tag) {
+    return launch_typed<typename decltype(tag)::type>(s, hidden, k_weight, v_weight, k_norm, cos, sin, epsilon,
+                                                      workspace, k_out, v_out, stream);
+  });
 }
 
 }  // namespace dflash
