@@ -5,7 +5,8 @@ rule); a request's tokens depend only on its own key, never on other requests.""
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
+from acceptance_checks import emitted as count_emitted
+from acceptance_checks import fits
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.spec.acceptance import accept_greedy
@@ -45,22 +46,8 @@ def test_greedy_accept_through_the_dispatcher(core):
 def emitted(core, drafts, logits, params, draws):
     """Counts of the first emitted token, and of the second given the first equals drafts[0].
     Each draw is its own request id, so the draws are independent keys of the counter RNG."""
-    first, second = np.zeros(VOCAB), np.zeros(VOCAB)
-    for request in range(draws):
-        n, nxt = core.accept(drafts, logits.numpy(), params, request, 17)
-        tokens = [*drafts[:n], nxt]
-        first[tokens[0]] += 1
-        if tokens[0] == drafts[0] and len(tokens) > 1:
-            second[tokens[1]] += 1
-    return first, second
-
-
-def fits(counts, probs):
-    probs = np.asarray(probs, dtype=np.float64)
-    support = probs > 0
-    assert counts[~support].sum() == 0, "sampled a token the filters removed"
-    expected = probs[support] / probs[support].sum() * counts.sum()
-    return chisquare(counts[support], expected).pvalue
+    rows = logits.numpy()
+    return count_emitted(lambda request: core.accept(drafts, rows, params, request, 17), drafts, VOCAB, draws)
 
 
 PARAMS = [

@@ -3,7 +3,8 @@ and the same test rejects a deliberately biased rule, so it can fail."""
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from acceptance_checks import emitted as count_emitted
+from acceptance_checks import fits
 
 from dflash_trt.spec.acceptance import accept_greedy, accept_point_mass
 from dflash_trt.spec.sampling import Sampler, SamplingParams, target_probs
@@ -35,21 +36,7 @@ def biased_accept(drafts, logits, sampler):
 def emitted(rule, drafts, logits, params, draws):
     """Counts of the first emitted token, and of the second given the first equals drafts[0]."""
     sampler = Sampler(params)
-    first, second = torch.zeros(VOCAB), torch.zeros(VOCAB)
-    for _ in range(draws):
-        n, nxt = rule(drafts, logits, sampler)
-        tokens = [*drafts[:n], nxt]
-        first[tokens[0]] += 1
-        if tokens[0] == drafts[0] and len(tokens) > 1:
-            second[tokens[1]] += 1
-    return first, second
-
-
-def fits(counts, probs):
-    support = probs > 0
-    assert counts[~support].sum() == 0, "sampled a token the filters removed"
-    expected = probs[support] * counts.sum()
-    return chisquare(counts[support].numpy(), expected.numpy()).pvalue
+    return count_emitted(lambda _: rule(drafts, logits, sampler), drafts, VOCAB, draws)
 
 
 PARAMS = [
