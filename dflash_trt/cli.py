@@ -182,7 +182,7 @@ def _engine_default(compute_capability: str | None) -> str:
     here, full TensorRT builds for it; otherwise the CPU engine."""
     if compute_capability:
         return "tensorrt-rtx"
-    from dflash_trt.runtime.engine_bundles import gpu_compute_capability
+    from dflash_trt.engines.machine import gpu_compute_capability
 
     return "tensorrt" if gpu_compute_capability() else "onnxruntime"
 

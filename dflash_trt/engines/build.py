@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from dflash_trt.engines import ort_engine, trt_engine
+from dflash_trt.engines import machine, ort_engine, trt_engine
 from dflash_trt.engines.config import BuildConfig
 from dflash_trt.engines.manifest import ENGINE_FORMAT_VERSION, ENGINE_MANIFEST
 from dflash_trt.engines.profiles import profile_dims
@@ -47,15 +47,6 @@ def check_source(manifest: dict, config: BuildConfig, where: str) -> None:
         raise DFlashError(f"--block-size {block} is larger than the drafter's block size {manifest['draft']['block_size']}")
 
 
-def plugin_library_version(path: Path) -> int | None:
-    import ctypes
-
-    try:
-        return int(ctypes.CDLL(str(path)).DflashOpsVersion())
-    except (OSError, AttributeError):
-        return None
-
-
 def _plugin_library(manifest: dict, config: BuildConfig) -> Path | None:
     if manifest["flavour"] != "plugin" or config.engine != "tensorrt":
         return None
@@ -74,10 +65,9 @@ def build_engines(source: Path, out: Path, config: BuildConfig, command: str | N
     if out.exists() and not config.force:
         raise DFlashError(f"{out} already exists; pass --force to replace it")
     plugin_library = _plugin_library(manifest, config)
-    library_version = (ort_engine.library_version() if config.engine == "onnxruntime"
-                       else trt_engine.library_version(config.engine))
+    library_version = machine.installed_version(config.engine)
     if library_version is None:
-        trt_engine.trt_module(config.engine)  # raises the install hint
+        machine.library_module(config.engine)  # raises the install hint
     compute_capabilities = config.compute_capabilities
     if config.engine == "tensorrt":
         compute_capabilities = (_current_gpu(config),)
@@ -99,7 +89,7 @@ def build_engines(source: Path, out: Path, config: BuildConfig, command: str | N
         plugin = None
         if plugin_library is not None:
             shutil.copy2(plugin_library, tmp / plugin_library.name)
-            plugin = {"file": plugin_library.name, "version": plugin_library_version(plugin_library),
+            plugin = {"file": plugin_library.name, "version": machine.plugin_library_version(plugin_library),
                       "sha256": sha256(plugin_library)}
         engine_manifest = {
             "format_version": ENGINE_FORMAT_VERSION,
@@ -138,15 +128,10 @@ def _copy_tokenizer(source: Path, manifest: dict, dest: Path) -> None:
 
 def _current_gpu(config: BuildConfig) -> str:
     """Full TensorRT tunes for the GPU it runs on: the bundle is for that GPU's compute capability."""
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if torch is None or not torch.cuda.is_available():
+    gpu = machine.gpu_compute_capability()
+    if gpu is None:
         raise DFlashError("--engine tensorrt builds on the GPU it targets and no CUDA GPU is visible here; "
                           "for an ahead-of-time build without a GPU use --engine tensorrt-rtx")
-    major, minor = torch.cuda.get_device_capability()
-    gpu = f"{major}.{minor}"
     if config.compute_capabilities and config.compute_capabilities != (gpu,):
         raise DFlashError(f"--engine tensorrt builds for this GPU (SM {gpu}), not SM {', '.join(config.compute_capabilities)}: "
                           f"build on that GPU, or use --engine tensorrt-rtx for consumer GPUs")

@@ -30,11 +30,3 @@ def build_ort_graph(source: Path, out: Path, plugin: bool) -> dict:
     ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
     return {"file": out.name, "build_s": round(time.perf_counter() - start, 3),
             "bytes": out.stat().st_size + (out.parent / (out.name + ".data")).stat().st_size}
-
-
-def library_version() -> str | None:
-    try:
-        import onnxruntime
-    except ImportError:
-        return None
-    return onnxruntime.__version__

@@ -12,27 +12,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from dflash_trt.engines.manifest import LIBRARIES
+from dflash_trt.engines.machine import library_module
 from dflash_trt.engines.profiles import input_ranges
 from dflash_trt.errors import DFlashError
-
-
-def trt_module(kind: str):
-    """The builder library for an engine kind, or one line saying how to install it."""
-    module, product, package = LIBRARIES[kind]
-    try:
-        return __import__(module)
-    except ImportError as err:
-        raise DFlashError(f"--engine {kind} needs {product}, which does not import here ({err}): pip install {package}"
-                          + (" (full TensorRT's libraries are not on PyPI: use it where NVIDIA's installers put it)"
-                             if kind == "tensorrt" else "")) from None
-
-
-def library_version(kind: str) -> str | None:
-    try:
-        return trt_module(kind).__version__
-    except DFlashError:
-        return None
 
 
 class _Collect:
@@ -57,7 +39,7 @@ class _Collect:
 def build_trt_graph(kind: str, source: Path, out: Path, spec: dict, profiles: dict[str, dict],
                     compute_capabilities: tuple[str, ...], plugin_library: Path | None = None) -> dict:
     """Build `source` into `out` with one optimization profile per phase; returns what was built."""
-    trt = trt_module(kind)
+    trt = library_module(kind)
     log = _Collect(trt)
     builder = trt.Builder(log.logger)
     if plugin_library is not None:

@@ -48,8 +48,8 @@ def cached_bundle(target: str, draft: str) -> Path:
 def cached_engines(target: str, draft: str) -> Path:
     """`LLM(..., backend="tensorrt")` from checkpoints: TensorRT engines for this GPU, built once
     from the cached bundle into the user cache (keyed by the bundle and the GPU's compute capability)."""
+    from dflash_trt.engines.machine import gpu_compute_capability
     from dflash_trt.errors import DFlashError
-    from dflash_trt.runtime.engine_bundles import gpu_compute_capability
 
     gpu = gpu_compute_capability()
     if gpu is None:

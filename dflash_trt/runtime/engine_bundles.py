@@ -9,14 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dflash_trt.engines.manifest import (
-    ENGINE_MANIFEST,
-    LIBRARIES,
-    RuntimeEnv,
-    check_runtime,
-    is_engine_bundle,
-    read_engine_bundle,
-)
+from dflash_trt.engines.machine import runtime_env
+from dflash_trt.engines.manifest import ENGINE_MANIFEST, check_runtime, is_engine_bundle, read_engine_bundle
 from dflash_trt.export.manifest import read_bundle
 
 
@@ -48,27 +42,3 @@ def open_bundle(root: str | Path) -> tuple[str, dict]:
             "max_seq_len": manifest["max_seq_len"], "max_batch": manifest["max_batch"], "profiles": manifest["profiles"],
             "block_size": manifest["block_size"]}
     return kind, view
-
-
-def runtime_env(kind: str, plugin: Path | None) -> RuntimeEnv:
-    """What this machine offers an engine bundle of `kind` (library, GPU, plugin library)."""
-    module = LIBRARIES[kind][0]
-    try:
-        version = __import__(module).__version__
-    except ImportError:
-        version = None
-    if kind == "onnxruntime":
-        return RuntimeEnv(version)
-    from dflash_trt.engines.build import plugin_library_version
-
-    loaded = plugin_library_version(plugin) if plugin is not None and plugin.is_file() else None
-    return RuntimeEnv(version, gpu_compute_capability(), loaded)
-
-
-def gpu_compute_capability() -> str | None:
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    major, minor = torch.cuda.get_device_capability()
-    return f"{major}.{minor}"

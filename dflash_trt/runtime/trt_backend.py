@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.engines.manifest import LIBRARIES
+from dflash_trt.engines.machine import library_module
 from dflash_trt.engines.profiles import covers
 from dflash_trt.errors import DFlashError
 from dflash_trt.runtime.concat_cache import ConcatCacheTarget
@@ -85,7 +85,7 @@ class TrtBundle:
         kind, self.manifest = open_bundle(self.root)  # refuses before TensorRT is touched
         if kind not in ("tensorrt", "tensorrt-rtx"):
             raise DFlashError(f"{self.root} is not a TensorRT engine bundle ({kind}): run it with backend 'onnxruntime'")
-        trt = __import__(LIBRARIES[kind][0])
+        trt = library_module(kind)
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.runtime = trt.Runtime(self.logger)
         plugin = self.manifest.get("plugin_library")

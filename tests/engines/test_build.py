@@ -7,8 +7,7 @@ import shutil
 import pytest
 
 from dflash_trt import LLM, SamplingParams
-from dflash_trt.engines import build as build_module
-from dflash_trt.engines import ort_engine
+from dflash_trt.engines import machine, ort_engine
 from dflash_trt.engines.build import build_engines
 from dflash_trt.engines.config import BuildConfig
 from dflash_trt.engines.manifest import ENGINE_MANIFEST, read_engine_bundle
@@ -25,7 +24,7 @@ def ort_engines(bundles, tmp_path_factory):
 
 def test_an_onnxruntime_engine_bundle_holds_optimized_graphs_and_a_manifest(ort_engines, bundles):
     manifest = read_engine_bundle(ort_engines["qwen3"])
-    assert manifest["engine"] == {"kind": "onnxruntime", "version": ort_engine.library_version(),
+    assert manifest["engine"] == {"kind": "onnxruntime", "version": machine.installed_version("onnxruntime"),
                                   "session_options": ort_engine.SESSION_OPTIONS}
     assert set(manifest["engines"]) == {"target", "draft_context", "draft_block"}
     assert {"target.onnx", "target.onnx.data", "tokenizer.json"} <= set(manifest["files"])
@@ -123,10 +122,10 @@ def test_a_plugin_bundle_is_not_offered_to_tensorrt_rtx(plugin_bundle, tmp_path)
 
 
 def test_full_tensorrt_without_its_library_or_a_gpu_is_refused_in_one_line(bundles, tmp_path, monkeypatch):
-    monkeypatch.setattr(build_module.trt_engine, "library_version", lambda kind: None)
+    monkeypatch.setattr(machine, "installed_version", lambda kind: None)
     with pytest.raises(DFlashError, match="--engine tensorrt needs TensorRT, which does not import here"):
         build_engines(bundles["qwen3"][0], tmp_path / "e", BuildConfig(engine="tensorrt"))
-    monkeypatch.setattr(build_module.trt_engine, "library_version", lambda kind: "10.14.1")
+    monkeypatch.setattr(machine, "installed_version", lambda kind: "10.14.1")
     import torch
 
     if not torch.cuda.is_available():

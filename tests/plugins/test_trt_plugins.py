@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from dflash_trt.engines.build import PLUGIN_LIBRARY, plugin_library_version
+from dflash_trt.engines.build import PLUGIN_LIBRARY
+from dflash_trt.engines.machine import plugin_library_version
 from dflash_trt.export.plugin_ops import OP_VERSION
 
 BUILD = PLUGIN_LIBRARY.parents[2] / "build" / "plugins" / "cmake"  # where scripts/build_plugins.sh builds it

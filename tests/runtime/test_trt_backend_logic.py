@@ -11,11 +11,11 @@ import fake_tensorrt
 import pytest
 
 from dflash_trt import LLM, SamplingParams
-from dflash_trt.engines import trt_engine
+from dflash_trt.engines import machine, trt_engine
 from dflash_trt.engines.build import build_engines
 from dflash_trt.engines.config import BuildConfig
 from dflash_trt.errors import DFlashError
-from dflash_trt.runtime import engine_bundles, trt_backend
+from dflash_trt.runtime import trt_backend
 
 MAX_SEQ_LEN = 96
 LONG_PROMPT = [5, 4, 3, 2, 1, 0, 1, 2]  # longer than a block: the draft context's prefill profile
@@ -47,7 +47,7 @@ def fake(sources, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         trt = fake_tensorrt.module()
         patch.setitem(sys.modules, "tensorrt_rtx", trt)
-        patch.setattr(engine_bundles, "gpu_compute_capability", lambda: "12.0")
+        patch.setattr(machine, "gpu_compute_capability", lambda: "12.0")
         patch.setattr(trt_backend, "TrtBundle", functools.partial(trt_backend.TrtBundle, device="cpu"))
         config = BuildConfig(engine="tensorrt-rtx", compute_capabilities=("12.0",), max_seq_len=MAX_SEQ_LEN)
         with pytest.MonkeyPatch.context() as building:
