@@ -11,6 +11,7 @@ from dflash_trt.errors import DFlashError
 from dflash_trt.models import embedded
 from dflash_trt.models.chat import encode_prompt
 from dflash_trt.models.tokenizers import load_tokenizer
+from dflash_trt.runtime.engine import DEFAULT_CAPACITY, DEFAULT_MAX_BATCH, BatchRunner, check_batching
 from dflash_trt.spec.loop import DraftSession, TargetSession, autoregressive_decode, speculative_decode
 from dflash_trt.spec.metrics import RequestMetrics
 from dflash_trt.spec.sampling import Sampler, SamplingParams
@@ -57,10 +58,13 @@ class LLM:
         draft: str | None = AUTO,
         backend: str = "torch",
         block_size: int | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        capacity: int = DEFAULT_CAPACITY,
     ):
         if backend not in BACKENDS:
             raise DFlashError(f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}")
         _check_block_size(block_size)
+        self._batching(max_batch, capacity)
         # PyTorch model code is imported here, on the torch path only: from_bundle never loads it.
         from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, resolve_draft
         from dflash_trt.models.pairing import validate_pair
@@ -102,13 +106,22 @@ class LLM:
         self.eos_token_ids = eos_token_ids(self.target, self.tokenizer)
 
     @classmethod
-    def from_bundle(cls, path: str | Path, block_size: int | None = None) -> LLM:
+    def from_bundle(cls, path: str | Path, block_size: int | None = None, max_batch: int = DEFAULT_MAX_BATCH,
+                    capacity: int = DEFAULT_CAPACITY) -> LLM:
         """Run what `dflash-trt export` or `dflash-trt build` wrote: an ONNX bundle or an onnxruntime
         engine bundle on onnxruntime, TensorRT engines on the GPU. No PyTorch model code is used."""
         _check_block_size(block_size)
         llm = cls.__new__(cls)
+        llm._batching(max_batch, capacity)
         llm._load_bundle(Path(path), block_size)
         return llm
+
+    def _batching(self, max_batch: int, capacity: int) -> None:
+        """How `generate` runs a list: up to `max_batch` requests at once, each in a KV slot of
+        `capacity` tokens (prompt + max_tokens must fit)."""
+        check_batching(max_batch, capacity)
+        self.max_batch, self.capacity = max_batch, capacity
+        self._runners: dict[tuple, BatchRunner] = {}
 
     def _load_bundle(self, path: Path, block_size: int | None) -> None:
         from dflash_trt.runtime.engine_bundles import bundle_kind
@@ -182,7 +195,8 @@ class LLM:
         params: SamplingParams | None = None,
         speculative: bool = True,
     ) -> list[RequestOutput]:
-        """Generate for each prompt (one after another for now); returns one output per prompt."""
+        """Generate for each prompt, up to `max_batch` at once through the C++ core (each request's
+        tokens are what it would get alone); returns one output per prompt, in order."""
         single = isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
         )
@@ -191,12 +205,15 @@ class LLM:
             raise DFlashError("no prompts given")
         params = params or SamplingParams()
         self._check_request(params, speculative)
-        encoded = [self.encode(p) for p in batch]  # every prompt is checked before any work
-        outputs = []
-        for prompt, ids in zip(batch, encoded, strict=True):
-            *_, last = self._run(prompt, ids, params, speculative)
-            outputs.append(last)
-        return outputs
+        return self._runner(speculative).run(batch, params)  # every prompt is checked before any work
+
+    def _runner(self, speculative: bool) -> BatchRunner:
+        """The core runner for this decoding mode and block size, made once and reused."""
+        key = (speculative, self.block_size if speculative else 1)
+        if key not in self._runners:
+            self._runners[key] = BatchRunner(self, self.max_batch, self.capacity, speculative,
+                                             self.block_size if speculative else None)
+        return self._runners[key]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, speculative: bool = True) -> Iterator[RequestOutput]:
         """Yield the output (one object, updated) after every step; the last has finish_reason set."""

@@ -46,7 +46,9 @@ def test_metrics_add_up(llm):
     out = llm.generate([9, 8, 7], SamplingParams(max_tokens=20, ignore_eos=True))[0]
     m = out.metrics
     assert m.block_size == 4 and m.output_tokens == 20
-    assert 1 + sum(m.acceptance_lengths) >= 20  # prefill token + τ per step (the last may be cut)
+    # prefill token + τ per verify step; near the end the core shrinks a block to the tokens the request
+    # may still emit, so the last token may come from a plain step (block 1, not a draft)
+    assert 1 + sum(m.acceptance_lengths) in (19, 20)
     assert m.num_draft_tokens == 3 * m.num_drafts
     assert m.mean_acceptance_length == pytest.approx(sum(m.acceptance_lengths) / m.num_drafts)
     assert sum(m.histogram.values()) == m.num_drafts
@@ -123,7 +125,9 @@ def test_sampled_speculative_output_follows_the_target_distribution(tmp_path, dr
     counts = torch.zeros(8)
     accepted = 0
     for seed in range(1500):
-        out = llm.generate(prompt, SamplingParams(**params, seed=seed))[0]
+        # the Python loop (stream) drafts a full block even for the last token; the core would verify it
+        # alone (tests/core checks the core's sampling against the same marginal)
+        *_, out = llm.stream(prompt, SamplingParams(**params, seed=seed))
         counts[out.token_ids[1]] += 1
         accepted += out.metrics.acceptance_lengths[0] > 1
     support = marginal > 1e-9

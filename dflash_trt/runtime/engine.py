@@ -1,0 +1,374 @@
+"""Many requests at once: the C++ scheduler (dflash_trt._core) driven from Python.
+
+`BatchRunner` steps the core on the caller's thread (what `LLM.generate` uses); `Engine` steps it on
+a background thread and takes requests from any thread (what `serve` uses). Both keep what the core
+does not: a waiting queue in front of the slots, text and stop strings (they need the tokenizer),
+per-request timing, and the counters a server exports. The core keeps tokens, KV slots, acceptance
+and randomness, so a request's tokens never depend on the batch around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.runtime.core_engine import CoreEngine
+from dflash_trt.spec.metrics import RequestMetrics
+from dflash_trt.spec.sampling import SamplingParams
+from dflash_trt.spec.stopping import StopChecker
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH = 8
+DEFAULT_CAPACITY = 4096  # tokens per KV slot: prompt + max_tokens must fit
+
+
+def check_batching(max_batch, capacity) -> None:
+    if not isinstance(max_batch, int) or max_batch < 1:
+        raise DFlashError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+    if not isinstance(capacity, int) or capacity < 2:
+        raise DFlashError(f"capacity must be an integer >= 2, got {capacity!r}")
+
+
+@dataclass
+class _Request:
+    id: int
+    prompt: object
+    ids: list[int]
+    params: SamplingParams
+    stop: StopChecker
+    on_output: Callable | None
+    metrics: RequestMetrics
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+    core_id: int | None = None
+    text: str = ""
+    finish_reason: str | None = None
+    core_metrics: dict = field(default_factory=dict)  # the core's counters as last seen
+
+    def timing(self) -> dict:
+        now = time.perf_counter()
+        out = {"queue_time_s": None, "time_to_first_token_s": None, "time_per_output_token_s": None,
+               "e2e_latency_s": now - self.arrival}
+        if self.first_token is not None:
+            out["time_to_first_token_s"] = self.first_token - self.arrival
+            rest = len(self.stop.token_ids) - 1
+            if rest > 0:
+                out["time_per_output_token_s"] = (now - self.first_token) / rest
+        return out
+
+
+class BatchRunner:
+    """Requests through the core, one `step()` at a time, on the caller's thread."""
+
+    def __init__(self, llm, max_batch: int = DEFAULT_MAX_BATCH, capacity: int = DEFAULT_CAPACITY,
+                 speculative: bool = True, block_size: int | None = None, engine_seed: int | None = None):
+        check_batching(max_batch, capacity)
+        self.llm = llm
+        self.max_batch, self.capacity, self.speculative = max_batch, capacity, speculative
+        self.core = CoreEngine(llm, max_batch=max_batch, capacity=capacity, block_size=block_size,
+                               speculative=speculative, engine_seed=engine_seed)
+        self.block_size = (block_size or llm.block_size) if speculative else 1  # as CoreEngine sizes it
+        self._ids = itertools.count()
+        self.waiting: deque[_Request] = deque()
+        self.running: dict[int, _Request] = {}  # core id -> request
+        self.counters = Counter()
+        self.accepted_per_pos = [0] * max(self.block_size - 1, 0)
+        self.finished = Counter()
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def prepare(self, prompt, params: SamplingParams | None = None, on_output: Callable | None = None) -> _Request:
+        """Check a request (one line for what is wrong, before any work) -> the request, not yet queued."""
+        params = params or SamplingParams()
+        self.llm._check_request(params, self.speculative)
+        ids = self.llm.encode(prompt)
+        if len(ids) + params.max_tokens > self.capacity:
+            raise DFlashError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
+                              f"capacity of {self.capacity} tokens per request; shorten the prompt or lower max_tokens")
+        stop = StopChecker(params, self.llm.eos_token_ids, self.llm.decode)
+        metrics = RequestMetrics(block_size=self.block_size if self.speculative else None, prompt_tokens=len(ids))
+        return _Request(next(self._ids), prompt, ids, params, stop, on_output, metrics)
+
+    def submit(self, request: _Request) -> None:
+        self.waiting.append(request)
+        self.counters["prompt_tokens_total"] += len(request.ids)
+
+    def add(self, prompt, params: SamplingParams | None = None, on_output: Callable | None = None) -> int:
+        request = self.prepare(prompt, params, on_output)
+        self.submit(request)
+        return request.id
+
+    def abort(self, request_id: int) -> _Request | None:
+        """Finish a waiting or running request now -> it (its output says "abort"), or None if not live."""
+        for request in self.waiting:
+            if request.id == request_id:
+                self.waiting.remove(request)
+                self._finish(request, "abort")
+                return request
+        for core_id, request in self.running.items():
+            if request.id == request_id:
+                self.core.abort(core_id)  # the slot is free on return; the core says "abort" next step
+                del self.running[core_id]
+                self._finish(request, "abort")
+                return request
+        return None
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.core.has_work)
+
+    # -- stepping ------------------------------------------------------------------------------
+
+    def step(self) -> list[_Request]:
+        """Admit waiting requests into free slots, run one core step -> the requests it touched."""
+        while self.waiting and len(self.running) < self.max_batch:
+            request = self.waiting.popleft()
+            core_params = replace(request.params, stop=())  # stop strings are applied here, on text
+            request.core_id = self.core.add_request(request.ids, core_params)
+            self.running[request.core_id] = request
+        touched = []
+        for out in self.core.step():
+            request = self.running.get(out.request)
+            if request is None:  # aborted from here already: the core's "abort" closes its books
+                self.core.outputs.pop(out.request, None)
+                continue
+            self._update(request, out)
+            touched.append(request)
+        return touched
+
+    def _update(self, request: _Request, out) -> None:
+        new = out.token_ids[len(request.stop.token_ids):]  # core outputs are cumulative
+        if new and request.first_token is None:
+            request.first_token = time.perf_counter()
+        stopped = request.stop.add(new) if new else False
+        self._count(request, out.metrics)
+        request.text = request.stop.final_text(self.llm.decode(request.stop.token_ids))
+        if out.finish_reason is not None or stopped:
+            if out.finish_reason is None:  # a stop string the core cannot see: free its slot now
+                self.core.abort(out.request)
+            reason = out.finish_reason if out.finish_reason == "abort" else request.stop.finish_reason or out.finish_reason
+            del self.running[out.request]
+            if out.finish_reason is not None:  # else the core's "abort" output comes next step
+                self.core.outputs.pop(out.request, None)
+            self._finish(request, reason)
+
+    def _count(self, request: _Request, core: dict) -> None:
+        """Fold the core's cumulative counters into the request's metrics and the engine's totals."""
+        before = request.core_metrics or {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+                                          "accepted_per_position": []}
+        drafts = core["num_drafts"] - before["num_drafts"]
+        draft_tokens = core["num_draft_tokens"] - before["num_draft_tokens"]
+        accepted = core["num_accepted_tokens"] - before["num_accepted_tokens"]
+        if drafts:  # one verify step of a speculating request
+            request.metrics.acceptance_lengths.append(accepted + 1)
+        self.counters["spec_decode_num_drafts"] += drafts
+        self.counters["spec_decode_num_draft_tokens"] += draft_tokens
+        self.counters["spec_decode_num_accepted_tokens"] += accepted
+        old = before["accepted_per_position"]
+        for k, count in enumerate(core["accepted_per_position"]):
+            if k < len(self.accepted_per_pos):
+                self.accepted_per_pos[k] += count - (old[k] if k < len(old) else 0)
+        request.core_metrics = dict(core)
+
+    def _finish(self, request: _Request, reason: str) -> None:
+        request.finish_reason = reason
+        self.finished[reason] += 1
+        self.counters["generation_tokens_total"] += len(request.stop.token_ids)
+
+    # -- what callers see ----------------------------------------------------------------------
+
+    def output(self, request: _Request):
+        """A snapshot of the request's output (LLM.RequestOutput with RequestMetrics)."""
+        from dflash_trt.runtime.llm import RequestOutput
+
+        m = request.metrics
+        m.output_tokens = len(request.stop.token_ids)
+        timing = request.timing()
+        m.prefill_s = timing["time_to_first_token_s"] or 0.0
+        m.decode_s = timing["e2e_latency_s"] - m.prefill_s if request.first_token is not None else 0.0
+        return RequestOutput(prompt=request.prompt, prompt_token_ids=list(request.ids), text=request.text,
+                             token_ids=list(request.stop.token_ids), finish_reason=request.finish_reason,
+                             metrics=replace(m, acceptance_lengths=list(m.acceptance_lengths)))
+
+    def metrics_dict(self, request: _Request) -> dict:
+        """The request's metrics in vLLM's names, with timing."""
+        m = request.metrics
+        core = request.core_metrics
+        return {
+            "prompt_tokens": len(request.ids),
+            "output_tokens": len(request.stop.token_ids),
+            "num_drafts": core.get("num_drafts", 0),
+            "num_draft_tokens": core.get("num_draft_tokens", 0),
+            "num_accepted_tokens": core.get("num_accepted_tokens", 0),
+            "accepted_per_position": list(core.get("accepted_per_position", [])),
+            "mean_acceptance_length": m.mean_acceptance_length,
+            "acceptance_lengths": list(m.acceptance_lengths),
+            **request.timing(),
+        }
+
+    def stats(self) -> dict:
+        return {
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "max_batch": self.max_batch,
+            "capacity": self.capacity,
+            **{name: self.counters[name] for name in (
+                "prompt_tokens_total", "generation_tokens_total", "spec_decode_num_drafts",
+                "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")},
+            "spec_decode_num_accepted_tokens_per_pos": list(self.accepted_per_pos),
+            "requests_finished": dict(self.finished),
+        }
+
+    def run(self, prompts: list, params: SamplingParams | None = None) -> list:
+        """Every prompt concurrently (up to max_batch at once) -> their outputs, in order. Every prompt is
+        checked before any work."""
+        requests = [self.prepare(p, params) for p in prompts]
+        for request in requests:
+            self.submit(request)
+        while any(r.finish_reason is None for r in requests):
+            self.step()
+        return [self.output(r) for r in requests]
+
+
+class Engine:
+    """A BatchRunner stepping on a background thread; add_request / abort from any thread.
+
+    Requests and aborts are handed to the engine thread and take effect between two steps, so the
+    core is only ever touched by that thread. `on_output` callbacks run on the engine thread after
+    every step that touched the request: keep them short (hand the output to a queue)."""
+
+    def __init__(self, llm, max_batch: int = DEFAULT_MAX_BATCH, capacity: int = DEFAULT_CAPACITY,
+                 speculative: bool = True, block_size: int | None = None, engine_seed: int | None = None):
+        self.llm = llm
+        self.runner = BatchRunner(llm, max_batch, capacity, speculative, block_size, engine_seed)
+        self.max_batch, self.capacity = max_batch, capacity
+        self._cv = threading.Condition()
+        self._inbox: list[tuple[str, object]] = []
+        self._live: set[int] = set()
+        self._closing = False
+        self.error: BaseException | None = None  # the last step failure (its requests finished "abort")
+        self._thread = threading.Thread(target=self._loop, name="dflash-engine", daemon=True)
+        self._thread.start()
+
+    def add_request(self, prompt, params: SamplingParams | None = None,
+                    on_output: Callable | None = None) -> int:
+        request = self.runner.prepare(prompt, params, on_output)  # refusals happen here, on the caller's thread
+        with self._cv:
+            if self._closing:
+                raise DFlashError("the engine is shutting down and takes no new requests")
+            self._inbox.append(("add", request))
+            self._live.add(request.id)
+            self._cv.notify()
+        return request.id
+
+    def abort(self, request_id: int) -> bool:
+        """Finish the request before the next step (its slot is freed then); False if it is not live."""
+        with self._cv:
+            if request_id not in self._live:
+                return False
+            self._inbox.append(("abort", request_id))
+            self._cv.notify()
+        return True
+
+    def stream(self, prompt, params: SamplingParams | None = None) -> Iterator:
+        """Outputs after every step until the last; closing the iterator early aborts the request."""
+        outputs: queue.Queue = queue.Queue()
+        request_id = self.add_request(prompt, params, outputs.put)
+        finished = False
+        try:
+            while not finished:
+                out = outputs.get()
+                finished = out.finish_reason is not None
+                yield out
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    async def astream(self, prompt, params: SamplingParams | None = None) -> AsyncIterator:
+        """asyncio form of `stream`; cancelling the consumer aborts the request."""
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue = asyncio.Queue()
+        def put(out) -> None:
+            if not loop.is_closed():  # an abort's last output may come after the consumer's loop ended
+                loop.call_soon_threadsafe(outputs.put_nowait, out)
+
+        request_id = self.add_request(prompt, params, put)
+        finished = False
+        try:
+            while not finished:
+                out = await outputs.get()
+                finished = out.finish_reason is not None
+                yield out
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def stats(self) -> dict:
+        with self._cv:
+            return self.runner.stats()
+
+    def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Take no new requests; finish (drain) or abort the live ones; stop the thread."""
+        with self._cv:
+            self._closing = True
+            if not drain:
+                self._inbox.extend(("abort", rid) for rid in sorted(self._live))
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    # -- the engine thread ---------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._inbox and not self.runner.has_work and not self._closing:
+                    self._cv.wait()
+                if self._closing and not self._inbox and not self.runner.has_work:
+                    return
+                commands, self._inbox = self._inbox, []
+                touched = []
+                for kind, item in commands:
+                    if kind == "add":
+                        self.runner.submit(item)
+                    elif (request := self.runner.abort(item)) is not None:
+                        touched.append(request)
+            try:
+                touched += self.runner.step() if self.runner.has_work else []
+            except Exception as err:  # a backend failure: finish what was running, keep serving
+                self.error = err
+                with self._cv:
+                    touched += self._fail_running()
+            self._deliver(touched)
+
+    def _fail_running(self) -> list[_Request]:
+        failed = []
+        for core_id in list(self.runner.running):
+            request = self.runner.running[core_id]
+            self.runner.abort(request.id)
+            failed.append(request)
+        return failed
+
+    def _deliver(self, touched: list[_Request]) -> None:
+        for request in touched:
+            if request.finish_reason is not None:
+                with self._cv:
+                    self._live.discard(request.id)
+            if request.on_output is None:
+                continue
+            out = self.runner.output(request)
+            out.metrics = self.runner.metrics_dict(request)
+            try:
+                request.on_output(out)
+            except Exception:  # the caller's callback broke: its request ends, the engine goes on
+                logger.exception("on_output of request %d raised; aborting the request", request.id)
+                if request.finish_reason is None:
+                    self.abort(request.id)

@@ -1,0 +1,141 @@
+"""The engine: many requests at once through the C++ core, from many threads and from asyncio.
+
+The oracle is the Python reference loop (`LLM.stream`, one request alone): every request's greedy
+output through the engine equals it, whatever else runs beside it."""
+
+import asyncio
+import threading
+
+import pytest
+
+from dflash_trt import LLM, DFlashError, SamplingParams
+from dflash_trt.runtime.engine import BatchRunner, Engine
+
+pytest.importorskip("dflash_trt._core", reason="dflash_trt._core is not built: run `bash scripts/setup.sh`")
+
+PROMPTS = [[5, 6, 7], "abc", [1] * 9, "zz top", [3, 1, 4, 1, 5, 9, 2, 6], "x", [8, 8], "hello there"]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_pairs):
+    target, draft = tiny_pairs["qwen3"]
+    return LLM(str(target), str(draft), max_batch=3)
+
+
+def alone(llm, prompt, params, speculative=True):
+    *_, out = llm.stream(prompt, params, speculative=speculative)
+    return out
+
+
+@pytest.mark.parametrize("speculative", [True, False])
+def test_generate_runs_a_list_concurrently_and_each_equals_its_reference(llm, speculative):
+    params = SamplingParams(max_tokens=14, ignore_eos=True)
+    outs = llm.generate(PROMPTS, params, speculative=speculative)  # 8 prompts through 3 slots: a queue
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        ref = alone(llm, prompt, params, speculative)
+        assert (out.token_ids, out.finish_reason) == (ref.token_ids, ref.finish_reason)
+        assert out.prompt == prompt and out.text == ref.text
+
+
+def test_stop_strings_and_eos_through_the_core_equal_the_reference(llm):
+    for params in (SamplingParams(max_tokens=30, stop=["e", "a"]), SamplingParams(max_tokens=30)):
+        outs = llm.generate(PROMPTS, params)
+        for prompt, out in zip(PROMPTS, outs, strict=True):
+            ref = alone(llm, prompt, params)
+            assert (out.text, out.token_ids, out.finish_reason) == (ref.text, ref.token_ids, ref.finish_reason)
+
+
+def test_seeded_sampling_is_the_same_alone_and_in_a_batch(llm):
+    params = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=11, ignore_eos=True)
+    batch = llm.generate(PROMPTS, params)
+    for prompt, out in zip(PROMPTS, batch, strict=True):
+        assert out.token_ids == llm.generate(prompt, params)[0].token_ids
+
+
+def test_requests_are_checked_before_any_work(llm):
+    runner = BatchRunner(llm, max_batch=2, capacity=16)
+    with pytest.raises(DFlashError, match="exceeds the context capacity of 16 tokens"):
+        runner.run([[1, 2, 3], [4] * 10], SamplingParams(max_tokens=8))
+    assert not runner.has_work and runner.stats()["prompt_tokens_total"] == 0
+    with pytest.raises(DFlashError, match="max_batch must be an integer >= 1"):
+        BatchRunner(llm, max_batch=0)
+
+
+def test_engine_serves_requests_from_many_threads(llm):
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    engine = Engine(llm, max_batch=3)
+    results = {}
+
+    def client(i, prompt):
+        *_, results[i] = engine.stream(prompt, params)
+
+    threads = [threading.Thread(target=client, args=(i, p)) for i, p in enumerate(PROMPTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    engine.shutdown()
+    for i, prompt in enumerate(PROMPTS):
+        assert results[i].token_ids == alone(llm, prompt, params).token_ids
+        assert results[i].metrics["output_tokens"] == 10 and results[i].metrics["time_to_first_token_s"] > 0
+    stats = engine.stats()
+    assert stats["running"] == stats["waiting"] == 0
+    assert stats["generation_tokens_total"] == 10 * len(PROMPTS)
+    assert stats["requests_finished"] == {"length": len(PROMPTS)}
+    # blocks of 4, shrunk near a request's end to what it may still emit
+    assert 0 < stats["spec_decode_num_drafts"] <= stats["spec_decode_num_draft_tokens"] <= 3 * stats["spec_decode_num_drafts"]
+
+
+def test_abort_and_closing_a_stream_free_the_slot(llm):
+    engine = Engine(llm, max_batch=2)
+    long = SamplingParams(max_tokens=200, ignore_eos=True)
+    stream = engine.stream([1, 2, 3], long)
+    first = next(stream)
+    assert first.finish_reason is None
+    stream.close()  # the client went away
+    finals = []
+    rid = engine.add_request([4, 5], long, lambda out: out.finish_reason and finals.append(out))
+    assert engine.abort(rid)
+    engine.shutdown()
+    assert [o.finish_reason for o in finals] == ["abort"] and len(finals[0].token_ids) < 200
+    assert not engine.abort(rid)  # not live any more
+    stats = engine.stats()
+    assert stats["running"] == stats["waiting"] == 0 and stats["requests_finished"] == {"abort": 2}
+    assert engine.runner.core.slots.num_free == 2
+
+
+def test_astream_yields_the_same_tokens_and_cancellation_aborts(llm):
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    engine = Engine(llm, max_batch=2)
+
+    async def main():
+        outs = [out async for out in engine.astream("abc", params)]
+        agen = engine.astream([7, 7, 7], SamplingParams(max_tokens=300, ignore_eos=True))
+        await agen.__anext__()
+        await agen.aclose()  # cancelled mid-stream
+        return outs
+
+    outs = asyncio.run(main())
+    engine.shutdown()
+    assert outs[-1].token_ids == alone(llm, "abc", params).token_ids and outs[-1].finish_reason == "length"
+    assert engine.stats()["requests_finished"] == {"length": 1, "abort": 1}
+
+
+def test_shutdown_drains_or_aborts_and_refuses_new_requests(llm):
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    engine = Engine(llm, max_batch=2)
+    finals = []
+    for prompt in PROMPTS[:4]:
+        engine.add_request(prompt, params, lambda out: out.finish_reason and finals.append(out.finish_reason))
+    engine.shutdown(drain=True)
+    assert finals == ["length"] * 4
+    with pytest.raises(DFlashError, match="shutting down"):
+        engine.add_request("abc", params)
+
+    engine = Engine(llm, max_batch=2)
+    finals.clear()
+    for prompt in PROMPTS[:4]:
+        engine.add_request(prompt, SamplingParams(max_tokens=500, ignore_eos=True),
+                           lambda out: out.finish_reason and finals.append(out.finish_reason))
+    engine.shutdown(drain=False)
+    assert sorted(finals) == ["abort"] * 4
