@@ -34,6 +34,10 @@ def check_graphs(flavour: str, dtype: str, config: BuildConfig, where: str) -> N
         if refusal:
             raise DFlashError(f"{where}: --engine onnxruntime cannot run {dtype} {flavour}-flavour graphs "
                               f"({refusal}): build TensorRT engines, or use fp32")
+    if flavour == "slots" and config.engine != "onnxruntime":
+        raise DFlashError(f"{where}: slots-flavour graphs use com.microsoft::GroupQueryAttention, which TensorRT "
+                          f"cannot parse: export with --flavour portable (or plugin for --engine tensorrt), or "
+                          f"build --engine onnxruntime")
     if flavour == "plugin" and config.engine == "tensorrt-rtx":
         raise DFlashError(f"{where}: plugin-flavour graphs; TensorRT-RTX cannot parse dflash:: custom ops: use "
                           f"--flavour portable, or --engine tensorrt")
@@ -105,8 +109,8 @@ def build_engines(source: Path, out: Path, config: BuildConfig, command: str | N
             "engines": engines,
             "plugin_library": plugin,
             "source": {"bundle_sha256": sha256(source / MANIFEST),
-                       **{k: manifest[k] for k in ("flavour", "opset", "custom_ops", "graphs", "target", "draft", "versions")
-                          if k in manifest}},
+                       **{k: manifest[k] for k in ("contract", "flavour", "opset", "custom_ops", "graphs", "target",
+                                                   "draft", "versions") if k in manifest}},
             "command": command,
             "files": file_hashes(tmp),
         }

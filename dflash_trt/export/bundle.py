@@ -24,6 +24,8 @@ from dflash_trt.export.manifest import DTYPES, FLAVOURS, FORMAT_VERSION, MANIFES
 from dflash_trt.export.op_library import onnxruntime_refusal, op_library
 from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph
 from dflash_trt.export.plugin_ops import DOMAIN, OP_VERSION, register_symbolics
+from dflash_trt.export.slot_graphs import CONTRACT, SlotTargetGraph, slot_example_inputs, slot_target_spec
+from dflash_trt.export.slot_ops import ORT_DOMAIN, ORT_DOMAIN_VERSION, register_slot_symbolics
 from dflash_trt.export.staging import staged_directory
 from dflash_trt.export.verify import TOLERANCES, check_graph, inspect_graph
 from dflash_trt.models.drafter import DFlashDrafter
@@ -47,9 +49,11 @@ def _draft_vocab_size(target: TargetModel, drafter: DFlashDrafter) -> int:
     return target.vocab_size if drafter.draft_vocab is None else int(drafter.draft_vocab.shape[0])
 
 
-def _graph_specs(target: TargetModel, drafter: DFlashDrafter, dtype: str = "float32") -> dict[str, dict]:
+def _graph_specs(target: TargetModel, drafter: DFlashDrafter, dtype: str = "float32",
+                 flavour: str = "portable") -> dict[str, dict]:
     """Names, dtypes and shapes (symbolic dims as strings) of every graph's inputs and outputs.
-    K/V caches and features are in the bundle's `dtype`; logits stay float32, ids int64."""
+    K/V caches and features are in the bundle's `dtype`; logits stay float32, ids int64. The slots
+    flavour's target has contract 2's I/O (slot_graphs.py); its draft graphs are the portable ones."""
     t, d = target.config, drafter.config
     tl, dl = target.num_layers, d.num_layers
     t_kv = [target.config.num_key_value_heads, _head_dim(t)]
@@ -57,8 +61,9 @@ def _graph_specs(target: TargetModel, drafter: DFlashDrafter, dtype: str = "floa
     features = len(d.target_layer_ids) * target.hidden_size
     vocab = target.vocab_size
     draft_vocab = _draft_vocab_size(target, drafter)
+    slots = slot_target_spec(tl, t_kv[0], t_kv[1], vocab, features, dtype) if flavour == "slots" else None
     return {
-        "target": {
+        "target": slots or {
             "inputs": [_io("input_ids", "int64", ["batch", "new"]), _io("past_lengths", "int64", ["batch"]),
                        _io("logits_from", "int64", [])]
             + [_io(n, dtype, ["batch", t_kv[0], "past", t_kv[1]]) for n in kv_names("past", tl)],
@@ -84,6 +89,8 @@ def _dynamic_axes(spec: dict) -> dict[str, dict[int, str]]:
 
 def _example_inputs(spec: dict, vocab_size: int, module: torch.nn.Module) -> tuple[torch.Tensor, ...]:
     """Small random inputs with distinct symbolic sizes, so the trace cannot confuse two axes."""
+    if spec["inputs"][1]["name"] == "cache_lengths":  # the slots target: contract 2
+        return slot_example_inputs(module, spec, vocab_size)
     sizes = {"batch": 2, "new": 3, "past": 5, "block": 4, "context": 6}
     generator = torch.Generator().manual_seed(0)
     tensors = []
@@ -120,13 +127,17 @@ def _own_cache(target: torch.nn.Module, like: list[torch.Tensor], vocab_size: in
 
 
 def _export_graph(module: torch.nn.Module, spec: dict, path: Path, check: bool, plugin: bool, vocab_size: int,
-                  dtype: str = "float32") -> dict:
+                  dtype: str = "float32", slots: bool = False) -> dict:
     """Export, move weights to external data, run onnx.checker; then polygraphy when `check` and
-    onnxruntime can run the graph (else the summary says why it was skipped)."""
+    onnxruntime can run the graph (else the summary says why it was skipped). `slots`: the graph
+    holds com.microsoft::GroupQueryAttention, checked with each cache output bound to its input."""
     inputs = _example_inputs(spec, vocab_size, module)
     register_half_attention(OPSET)
     if plugin:
         register_symbolics(OPSET)
+    if slots:
+        register_slot_symbolics(OPSET)
+    domains = {DOMAIN: OP_VERSION} if plugin else {ORT_DOMAIN: ORT_DOMAIN_VERSION} if slots else None
     with warnings.catch_warnings(), torch.no_grad():
         # The TorchScript exporter is deprecated in favour of torch.export, but it traces these
         # flat-I/O modules with symbolic dims reliably; revisit when the dynamo path handles HF RoPE.
@@ -134,13 +145,14 @@ def _export_graph(module: torch.nn.Module, spec: dict, path: Path, check: bool, 
         torch.onnx.export(
             module.eval(), inputs, str(path), input_names=[i["name"] for i in spec["inputs"]],
             output_names=[o["name"] for o in spec["outputs"]], dynamic_axes=_dynamic_axes(spec),
-            opset_version=OPSET, dynamo=False, custom_opsets={DOMAIN: OP_VERSION} if plugin else None,
+            opset_version=OPSET, dynamo=False, custom_opsets=domains,
         )
     model = onnx.load(str(path))
     _declare_io_shapes(model, spec)
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=path.name + ".data", size_threshold=EXTERNAL_DATA_THRESHOLD)
-    # full_check runs ONNX shape inference, which knows nothing of the dflash ops.
+    # full_check runs ONNX shape inference, which knows nothing of the dflash ops (it passes
+    # com.microsoft::GroupQueryAttention, whose outputs keep the declared shapes).
     onnx.checker.check_model(str(path), full_check=not plugin)
     summary = inspect_graph(path, spec)
     refusal = onnxruntime_refusal("plugin" if plugin else "portable", dtype)
@@ -149,8 +161,13 @@ def _export_graph(module: torch.nn.Module, spec: dict, path: Path, check: bool, 
     elif check:
         summary["polygraphy_vs_pytorch"] = check_graph(
             path, module, inputs, [i["name"] for i in spec["inputs"]], [o["name"] for o in spec["outputs"]],
-            TOLERANCES[dtype], plugin=plugin)
+            TOLERANCES[dtype], plugin=plugin, aliases=_cache_aliases(spec) if slots else None)
     return summary
+
+
+def _cache_aliases(spec: dict) -> dict[str, str]:
+    """Contract 2: each cache output -> the input the runtime binds to the same buffer."""
+    return {o["name"]: o["name"].replace("_out_", "_") for o in spec["outputs"] if o["name"].startswith("cache_")}
 
 
 @contextmanager
@@ -194,7 +211,7 @@ def _versions() -> dict[str, str | None]:
 
 def check_flavour(flavour: str, check: bool = True, dtype: str = "float32") -> None:
     if flavour not in FLAVOURS:
-        raise DFlashError(f"unknown flavour '{flavour}'; choose {' or '.join(FLAVOURS)}")
+        raise DFlashError(f"unknown flavour '{flavour}'; choose one of {', '.join(FLAVOURS)}")
     if dtype not in DTYPES.values():
         raise DFlashError(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES.values())}")
     if flavour == "plugin" and check and onnxruntime_refusal("plugin", dtype) is None:
@@ -211,10 +228,10 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
     if out.exists() and not force:
         raise DFlashError(f"{out} already exists; pass --force to replace it")
     d = drafter.config
-    specs = _graph_specs(target, drafter, dtype)
-    plugin = flavour == "plugin"
+    specs = _graph_specs(target, drafter, dtype, flavour)
+    plugin, slots = flavour == "plugin", flavour == "slots"
     modules = {
-        "target": TargetGraph(target, tuple(d.target_layer_ids)),
+        "target": (SlotTargetGraph if slots else TargetGraph)(target, tuple(d.target_layer_ids)),
         "draft_context": PluginDraftContextGraph(drafter) if plugin else DraftContextGraph(drafter),
         "draft_block": PluginDraftBlockGraph(drafter, target) if plugin else DraftBlockGraph(drafter, target),
     }
@@ -223,13 +240,15 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
         with _parameters_in(list(modules.values()), getattr(torch, dtype)):
             for name, module in modules.items():
                 checks[name] = _export_graph(module, specs[name], tmp / f"{name}.onnx", check,
-                                             plugin and name != "target", target.vocab_size, dtype)
+                                             plugin and name != "target", target.vocab_size, dtype,
+                                             slots and name == "target")
                 progress(f"{name}.onnx")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         progress("tokenizer")
         manifest = {
             "format_version": FORMAT_VERSION,
+            "contract": CONTRACT if slots else 1,  # graph I/O contract; bundles without the key are 1
             "flavour": flavour,
             "dtype": dtype,
             "opset": OPSET,

@@ -14,7 +14,8 @@ from dflash_trt.errors import DFlashError
 MANIFEST = "bundle.json"
 FORMAT_VERSION = 1
 GRAPHS = ("target", "draft_context", "draft_block")
-FLAVOURS = ("portable", "plugin")
+# slots: contract 2, the target writes fixed-capacity caches in place (com.microsoft GQA, onnxruntime only).
+FLAVOURS = ("portable", "plugin", "slots")
 # Command-line spelling -> the dtype name a bundle records (numpy's and torch's spelling).
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -69,6 +70,11 @@ def read_bundle(root: str | Path, verify_hashes: bool = True) -> dict:
         raise DFlashError(f"{path}: the manifest has no '{missing[0]}' section (not written by dflash-trt export?)")
     if manifest.get("flavour") not in FLAVOURS:
         raise DFlashError(f"{root}: unknown flavour {manifest.get('flavour')!r} (expected one of {', '.join(FLAVOURS)})")
+    contract = 2 if manifest["flavour"] == "slots" else 1  # the graphs' I/O contract (slot_graphs.py for 2)
+    if manifest.get("contract", contract) != contract:
+        raise DFlashError(f"{root}: a {manifest['flavour']}-flavour bundle has graph contract {contract}, but its "
+                          f"manifest says {manifest['contract']!r}; re-export it")
+    manifest.setdefault("contract", 1)  # bundles written before contract 2 have no key
     if manifest.setdefault("dtype", "float32") not in DTYPES.values():  # bundles before dtypes: float32
         raise DFlashError(f"{root}: unknown dtype {manifest['dtype']!r} (expected one of {', '.join(DTYPES.values())})")
     verify_files(root, manifest["files"], MANIFEST, "bundle", "re-export", verify_hashes)

@@ -37,6 +37,10 @@ class OrtBundle:
         kind, self.manifest = open_bundle(self.root)
         if kind not in ("onnx", "onnxruntime"):
             raise DFlashError(f"{self.root} holds {kind} engines: run it with backend 'tensorrt'")
+        if self.manifest.get("contract", 1) != 1:  # these sessions grow caches by concatenation (contract 1)
+            raise DFlashError(f"{self.root}: this bundle uses graph contract {self.manifest['contract']} (slot caches); "
+                              f"run it through the batched engine (LLM(..., max_batch) / the core engine), or "
+                              f"re-export with --flavour portable for this backend")
         plugin = self.manifest["flavour"] == "plugin"
         self.dtype = self.manifest.get("dtype", "float32")
         refusal = onnxruntime_refusal(self.manifest["flavour"], self.dtype)

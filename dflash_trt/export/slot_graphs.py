@@ -1,0 +1,111 @@
+"""The `slots` flavour's target graph (graph contract 2): fixed-capacity caches written in place.
+
+    target.onnx  input_ids [b, new], cache_lengths [b], query_lengths [b], logits_index [b, rows],
+                 cache_key_i / cache_value_i [b, kv_heads, capacity, head_dim] per layer
+                 -> logits [b, rows, V] (float32), features [b, new, taps*H],
+                    cache_key_out_i / cache_value_out_i (the runtime binds each to its input's buffer)
+
+Row b's query j is at position cache_lengths[b] + j; rows j >= query_lengths[b] are right padding:
+their K/V are not written, their features are zero (so a padding row can never put NaN or inf into
+a draft context buffer) and their logits mean nothing. Rolling back is lowering cache_lengths:
+nothing is copied. An idle row has query_lengths 0. The draft graphs are the
+portable ones: the runtime keeps their context in slot buffers and masks them by context_lengths.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from dflash_trt.export.graphs import TargetGraph, _layer_window
+from dflash_trt.export.slot_ops import slot_attention
+
+CONTRACT = 2
+
+
+def slot_kv_names(layers: int, suffix: str = "") -> list[str]:
+    return [f"cache_{kind}{suffix}_{i}" for i in range(layers) for kind in ("key", "value")]
+
+
+def slot_target_spec(layers: int, kv_heads: int, head_dim: int, vocab: int, features: int, dtype: str) -> dict:
+    def io(name, type_, shape):
+        return {"name": name, "dtype": type_, "shape": shape}
+
+    cache = ["batch", kv_heads, "capacity", head_dim]
+    return {
+        "inputs": [io("input_ids", "int64", ["batch", "new"]), io("cache_lengths", "int64", ["batch"]),
+                   io("query_lengths", "int64", ["batch"]), io("logits_index", "int64", ["batch", "rows"])]
+        + [io(n, dtype, cache) for n in slot_kv_names(layers)],
+        "outputs": [io("logits", "float32", ["batch", "rows", vocab]), io("features", dtype, ["batch", "new", features])]
+        + [io(n, dtype, cache) for n in slot_kv_names(layers, "_out")],
+    }
+
+
+class SlotTargetGraph(TargetGraph):
+    """TargetGraph's layers (same weights, RoPE, q/k norms, taps) with slot attention."""
+
+    def forward(self, input_ids: torch.Tensor, cache_lengths: torch.Tensor, query_lengths: torch.Tensor,
+                logits_index: torch.Tensor, *caches: torch.Tensor):
+        s = input_ids.shape[1]
+        x = self.model.embed_tokens(input_ids)
+        positions = cache_lengths[:, None] + torch.arange(s, device=input_ids.device)[None]  # [b, s]
+        cos, sin = self.model.rotary_emb(x, positions)
+        # onnxruntime leaves GQA's padding rows unspecified (arena memory: any bits, NaN included), and
+        # a padding row that attends nothing can grow past float16 in models with massive activations.
+        valid = (torch.arange(s, device=input_ids.device)[None] < query_lengths[:, None])[:, :, None]
+        features, written = [], []
+        for index, layer in enumerate(self.model.layers):
+            x, kv = self._slot_layer(layer, x, cos, sin, caches[2 * index], caches[2 * index + 1], cache_lengths,
+                                     query_lengths, valid, _layer_window(self.config, index) or 0)
+            written += kv
+            if index in self.taps:
+                features.append(self.model.norm(x) if index in self.normed_taps else x)
+        # Only the asked rows reach the LM head (the largest matmul): [q-1] for a prefill, all for a verify.
+        x = x.gather(1, logits_index[:, :, None].expand(-1, -1, x.shape[-1]))
+        logits = self.lm_head(self.model.norm(x)).float()
+        return (logits, torch.where(valid, torch.cat(features, dim=-1), 0.0), *written)
+
+    @staticmethod
+    def _slot_layer(layer, x, cos, sin, key_cache, value_cache, cache_lengths, query_lengths, valid, window):
+        attn = layer.self_attn
+        b, s, _ = x.shape
+        d = attn.head_dim
+        h = layer.input_layernorm(x)
+        q = attn.q_proj(h).view(b, s, -1, d)
+        k = attn.k_proj(h).view(b, s, -1, d)
+        v = attn.v_proj(h)
+        if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        heads, kv_heads = q.shape[1], k.shape[1]
+        out, key_cache, value_cache = slot_attention(
+            q.transpose(1, 2).reshape(b, s, -1), k.transpose(1, 2).reshape(b, s, -1), v, key_cache, value_cache,
+            cache_lengths, query_lengths, heads, kv_heads, attn.scaling, window)
+        x = x + attn.o_proj(torch.where(valid, out, 0.0))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return x, (key_cache, value_cache)
+
+
+def slot_example_inputs(module: nn.Module, spec: dict, vocab_size: int) -> tuple[torch.Tensor, ...]:
+    """Ragged rows for the export trace and the onnxruntime check: 3 rows with 5, 0 and 9 tokens
+    cached and 4, 2 and 1 of 4 new tokens valid; cache rows past each length hold large garbage,
+    which only a wrong graph would read. The committed rows are the graph's own prefill: random K/V
+    put queries where no real cache does (see bundle._own_cache)."""
+    generator = torch.Generator().manual_seed(0)
+    batch, new, capacity = 3, 4, 16
+    cached = torch.tensor([5, 0, 9])
+    dtype = getattr(torch, spec["inputs"][4]["dtype"])
+    kv_heads, head_dim = spec["inputs"][4]["shape"][1], spec["inputs"][4]["shape"][3]
+    caches = [torch.zeros(batch, kv_heads, capacity, head_dim, dtype=dtype) for _ in spec["inputs"][4:]]
+    prefix = torch.randint(0, vocab_size, (batch, int(cached.max())), generator=generator)
+    with torch.no_grad():
+        _, _, *caches = module(prefix, torch.zeros(batch, dtype=torch.long), cached,
+                               (cached - 1).clamp(min=0)[:, None], *caches)
+    slot = torch.arange(capacity)
+    caches = [torch.where((slot >= cached[:, None])[:, None, :, None], torch.tensor(1e3, dtype=dtype), c)
+              for c in caches]
+    ids = torch.randint(0, vocab_size, (batch, new), generator=generator)
+    # rows (2) differs from new (4) and batch (3): the trace cannot confuse the axes
+    logits_index = torch.tensor([[3, 0], [1, 0], [0, 0]])
+    return (ids, cached, torch.tensor([4, 2, 1]), logits_index, *caches)

@@ -1,0 +1,98 @@
+"""dflash::slot_attention: causal attention that writes the new K/V into fixed-capacity slot caches in place.
+
+Graph contract 2 (docs/design/contract-v2.md §2(a), §4). The Python body is the reference: a
+functional copy of each cache with row b's valid new K/V at [cache_lengths[b], cache_lengths[b] +
+query_lengths[b]), and every valid query row j attending cache[:cache_lengths[b] + j + 1] (and only
+the last `window` of those when the layer slides). The ONNX symbolic emits one
+`com.microsoft::GroupQueryAttention` node, whose past and present the runtime binds to the same
+buffer: onnxruntime's CPU kernel then writes only the valid rows and copies nothing.
+
+Measured on onnxruntime 1.32 CPU (float32 and float16): rows past query_lengths come out zero (so
+the reference zeroes them too, and every output can be compared); `local_window_size = W` keeps the
+W most recent keys, HF's `diff < W`; a row with query_lengths 0 leaves its cache untouched.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+ORT_DOMAIN = "com.microsoft"
+ORT_DOMAIN_VERSION = 1
+
+
+@torch.library.custom_op("dflash::slot_attention", mutates_args=())
+def slot_attention(query: Tensor, key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                   cache_lengths: Tensor, query_lengths: Tensor, num_heads: int, kv_heads: int,
+                   scale: float, window: int) -> tuple[Tensor, Tensor, Tensor]:
+    """query [b, s, heads*d], key/value [b, s, kv*d] (K after RoPE), caches [b, kv, C, d]
+    -> attention [b, s, heads*d] (zero past query_lengths), key cache, value cache (new arrays)."""
+    b, s, _ = query.shape
+    _, capacity, d = key_cache.shape[1:]
+    start = cache_lengths[:, None]  # [b, 1]
+    slot = torch.arange(capacity)[None]  # [1, C]
+    written = (slot >= start) & (slot < start + query_lengths[:, None])  # [b, C]
+    source = (slot - start).clamp(0, s - 1)[:, None, :, None].expand(b, kv_heads, capacity, d)
+    caches = []
+    for new, cache in ((key, key_cache), (value, value_cache)):
+        new = new.view(b, s, kv_heads, d).transpose(1, 2).to(cache.dtype)
+        caches.append(torch.where(written[:, None, :, None], new.gather(2, source), cache))
+    positions = start + torch.arange(s)[None]  # [b, s]
+    diff = positions[:, :, None] - slot[:, None, :]  # [b, s, C]
+    visible = diff >= 0
+    if window > 0:
+        visible = visible & (diff < window)
+    valid = torch.arange(s)[None] < query_lengths[:, None]  # [b, s]
+    visible = visible & valid[:, :, None]
+    q = query.view(b, s, num_heads, d).transpose(1, 2).float()
+    groups = num_heads // kv_heads
+    k, v = (c.float().repeat_interleave(groups, dim=1) for c in caches)
+    scores = (q @ k.transpose(2, 3)) * scale
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    # Padding rows see no key: their softmax is NaN, replaced by the zeros GQA writes there.
+    out = torch.nan_to_num(torch.softmax(scores, dim=-1) @ v, nan=0.0)
+    out = torch.where(valid[:, None, :, None], out, 0.0)
+    return out.transpose(1, 2).reshape(b, s, -1).to(query.dtype), caches[0], caches[1]
+
+
+@slot_attention.register_fake
+def _(query, key, value, key_cache, value_cache, cache_lengths, query_lengths, num_heads, kv_heads, scale, window):
+    return torch.empty_like(query), torch.empty_like(key_cache), torch.empty_like(value_cache)
+
+
+def _symbolic_slot_attention(g, query, key, value, key_cache, value_cache, cache_lengths, query_lengths,
+                             num_heads, kv_heads, scale, window):
+    from torch.onnx import symbolic_helper
+    from torch.onnx._internal.torchscript_exporter._type_utils import JitScalarType
+
+    int32 = JitScalarType.INT.onnx_type()
+    one = g.op("Constant", value_t=torch.tensor(1, dtype=torch.long))
+    zero = g.op("Constant", value_t=torch.tensor(0, dtype=torch.long))
+    # seqlens_k = tokens after the step - 1. GQA requires it >= 0: an idle row of an empty slot
+    # (0 + 0 - 1) becomes 0, which with query_seqlens 0 still writes nothing.
+    seqlens_k = g.op("Max", g.op("Sub", g.op("Add", cache_lengths, query_lengths), one), zero)
+    # total_sequence_length is only an upper bound with query_seqlens: the capacity, read from the cache.
+    capacity = g.op("Squeeze", g.op("Shape", key_cache, start_i=2, end_i=3))
+    window = symbolic_helper._maybe_get_const(window, "i")
+    attributes = {"num_heads_i": symbolic_helper._maybe_get_const(num_heads, "i"),
+                  "kv_num_heads_i": symbolic_helper._maybe_get_const(kv_heads, "i"),
+                  "scale_f": symbolic_helper._maybe_get_const(scale, "f")}
+    if window > 0:
+        attributes["local_window_size_i"] = window
+    unused = [symbolic_helper._optional_input_placeholder_tensor(g) for _ in range(9)]
+    # Inputs: query key value past_key past_value seqlens_k total_sequence_length, then cos_cache
+    # sin_cache position_ids attention_bias head_sink k_scale v_scale q_norm_weight k_norm_weight
+    # (unused: RoPE and q/k norms are applied before), then query_seqlens. causal stays its default 1,
+    # which query_seqlens requires.
+    out, key_out, value_out = g.op(
+        f"{ORT_DOMAIN}::GroupQueryAttention", query, key, value, key_cache, value_cache,
+        g.op("Cast", seqlens_k, to_i=int32), g.op("Cast", capacity, to_i=int32), *unused,
+        g.op("Cast", query_lengths, to_i=int32), outputs=3, **attributes)
+    out.setType(query.type())
+    key_out.setType(key_cache.type())
+    value_out.setType(value_cache.type())
+    return out, key_out, value_out
+
+
+def register_slot_symbolics(opset: int) -> None:
+    torch.onnx.register_custom_op_symbolic("dflash::slot_attention", _symbolic_slot_attention, opset)
