@@ -107,8 +107,10 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
 @click.option("--target", default=DEFAULT_TARGET, show_default=True, help=TARGET_HELP)
 @click.option("--draft", default=None, help=DRAFT_HELP)
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path, file_okay=False), required=True, help="Bundle directory to write.")
-@click.option("--flavour", type=click.Choice(["portable", "plugin"]), default="portable", show_default=True,
-              help="portable: standard ONNX ops only; plugin: dflash:: custom ops (KV injection, block attention).")
+@click.option("--flavour", type=click.Choice(["portable", "plugin", "slots"]), default="portable", show_default=True,
+              help="portable: standard ONNX ops only; plugin: dflash:: custom ops (KV injection, block attention); "
+                   "slots: the target writes fixed-capacity KV caches in place (graph contract 2, "
+                   "com.microsoft GroupQueryAttention: onnxruntime only, for the batched engine).")
 @click.option("--dtype", type=click.Choice(list(DTYPES)), default="fp32", show_default=True,
               help="Precision of the graphs' weights, K/V caches and features (logits stay fp32).")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
@@ -148,6 +150,12 @@ def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: 
     draft = resolve_draft(draft)
     check_flavour(flavour, check, dtype)  # before loading weights: a missing op library fails in seconds
     check_pair(target, draft)  # from configs, before any weights load
+    from dflash_trt.export.graphs import export_refusal
+    from dflash_trt.models.checkpoints import read_target_config
+
+    refusal = export_refusal(read_target_config(target)[1].model_type)
+    if refusal:
+        raise DFlashError(refusal)
     drafter = load_drafter(draft)
     target_model, tokenizer = load_target(target)
     validate_pair(target_model, drafter.config, tokenizer, load_tokenizer(str(draft)))
@@ -192,8 +200,8 @@ def _engine_default(compute_capability: str | None) -> str:
 @click.option("--draft", default=None, help=DRAFT_HELP)
 @click.option("--bundle", "source", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Build from this exported ONNX bundle instead of --target/--draft.")
-@click.option("-o", "--output", "out", type=click.Path(path_type=Path, file_okay=False), required=True,
-              help="Engine bundle directory to write.")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Engine bundle directory to write (required unless --dry-run).")
 @click.option("--engine", type=click.Choice(["tensorrt-rtx", "tensorrt", "onnxruntime"]), default=None,
               help="tensorrt-rtx: ahead of time for consumer GPUs (no GPU needed); tensorrt: for this GPU, with the "
                    "dflash plugin library; onnxruntime: optimized CPU graphs. Default: tensorrt-rtx with "
@@ -201,14 +209,20 @@ def _engine_default(compute_capability: str | None) -> str:
 @click.option("--compute-capability", default=None, help="Comma-separated targets for tensorrt-rtx, e.g. 12.0,8.9.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
               help="Precision of weights and activations (default: the bundle's; fp32 when exporting).")
-@click.option("--flavour", type=click.Choice(["portable", "plugin"]), default="portable", show_default=True,
-              help="When exporting: plugin expresses KV injection and block attention as dflash:: ops (--engine tensorrt).")
+@click.option("--flavour", type=click.Choice(["portable", "plugin", "slots"]), default="portable", show_default=True,
+              help="When exporting: plugin expresses KV injection and block attention as dflash:: ops (--engine tensorrt); "
+                   "slots writes the target's KV caches in place (--engine onnxruntime).")
 @click.option("--max-batch", type=int, default=1, show_default=True, help="Largest batch the engines accept.")
 @click.option("--max-seq-len", type=int, default=2048, show_default=True, help="Longest sequence (prompt + output).")
 @click.option("--block-size", type=int, default=None, help="Largest verify block (default: the drafter's).")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the plan from the pair's config.json files alone (graphs, parameters, weight bytes per dtype, "
+                   "K/V and recurrent-state bytes, fit in --gpu-memory); download, export and write nothing.")
+@click.option("--gpu-memory", type=float, default=None, help="With --dry-run: GPU memory in GiB the plan must fit.")
 @user_errors
-def build(target, draft, source, out, engine, compute_capability, dtype, flavour, max_batch, max_seq_len, block_size, force):
+def build(target, draft, source, out, engine, compute_capability, dtype, flavour, max_batch, max_seq_len, block_size, force,
+          dry_run, gpu_memory):
     """Build engines from a (target, drafter) pair or an ONNX bundle: one engine per graph, with
     optimization profiles for the prefill and the B-token steps, and engine.json."""
     import tempfile
@@ -226,6 +240,10 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
                          compute_capabilities=parse_compute_capabilities(compute_capability),
                          dtype=DTYPES[dtype] if dtype else None, max_batch=max_batch, max_seq_len=max_seq_len,
                          block_size=block_size, force=force)
+    if dry_run or gpu_memory is not None:
+        return _dry_run(target, draft, source, config, flavour, dry_run, gpu_memory)
+    if out is None:
+        raise DFlashError("build needs -o/--output DIR for the engine bundle (or --dry-run to only see the plan)")
     if out.exists() and not force:
         raise DFlashError(f"{out} already exists; pass --force to replace it")
     if source is not None:  # refusals before any engine is built, or any weights load
@@ -249,6 +267,17 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
     click.echo(f"engine bundle written to {out}")
 
 
+def _dry_run(target, draft, source, config, flavour: str, dry_run: bool, gpu_memory: float | None) -> None:
+    """`build --dry-run`: the plan from config.json alone; every family is planned, exportable or not."""
+    from dflash_trt.engines.plan import plan_pair, render
+
+    if not dry_run:
+        raise DFlashError("--gpu-memory checks a plan: add --dry-run")
+    if source is not None:
+        raise DFlashError("--dry-run plans from the pair's configs: pass --target/--draft instead of --bundle")
+    click.echo(render(plan_pair(target or DEFAULT_TARGET, draft, config, flavour, gpu_memory)))
+
+
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--no-verify", is_flag=True, help="Skip re-hashing the files (fast look at a large bundle).")
@@ -265,7 +294,7 @@ def inspect(bundle, no_verify):
     manifest = read_bundle(bundle, verify_hashes=not no_verify)
     t, d = manifest["target"], manifest["draft"]
     click.echo(f"{bundle}: {manifest['flavour']} flavour, {manifest['dtype']}, opset {manifest['opset']}, "
-               f"format {manifest['format_version']}"
+               f"format {manifest['format_version']}, graph contract {manifest.get('contract', 1)}"
                f"{'' if no_verify else ', all file hashes match'}")
     click.echo(f"target: {t['model_type']}, {t['num_layers']} layers, hidden {t['hidden_size']}, vocab {t['vocab_size']}")
     click.echo(f"draft: {d['num_layers']} layers, block size {d['block_size']}, taps {d['target_layer_ids']}, "
@@ -439,6 +468,31 @@ def pack_corpus(src, dst):
 
 @main.command()
 @click.argument("bundle", required=False, type=click.Path(path_type=Path, file_okay=False))
+@click.option("--target", default=None, help=TARGET_HELP + " Served instead of a BUNDLE (on torch).")
+@click.option("--draft", default=None, help=DRAFT_HELP)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the OpenAI API listens on (loopback by default).")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1 requests.")
+@click.option("--max-batch", type=int, default=8, show_default=True, help="Requests decoded together; more wait for a slot.")
+@click.option("--capacity", type=int, default=4096, show_default=True, help="Tokens per request (prompt + max_tokens).")
+@click.option("--block-size", type=int, default=None,
+              help="Verify this many tokens every step (default: the engine picks each step's block from measured costs).")
+@user_errors
+def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block_size):
+    """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /metrics) on Triton
+    Inference Server: one decoupled Triton model runs every request through the batching engine."""
+    from dflash_trt.serve.config import ServeConfig
+    from dflash_trt.serve.server import serve as run_server
+
+    if bundle is None and target is None:
+        target = DEFAULT_TARGET
+    config = ServeConfig(bundle=bundle, target=target, draft=draft, host=host, port=port, api_key=api_key,
+                         max_batch=max_batch, capacity=capacity, block_size=block_size)
+    run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
+
+
+@main.command()
+@click.argument("bundle", required=False, type=click.Path(path_type=Path, file_okay=False))
 @click.option("--target", default=None, help=TARGET_HELP + " Offline mode.")
 @click.option("--draft", default=None, help=DRAFT_HELP)
 @click.option("--backend", default=None, help="Offline backend: torch (default), onnxruntime, tensorrt; a bundle DIR runs on its own "
@@ -455,7 +509,7 @@ def pack_corpus(src, dst):
 @click.option("--block-size", "block_sizes", default="4", show_default=True, callback=_csv(int),
               help="Comma-separated block sizes (4: what generate verifies on a CPU unless told otherwise).")
 @click.option("--temperature", "temperatures", default="0", show_default=True, callback=_csv(float), help="Comma-separated temperatures.")
-@click.option("--concurrency", default="1", show_default=True, callback=_csv(int), help="Comma-separated requests in flight (server mode).")
+@click.option("--concurrency", default="1", show_default=True, callback=_csv(int), help="Comma-separated requests in flight (offline: the core batches them; server: concurrent clients).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--baseline/--no-baseline", default=True, show_default=True, help="Also run the autoregressive baseline (speedup, greedy check).")
 @click.option("--json-out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write the full record here.")

@@ -1,1 +1,2 @@
-"""Serving: Triton model repository and the OpenAI-compatible front. Not built yet."""
+"""Serving: a Triton model repository (one decoupled model owning the engine), the tritonserver
+process, and the OpenAI-compatible front that streams from it (`dflash-trt serve`)."""

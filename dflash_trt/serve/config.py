@@ -1,0 +1,72 @@
+"""ServeConfig: what `dflash-trt serve` runs and where (one field per CLI option, plus the limits)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash_trt.errors import DFlashError
+
+TRITON_MODEL = "dflash"  # the one model in the Triton repository (Triton's /v2/models/dflash/...)
+
+
+def stub_numpy_dir() -> Path:
+    """Where scripts/setup.sh puts numpy 1.26 for Triton's Python stub only (research/trt.md §8: the
+    2.51 stub garbles string tensors with numpy 2; the rest of the environment keeps numpy 2)."""
+    return Path(sys.prefix) / "triton-stub"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    bundle: Path | None = None  # what export/build wrote; or target + draft
+    target: str | None = None
+    draft: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_batch: int = 8
+    capacity: int = 4096  # tokens per request (prompt + max_tokens)
+    block_size: int | None = None  # None: the engine picks each step's block (adaptive); N pins it
+    model_name: str | None = None  # what /v1/models lists (default: the bundle's or target's directory name)
+    max_body_bytes: int = 1 << 20
+
+    def __post_init__(self):
+        if self.bundle is not None and (self.target or self.draft):
+            raise DFlashError("pass either BUNDLE or --target/--draft, not both")
+        if self.bundle is None and not self.target:
+            raise DFlashError("nothing to serve: pass BUNDLE or --target T --draft D")
+        if self.bundle is not None and not Path(self.bundle).is_dir():
+            raise DFlashError(f"bundle {self.bundle} is not a directory")
+        if not isinstance(self.max_batch, int) or self.max_batch < 1:
+            raise DFlashError(f"--max-batch must be an integer >= 1, got {self.max_batch!r}")
+        if self.block_size is not None and self.block_size < 2:
+            raise DFlashError(f"--block-size must be >= 2, got {self.block_size}")
+        if not 0 <= self.port <= 65535:
+            raise DFlashError(f"--port must be in 0..65535, got {self.port}")
+
+    @property
+    def served_name(self) -> str:
+        if self.model_name:
+            return self.model_name
+        source = str(self.bundle) if self.bundle is not None else str(self.target)
+        return Path(source.rstrip("/")).name or source
+
+    def model_parameters(self) -> dict[str, str]:
+        """The Triton model's parameters (config.pbtxt): everything model.py needs to build the engine."""
+        return {
+            "bundle": "" if self.bundle is None else str(Path(self.bundle).resolve()),
+            "target": _local(self.target),
+            "draft": _local(self.draft),
+            "max_batch": str(self.max_batch),
+            "capacity": str(self.capacity),
+            "block_size": "" if self.block_size is None else str(self.block_size),
+            "served_name": self.served_name,
+        }
+
+
+def _local(source: str | None) -> str:
+    """A local directory as an absolute path (the stub may not share our working directory); ids as given."""
+    if not source:
+        return ""
+    return str(Path(source).resolve()) if Path(source).is_dir() else source

@@ -1,0 +1,123 @@
+"""OpenAI request bodies: pydantic models, parsed strictly, every refusal naming its field.
+
+Fields OpenAI clients send that change nothing here (user, presence_penalty, ...) are accepted and
+ignored; fields that would change the reply in a way we cannot honour (n > 1, echo, logprobs,
+several prompts) are refused, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dflash_trt.serve.requests import RequestError
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: Literal[False] | None = None
+
+    def sampling(self, max_tokens: int | None) -> dict:
+        """The Triton model's sampling_parameters (None: its default)."""
+        values = {"max_tokens": max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                  "top_k": self.top_k, "seed": self.seed, "stop": self.stop}
+        return {k: v for k, v in values.items() if v is not None}
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def triton_inputs(self) -> dict:
+        messages = [{"role": m.role, "content": m.text()} for m in self.messages]
+        tokens = self.max_completion_tokens or self.max_tokens
+        return {"messages": json.dumps(messages), "sampling_parameters": json.dumps(self.sampling(tokens))}
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    echo: Literal[False] | None = None
+    best_of: int | None = Field(None, ge=1, le=1)
+
+    def triton_inputs(self) -> dict:
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise RequestError("prompt", "several prompts in one request are not supported; send one per request")
+            prompt = prompt[0]
+        if isinstance(prompt, list) and not prompt:
+            raise RequestError("prompt", "prompt is empty")
+        key = "text_input" if isinstance(prompt, str) else "input_ids"
+        return {key: prompt, "sampling_parameters": json.dumps(self.sampling(self.max_tokens))}
+
+
+def parse(body: bytes, kind: type[_Sampling]) -> _Sampling:
+    """Request body -> the request, or a RequestError naming the first bad field."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise RequestError(None, "the request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise RequestError(None, "the request body must be a JSON object")
+    try:
+        return kind.model_validate_json(body)
+    except ValidationError as err:
+        first = err.errors()[0]
+        if first["type"] == "json_invalid":  # what json.loads let through (a lone surrogate escape, ...)
+            raise RequestError(None, f"the request body is not valid JSON: {first['msg']}") from None
+        loc = [str(part) for part in first["loc"]]
+        # a union reports one error per member type; its first path element after the field is the type
+        param = _param(loc, data)
+        raise RequestError(param, f"{param}: {first['msg']}" if param else first["msg"]) from None
+
+
+def _param(loc: list[str], data: dict) -> str:
+    """pydantic's location (with union member names in it) -> the JSON path of the field."""
+    path, node = [], data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            path.append(part)
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            path.append(f"[{part}]")
+            node = node[int(part)]
+    return ".".join(path).replace(".[", "[") or (loc[0] if loc else None)

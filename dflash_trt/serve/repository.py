@@ -1,0 +1,52 @@
+"""Write the Triton model repository: ONE decoupled Python-backend model that owns the engine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from dflash_trt.serve.config import TRITON_MODEL, ServeConfig
+
+MODEL_SOURCE = Path(__file__).parent / "triton_model" / "model.py"
+
+# Inputs: a prompt as raw text, chat messages (JSON) or token ids; sampling parameters as one JSON
+# string (vLLM backend's convention); stream=false gives one response (what /generate needs).
+# Outputs: text and token ids (deltas when streaming, whole otherwise), the finish reason and a usage
+# JSON (token counts, acceptance lengths) on the last response.
+CONFIG = """name: "{name}"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy {{ decoupled: true }}
+input [
+  {{ name: "text_input", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
+  {{ name: "messages", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
+  {{ name: "input_ids", data_type: TYPE_INT64, dims: [ -1 ], optional: true }},
+  {{ name: "sampling_parameters", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
+  {{ name: "stream", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }}
+]
+output [
+  {{ name: "text_output", data_type: TYPE_STRING, dims: [ 1 ] }},
+  {{ name: "token_ids", data_type: TYPE_INT64, dims: [ -1 ] }},
+  {{ name: "finish_reason", data_type: TYPE_STRING, dims: [ 1 ] }},
+  {{ name: "usage", data_type: TYPE_STRING, dims: [ 1 ] }}
+]
+instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+{parameters}
+"""
+
+
+def _parameters(values: dict[str, str]) -> str:
+    # json.dumps quotes and escapes exactly as protobuf text format expects for these strings
+    return "\n".join(f'parameters {{ key: {json.dumps(k)} value {{ string_value: {json.dumps(v)} }} }}'
+                     for k, v in values.items())
+
+
+def write_repository(root: Path, config: ServeConfig) -> Path:
+    """root/<model>/config.pbtxt and root/<model>/1/model.py -> root."""
+    model_dir = root / TRITON_MODEL
+    (model_dir / "1").mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(
+        CONFIG.format(name=TRITON_MODEL, parameters=_parameters(config.model_parameters())))
+    shutil.copyfile(MODEL_SOURCE, model_dir / "1" / "model.py")
+    return root

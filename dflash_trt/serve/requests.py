@@ -1,0 +1,91 @@
+"""Turning a Triton request's JSON sampling parameters into SamplingParams, or an error naming the field.
+
+Runs inside the Triton model, so Triton users of /v2/models/dflash/generate get the same checks as
+the OpenAI front; errors travel back as JSON in the Triton error message (`RequestError.to_json`).
+"""
+
+from __future__ import annotations
+
+import json
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.spec.sampling import SamplingParams
+
+# field -> accepted JSON types (bool is excluded from the numbers below: JSON true is not a number)
+FIELDS = {
+    "max_tokens": (int,),
+    "temperature": (int, float),
+    "top_p": (int, float),
+    "top_k": (int,),
+    "seed": (int,),
+    "stop": (str, list),
+    "stop_token_ids": (list,),
+    "ignore_eos": (bool,),
+}
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP status, the offending field, one line of why."""
+
+    def __init__(self, param: str | None, message: str, status: int = 400):
+        super().__init__(message)
+        self.param, self.message, self.status = param, message, status
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, RequestError) and (self.param, self.message, self.status) == \
+            (other.param, other.message, other.status)
+
+    __hash__ = Exception.__hash__
+
+    def to_json(self) -> str:
+        return json.dumps({"param": self.param, "message": self.message, "status": self.status})
+
+    @classmethod
+    def from_json(cls, text: str) -> RequestError | None:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or "message" not in data:
+            return None
+        return cls(data.get("param"), str(data["message"]), int(data.get("status", 400)))
+
+
+def parse_sampling(text: str | None, prompt_tokens: int, capacity: int) -> SamplingParams:
+    """JSON object -> SamplingParams; max_tokens defaults to what the context has left."""
+    try:
+        raw = json.loads(text) if text else {}
+    except ValueError:
+        raise RequestError("sampling_parameters", "sampling_parameters is not valid JSON") from None
+    if not isinstance(raw, dict):
+        raise RequestError("sampling_parameters", "sampling_parameters must be a JSON object")
+    values = {}
+    for name, value in raw.items():
+        if name not in FIELDS:
+            raise RequestError(name, f"unknown sampling parameter '{name}' (known: {', '.join(FIELDS)})")
+        if value is None:
+            continue
+        if not isinstance(value, FIELDS[name]) or (isinstance(value, bool) and bool not in FIELDS[name]):
+            raise RequestError(name, f"{name} has the wrong type ({type(value).__name__})")
+        values[name] = value
+    if "stop" in values:
+        stop = values["stop"]
+        if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
+            raise RequestError("stop", "stop must be a string or a list of strings")
+    if any(not isinstance(t, int) or isinstance(t, bool) for t in values.get("stop_token_ids", [])):
+        raise RequestError("stop_token_ids", "stop_token_ids must be a list of integers")
+    if values.get("top_k", 0) == -1:  # vLLM's and OpenAI clients' spelling of "no top-k"
+        values["top_k"] = 0
+    left = capacity - prompt_tokens
+    if prompt_tokens >= capacity:
+        raise RequestError("prompt", f"the prompt has {prompt_tokens} tokens; the context capacity is {capacity} "
+                                     "tokens (prompt + max_tokens): shorten it")
+    max_tokens = values.setdefault("max_tokens", left)
+    if isinstance(max_tokens, int) and max_tokens > left:
+        raise RequestError("max_tokens", f"max_tokens {max_tokens} is more than the context has left for this "
+                                         f"prompt ({prompt_tokens} + {max_tokens} > capacity {capacity})")
+    try:
+        return SamplingParams(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    except DFlashError as err:  # "SamplingParams.<field> must ..."
+        message = str(err).removeprefix("SamplingParams.")
+        raise RequestError(message.split(" ", 1)[0], message) from None

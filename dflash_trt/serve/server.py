@@ -1,0 +1,93 @@
+"""`dflash-trt serve`: check the inputs, start tritonserver with the repository, then the OpenAI front.
+
+Two processes on loopback: tritonserver (the engine lives in its Python stub) and this one (FastAPI
+under uvicorn). SIGTERM or Ctrl-C: uvicorn stops accepting and lets in-flight requests finish, then
+tritonserver gets SIGTERM (its model's finalize drains the engine), then the temp directory goes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.serve.config import ServeConfig
+
+DRAIN_S = 60  # how long in-flight requests may take to finish on SIGTERM
+READY_S = 900  # model load inside Triton (weights, engines)
+
+
+def check_inputs(config: ServeConfig) -> None:
+    """What the model's initialize would refuse, refused here in one line, before Triton starts."""
+    if config.bundle is not None:
+        from dflash_trt.runtime.engine_bundles import open_bundle
+
+        open_bundle(config.bundle)
+        return
+    from dflash_trt.models.checkpoints import check_pair
+    from dflash_trt.models.embedded import default_drafter
+
+    draft = config.draft or default_drafter(config.target)
+    if draft is None:
+        raise DFlashError(f"no drafter for target '{config.target}': pass --draft DIR")
+    check_pair(config.target, draft)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The front's listening socket, bound before anything starts: a taken port is one line."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise DFlashError(f"cannot listen on {host}:{port} ({err.strerror}): is another server there? "
+                          "pass --port") from None
+    sock.listen(2048)
+    return sock
+
+
+def serve(config: ServeConfig, say: Callable[[str], None] = print) -> None:
+    import uvicorn
+
+    from dflash_trt.serve.openai_api import FrontSettings, create_app
+    from dflash_trt.serve.repository import write_repository
+    from dflash_trt.serve.triton import find_triton, start_triton
+    from dflash_trt.serve.triton_client import TritonClient
+
+    check_inputs(config)
+    sock = bind(config.host, config.port)
+    try:
+        install = find_triton()
+    except DFlashError:
+        sock.close()
+        raise
+    workdir = Path(tempfile.mkdtemp(prefix="dflash-serve-"))
+    triton = None
+    try:
+        repository = write_repository(workdir / "repository", config)
+        triton = start_triton(repository, workdir, install, exit_timeout_s=DRAIN_S)
+        triton.wait_ready(READY_S)
+        client = TritonClient(triton.url, triton.metrics_url)
+        app = create_app(FrontSettings(config.served_name, config.api_key, config.max_body_bytes), client)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=DRAIN_S))
+        host, port = sock.getsockname()[:2]
+        say(f"serving '{config.served_name}' at http://{host}:{port}/v1 (Triton at {triton.url})")
+        _quiet_after_capture()
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        if triton is not None:
+            triton.stop(DRAIN_S)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _quiet_after_capture() -> None:
+    """uvicorn handles SIGTERM/SIGINT while it runs and re-raises them once stopped; by then we only
+    want to stop Triton and clean up, so the handlers it restores do nothing."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)

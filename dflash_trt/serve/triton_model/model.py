@@ -1,0 +1,173 @@
+"""Triton Python-backend model: one decoupled model whose engine runs the whole speculative loop.
+
+The pattern of vLLM's Triton backend: `initialize` builds the LLM and an Engine (its own stepping
+thread); `execute` hands each request to the engine and returns at once; the engine's `on_output`
+callback sends the responses through the request's response sender, the last one flagged FINAL.
+A poller thread asks each live request's sender `is_cancelled()` (a client that went away) and
+aborts it in the engine, which frees its slot; it also keeps the running/waiting gauges current.
+Copied into the repository by dflash_trt/serve/repository.py; runs in Triton's Python stub.
+"""
+
+import json
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.serve.deltas import DeltaStream
+from dflash_trt.serve.requests import RequestError, parse_sampling
+from dflash_trt.serve.triton_model.metrics import EngineMetrics
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+POLL_S = 0.05
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {key: value["string_value"] for key, value in config["parameters"].items()}
+        from dflash_trt.runtime.engine import Engine
+        from dflash_trt.runtime.llm import AUTO, LLM
+
+        if params["bundle"]:
+            self.llm = LLM.from_bundle(params["bundle"])
+        else:
+            self.llm = LLM(params["target"], params["draft"] or AUTO, backend="torch")
+        self.engine = Engine(self.llm, max_batch=int(params["max_batch"]), capacity=int(params["capacity"]),
+                             block_size=int(params["block_size"]) if params["block_size"] else None)
+        self.metrics = EngineMetrics(pb_utils, params["served_name"])
+        self.live = {}  # engine request id -> _Responder, for the cancellation poller
+        self.lock = threading.Lock()
+        self.closing = threading.Event()
+        self.poller = threading.Thread(target=self._poll, name="dflash-cancel-poll", daemon=True)
+        self.poller.start()
+
+    def execute(self, requests):
+        for request in requests:
+            self._start(request)
+        return None  # decoupled: responses go through each request's sender
+
+    def finalize(self):
+        self.engine.shutdown(drain=True)  # Triton stops taking requests first; finish those in flight
+        self.closing.set()
+        self.poller.join()
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def _start(self, request):
+        sender = request.get_response_sender()
+        try:
+            ids = self._prompt_ids(request)
+            sampling = _string(request, "sampling_parameters")
+            params = parse_sampling(sampling, len(ids), self.engine.capacity)
+            responder = _Responder(self, sender, _bool(request, "stream"), params.stop)
+            with self.lock:  # the engine may answer before add_request returns
+                rid = self.engine.add_request(ids, params, on_output=responder)
+                if not responder.done:
+                    self.live[rid] = responder
+                responder.rid = rid
+        except RequestError as err:
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(err.to_json())), flags=FINAL)
+        except DFlashError as err:  # the engine's own refusals (ids outside the vocabulary, ...)
+            error = RequestError("prompt", str(err))
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error.to_json())), flags=FINAL)
+
+    def _prompt_ids(self, request) -> list:
+        """text_input (raw text), messages (chat JSON, through the chat template) or input_ids."""
+        tokenizer = self.llm.tokenizer
+        ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
+        if ids is not None:
+            return [int(t) for t in ids.as_numpy().reshape(-1)]
+        messages = _string(request, "messages")
+        text = _string(request, "text_input")
+        if (messages is None) == (text is None):
+            raise RequestError("text_input", "send exactly one of text_input, messages or input_ids")
+        if tokenizer is None:
+            raise RequestError("text_input", "this model has no tokenizer: send input_ids")
+        if text is not None:
+            return tokenizer(text)["input_ids"]
+        try:
+            chat = json.loads(messages)
+        except ValueError:
+            raise RequestError("messages", "messages is not valid JSON") from None
+        if not tokenizer.chat_template:  # a base model: the turns' text, one after another
+            return tokenizer("\n".join(str(m.get("content", "")) for m in chat))["input_ids"]
+        try:
+            rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        except Exception as err:  # a template that refuses these messages (roles, order) says why
+            raise RequestError("messages", f"the chat template refused the messages: {err}") from None
+        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+    def _finished(self, responder, out):
+        with self.lock:
+            self.live.pop(responder.rid, None)
+        self.metrics.finished(out.metrics, out.finish_reason)
+        self.metrics.gauges(self.engine.stats())
+
+    def _poll(self):
+        while not self.closing.wait(POLL_S):
+            with self.lock:
+                live = list(self.live.items())
+            for rid, responder in live:
+                if not responder.cancelled and responder.sender.is_cancelled():
+                    responder.cancelled = True
+                    self.engine.abort(rid)  # its last output (finish "abort") closes the stream
+            self.metrics.gauges(self.engine.stats())
+
+
+class _Responder:
+    """on_output for one request: deltas while streaming, one response otherwise; FINAL on the last."""
+
+    def __init__(self, model, sender, stream: bool, stops):
+        self.model, self.sender, self.stream = model, sender, stream
+        self.deltas = DeltaStream(tuple(stops))
+        self.rid = None
+        self.done = False
+        self.cancelled = False
+
+    def __call__(self, out):
+        final = out.finish_reason is not None
+        if not final and not self.stream:
+            return
+        if final:
+            self.done = True
+            self.model._finished(self, out)
+        if final and self.cancelled:  # nobody reads it; Triton still needs the FINAL flag
+            cancelled = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
+            self.sender.send(pb_utils.InferenceResponse(error=cancelled), flags=FINAL)
+            return
+        if self.stream:
+            text, ids = self.deltas.next(out.text, out.token_ids, final)
+        else:
+            text, ids = out.text, out.token_ids
+        if self.stream and not final and not text and not ids:
+            return
+        usage = _usage(out) if final else ""
+        tensors = [
+            pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)),
+            pb_utils.Tensor("token_ids", np.array(ids, dtype=np.int64)),
+            pb_utils.Tensor("finish_reason", np.array([(out.finish_reason or "").encode()], dtype=np.object_)),
+            pb_utils.Tensor("usage", np.array([usage.encode()], dtype=np.object_)),
+        ]
+        self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
+
+
+def _usage(out) -> str:
+    metrics = dict(out.metrics or {})
+    metrics["prompt_tokens"] = len(out.prompt_token_ids)
+    metrics["completion_tokens"] = len(out.token_ids)
+    return json.dumps(metrics)
+
+
+def _string(request, name):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    value = tensor.as_numpy().reshape(-1)[0]
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _bool(request, name) -> bool:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return bool(tensor.as_numpy().reshape(-1)[0]) if tensor is not None else False

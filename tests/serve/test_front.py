@@ -1,0 +1,146 @@
+"""The OpenAI front in-process over a stand-in Triton client: shapes, SSE, auth, and the 4xx table."""
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dflash_trt.serve.openai_api import FrontSettings, create_app
+from dflash_trt.serve.requests import RequestError
+from dflash_trt.serve.triton_client import Piece, UpstreamError
+
+USAGE = {"prompt_tokens": 3, "completion_tokens": 3, "acceptance_lengths": [2, 1], "mean_acceptance_length": 1.5}
+
+
+class FakeTriton:
+    """Answers 'abc' in three pieces; a prompt saying 'long' is refused as Triton's model would."""
+
+    def __init__(self):
+        self.requests = []
+        self.closed = 0
+
+    async def generate(self, inputs):
+        self.requests.append(inputs)
+        prompt = inputs.get("messages") or inputs.get("text_input") or ""
+        if "long" in str(prompt):
+            raise RequestError("prompt", "the prompt has 999 tokens; the context capacity is 64 tokens")
+        if "down" in str(prompt):
+            raise UpstreamError("Stub process is not healthy")
+        try:
+            for i, ch in enumerate("abc"):
+                yield Piece(ch, [i], "length" if i == 2 else None, USAGE if i == 2 else None)
+        finally:
+            self.closed += 1
+
+    async def ready(self):
+        return True
+
+    async def metrics(self):
+        return "vllm:num_requests_running 0\n"
+
+    async def close(self):
+        pass
+
+
+@pytest.fixture
+def front():
+    triton = FakeTriton()
+    client = TestClient(create_app(FrontSettings("tiny", api_key=None, max_body_bytes=4096), triton))
+    client.triton = triton
+    return client
+
+
+def chat(**fields):
+    return {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+def events(response):
+    return [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def test_chat_whole(front):
+    body = front.post("/v1/chat/completions", json=chat(max_tokens=3)).json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "abc"}
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
+                             "acceptance_lengths": [2, 1], "mean_acceptance_length": 1.5}
+    sent = front.triton.requests[0]
+    assert json.loads(sent["sampling_parameters"]) == {"max_tokens": 3}
+
+
+def test_chat_stream(front):
+    with front.stream("POST", "/v1/chat/completions", json=chat(stream=True, stream_options={"include_usage": True})) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        data = events(r)
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == "abc"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    assert len({c["id"] for c in chunks}) == 1
+
+
+def test_completion_whole_and_stream(front):
+    whole = front.post("/v1/completions", json={"model": "tiny", "prompt": "x"}).json()
+    assert whole["object"] == "text_completion" and whole["choices"][0]["text"] == "abc"
+    with front.stream("POST", "/v1/completions", json={"model": "tiny", "prompt": [1, 2], "stream": True}) as r:
+        data = events(r)
+    assert "".join(json.loads(d)["choices"][0]["text"] for d in data[:-1]) == "abc"
+    assert front.triton.requests[-1]["input_ids"] == [1, 2]
+
+
+def test_models_health_metrics(front):
+    assert front.get("/v1/models").json()["data"][0]["id"] == "tiny"
+    assert front.get("/health").status_code == 200
+    assert "vllm:num_requests_running" in front.get("/metrics").text
+
+
+@pytest.mark.parametrize("path, kwargs, status, param", [
+    ("/v1/chat/completions", {"content": b"{nope", "headers": {"content-type": "application/json"}}, 400, None),
+    ("/v1/chat/completions", {"json": {"model": "tiny"}}, 400, "messages"),
+    ("/v1/chat/completions", {"json": {"model": "tiny", "messages": [{"role": "user"}], "top_p": 0}}, 400, "top_p"),
+    ("/v1/chat/completions", {"json": chat(temperature=-1)}, 400, "temperature"),
+    ("/v1/chat/completions", {"json": chat(max_tokens=0)}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"json": chat(n=3)}, 400, "n"),
+    ("/v1/chat/completions", {"json": chat(model="other")}, 404, "model"),
+    ("/v1/chat/completions", {"json": chat(messages=[{"role": "user", "content": "long"}])}, 400, "messages"),
+    ("/v1/chat/completions", {"json": chat(stream=True, messages=[{"role": "user", "content": "long"}])}, 400, "messages"),
+    ("/v1/completions", {"json": {"model": "tiny", "prompt": "long"}}, 400, "prompt"),
+    ("/v1/completions", {"json": {"model": "tiny", "prompt": ["a", "b"]}}, 400, "prompt"),
+    ("/v1/chat/completions", {"content": b"x" * 5000, "headers": {"content-type": "application/json"}}, 413, None),
+    ("/v1/chat/completions", {"json": chat(messages=[{"role": "user", "content": "down"}])}, 503, None),
+])
+def test_bad_requests_get_openai_errors(front, path, kwargs, status, param):
+    response = front.post(path, **kwargs)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"] and error["type"]
+
+
+def test_unknown_paths_and_methods_are_json(front):
+    assert front.get("/v1/nothing").json()["error"]["message"]
+    assert front.get("/v1/chat/completions").status_code == 405
+
+
+def test_api_key():
+    front = TestClient(create_app(FrontSettings("tiny", api_key="sekret"), FakeTriton()))
+    assert front.get("/v1/models").status_code == 401
+    assert front.post("/v1/chat/completions", json=chat(), headers={"Authorization": "Bearer wrong"}).status_code == 401
+    ok = front.post("/v1/chat/completions", json=chat(), headers={"Authorization": "Bearer sekret"})
+    assert ok.status_code == 200
+    assert front.get("/health").status_code == 200  # probes need no key
+
+
+def test_fuzzed_bodies_never_get_a_5xx(front):
+    from fuzz_bodies import bodies
+
+    statuses = []
+    for path, raw in bodies("tiny", 400, seed=1):
+        response = front.post(path, content=raw, headers={"content-type": "application/json"})
+        statuses.append(response.status_code)
+        assert response.status_code < 500, (raw, response.text)
+        if response.status_code >= 400:
+            assert response.json()["error"]["message"]
+    assert statuses.count(200) > 10 and statuses.count(400) > 100  # both sides were exercised

@@ -1,0 +1,80 @@
+"""OpenAI request bodies -> Triton inputs, or a refusal naming the field."""
+
+import json
+
+import pytest
+
+from dflash_trt.serve.protocol import ChatRequest, CompletionRequest, parse
+from dflash_trt.serve.requests import RequestError
+
+
+def chat(**fields):
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}).encode()
+
+
+def test_chat_inputs():
+    request = parse(chat(max_tokens=5, temperature=0.5, seed=1, stop="x", stream=True,
+                         stream_options={"include_usage": True}, user="ignored"), ChatRequest)
+    inputs = request.triton_inputs()
+    assert json.loads(inputs["messages"]) == [{"role": "user", "content": "hi"}]
+    assert json.loads(inputs["sampling_parameters"]) == {"max_tokens": 5, "temperature": 0.5, "seed": 1, "stop": "x"}
+    assert request.stream and request.include_usage
+
+
+def test_content_parts_are_joined_and_max_completion_tokens_wins():
+    body = json.dumps({"model": "m", "max_tokens": 9, "max_completion_tokens": 3, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}).encode()
+    inputs = parse(body, ChatRequest).triton_inputs()
+    assert json.loads(inputs["messages"])[0]["content"] == "ab"
+    assert json.loads(inputs["sampling_parameters"]) == {"max_tokens": 3}
+
+
+@pytest.mark.parametrize("prompt, key, value", [
+    ("hello", "text_input", "hello"), (["hello"], "text_input", "hello"),
+    ([1, 2, 3], "input_ids", [1, 2, 3]), ([[4, 5]], "input_ids", [4, 5]),
+])
+def test_completion_prompts(prompt, key, value):
+    inputs = parse(json.dumps({"model": "m", "prompt": prompt}).encode(), CompletionRequest).triton_inputs()
+    assert inputs[key] == value
+    assert json.loads(inputs["sampling_parameters"]) == {"max_tokens": 16}  # OpenAI's default
+
+
+@pytest.mark.parametrize("body, param", [
+    (b"{not json", None),
+    (b"[1, 2]", None),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode(), "model"),
+    (json.dumps({"model": "m"}).encode(), "messages"),
+    (json.dumps({"model": "m", "messages": "hi"}).encode(), "messages"),
+    (json.dumps({"model": "m", "messages": []}).encode(), "messages"),
+    (json.dumps({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}).encode(), "messages[0].role"),
+    (json.dumps({"model": "m", "messages": [{"role": "user", "content": 5}]}).encode(), "messages[0].content"),
+    (chat(temperature=-0.1), "temperature"),
+    (chat(temperature="hot"), "temperature"),
+    (chat(top_p=0), "top_p"),
+    (chat(top_p=1.01), "top_p"),
+    (chat(max_tokens=0), "max_tokens"),
+    (chat(max_tokens=2.5), "max_tokens"),
+    (chat(n=2), "n"),
+    (chat(stream="yes"), "stream"),
+    (chat(logprobs=True), "logprobs"),
+    (chat(seed="1"), "seed"),
+    (chat(stop=[1]), "stop"),
+])
+def test_chat_refusals_name_the_field(body, param):
+    with pytest.raises(RequestError) as err:
+        parse(body, ChatRequest)
+    assert err.value.status == 400 and err.value.param == param
+
+
+@pytest.mark.parametrize("prompt", [["a", "b"], [], [[1], [2]]])
+def test_completion_refuses_batches_and_empty_prompts(prompt):
+    request = parse(json.dumps({"model": "m", "prompt": prompt}).encode(), CompletionRequest)
+    with pytest.raises(RequestError) as err:
+        request.triton_inputs()
+    assert err.value.param == "prompt"
+
+
+def test_completion_refuses_echo():
+    with pytest.raises(RequestError) as err:
+        parse(json.dumps({"model": "m", "prompt": "x", "echo": True}).encode(), CompletionRequest)
+    assert err.value.param == "echo"

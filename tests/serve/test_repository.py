@@ -1,0 +1,50 @@
+"""The Triton model repository and the stub's environment, as files."""
+
+import re
+import subprocess
+
+import pytest
+
+from dflash_trt.serve.config import ServeConfig
+from dflash_trt.serve.repository import write_repository
+from dflash_trt.serve.triton import TritonInstall, stub_env
+
+
+def test_repository_holds_one_decoupled_python_model(tmp_path):
+    target = tmp_path / "my target"
+    target.mkdir()
+    config = ServeConfig(target=str(target), draft='odd "name"', max_batch=3, capacity=99, block_size=4)
+    root = write_repository(tmp_path / "repo", config)
+    text = (root / "dflash" / "config.pbtxt").read_text()
+    assert 'backend: "python"' in text and "decoupled: true" in text
+    params = dict(re.findall(r'key: ("(?:[^"\\]|\\.)*") value \{ string_value: ("(?:[^"\\]|\\.)*") \}', text))
+    assert params['"target"'] == f'"{target.resolve()}"'  # a local directory, made absolute
+    assert params['"draft"'] == r'"odd \"name\""'
+    assert (params['"max_batch"'], params['"capacity"'], params['"block_size"']) == ('"3"', '"99"', '"4"')
+    assert (root / "dflash" / "1" / "model.py").read_text().startswith('"""Triton Python-backend model')
+
+
+def test_served_name_defaults_to_the_directory():
+    assert ServeConfig(target="/x/models/tiny-llama/").served_name == "tiny-llama"
+    assert ServeConfig(target="smollm2-135m").served_name == "smollm2-135m"
+
+
+def test_stub_env_sees_old_numpy_first(tmp_path):
+    numpy_dir = tmp_path / "old"
+    (numpy_dir / "numpy").mkdir(parents=True)
+    (numpy_dir / "numpy" / "__init__.py").write_text("__version__ = 'stub-only'\n")
+    install = TritonInstall(tmp_path, tmp_path, tmp_path, numpy_dir)
+    python = stub_env(install, tmp_path / "env") / "python3"
+    code = "import importlib.util, numpy; print(numpy.__version__, importlib.util.find_spec('dflash_trt') is not None)"
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["stub-only", "True"]  # and this environment's packages are there too
+
+
+def test_config_refusals(tmp_path):
+    from dflash_trt.errors import DFlashError
+
+    with pytest.raises(DFlashError, match="nothing to serve"):
+        ServeConfig()
+    with pytest.raises(DFlashError, match="--port"):
+        ServeConfig(target="x", port=70000)

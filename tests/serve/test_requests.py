@@ -1,0 +1,52 @@
+"""Sampling parameters as the Triton model receives them (JSON) -> SamplingParams or a named refusal."""
+
+import json
+
+import pytest
+
+from dflash_trt.serve.requests import RequestError, parse_sampling
+
+
+def test_defaults_fill_the_context():
+    params = parse_sampling(None, prompt_tokens=10, capacity=64)
+    assert params.max_tokens == 54 and params.greedy
+
+
+def test_fields_pass_through():
+    text = json.dumps({"max_tokens": 5, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "seed": 3, "stop": ["\n"]})
+    params = parse_sampling(text, 4, 64)
+    assert (params.max_tokens, params.temperature, params.top_p, params.top_k, params.seed, params.stop) == \
+        (5, 0.7, 0.9, 0, 3, ("\n",))
+
+
+@pytest.mark.parametrize("raw, param", [
+    ('{"temperature": -1}', "temperature"),
+    ('{"top_p": 0}', "top_p"),
+    ('{"top_p": 1.5}', "top_p"),
+    ('{"max_tokens": 0}', "max_tokens"),
+    ('{"max_tokens": 61}', "max_tokens"),  # 4 + 61 > 64
+    ('{"max_tokens": "5"}', "max_tokens"),
+    ('{"max_tokens": true}', "max_tokens"),
+    ('{"top_k": 1.5}', "top_k"),
+    ('{"stop": [1]}', "stop"),
+    ('{"stop": [""]}', "stop"),
+    ('{"frequency": 1}', "frequency"),
+    ('[1]', "sampling_parameters"),
+    ('{oops', "sampling_parameters"),
+])
+def test_refusals_name_the_field(raw, param):
+    with pytest.raises(RequestError) as err:
+        parse_sampling(raw, 4, 64)
+    assert err.value.param == param and err.value.status == 400
+
+
+def test_prompt_over_capacity_is_the_prompts_fault():
+    with pytest.raises(RequestError) as err:
+        parse_sampling('{"max_tokens": 1}', 64, 64)
+    assert err.value.param == "prompt"
+
+
+def test_error_travels_as_json():
+    err = RequestError("top_p", "top_p must be in (0, 1]")
+    assert RequestError.from_json(err.to_json()) == err
+    assert RequestError.from_json("Stub process is not healthy") is None

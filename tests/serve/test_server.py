@@ -1,0 +1,233 @@
+"""`dflash-trt serve` as real processes (tritonserver + the front) over a tiny random pair."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from server_process import need_triton, start_server
+
+from dflash_trt.spec.sampling import SamplingParams
+
+CAPACITY = 1024
+PROMPTS = ["hello", "write a poem", "def f(x):", "1 + 1 =", "tell me a story", "abc", "why?", "ok",
+           "the sky is", "print(", "once upon", "zzz", "hi there", "list: 1,", "what is DFlash", "x"]
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pairs):
+    return tiny_pairs["qwen3"]
+
+
+@pytest.fixture(scope="module")
+def server(pair):
+    need_triton()
+    target, draft = pair
+    started = start_server(["--target", str(target), "--draft", str(draft), "--capacity", str(CAPACITY),
+                            "--max-batch", "4"])
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def offline(pair):
+    from dflash_trt.runtime.llm import LLM
+
+    return LLM(str(pair[0]), str(pair[1]), backend="torch")
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+
+
+def chat(client, server, prompt, **kwargs):
+    return client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": prompt}],
+                                          **kwargs)
+
+
+def streamed(client, server, prompt, **kwargs) -> tuple[str, object, str]:
+    text, usage, reason = [], None, None
+    for chunk in chat(client, server, prompt, stream=True, stream_options={"include_usage": True}, **kwargs):
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            text.append(choice.delta.content or "")
+            reason = choice.finish_reason or reason
+    return "".join(text), usage, reason
+
+
+def samples(server) -> dict[tuple, float]:
+    text = httpx.get(f"{server.root}/metrics", timeout=10).text
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def metric(values, name, **labels) -> float:
+    return values.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_greedy_equals_offline(server, client, offline):
+    params = SamplingParams(max_tokens=24)
+    for prompt in PROMPTS[:3]:
+        expected = offline.generate(prompt, params)[0]
+        reply = chat(client, server, prompt, max_tokens=24, temperature=0)
+        assert reply.choices[0].message.content == expected.text
+        assert reply.usage.completion_tokens == len(expected.token_ids)
+        assert reply.choices[0].finish_reason == expected.finish_reason
+        # token for token, through Triton's own generate endpoint
+        direct = httpx.post(f"{server.triton}/v2/models/dflash/generate", timeout=60, json={
+            "messages": json.dumps([{"role": "user", "content": prompt}]),
+            "sampling_parameters": json.dumps({"max_tokens": 24})}).json()
+        ids = direct["token_ids"] if isinstance(direct["token_ids"], list) else [direct["token_ids"]]
+        assert ids == expected.token_ids and direct["finish_reason"] == expected.finish_reason
+
+
+def test_completion_of_token_ids_equals_offline(server, client, offline):
+    ids = offline.tokenizer("plain text, no template")["input_ids"]
+    expected = offline.generate(ids, SamplingParams(max_tokens=12))[0]
+    reply = client.completions.create(model=server.model, prompt=ids, max_tokens=12, temperature=0)
+    assert reply.choices[0].text == expected.text and reply.usage.completion_tokens == len(expected.token_ids)
+
+
+def test_streamed_equals_whole(server, client):
+    for prompt in PROMPTS[:4]:
+        for kwargs in ({"temperature": 0}, {"temperature": 0.8, "top_p": 0.9, "seed": 7, "extra_body": {"top_k": 20}},
+                       {"temperature": 0, "stop": ["a", "e"]}):
+            whole = chat(client, server, prompt, max_tokens=20, **kwargs)
+            text, usage, reason = streamed(client, server, prompt, max_tokens=20, **kwargs)
+            assert text == whole.choices[0].message.content and reason == whole.choices[0].finish_reason
+            assert usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_concurrent_streams_equal_sequential_replies(server, client):
+    sequential = [chat(client, server, p, max_tokens=16).choices[0].message.content for p in PROMPTS]
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        concurrent = list(pool.map(lambda p: streamed(client, server, p, max_tokens=16), PROMPTS))
+    assert [text for text, _, _ in concurrent] == sequential
+    assert all(reason in ("stop", "length") for _, _, reason in concurrent)
+
+
+@pytest.mark.parametrize("body, status, param", [
+    (b"{not json", 400, None),
+    ({"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
+    ({"model": "MODEL", "messages": [{"role": "user", "content": "x" * 1100}]}, 400, "messages"),
+    ({"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10_000}, 400, "max_tokens"),
+    ({"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
+    ({"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
+    ({"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "temperature"),
+    ({"model": "MODEL", "messages": "x"}, 400, "messages"),
+    ({"model": "MODEL", "prompt": [10**9]}, 400, "prompt"),  # a token id outside the vocabulary
+])
+def test_bad_requests_get_4xx_errors(server, body, status, param):
+    path = "/completions" if isinstance(body, dict) and "prompt" in body else "/chat/completions"
+    if isinstance(body, dict):
+        body = json.dumps(body).replace('"MODEL"', json.dumps(server.model)).encode()
+    for stream in (False, True):
+        sent = body if not stream or body.startswith(b"{not") else body[:-1] + b', "stream": true}'
+        response = httpx.post(server.url + path, content=sent, headers={"content-type": "application/json"}, timeout=30)
+        assert response.status_code == status, response.text
+        assert response.json()["error"]["param"] == param
+    assert httpx.get(f"{server.root}/health", timeout=10).status_code == 200
+
+
+def test_fuzzed_bodies_never_get_a_5xx(server):
+    from fuzz_bodies import bodies
+
+    with httpx.Client(timeout=120) as http:
+        for path, raw in bodies(server.model, 120, seed=2):
+            response = http.post(server.root + path, content=raw, headers={"content-type": "application/json"})
+            assert response.status_code < 500, (raw, response.text)
+    assert httpx.get(f"{server.root}/health", timeout=10).status_code == 200
+
+
+def test_metrics_move_by_a_requests_amounts(server, client):
+    before = samples(server)
+    reply = client.completions.create(model=server.model, prompt="count me", max_tokens=10, temperature=0)
+    after = samples(server)
+    usage = reply.usage.model_extra
+    taus = usage["acceptance_lengths"]
+
+    def moved(name, **labels):
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    assert moved("vllm:prompt_tokens_total") == reply.usage.prompt_tokens
+    assert moved("vllm:generation_tokens_total") == reply.usage.completion_tokens
+    assert moved("vllm:spec_decode_num_drafts_total") == len(taus)
+    assert moved("vllm:spec_decode_num_accepted_tokens_total") == sum(t - 1 for t in taus)
+    assert moved("vllm:request_success_total", finished_reason=reply.choices[0].finish_reason) == 1
+    assert moved("vllm:e2e_request_latency_seconds_count") == 1
+    assert moved("vllm:time_to_first_token_seconds_count") == 1
+
+
+def test_disconnects_free_every_slot(server, client):
+    before = samples(server)
+    count = 16
+
+    def leave_early(prompt):
+        body = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 200,
+                "stream": True}
+        with httpx.stream("POST", f"{server.url}/chat/completions", json=body, timeout=60) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    return  # closing the connection after the first event
+
+    with ThreadPoolExecutor(count) as pool:
+        list(pool.map(leave_early, PROMPTS[:count]))
+    deadline = time.monotonic() + 30
+    while True:
+        now = samples(server)
+        finished = sum(v - metric(before, n, **dict(labels)) for (n, labels), v in now.items()
+                       if n == "vllm:request_success_total")
+        if finished == count and metric(now, "vllm:num_requests_running") == 0 \
+                and metric(now, "vllm:num_requests_waiting") == 0:
+            break
+        assert time.monotonic() < deadline, f"{finished} of {count} finished; running/waiting not 0"
+        time.sleep(0.2)
+    aborted = metric(now, "vllm:request_success_total", finished_reason="abort") - \
+        metric(before, "vllm:request_success_total", finished_reason="abort")
+    assert aborted == count
+    # the slots serve again
+    assert chat(client, server, "still there?", max_tokens=4).choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_non_streaming_client_that_leaves_is_cancelled(server):
+    before = samples(server)
+    body = {"model": server.model, "messages": [{"role": "user", "content": "long answer"}], "max_tokens": 900}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/chat/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
+    deadline = time.monotonic() + 30
+    while True:
+        now = samples(server)
+        aborted = metric(now, "vllm:request_success_total", finished_reason="abort") - \
+            metric(before, "vllm:request_success_total", finished_reason="abort")
+        if aborted == 1 and metric(now, "vllm:num_requests_running") == 0:
+            break
+        assert time.monotonic() < deadline, "the request was not cancelled"
+        time.sleep(0.2)
+
+
+def test_sigterm_drains_then_stops_both_processes(server):
+    body = {"model": server.model, "messages": [{"role": "user", "content": "last one"}], "max_tokens": 60,
+            "stream": True}
+    children = server.children()
+    assert children, "tritonserver is not a child of serve"
+    events = []
+    with httpx.stream("POST", f"{server.url}/chat/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(line)
+                if len(events) == 1:
+                    server.process.send_signal(15)  # SIGTERM while this request is in flight
+    assert events[-1] == "data: [DONE]"  # drained: the in-flight request finished
+    assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] in ("stop", "length")
+    assert server.stop() == 0
+    for pid in children:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
