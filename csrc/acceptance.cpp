@@ -34,17 +34,16 @@ Acceptance accept_greedy(const int64_t* drafts, int64_t num_drafts, const float*
 Acceptance accept_point_mass(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,
                              const SamplingParams& params, uint64_t request, uint32_t position) {
   check_drafts(drafts, num_drafts, vocab);
-  // Rows are turned into probabilities only when reached: a rejection at slot j skips the rest.
+  // Sample, then compare: the token at each position is the target's own draw there, whatever was
+  // drafted, and the draft is kept while it equals that draw. Rows are turned into probabilities
+  // only when reached: a rejection at slot j skips the rest.
   std::vector<float> probs(vocab);
-  for (int64_t j = 0; j < num_drafts; ++j) {
+  for (int64_t j = 0;; ++j) {  // returns at j == num_drafts (the bonus) at the latest
     const uint32_t at = position + uint32_t(j);
     target_probs(logits + j * vocab, 1, vocab, params, probs.data());
-    if (uniform(params.seed, request, at, kAcceptDraw) < double(probs[drafts[j]])) continue;
-    return {j, draw_categorical(probs.data(), vocab, uniform(params.seed, request, at, kCategoricalDraw), drafts[j])};
+    const int64_t drawn = draw_categorical(probs.data(), vocab, uniform(params.seed, request, at, kCategoricalDraw));
+    if (j == num_drafts || drawn != drafts[j]) return {j, drawn};
   }
-  const uint32_t at = position + uint32_t(num_drafts);
-  target_probs(logits + num_drafts * vocab, 1, vocab, params, probs.data());
-  return {num_drafts, draw_categorical(probs.data(), vocab, uniform(params.seed, request, at, kCategoricalDraw))};
 }
 
 Acceptance accept(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,

@@ -22,9 +22,14 @@ struct Acceptance {
 // Longest prefix of drafts equal to the target's argmax. logits [num_drafts + 1, vocab].
 Acceptance accept_greedy(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab);
 
-// Speculative rejection sampling with the draft as a point mass (q(d) = 1): accept d with
-// probability p(d); on rejection draw from p with d removed, renormalised; all accepted -> draw the
-// bonus from the last row. Exact for any draft (Leviathan et al., 2023).
+// Speculative sampling with the draft as a point mass (q(d) = 1), as "sample, then compare": at
+// each position draw y from the target distribution p (inverse CDF on the position's categorical
+// uniform); the draft d is accepted iff y == d, and the token emitted there is y either way (the
+// bonus when every draft is accepted). Exactly the rejection rule of Leviathan et al. (2023) for a
+// point-mass draft: P(accept) = p(d), and given a rejection y is p without d, renormalised (the
+// residual). Unlike accept-then-resample, the token at a position is a function of (seed, request,
+// position, logits) alone: the same as `sample` would draw there, whatever was drafted and however
+// long the block, so adaptive block sizes leave a seeded request's tokens unchanged.
 // `position` is the sequence position of drafts[0] (tokens already in the sequence before it):
 // the decision about drafts[j] draws at position + j.
 Acceptance accept_point_mass(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "acceptance.h"
+#include "adaptive.h"
+#include "cost_model.h"
 #include "errors.h"
 #include "executor.h"
 #include "metrics.h"
@@ -74,14 +76,18 @@ std::vector<LogitsRows> logits_list(const py::object& obj, size_t rows, const ch
 
 // The trampoline: a Python subclass of _core.Executor implements the phases; logits come back as
 // numpy arrays and are copied into LogitsRows here, so the scheduler sees no Python type.
+// Scheduler.step runs without the GIL, so every phase takes it for its whole body: the Python
+// objects a call returns are read after the call.
 class PyExecutor : public Executor {
  public:
   std::vector<LogitsRows> prefill(const std::vector<int64_t>& rows,
                                   const std::vector<std::vector<int64_t>>& prompts) override {
+    py::gil_scoped_acquire gil;
     return logits_list(call("prefill", rows, prompts), rows.size(), "prefill");
   }
   std::vector<std::vector<int64_t>> draft(const std::vector<int64_t>& rows, const std::vector<int64_t>& bonus,
                                           int64_t block_size) override {
+    py::gil_scoped_acquire gil;
     auto out = call("draft", rows, bonus, block_size).cast<std::vector<std::vector<int64_t>>>();
     if (out.size() != rows.size())
       throw Error("executor draft returned " + std::to_string(out.size()) + " token lists for " +
@@ -90,6 +96,7 @@ class PyExecutor : public Executor {
   }
   std::vector<LogitsRows> verify(const std::vector<int64_t>& rows,
                                  const std::vector<std::vector<int64_t>>& blocks) override {
+    py::gil_scoped_acquire gil;
     return logits_list(call("verify", rows, blocks), rows.size(), "verify");
   }
   void commit(const std::vector<int64_t>& rows, const std::vector<int64_t>& kept) override { call("commit", rows, kept); }
@@ -111,11 +118,27 @@ py::dict output_dict(const RequestOutput& o) {
   d["new_tokens"] = o.new_tokens;
   d["num_tokens"] = o.num_tokens;
   d["finish_reason"] = o.finish == Finish::kNone ? py::object(py::none()) : py::object(py::str(finish_name(o.finish)));
-  d["metrics"] = to_dict(o.metrics);
+  py::dict metrics = to_dict(o.metrics);
+  auto seconds = [](const std::optional<double>& s) { return s ? py::cast(*s) : py::object(py::none()); };
+  metrics["queue_time_s"] = seconds(o.timing.queue_time());
+  metrics["time_to_first_token_s"] = seconds(o.timing.time_to_first_token());
+  metrics["time_per_output_token_s"] = seconds(o.timing.time_per_output_token());
+  metrics["e2e_latency_s"] = seconds(o.timing.e2e_latency());
+  d["metrics"] = metrics;
   return d;
 }
 
+py::list cells_list(const std::vector<CostModel::Cell>& cells) {
+  py::list out;
+  for (const CostModel::Cell& c : cells)
+    out.append(py::dict(py::arg("rows") = c.rows, py::arg("block") = c.block, py::arg("seconds") = c.seconds,
+                        py::arg("count") = c.count));
+  return out;
+}
+
 }  // namespace
+
+void bind_ort_executor(py::module_& m);  // ort_bindings.cpp
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "dflash-trt C++ runtime core: counter RNG, sampling, acceptance, KV slots, metrics";
@@ -138,7 +161,6 @@ PYBIND11_MODULE(_core, m) {
         py::arg("counter"), py::arg("key"), "The raw Philox4x32-10 block: 4 counter words, 2 key words -> 4 words.");
   m.def("uniform", &uniform, py::arg("seed"), py::arg("request"), py::arg("position"), py::arg("draw"),
         "Uniform in [0, 1) (53 bits) at key (seed, request, position, draw); stateless.");
-  m.attr("ACCEPT_DRAW") = uint32_t(kAcceptDraw);
   m.attr("CATEGORICAL_DRAW") = uint32_t(kCategoricalDraw);
 
   py::class_<SamplingParams>(m, "SamplingParams")
@@ -214,21 +236,41 @@ PYBIND11_MODULE(_core, m) {
       "aggregate", [](const std::vector<SpecMetrics>& requests) { return to_dict(aggregate(requests)); },
       py::arg("requests"), "Summed counters of many requests, as a dict.");
 
+  m.def("expected_tokens", &expected_tokens, py::arg("acceptance"), py::arg("block"),
+        "E_B = 1 + sum_{k<B} prod_{j<=k} a_j: tokens one row commits per verify of block B.");
+  m.def("choose_block", &choose_block, py::arg("acceptance"), py::arg("limits"), py::arg("verify_cost"),
+        py::arg("draft_cost"),
+        "The adaptive policy: B in 1..len(verify_cost) maximising committed tokens per second (csrc/adaptive.h).");
+  py::class_<AcceptanceEstimate>(m, "AcceptanceEstimate")
+      .def(py::init<int64_t>(), py::arg("max_drafts"))
+      .def("observe", &AcceptanceEstimate::observe, py::arg("drafted"), py::arg("accepted"))
+      .def("decay", &AcceptanceEstimate::decay)
+      .def("acceptance", &AcceptanceEstimate::acceptance)
+      .def_property_readonly_static("DECAY", [](py::object) { return AcceptanceEstimate::kDecay; });
+  py::class_<CostModel>(m, "CostModel")
+      .def(py::init<>())
+      .def("observe", &CostModel::observe, py::arg("rows"), py::arg("block"), py::arg("seconds"))
+      .def("predict", &CostModel::predict, py::arg("rows"), py::arg("block"))
+      .def("cells", [](const CostModel& c) { return cells_list(c.cells()); });
+
   py::class_<Executor, PyExecutor>(m, "Executor",
                                    "Subclass in Python and implement prefill / draft / verify / commit / release "
                                    "(csrc/executor.h); rows are KV slot indices.")
       .def(py::init<>());
 
   py::class_<SchedulerConfig>(m, "SchedulerConfig")
-      .def(py::init([](int64_t max_batch, int64_t capacity, int64_t block_size, uint64_t engine_seed) {
-             return SchedulerConfig{max_batch, capacity, block_size, engine_seed};
+      .def(py::init([](int64_t max_batch, int64_t capacity, int64_t block_size, uint64_t engine_seed, bool adaptive,
+                       int64_t max_waiting) {
+             return SchedulerConfig{max_batch, capacity, block_size, engine_seed, adaptive, max_waiting};
            }),
            py::kw_only(), py::arg("max_batch") = 8, py::arg("capacity") = 2048, py::arg("block_size") = 4,
-           py::arg("engine_seed") = 0)
+           py::arg("engine_seed") = 0, py::arg("adaptive") = false, py::arg("max_waiting") = -1)
       .def_readonly("max_batch", &SchedulerConfig::max_batch)
       .def_readonly("capacity", &SchedulerConfig::capacity)
       .def_readonly("block_size", &SchedulerConfig::block_size)
-      .def_readonly("engine_seed", &SchedulerConfig::engine_seed);
+      .def_readonly("engine_seed", &SchedulerConfig::engine_seed)
+      .def_readonly("adaptive", &SchedulerConfig::adaptive)
+      .def_readonly("max_waiting", &SchedulerConfig::max_waiting);
 
   py::class_<RequestParams>(m, "RequestParams")
       .def(py::init([](int64_t max_tokens, double temperature, int64_t top_k, double top_p, py::object seed,
@@ -257,12 +299,48 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "step",
           [](Scheduler& s) {
+            std::vector<RequestOutput> outputs;
+            {
+              // Models run without the GIL: other Python threads (a server's front, clients) go on; a
+              // Python executor's phases take it back (ExecutorTrampoline::call).
+              py::gil_scoped_release release;
+              outputs = s.step();
+            }
             py::list out;
-            for (const RequestOutput& o : s.step()) out.append(output_dict(o));
+            for (const RequestOutput& o : outputs) out.append(output_dict(o));
             return out;
           },
           "One step over every live request -> [dict(request, new_tokens, num_tokens, finish_reason, metrics)].")
-      .def_property_readonly("num_live", &Scheduler::num_live)
+      .def("seed_cost", &Scheduler::seed_cost, py::arg("phase"), py::arg("rows"), py::arg("block"),
+           py::arg("seconds"), "Calibrate: one \"verify\" or \"draft\" call over rows at block took seconds.")
+      .def(
+          "stats",
+          [](const Scheduler& s) {
+            const SchedulerStats st = s.stats();
+            py::dict d;
+            d["adaptive"] = s.config().adaptive;
+            d["max_block"] = s.config().block_size;
+            py::dict seconds;
+            seconds["prefill"] = st.seconds.prefill;
+            seconds["draft"] = st.seconds.draft;
+            seconds["verify"] = st.seconds.verify;
+            seconds["commit"] = st.seconds.commit;
+            seconds["step"] = st.seconds.step;
+            d["seconds"] = seconds;
+            d["steps"] = st.seconds.steps;
+            d["last_block"] = st.last_block;
+            d["steps_per_block"] = st.steps_per_block;
+            d["acceptance"] = st.acceptance;
+            d["verify_cost"] = cells_list(st.verify_cost);
+            d["draft_cost"] = cells_list(st.draft_cost);
+            return d;
+          },
+          "The adaptive bookkeeping: last_block, steps_per_block, acceptance a_j, timed cost cells per phase.")
+      .def_property_readonly("num_running", &Scheduler::num_running)
+      .def_property_readonly("num_live", &Scheduler::num_running, "num_running's earlier name")
+      .def_property_readonly("num_waiting", &Scheduler::num_waiting)
       .def_property_readonly("has_work", &Scheduler::has_work)
       .def_property_readonly("slots", &Scheduler::slots, py::return_value_policy::reference_internal);
+
+  bind_ort_executor(m);
 }

@@ -2,6 +2,7 @@
 #include "metrics.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "errors.h"
 
@@ -34,6 +35,33 @@ SpecMetrics aggregate(const std::vector<SpecMetrics>& requests) {
   SpecMetrics total;
   for (const SpecMetrics& m : requests) total.merge(m);
   return total;
+}
+
+double RequestTiming::now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void RequestTiming::tokens(double t, int64_t count) {
+  DFLASH_INVARIANT(count >= 1);
+  if (!first_token) first_token = t;
+  last_token = t;
+  num_tokens += count;
+}
+
+namespace {
+std::optional<double> since(const std::optional<double>& start, const std::optional<double>& end) {
+  if (!start || !end) return std::nullopt;
+  return *end - *start;
+}
+}  // namespace
+
+std::optional<double> RequestTiming::queue_time() const { return since(arrival, scheduled); }
+std::optional<double> RequestTiming::time_to_first_token() const { return since(arrival, first_token); }
+std::optional<double> RequestTiming::e2e_latency() const { return since(arrival, finished); }
+
+std::optional<double> RequestTiming::time_per_output_token() const {
+  if (num_tokens < 2) return std::nullopt;
+  return *since(first_token, last_token) / double(num_tokens - 1);
 }
 
 }  // namespace dflash

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace dflash {
@@ -27,5 +28,29 @@ struct SpecMetrics {
 };
 
 SpecMetrics aggregate(const std::vector<SpecMetrics>& requests);
+
+// One request's time points, in seconds on the steady clock (monotonic; only differences mean
+// anything), and the latencies vLLM reports from them. A point not reached yet is unset, and so is
+// every latency that needs it.
+struct RequestTiming {
+  std::optional<double> arrival;      // add_request
+  std::optional<double> scheduled;    // the start of the step that prefills it (leaves the queue)
+  std::optional<double> first_token;  // its first token emitted
+  std::optional<double> last_token;   // its latest token emitted
+  std::optional<double> finished;     // finished or aborted
+  int64_t num_tokens = 0;             // output tokens at last_token
+
+  // The current steady-clock time in seconds.
+  static double now();
+  // Record `count` tokens emitted at time t (count >= 1).
+  void tokens(double t, int64_t count);
+
+  std::optional<double> queue_time() const;       // scheduled - arrival
+  std::optional<double> time_to_first_token() const;  // first_token - arrival
+  // Mean gap between output tokens after the first: (last_token - first_token) / (num_tokens - 1);
+  // unset until a second token. Tokens committed by one verify share a time point.
+  std::optional<double> time_per_output_token() const;
+  std::optional<double> e2e_latency() const;  // finished - arrival
+};
 
 }  // namespace dflash

@@ -45,10 +45,11 @@ inline Philox4x32Counter philox4x32_10(Philox4x32Counter x, Philox4x32Key k) {
   return x;
 }
 
-// What the sampler draws at one key. Draw index 0 decides acceptance of a drafted token at that
-// position, draw index 1 is the categorical draw for the token emitted there; further indices are
+// What the sampler draws at one key. Draw index 1 is the categorical draw for the token emitted at
+// that position (a plain sample, or the target's draw that a draft is compared with: acceptance.h);
+// index 0 was the accept-then-resample rule's acceptance draw and is unused, further indices are
 // free for later uses. Layout: key = seed, counter = (position, draw, request lo, request hi).
-enum Draw : uint32_t { kAcceptDraw = 0, kCategoricalDraw = 1 };
+enum Draw : uint32_t { kCategoricalDraw = 1 };
 
 // A uniform double in [0, 1) with 53 random bits (from the first two output words).
 inline double uniform(uint64_t seed, uint64_t request, uint32_t position, uint32_t draw) {

@@ -97,18 +97,17 @@ int64_t argmax(const float* row, int64_t vocab) {
   return best;
 }
 
-int64_t draw_categorical(const float* probs, int64_t vocab, double u, int64_t exclude) {
-  DFLASH_INVARIANT(vocab > 0 && u >= 0.0 && u < 1.0 && exclude < vocab);
+int64_t draw_categorical(const float* probs, int64_t vocab, double u) {
+  DFLASH_INVARIANT(vocab > 0 && u >= 0.0 && u < 1.0);
   double total = 0.0;
-  for (int64_t i = 0; i < vocab; ++i)
-    if (i != exclude) total += probs[i];
+  for (int64_t i = 0; i < vocab; ++i) total += probs[i];
   DFLASH_INVARIANT(total > 0.0);
   // Scaling u by the row's own total (not assuming 1) keeps float rounding from running off the end.
   const double target = u * total;
   double running = 0.0;
   int64_t last = -1;
   for (int64_t i = 0; i < vocab; ++i) {
-    if (i == exclude || probs[i] <= 0.0f) continue;
+    if (probs[i] <= 0.0f) continue;
     running += probs[i];
     last = i;
     if (running > target) return i;

@@ -33,8 +33,7 @@ void target_probs(const float* logits, int64_t rows, int64_t vocab, const Sampli
 int64_t argmax(const float* row, int64_t vocab);
 
 // Inverse-CDF draw from a probability row (need not be exactly normalised) with uniform u in [0, 1).
-// `exclude` >= 0 draws from the row with that token removed and the rest renormalised (the
-// residual of point-mass rejection sampling). Never returns a token of probability 0.
-int64_t draw_categorical(const float* probs, int64_t vocab, double u, int64_t exclude = -1);
+// Never returns a token of probability 0.
+int64_t draw_categorical(const float* probs, int64_t vocab, double u);
 
 }  // namespace dflash

@@ -1,4 +1,5 @@
-// scheduler.cpp: one step = pick rows -> prefill -> draft -> verify -> accept -> commit -> emit.
+// scheduler.cpp: one step = admit -> pick rows -> prefill -> choose block -> draft -> verify ->
+// accept -> commit -> emit.
 #include "scheduler.h"
 
 #include <algorithm>
@@ -20,56 +21,83 @@ const char* finish_name(Finish f) {
 }
 
 Scheduler::Scheduler(Executor& executor, const SchedulerConfig& config)
-    : executor_(executor), config_(config), slots_(config.max_batch, config.capacity) {
+    : executor_(executor),
+      config_(config),
+      slots_(config.max_batch, config.capacity),
+      acceptance_(config.block_size - 1),
+      steps_per_block_(std::max<int64_t>(config.block_size, 0), 0) {
   if (config.block_size < 1)
     throw Error("block_size must be at least 1 (1: plain decoding), got " + std::to_string(config.block_size));
   if (config.block_size > config.capacity)
     throw Error("block_size " + std::to_string(config.block_size) + " is larger than a KV slot (" +
                 std::to_string(config.capacity) + " tokens)");
+  if (config.max_waiting < -1)
+    throw Error("max_waiting must be -1 (no cap) or at least 0, got " + std::to_string(config.max_waiting));
 }
 
 int64_t Scheduler::add_request(const std::vector<int64_t>& prompt, const RequestParams& params) {
   params.sampling.validate();
   if (params.max_tokens < 1) throw Error("max_tokens must be at least 1, got " + std::to_string(params.max_tokens));
   const int64_t id = next_id_;
-  // The allocator refuses (one line) a request that can never fit or finds no free slot.
-  const int64_t slot = slots_.allocate(id, int64_t(prompt.size()), params.max_tokens);
+  // The allocator's one line for a request that can never fit, whatever is free now.
+  slots_.check_fits(id, int64_t(prompt.size()), params.max_tokens);
+  const bool queued = !waiting_.empty() || slots_.num_free() == 0;
+  if (queued && config_.max_waiting >= 0 && num_waiting() >= config_.max_waiting)
+    throw Error("no free KV slot for request " + std::to_string(id) + " and the waiting queue is full (" +
+                std::to_string(config_.max_waiting) + " requests); retry after a request finishes or raise max_waiting");
   ++next_id_;
   Request r;
   r.id = id;
-  r.slot = slot;
   r.prompt = prompt;
   r.params = params;
+  r.timing.arrival = RequestTiming::now();
   // A seeded request's stream is 0, so its tokens depend on its seed alone, not on its id or on when
   // it arrived; an unseeded one draws from the engine seed on a stream of its own.
   r.seed = params.seeded ? params.sampling.seed : config_.engine_seed;
   r.stream = params.seeded ? 0 : uint64_t(id) + 1;
   r.params.sampling.seed = r.seed;
-  live_.push_back(std::move(r));
+  waiting_.push_back(std::move(r));
+  if (!queued) admit();
   return id;
 }
 
 bool Scheduler::abort(int64_t request) {
-  auto it = std::find_if(live_.begin(), live_.end(), [&](const Request& r) { return r.id == request; });
-  if (it == live_.end() || it->finish != Finish::kNone) return false;
-  RequestOutput o;
-  o.request = it->id;
-  o.num_tokens = int64_t(it->tokens.size());
-  o.finish = Finish::kAbort;
-  o.metrics = it->metrics;
-  finish(*it, Finish::kAbort);
-  aborted_.push_back(std::move(o));
-  live_.erase(it);
-  return true;
+  auto match = [&](const Request& r) { return r.id == request; };
+  auto abort_now = [&](Request& r) {
+    finish(r, Finish::kAbort);
+    RequestOutput o;
+    o.request = r.id;
+    o.num_tokens = int64_t(r.tokens.size());
+    o.finish = Finish::kAbort;
+    o.metrics = r.metrics;
+    o.timing = r.timing;
+    aborted_.push_back(std::move(o));
+  };
+  auto running = std::find_if(live_.begin(), live_.end(), match);
+  if (running != live_.end() && running->finish == Finish::kNone) {
+    abort_now(*running);
+    live_.erase(running);
+    return true;
+  }
+  auto waiting = std::find_if(waiting_.begin(), waiting_.end(), match);
+  if (waiting != waiting_.end()) {
+    abort_now(*waiting);
+    waiting_.erase(waiting);
+    return true;
+  }
+  return false;
 }
 
 std::vector<RequestOutput> Scheduler::step() {
   std::vector<RequestOutput> out;
+  const double step_start = RequestTiming::now();
   try {
+    admit();
     const std::vector<Request*> fresh = pick_rows(false);  // pick before prefill marks them
     const std::vector<Request*> rows = pick_rows(true);
     prefill(fresh, out);
     if (!rows.empty()) {
+      choose_block(rows);
       draft(rows);
       accept(rows, verify(rows));
       commit(rows);
@@ -84,10 +112,21 @@ std::vector<RequestOutput> Scheduler::step() {
   // Aborts since the last step come first (kept for the next step if this one threw).
   out.insert(out.begin(), std::make_move_iterator(aborted_.begin()), std::make_move_iterator(aborted_.end()));
   aborted_.clear();
+  seconds_.step += RequestTiming::now() - step_start;
+  ++seconds_.steps;
   return out;
 }
 
 // -- phases -------------------------------------------------------------------------------------
+
+void Scheduler::admit() {
+  while (!waiting_.empty() && slots_.num_free() > 0) {
+    Request& r = waiting_.front();
+    r.slot = slots_.allocate(r.id, int64_t(r.prompt.size()), r.params.max_tokens);
+    live_.push_back(std::move(r));
+    waiting_.pop_front();
+  }
+}
 
 std::vector<Scheduler::Request*> Scheduler::pick_rows(bool prefilled) {
   std::vector<Request*> rows;
@@ -99,14 +138,18 @@ std::vector<Scheduler::Request*> Scheduler::pick_rows(bool prefilled) {
 
 void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOutput>& out) {
   if (rows.empty()) return;
+  const double start = RequestTiming::now();
   std::vector<int64_t> slots;
   std::vector<std::vector<int64_t>> prompts;
   for (Request* r : rows) {
     slots.push_back(r->slot);
     prompts.push_back(r->prompt);
     slots_.reserve(r->slot, int64_t(r->prompt.size()));
+    if (!r->timing.scheduled) r->timing.scheduled = start;
   }
+  const double prefill_start = RequestTiming::now();
   const std::vector<LogitsRows> logits = executor_.prefill(slots, prompts);
+  seconds_.prefill += RequestTiming::now() - prefill_start;
   DFLASH_INVARIANT(logits.size() == rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     Request& r = *rows[i];
@@ -122,21 +165,41 @@ void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOu
   }
 }
 
-int64_t Scheduler::block_for(const Request& r) const {
+int64_t Scheduler::limit_for(const Request& r) const {
   // Never verify more than the request may still emit (the slot always has room for that, as
   // prompt + max_tokens fit: length + remaining = prompt + max_tokens - 1).
   const int64_t remaining = r.params.max_tokens - int64_t(r.tokens.size());
   const int64_t room = slots_.capacity() - slots_.length(r.slot);
-  const int64_t block = std::min({config_.block_size, remaining, room});
-  DFLASH_INVARIANT(block >= 1);
-  return block;
+  const int64_t limit = std::min({config_.block_size, remaining, room});
+  DFLASH_INVARIANT(limit >= 1);
+  return limit;
+}
+
+void Scheduler::choose_block(const std::vector<Request*>& rows) {
+  std::vector<int64_t> limits;
+  for (const Request* r : rows) limits.push_back(limit_for(*r));
+  step_block_ = config_.block_size;
+  if (config_.adaptive && config_.block_size > 1 && !verify_cost_.empty()) {
+    // Seconds per B for this many rows; the draft call covers the rows whose block reaches 2. A
+    // draft never timed yet costs nothing and, before any verify timing, the step takes the
+    // largest block (above): either way the policy tries what it has not measured, and learns.
+    const int64_t n = int64_t(rows.size());
+    std::vector<double> verify(config_.block_size), draft(config_.block_size, 0.0);
+    for (int64_t b = 1; b <= config_.block_size; ++b) {
+      verify[b - 1] = *verify_cost_.predict(n, b);
+      const int64_t drafting = std::count_if(limits.begin(), limits.end(), [&](int64_t l) { return std::min(b, l) >= 2; });
+      if (b > 1 && drafting > 0) draft[b - 1] = draft_cost_.predict(drafting, b).value_or(0.0);
+    }
+    step_block_ = dflash::choose_block(acceptance_.acceptance(), limits, verify, draft);
+  }
+  for (size_t i = 0; i < rows.size(); ++i) rows[i]->block = std::min(step_block_, limits[i]);
+  ++steps_per_block_[step_block_ - 1];
 }
 
 void Scheduler::draft(const std::vector<Request*>& rows) {
   std::vector<int64_t> slots, bonus;
   std::vector<Request*> drafting;
   for (Request* r : rows) {
-    r->block = block_for(*r);
     r->drafts.clear();
     if (r->block < 2) continue;  // only the bonus to verify: nothing to draft
     drafting.push_back(r);
@@ -144,14 +207,17 @@ void Scheduler::draft(const std::vector<Request*>& rows) {
     bonus.push_back(r->tokens.back());
   }
   if (drafting.empty()) return;
-  // Every drafting row drafts the engine's block; a row near its end keeps only what it may use.
-  const std::vector<std::vector<int64_t>> drafts = executor_.draft(slots, bonus, config_.block_size);
+  // Every drafting row drafts the step's block; a row near its end keeps only what it may use.
+  const double start = RequestTiming::now();
+  const std::vector<std::vector<int64_t>> drafts = executor_.draft(slots, bonus, step_block_);
+  draft_cost_.observe(int64_t(drafting.size()), step_block_, RequestTiming::now() - start);
+  seconds_.draft += RequestTiming::now() - start;
   DFLASH_INVARIANT(drafts.size() == drafting.size());
   for (size_t i = 0; i < drafting.size(); ++i) {
     Request& r = *drafting[i];
-    if (int64_t(drafts[i].size()) != config_.block_size - 1)
+    if (int64_t(drafts[i].size()) != step_block_ - 1)
       throw Error("executor draft returned " + std::to_string(drafts[i].size()) + " tokens for slot " +
-                  std::to_string(r.slot) + "; expected block_size - 1 = " + std::to_string(config_.block_size - 1));
+                  std::to_string(r.slot) + "; expected block_size - 1 = " + std::to_string(step_block_ - 1));
     r.drafts.assign(drafts[i].begin(), drafts[i].begin() + (r.block - 1));
   }
 }
@@ -159,14 +225,19 @@ void Scheduler::draft(const std::vector<Request*>& rows) {
 std::vector<LogitsRows> Scheduler::verify(const std::vector<Request*>& rows) {
   std::vector<int64_t> slots;
   std::vector<std::vector<int64_t>> blocks;
+  int64_t widest = 1;
   for (Request* r : rows) {
     std::vector<int64_t> block{r->tokens.back()};
     block.insert(block.end(), r->drafts.begin(), r->drafts.end());
     slots_.reserve(r->slot, int64_t(block.size()));
+    widest = std::max(widest, int64_t(block.size()));
     slots.push_back(r->slot);
     blocks.push_back(std::move(block));
   }
+  const double start = RequestTiming::now();
   std::vector<LogitsRows> logits = executor_.verify(slots, blocks);
+  verify_cost_.observe(int64_t(rows.size()), widest, RequestTiming::now() - start);
+  seconds_.verify += RequestTiming::now() - start;
   DFLASH_INVARIANT(logits.size() == rows.size());
   for (size_t i = 0; i < rows.size(); ++i)
     if (logits[i].rows != int64_t(blocks[i].size()))
@@ -177,6 +248,7 @@ std::vector<LogitsRows> Scheduler::verify(const std::vector<Request*>& rows) {
 }
 
 void Scheduler::accept(const std::vector<Request*>& rows, const std::vector<LogitsRows>& logits) {
+  acceptance_.decay();
   for (size_t i = 0; i < rows.size(); ++i) {
     Request& r = *rows[i];
     // drafts[0] sits one after the bonus, whose position is the committed length.
@@ -185,7 +257,9 @@ void Scheduler::accept(const std::vector<Request*>& rows, const std::vector<Logi
                                         logits[i].vocab, r.params.sampling, r.stream, position);
     r.accepted = a.accepted;
     r.next = a.next;
-    if (!r.drafts.empty()) r.metrics.record(int64_t(r.drafts.size()), a.accepted);
+    if (r.drafts.empty()) continue;
+    r.metrics.record(int64_t(r.drafts.size()), a.accepted);
+    acceptance_.observe(int64_t(r.drafts.size()), a.accepted);
   }
 }
 
@@ -195,7 +269,9 @@ void Scheduler::commit(const std::vector<Request*>& rows) {
     slots.push_back(r->slot);
     kept.push_back(r->accepted + 1);  // the bonus and the accepted drafts stay in the cache
   }
+  const double commit_start = RequestTiming::now();
   executor_.commit(slots, kept);
+  seconds_.commit += RequestTiming::now() - commit_start;
   for (size_t i = 0; i < rows.size(); ++i) slots_.commit(slots[i], kept[i]);
 }
 
@@ -227,9 +303,11 @@ void Scheduler::emit_tokens(Request& r, const std::vector<int64_t>& tokens, std:
       break;
     }
   }
+  r.timing.tokens(RequestTiming::now(), int64_t(o.new_tokens.size()));
   o.num_tokens = int64_t(r.tokens.size());
   o.metrics = r.metrics;
   if (o.finish != Finish::kNone) finish(r, o.finish);
+  o.timing = r.timing;
   out.push_back(std::move(o));
 }
 
@@ -238,6 +316,8 @@ void Scheduler::emit_tokens(Request& r, const std::vector<int64_t>& tokens, std:
 void Scheduler::finish(Request& r, Finish why) {
   DFLASH_INVARIANT(why != Finish::kNone && r.finish == Finish::kNone);
   r.finish = why;
+  r.timing.finished = RequestTiming::now();
+  if (r.slot < 0) return;  // still waiting: no slot, no executor row
   if (slots_.reserved(r.slot)) slots_.rollback(r.slot);
   slots_.free(r.slot);
   executor_.release(r.slot);
@@ -246,6 +326,26 @@ void Scheduler::finish(Request& r, Finish why) {
 void Scheduler::rollback_reserved() {
   for (Request& r : live_)
     if (r.finish == Finish::kNone && slots_.reserved(r.slot)) slots_.rollback(r.slot);
+}
+
+void Scheduler::seed_cost(const std::string& phase, int64_t rows, int64_t block, double seconds) {
+  if (rows < 1 || block < 1)
+    throw Error("seed_cost: rows and block must be at least 1, got rows " + std::to_string(rows) + ", block " +
+                std::to_string(block));
+  if (phase == "verify") verify_cost_.observe(rows, block, seconds);
+  else if (phase == "draft") draft_cost_.observe(rows, block, seconds);
+  else throw Error("seed_cost: phase must be \"verify\" or \"draft\", got \"" + phase + "\"");
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s;
+  s.seconds = seconds_;
+  s.last_block = step_block_;
+  s.steps_per_block = steps_per_block_;
+  s.acceptance = acceptance_.acceptance();
+  s.verify_cost = verify_cost_.cells();
+  s.draft_cost = draft_cost_.cells();
+  return s;
 }
 
 }  // namespace dflash

@@ -1,20 +1,25 @@
 // scheduler.h: requests join and leave between steps; one step runs every live request through
-// pick rows -> prefill (new ones) -> draft -> verify -> accept -> commit -> emit.
+// admit -> pick rows -> prefill (new ones) -> choose block -> draft -> verify -> accept -> commit -> emit.
 //
 // The scheduler keeps the books and makes every decision about tokens; the Executor runs models.
 // A request's tokens depend only on its prompt, its params and the logits its own rows produce:
-// block sizes are a function of the request's own state, and randomness comes from the counter
-// RNG keyed by (seed, stream, position) (rng.h), so the batch around a request never changes it.
+// randomness comes from the counter RNG keyed by (seed, stream, position) (rng.h), and the token at
+// a position is the target's draw there whatever was drafted (acceptance.h), so neither the batch
+// around a request nor the block size a step picks changes it.
 //
-// Block size is fixed per engine for now (`block_size`, 1 = plain decoding); near the end of a
-// request a row's block shrinks to the tokens it may still emit. Adaptive speculation (choosing the
-// block per step from calibrated step cost and per-slot acceptance) comes later (csrc/README.md).
+// Requests beyond the free slots wait in a FIFO queue and are admitted at the start of a step.
+// The verify block is either fixed (`block_size`, 1 = plain decoding) or chosen per step by the
+// adaptive policy (adaptive.h) from the acceptance estimate and the timed cost of executor calls
+// (cost_model.h); near the end of a request a row's block shrinks to the tokens it may still emit.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
+#include "adaptive.h"
+#include "cost_model.h"
 #include "executor.h"
 #include "metrics.h"
 #include "sampling.h"
@@ -23,10 +28,12 @@
 namespace dflash {
 
 struct SchedulerConfig {
-  int64_t max_batch = 8;   // KV slots: live requests at once
+  int64_t max_batch = 8;   // KV slots: running requests at once
   int64_t capacity = 2048; // tokens per slot (prompt + max_tokens must fit)
-  int64_t block_size = 4;  // verify block (bonus + block_size - 1 drafts); 1: no drafter
+  int64_t block_size = 4;  // verify block (bonus + block_size - 1 drafts); adaptive: the largest; 1: no drafter
   uint64_t engine_seed = 0;  // the seed of requests that bring none
+  bool adaptive = false;     // choose the block per step in 1..block_size (adaptive.h)
+  int64_t max_waiting = -1;  // requests queued beyond the slots; -1: no cap, 0: refuse when full
 };
 
 struct RequestParams {
@@ -49,6 +56,23 @@ struct RequestOutput {
   int64_t num_tokens = 0;  // output tokens so far, these included
   Finish finish = Finish::kNone;
   SpecMetrics metrics;
+  RequestTiming timing;
+};
+
+// Seconds spent, summed over every step: in the executor's phases and in whole steps. The rest of a
+// step (step - the phases) is the core's own overhead: scheduling, acceptance, sampling, emitting.
+struct PhaseSeconds {
+  double prefill = 0, draft = 0, verify = 0, commit = 0, step = 0;
+  int64_t steps = 0;
+};
+
+// What the adaptive bookkeeping has learnt, for benches and logs.
+struct SchedulerStats {
+  PhaseSeconds seconds;
+  int64_t last_block = 0;                // the block of the latest step that verified (0: none yet)
+  std::vector<int64_t> steps_per_block;  // [B - 1]: verify steps that chose B
+  std::vector<double> acceptance;        // a_1..a_{max - 1}
+  std::vector<CostModel::Cell> verify_cost, draft_cost;
 };
 
 class Scheduler {
@@ -56,24 +80,31 @@ class Scheduler {
   // `executor` must outlive the scheduler.
   Scheduler(Executor& executor, const SchedulerConfig& config);
 
-  // Admit a request (it prefills at the next step) -> its id. Refused with one line (dflash::Error),
-  // before any work, when it can never fit a slot or every slot is taken.
+  // Queue a request -> its id; it takes a free slot now if none is waiting before it, else at the
+  // start of a later step. Refused with one line (dflash::Error), before any work, when it can never
+  // fit a slot or the waiting queue is full.
   int64_t add_request(const std::vector<int64_t>& prompt, const RequestParams& params);
-  // Finish a live request now: its slot is free on return; its "abort" output comes with the next
-  // step. False when the id is not live (unknown, finished or aborted already).
+  // Finish a running or waiting request now: its slot is free on return; its "abort" output comes
+  // with the next step. False when the id is not live (unknown, finished or aborted already).
   bool abort(int64_t request);
-  // One step over every live request.
+  // One step over every running request.
   std::vector<RequestOutput> step();
 
-  int64_t num_live() const { return int64_t(live_.size()); }
-  bool has_work() const { return !live_.empty() || !aborted_.empty(); }
+  // Seed the cost model with a calibration: one `phase` call ("verify" or "draft") over `rows` rows
+  // at block `block` took `seconds`. Live timings join the same model.
+  void seed_cost(const std::string& phase, int64_t rows, int64_t block, double seconds);
+  SchedulerStats stats() const;
+
+  int64_t num_running() const { return int64_t(live_.size()); }
+  int64_t num_waiting() const { return int64_t(waiting_.size()); }
+  bool has_work() const { return !live_.empty() || !waiting_.empty() || !aborted_.empty(); }
   const SlotAllocator& slots() const { return slots_; }
   const SchedulerConfig& config() const { return config_; }
 
  private:
   struct Request {
     int64_t id = -1;
-    int64_t slot = -1;
+    int64_t slot = -1;  // -1 while waiting
     std::vector<int64_t> prompt;
     RequestParams params;
     uint64_t seed = 0, stream = 0;  // counter RNG key
@@ -81,6 +112,7 @@ class Scheduler {
     bool prefilled = false;
     Finish finish = Finish::kNone;
     SpecMetrics metrics;
+    RequestTiming timing;
     // this step's work
     int64_t block = 0;  // verify block size
     std::vector<int64_t> drafts;
@@ -89,8 +121,10 @@ class Scheduler {
   };
 
   // The phases of step(), in order.
+  void admit();
   std::vector<Request*> pick_rows(bool prefilled);
   void prefill(const std::vector<Request*>& rows, std::vector<RequestOutput>& out);
+  void choose_block(const std::vector<Request*>& rows);
   void draft(const std::vector<Request*>& rows);
   std::vector<LogitsRows> verify(const std::vector<Request*>& rows);
   void accept(const std::vector<Request*>& rows, const std::vector<LogitsRows>& logits);
@@ -99,16 +133,23 @@ class Scheduler {
   // Append tokens one at a time through the stop rule; finishing frees the slot.
   void emit_tokens(Request& r, const std::vector<int64_t>& tokens, std::vector<RequestOutput>& out);
 
-  void finish(Request& r, Finish why);  // frees the slot and the executor's row
+  void finish(Request& r, Finish why);  // frees the slot (if any) and the executor's row
   void rollback_reserved();             // after an executor error: no slot keeps a claim
-  int64_t block_for(const Request& r) const;
+  int64_t limit_for(const Request& r) const;  // the largest block the row may verify
 
   Executor& executor_;
   SchedulerConfig config_;
   SlotAllocator slots_;
   int64_t next_id_ = 0;
-  std::vector<Request> live_;               // in admission order
-  std::vector<RequestOutput> aborted_;      // emitted at the next step
+  std::deque<Request> waiting_;          // FIFO, no slot yet
+  std::vector<Request> live_;            // running, in admission order
+  std::vector<RequestOutput> aborted_;   // emitted at the next step
+  // adaptive speculation
+  int64_t step_block_ = 0;  // this step's block (each row's block is at most this)
+  AcceptanceEstimate acceptance_;
+  CostModel verify_cost_, draft_cost_;
+  PhaseSeconds seconds_;
+  std::vector<int64_t> steps_per_block_;
 };
 
 }  // namespace dflash

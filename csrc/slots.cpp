@@ -13,7 +13,7 @@ SlotAllocator::SlotAllocator(int64_t num_slots, int64_t capacity) : capacity_(ca
   slots_.resize(num_slots);
 }
 
-int64_t SlotAllocator::allocate(int64_t request, int64_t prompt_tokens, int64_t max_tokens) {
+void SlotAllocator::check_fits(int64_t request, int64_t prompt_tokens, int64_t max_tokens) const {
   if (request < 0) throw Error("request id must be >= 0, got " + std::to_string(request));
   if (prompt_tokens < 1 || max_tokens < 1)
     throw Error("request " + std::to_string(request) + ": prompt and max_tokens must each be at least 1 token");
@@ -23,6 +23,10 @@ int64_t SlotAllocator::allocate(int64_t request, int64_t prompt_tokens, int64_t 
                 std::to_string(prompt_tokens) + " + max_tokens " + std::to_string(max_tokens) +
                 ") but a KV slot holds " + std::to_string(capacity_) +
                 "; shorten the prompt, lower max_tokens or raise the slot capacity");
+}
+
+int64_t SlotAllocator::allocate(int64_t request, int64_t prompt_tokens, int64_t max_tokens) {
+  check_fits(request, prompt_tokens, max_tokens);
   int64_t found = -1;
   for (int64_t i = 0; i < num_slots(); ++i) {
     if (slots_[i].request == request)

@@ -6,13 +6,15 @@ TorchTargetSession / TorchDraftSession or onnxruntime's OrtTargetSession / OrtDr
 through `LLM._sessions`. A phase is therefore batched in name only; true batched graphs come with
 graph contract v2 (docs/design/contract-v2.md) and the C++ executors.
 
-`CoreEngine` is the small Python face used by the tests for now: add_request / abort / step /
-run-until-done. Nothing in `LLM` uses it yet.
+`CoreEngine` is the small Python face over the scheduler: add_request / abort / step /
+run-until-done / stats, with adaptive speculation on by default (its cost model seeded at load by
+`calibrate_costs`).
 """
 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,8 +111,42 @@ class CoreOutput:
     metrics: dict = field(default_factory=dict)
 
 
+def calibrate_costs(
+    scheduler, executor, rows: Sequence[int], blocks: Sequence[int], prompt: Sequence[int]
+) -> None:
+    """Seed the scheduler's cost model before any request: time one verify (and one draft, for a block
+    of 2 or more) per (rows, block) on dummy rows, each after an untimed run of the same shape (first
+    calls pay for lazy set-up: onnxruntime plans a shape on its first run, and a cold verify timed at
+    5 s once kept the policy at B=1 for good). Rows 0..n-1 must be free; they are released after."""
+    for n in rows:
+        slots = list(range(n))
+        executor.prefill(slots, [list(prompt)] * n)
+        bonus = [int(prompt[-1])] * n
+        for block in blocks:
+            for timed in (False, True):
+                drafts = [[] for _ in slots]
+                if block > 1:
+                    start = time.perf_counter()
+                    drafts = executor.draft(slots, bonus, block)
+                    if timed:
+                        scheduler.seed_cost("draft", n, block, time.perf_counter() - start)
+                start = time.perf_counter()
+                executor.verify(slots, [[b, *d] for b, d in zip(bonus, drafts, strict=True)])
+                if timed:
+                    scheduler.seed_cost("verify", n, block, time.perf_counter() - start)
+                executor.commit(slots, [1] * n)
+        for row in slots:
+            executor.release(row)
+
+
 class CoreEngine:
-    """Requests join and leave between steps; each step runs every live request once."""
+    """Requests join and leave between steps; each step runs every running request once, and
+    requests beyond the free slots wait in the core's queue.
+
+    `adaptive` (default: on when speculative and `block_size` is not pinned) lets each step choose its
+    verify block in 1..block_size (the model's block unless pinned) from the measured cost of the
+    executor's calls and the running acceptance estimate; `calibrate` times a few calls at load to
+    seed the cost model (`calibrate_costs`)."""
 
     def __init__(
         self,
@@ -120,18 +156,44 @@ class CoreEngine:
         block_size: int | None = None,
         speculative: bool = True,
         engine_seed: int | None = None,
+        adaptive: bool | None = None,
+        max_waiting: int = -1,
+        max_block: int | None = None,
+        calibrate: bool = True,
     ):
         core = _core()
         if speculative and not llm.has_drafter:
             raise DFlashError("speculative=True needs a drafter: pass draft=... or use speculative=False")
-        block = (block_size or llm.block_size) if speculative else 1
+        block = (block_size or max_block or llm.block_size) if speculative else 1
+        adaptive = (speculative and block_size is None) if adaptive is None else adaptive
+        if adaptive and not speculative:
+            raise DFlashError(
+                "adaptive=True chooses among speculative block sizes: it needs speculative=True"
+            )
         self.llm = llm
-        self.executor = executor(llm, speculative)
+        # A slots bundle runs on the C++ onnxruntime executor (its KV slots sized here); else the sessions.
+        batched = getattr(llm, "batched_only", False)
+        self.executor = llm._bundle.executor(max_batch, capacity) if batched else executor(llm, speculative)
         seed = random.getrandbits(64) if engine_seed is None else engine_seed
         self.scheduler = core.Scheduler(
             self.executor,
-            core.SchedulerConfig(max_batch=max_batch, capacity=capacity, block_size=block, engine_seed=seed),
+            core.SchedulerConfig(
+                max_batch=max_batch,
+                capacity=capacity,
+                block_size=block,
+                engine_seed=seed,
+                adaptive=adaptive,
+                max_waiting=max_waiting,
+            ),
         )
+        if adaptive and calibrate and block > 1:
+            calibrate_costs(
+                self.scheduler,
+                self.executor,
+                sorted({1, max_batch}),
+                sorted({1, block}),
+                [0] * max(1, min(8, capacity // 2)),
+            )
         self.outputs: dict[int, CoreOutput] = {}
 
     @property
@@ -179,6 +241,15 @@ class CoreEngine:
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
+
+    def stats(self) -> dict:
+        """Requests running and waiting, and the adaptive bookkeeping: the block each step chose
+        (`last_block`, `steps_per_block`), acceptance estimates a_j, timed phase costs."""
+        return {
+            "num_running": self.scheduler.num_running,
+            "num_waiting": self.scheduler.num_waiting,
+            **self.scheduler.stats(),
+        }
 
     def run(self, prompts: Sequence | None = None, params: SamplingParams | None = None) -> list[CoreOutput]:
         """Add `prompts` (if any), then step until no request is live -> their outputs, in order."""

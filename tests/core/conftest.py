@@ -13,3 +13,19 @@ def core():
     if importlib.util.find_spec("dflash_trt._core") is None:
         pytest.skip("dflash_trt._core is not built: run `bash scripts/setup.sh` (needs a C++17 compiler)")
     return importlib.import_module("dflash_trt._core")
+
+
+@pytest.fixture(scope="session")
+def engine_module(core):
+    from dflash_trt.runtime import core_engine
+
+    return core_engine
+
+
+@pytest.fixture(scope="session")
+def llms(tiny_pairs, small_vocab_pair):
+    from dflash_trt import LLM
+
+    made = {family: LLM(*map(str, tiny_pairs[family])) for family in ("llama", "qwen3")}
+    made["small_vocab"] = LLM(*map(str, small_vocab_pair))  # drafts often accepted: acceptance is exercised
+    return made

@@ -1,6 +1,7 @@
-"""Acceptance (csrc/acceptance.cpp). Greedy equals the Python oracle; point-mass rejection sampling
-emits the target distribution exactly (chi-square, with a check that the test can reject a biased
-rule); a request's tokens depend only on its own key, never on other requests."""
+"""Acceptance (csrc/acceptance.cpp). Greedy equals the Python oracle; point-mass speculative sampling
+(sample, then compare) emits the target distribution exactly (chi-square, with a check that the
+test can reject a biased rule) and each token is the target's own draw at its position; a request's
+tokens depend only on its own key, never on other requests."""
 
 import numpy as np
 import pytest
@@ -95,6 +96,26 @@ def test_all_accepted_draws_the_bonus_from_the_last_row(core):
         assert n == 2
         counts[bonus] += 1
     assert fits(counts, target_probs(logits[2], SamplingParams(**params)).numpy()) > 1e-3
+
+
+def test_each_committed_token_is_the_targets_own_draw_at_its_position(core):
+    """Sample, then compare: whatever was drafted, the token emitted at a position is the one `sample`
+    draws there, so a request's tokens do not depend on its drafts or its block size."""
+    gen = torch.Generator().manual_seed(11)
+    params = core.SamplingParams(temperature=1.1, top_k=5, top_p=0.9, seed=77)
+    accepted_some = rejected_some = False
+    for case in range(300):
+        drafted = int(torch.randint(0, 6, (), generator=gen))
+        logits = (torch.randn(drafted + 1, VOCAB, generator=gen) * 2).numpy()
+        own = [core.sample(logits[j], params, case, 40 + j) for j in range(drafted + 1)]
+        # drafts follow the target's draws for a random prefix, then are random
+        cut = int(torch.randint(0, drafted + 1, (), generator=gen))
+        drafts = own[:cut] + torch.randint(0, VOCAB, (drafted - cut,), generator=gen).tolist()
+        n, nxt = core.accept(drafts, logits, params, case, 40)
+        assert [*drafts[:n], nxt] == own[: n + 1], case
+        accepted_some |= n > 0
+        rejected_some |= n < drafted
+    assert accepted_some and rejected_some
 
 
 def test_a_requests_tokens_do_not_depend_on_other_requests(core):

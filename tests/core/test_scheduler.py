@@ -1,64 +1,15 @@
 """The core's scheduler (csrc/scheduler.cpp) over the Python session executor (runtime/core_engine.py),
-against the oracle: every request's greedy output equals its own autoregressive output from
-LLM.generate(..., speculative=False), whatever else is in the batch and whenever it arrived."""
+against the oracle: every request's greedy output equals its own autoregressive output from the
+Python reference loop (LLM.stream(..., speculative=False)), whatever else is in the batch and whenever
+it arrived. Adaptive speculation is on unless a test pins the block size."""
 
 import random
 
 import pytest
+from scheduler_checks import autoregressive, drive, reference, workload
 
 from dflash_trt import LLM, SamplingParams
 from dflash_trt.errors import DFlashError
-
-
-@pytest.fixture(scope="module")
-def engine_module(core):
-    from dflash_trt.runtime import core_engine
-
-    return core_engine
-
-
-@pytest.fixture(scope="module")
-def llms(tiny_pairs, small_vocab_pair):
-    made = {family: LLM(*map(str, tiny_pairs[family])) for family in ("llama", "qwen3")}
-    made["small_vocab"] = LLM(*map(str, small_vocab_pair))  # drafts often accepted: acceptance is exercised
-    return made
-
-
-_AR = {}
-
-
-def autoregressive(llm, name, prompt, params):
-    key = (name, tuple(prompt), params)
-    if key not in _AR:
-        _AR[key] = llm.generate(prompt, params, speculative=False)[0]
-    return _AR[key]
-
-
-def workload(vocab, count, seed):
-    """`count` (arrival step, prompt, params): prompts of 1..24 tokens, max_tokens 3..20, some stopping on EOS."""
-    rng = random.Random(seed)
-    top = min(vocab, 5) if vocab <= 6 else vocab  # the small pair's MASK (5) is not a prompt token
-    work, step = [], 0
-    for i in range(count):
-        prompt = [rng.randrange(top) for _ in range(rng.randint(1, 24))]
-        params = SamplingParams(max_tokens=rng.randint(3, 20), ignore_eos=i % 2 == 0)
-        work.append((step, prompt, params))
-        step += rng.choice([0, 1, 2])
-    return work
-
-
-def drive(engine, work):
-    """Add each request at its arrival step (later if every slot is taken); step until all finish."""
-    waiting = list(enumerate(work))
-    ids, step = {}, 0
-    while waiting or engine.has_work:
-        while waiting and waiting[0][1][0] <= step and engine.scheduler.num_live < engine.slots.num_slots:
-            index, (_, prompt, params) = waiting.pop(0)
-            ids[index] = engine.add_request(prompt, params)
-        engine.step()
-        step += 1
-        assert step < 2000, "the engine does not finish"
-    return [engine.outputs[ids[i]] for i in range(len(work))]
 
 
 @pytest.mark.parametrize("name", ["qwen3", "llama", "small_vocab"])
@@ -66,7 +17,10 @@ def drive(engine, work):
 def test_greedy_equals_each_requests_autoregressive_output(engine_module, llms, name, concurrency):
     llm = llms[name]
     work = workload(llm.vocab_size, 8 if concurrency > 1 else 4, seed=concurrency)
-    engine = engine_module.CoreEngine(llm, max_batch=concurrency, capacity=64)
+    # The small pair pins its block so that speculation surely happens (adaptive may pick B = 1 for a
+    # drafter that is rarely right); the random pairs run adaptive.
+    pinned = llm.block_size if name == "small_vocab" else None
+    engine = engine_module.CoreEngine(llm, max_batch=concurrency, capacity=64, block_size=pinned)
     outputs = drive(engine, work)
     for (_, prompt, params), out in zip(work, outputs, strict=True):
         ref = autoregressive(llm, name, prompt, params)
@@ -92,7 +46,8 @@ def test_greedy_equals_the_python_speculative_loop(engine_module, llms):
     llm = llms["small_vocab"]
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     prompts = [[1, 2, 3], [4, 0, 4, 0, 1, 1, 2]]
-    engine = engine_module.CoreEngine(llm, max_batch=2, capacity=64)
+    engine = engine_module.CoreEngine(llm, max_batch=2, capacity=64, block_size=llm.block_size)  # pinned
+    assert not engine.stats()["adaptive"]
     ids = [engine.add_request(p, params) for p in prompts]
     taus = {i: [] for i in ids}  # acceptance length per verify step while the block was not cut short
     while engine.has_work:
@@ -111,7 +66,7 @@ def test_greedy_equals_the_python_speculative_loop(engine_module, llms):
             if m["num_drafts"] > drafts and params.max_tokens - emitted >= llm.block_size:
                 taus[i].append(m["num_accepted_tokens"] - accepted + 1)
     for i, prompt in zip(ids, prompts, strict=True):
-        ref = llm.generate(prompt, params)[0]
+        ref = reference(llm, "small_vocab", prompt, params, speculative=True)
         assert engine.outputs[i].token_ids == ref.token_ids
         # the same drafts step for step: the executor hands the drafter the same features as the loop
         assert taus[i] == ref.metrics.acceptance_lengths[: len(taus[i])] and len(taus[i]) >= 5
@@ -203,10 +158,10 @@ def test_a_thousand_add_abort_cycles_leave_the_allocator_as_it_began(engine_modu
     while engine.has_work:
         engine.step()
     assert snapshot() == begin
-    assert not engine.executor.rows and engine.scheduler.num_live == 0
+    assert not engine.executor.rows and engine.scheduler.num_running == 0
 
 
-def test_over_capacity_and_full_engine_are_refused_with_one_line_and_the_others_continue(engine_module, llms):
+def test_over_capacity_and_empty_prompts_are_refused_in_one_line_others_continue(engine_module, llms):
     llm = llms["qwen3"]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     engine = engine_module.CoreEngine(llm, max_batch=2, capacity=32)
@@ -216,13 +171,15 @@ def test_over_capacity_and_full_engine_are_refused_with_one_line_and_the_others_
         engine.add_request(list(range(10, 40)), params)  # 30 + 12 > 32
     message = str(err.value)
     assert "\n" not in message and "42 tokens" in message and "KV slot holds 32" in message
-    assert engine.slots.num_free == 1, "refused before any work"
+    with pytest.raises(DFlashError, match="at least 1 token"):
+        engine.scheduler.add_request([], engine_module._core().RequestParams(max_tokens=4))
+    assert engine.slots.num_free == 1 and engine.scheduler.num_waiting == 0, "refused before any work"
     second = engine.add_request([7, 8], params)
-    with pytest.raises(DFlashError, match="no free KV slot"):
-        engine.add_request([1], params)
+    third = engine.add_request([1], params)  # every slot taken: it waits
+    assert engine.scheduler.num_waiting == 1
     while engine.has_work:
         engine.step()
-    for request, prompt in ((first, [4, 5, 6]), (second, [7, 8])):
+    for request, prompt in ((first, [4, 5, 6]), (second, [7, 8]), (third, [1])):
         assert engine.outputs[request].token_ids == autoregressive(llm, "qwen3", prompt, params).token_ids
         assert engine.outputs[request].finish_reason == "length"
 

@@ -1,0 +1,278 @@
+"""The C++ onnxruntime executor (csrc/ort_executor.cpp) under the core scheduler, over tiny `slots`
+bundles, against the torch reference: every request's greedy output equals its own autoregressive
+output (and its drafts equal the Python speculative loop's), whatever shares the batch and whenever
+it arrived."""
+
+import json
+import random
+import shutil
+
+import numpy as np
+import pytest
+from factories import export_tiny_slots_bundle, make_drafter, make_target
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.export.bundle import export_bundle
+from dflash_trt.models.checkpoints import load_drafter, load_target
+from dflash_trt.runtime.torch_backend import TorchDraftSession, TorchTargetSession
+from dflash_trt.spec.loop import autoregressive_decode, speculative_decode
+from dflash_trt.spec.sampling import Sampler, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def ort(core):
+    if not core.HAS_ORT_EXECUTOR:
+        pytest.skip("dflash_trt._core was built without the onnxruntime executor (see csrc/README.md, Build)")
+    from dflash_trt.runtime import ort_executor
+
+    return ort_executor
+
+
+@pytest.fixture(scope="module")
+def pairs(ort, tmp_path_factory):
+    """name -> (slots bundle, TargetModel, DFlashDrafter, prompt token range)."""
+    root = tmp_path_factory.mktemp("slots")
+    made = {}
+    bundle = export_tiny_slots_bundle(root / "qwen3")
+    made["qwen3"] = (bundle, root / "qwen3" / "qwen3", root / "qwen3" / "qwen3-draft", 264)
+    # 6 tokens (MASK is 5): greedy drafts are often accepted, so acceptance is exercised
+    target_dir = make_target(root / "small" / "target", "qwen3", seed=5, tokenizer=False, vocab_size=6)
+    draft_dir = make_drafter(
+        root / "small" / "draft", seed=5, block_size=4, target_layer_ids=[1, 2], mask_token_id=5
+    )
+    target, _ = load_target(str(target_dir))
+    export_bundle(
+        target, load_drafter(draft_dir), None, root / "small" / "bundle", flavour="slots", check=False
+    )
+    made["small_vocab"] = (root / "small" / "bundle", target_dir, draft_dir, 5)
+    return {
+        name: (b, *load_target(str(t))[:1], load_drafter(d), top) for name, (b, t, d, top) in made.items()
+    }
+
+
+_REF = {}
+
+
+def reference(pair, prompt, max_tokens, block_size=1):
+    """(tokens, accepted drafts per verify step) of the Python loop on the torch models, greedy."""
+    _, target, drafter, _ = pair
+    key = (id(target), tuple(prompt), max_tokens, block_size)
+    if key not in _REF:
+        sampler = Sampler(SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        if block_size == 1:
+            steps = autoregressive_decode(TorchTargetSession(target, ()), prompt, sampler)
+        else:
+            taps = drafter.config.target_layer_ids
+            steps = speculative_decode(
+                TorchTargetSession(target, taps),
+                TorchDraftSession(drafter, target),
+                prompt,
+                block_size,
+                sampler,
+            )
+        tokens, accepted = [], []
+        for step in steps:
+            if len(tokens) + len(step.tokens) <= max_tokens and step.accepted is not None:
+                accepted.append(step.accepted)
+            tokens += step.tokens
+            if len(tokens) >= max_tokens:
+                break
+        _REF[key] = (tokens[:max_tokens], accepted)
+    return _REF[key]
+
+
+def scheduler(core, ort, pair, max_batch, capacity=64, block_size=4, executor=None):
+    executor = executor or ort.ort_executor(pair[0], max_batch=max_batch, capacity=capacity)
+    config = core.SchedulerConfig(
+        max_batch=max_batch, capacity=capacity, block_size=block_size, engine_seed=0
+    )
+    return core.Scheduler(executor, config), executor
+
+
+def workload(top, count, seed):
+    """`count` (arrival step, prompt, max_tokens): prompts of 1..24 tokens below `top`, 3..20 new tokens."""
+    rng = random.Random(seed)
+    work, step = [], 0
+    for _ in range(count):
+        work.append((step, [rng.randrange(top) for _ in range(rng.randint(1, 24))], rng.randint(3, 20)))
+        step += rng.choice([0, 1, 2])
+    return work
+
+
+def drive(core, sched, work):
+    """Add each request at its arrival step (later when every slot is taken); step until all finish
+    -> {index: output tokens}, {index: metrics}."""
+    waiting, ids, tokens, metrics, step = list(enumerate(work)), {}, {}, {}, 0
+    while waiting or sched.has_work:
+        while waiting and waiting[0][1][0] <= step and sched.num_live < sched.slots.num_slots:
+            index, (_, prompt, max_tokens) = waiting.pop(0)
+            ids[sched.add_request(prompt, core.RequestParams(max_tokens=max_tokens, ignore_eos=True))] = index
+            tokens[index] = []
+        for out in sched.step():
+            tokens[ids[out["request"]]] += out["new_tokens"]
+            metrics[ids[out["request"]]] = out["metrics"]
+        step += 1
+        assert step < 2000, "the scheduler does not finish"
+    return tokens, metrics
+
+
+def decode_together(core, sched, prompts, max_tokens, block_size):
+    """Run `prompts` to `max_tokens` each, all added at once -> (tokens, drafts accepted per verify
+    step while the block was not cut short by the request's end), one list per prompt."""
+    ids = [sched.add_request(p, core.RequestParams(max_tokens=max_tokens, ignore_eos=True)) for p in prompts]
+    tokens, accepted, drafts = {i: [] for i in ids}, {i: [] for i in ids}, {i: 0 for i in ids}
+    while sched.has_work:
+        for out in sched.step():
+            i, m = out["request"], out["metrics"]
+            if m["num_drafts"] > drafts[i] and max_tokens - len(tokens[i]) >= block_size:
+                accepted[i].append(m["num_accepted_tokens"] - sum(accepted[i]))
+            drafts[i] = m["num_drafts"]
+            tokens[i] += out["new_tokens"]
+    return [tokens[i] for i in ids], [accepted[i] for i in ids]
+
+
+@pytest.mark.parametrize("block_size", [1, 4])
+@pytest.mark.parametrize("concurrency", [1, 3, 8])
+@pytest.mark.parametrize("name", ["qwen3", "small_vocab"])
+def test_greedy_equals_each_requests_autoregressive_output(core, ort, pairs, name, concurrency, block_size):
+    pair = pairs[name]
+    work = workload(pair[3], 8 if concurrency > 1 else 3, seed=concurrency)
+    sched, executor = scheduler(core, ort, pair, concurrency, block_size=block_size)
+    tokens, metrics = drive(core, sched, work)
+    for index, (_, prompt, max_tokens) in enumerate(work):
+        assert tokens[index] == reference(pair, prompt, max_tokens)[0], (prompt, max_tokens)
+    assert sched.slots.num_free == concurrency
+    assert all(executor.committed(row) == 0 and executor.drafted(row) == 0 for row in range(concurrency))
+    if name == "small_vocab" and block_size > 1:  # speculation really happened: drafts made and some accepted
+        assert sum(m["num_drafts"] for m in metrics.values()) > 0
+        assert sum(m["num_accepted_tokens"] for m in metrics.values()) > 0
+
+
+def test_drafts_equal_the_python_speculative_loop(core, ort, pairs):
+    """Same acceptance, step for step: the drafter got the same features at the same positions."""
+    pair = pairs["small_vocab"]
+    prompts, max_tokens = [[1, 2, 3], [4, 0, 4, 0, 1, 1, 2], [3]], 30
+    sched, _ = scheduler(core, ort, pair, 3)
+    tokens, accepted = decode_together(core, sched, prompts, max_tokens, 4)
+    for ours, accepts, prompt in zip(tokens, accepted, prompts, strict=True):
+        ref_tokens, ref_accepted = reference(pair, prompt, max_tokens, block_size=4)
+        assert ours == ref_tokens
+        assert accepts == ref_accepted[: len(accepts)] and len(accepts) >= 5
+
+
+def test_abort_frees_the_slot_for_reuse_and_leaves_the_others_alone(core, ort, pairs):
+    pair = pairs["qwen3"]
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16]]
+    sched, executor = scheduler(core, ort, pair, 3)
+    params = core.RequestParams(max_tokens=16, ignore_eos=True)
+    ids = [sched.add_request(p, params) for p in prompts]
+    tokens = {i: [] for i in ids}
+    for _ in range(3):
+        for out in sched.step():
+            tokens[out["request"]] += out["new_tokens"]
+    assert sched.abort(ids[1]) and executor.committed(1) == 0  # released at once
+    late = sched.add_request([20, 21, 22], params)  # takes the freed slot (the lowest free one)
+    assert sched.slots.request(1) == late
+    tokens[late], finish = [], {}
+    while sched.has_work:
+        for out in sched.step():
+            tokens[out["request"]] += out["new_tokens"]
+            finish[out["request"]] = out["finish_reason"]
+    assert finish[ids[1]] == "abort"
+    for i, prompt in [(ids[0], prompts[0]), (ids[2], prompts[2]), (late, [20, 21, 22])]:
+        assert tokens[i] == reference(pair, prompt, 16)[0]
+
+
+def test_a_row_near_capacity_beside_a_long_prompt_gets_its_own_run(core, ort, pairs):
+    """Slots 0 and 2 prefill 20 tokens while slot 1 sits idle between them with 35 of 40 tokens
+    committed: one batch over slots 0..2 would write past slot 1's capacity, so the phase splits."""
+    pair, capacity = pairs["qwen3"], 40
+    sched, executor = scheduler(core, ort, pair, 3, capacity=capacity, block_size=1)
+    short = sched.add_request([1, 2], core.RequestParams(max_tokens=2, ignore_eos=True))  # slot 0, done soon
+    long = sched.add_request([3] * 5, core.RequestParams(max_tokens=35, ignore_eos=True))  # slot 1
+    tokens = {short: [], long: []}
+    while executor.committed(1) < 35:
+        for out in sched.step():
+            tokens[out["request"]] += out["new_tokens"]
+    prompts = [[7] * 20, [8, 9] * 10]
+    late = [sched.add_request(p, core.RequestParams(max_tokens=4, ignore_eos=True)) for p in prompts]
+    assert [sched.slots.request(0), sched.slots.request(2)] == late
+    runs = executor.target_runs
+    for out in sched.step():  # prefill slots 0 and 2, verify slot 1
+        tokens.setdefault(out["request"], []).extend(out["new_tokens"])
+    assert executor.target_runs - runs == 3  # two prefill Runs (split), one verify Run
+    while sched.has_work:
+        for out in sched.step():
+            tokens[out["request"]] += out["new_tokens"]
+    assert tokens[long] == reference(pair, [3] * 5, 35)[0]
+    for request, prompt in zip(late, prompts, strict=True):
+        assert tokens[request] == reference(pair, prompt, 4)[0]
+
+
+def test_an_onnxruntime_error_is_a_dflash_error(core, ort, pairs):
+    bundle = pairs["qwen3"][0]
+    broken = ort.executor_config(bundle, max_batch=2, capacity=32)
+    broken.feature_width += 1  # the bound features output no longer matches the graph's
+    sched, _ = scheduler(core, ort, pairs["qwen3"], 2, capacity=32, executor=core.OrtExecutor(broken))
+    sched.add_request([1, 2, 3], core.RequestParams(max_tokens=4))
+    with pytest.raises(DFlashError, match="onnxruntime: running target.onnx"):
+        sched.step()
+    broken.target_path = str(bundle / "missing.onnx")
+    with pytest.raises(DFlashError, match="onnxruntime: loading"):
+        core.OrtExecutor(broken)
+    broken.dtype = "float16"
+    with pytest.raises(DFlashError, match="float32 bundles only"):
+        core.OrtExecutor(broken)
+
+
+def test_a_contract_1_bundle_is_refused_in_one_line(ort, pairs, tmp_path):
+    old = shutil.copytree(pairs["qwen3"][0], tmp_path / "old")
+    manifest = json.loads((old / "bundle.json").read_text())
+    del manifest["contract"]  # bundles written before contract 2 have no key
+    (old / "bundle.json").write_text(json.dumps(manifest))
+    with pytest.raises(DFlashError, match="re-export with --flavour slots") as err:
+        ort.ort_executor(old, max_batch=1, capacity=32)
+    assert "\n" not in str(err.value)
+
+
+def test_phase_logits_equal_the_torch_target(ort, pairs):
+    """The phases one by one, rows 0 and 2 with slot 1 idle between them: prefill and verify logits
+    equal the torch target's at those positions (float tolerance), and commit keeps what it says."""
+    pair = pairs["qwen3"]
+    target = pair[1]
+    executor = ort.ort_executor(pair[0], max_batch=3, capacity=32)
+    prompts, blocks = [[5, 6, 7, 8, 9], [10, 11]], [[12, 13, 14], [15]]
+    first = executor.prefill([0, 2], prompts)
+    later = executor.verify([0, 2], blocks)
+    for prompt, block, p, v in zip(prompts, blocks, first, later, strict=True):
+        session = TorchTargetSession(target, ())
+        logits, _ = session.prefill(prompt)
+        np.testing.assert_allclose(p, logits[None].numpy(), rtol=1e-4, atol=1e-4)
+        logits, _ = session.forward(block)
+        np.testing.assert_allclose(v, logits.numpy(), rtol=1e-4, atol=1e-4)
+    executor.commit([0, 2], [2, 1])
+    assert [executor.committed(r) for r in range(3)] == [7, 0, 3]
+    assert len(executor.draft([0, 2], [1, 2], 4)[0]) == 3  # injects 7 and 3 positions
+    assert [executor.drafted(r) for r in range(3)] == [7, 0, 3]
+    executor.release(0)
+    assert executor.committed(0) == 0 and executor.drafted(0) == 0
+
+
+@pytest.mark.slow
+def test_the_embedded_pair_runs_on_the_cpp_executor(core, ort, tmp_path):
+    """SmolLM2-135M and its shipped drafter, exported as a slots bundle: greedy tokens and acceptance
+    per step equal the Python loop's on the torch models, two requests batched."""
+    from dflash_trt import LLM
+
+    llm = LLM()  # the embedded default pair
+    bundle = export_bundle(
+        llm.target, llm.drafter, llm.tokenizer, tmp_path / "bundle", flavour="slots", check=False
+    )
+    pair = (bundle, llm.target, llm.drafter, None)
+    prompts = [llm.encode("Write a Python function that adds two numbers."), llm.encode("Name three colors.")]
+    sched, _ = scheduler(core, ort, pair, 2, capacity=256, block_size=16)
+    tokens, accepted = decode_together(core, sched, prompts, 32, 16)
+    for ours, accepts, prompt in zip(tokens, accepted, prompts, strict=True):
+        ref_tokens, ref_accepted = reference(pair, prompt, 32, block_size=16)
+        assert ours == ref_tokens
+        assert accepts == ref_accepted[: len(accepts)] and sum(accepts) > 0

@@ -1,0 +1,51 @@
+"""Workloads and the oracle shared by the core scheduler's tests (tests/core): requests arriving at
+different steps, and each request's own output from the Python reference loop."""
+
+from __future__ import annotations
+
+import random
+
+from dflash_trt import SamplingParams
+
+_REFERENCE: dict = {}
+
+
+def reference(llm, name, prompt, params, speculative=False):
+    """The Python reference loop's final output for one request alone (`LLM.stream`, not the core)."""
+    key = (name, tuple(prompt), params, speculative)
+    if key not in _REFERENCE:
+        *_, _REFERENCE[key] = llm.stream(prompt, params, speculative=speculative)
+    return _REFERENCE[key]
+
+
+def autoregressive(llm, name, prompt, params):
+    return reference(llm, name, prompt, params, speculative=False)
+
+
+def workload(vocab, count, seed):
+    """`count` (arrival step, prompt, params): prompts of 1..24 tokens, max_tokens 3..20, some
+    stopping on EOS."""
+    rng = random.Random(seed)
+    top = min(vocab, 5) if vocab <= 6 else vocab  # the small pair's MASK (5) is not a prompt token
+    work, step = [], 0
+    for i in range(count):
+        prompt = [rng.randrange(top) for _ in range(rng.randint(1, 24))]
+        params = SamplingParams(max_tokens=rng.randint(3, 20), ignore_eos=i % 2 == 0)
+        work.append((step, prompt, params))
+        step += rng.choice([0, 1, 2])
+    return work
+
+
+def drive(engine, work):
+    """Add each request at its arrival step (the core queues it while every slot is taken); step
+    until all finish -> their outputs, in order."""
+    pending = list(enumerate(work))
+    ids, step = {}, 0
+    while pending or engine.has_work:
+        while pending and pending[0][1][0] <= step:
+            index, (_, prompt, params) = pending.pop(0)
+            ids[index] = engine.add_request(prompt, params)
+        engine.step()
+        step += 1
+        assert step < 2000, "the engine does not finish"
+    return [engine.outputs[ids[i]] for i in range(len(work))]
