@@ -71,12 +71,17 @@ class BatchRunner:
 
     def __init__(self, llm, max_batch: int = DEFAULT_MAX_BATCH, capacity: int = DEFAULT_CAPACITY,
                  speculative: bool = True, block_size: int | None = None, engine_seed: int | None = None):
+        """`block_size` pins the verify block; None lets every step choose it in 1..the drafter's
+        trained block (`llm.max_block_size`) from measured costs and acceptance (adaptive)."""
         check_batching(max_batch, capacity)
         self.llm = llm
         self.max_batch, self.capacity, self.speculative = max_batch, capacity, speculative
+        max_block = getattr(llm, "max_block_size", None)
         self.core = CoreEngine(llm, max_batch=max_batch, capacity=capacity, block_size=block_size,
-                               speculative=speculative, engine_seed=engine_seed)
-        self.block_size = (block_size or llm.block_size) if speculative else 1  # as CoreEngine sizes it
+                               speculative=speculative, engine_seed=engine_seed, max_block=max_block)
+        self.adaptive = speculative and block_size is None
+        # the largest block a step may verify (metrics size their histograms by it), as CoreEngine sizes it
+        self.block_size = (block_size or max_block or llm.block_size) if speculative else 1
         self._ids = itertools.count()
         self.waiting: deque[_Request] = deque()
         self.running: dict[int, _Request] = {}  # core id -> request
@@ -98,7 +103,11 @@ class BatchRunner:
         metrics = RequestMetrics(block_size=self.block_size if self.speculative else None, prompt_tokens=len(ids))
         return _Request(next(self._ids), prompt, ids, params, stop, on_output, metrics)
 
-    def submit(self, request: _Request) -> None:
+    def submit(self, request: _Request, arrival: float | None = None) -> None:
+        """Queue a prepared request; `arrival` (perf_counter) restarts its clock, e.g. for a benchmark
+        client that prepared every request first."""
+        if arrival is not None:
+            request.arrival = arrival
         self.waiting.append(request)
         self.counters["prompt_tokens_total"] += len(request.ids)
 
@@ -227,6 +236,19 @@ class BatchRunner:
             "spec_decode_num_accepted_tokens_per_pos": list(self.accepted_per_pos),
             "requests_finished": dict(self.finished),
         }
+
+    def stream(self, prompt, params: SamplingParams | None = None) -> Iterator:
+        """One request's output after every step that touched it (stepping every live request);
+        closing the iterator early aborts it."""
+        request = self.prepare(prompt, params)
+        self.submit(request)
+        try:
+            while request.finish_reason is None:
+                if any(r is request for r in self.step()):
+                    yield self.output(request)
+        finally:
+            if request.finish_reason is None:
+                self.abort(request.id)
 
     def run(self, prompts: list, params: SamplingParams | None = None) -> list:
         """Every prompt concurrently (up to max_batch at once) -> their outputs, in order. Every prompt is

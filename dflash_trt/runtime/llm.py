@@ -103,6 +103,8 @@ class LLM:
         # how many token ids the drafter may propose (its draft vocabulary, else the whole vocabulary)
         self.draft_vocab_size = self.draft_head.size if self.drafter is not None else None
         self.block_size = block_size or (default_block_size(self.drafter.config.block_size) if self.drafter else None)
+        self.max_block_size = block_size or (self.drafter.config.block_size if self.drafter else None)
+        self.adaptive = block_size is None
         self.eos_token_ids = eos_token_ids(self.target, self.tokenizer)
 
     @classmethod
@@ -124,13 +126,19 @@ class LLM:
         self._runners: dict[tuple, BatchRunner] = {}
 
     def _load_bundle(self, path: Path, block_size: int | None) -> None:
-        from dflash_trt.runtime.engine_bundles import bundle_kind
+        from dflash_trt.runtime.engine_bundles import bundle_kind, open_bundle
 
-        if bundle_kind(path) in ("tensorrt", "tensorrt-rtx"):
+        kind = bundle_kind(path)
+        if kind in ("tensorrt", "tensorrt-rtx"):
             from dflash_trt.runtime.trt_backend import TrtBundle
 
             self.backend = "tensorrt"
             self._bundle = TrtBundle(path)
+        elif kind in ("onnx", "onnxruntime") and open_bundle(path)[1].get("contract", 1) == 2:
+            from dflash_trt.runtime.ort_executor import SlotBundle
+
+            self.backend = "onnxruntime"
+            self._bundle = SlotBundle(path)  # slot caches: the C++ executor runs it, batched
         else:
             from dflash_trt.runtime.ort_backend import OrtBundle
 
@@ -146,12 +154,32 @@ class LLM:
             self.block_size = block_size or manifest["block_size"]
         else:
             self.block_size = block_size or default_block_size(manifest.get("block_size", manifest["draft"]["block_size"]))
+        # engines bound the block; an exported bundle, the drafter's training
+        self.max_block_size = block_size or manifest.get("block_size", manifest["draft"]["block_size"])
+        self.adaptive = block_size is None
         if self.block_size > manifest.get("block_size", self.block_size):
             raise DFlashError(f"block_size {self.block_size} is larger than the engines were built for "
                               f"({manifest['block_size']}): rebuild with --block-size")
         self.eos_token_ids = tuple(manifest["target"]["eos_token_ids"])
 
+    @property
+    def block_size(self) -> int | None:
+        """The verify block the Python loop (`stream`) uses; setting it pins `generate`'s too."""
+        return self._block_size
+
+    @block_size.setter
+    def block_size(self, value: int | None) -> None:
+        self._block_size = value
+        self.adaptive = False
+
+    @property
+    def batched_only(self) -> bool:
+        """A slots bundle (graph contract 2) has no per-request sessions: every request goes through
+        the core and its C++ onnxruntime executor."""
+        return getattr(getattr(self, "_bundle", None), "batched_only", False)
+
     def _sessions(self, speculative: bool) -> tuple[TargetSession, DraftSession | None]:
+        assert not self.batched_only, "a slots bundle runs through the core only"
         if self.backend == "onnxruntime":
             from dflash_trt.runtime.ort_backend import OrtDraftSession, OrtTargetSession
 
@@ -208,17 +236,20 @@ class LLM:
         return self._runner(speculative).run(batch, params)  # every prompt is checked before any work
 
     def _runner(self, speculative: bool) -> BatchRunner:
-        """The core runner for this decoding mode and block size, made once and reused."""
-        key = (speculative, self.block_size if speculative else 1)
+        """The core runner for this decoding mode and block size, made once and reused. Unless the
+        block size was pinned, each step chooses its block (adaptive speculation, plain steps included)."""
+        pinned = None if self.adaptive or not speculative else self.block_size
+        key = (speculative, pinned)
         if key not in self._runners:
-            self._runners[key] = BatchRunner(self, self.max_batch, self.capacity, speculative,
-                                             self.block_size if speculative else None)
+            self._runners[key] = BatchRunner(self, self.max_batch, self.capacity, speculative, pinned)
         return self._runners[key]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, speculative: bool = True) -> Iterator[RequestOutput]:
         """Yield the output (one object, updated) after every step; the last has finish_reason set."""
         params = params or SamplingParams()
         self._check_request(params, speculative)
+        if self.batched_only:
+            return self._runner(speculative).stream(prompt, params)
         return self._run(prompt, self.encode(prompt), params, speculative)
 
     def _check_request(self, params: SamplingParams, speculative: bool) -> None:

@@ -87,7 +87,7 @@ def test_each_step_runs_on_the_tightest_profile_that_holds_it(fake, llms):
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     for prompt, injection in ((LONG_PROMPT, "prefill"), ([1, 2, 3], "step")):
         trt.runs.clear()
-        ours.generate(prompt, params)
+        list(ours.stream(prompt, params))  # the Python loop: every verify is a full block (the core shrinks the last)
         runs = {graph: [run for run in trt.runs if run.graph == graph] for graph in ("target", "draft_context", "draft_block")}
         prefill, *verifies = runs["target"]
         assert (prefill.phase, prefill.sizes["past"], prefill.sizes["logits_from"]) == ("prefill", 0, len(prompt) - 1)
@@ -100,7 +100,7 @@ def test_each_step_runs_on_the_tightest_profile_that_holds_it(fake, llms):
         assert contexts == [len(prompt) + sum(r.sizes["new"] for r in steps[:i]) for i in range(len(contexts))]
         assert {r.phase for r in runs["draft_block"]} == {"draft"}
     trt.runs.clear()
-    ours.generate([1, 2, 3], SamplingParams(max_tokens=12, ignore_eos=True), speculative=False)
+    list(ours.stream([1, 2, 3], SamplingParams(max_tokens=12, ignore_eos=True), speculative=False))
     assert [r.phase for r in trt.runs] == ["prefill"] + ["verify"] * 11  # plain decoding: one-token verifies
 
 

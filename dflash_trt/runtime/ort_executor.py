@@ -1,0 +1,91 @@
+"""The C++ onnxruntime executor (csrc/ort_executor.h) over a `slots` bundle (graph contract 2).
+
+`ort_executor(bundle, max_batch, capacity)` reads bundle.json, finds the onnxruntime shared library
+that the onnxruntime wheel ships (the core loads it at run time), and returns a `_core.OrtExecutor`
+to hand to `_core.Scheduler`. Every phase then runs in C++: no Python per step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.runtime.core_engine import _core
+from dflash_trt.runtime.engine_bundles import open_bundle
+
+CONTRACT = 2
+
+
+def onnxruntime_library() -> Path:
+    """libonnxruntime.so.<version> inside the installed onnxruntime wheel (found without importing it)."""
+    spec = importlib.util.find_spec("onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        raise DFlashError("the onnxruntime executor needs onnxruntime: pip install onnxruntime")
+    found = sorted(Path(spec.submodule_search_locations[0], "capi").glob("libonnxruntime.so*"))
+    if not found:
+        raise DFlashError(
+            f"no libonnxruntime.so in {spec.submodule_search_locations[0]}/capi: reinstall onnxruntime"
+        )
+    return found[-1]
+
+
+def ort_executor(bundle_root: str | Path, max_batch: int, capacity: int, threads: int | None = None):
+    """A `_core.OrtExecutor` with `max_batch` KV slots of `capacity` tokens over the bundle's graphs."""
+    config = executor_config(bundle_root, max_batch, capacity, threads)  # refuses first, in one line
+    return _core().OrtExecutor(config)
+
+
+def executor_config(bundle_root: str | Path, max_batch: int, capacity: int, threads: int | None = None):
+    """The `_core.OrtExecutorConfig` of a slots bundle (one line for a bundle it cannot run)."""
+    core = _core()
+    if not core.HAS_ORT_EXECUTOR:
+        raise DFlashError(
+            "dflash_trt._core was built without the onnxruntime executor (no onnxruntime headers): "
+            "run bash scripts/fetch_headers.sh ort, then reinstall (bash scripts/setup.sh)"
+        )
+    root = Path(bundle_root)
+    kind, manifest = open_bundle(root)  # an exported slots bundle, or an onnxruntime engine bundle built from one
+    if kind not in ("onnx", "onnxruntime"):
+        raise DFlashError(f"{root} holds {kind} engines; the onnxruntime executor runs ONNX graphs")
+    contract = manifest.get("contract", 1)
+    if contract != CONTRACT:
+        raise DFlashError(
+            f"{root}: a graph contract {contract} bundle; the C++ onnxruntime executor needs "
+            f"contract {CONTRACT}: re-export with --flavour slots"
+        )
+    graphs, target, draft = manifest["graphs"], manifest["target"], manifest["draft"]
+    config = core.OrtExecutorConfig()
+    config.target_path, config.draft_context_path, config.draft_block_path = (
+        str(root / graphs[name]["file"]) for name in ("target", "draft_context", "draft_block")
+    )
+    config.library_path = str(onnxruntime_library())
+    config.dtype = manifest["dtype"]
+    config.threads = threads or 0
+    config.max_batch, config.capacity = max_batch, capacity
+    config.target_layers = target["num_layers"]
+    config.target_kv_heads = target["num_key_value_heads"]
+    config.target_head_dim = target["head_dim"]
+    outputs = {o["name"]: o for o in graphs["target"]["outputs"]}
+    config.feature_width = outputs["features"]["shape"][-1]
+    config.vocab = target["vocab_size"]
+    config.draft_layers = draft["num_layers"]
+    config.draft_kv_heads = draft["num_key_value_heads"]
+    config.draft_head_dim = draft["head_dim"]
+    config.mask_token_id = draft["mask_token_id"]
+    return config
+
+
+class SlotBundle:
+    """A slots bundle as `LLM` holds it: its manifest, checked once; the executor (which allocates the
+    KV slots) is made per engine by `executor(max_batch, capacity)`."""
+
+    batched_only = True
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        executor_config(self.root, 1, 2)  # every refusal now, before any request
+        self.manifest = open_bundle(self.root)[1]
+
+    def executor(self, max_batch: int, capacity: int, threads: int | None = None):
+        return ort_executor(self.root, max_batch, capacity, threads)
