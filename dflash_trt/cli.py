@@ -330,6 +330,14 @@ def _inspect_engines(bundle: Path, no_verify: bool) -> None:
         click.echo(f"built with: {manifest['command']}")
 
 
+def _block_size(value: str) -> int:
+    """A --block-size item: an integer, or "auto" (0: the bench's adaptive setting)."""
+    return 0 if value.strip() == "auto" else int(value)
+
+
+_block_size.noun = "ints or auto"
+
+
 def _csv(kind):
     """Click callback: "1,8,32" -> (1, 8, 32), with a one-line error naming the option."""
     def parse(ctx, param, value):
@@ -338,7 +346,7 @@ def _csv(kind):
         try:
             return tuple(kind(v) for v in value.split(",") if v.strip())
         except ValueError:
-            raise click.BadParameter(f"expected comma-separated {kind.__name__}s, got '{value}'") from None
+            raise click.BadParameter(f"expected comma-separated {getattr(kind, 'noun', kind.__name__ + 's')}, got '{value}'") from None
     return parse
 
 
@@ -506,8 +514,9 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
               help="Your own prompts: JSONL with a 'prompt' field per line.")
 @click.option("--num-prompts", type=int, default=10, show_default=True, help="First N prompts of each dataset.")
 @click.option("--max-tokens", type=int, default=128, show_default=True)
-@click.option("--block-size", "block_sizes", default="4", show_default=True, callback=_csv(int),
-              help="Comma-separated block sizes (4: what generate verifies on a CPU unless told otherwise).")
+@click.option("--block-size", "block_sizes", default="4", show_default=True, callback=_csv(_block_size),
+              help="Comma-separated block sizes; auto: each step chooses its block from measured costs and "
+                   "acceptance (adaptive speculation, up to the drafter's block).")
 @click.option("--temperature", "temperatures", default="0", show_default=True, callback=_csv(float), help="Comma-separated temperatures.")
 @click.option("--concurrency", default="1", show_default=True, callback=_csv(int), help="Comma-separated requests in flight (offline: the core batches them; server: concurrent clients).")
 @click.option("--seed", type=int, default=0, show_default=True)

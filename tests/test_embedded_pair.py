@@ -48,7 +48,7 @@ def test_acceptance_length_regression(llm, key):
 
     dataset, block = key.split("@")
     prompts = load_prompts(dataset, 3)
-    records, wall = run_offline(llm, prompts, SamplingParams(max_tokens=64), True, int(block), key)
+    records, wall, _ = run_offline(llm, prompts, SamplingParams(max_tokens=64), True, int(block), key)
     tau = summarize(records, wall, int(block)).mean_acceptance_length
     assert tau == pytest.approx(PINNED_TAU[key], abs=TOLERANCE)
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections import deque
+from dataclasses import replace
 
 from tqdm import tqdm
 
 from dflash_trt.bench.summary import RequestRecord
+from dflash_trt.runtime.engine import BatchRunner
 from dflash_trt.runtime.llm import LLM
 from dflash_trt.spec.sampling import SamplingParams
 
@@ -26,22 +29,32 @@ def record_of(output) -> RequestRecord:
 
 
 def run_offline(llm: LLM, prompts: list[str], params: SamplingParams, speculative: bool,
-                block_size: int | None, desc: str) -> tuple[list[RequestRecord], float]:
-    """Requests one after another (concurrency 1); returns the records and the wall time."""
-    if speculative:
-        llm.block_size = block_size
-    records = []
+                block_size: int | None, desc: str, concurrency: int = 1) -> tuple[list[RequestRecord], float, dict]:
+    """The prompts through the core with at most `concurrency` requests in flight, as a client with that
+    many connections would send them (the next one starts when one finishes, so no request waits in a
+    queue). `block_size` 0 (or None) lets each step choose its block (adaptive speculation).
+    Returns the records, in prompt order, the wall time, and where the time went (`step_times`)."""
+    runner = BatchRunner(llm, max_batch=concurrency, capacity=llm.capacity, speculative=speculative,
+                         block_size=(block_size or None) if speculative else None)
+    requests = [runner.prepare(p, params) for p in prompts]  # every prompt is checked before any work
+    # Untimed: first calls pay for lazy set-up (allocators, onnxruntime's per-shape plans).
+    runner.run(prompts[:concurrency], replace(params, max_tokens=min(params.max_tokens, 8)))
+    before = runner.core.stats()
+    pending = deque(requests)
     start = time.perf_counter()
-    for prompt in tqdm(prompts, desc=desc, unit="prompt", leave=False):
-        records.append(record_of(llm.generate(prompt, params, speculative=speculative)[0]))
-    return records, time.perf_counter() - start
+    with tqdm(total=len(requests), desc=desc, unit="prompt", leave=False) as bar:
+        while pending or runner.has_work:
+            while pending and len(runner.running) + len(runner.waiting) < concurrency:
+                runner.submit(pending.popleft(), arrival=time.perf_counter())
+            bar.update(sum(1 for r in runner.step() if r.finish_reason is not None))
+    wall = time.perf_counter() - start
+    return [record_of(runner.output(r)) for r in requests], wall, step_times(before, runner.core.stats(), wall)
 
 
-def warm_up(llm: LLM, prompt: str, block_sizes: tuple[int, ...]) -> None:
-    """First calls pay for lazy initialisation (allocator, kernels, caches, onnxruntime's per-shape
-    plans); run each shape once untimed so no setting pays it inside the timing."""
-    params = SamplingParams(max_tokens=8)
-    llm.generate(prompt, params, speculative=False)
-    for size in block_sizes:
-        llm.block_size = size
-        llm.generate(prompt, params, speculative=True)
+def step_times(before: dict, after: dict, wall_s: float) -> dict:
+    """Where a run's time went, from the core's phase clocks: seconds in the executor's prefill /
+    draft / verify / commit calls, in whole core steps, their count, and the wall time. What is not
+    model execution (the core's scheduling, acceptance and sampling, and the Python runner around it:
+    detokenising, stop strings) is `wall - executor`."""
+    seconds = {k: after["seconds"][k] - before["seconds"][k] for k in after["seconds"]}
+    return {**seconds, "steps": after["steps"] - before["steps"], "wall": wall_s}

@@ -100,18 +100,24 @@ def _check(result: SettingResult) -> str:
     return "identical" if not result.mismatches else f"MISMATCH x{len(result.mismatches)}"
 
 
+def block_label(result: SettingResult) -> str:
+    if result.block_size is None:
+        return "server"
+    return f"auto≤{result.max_block_size}" if result.block_size == 0 else str(result.block_size)
+
+
 def table(results: list[SettingResult]) -> str:
     head = ("| dataset | B | T | C | n | τ | base tok/s | DFlash tok/s | speedup | base decode | DFlash decode "
-            "| decode speedup | draft ms | verify ms | other ms | greedy check |")
-    rows = [head, "|" + "---|" * 16]
+            "| decode speedup | draft ms | verify ms | other ms | overhead % | greedy check |")
+    rows = [head, "|" + "---|" * 17]
     for r in results:
         d, b = r.dflash, r.baseline
         rows.append(" | ".join([
-            f"| {r.dataset}", _f(r.block_size, "d") if r.block_size else "server", f"{r.temperature:g}", str(r.concurrency),
+            f"| {r.dataset}", block_label(r), f"{r.temperature:g}", str(r.concurrency),
             str(r.prompts), _f(d.mean_acceptance_length, ".2f"), _f(b.tokens_per_s if b else None),
             _f(d.tokens_per_s), _f(r.speedup, ".2f", "x"), _f(b.decode_tokens_per_s if b else None),
             _f(d.decode_tokens_per_s), _f(r.decode_speedup, ".2f", "x"), _f(d.draft_ms_per_step, ".0f"),
-            _f(d.verify_ms_per_step, ".0f"), _f(d.other_ms_per_step, ".0f"), _check(r),
+            _f(d.verify_ms_per_step, ".0f"), _f(d.other_ms_per_step, ".0f"), _f(d.overhead_pct, ".1f"), _check(r),
         ]) + " |")
     return "\n".join(rows)
 
@@ -125,7 +131,7 @@ def acceptance_lines(results: list[SettingResult], positions: int = 8) -> str:
             continue
         hist = " ".join(f"{tau}:{count}" for tau, count in d.histogram.items() if count)
         rates = " ".join(f"{rate:.2f}" for rate in d.acceptance_rate_per_position[:positions])
-        lines.append(f"{r.dataset} B={r.block_size} T={r.temperature:g}: τ histogram {hist} | accepted at slot 1..{positions}: {rates}")
+        lines.append(f"{r.dataset} B={block_label(r)} T={r.temperature:g} C={r.concurrency}: τ histogram {hist} | accepted at slot 1..{positions}: {rates}")
     return "\n".join(lines)
 
 
@@ -158,7 +164,7 @@ def plot(results: list[SettingResult], path: Path) -> None:
 
 
 def _label(r: SettingResult) -> str:
-    return f"{r.dataset} B={r.block_size or 'server'} T={r.temperature:g}"
+    return f"{r.dataset} B={block_label(r)} T={r.temperature:g}"
 
 
 def _lines(ax_tps, ax_speed, results: list[SettingResult]) -> None:

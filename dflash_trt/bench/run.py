@@ -6,8 +6,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dflash_trt.bench import datasets
-from dflash_trt.bench.summary import SideSummary, find_mismatches, summarize
+from dflash_trt.bench.summary import SideSummary, add_step_times, find_mismatches, summarize
 from dflash_trt.errors import DFlashError
+
+
+ADAPTIVE = 0  # block size "auto": each core step chooses its block (adaptive speculation)
 
 
 @dataclass(frozen=True)
@@ -39,17 +42,14 @@ class BenchConfig:
         """Every user mistake is one line, before any model loads or request is sent."""
         if self.num_prompts < 1 or self.max_tokens < 1:
             raise DFlashError("--num-prompts and --max-tokens must be >= 1")
-        if any(b < 2 for b in self.block_sizes):
-            raise DFlashError(f"block sizes must be >= 2, got {list(self.block_sizes)}")
+        if any(b < 2 and b != ADAPTIVE for b in self.block_sizes):
+            raise DFlashError(f"block sizes must be >= 2 or auto, got {list(self.block_sizes)}")
+        if ADAPTIVE in self.block_sizes and self.mode == "server":
+            raise DFlashError("--block-size auto is an offline setting: a server chooses its own blocks")
         if any(t < 0 for t in self.temperatures):
             raise DFlashError(f"temperatures must be >= 0, got {list(self.temperatures)}")
         if any(c < 1 for c in self.concurrency):
             raise DFlashError(f"concurrency must be >= 1, got {list(self.concurrency)}")
-        if self.mode == "offline" and self.concurrency != (1,):
-            raise DFlashError(
-                f"offline backend '{self.backend or 'torch'}' runs one request at a time, so --concurrency "
-                f"{','.join(map(str, self.concurrency))} would only queue; benchmark concurrency against a "
-                "server with --base-url")
         if self.mode == "server" and (self.target or self.draft or self.bundle):
             raise DFlashError("--base-url benchmarks a running server: drop DIR/--target/--draft (the server has its model)")
         if self.bundle and (self.target or self.draft):
@@ -72,7 +72,7 @@ class SettingResult:
     mode: str
     backend: str
     dataset: str
-    block_size: int | None  # None: the server's own
+    block_size: int | None  # None: the server's own; 0 (ADAPTIVE): chosen per step, up to max_block_size
     temperature: float
     concurrency: int
     prompts: int
@@ -83,6 +83,7 @@ class SettingResult:
     mismatches: list[dict] | None = None  # greedy only; None: not checked
     outputs: list[str] = field(default_factory=list)
     draft_vocab_size: int | None = None  # token ids the drafter may propose (offline mode; None: unknown)
+    max_block_size: int | None = None  # offline: the largest block a step may verify
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,37 +117,41 @@ def compare(result: SettingResult, dflash_records, baseline_records) -> SettingR
 
 
 def run_offline_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) -> list[SettingResult]:
-    from dflash_trt.bench.offline import run_offline, warm_up
+    from dflash_trt.bench.offline import run_offline
     from dflash_trt.models import embedded
     from dflash_trt.runtime.llm import AUTO, LLM
     from dflash_trt.spec.sampling import SamplingParams
 
     if config.bundle:
-        llm = LLM.from_bundle(config.bundle, block_size=config.block_sizes[0])
+        llm = LLM.from_bundle(config.bundle, capacity=2 * config.max_tokens + 2048)
     else:
         llm = LLM(target=config.target or embedded.DEFAULT_TARGET, draft=config.draft or AUTO,
-                  backend=config.backend or "torch", block_size=config.block_sizes[0])
+                  backend=config.backend or "torch", capacity=2 * config.max_tokens + 2048)
     if not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{config.target}': pass --draft DIR")
 
-    warm_up(llm, next(iter(prompt_sets.values()))[0], config.block_sizes)
     results = []
     for name, prompts in prompt_sets.items():
         for temperature in config.temperatures:
             params = SamplingParams(max_tokens=config.max_tokens, temperature=temperature, seed=config.seed)
-            base = None
-            if config.baseline:  # one baseline per (dataset, T): it does not depend on the block size
-                base = run_offline(llm, prompts, params, False, None, f"{name} T={temperature} baseline")
-            for size in config.block_sizes:
-                records, wall = run_offline(llm, prompts, params, True, size, f"{name} T={temperature} B={size}")
-                result = SettingResult(
-                    mode="offline", backend=llm.backend, dataset=name, block_size=size,
-                    temperature=temperature, concurrency=1, prompts=len(prompts),
-                    dflash=summarize(records, wall, size),
-                    baseline=summarize(base[0], base[1], None) if base else None,
-                    outputs=[r.text for r in records], draft_vocab_size=llm.draft_vocab_size,
-                )
-                results.append(compare(result, records, base[0] if base else None))
+            for concurrency in config.concurrency:
+                label = f"{name} T={temperature} C={concurrency}"
+                base = baseline = None
+                if config.baseline:  # one baseline per (dataset, T, C): it does not depend on the block size
+                    base = run_offline(llm, prompts, params, False, None, f"{label} baseline", concurrency)
+                    baseline = add_step_times(summarize(base[0], base[1], None), base[2])
+                for size in config.block_sizes:
+                    largest = size or llm.max_block_size
+                    records, wall, times = run_offline(llm, prompts, params, True, size,
+                                                       f"{label} B={size or 'auto'}", concurrency)
+                    result = SettingResult(
+                        mode="offline", backend=llm.backend, dataset=name, block_size=size,
+                        temperature=temperature, concurrency=concurrency, prompts=len(prompts),
+                        dflash=add_step_times(summarize(records, wall, largest), times), baseline=baseline,
+                        outputs=[r.text for r in records], draft_vocab_size=llm.draft_vocab_size,
+                        max_block_size=largest,
+                    )
+                    results.append(compare(result, records, base[0] if base else None))
     return results
 
 

@@ -46,6 +46,10 @@ class SideSummary:
     draft_ms_per_step: float | None = None
     verify_ms_per_step: float | None = None
     other_ms_per_step: float | None = None
+    # offline runs through the core: per core step (one batched step over every running request)
+    steps: int | None = None
+    prefill_ms_per_step: float | None = None
+    overhead_pct: float | None = None  # wall time outside model execution (executor calls), in %
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -87,6 +91,23 @@ def summarize(records: list[RequestRecord], wall_s: float, block_size: int | Non
         side.draft_ms_per_step = 1000 * draft_s / len(steps)
         side.verify_ms_per_step = 1000 * verify_s / len(steps)
         side.other_ms_per_step = 1000 * max(0.0, busy_s - draft_s - verify_s) / len(steps)
+    return side
+
+
+def add_step_times(side: SideSummary, times: dict) -> SideSummary:
+    """Per core step: the executor's prefill / draft / verify time, the rest of the step ("other":
+    commit, scheduling, acceptance, sampling), and the share of the wall time spent outside the
+    executor's calls (the runtime's own overhead: core and Python runner together)."""
+    steps = times["steps"]
+    if not steps:
+        return side
+    side.steps = steps
+    side.prefill_ms_per_step = 1000 * times["prefill"] / steps
+    side.draft_ms_per_step = 1000 * times["draft"] / steps
+    side.verify_ms_per_step = 1000 * times["verify"] / steps
+    side.other_ms_per_step = 1000 * (times["step"] - times["prefill"] - times["draft"] - times["verify"]) / steps
+    executor = times["prefill"] + times["draft"] + times["verify"] + times["commit"]
+    side.overhead_pct = 100 * max(0.0, times["wall"] - executor) / times["wall"] if times["wall"] > 0 else None
     return side
 
 

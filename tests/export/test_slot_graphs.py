@@ -6,24 +6,25 @@ cache rows past each length holding garbage. References: the HF model per row (l
 contract 1's TargetGraph (the K/V rows it presents).
 """
 
+import importlib
+
 import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
 from factories import make_drafter, make_target
+from slot_checks import CAPACITY, Slots, reference, v1_present
 
 from dflash_trt.engines.build import build_engines
 from dflash_trt.engines.config import BuildConfig
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.bundle import export_bundle
-from dflash_trt.export.graphs import TargetGraph
 from dflash_trt.export.manifest import read_bundle
 from dflash_trt.export.slot_graphs import slot_kv_names
 from dflash_trt.models.checkpoints import load_drafter, load_target
 from dflash_trt.runtime.ort_backend import OrtBundle
 
 ATOL = 1e-4  # float32 on one CPU: reduction-order round-off
-CAPACITY = 40
 # qwen3-window: layers 2 and 3 keep the last 3 positions only (HF's `diff < window`), so the rows
 # below, up to 16 tokens long, cross the window in every test.
 FAMILIES = {"llama": ("llama", {}), "qwen3": ("qwen3", {}),
@@ -42,51 +43,6 @@ def slot_bundles(tmp_path_factory):
         bundle = export_bundle(target, drafter, tokenizer, root / f"{name}-bundle", flavour="slots", check=True)
         made[name] = (bundle, target, tuple(drafter.config.target_layer_ids))
     return made
-
-
-class Slots:
-    """What the runtime does: one numpy buffer per cache, bound as input and output of every step."""
-
-    def __init__(self, bundle, target, batch, garbage=1e4, path="target.onnx"):
-        self.session = ort.InferenceSession(str(bundle / path), providers=["CPUExecutionProvider"])
-        cfg = target.config
-        shape = (batch, cfg.num_key_value_heads, CAPACITY, cfg.head_dim)
-        g = np.random.default_rng(7)
-        self.caches = [(garbage * g.choice([-1.0, 1.0], shape)).astype(np.float32) for _ in range(2 * target.num_layers)]
-        self.layers = target.num_layers
-
-    def step(self, ids, cache_lengths, query_lengths, logits_index):
-        binding = self.session.io_binding()
-        feed = {"input_ids": np.asarray(ids, np.int64), "cache_lengths": np.asarray(cache_lengths, np.int64),
-                "query_lengths": np.asarray(query_lengths, np.int64), "logits_index": np.asarray(logits_index, np.int64)}
-        for name, value in feed.items():
-            binding.bind_cpu_input(name, value)
-        binding.bind_output("logits")
-        binding.bind_output("features")
-        for cache, name, out in zip(self.caches, slot_kv_names(self.layers), slot_kv_names(self.layers, "_out"), strict=True):
-            value = ort.OrtValue.ortvalue_from_numpy(cache)  # wraps the numpy memory: no copy
-            binding.bind_ortvalue_input(name, value)
-            binding.bind_ortvalue_output(out, value)
-        self.session.run_with_iobinding(binding)
-        outputs = binding.get_outputs()
-        # in place: every cache output is the very buffer its input was
-        assert [o.data_ptr() for o in outputs[2:]] == [c.ctypes.data for c in self.caches]
-        return outputs[0].numpy(), outputs[1].numpy()
-
-
-def v1_present(target, taps, ids):
-    """Contract 1's present K/V for `ids` from an empty cache (TargetGraph in PyTorch)."""
-    cfg = target.config
-    empty = [torch.zeros(1, cfg.num_key_value_heads, 0, cfg.head_dim)] * (2 * target.num_layers)
-    with torch.no_grad():
-        _, _, *present = TargetGraph(target, taps)(torch.tensor([ids]), torch.zeros(1, dtype=torch.long),
-                                                   torch.tensor(len(ids) - 1), *empty)
-    return [p[0].numpy() for p in present]
-
-
-def reference(target, taps, ids):
-    logits, features = target.forward(list(ids), target.new_cache(), taps)
-    return logits.numpy(), features.numpy()
 
 
 def bits(a):
@@ -286,7 +242,7 @@ def test_bfloat16_slots_export_skips_the_onnxruntime_check(tiny_pairs, tmp_path)
     assert read_bundle(bundle)["checks"]["polygraphy_vs_pytorch"]["target"].startswith("skipped")
 
 
-def test_the_cli_exports_slots_inspects_the_contract_and_refuses_what_cannot_run_it(tiny_pairs, tmp_path):
+def test_the_cli_exports_slots_inspects_the_contract_runs_it_and_refuses_tensorrt(tiny_pairs, tmp_path):
     from click.testing import CliRunner
 
     from dflash_trt.cli import main
@@ -298,13 +254,18 @@ def test_the_cli_exports_slots_inspects_the_contract_and_refuses_what_cannot_run
     assert result.exit_code == 0, result.output
     result = CliRunner().invoke(main, ["inspect", str(out)])
     assert "slots flavour" in result.output and "graph contract 2" in result.output
-    for args in (["build", "--bundle", str(out), "-o", str(tmp_path / "e"), "--engine", "tensorrt-rtx",
-                  "--compute-capability", "12.0"],
-                 ["generate", "--bundle", str(out), "--max-tokens", "4", "hey"]):
-        result = CliRunner().invoke(main, args)
-        assert result.exit_code != 0 and ("slots-flavour" in result.output or "graph contract 2" in result.output)
-        assert len(result.output.strip().splitlines()) == 1, result.output
+    result = CliRunner().invoke(main, ["build", "--bundle", str(out), "-o", str(tmp_path / "e"), "--engine",
+                                       "tensorrt-rtx", "--compute-capability", "12.0"])
+    assert result.exit_code != 0 and "slots-flavour" in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
     assert not (tmp_path / "e").exists()
+    # generate runs it on the C++ onnxruntime executor, like the torch pair it came from
+    if getattr(importlib.import_module("dflash_trt._core"), "HAS_ORT_EXECUTOR", False):
+        args = ["--max-tokens", "6", "--block-size", "4", "hey"]
+        ours = CliRunner().invoke(main, ["generate", "--bundle", str(out), *args])
+        ref = CliRunner().invoke(main, ["generate", "--target", str(target_dir), "--draft", str(draft_dir), *args])
+        assert ours.exit_code == 0 and ref.exit_code == 0, ours.output + ref.output
+        assert ours.stdout.splitlines()[0] == ref.stdout.splitlines()[0]
 
 
 def test_every_row_needs_room_for_the_padded_chunk_and_an_idle_row_can_sit_at_zero(slot_bundles):
