@@ -21,10 +21,21 @@ from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.export.moe import export_mlp
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.target import TargetModel
 
-EXPORTABLE_TARGETS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+# qwen3_moe: its sparse MoE MLPs trace through moe.DenseRoutedMoE (all experts, dense routing)
+EXPORTABLE_TARGETS = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe"})
+
+
+def export_refusal(model_type: str) -> str | None:
+    """Why a target family has no exported graphs yet (one line), or None: checked from config.json
+    before any weights load, and by `build --dry-run` in its plan."""
+    if model_type in EXPORTABLE_TARGETS:
+        return None
+    names = ", ".join(sorted(EXPORTABLE_TARGETS))
+    return f"export: target model_type '{model_type}' has no ONNX graph yet (exportable: {names})"
 
 
 def kv_names(prefix: str, layers: int) -> list[str]:
@@ -33,7 +44,9 @@ def kv_names(prefix: str, layers: int) -> list[str]:
 
 def _layer_window(config, index: int) -> int | None:
     types = getattr(config, "layer_types", None)
-    if types is not None and types[index] == "sliding_attention":
+    if types is None:  # Mistral, Qwen3-MoE: one window (or none) for every layer, as HF's attention
+        return getattr(config, "sliding_window", None)
+    if types[index] == "sliding_attention":
         return config.sliding_window
     return None
 
@@ -43,13 +56,15 @@ class TargetGraph(nn.Module):
 
     def __init__(self, target: TargetModel, taps: tuple[int, ...]):
         super().__init__()
-        if target.model_type not in EXPORTABLE_TARGETS:
-            names = ", ".join(sorted(EXPORTABLE_TARGETS))
-            raise DFlashError(f"export: target model_type '{target.model_type}' has no ONNX graph yet (exportable: {names})")
+        refusal = export_refusal(target.model_type)
+        if refusal:
+            raise DFlashError(refusal)
         self.model = target.model.model
         self.lm_head = target.lm_head
         self.config = target.config
         self.taps = taps
+        # the MLP each layer traces: a sparse MoE block's static-shape twin, dense MLPs as they are
+        self.mlps = nn.ModuleList(export_mlp(layer.mlp) for layer in self.model.layers)
         last = target.num_layers - 1
         # HF reports the last layer's output after the final norm; keep the torch backend's view.
         self.normed_taps = {k for k in taps if k == last}
@@ -70,7 +85,8 @@ class TargetGraph(nn.Module):
         for index, layer in enumerate(self.model.layers):
             window = _layer_window(self.config, index)
             mask = causal if window is None else causal & (diff < window)
-            x, kv = self._layer(layer, x, cos, sin, past[2 * index], past[2 * index + 1], mask[:, None])
+            x, kv = self._layer(layer, self.mlps[index], x, cos, sin, past[2 * index], past[2 * index + 1],
+                                mask[:, None])
             present += kv
             if index in self.taps:
                 features.append(self.model.norm(x) if index in self.normed_taps else x)
@@ -80,7 +96,7 @@ class TargetGraph(nn.Module):
         return (logits, torch.cat(features, dim=-1), *present)
 
     @staticmethod
-    def _layer(layer, x, cos, sin, past_k, past_v, mask):
+    def _layer(layer, mlp, x, cos, sin, past_k, past_v, mask):
         attn = layer.self_attn
         b, s, _ = x.shape
         d = attn.head_dim
@@ -99,7 +115,7 @@ class TargetGraph(nn.Module):
             attn_mask=mask, scale=attn.scaling,
         )
         x = x + attn.o_proj(out.transpose(1, 2).reshape(b, s, -1))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = x + mlp(layer.post_attention_layernorm(x))
         return x, (k_all, v_all)
 
 

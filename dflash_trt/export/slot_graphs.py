@@ -56,8 +56,8 @@ class SlotTargetGraph(TargetGraph):
         valid = (torch.arange(s, device=input_ids.device)[None] < query_lengths[:, None])[:, :, None]
         features, written = [], []
         for index, layer in enumerate(self.model.layers):
-            x, kv = self._slot_layer(layer, x, cos, sin, caches[2 * index], caches[2 * index + 1], cache_lengths,
-                                     query_lengths, valid, _layer_window(self.config, index) or 0)
+            x, kv = self._slot_layer(layer, self.mlps[index], x, cos, sin, caches[2 * index], caches[2 * index + 1],
+                                     cache_lengths, query_lengths, valid, _layer_window(self.config, index) or 0)
             written += kv
             if index in self.taps:
                 features.append(self.model.norm(x) if index in self.normed_taps else x)
@@ -67,7 +67,7 @@ class SlotTargetGraph(TargetGraph):
         return (logits, torch.where(valid, torch.cat(features, dim=-1), 0.0), *written)
 
     @staticmethod
-    def _slot_layer(layer, x, cos, sin, key_cache, value_cache, cache_lengths, query_lengths, valid, window):
+    def _slot_layer(layer, mlp, x, cos, sin, key_cache, value_cache, cache_lengths, query_lengths, valid, window):
         attn = layer.self_attn
         b, s, _ = x.shape
         d = attn.head_dim
@@ -83,7 +83,7 @@ class SlotTargetGraph(TargetGraph):
             q.transpose(1, 2).reshape(b, s, -1), k.transpose(1, 2).reshape(b, s, -1), v, key_cache, value_cache,
             cache_lengths, query_lengths, heads, kv_heads, attn.scaling, window)
         x = x + attn.o_proj(torch.where(valid, out, 0.0))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = x + mlp(layer.post_attention_layernorm(x))
         return x, (key_cache, value_cache)
 
 

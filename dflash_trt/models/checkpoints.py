@@ -17,6 +17,7 @@ from dflash_trt.models.pairing import TargetShape, validate_pair
 from dflash_trt.models.target import TargetModel, check_model_type
 from dflash_trt.models.tokenizers import load_tokenizer
 
+
 def safetensors_files(path: Path, what: str) -> list[Path]:
     files = sorted(path.glob("*.safetensors"))
     if files:
@@ -37,25 +38,69 @@ def resolve_target(spec: str) -> str:
     return spec
 
 
-def target_source(spec: str):
-    """(source, config) for a target spec, checked without loading any weights."""
+def _target_config(spec: str, weights: bool):
+    """(source, config) for a target spec, from its config.json; `weights`: a directory must hold
+    safetensors too."""
     source = resolve_target(spec)
     path = Path(source)
     if path.exists():
         if not (path / "config.json").is_file():
             raise DFlashError(f"{path}: not an HF checkpoint directory (no config.json)")
-        safetensors_files(path, "target")
+        if weights:
+            safetensors_files(path, "target")
     elif source.startswith((".", "/", "~")) or source.count("/") != 1:
         raise DFlashError(
             f"target '{spec}' is neither a directory, a hub id (org/name) nor an alias "
             f"({', '.join(embedded.TARGET_ALIASES)})"
         )
     try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
-    except OSError as err:
+        return source, AutoConfig.from_pretrained(source, trust_remote_code=False)
+    except (OSError, ValueError) as err:  # offline, unknown repo, a model_type transformers does not know
         raise DFlashError(f"target '{spec}': cannot load its config ({str(err).splitlines()[0]})") from None
+
+
+def target_source(spec: str):
+    """(source, config) for a target spec, checked without loading any weights."""
+    source, config = _target_config(spec, weights=True)
     check_model_type(config.model_type, f"target '{spec}'")
     return source, config
+
+
+def read_target_config(spec: str):
+    """(source, text config) from config.json alone, for a plan made before downloading: a directory
+    needs no weights, a hub id fetches config.json only. A checkpoint with a vision tower (Qwen3.5)
+    gives its text model's config."""
+    source, config = _target_config(spec, weights=False)
+    text = config.get_text_config()
+    check_model_type(text.model_type, f"target '{spec}'")
+    return source, text
+
+
+def read_draft_config(spec: str | Path) -> DraftConfig:
+    """A drafter's config from config.json alone: a directory needs no weights, a hub id (org/name)
+    fetches config.json only."""
+    path = Path(spec)
+    if path.exists() or str(spec).startswith((".", "/", "~")) or str(spec).count("/") != 1:
+        return DraftConfig.from_dir(path)
+    import json
+
+    from huggingface_hub import hf_hub_download
+
+    try:
+        file = hf_hub_download(str(spec), "config.json")
+    except Exception as err:  # offline, unknown repo, gated: all one line for the user
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DFlashError(f"drafter '{spec}': not a local directory and its config.json not fetched ({first})") from None
+    return DraftConfig.from_dict(json.loads(Path(file).read_text()), where=f"{spec}/config.json")
+
+
+def check_pair_configs(target_spec: str, draft_spec: str | Path):
+    """Validate a pair from its two config.json files alone (no weights, no tokenizers: what a user
+    can check before downloading) -> (target text config, DraftConfig)."""
+    _, config = read_target_config(target_spec)
+    draft = read_draft_config(draft_spec)
+    validate_pair(TargetShape.of(config), draft)
+    return config, draft
 
 
 def load_target(spec: str, dtype: torch.dtype = torch.float32) -> tuple[TargetModel, PreTrainedTokenizerBase | None]:

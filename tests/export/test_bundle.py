@@ -84,11 +84,11 @@ def test_a_failed_export_leaves_nothing_that_looks_complete(tiny_pairs, tmp_path
     assert list(tmp_path.iterdir()) == []  # neither the bundle nor its temporary sibling
 
 
-def test_export_refusals_are_one_line(tiny_pairs, bundles, tmp_path):
-    target_dir, draft_dir = tiny_pairs["qwen3_moe"]
-    target, tokenizer = load_target(str(target_dir))
-    with pytest.raises(DFlashError, match="model_type 'qwen3_moe' has no ONNX graph yet"):
-        export_bundle(target, load_drafter(draft_dir), tokenizer, tmp_path / "moe", check=False)
+def test_export_refusals_are_one_line(tiny_pairs, hybrid_target, bundles, tmp_path):
+    target, tokenizer = load_target(str(hybrid_target))
+    with pytest.raises(DFlashError, match="model_type 'qwen3_next' has no ONNX graph yet"):
+        export_bundle(target, load_drafter(tiny_pairs["qwen3"][1]), tokenizer, tmp_path / "hybrid", check=False)
+    assert not (tmp_path / "hybrid").exists()
     path, target, drafter = bundles["qwen3"]
     with pytest.raises(DFlashError, match="already exists; pass --force"):
         export_bundle(target, drafter, None, path, check=False)

@@ -1,0 +1,202 @@
+"""qwen3_moe through export: the dense-routed MoE twin (export/moe.py) against HF's sparse blocks, and
+tiny random Qwen3-MoE targets exported in both target flavours against the HF model on onnxruntime.
+
+Two targets: the shared tiny pair's (4 experts, top 2, no renormalisation) and one with
+renormalised top-k, a dense-MLP layer (mlp_only_layers) and a 3-token sliding window on every
+layer (Qwen3-MoE has no layer_types: one window for all layers, as HF's attention applies it).
+"""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from factories import make_drafter, make_target, target_config
+from slot_checks import Slots, reference, v1_present
+from transformers import AutoModelForCausalLM
+
+from dflash_trt import LLM, SamplingParams
+from dflash_trt.export.bundle import export_bundle
+from dflash_trt.export.graphs import kv_names
+from dflash_trt.export.manifest import read_bundle
+from dflash_trt.export.moe import DenseRoutedMoE
+from dflash_trt.models.checkpoints import load_drafter, load_target
+
+ATOL = 1e-4  # float32 on one CPU: reduction-order round-off (the 4x-scaled tiny weights give logits ~1e2)
+MOE_TARGETS = {"moe": {}, "moe-norm-window": {"norm_topk_prob": True, "mlp_only_layers": [1],
+                                               "use_sliding_window": True, "sliding_window": 3}}
+
+
+@pytest.fixture(scope="module")
+def moe_bundles(tiny_pairs, tmp_path_factory):
+    """name -> (target dir, drafter dir, portable bundle, slots bundle, TargetModel, taps), both
+    bundles exported with the polygraphy check (onnxruntime vs PyTorch)."""
+    root = tmp_path_factory.mktemp("moe")
+    made = {}
+    for name, config in MOE_TARGETS.items():
+        if config:
+            target_dir = make_target(root / name, "qwen3_moe", seed=11, **config)
+            draft_dir = make_drafter(root / f"{name}-draft", seed=11, block_size=4, target_layer_ids=[1, 2])
+        else:
+            target_dir, draft_dir = tiny_pairs["qwen3_moe"]
+        target, tokenizer = load_target(str(target_dir))
+        drafter = load_drafter(draft_dir)
+        portable = export_bundle(target, drafter, tokenizer, root / f"{name}-portable", check=True)
+        slots = export_bundle(target, drafter, tokenizer, root / f"{name}-slots", flavour="slots", check=True)
+        made[name] = (target_dir, draft_dir, portable, slots, target, tuple(drafter.config.target_layer_ids))
+    return made
+
+
+def sparse_block(family, tie, **config):
+    """One HF sparse MoE block with N(0, 1) weights; `tie`: experts 1 and 2 get the same router row,
+    so their probabilities are bit-equal and top-2 must break the tie (their weights still differ)."""
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(target_config(family, **config), dtype=torch.float32)
+    block = model.model.layers[0].mlp
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_()
+        if tie:
+            block.gate.weight[2] = block.gate.weight[1]
+    return block
+
+
+def lowest_index_topk(values, k, dim=-1):
+    """torch.topk with ONNX TopK's tie rule (the lowest index first); torch.topk on CPU has none."""
+    top, index = torch.sort(values, dim=dim, descending=True, stable=True)
+    return top.narrow(dim, 0, k), index.narrow(dim, 0, k)
+
+
+@pytest.mark.parametrize("family, config", [("qwen3_moe", {}), ("qwen3_moe", {"norm_topk_prob": True}),
+                                            ("qwen3_next", {})])  # qwen3_next: a gated shared expert too
+@pytest.mark.parametrize("tie", [False, True])
+def test_the_dense_routed_moe_equals_hf_sparse_block_in_torch_and_onnxruntime(family, config, tie, tmp_path,
+                                                                              monkeypatch):
+    """PyTorch: equal to HF's block, ties included (both take torch.topk's pick). onnxruntime: equal
+    to HF's block with ties broken as ONNX TopK specifies; without ties, simply equal to HF's."""
+    block = sparse_block(family, tie, **config)
+    dense = DenseRoutedMoE(block).eval()
+    x = torch.randn(3, 40, 64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want, got = block(x), dense(x)
+        probs = torch.softmax(block.gate(x.view(-1, 64))[0], dim=-1)
+    if tie:  # the tie decides the second expert for some tokens: exactly one of experts 0, 3 beats it
+        boundary = ((probs[:, [0, 3]] > probs[:, 1:2]).sum(-1) == 1) & (probs[:, 1] == probs[:, 2])
+        assert boundary.sum() > 5
+    scale = want.abs().max()
+    torch.testing.assert_close(got, want, atol=1e-6 * scale, rtol=0)
+    path = tmp_path / "moe.onnx"
+    with torch.no_grad():
+        torch.onnx.export(dense, (x[:1, :5],), str(path), input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "b", 1: "s"}, "y": {0: "b", 1: "s"}}, opset_version=17, dynamo=False)
+    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert "TopK" in ops and not ops & {"NonZero", "Loop", "If"}  # static: no data-dependent shapes
+    (out,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})
+    monkeypatch.setattr(torch, "topk", lowest_index_topk)  # HF's router calls torch.topk
+    with torch.no_grad():
+        want_onnx = block(x)
+    assert tie or torch.equal(want_onnx, want)
+    np.testing.assert_allclose(out, want_onnx.numpy(), atol=1e-6 * float(scale), rtol=0)
+
+
+def test_the_swap_leaves_the_users_model_alone(moe_bundles):
+    *_, target, _ = moe_bundles["moe-norm-window"]
+    kinds = [type(layer.mlp).__name__ for layer in target.model.model.layers]
+    assert kinds == ["Qwen3MoeSparseMoeBlock", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock"]
+
+
+@pytest.mark.parametrize("name", list(MOE_TARGETS))
+@pytest.mark.parametrize("first, kept, new", [(5, (5, 3), 4), (7, (2, 7), 6), (4, (4, 1, 2), 5)])
+def test_portable_target_graph_matches_hf_on_ragged_rows(moe_bundles, name, first, kept, new):
+    """A prefill of `first` tokens, then a verify of `new` where row r keeps `kept[r]` of them."""
+    *_, bundle, _, target, taps = moe_bundles[name]
+    rows = len(kept)
+    g = torch.Generator().manual_seed(first * 10 + new)
+    prefix = torch.randint(0, target.vocab_size, (rows, first), generator=g)
+    suffix = torch.randint(0, target.vocab_size, (rows, new), generator=g)
+    session = ort.InferenceSession(str(bundle / "target.onnx"), providers=["CPUExecutionProvider"])
+    cfg = target.config
+    empty = np.zeros((rows, cfg.num_key_value_heads, 0, cfg.head_dim), np.float32)
+    feed = {"input_ids": prefix.numpy(), "past_lengths": np.zeros(rows, np.int64), "logits_from": np.array(0)}
+    first_out = session.run(None, feed | {n: empty for n in kv_names("past", target.num_layers)})
+    feed = {"input_ids": suffix.numpy(), "past_lengths": np.array(kept, np.int64), "logits_from": np.array(0)}
+    feed |= dict(zip(kv_names("past", target.num_layers), first_out[2:], strict=True))
+    logits, features, *_ = session.run(None, feed)
+    for row in range(rows):
+        ref_first, _ = reference(target, taps, prefix[row].tolist())
+        np.testing.assert_allclose(first_out[0][row], ref_first, atol=ATOL, rtol=0)
+        ref_logits, ref_features = reference(target, taps, prefix[row, : kept[row]].tolist() + suffix[row].tolist())
+        np.testing.assert_allclose(logits[row], ref_logits[-new:], atol=ATOL, rtol=0)
+        np.testing.assert_allclose(features[row], ref_features[-new:], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", list(MOE_TARGETS))
+@pytest.mark.parametrize("block", [4, 8])
+def test_greedy_dflash_on_onnxruntime_equals_autoregressive_torch(moe_bundles, name, block):
+    target_dir, draft_dir, bundle, *_ = moe_bundles[name]
+    ours = LLM.from_bundle(bundle, block_size=block)
+    torch_llm = LLM(str(target_dir), str(draft_dir), block_size=block)
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    for prompt in ["hello there", [5, 6, 7]]:
+        got = ours.generate(prompt, params)[0]
+        assert got.token_ids == torch_llm.generate(prompt, params, speculative=False)[0].token_ids
+        # the same drafts as the torch backend's DFlash: the same acceptance at every step (its HF
+        # sliding-window cache cannot roll back once the window is full, so the plain target only)
+        if name == "moe":
+            assert got.metrics.acceptance_lengths == torch_llm.generate(prompt, params)[0].metrics.acceptance_lengths
+
+
+@pytest.mark.parametrize("name", list(MOE_TARGETS))
+@pytest.mark.parametrize("garbage", [1e4, np.nan])
+def test_slots_target_graph_writes_its_rows_in_place_and_matches_hf(moe_bundles, name, garbage):
+    """Four rows: committed 5, 0, 11, 7; 4, 2, 1 and 0 (idle) of 4 new tokens valid; cache rows past
+    each length hold garbage (NaN too) that only a wrong graph would read."""
+    *_, bundle, target, taps = moe_bundles[name]
+    committed, valid, new = [5, 0, 11, 7], [4, 2, 1, 0], 4
+    g = torch.Generator().manual_seed(len(name))
+    prefixes = [torch.randint(0, target.vocab_size, (p,), generator=g).tolist() for p in committed]
+    ids = torch.randint(0, target.vocab_size, (len(committed), new), generator=g).numpy()
+    slots = Slots(bundle, target, len(committed), garbage)
+    for row, prefix in enumerate(prefixes):
+        for cache, present in zip(slots.caches, v1_present(target, taps, prefix) if prefix else [], strict=False):
+            cache[row, :, : len(prefix)] = present
+    logits, features = slots.step(ids, committed, valid, np.tile(np.arange(new), (len(committed), 1)))
+    assert np.isfinite(features).all()
+    for row, (p, q) in enumerate(zip(committed, valid, strict=True)):
+        assert not features[row, q:].any()
+        if q == 0:
+            continue
+        sequence = prefixes[row] + ids[row, :q].tolist()
+        ref_logits, ref_features = reference(target, taps, sequence)
+        np.testing.assert_allclose(logits[row, :q], ref_logits[p:], atol=ATOL, rtol=0)
+        np.testing.assert_allclose(features[row, :q], ref_features[p:], atol=ATOL, rtol=0)
+        for cache, present in zip(slots.caches, v1_present(target, taps, sequence), strict=True):
+            np.testing.assert_allclose(cache[row, :, p : p + q], present[:, p:], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("flavour", ["portable", "slots"])
+def test_moe_bundles_record_the_family_pass_their_checks_and_hold_a_static_moe(moe_bundles, flavour):
+    _, _, portable, slots, target, _ = moe_bundles["moe"]
+    bundle = portable if flavour == "portable" else slots
+    manifest = read_bundle(bundle)
+    assert manifest["target"]["model_type"] == "qwen3_moe"
+    assert set(manifest["checks"]["polygraphy_vs_pytorch"][g] for g in ("target", "draft_context", "draft_block")) \
+        == {"passed"}
+    ops = {n.op_type for n in onnx.load(str(bundle / "target.onnx"), load_external_data=False).graph.node}
+    assert {"TopK", "ScatterElements"} <= ops and not ops & {"NonZero", "Loop", "If"}
+
+
+def test_float16_moe_bundles_pass_their_checks_and_decode_like_themselves(tiny_pairs, tmp_path):
+    """Half precision: the graphs pass the onnxruntime-vs-PyTorch check in both flavours, and greedy
+    DFlash on the portable bundle commits what greedy autoregressive decoding on it does."""
+    target_dir, draft_dir = tiny_pairs["qwen3_moe"]
+    target, tokenizer = load_target(str(target_dir))
+    drafter = load_drafter(draft_dir)
+    for flavour in ("portable", "slots"):
+        bundle = export_bundle(target, drafter, tokenizer, tmp_path / flavour, flavour=flavour, dtype="float16")
+        checks = read_bundle(bundle)["checks"]["polygraphy_vs_pytorch"]
+        assert [checks[g] for g in ("target", "draft_context", "draft_block")] == ["passed"] * 3
+    llm = LLM.from_bundle(tmp_path / "portable", block_size=4)
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    for prompt in ["hello there", [5, 6, 7]]:
+        assert llm.generate(prompt, params)[0].token_ids == llm.generate(prompt, params, speculative=False)[0].token_ids
