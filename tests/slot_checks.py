@@ -57,3 +57,15 @@ def reference(target, taps, ids):
     """The HF model's logits and tapped features for `ids` (the torch backend's forward)."""
     logits, features = target.forward(list(ids), target.new_cache(), taps)
     return logits.numpy(), features.numpy()
+
+
+def assert_row_equals_reference(target, taps, slots: Slots, logits, features, row: int, sequence: list[int],
+                                committed: int, atol: float) -> None:
+    """Row `row` of a slots step that fed `sequence[committed:]` after `committed` cached tokens: its
+    logits, features and the K/V rows it wrote equal HF's and contract 1's for the whole `sequence`."""
+    new = len(sequence) - committed
+    ref_logits, ref_features = reference(target, taps, sequence)
+    np.testing.assert_allclose(logits[row, :new], ref_logits[committed:], atol=atol, rtol=0)
+    np.testing.assert_allclose(features[row, :new], ref_features[committed:], atol=atol, rtol=0)
+    for cache, present in zip(slots.caches, v1_present(target, taps, sequence), strict=True):
+        np.testing.assert_allclose(cache[row, :, committed : committed + new], present[:, committed:], atol=atol, rtol=0)

@@ -51,6 +51,21 @@ def _layer_window(config, index: int) -> int | None:
     return None
 
 
+def project_qkv(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """A decoder layer's attention inputs: q [b, heads, s, d] and k [b, kv_heads, s, d] after the
+    per-head norms (Qwen3) and RoPE, and v [b, s, kv_heads * d] as projected."""
+    attn = layer.self_attn
+    b, s, _ = x.shape
+    d = attn.head_dim
+    h = layer.input_layernorm(x)
+    q = attn.q_proj(h).view(b, s, -1, d)
+    k = attn.k_proj(h).view(b, s, -1, d)
+    if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    return q, k, attn.v_proj(h)
+
+
 class TargetGraph(nn.Module):
     """Prefill and verify over an explicit KV cache, reusing the HF modules' weights and RoPE."""
 
@@ -99,14 +114,8 @@ class TargetGraph(nn.Module):
     def _layer(layer, mlp, x, cos, sin, past_k, past_v, mask):
         attn = layer.self_attn
         b, s, _ = x.shape
-        d = attn.head_dim
-        h = layer.input_layernorm(x)
-        q = attn.q_proj(h).view(b, s, -1, d)
-        k = attn.k_proj(h).view(b, s, -1, d)
-        v = attn.v_proj(h).view(b, s, -1, d).transpose(1, 2)
-        if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        q, k, v = project_qkv(layer, x, cos, sin)
+        v = v.view(b, s, -1, attn.head_dim).transpose(1, 2)
         k_all = torch.cat([past_k, k], dim=2)  # [b, kv_heads, p + s, d]
         v_all = torch.cat([past_v, v], dim=2)
         groups = q.shape[1] // k.shape[1]

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from dflash_trt.export.graphs import TargetGraph, _layer_window
+from dflash_trt.export.graphs import TargetGraph, _layer_window, project_qkv
 from dflash_trt.export.slot_ops import slot_attention
 
 CONTRACT = 2
@@ -70,14 +69,7 @@ class SlotTargetGraph(TargetGraph):
     def _slot_layer(layer, mlp, x, cos, sin, key_cache, value_cache, cache_lengths, query_lengths, valid, window):
         attn = layer.self_attn
         b, s, _ = x.shape
-        d = attn.head_dim
-        h = layer.input_layernorm(x)
-        q = attn.q_proj(h).view(b, s, -1, d)
-        k = attn.k_proj(h).view(b, s, -1, d)
-        v = attn.v_proj(h)
-        if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        q, k, v = project_qkv(layer, x, cos, sin)
         heads, kv_heads = q.shape[1], k.shape[1]
         out, key_cache, value_cache = slot_attention(
             q.transpose(1, 2).reshape(b, s, -1), k.transpose(1, 2).reshape(b, s, -1), v, key_cache, value_cache,

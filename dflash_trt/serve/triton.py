@@ -133,14 +133,7 @@ class TritonServer:
     def stop(self, timeout: float = 30) -> int:
         """SIGTERM: Triton stops taking requests, lets in-flight ones finish (the model's finalize
         drains the engine) and exits; killed if it takes longer than `timeout`."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return terminate(self.process, timeout)
 
 
 def _die_with_parent() -> None:
@@ -173,3 +166,15 @@ def start_triton(repository: Path, workdir: Path, install: TritonInstall | None 
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=env, cwd=workdir, preexec_fn=_die_with_parent)
     return TritonServer(process, http, grpc, metrics, log)
+
+
+def terminate(process: subprocess.Popen, timeout: float) -> int:
+    """SIGTERM, then SIGKILL if `process` has not exited within `timeout` s -> its exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode

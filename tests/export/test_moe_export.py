@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from factories import make_drafter, make_target, target_config
-from slot_checks import Slots, reference, v1_present
+from slot_checks import Slots, assert_row_equals_reference, reference, v1_present
 from transformers import AutoModelForCausalLM
 
 from dflash_trt import LLM, SamplingParams
@@ -167,11 +167,7 @@ def test_slots_target_graph_writes_its_rows_in_place_and_matches_hf(moe_bundles,
         if q == 0:
             continue
         sequence = prefixes[row] + ids[row, :q].tolist()
-        ref_logits, ref_features = reference(target, taps, sequence)
-        np.testing.assert_allclose(logits[row, :q], ref_logits[p:], atol=ATOL, rtol=0)
-        np.testing.assert_allclose(features[row, :q], ref_features[p:], atol=ATOL, rtol=0)
-        for cache, present in zip(slots.caches, v1_present(target, taps, sequence), strict=True):
-            np.testing.assert_allclose(cache[row, :, p : p + q], present[:, p:], atol=ATOL, rtol=0)
+        assert_row_equals_reference(target, taps, slots, logits, features, row, sequence, p, ATOL)
 
 
 @pytest.mark.parametrize("flavour", ["portable", "slots"])

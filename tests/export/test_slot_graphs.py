@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from factories import make_drafter, make_target
-from slot_checks import CAPACITY, Slots, reference, v1_present
+from slot_checks import CAPACITY, Slots, assert_row_equals_reference, reference, v1_present
 
 from dflash_trt.engines.build import build_engines
 from dflash_trt.engines.config import BuildConfig
@@ -75,11 +75,7 @@ def test_a_ragged_step_writes_only_its_rows_in_place_and_matches_the_model(slot_
         if q == 0:
             continue
         sequence = prefixes[row] + ids[row, :q].tolist()
-        ref_logits, ref_features = reference(target, taps, sequence)
-        np.testing.assert_allclose(logits[row, :q], ref_logits[p:], atol=ATOL, rtol=0)
-        np.testing.assert_allclose(features[row, :q], ref_features[p:], atol=ATOL, rtol=0)
-        for cache, present in zip(slots.caches, v1_present(target, taps, sequence), strict=True):
-            np.testing.assert_allclose(cache[row, :, p : p + q], present[:, p:], atol=ATOL, rtol=0)
+        assert_row_equals_reference(target, taps, slots, logits, features, row, sequence, p, ATOL)
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3-window"])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.serve.triton import find_triton, free_port
+from dflash_trt.serve.triton import find_triton, free_port, terminate
 
 READY = re.compile(r"serving '(?P<model>[^']+)' at (?P<url>\S+) \(Triton at (?P<triton>[^)]+)\)")
 
@@ -44,14 +43,7 @@ class ServerProcess:
         return [int(pid) for pid in path.read_text().split()] if path.exists() else []
 
     def stop(self, timeout: float = 60) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return terminate(self.process, timeout)
 
 
 def start_server(args: list[str], timeout: float = 240) -> ServerProcess:

@@ -107,9 +107,10 @@ def test_streamed_equals_whole(server, client):
 
 
 def test_concurrent_streams_equal_sequential_replies(server, client):
-    sequential = [chat(client, server, p, max_tokens=16).choices[0].message.content for p in PROMPTS]
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        concurrent = list(pool.map(lambda p: streamed(client, server, p, max_tokens=16), PROMPTS))
+    prompts = [f"{p} {i}" for i in range(4) for p in PROMPTS]  # 64 clients at once
+    sequential = [chat(client, server, p, max_tokens=16).choices[0].message.content for p in prompts]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        concurrent = list(pool.map(lambda p: streamed(client, server, p, max_tokens=16), prompts))
     assert [text for text, _, _ in concurrent] == sequential
     assert all(reason in ("stop", "length") for _, _, reason in concurrent)
 
@@ -168,7 +169,7 @@ def test_metrics_move_by_a_requests_amounts(server, client):
 
 def test_disconnects_free_every_slot(server, client):
     before = samples(server)
-    count = 16
+    count = 200
 
     def leave_early(prompt):
         body = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 200,
@@ -178,8 +179,8 @@ def test_disconnects_free_every_slot(server, client):
                 if line.startswith("data: "):
                     return  # closing the connection after the first event
 
-    with ThreadPoolExecutor(count) as pool:
-        list(pool.map(leave_early, PROMPTS[:count]))
+    with ThreadPoolExecutor(32) as pool:
+        list(pool.map(leave_early, [PROMPTS[i % len(PROMPTS)] for i in range(count)]))
     deadline = time.monotonic() + 30
     while True:
         now = samples(server)
