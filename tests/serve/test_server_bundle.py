@@ -1,13 +1,22 @@
-"""`dflash-trt serve BUNDLE`: an exported ONNX bundle served on onnxruntime equals offline generation."""
+"""`dflash-trt serve BUNDLE`: an exported ONNX bundle served on onnxruntime equals offline generation,
+for a portable bundle (per-request sessions) and a slots bundle (the C++ onnxruntime executor)."""
+
+import importlib
 
 import pytest
+from factories import export_tiny_slots_bundle
 from server_process import need_triton, start_server
 
 
-@pytest.fixture(scope="module")
-def served(bundles):
+@pytest.fixture(scope="module", params=["portable", "slots"])
+def served(request, bundles, tmp_path_factory):
     need_triton()
-    bundle = bundles["qwen3"][0]
+    if request.param == "portable":
+        bundle = bundles["qwen3"][0]
+    else:
+        if not getattr(importlib.import_module("dflash_trt._core"), "HAS_ORT_EXECUTOR", False):
+            pytest.skip("dflash_trt._core was built without the onnxruntime executor (no headers)")
+        bundle = export_tiny_slots_bundle(tmp_path_factory.mktemp("served-slots"))
     started = start_server([str(bundle), "--capacity", "256", "--max-batch", "2"])
     yield started, bundle
     assert started.stop() == 0
