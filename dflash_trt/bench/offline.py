@@ -44,7 +44,7 @@ def run_offline(llm: LLM, prompts: list[str], params: SamplingParams, speculativ
     start = time.perf_counter()
     with tqdm(total=len(requests), desc=desc, unit="prompt", leave=False) as bar:
         while pending or runner.has_work:
-            while pending and len(runner.running) + len(runner.waiting) < concurrency:
+            while pending and len(runner.live) < concurrency:
                 runner.submit(pending.popleft(), arrival=time.perf_counter())
             bar.update(sum(1 for r in runner.step() if r.finish_reason is not None))
     wall = time.perf_counter() - start

@@ -2,9 +2,9 @@
 
 `BatchRunner` steps the core on the caller's thread (what `LLM.generate` uses); `Engine` steps it on
 a background thread and takes requests from any thread (what `serve` uses). Both keep what the core
-does not: a waiting queue in front of the slots, text and stop strings (they need the tokenizer),
-per-request timing, and the counters a server exports. The core keeps tokens, KV slots, acceptance
-and randomness, so a request's tokens never depend on the batch around it.
+does not: text and stop strings (they need the tokenizer), per-request timing as a caller sees it,
+and the counters a server exports. The core keeps the waiting queue, tokens, KV slots, acceptance and
+randomness, so a request's tokens never depend on the batch around it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
 
@@ -83,8 +83,10 @@ class BatchRunner:
         # the largest block a step may verify (metrics size their histograms by it), as CoreEngine sizes it
         self.block_size = (block_size or max_block or llm.block_size) if speculative else 1
         self._ids = itertools.count()
-        self.waiting: deque[_Request] = deque()
-        self.running: dict[int, _Request] = {}  # core id -> request
+        self.live: dict[int, _Request] = {}  # core id -> request, waiting or running in the core
+        # the core's running / waiting counts, read after each call into it: stats() may come from another
+        # thread while a step runs (without the GIL), and must not read the core then
+        self.running = self.waiting = 0
         self.counters = Counter()
         self.accepted_per_pos = [0] * max(self.block_size - 1, 0)
         self.finished = Counter()
@@ -108,8 +110,11 @@ class BatchRunner:
         client that prepared every request first."""
         if arrival is not None:
             request.arrival = arrival
-        self.waiting.append(request)
+        core_params = replace(request.params, stop=())  # stop strings are applied here, on text
+        request.core_id = self.core.add_request(request.ids, core_params)  # the core queues it for a slot
+        self.live[request.core_id] = request
         self.counters["prompt_tokens_total"] += len(request.ids)
+        self._read_counts()
 
     def add(self, prompt, params: SamplingParams | None = None, on_output: Callable | None = None) -> int:
         request = self.prepare(prompt, params, on_output)
@@ -118,40 +123,35 @@ class BatchRunner:
 
     def abort(self, request_id: int) -> _Request | None:
         """Finish a waiting or running request now -> it (its output says "abort"), or None if not live."""
-        for request in self.waiting:
+        for core_id, request in self.live.items():
             if request.id == request_id:
-                self.waiting.remove(request)
+                self.core.abort(core_id)  # its slot is free on return; the core says "abort" next step
+                del self.live[core_id]
                 self._finish(request, "abort")
-                return request
-        for core_id, request in self.running.items():
-            if request.id == request_id:
-                self.core.abort(core_id)  # the slot is free on return; the core says "abort" next step
-                del self.running[core_id]
-                self._finish(request, "abort")
+                self._read_counts()
                 return request
         return None
 
+    def _read_counts(self) -> None:
+        self.running, self.waiting = self.core.scheduler.num_running, self.core.scheduler.num_waiting
+
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.core.has_work)
+        return bool(self.live or self.core.has_work)
 
     # -- stepping ------------------------------------------------------------------------------
 
     def step(self) -> list[_Request]:
-        """Admit waiting requests into free slots, run one core step -> the requests it touched."""
-        while self.waiting and len(self.running) < self.max_batch:
-            request = self.waiting.popleft()
-            core_params = replace(request.params, stop=())  # stop strings are applied here, on text
-            request.core_id = self.core.add_request(request.ids, core_params)
-            self.running[request.core_id] = request
+        """One core step (it admits waiting requests into free slots first) -> the requests it touched."""
         touched = []
         for out in self.core.step():
-            request = self.running.get(out.request)
+            request = self.live.get(out.request)
             if request is None:  # aborted from here already: the core's "abort" closes its books
                 self.core.outputs.pop(out.request, None)
                 continue
-            self._update(request, out)
+            self._update(request, out)  # may abort the core request (a stop string)
             touched.append(request)
+        self._read_counts()
         return touched
 
     def _update(self, request: _Request, out) -> None:
@@ -165,7 +165,7 @@ class BatchRunner:
             if out.finish_reason is None:  # a stop string the core cannot see: free its slot now
                 self.core.abort(out.request)
             reason = out.finish_reason if out.finish_reason == "abort" else request.stop.finish_reason or out.finish_reason
-            del self.running[out.request]
+            del self.live[out.request]
             if out.finish_reason is not None:  # else the core's "abort" output comes next step
                 self.core.outputs.pop(out.request, None)
             self._finish(request, reason)
@@ -226,8 +226,8 @@ class BatchRunner:
 
     def stats(self) -> dict:
         return {
-            "running": len(self.running),
-            "waiting": len(self.waiting),
+            "running": self.running,
+            "waiting": self.waiting,
             "max_batch": self.max_batch,
             "capacity": self.capacity,
             **{name: self.counters[name] for name in (
@@ -373,8 +373,8 @@ class Engine:
 
     def _fail_running(self) -> list[_Request]:
         failed = []
-        for core_id in list(self.runner.running):
-            request = self.runner.running[core_id]
+        for core_id in list(self.runner.live):
+            request = self.runner.live[core_id]
             self.runner.abort(request.id)
             failed.append(request)
         return failed
