@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dflash_trt.engines.machine import runtime_env
 from dflash_trt.engines.manifest import ENGINE_MANIFEST, check_runtime, is_engine_bundle, read_engine_bundle
-from dflash_trt.export.manifest import read_bundle
+from dflash_trt.export.manifest import MANIFEST, read_bundle
 
 
 def bundle_kind(root: str | Path) -> str:
@@ -23,6 +23,18 @@ def bundle_kind(root: str | Path) -> str:
         return json.loads((root / ENGINE_MANIFEST).read_text())["engine"]["kind"]
     except (json.JSONDecodeError, KeyError, TypeError):
         return "unknown"  # open_bundle then says what is wrong with it
+
+
+def bundle_contract(root: str | Path) -> int:
+    """The graph contract a bundle's graphs follow (1 where none is recorded); unchecked, for dispatch:
+    whichever backend it picks opens the bundle with every check."""
+    root = Path(root)
+    engine = is_engine_bundle(root)
+    try:
+        manifest = json.loads((root / (ENGINE_MANIFEST if engine else MANIFEST)).read_text())
+        return int((manifest["source"] if engine else manifest).get("contract", 1))
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+        return 1  # the backend's checked open then says what is wrong with it
 
 
 def open_bundle(root: str | Path) -> tuple[str, dict]:

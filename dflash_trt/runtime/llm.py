@@ -126,7 +126,7 @@ class LLM:
         self._runners: dict[tuple, BatchRunner] = {}
 
     def _load_bundle(self, path: Path, block_size: int | None) -> None:
-        from dflash_trt.runtime.engine_bundles import bundle_kind, open_bundle
+        from dflash_trt.runtime.engine_bundles import bundle_contract, bundle_kind
 
         kind = bundle_kind(path)
         if kind in ("tensorrt", "tensorrt-rtx"):
@@ -134,7 +134,7 @@ class LLM:
 
             self.backend = "tensorrt"
             self._bundle = TrtBundle(path)
-        elif kind in ("onnx", "onnxruntime") and open_bundle(path)[1].get("contract", 1) == 2:
+        elif kind in ("onnx", "onnxruntime") and bundle_contract(path) == 2:
             from dflash_trt.runtime.ort_executor import SlotBundle
 
             self.backend = "onnxruntime"

@@ -1,6 +1,6 @@
 """The C++ onnxruntime executor (csrc/ort_executor.h) over a `slots` bundle (graph contract 2).
 
-`ort_executor(bundle, max_batch, capacity)` reads bundle.json, finds the onnxruntime shared library
+`SlotBundle(bundle)` reads and checks bundle.json once, finds the onnxruntime shared library
 that the onnxruntime wheel ships (the core loads it at run time), and returns a `_core.OrtExecutor`
 to hand to `_core.Scheduler`. Every phase then runs in C++: no Python per step.
 """
@@ -32,60 +32,62 @@ def onnxruntime_library() -> Path:
 
 def ort_executor(bundle_root: str | Path, max_batch: int, capacity: int, threads: int | None = None):
     """A `_core.OrtExecutor` with `max_batch` KV slots of `capacity` tokens over the bundle's graphs."""
-    config = executor_config(bundle_root, max_batch, capacity, threads)  # refuses first, in one line
-    return _core().OrtExecutor(config)
+    return SlotBundle(bundle_root).executor(max_batch, capacity, threads)
 
 
 def executor_config(bundle_root: str | Path, max_batch: int, capacity: int, threads: int | None = None):
     """The `_core.OrtExecutorConfig` of a slots bundle (one line for a bundle it cannot run)."""
-    core = _core()
-    if not core.HAS_ORT_EXECUTOR:
-        raise DFlashError(
-            "dflash_trt._core was built without the onnxruntime executor (no onnxruntime headers): "
-            "run bash scripts/fetch_headers.sh ort, then reinstall (bash scripts/setup.sh)"
-        )
-    root = Path(bundle_root)
-    kind, manifest = open_bundle(root)  # an exported slots bundle, or an onnxruntime engine bundle built from one
-    if kind not in ("onnx", "onnxruntime"):
-        raise DFlashError(f"{root} holds {kind} engines; the onnxruntime executor runs ONNX graphs")
-    contract = manifest.get("contract", 1)
-    if contract != CONTRACT:
-        raise DFlashError(
-            f"{root}: a graph contract {contract} bundle; the C++ onnxruntime executor needs "
-            f"contract {CONTRACT}: re-export with --flavour slots"
-        )
-    graphs, target, draft = manifest["graphs"], manifest["target"], manifest["draft"]
-    config = core.OrtExecutorConfig()
-    config.target_path, config.draft_context_path, config.draft_block_path = (
-        str(root / graphs[name]["file"]) for name in ("target", "draft_context", "draft_block")
-    )
-    config.library_path = str(onnxruntime_library())
-    config.dtype = manifest["dtype"]
-    config.threads = threads or 0
-    config.max_batch, config.capacity = max_batch, capacity
-    config.target_layers = target["num_layers"]
-    config.target_kv_heads = target["num_key_value_heads"]
-    config.target_head_dim = target["head_dim"]
-    outputs = {o["name"]: o for o in graphs["target"]["outputs"]}
-    config.feature_width = outputs["features"]["shape"][-1]
-    config.vocab = target["vocab_size"]
-    config.draft_layers = draft["num_layers"]
-    config.draft_kv_heads = draft["num_key_value_heads"]
-    config.draft_head_dim = draft["head_dim"]
-    config.mask_token_id = draft["mask_token_id"]
-    return config
+    return SlotBundle(bundle_root).config(max_batch, capacity, threads)
 
 
 class SlotBundle:
-    """A slots bundle as `LLM` holds it: its manifest, checked once; the executor (which allocates the
-    KV slots) is made per engine by `executor(max_batch, capacity)`."""
+    """A slots bundle as `LLM` holds it: its manifest, read and checked once (every refusal here, before
+    any request); each engine makes its executor, which allocates the KV slots, from that manifest."""
 
     batched_only = True
 
     def __init__(self, root: str | Path):
+        if not _core().HAS_ORT_EXECUTOR:
+            raise DFlashError(
+                "dflash_trt._core was built without the onnxruntime executor (no onnxruntime headers): "
+                "run bash scripts/fetch_headers.sh ort, then reinstall (bash scripts/setup.sh)"
+            )
         self.root = Path(root)
-        executor_config(self.root, 1, 2)  # every refusal now, before any request
-        self.manifest = open_bundle(self.root)[1]
+        # an exported slots bundle, or an onnxruntime engine bundle built from one
+        kind, self.manifest = open_bundle(self.root)
+        if kind not in ("onnx", "onnxruntime"):
+            raise DFlashError(f"{self.root} holds {kind} engines; the onnxruntime executor runs ONNX graphs")
+        contract = self.manifest.get("contract", 1)
+        if contract != CONTRACT:
+            raise DFlashError(
+                f"{self.root}: a graph contract {contract} bundle; the C++ onnxruntime executor needs "
+                f"contract {CONTRACT}: re-export with --flavour slots"
+            )
+        self.library = onnxruntime_library()
+
+    def config(self, max_batch: int, capacity: int, threads: int | None = None):
+        """The `_core.OrtExecutorConfig` for `max_batch` slots of `capacity` tokens."""
+        manifest = self.manifest
+        graphs, target, draft = manifest["graphs"], manifest["target"], manifest["draft"]
+        config = _core().OrtExecutorConfig()
+        config.target_path, config.draft_context_path, config.draft_block_path = (
+            str(self.root / graphs[name]["file"]) for name in ("target", "draft_context", "draft_block")
+        )
+        config.library_path = str(self.library)
+        config.dtype = manifest["dtype"]
+        config.threads = threads or 0
+        config.max_batch, config.capacity = max_batch, capacity
+        config.target_layers = target["num_layers"]
+        config.target_kv_heads = target["num_key_value_heads"]
+        config.target_head_dim = target["head_dim"]
+        outputs = {o["name"]: o for o in graphs["target"]["outputs"]}
+        config.feature_width = outputs["features"]["shape"][-1]
+        config.vocab = target["vocab_size"]
+        config.draft_layers = draft["num_layers"]
+        config.draft_kv_heads = draft["num_key_value_heads"]
+        config.draft_head_dim = draft["head_dim"]
+        config.mask_token_id = draft["mask_token_id"]
+        return config
 
     def executor(self, max_batch: int, capacity: int, threads: int | None = None):
-        return ort_executor(self.root, max_batch, capacity, threads)
+        return _core().OrtExecutor(self.config(max_batch, capacity, threads))
