@@ -210,8 +210,9 @@ void Scheduler::draft(const std::vector<Request*>& rows) {
   // Every drafting row drafts the step's block; a row near its end keeps only what it may use.
   const double start = RequestTiming::now();
   const std::vector<std::vector<int64_t>> drafts = executor_.draft(slots, bonus, step_block_);
-  draft_cost_.observe(int64_t(drafting.size()), step_block_, RequestTiming::now() - start);
-  seconds_.draft += RequestTiming::now() - start;
+  const double seconds = RequestTiming::now() - start;
+  draft_cost_.observe(int64_t(drafting.size()), step_block_, seconds);
+  seconds_.draft += seconds;
   DFLASH_INVARIANT(drafts.size() == drafting.size());
   for (size_t i = 0; i < drafting.size(); ++i) {
     Request& r = *drafting[i];
@@ -236,8 +237,9 @@ std::vector<LogitsRows> Scheduler::verify(const std::vector<Request*>& rows) {
   }
   const double start = RequestTiming::now();
   std::vector<LogitsRows> logits = executor_.verify(slots, blocks);
-  verify_cost_.observe(int64_t(rows.size()), widest, RequestTiming::now() - start);
-  seconds_.verify += RequestTiming::now() - start;
+  const double seconds = RequestTiming::now() - start;
+  verify_cost_.observe(int64_t(rows.size()), widest, seconds);
+  seconds_.verify += seconds;
   DFLASH_INVARIANT(logits.size() == rows.size());
   for (size_t i = 0; i < rows.size(); ++i)
     if (logits[i].rows != int64_t(blocks[i].size()))

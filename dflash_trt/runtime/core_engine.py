@@ -171,6 +171,7 @@ class CoreEngine:
                 "adaptive=True chooses among speculative block sizes: it needs speculative=True"
             )
         self.llm = llm
+        self.block_size = block  # the largest block a step verifies (the only one unless adaptive)
         # A slots bundle runs on the C++ onnxruntime executor (its KV slots sized here); else the sessions.
         batched = getattr(llm, "batched_only", False)
         self.executor = llm._bundle.executor(max_batch, capacity) if batched else executor(llm, speculative)

@@ -76,12 +76,10 @@ class BatchRunner:
         check_batching(max_batch, capacity)
         self.llm = llm
         self.max_batch, self.capacity, self.speculative = max_batch, capacity, speculative
-        max_block = getattr(llm, "max_block_size", None)
         self.core = CoreEngine(llm, max_batch=max_batch, capacity=capacity, block_size=block_size,
-                               speculative=speculative, engine_seed=engine_seed, max_block=max_block)
-        self.adaptive = speculative and block_size is None
-        # the largest block a step may verify (metrics size their histograms by it), as CoreEngine sizes it
-        self.block_size = (block_size or max_block or llm.block_size) if speculative else 1
+                               speculative=speculative, engine_seed=engine_seed,
+                               max_block=getattr(llm, "max_block_size", None))
+        self.block_size = self.core.block_size  # metrics size their histograms by the largest block
         self._ids = itertools.count()
         self.live: dict[int, _Request] = {}  # core id -> request, waiting or running in the core
         # the core's running / waiting counts, read after each call into it: stats() may come from another
