@@ -69,3 +69,16 @@ def assert_row_equals_reference(target, taps, slots: Slots, logits, features, ro
     np.testing.assert_allclose(features[row, :new], ref_features[committed:], atol=atol, rtol=0)
     for cache, present in zip(slots.caches, v1_present(target, taps, sequence), strict=True):
         np.testing.assert_allclose(cache[row, :, committed : committed + new], present[:, committed:], atol=atol, rtol=0)
+
+
+def prefilled_slots(bundle, target, taps, committed: list[int], new: int, garbage: float, seed: int):
+    """Slots whose row b holds `committed[b]` random tokens' K/V (contract 1's, so the graph's own),
+    garbage past them -> (slots, the prefixes, random ids [rows, new] for the next step)."""
+    g = torch.Generator().manual_seed(seed)
+    prefixes = [torch.randint(0, target.vocab_size, (p,), generator=g).tolist() for p in committed]
+    ids = torch.randint(0, target.vocab_size, (len(committed), new), generator=g).numpy()
+    slots = Slots(bundle, target, len(committed), garbage)
+    for row, prefix in enumerate(prefixes):
+        for cache, present in zip(slots.caches, v1_present(target, taps, prefix) if prefix else [], strict=False):
+            cache[row, :, : len(prefix)] = present
+    return slots, prefixes, ids

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from factories import make_drafter, make_target, target_config
-from slot_checks import Slots, assert_row_equals_reference, reference, v1_present
+from slot_checks import assert_row_equals_reference, prefilled_slots, reference
 from transformers import AutoModelForCausalLM
 
 from dflash_trt import LLM, SamplingParams
@@ -153,13 +153,7 @@ def test_slots_target_graph_writes_its_rows_in_place_and_matches_hf(moe_bundles,
     each length hold garbage (NaN too) that only a wrong graph would read."""
     *_, bundle, target, taps = moe_bundles[name]
     committed, valid, new = [5, 0, 11, 7], [4, 2, 1, 0], 4
-    g = torch.Generator().manual_seed(len(name))
-    prefixes = [torch.randint(0, target.vocab_size, (p,), generator=g).tolist() for p in committed]
-    ids = torch.randint(0, target.vocab_size, (len(committed), new), generator=g).numpy()
-    slots = Slots(bundle, target, len(committed), garbage)
-    for row, prefix in enumerate(prefixes):
-        for cache, present in zip(slots.caches, v1_present(target, taps, prefix) if prefix else [], strict=False):
-            cache[row, :, : len(prefix)] = present
+    slots, prefixes, ids = prefilled_slots(bundle, target, taps, committed, new, garbage, seed=len(name))
     logits, features = slots.step(ids, committed, valid, np.tile(np.arange(new), (len(committed), 1)))
     assert np.isfinite(features).all()
     for row, (p, q) in enumerate(zip(committed, valid, strict=True)):

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from factories import make_drafter, make_target
-from slot_checks import CAPACITY, Slots, assert_row_equals_reference, reference, v1_present
+from slot_checks import CAPACITY, Slots, assert_row_equals_reference, prefilled_slots, reference, v1_present
 
 from dflash_trt.engines.build import build_engines
 from dflash_trt.engines.config import BuildConfig
@@ -56,13 +56,7 @@ def test_a_ragged_step_writes_only_its_rows_in_place_and_matches_the_model(slot_
     tokens valid. Everything past each row's length starts as garbage (NaN too: never read)."""
     bundle, target, taps = slot_bundles[name]
     committed, valid, new = [5, 0, 11, 7, 0], [4, 2, 1, 0, 0], 4
-    g = torch.Generator().manual_seed(len(name))
-    prefixes = [torch.randint(0, target.vocab_size, (p,), generator=g).tolist() for p in committed]
-    ids = torch.randint(0, target.vocab_size, (len(committed), new), generator=g).numpy()
-    slots = Slots(bundle, target, len(committed), garbage)
-    for row, prefix in enumerate(prefixes):
-        for cache, present in zip(slots.caches, v1_present(target, taps, prefix) if prefix else [], strict=False):
-            cache[row, :, : len(prefix)] = present
+    slots, prefixes, ids = prefilled_slots(bundle, target, taps, committed, new, garbage, seed=len(name))
     before = [c.copy() for c in slots.caches]
     logits, features = slots.step(ids, committed, valid, np.tile(np.arange(new), (len(committed), 1)))
     assert logits.shape == (len(committed), new, target.vocab_size) and np.isfinite(features).all()
