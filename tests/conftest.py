@@ -77,3 +77,21 @@ def plugin_bundle(bundles):
     if "qwen3-plugin" not in bundles:
         pytest.skip("dflash op library not built (bash scripts/build_plugins.sh)")
     return bundles["qwen3-plugin"]
+
+
+HYBRID_FAMILIES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+
+
+@pytest.fixture(scope="session")
+def hybrid_bundles(tmp_path_factory):
+    """family -> (target dir, drafter dir, portable bundle exported with the polygraphy check,
+    TargetModel) for tiny random hybrid targets: layers [linear, full, linear, full], taps 1 and 2."""
+    root = tmp_path_factory.mktemp("hybrid-bundles")
+    made = {}
+    for seed, family in enumerate(HYBRID_FAMILIES):
+        target_dir = make_target(root / family, family, seed=20 + seed)
+        draft_dir = make_drafter(root / f"{family}-draft", seed=seed, block_size=4, target_layer_ids=[1, 2])
+        target, tokenizer = load_target(str(target_dir))
+        bundle = export_bundle(target, load_drafter(draft_dir), tokenizer, root / f"{family}-portable", check=True)
+        made[family] = (target_dir, draft_dir, bundle, target)
+    return made

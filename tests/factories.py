@@ -78,6 +78,17 @@ def target_config(family: str, vocab_size: int = 264, layers: int = 4, **extra):
         from transformers.models.qwen3_5 import Qwen3_5TextConfig
 
         return Qwen3_5TextConfig(**common, **linear_attention(layers))
+    if family == "qwen3_5_moe_text":
+        from transformers.models.qwen3_5_moe import Qwen3_5MoeTextConfig
+
+        return Qwen3_5MoeTextConfig(
+            **common,
+            **linear_attention(layers),
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+        )
     raise ValueError(family)
 
 
@@ -187,3 +198,42 @@ def export_tiny_slots_bundle(path: Path, family: str = "qwen3", dtype: str = "fl
     target, tokenizer = load_target(str(target_dir))
     return export_bundle(target, load_drafter(draft_dir), tokenizer, path / "bundle", flavour="slots", check=check,
                          dtype=dtype)
+
+
+# Qwen3.5 as published: a vision-language checkpoint (Qwen3_5[Moe]ForConditionalGeneration weights,
+# text under `model.language_model.`, vision under `model.visual.`) around a text model.
+VL_TEXT_FAMILIES = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+TINY_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4, num_position_embeddings=16)
+
+
+def vl_config(family: str = "qwen3_5", tie_word_embeddings: bool = False, **text):
+    """A tiny Qwen3.5 VL config: `text` goes to the text model's (see target_config); the vision
+    tower's output feeds the text model, so its out_hidden_size is the text hidden size."""
+    text_config = target_config(VL_TEXT_FAMILIES[family], **text)
+    if family == "qwen3_5":
+        from transformers.models.qwen3_5 import Qwen3_5Config as config_class
+    else:
+        from transformers.models.qwen3_5_moe import Qwen3_5MoeConfig as config_class
+    vision = dict(TINY_VISION, out_hidden_size=text_config.hidden_size)
+    # a tie set on the VL model only, as the text model's own flag may not repeat it
+    return config_class(text_config=text_config.to_dict(), vision_config=vision,
+                        tie_word_embeddings=tie_word_embeddings)
+
+
+def make_vl_target(path: Path, family: str = "qwen3_5", seed: int = 0, tokenizer: bool = True,
+                   tie_word_embeddings: bool = False, **text) -> Path:
+    """Write a random tiny Qwen3.5 VL checkpoint (config.json + model.safetensors [+ tokenizer])."""
+    from transformers import AutoModelForImageTextToText
+
+    torch.manual_seed(seed)
+    config = vl_config(family, tie_word_embeddings, **text)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # decisive greedy choices, as make_target
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(path)
+    if tokenizer:
+        byte_tokenizer().save_pretrained(path)
+    return path

@@ -121,8 +121,9 @@ def draft_kv_bytes_per_token(draft: DraftConfig, dtype: str) -> int:
 
 
 def state_bytes_per_request(config, dtype: str) -> int:
-    """Per linear-attention layer: the conv's last kernel-1 inputs and the [v_heads, k_dim, v_dim]
-    recurrent state, in the graphs' dtype as HF keeps them."""
+    """Per linear-attention layer: the conv's last kernel-1 inputs in the graphs' dtype and the
+    [v_heads, k_dim, v_dim] recurrent state in float32, as the exported graphs keep them
+    (export/hybrid_graphs.py: a running recurrence is not rounded to half precision per token)."""
     layers = layer_kinds(config).count("linear")
     if not layers:
         return 0
@@ -130,7 +131,7 @@ def state_bytes_per_request(config, dtype: str) -> int:
     v_dim = config.linear_num_value_heads * config.linear_value_head_dim
     conv = (2 * k_dim + v_dim) * (config.linear_conv_kernel_dim - 1)
     recurrent = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim
-    return layers * (conv + recurrent) * DTYPE_BYTES[dtype]
+    return layers * (conv * DTYPE_BYTES[dtype] + recurrent * DTYPE_BYTES["float32"])
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,7 @@ def plan_pair(target: str, draft: str | None, config: BuildConfig, flavour: str,
     dtype = config.dtype or "float32"
     return make_plan(target, target_config, None if draft is None else str(draft), draft_config, config.engine,
                      flavour, dtype, config.max_batch, config.max_seq_len, config.block_size,
-                     export_refusal(target_config.model_type), gpu_memory_gib)
+                     export_refusal(target_config.model_type, flavour), gpu_memory_gib)
 
 
 def _count(n: int) -> str:

@@ -18,8 +18,16 @@ import onnx
 import torch
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.export.graphs import DraftBlockGraph, DraftContextGraph, TargetGraph, kv_names
+from dflash_trt.export.delta_rule import register_delta_rule_symbolic
+from dflash_trt.export.delta_rule_loop import lower_gated_delta_rule
+from dflash_trt.export.graphs import DraftBlockGraph, DraftContextGraph, TargetGraph, export_refusal, kv_names
 from dflash_trt.export.half_attention import register_half_attention
+from dflash_trt.export.hybrid_graphs import (
+    HYBRID_TARGETS,
+    HybridTargetGraph,
+    hybrid_target_spec,
+    linear_attention_shapes,
+)
 from dflash_trt.export.manifest import DTYPES, FLAVOURS, FORMAT_VERSION, MANIFEST, file_hashes
 from dflash_trt.export.op_library import onnxruntime_refusal, op_library
 from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph
@@ -61,9 +69,12 @@ def _graph_specs(target: TargetModel, drafter: DFlashDrafter, dtype: str = "floa
     features = len(d.target_layer_ids) * target.hidden_size
     vocab = target.vocab_size
     draft_vocab = _draft_vocab_size(target, drafter)
-    slots = slot_target_spec(tl, t_kv[0], t_kv[1], vocab, features, dtype) if flavour == "slots" else None
+    if flavour == "slots":
+        own = slot_target_spec(tl, t_kv[0], t_kv[1], vocab, features, dtype)
+    else:
+        own = hybrid_target_spec(t, vocab, features, dtype) if target.model_type in HYBRID_TARGETS else None
     return {
-        "target": slots or {
+        "target": own or {
             "inputs": [_io("input_ids", "int64", ["batch", "new"]), _io("past_lengths", "int64", ["batch"]),
                        _io("logits_from", "int64", [])]
             + [_io(n, dtype, ["batch", t_kv[0], "past", t_kv[1]]) for n in kv_names("past", tl)],
@@ -120,6 +131,9 @@ def _own_cache(target: torch.nn.Module, like: list[torch.Tensor], vocab_size: in
     could not tell rounding from a wrong graph; with its own cache, 0.07 and 1e-4."""
     batch, _, past, _ = like[0].shape
     ids = torch.randint(0, vocab_size, (batch, past), generator=generator)
+    if isinstance(target, HybridTargetGraph):  # its linear layers' states come from the same prefill
+        with torch.no_grad():
+            return target.prefill_caches(ids)
     empty = (t[:, :, :0] for t in like)
     with torch.no_grad():
         _, _, *cache = target(ids, torch.zeros(batch, dtype=torch.long), torch.tensor(past - 1), *empty)
@@ -133,11 +147,13 @@ def _export_graph(module: torch.nn.Module, spec: dict, path: Path, check: bool, 
     holds com.microsoft::GroupQueryAttention, checked with each cache output bound to its input."""
     inputs = _example_inputs(spec, vocab_size, module)
     register_half_attention(OPSET)
+    register_delta_rule_symbolic(OPSET)
+    hybrid = isinstance(module, HybridTargetGraph)
     if plugin:
         register_symbolics(OPSET)
     if slots:
         register_slot_symbolics(OPSET)
-    domains = {DOMAIN: OP_VERSION} if plugin else {ORT_DOMAIN: ORT_DOMAIN_VERSION} if slots else None
+    domains = {DOMAIN: OP_VERSION} if plugin or hybrid else {ORT_DOMAIN: ORT_DOMAIN_VERSION} if slots else None
     with warnings.catch_warnings(), torch.no_grad():
         # The TorchScript exporter is deprecated in favour of torch.export, but it traces these
         # flat-I/O modules with symbolic dims reliably; revisit when the dynamo path handles HF RoPE.
@@ -148,6 +164,8 @@ def _export_graph(module: torch.nn.Module, spec: dict, path: Path, check: bool, 
             opset_version=OPSET, dynamo=False, custom_opsets=domains,
         )
     model = onnx.load(str(path))
+    if hybrid and not plugin:  # the linear layers' recurrences as standard-op Loops (delta_rule_loop.py)
+        lower_gated_delta_rule(model, DOMAIN)
     _declare_io_shapes(model, spec)
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=path.name + ".data", size_threshold=EXTERNAL_DATA_THRESHOLD)
@@ -228,10 +246,15 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
     if out.exists() and not force:
         raise DFlashError(f"{out} already exists; pass --force to replace it")
     d = drafter.config
-    specs = _graph_specs(target, drafter, dtype, flavour)
+    hybrid = target.model_type in HYBRID_TARGETS
     plugin, slots = flavour == "plugin", flavour == "slots"
+    refusal = export_refusal(target.model_type, flavour)
+    if refusal:
+        raise DFlashError(refusal)
+    specs = _graph_specs(target, drafter, dtype, flavour)
+    target_graph = SlotTargetGraph if slots else HybridTargetGraph if hybrid else TargetGraph
     modules = {
-        "target": (SlotTargetGraph if slots else TargetGraph)(target, tuple(d.target_layer_ids)),
+        "target": target_graph(target, tuple(d.target_layer_ids)),
         "draft_context": PluginDraftContextGraph(drafter) if plugin else DraftContextGraph(drafter),
         "draft_block": PluginDraftBlockGraph(drafter, target) if plugin else DraftBlockGraph(drafter, target),
     }
@@ -240,7 +263,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
         with _parameters_in(list(modules.values()), getattr(torch, dtype)):
             for name, module in modules.items():
                 checks[name] = _export_graph(module, specs[name], tmp / f"{name}.onnx", check,
-                                             plugin and name != "target", target.vocab_size, dtype,
+                                             plugin and (name != "target" or hybrid), target.vocab_size, dtype,
                                              slots and name == "target")
                 progress(f"{name}.onnx")
         if tokenizer is not None:
@@ -252,12 +275,15 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
             "flavour": flavour,
             "dtype": dtype,
             "opset": OPSET,
-            "custom_ops": {"domain": DOMAIN, "version": OP_VERSION, "ops": ["InjectKV", "BlockAttention"]} if plugin else None,
+            "custom_ops": {"domain": DOMAIN, "version": OP_VERSION,
+                           "ops": ["InjectKV", "BlockAttention"] + (["GatedDeltaRule"] if hybrid else [])} if plugin else None,
             "graphs": {name: {"file": f"{name}.onnx", **spec} for name, spec in specs.items()},
             "target": {
                 "model_type": target.model_type, "num_layers": target.num_layers, "hidden_size": target.hidden_size,
                 "vocab_size": target.vocab_size, "num_key_value_heads": target.config.num_key_value_heads,
                 "head_dim": _head_dim(target.config), "eos_token_ids": list(eos_token_ids(target, tokenizer)),
+                **({"layer_types": list(target.config.layer_types),
+                    "linear_attention": linear_attention_shapes(target.config)} if hybrid else {}),
             },
             "draft": {
                 "num_layers": d.num_layers, "block_size": d.block_size, "mask_token_id": d.mask_token_id,

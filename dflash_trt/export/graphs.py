@@ -21,17 +21,22 @@ from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.export.hybrid_graphs import HYBRID_TARGETS
 from dflash_trt.export.moe import export_mlp
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.target import TargetModel
 
-# qwen3_moe: its sparse MoE MLPs trace through moe.DenseRoutedMoE (all experts, dense routing)
-EXPORTABLE_TARGETS = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe"})
+# qwen3_moe: its sparse MoE MLPs trace through moe.DenseRoutedMoE (all experts, dense routing);
+# the hybrid families (Gated DeltaNet + gated attention) through hybrid_graphs.HybridTargetGraph
+EXPORTABLE_TARGETS = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe"}) | HYBRID_TARGETS
 
 
-def export_refusal(model_type: str) -> str | None:
+def export_refusal(model_type: str, flavour: str = "portable") -> str | None:
     """Why a target family has no exported graphs yet (one line), or None: checked from config.json
     before any weights load, and by `build --dry-run` in its plan."""
+    if model_type in HYBRID_TARGETS and flavour == "slots":
+        return (f"export: the slots flavour has no graph for '{model_type}' (recurrent layers) yet; "
+                "export it with --flavour portable or plugin")
     if model_type in EXPORTABLE_TARGETS:
         return None
     names = ", ".join(sorted(EXPORTABLE_TARGETS))
@@ -74,6 +79,8 @@ class TargetGraph(nn.Module):
         refusal = export_refusal(target.model_type)
         if refusal:
             raise DFlashError(refusal)
+        if target.model_type in HYBRID_TARGETS:
+            raise DFlashError(f"export: '{target.model_type}' has recurrent layers: its graph is HybridTargetGraph")
         self.model = target.model.model
         self.lm_head = target.lm_head
         self.config = target.config

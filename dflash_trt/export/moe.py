@@ -38,7 +38,8 @@ class DenseRoutedMoE(nn.Module):
                               "(exportable: concatenated [gate; up], not transposed, no bias)")
         self.block = block
         self.top_k = block.gate.top_k
-        self.norm_topk_prob = block.gate.norm_topk_prob
+        # Qwen3.5-MoE's router has no flag: it always renormalises the top-k probabilities
+        self.norm_topk_prob = getattr(block.gate, "norm_topk_prob", True)
 
     def routing(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> [T, E]: each token's top-k probabilities (renormalised if the config says
@@ -53,7 +54,8 @@ class DenseRoutedMoE(nn.Module):
         top, index = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
         if self.norm_topk_prob:
             top = top / top.sum(dim=-1, keepdim=True)
-        return torch.zeros_like(logits).scatter(1, index, top.to(logits.dtype))
+        # scattered in float32 (ONNX opset 17's ConstantOfShape has no bfloat16), then cast as HF casts
+        return torch.zeros_like(probs).scatter(1, index, top).to(logits.dtype)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         shape = hidden.shape

@@ -17,6 +17,10 @@ from dflash_trt.models.pairing import TargetShape, validate_pair
 from dflash_trt.models.target import TargetModel, check_model_type
 from dflash_trt.models.tokenizers import load_tokenizer
 
+# Vision-language checkpoints whose text model is a supported target (config.json's `text_config`);
+# transformers' AutoModelForCausalLM maps these to the text model's *ForCausalLM.
+VISION_LANGUAGE = frozenset({"qwen3_5", "qwen3_5_moe"})
+
 
 def safetensors_files(path: Path, what: str) -> list[Path]:
     files = sorted(path.glob("*.safetensors"))
@@ -59,11 +63,24 @@ def _target_config(spec: str, weights: bool):
         raise DFlashError(f"target '{spec}': cannot load its config ({str(err).splitlines()[0]})") from None
 
 
+def text_model_config(config, where: str):
+    """The config of the causal LM a target checkpoint loads as: its own, or for a vision-language
+    checkpoint (VISION_LANGUAGE) its text model's. Any other model type is refused in one line."""
+    if config.model_type not in VISION_LANGUAGE:
+        check_model_type(config.model_type, where)
+        return config
+    text = config.get_text_config()
+    check_model_type(text.model_type, where)
+    # The VL model ties its LM head by its own (top-level) flag; the text config may not repeat it,
+    # and a text model built untied would start from a random head where the checkpoint has none.
+    text.tie_word_embeddings = config.tie_word_embeddings
+    return text
+
+
 def target_source(spec: str):
-    """(source, config) for a target spec, checked without loading any weights."""
+    """(source, text config) for a target spec, checked without loading any weights."""
     source, config = _target_config(spec, weights=True)
-    check_model_type(config.model_type, f"target '{spec}'")
-    return source, config
+    return source, text_model_config(config, f"target '{spec}'")
 
 
 def read_target_config(spec: str):
@@ -71,9 +88,7 @@ def read_target_config(spec: str):
     needs no weights, a hub id fetches config.json only. A checkpoint with a vision tower (Qwen3.5)
     gives its text model's config."""
     source, config = _target_config(spec, weights=False)
-    text = config.get_text_config()
-    check_model_type(text.model_type, f"target '{spec}'")
-    return source, text
+    return source, text_model_config(config, f"target '{spec}'")
 
 
 def read_draft_config(spec: str | Path) -> DraftConfig:
@@ -104,10 +119,16 @@ def check_pair_configs(target_spec: str, draft_spec: str | Path):
 
 
 def load_target(spec: str, dtype: torch.dtype = torch.float32) -> tuple[TargetModel, PreTrainedTokenizerBase | None]:
-    source, _ = target_source(spec)
-    model = AutoModelForCausalLM.from_pretrained(
-        source, dtype=dtype, use_safetensors=True, trust_remote_code=False
+    """The target's causal LM and tokenizer. From a vision-language checkpoint only the text model is
+    built: transformers strips its `model.language_model.` prefix and never reads `model.visual.*`."""
+    source, config = target_source(spec)
+    model, info = AutoModelForCausalLM.from_pretrained(
+        source, config=config, dtype=dtype, use_safetensors=True, trust_remote_code=False,
+        output_loading_info=True,
     )
+    missing = sorted(info["missing_keys"])
+    if missing:  # transformers would run them from random init, silently
+        raise DFlashError(f"target '{spec}': weights missing from the checkpoint ({missing[0]}; {len(missing)} in all)")
     tokenizer = load_tokenizer(source)
     return TargetModel(model), tokenizer
 

@@ -16,7 +16,7 @@ import torch
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.manifest import GRAPHS
 from dflash_trt.export.op_library import check_library_version, onnxruntime_refusal, session_options
-from dflash_trt.runtime.concat_cache import ConcatCacheTarget
+from dflash_trt.runtime.concat_cache import ConcatCacheTarget, target_cache_layout
 from dflash_trt.runtime.engine_bundles import open_bundle
 
 
@@ -64,10 +64,15 @@ class OrtBundle:
         shape = (1, info["num_key_value_heads"], 0, info["head_dim"])
         return [np.zeros(shape, self.dtype) for _ in range(2 * info["num_layers"])]
 
+    def empty_target_cache(self) -> tuple[list[np.ndarray], list[str]]:
+        """The target's caches before a prompt (K/V, and a hybrid's zero states) and their kinds."""
+        layout = target_cache_layout(self.manifest["target"], self.dtype)
+        return [np.zeros(shape, dtype) for _, shape, dtype in layout], [kind for kind, _, _ in layout]
+
 
 class OrtTargetSession(ConcatCacheTarget):
     def __init__(self, bundle: OrtBundle):
-        super().__init__(bundle.empty_cache("target"))
+        super().__init__(*bundle.empty_target_cache())
         self.session = bundle.sessions["target"]
         self.past_names = _names(bundle.graphs["target"], "inputs")[3:]
 
@@ -80,6 +85,9 @@ class OrtTargetSession(ConcatCacheTarget):
 
     def _keep(self, present: np.ndarray, length: int) -> np.ndarray:
         return np.ascontiguousarray(present[:, :, :length])
+
+    def _own(self, view: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(view)
 
 
 class OrtDraftSession:

@@ -22,7 +22,7 @@ import torch
 from dflash_trt.engines.machine import library_module
 from dflash_trt.engines.profiles import covers
 from dflash_trt.errors import DFlashError
-from dflash_trt.runtime.concat_cache import ConcatCacheTarget
+from dflash_trt.runtime.concat_cache import ConcatCacheTarget, target_cache_layout
 from dflash_trt.runtime.engine_bundles import open_bundle
 
 TORCH_DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16, "INT64": torch.int64,
@@ -104,6 +104,12 @@ class TrtBundle:
         shape = (1, info["num_key_value_heads"], 0, info["head_dim"])
         return [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(2 * info["num_layers"])]
 
+    def empty_target_cache(self) -> tuple[list[torch.Tensor], list[str]]:
+        """The target's caches before a prompt (K/V, and a hybrid's zero states) and their kinds."""
+        layout = target_cache_layout(self.manifest["target"], self.manifest["dtype"])
+        caches = [torch.zeros(shape, dtype=getattr(torch, dtype), device=self.device) for _, shape, dtype in layout]
+        return caches, [kind for kind, _, _ in layout]
+
     def run(self, graph: str, sizes: dict[str, int], feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self.stream is None:
             return self.graphs[graph].run(sizes, feeds)
@@ -123,7 +129,7 @@ def _ids(ids: list[int], device: torch.device) -> torch.Tensor:
 
 class TrtTargetSession(ConcatCacheTarget):
     def __init__(self, bundle: TrtBundle):
-        super().__init__(bundle.empty_cache("target"))
+        super().__init__(*bundle.empty_target_cache())
         self.bundle = bundle
         spec = bundle.manifest["graphs"]["target"]
         self.past_names = [io["name"] for io in spec["inputs"]][3:]
@@ -143,6 +149,9 @@ class TrtTargetSession(ConcatCacheTarget):
 
     def _keep(self, present: torch.Tensor, length: int) -> torch.Tensor:
         return present[:, :, :length].contiguous()  # a device copy in contract v1
+
+    def _own(self, view: torch.Tensor) -> torch.Tensor:
+        return view.contiguous()  # TensorRT reads inputs at raw addresses: no strided views
 
 
 class TrtDraftSession:

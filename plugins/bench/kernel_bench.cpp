@@ -1,5 +1,6 @@
 // Times the dflash CUDA kernels at the Qwen3-8B drafter's shapes (32 heads, 8 kv heads, head_dim
-// 128, hidden 4096, block 16, bfloat16) against their memory-bandwidth floor: the bytes each call
+// 128, hidden 4096, block 16, bfloat16) and GatedDeltaRule at Qwen3-Next's linear attention (16 key
+// heads, 32 value heads, 128 x 128 state) against their memory-bandwidth floor: the bytes each call
 // must move at least (plugins/*/README.md), over a peak bandwidth. Prints a table; --json PATH also
 // writes it. Usage: kernel_bench [--json PATH] [--peak-tbps 3.35]. Exit 77 without a GPU.
 #include <cuda_runtime_api.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "block_attention/block_attention_kernel.h"
+#include "gated_delta_rule/gated_delta_rule_kernel.h"
 #include "inject_kv/inject_kv_kernel.h"
 
 namespace {
@@ -101,6 +103,33 @@ Row block_attention(int64_t batch, int64_t context) {
   return {"BlockAttention", "b=" + std::to_string(batch) + " context=" + std::to_string(context), bytes, micros};
 }
 
+Row gated_delta_rule(int64_t batch, int64_t tokens, int64_t states_from) {
+  constexpr int64_t kKeyHeads = 16, kValueHeads = 32, kStateDim = 128;  // Qwen3-Next: Dk = Dv = 128
+  const dflash::GatedDeltaRuleShape s{batch, tokens, kKeyHeads, kValueHeads, kStateDim, kStateDim};
+  const int64_t heads = batch * tokens * kValueHeads, state = kStateDim * kStateDim;
+  const int64_t kept = tokens - states_from;
+  void* q = buffer(batch * tokens * kKeyHeads * kStateDim * kElem);
+  void* k = buffer(batch * tokens * kKeyHeads * kStateDim * kElem);
+  void* v = buffer(heads * kStateDim * kElem);
+  void* g = buffer(heads * 4);
+  void* beta = buffer(heads * kElem);
+  void* init = buffer(batch * kValueHeads * state * 4);
+  void* out = buffer(heads * kStateDim * kElem);
+  void* states = buffer(batch * kept * kValueHeads * state * 4);
+  const double micros = time_calls([&] {
+    return dflash::gated_delta_rule_launch(s, dflash::DType::kBFloat16, q, k, v, static_cast<const float*>(g), beta,
+                                           static_cast<const float*>(init), states_from, out,
+                                           static_cast<float*>(states), nullptr);
+  });
+  for (void* p : {q, k, v, g, beta, init, out, states}) cudaFree(p);
+  // q, k, v, beta in and out out (bfloat16), g (float32), the initial and the kept states (float32).
+  const double bytes = kElem * double(2 * batch * tokens * kKeyHeads * kStateDim + 2 * heads * kStateDim + heads) +
+                       4.0 * double(heads + batch * kValueHeads * state + batch * kept * kValueHeads * state);
+  return {"GatedDeltaRule",
+          "b=" + std::to_string(batch) + " s=" + std::to_string(tokens) + " from=" + std::to_string(states_from), bytes,
+          micros};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,12 +151,14 @@ int main(int argc, char** argv) {
   rows.push_back(inject_kv(1, 4096));
   for (int64_t batch : {1, 8})
     for (int64_t context : {1024, 4096, 16384}) rows.push_back(block_attention(batch, context));
+  for (int64_t batch : {1, 8}) rows.push_back(gated_delta_rule(batch, kBlock, 0));  // verify: every state kept
+  rows.push_back(gated_delta_rule(1, 4096, 4095));                                    // prefill: the last one
 
-  std::printf("%s, bfloat16, floor at %.2f TB/s\n%-15s %-20s %10s %10s %10s %8s\n", prop.name, peak_tbps, "op", "shape",
+  std::printf("%s, bfloat16, floor at %.2f TB/s\n%-15s %-24s %10s %10s %10s %8s\n", prop.name, peak_tbps, "op", "shape",
               "MB", "floor us", "time us", "floor %");
   for (const Row& r : rows) {
     const double floor_us = r.bytes / (peak_tbps * 1e12) * 1e6;
-    std::printf("%-15s %-20s %10.2f %10.2f %10.2f %7.0f%%\n", r.op.c_str(), r.shape.c_str(), r.bytes / 1e6, floor_us,
+    std::printf("%-15s %-24s %10.2f %10.2f %10.2f %7.0f%%\n", r.op.c_str(), r.shape.c_str(), r.bytes / 1e6, floor_us,
                 r.micros, 100.0 * floor_us / r.micros);
   }
   if (json != nullptr) {

@@ -1,5 +1,5 @@
-// ONNX Runtime custom-op library for the `dflash` domain (CPU): dflash::InjectKV and
-// dflash::BlockAttention, thin wrappers over the reference kernels in plugins/<op>/.
+// ONNX Runtime custom-op library for the `dflash` domain (CPU): dflash::InjectKV,
+// dflash::BlockAttention and dflash::GatedDeltaRule, thin wrappers over the reference kernels in plugins/<op>/.
 // Load it with SessionOptions.register_custom_ops_library(path); it exports RegisterCustomOps.
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
@@ -12,6 +12,7 @@
 #include <string>
 
 #include "block_attention/block_attention_ref.h"
+#include "gated_delta_rule/gated_delta_rule_ref.h"
 #include "inject_kv/inject_kv_ref.h"
 
 namespace {
@@ -82,6 +83,39 @@ struct BlockAttention {
   int64_t window_ = 0;
 };
 
+struct GatedDeltaRule {
+  GatedDeltaRule(const OrtApi*, const OrtKernelInfo*) {}  // no attributes: every size comes from the shapes
+
+  void Compute(const Tensor<float>& query, const Tensor<float>& key, const Tensor<float>& value, const Tensor<float>& g,
+               const Tensor<float>& beta, const Tensor<float>& initial_state, const Tensor<int64_t>& states_from,
+               Tensor<float>& out, Tensor<float>& states) {
+    const auto& qs = query.Shape();
+    const auto& vs = value.Shape();
+    require(qs.size() == 4 && vs.size() == 4, "dflash::GatedDeltaRule: query, key and value must be rank 4");
+    dflash::GatedDeltaRuleShape s{qs[0], qs[1], qs[2], vs[2], qs[3], vs[3]};
+    require(key.Shape() == qs,
+            "dflash::GatedDeltaRule: key must have query's shape [batch, tokens, key_heads, key_dim]");
+    require(vs[0] == s.batch && vs[1] == s.tokens,
+            "dflash::GatedDeltaRule: value must be [batch, tokens, value_heads, value_dim] matching query");
+    const std::vector<int64_t> gate_shape{s.batch, s.tokens, s.value_heads};
+    require(g.Shape() == gate_shape && beta.Shape() == gate_shape,
+            "dflash::GatedDeltaRule: g and beta must be [batch, tokens, value_heads]");
+    require(initial_state.Shape() == std::vector<int64_t>{s.batch, s.value_heads, s.key_dim, s.value_dim},
+            "dflash::GatedDeltaRule: initial_state must be [batch, value_heads, key_dim, value_dim]");
+    require(s.key_heads > 0 && s.value_heads % s.key_heads == 0,
+            "dflash::GatedDeltaRule: value_heads must be a multiple of key_heads");
+    require(states_from.NumberOfElement() == 1,
+            "dflash::GatedDeltaRule: states_from must be one int64 (shape [])");
+    const int64_t first = states_from.Data()[0];
+    require(s.tokens >= 1 && first >= 0 && first < s.tokens,
+            "dflash::GatedDeltaRule: states_from must be in [0, tokens - 1] = [0, " + std::to_string(s.tokens - 1) +
+                "], got " + std::to_string(first));
+    dflash::gated_delta_rule_ref(
+        s, query.Data(), key.Data(), value.Data(), g.Data(), beta.Data(), initial_state.Data(), first,
+        out.Allocate(vs), states.Allocate({s.batch, s.tokens - first, s.value_heads, s.key_dim, s.value_dim}));
+  }
+};
+
 }  // namespace
 
 // The op contract version (plugins/*/README.md headings, dflash_trt.export.plugin_ops.OP_VERSION):
@@ -96,11 +130,14 @@ extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
       Ort::Custom::CreateLiteCustomOp<InjectKV>("InjectKV", "CPUExecutionProvider")};
   static std::unique_ptr<Ort::Custom::OrtLiteCustomOp> block_attention{
       Ort::Custom::CreateLiteCustomOp<BlockAttention>("BlockAttention", "CPUExecutionProvider")};
+  static std::unique_ptr<Ort::Custom::OrtLiteCustomOp> gated_delta_rule{
+      Ort::Custom::CreateLiteCustomOp<GatedDeltaRule>("GatedDeltaRule", "CPUExecutionProvider")};
   static std::once_flag added;
   try {
     std::call_once(added, [] {
       domain.Add(inject_kv.get());
       domain.Add(block_attention.get());
+      domain.Add(gated_delta_rule.get());
     });
     Ort::UnownedSessionOptions(options).Add(domain);
   } catch (const std::exception& e) {

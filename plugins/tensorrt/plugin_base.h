@@ -9,6 +9,7 @@
 //     static constexpr uint32_t kInt64Inputs = 0;       // format rule: see format_combination_ok
 //     static constexpr char kWrongOutputCount[] = "expects 1 output";
 //     static constexpr AttributeField<FooAttributes> kFields[] = {{"alpha", &FooAttributes::alpha}};
+//     (an op without attributes: static constexpr std::array<AttributeField<FooAttributes>, 0> kFields{};)
 //     using PluginBase::PluginBase;
 //     std::string dims_error(const nvinfer1::Dims* inputs, int32_t nb_inputs) const;  // "" or why not
 //     ... getOutputDataTypes, getOutputShapes, getWorkspaceSize, enqueue
@@ -22,6 +23,7 @@
 
 #include <NvInferRuntime.h>
 
+#include <array>
 #include <cstdint>
 #include <iterator>
 #include <new>
@@ -175,8 +177,8 @@ class CreatorBase : public nvinfer1::IPluginCreatorV3One {
   }
 
  private:
-  nvinfer1::PluginField fields_[std::size(Plugin::kFields)];
-  nvinfer1::PluginFieldCollection field_names_{static_cast<int32_t>(std::size(Plugin::kFields)), fields_};
+  std::array<nvinfer1::PluginField, std::size(Plugin::kFields)> fields_{};  // std::array: may be empty
+  nvinfer1::PluginFieldCollection field_names_{static_cast<int32_t>(std::size(Plugin::kFields)), fields_.data()};
 };
 
 }  // namespace dflash::trt

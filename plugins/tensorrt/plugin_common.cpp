@@ -97,16 +97,18 @@ bool to_dtype(nvinfer1::DataType type, DType* out) noexcept {
 }
 
 bool format_combination_ok(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* in_out, int32_t nb_in_out,
-                           uint32_t int64_positions) noexcept {
+                           uint32_t int64_positions, uint32_t float32_positions) noexcept {
   if (in_out == nullptr || pos < 0 || pos >= nb_in_out || pos >= 32) return false;
   const nvinfer1::PluginTensorDesc& desc = in_out[pos].desc;
   if (desc.format != nvinfer1::TensorFormat::kLINEAR) return false;
   if (int64_positions & (1u << pos)) return desc.type == nvinfer1::DataType::kINT64;
+  if (float32_positions & (1u << pos)) return desc.type == nvinfer1::DataType::kFLOAT;
   DType unused;
   if (!to_dtype(desc.type, &unused)) return false;
-  // TensorRT asks position by position, earlier ones already fixed: match the first float one.
+  // TensorRT asks position by position, earlier ones already fixed: match the first free float one.
+  const uint32_t fixed = int64_positions | float32_positions;
   for (int32_t first = 0; first < pos; ++first) {
-    if (!(int64_positions & (1u << first))) return desc.type == in_out[first].desc.type;
+    if (!(fixed & (1u << first))) return desc.type == in_out[first].desc.type;
   }
   return true;
 }

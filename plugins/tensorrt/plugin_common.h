@@ -23,10 +23,11 @@ int32_t log_op_error(const char* op, const char* what, const char* detail = "") 
 bool to_dtype(nvinfer1::DataType type, DType* out) noexcept;
 
 // The format rule of every dflash plugin: linear layout everywhere; the positions in the bitmask
-// `int64_positions` are int64; every other tensor is float32, float16 or bfloat16, and all of them
-// the same one (that of the first float position). Positions count inputs, then outputs.
+// `int64_positions` are int64, those in `float32_positions` float32 whatever the rest is (states
+// kept in float32); every other tensor is float32, float16 or bfloat16, and all of them the same
+// one (that of the first such position). Positions count inputs, then outputs.
 bool format_combination_ok(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* in_out, int32_t nb_in_out,
-                           uint32_t int64_positions) noexcept;
+                           uint32_t int64_positions, uint32_t float32_positions = 0) noexcept;
 
 // Reads one scalar attribute from `fc`: ONNX attributes at build time (the ONNX parser converts
 // them to the type getFieldNames declares), getFieldsToSerialize's fields when an engine is

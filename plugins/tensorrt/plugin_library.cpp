@@ -5,6 +5,7 @@
 #include <NvInferRuntime.h>
 
 #include "block_attention/block_attention_plugin.h"
+#include "gated_delta_rule/gated_delta_rule_plugin.h"
 #include "inject_kv/inject_kv_plugin.h"
 #include "tensorrt/plugin_common.h"
 
@@ -14,7 +15,8 @@ namespace {
 
 dflash::trt::InjectKVCreator g_inject_kv;
 dflash::trt::BlockAttentionCreator g_block_attention;
-nvinfer1::IPluginCreatorInterface* const g_creators[] = {&g_inject_kv, &g_block_attention};
+dflash::trt::GatedDeltaRuleCreator g_gated_delta_rule;
+nvinfer1::IPluginCreatorInterface* const g_creators[] = {&g_inject_kv, &g_block_attention, &g_gated_delta_rule};
 
 }  // namespace
 

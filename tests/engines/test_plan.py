@@ -90,8 +90,8 @@ def test_kv_and_state_bytes_of_a_hybrid_target_by_hand():
     config = configs()["qwen3_5_text"]
     assert kv_bytes_per_token(config, "float32") == 2 * 2 * 2 * 16 * 4
     conv = (2 * 2 * 16 + 4 * 16) * (4 - 1)  # q, k, v channels x the kernel's last 3 inputs
-    recurrent = 4 * 16 * 16  # value heads x key dim x value dim
-    assert state_bytes_per_request(config, "float16") == 2 * (conv + recurrent) * 2
+    recurrent = 4 * 16 * 16  # value heads x key dim x value dim, float32 in every bundle dtype
+    assert state_bytes_per_request(config, "float16") == 2 * (conv * 2 + recurrent * 4)
     assert state_bytes_per_request(configs()["qwen3"], "float16") == 0
 
 
@@ -143,25 +143,27 @@ def test_dry_run_prints_the_plan_and_exports_downloads_and_writes_nothing(config
     assert "pass --gpu-memory GiB" in out
 
 
-def test_dry_run_plans_a_family_export_refuses_and_build_refuses_it_before_loading(config_only_pair, tmp_path,
-                                                                                     monkeypatch, hybrid_target,
-                                                                                     tiny_pairs):
+def test_a_hybrid_target_is_planned_exportable_and_the_slots_flavour_refuses_it_before_loading(
+        config_only_pair, tmp_path, monkeypatch, hybrid_target, tiny_pairs):
     targets, draft = config_only_pair
     result = CliRunner().invoke(main, ["build", "--target", str(targets["hybrid"]), "--draft", str(draft),
                                        "--dry-run", "--engine", "onnxruntime"])
     assert result.exit_code == 0, result.output
-    assert "export: target model_type 'qwen3_next' has no ONNX graph yet" in result.stdout
+    assert "export: supported" in result.stdout
     assert "linear attention" in result.stdout and "conv + recurrent states" in result.stdout
+    result = CliRunner().invoke(main, ["build", "--target", str(targets["hybrid"]), "--draft", str(draft),
+                                       "--dry-run", "--engine", "onnxruntime", "--flavour", "slots"])
+    assert "export: the slots flavour has no graph for 'qwen3_next'" in result.stdout
     import dflash_trt.models.checkpoints as checkpoints
 
     monkeypatch.setattr(checkpoints, "load_target", lambda *a, **k: pytest.fail("weights loaded before the refusal"))
     out = tmp_path / "engines"
     result = CliRunner().invoke(main, ["build", "--target", str(hybrid_target), "--draft", str(tiny_pairs["qwen3"][1]),
-                                       "-o", str(out), "--engine", "onnxruntime"])
+                                       "-o", str(out), "--engine", "onnxruntime", "--flavour", "slots"])
     assert result.exit_code == 2 and not out.exists()
     assert result.output.strip().splitlines() == [
-        "Error: export: target model_type 'qwen3_next' has no ONNX graph yet "
-        "(exportable: llama, mistral, qwen2, qwen3, qwen3_moe)"]
+        "Error: export: the slots flavour has no graph for 'qwen3_next' (recurrent layers) yet; "
+        "export it with --flavour portable or plugin"]
 
 
 @pytest.mark.parametrize("batch", [1, 64])
@@ -211,17 +213,17 @@ ZLAB = Path(__file__).resolve().parent.parent / "data" / "zlab"
 
 
 def test_the_seed_pair_is_planned_from_its_published_configs():
-    """Qwen3.5-35B-A3B + its z-lab drafter (tests/data/zlab): hybrid MoE, not exportable yet, planned."""
+    """Qwen3.5-35B-A3B + its z-lab drafter (tests/data/zlab): hybrid MoE, exportable, planned."""
     config = BuildConfig(engine="onnxruntime", dtype="bfloat16", max_batch=8, max_seq_len=32768)
     plan = plan_pair(str(ZLAB / "targets" / "Qwen3.5-35B-A3B"), str(ZLAB / "drafters" / "Qwen3.5-35B-A3B-DFlash"),
                      config, "portable", 96)
-    assert plan.model_type == "qwen3_5_moe_text" and "no ONNX graph yet" in plan.export_refusal
+    assert plan.model_type == "qwen3_5_moe_text" and plan.export_refusal is None
     assert plan.layers == {"attention": 10, "linear": 30, "moe": 40}
     assert 34e9 < plan.parameters["total"] < 35e9 and 3e9 < plan.parameters["active"] < 4e9  # "35B-A3B"
     assert plan.kv_per_token == 10 * 2 * 2 * 256 * 2  # 10 full-attention layers, 2 K/V heads of 256, bf16
     # 30 Gated DeltaNet layers: conv over q, k, v (2 x 16 x 128 + 32 x 128 channels, last 3 inputs) and
     # a 32 x 128 x 128 recurrent state
-    assert plan.states == 30 * ((2 * 16 * 128 + 32 * 128) * 3 + 32 * 128 * 128) * 2
+    assert plan.states == 30 * ((2 * 16 * 128 + 32 * 128) * 3 * 2 + 32 * 128 * 128 * 4)  # bf16 conv, fp32 state
     assert plan.block_size == 16
 
 

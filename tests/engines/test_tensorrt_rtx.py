@@ -53,3 +53,31 @@ def test_half_precision_bundles_build_for_sm120_as_strongly_typed_engines(half_b
     assert target["past_key_0"] == target["present_key_0"] == target["features"] == expected
     assert target["logits"] == "FLOAT" and target["input_ids"] == "INT64"
     assert manifest["engines"]["draft_block"]["io"]["context_key_0"] == expected
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"])
+def test_hybrid_targets_build_for_sm120_with_their_states_as_engine_io(hybrid_bundles, tmp_path, family):
+    """Gated DeltaNet layers as standard-op Loops (no sequence ops): TensorRT-RTX parses and builds them;
+    the recurrent states stay float32 bindings, the conv states take the bundle's dtype."""
+    out = tmp_path / family
+    build_engines(hybrid_bundles[family][2], out, BuildConfig(engine="tensorrt-rtx", compute_capabilities=("12.0",),
+                                                              max_seq_len=128))
+    manifest = read_engine_bundle(out)
+    target = manifest["engines"]["target"]["io"]
+    for layer in (0, 2):  # the linear-attention layers
+        assert target[f"conv_state_{layer}"] == target[f"conv_window_{layer}"] == "FLOAT"
+        assert target[f"recurrent_state_{layer}"] == target[f"recurrent_states_{layer}"] == "FLOAT"
+    assert "past_key_1" in target and "past_key_0" not in target  # K/V for the full-attention layers only
+    assert manifest["source"]["target"]["linear_attention"]["conv_kernel"] == 4
+    assert (out / "target.engine").stat().st_size == manifest["engines"]["target"]["bytes"] > 100_000
+
+
+def test_a_bfloat16_hybrid_bundle_builds_as_a_strongly_typed_engine(hybrid_bundles, tmp_path):
+    from dflash_trt.export.bundle import export_bundle
+    from dflash_trt.models.checkpoints import load_drafter
+
+    target_dir, draft_dir, _, target = hybrid_bundles["qwen3_5_moe_text"]
+    source = export_bundle(target, load_drafter(draft_dir), None, tmp_path / "bf16", dtype="bfloat16", check=False)
+    build_engines(source, tmp_path / "e", BuildConfig(engine="tensorrt-rtx", compute_capabilities=("12.0",), max_seq_len=128))
+    target_io = read_engine_bundle(tmp_path / "e")["engines"]["target"]["io"]
+    assert target_io["conv_state_0"] == target_io["features"] == "BF16" and target_io["recurrent_state_0"] == "FLOAT"

@@ -23,12 +23,14 @@ LONG_PROMPT = [5, 4, 3, 2, 1, 0, 1, 2]  # longer than a block: the draft context
 # keep more than the bonus token and the draft context grows by whole blocks.
 PROMPTS = {"llama": ["hello there", [5, 6, 7], [9], LONG_PROMPT], "qwen3": ["hello there", [5, 6, 7], [9], LONG_PROMPT],
            "small-vocab": [[1, 2, 3], [0, 4, 1, 1], [2], LONG_PROMPT],
+           "hybrid": ["hello there", [5, 6, 7], LONG_PROMPT],  # Gated DeltaNet states beside the K/V
            "small-vocab-fp16": [[1, 2, 3], [2], LONG_PROMPT]}
 
 
 @pytest.fixture(scope="module")
-def sources(bundles, small_vocab_pair, tmp_path_factory):
-    """pair -> ONNX bundle: the tiny llama and qwen3 pairs, and the 6-token pair in float32 and float16."""
+def sources(bundles, small_vocab_pair, hybrid_bundles, tmp_path_factory):
+    """pair -> ONNX bundle: the tiny llama and qwen3 pairs, the 6-token pair in float32 and float16, and
+    a hybrid (qwen3_5_moe_text) target's."""
     from dflash_trt.export.bundle import export_bundle
     from dflash_trt.models.checkpoints import load_drafter, load_target
 
@@ -36,7 +38,8 @@ def sources(bundles, small_vocab_pair, tmp_path_factory):
     target, drafter = load_target(str(small_vocab_pair[0]))[0], load_drafter(small_vocab_pair[1])
     return {"llama": bundles["llama"][0], "qwen3": bundles["qwen3"][0],
             "small-vocab": export_bundle(target, drafter, None, root / "fp32", check=False),
-            "small-vocab-fp16": export_bundle(target, drafter, None, root / "fp16", dtype="float16", check=False)}
+            "small-vocab-fp16": export_bundle(target, drafter, None, root / "fp16", dtype="float16", check=False),
+            "hybrid": hybrid_bundles["qwen3_5_moe_text"][2]}
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "block_attention/block_attention_kernel.h"
+#include "gated_delta_rule/gated_delta_rule_kernel.h"
 #include "inject_kv/inject_kv_kernel.h"
 
 namespace {
@@ -175,6 +176,46 @@ void block_attention_case(int64_t b, int64_t heads, int64_t kv, int64_t n, int64
   cudaFree(workspace);
 }
 
+// g (log decay, negative), beta in (0, 1) and the initial state as a model feeds them; q, k, v and
+// beta rounded to `dtype`, g and the states float32 (so the states use float32's tolerance).
+void gated_delta_rule_case(int64_t b, int64_t s, int64_t hk, int64_t hv, int64_t dk, int64_t dv, int64_t states_from,
+                           DType dtype) {
+  std::mt19937 rng(static_cast<unsigned>(s * 100 + hv * 10 + dk + dv));
+  const dflash::GatedDeltaRuleShape shape{b, s, hk, hv, dk, dv};
+  std::vector<float> gate = normal(b * s * hv, 1.f, rng), gates(b * s * hv);
+  for (size_t i = 0; i < gate.size(); ++i) {
+    gates[i] = 1.f / (1.f + std::exp(-gate[i]));  // beta = sigmoid(x)
+    gate[i] = -std::log1p(std::exp(gate[i]));     // g = -softplus(x)
+  }
+  Tensor q(normal(b * s * hk * dk, 1.f, rng), dtype), k(normal(b * s * hk * dk, 1.f, rng), dtype);
+  Tensor v(normal(b * s * hv * dv, 1.f, rng), dtype), beta(gates, dtype);
+  Tensor g(gate, DType::kFloat32), init(normal(b * hv * dk * dv, 0.5f, rng), DType::kFloat32);
+  const size_t out_count = b * s * hv * dv, states_count = b * (s - states_from) * hv * dk * dv;
+  void *out, *states;
+  cudaMalloc(&out, out_count * dflash::dtype_size(dtype) + 1);
+  cudaMalloc(&states, states_count * sizeof(float) + 1);
+  const cudaError_t launched = dflash::gated_delta_rule_launch(
+      shape, dtype, q.device, k.device, v.device, static_cast<const float*>(g.device), beta.device,
+      static_cast<const float*>(init.device), states_from, out, static_cast<float*>(states), nullptr);
+  const cudaError_t done = cudaDeviceSynchronize();
+  std::vector<float> out_want(out_count), states_want(states_count);
+  dflash::gated_delta_rule_ref(shape, q.host.data(), k.host.data(), v.host.data(), g.host.data(), beta.host.data(),
+                               init.host.data(), states_from, out_want.data(), states_want.data());
+  char what[128];
+  std::snprintf(what, sizeof what, "GatedDeltaRule b=%ld s=%ld Hk=%ld Hv=%ld Dk=%ld Dv=%ld states_from=%ld", long(b),
+                long(s), long(hk), long(hv), long(dk), long(dv), long(states_from));
+  if (launched != cudaSuccess || done != cudaSuccess) {
+    ++g_failures;
+    std::printf("FAIL %s: %s\n", what, cudaGetErrorString(launched != cudaSuccess ? launched : done));
+  } else {
+    compare((std::string(what) + " out").c_str(), read_back(out, out_count, dtype), out_want, dtype);
+    compare((std::string(what) + " states").c_str(), read_back(states, states_count, DType::kFloat32), states_want,
+            DType::kFloat32);
+  }
+  cudaFree(out);
+  cudaFree(states);
+}
+
 }  // namespace
 
 int main() {
@@ -204,6 +245,12 @@ int main() {
     block_attention_case(1, 8, 2, 16, 300, 80, {300}, false, 0, dtype);             // head_dim not a multiple of 32
     block_attention_case(2, 4, 2, 16, 700, 256, {700, 33}, false, 0, dtype);        // widest head
     block_attention_case(1, 4, 4, 3, 10, 8, {4}, true, 2, dtype);                   // causal window of 2
+    gated_delta_rule_case(1, 1, 1, 1, 8, 4, 0, dtype);           // one token
+    gated_delta_rule_case(3, 17, 2, 4, 16, 8, 16, dtype);         // a prefill: the last state only
+    gated_delta_rule_case(2, 4, 2, 2, 32, 33, 0, dtype);          // Dv past one 32-column tile
+    gated_delta_rule_case(1, 5, 2, 4, 100, 20, 3, dtype);         // Dk not a multiple of 4
+    gated_delta_rule_case(1, 16, 16, 32, 128, 128, 0, dtype);     // Qwen3-Next verify of a 16-token block
+    gated_delta_rule_case(2, 40, 1, 2, 256, 64, 5, dtype);        // widest key head
   }
   std::printf("%s\n", g_failures ? "FAILED" : "all kernel parity cases passed");
   return g_failures ? 1 : 0;

@@ -59,9 +59,14 @@ class MockExprBuilder : public nvinfer1::IExprBuilder {
     const nvinfer1::IDimensionExpr* constant(int64_t value) override {
       return owner->make(std::to_string(value), true, value);
     }
-    const nvinfer1::IDimensionExpr* operation(nvinfer1::DimensionOperation, const nvinfer1::IDimensionExpr&,
-                                              const nvinfer1::IDimensionExpr&) override {
-      return nullptr;  // dflash output dims are input dims and constants: a plugin asking for more fails its test
+    // Sums and differences as text, "(s - f)"; any other operation is null, failing the test that asks.
+    const nvinfer1::IDimensionExpr* operation(nvinfer1::DimensionOperation op, const nvinfer1::IDimensionExpr& first,
+                                              const nvinfer1::IDimensionExpr& second) override {
+      const char* sign = op == nvinfer1::DimensionOperation::kSUM   ? " + "
+                         : op == nvinfer1::DimensionOperation::kSUB ? " - "
+                                                                    : nullptr;
+      if (sign == nullptr) return nullptr;
+      return owner->make("(" + text_of(&first) + sign + text_of(&second) + ")", false, 0);
     }
     const nvinfer1::IDimensionExpr* declareSizeTensor(int32_t, const nvinfer1::IDimensionExpr&,
                                                       const nvinfer1::IDimensionExpr&) override {

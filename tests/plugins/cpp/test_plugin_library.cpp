@@ -26,9 +26,11 @@ std::vector<nvinfer1::DynamicPluginTensorDesc> descs(const std::vector<DataType>
   return out;
 }
 
-bool all_ok(const std::vector<nvinfer1::DynamicPluginTensorDesc>& in_out, uint32_t int64_positions) {
+bool all_ok(const std::vector<nvinfer1::DynamicPluginTensorDesc>& in_out, uint32_t int64_positions,
+            uint32_t float32_positions = 0) {
   for (int32_t pos = 0; pos < static_cast<int32_t>(in_out.size()); ++pos) {
-    if (!dflash::trt::format_combination_ok(pos, in_out.data(), static_cast<int32_t>(in_out.size()), int64_positions))
+    if (!dflash::trt::format_combination_ok(pos, in_out.data(), static_cast<int32_t>(in_out.size()), int64_positions,
+                                            float32_positions))
       return false;
   }
   return true;
@@ -39,7 +41,7 @@ bool all_ok(const std::vector<nvinfer1::DynamicPluginTensorDesc>& in_out, uint32
 TEST(creators_are_named_as_the_onnx_op_types_version_1_empty_namespace) {
   int32_t count = -1;
   nvinfer1::IPluginCreatorInterface* const* creators = getCreators(count);
-  CHECK_EQ(count, 2);
+  CHECK_EQ(count, 3);
   std::vector<std::string> names;
   for (int32_t i = 0; i < count; ++i) {
     auto* creator = dynamic_cast<nvinfer1::IPluginCreatorV3One*>(creators[i]);
@@ -49,7 +51,7 @@ TEST(creators_are_named_as_the_onnx_op_types_version_1_empty_namespace) {
     CHECK_EQ(creator->getPluginVersion(), std::string("1"));
     CHECK_EQ(creator->getPluginNamespace(), std::string(""));
   }
-  CHECK(names == (std::vector<std::string>{"InjectKV", "BlockAttention"}));
+  CHECK(names == (std::vector<std::string>{"InjectKV", "BlockAttention", "GatedDeltaRule"}));
   CHECK_EQ(DflashOpsVersion(), 1);
 }
 
@@ -77,6 +79,14 @@ TEST(int64_positions_take_int64_only_and_do_not_set_the_float_dtype) {
   CHECK(!all_ok(descs({DataType::kBF16, DataType::kINT32, DataType::kBF16}), second));
   CHECK(!all_ok(descs({DataType::kBF16, DataType::kBF16, DataType::kBF16}), second));
   CHECK(!dflash::trt::format_combination_ok(3, descs({DataType::kFLOAT}).data(), 1, 0));  // out of range
+}
+
+TEST(float32_positions_take_float32_only_and_do_not_set_the_float_dtype) {
+  const uint32_t first = 1u;
+  CHECK(all_ok(descs({DataType::kFLOAT, DataType::kHALF, DataType::kHALF}), 0, first));
+  CHECK(all_ok(descs({DataType::kFLOAT, DataType::kBF16, DataType::kINT64, DataType::kBF16}), 1u << 2, first));
+  CHECK(!all_ok(descs({DataType::kHALF, DataType::kHALF, DataType::kHALF}), 0, first));
+  CHECK(!all_ok(descs({DataType::kFLOAT, DataType::kHALF, DataType::kBF16}), 0, first));
 }
 
 TEST(fields_are_read_as_int32_or_int64_and_float32_or_float64) {

@@ -1,0 +1,199 @@
+"""target.onnx for the hybrid families (Qwen3-Next, Qwen3.5 dense and MoE): Gated DeltaNet layers
+with a causal-conv state and a recurrent state, and every few layers a gated full attention.
+
+    inputs   input_ids [b, s], past_lengths [b], logits_from [],
+             past K/V per full-attention layer (as contract 1: grown by concatenation),
+             conv_state_<i> [b, conv_dim, K-1] and recurrent_state_<i> [b, Hv, Dk, Dv] (float32)
+             per linear-attention layer i
+    outputs  logits [b, s - logits_from, V], features [b, s, taps*H], present K/V,
+             conv_window_<i> [b, conv_dim, K-1 + s - logits_from]: the conv inputs from position
+                 logits_from - (K-1) on, so the conv state after keeping `keep` tokens is its
+                 columns [keep - logits_from, keep - logits_from + K-1)
+             recurrent_states_<i> [b, s - logits_from, Hv, Dk, Dv] float32: the state after each
+                 position from logits_from on; after keeping `keep` tokens the host takes index
+                 keep - logits_from - 1 (or keeps its input state when that is -1)
+
+So a verify (logits_from 0) yields every state a partial acceptance may roll back to, and the host
+never re-feeds tokens; a prefill (logits_from s - 1) yields only the last. Every row's s tokens
+must be real (no padding inside `input_ids`): the recurrence has no mask.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.export.delta_rule import gated_delta_rule
+from dflash_trt.export.moe import export_mlp
+from dflash_trt.models.target import TargetModel
+
+HYBRID_TARGETS = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
+
+
+def layer_indices(config, kind: str) -> list[int]:
+    """Indices of the layers of `kind` ("linear_attention" or "full_attention")."""
+    return [i for i, t in enumerate(config.layer_types) if t == kind]
+
+
+def linear_attention_shapes(config) -> dict[str, int]:
+    """What the host needs to allocate a linear-attention layer's states (bundle.json keeps it)."""
+    key_dim = config.linear_num_key_heads * config.linear_key_head_dim
+    return {
+        "conv_dim": 2 * key_dim + config.linear_num_value_heads * config.linear_value_head_dim,
+        "conv_kernel": config.linear_conv_kernel_dim,
+        "num_value_heads": config.linear_num_value_heads,
+        "key_head_dim": config.linear_key_head_dim,
+        "value_head_dim": config.linear_value_head_dim,
+    }
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on the first cos.shape[-1] dims of each head (partial rotary), the rest passed through."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., :r], x[..., r:]
+    half = r // 2
+    rotated = torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1)
+    return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
+
+
+def gated_attention(attn, h, cos, sin, past_k, past_v, mask):
+    """Qwen3-Next / Qwen3.5 full attention: q_proj yields the query and a sigmoid output gate."""
+    b, s, _ = h.shape
+    d = attn.head_dim
+    q, gate = torch.chunk(attn.q_proj(h).view(b, s, -1, 2 * d), 2, dim=-1)
+    q = attn.q_norm(q).transpose(1, 2)
+    k = attn.k_norm(attn.k_proj(h).view(b, s, -1, d)).transpose(1, 2)
+    v = attn.v_proj(h).view(b, s, -1, d).transpose(1, 2)
+    cos, sin = cos[:, None], sin[:, None]
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    k_all, v_all = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+    groups = q.shape[1] // k.shape[1]
+    out = nn.functional.scaled_dot_product_attention(
+        q, k_all.repeat_interleave(groups, dim=1), v_all.repeat_interleave(groups, dim=1),
+        attn_mask=mask, scale=attn.scaling,
+    )
+    out = out.transpose(1, 2).reshape(b, s, -1) * torch.sigmoid(gate.reshape(b, s, -1))
+    return attn.o_proj(out), k_all, v_all
+
+
+def _projections(mod, h):
+    """-> conv input [b, s, 2*key_dim + value_dim] (q, k, v), z [b, s, Hv, Dv], b and a [b, s, Hv]."""
+    b, s, _ = h.shape
+    if hasattr(mod, "in_proj_qkv"):  # Qwen3.5: one projection each
+        return mod.in_proj_qkv(h), mod.in_proj_z(h).view(b, s, -1, mod.head_v_dim), mod.in_proj_b(h), mod.in_proj_a(h)
+    # Qwen3-Next: q, k, v, z and b, a interleaved per key-head group; HF's own reordering
+    q, k, v, z, beta_in, a = mod.fix_query_key_value_ordering(mod.in_proj_qkvz(h), mod.in_proj_ba(h))
+    return torch.cat([x.reshape(b, s, -1) for x in (q, k, v)], dim=-1), z, beta_in, a
+
+
+def _depthwise_conv(window: torch.Tensor, conv: nn.Conv1d, s: int) -> torch.Tensor:
+    """HF's causal depthwise conv1d over [b, C, K-1+s] (no padding: the state is the past) as K
+    shifted multiply-adds: ONNX Conv has no bfloat16 type, and K is 4."""
+    weight = conv.weight[:, 0]  # [C, K]
+    x = window.to(weight.dtype)
+    out = sum(x.narrow(2, k, s) * weight[:, k, None] for k in range(weight.shape[1]))
+    return out if conv.bias is None else out + conv.bias[:, None]
+
+
+def linear_attention(mod, h, conv_state, recurrent_state, logits_from):
+    """One Gated DeltaNet layer over s tokens after its states -> (out, conv_window, recurrent_states)."""
+    b, s, _ = h.shape
+    mixed, z, beta_in, a = _projections(mod, h)
+    window = torch.cat([conv_state, mixed.transpose(1, 2).to(conv_state.dtype)], dim=2)  # [b, C, K-1+s]
+    conv = nn.functional.silu(_depthwise_conv(window, mod.conv1d, s)).to(h.dtype).transpose(1, 2)  # [b, s, C]
+    query, key, value = torch.split(conv, [mod.key_dim, mod.key_dim, mod.value_dim], dim=-1)
+    query = query.reshape(b, s, -1, mod.head_k_dim)
+    key = key.reshape(b, s, -1, mod.head_k_dim)
+    value = value.reshape(b, s, -1, mod.head_v_dim)
+    beta = beta_in.sigmoid()
+    g = -mod.A_log.float().exp() * nn.functional.softplus(a.float() + mod.dt_bias)
+    out, states = gated_delta_rule(query, key, value, g, beta, recurrent_state, logits_from)
+    out = mod.norm(out.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim)).reshape(b, s, -1)
+    return mod.out_proj(out), window.narrow(2, logits_from, window.shape[2] - logits_from), states
+
+
+class HybridTargetGraph(nn.Module):
+    """Prefill and verify of a hybrid target over explicit K/V caches and linear-attention states."""
+
+    def __init__(self, target: TargetModel, taps: tuple[int, ...]):
+        super().__init__()
+        if target.model_type not in HYBRID_TARGETS:
+            raise DFlashError(f"export: '{target.model_type}' is not a hybrid target")
+        self.model = target.model.model
+        self.lm_head = target.lm_head
+        self.taps = taps
+        self.attention = layer_indices(target.config, "full_attention")
+        self.linear = layer_indices(target.config, "linear_attention")
+        if not self.attention:
+            raise DFlashError("export: a hybrid target without full-attention layers has no ONNX graph yet")
+        self.mlps = nn.ModuleList(export_mlp(layer.mlp) for layer in self.model.layers)
+        self.normed_taps = {k for k in taps if k == target.num_layers - 1}  # as TargetGraph
+
+    def forward(self, input_ids: torch.Tensor, past_lengths: torch.Tensor, logits_from: torch.Tensor,
+                *caches: torch.Tensor):
+        b, s = input_ids.shape
+        kv = {i: caches[2 * n: 2 * n + 2] for n, i in enumerate(self.attention)}
+        first_state = 2 * len(self.attention)
+        states = {i: caches[first_state + 2 * n: first_state + 2 * n + 2] for n, i in enumerate(self.linear)}
+        x = self.model.embed_tokens(input_ids)
+        positions = past_lengths[:, None] + torch.arange(s, device=input_ids.device)[None]  # [b, s]
+        cos, sin = self.model.rotary_emb(x, positions)
+        p = caches[0].shape[2]
+        past_index = torch.arange(p, device=input_ids.device)[None].expand(b, p)
+        key_positions = torch.cat([past_index, positions], dim=1)
+        key_valid = torch.cat([past_index < past_lengths[:, None], torch.ones_like(positions, dtype=torch.bool)], dim=1)
+        mask = (key_valid[:, None, :] & (positions[:, :, None] - key_positions[:, None, :] >= 0))[:, None]
+        features, present, new_states = [], [], []
+        for index, layer in enumerate(self.model.layers):
+            h = layer.input_layernorm(x)
+            if index in kv:
+                out, k_all, v_all = gated_attention(layer.self_attn, h, cos, sin, *kv[index], mask)
+                present += [k_all, v_all]
+            else:
+                out, window, recurrent = linear_attention(layer.linear_attn, h, *states[index], logits_from)
+                new_states += [window, recurrent]
+            x = x + out
+            x = x + self.mlps[index](layer.post_attention_layernorm(x))
+            if index in self.taps:
+                features.append(self.model.norm(x) if index in self.normed_taps else x)
+        x = x.narrow(1, logits_from, s - logits_from)
+        logits = self.lm_head(self.model.norm(x)).float()
+        return (logits, torch.cat(features, dim=-1), *present, *new_states)
+
+    def prefill_caches(self, ids: torch.Tensor) -> list[torch.Tensor]:
+        """The caches a prefill of `ids` [b, s] leaves, as the next call's inputs (K/V, then each
+        linear layer's conv and recurrent state): what the host's commit of all s tokens keeps."""
+        b, s = ids.shape
+        config, shapes = self.model.config, linear_attention_shapes(self.model.config)
+        dtype = self.model.embed_tokens.weight.dtype
+        kv = [torch.zeros(b, config.num_key_value_heads, 0, config.head_dim, dtype=dtype)] * (2 * len(self.attention))
+        states = [torch.zeros(b, shapes["conv_dim"], shapes["conv_kernel"] - 1, dtype=dtype),
+                  torch.zeros(b, shapes["num_value_heads"], shapes["key_head_dim"], shapes["value_head_dim"])]
+        _, _, *caches = self(ids, torch.zeros(b, dtype=torch.long), torch.tensor(s - 1), *kv, *states * len(self.linear))
+        present, new = caches[: len(kv)], caches[len(kv):]
+        # keep all s tokens: one past logits_from (s - 1), so window columns [1, K) and state index 0
+        return present + [t[:, :, 1:] if n % 2 == 0 else t[:, 0] for n, t in enumerate(new)]
+
+
+def hybrid_target_spec(config, vocab: int, features: int, dtype: str) -> dict:
+    """target.onnx's I/O for a hybrid target (module docstring)."""
+    def io(name, type_, shape):
+        return {"name": name, "dtype": type_, "shape": shape}
+
+    kv = lambda when, size: [io(f"{when}_{kind}_{i}", dtype, ["batch", config.num_key_value_heads, size, config.head_dim])  # noqa: E731
+                             for i in layer_indices(config, "full_attention") for kind in ("key", "value")]
+    shapes = linear_attention_shapes(config)
+    state = [shapes["num_value_heads"], shapes["key_head_dim"], shapes["value_head_dim"]]
+    width = shapes["conv_kernel"] - 1
+    linear = layer_indices(config, "linear_attention")
+    return {
+        "inputs": [io("input_ids", "int64", ["batch", "new"]), io("past_lengths", "int64", ["batch"]),
+                   io("logits_from", "int64", [])] + kv("past", "past")
+        + [x for i in linear for x in (io(f"conv_state_{i}", dtype, ["batch", shapes["conv_dim"], width]),
+                                       io(f"recurrent_state_{i}", "float32", ["batch", *state]))],
+        "outputs": [io("logits", "float32", ["batch", "new-logits_from", vocab]),
+                    io("features", dtype, ["batch", "new", features])] + kv("present", "past+new")
+        + [x for i in linear for x in (io(f"conv_window_{i}", dtype, ["batch", shapes["conv_dim"], f"new-logits_from+{width}"]),
+                                       io(f"recurrent_states_{i}", "float32", ["batch", "new-logits_from", *state]))],
+    }

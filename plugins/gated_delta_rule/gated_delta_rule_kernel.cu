@@ -1,0 +1,161 @@
+// dflash::GatedDeltaRule v1 CUDA kernel: one thread block per (batch row, value head, 32 columns of
+// the state), the state held in registers, a loop over the tokens.
+#include "gated_delta_rule/gated_delta_rule_kernel.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "common/convert.cuh"
+
+namespace dflash {
+namespace {
+
+// The state's columns (value dims) evolve independently: column j needs only k_t, q_t, g_t, beta_t
+// and v_t[j]. So a block owns 32 columns, and Dv / 32 blocks share a head (more blocks for a
+// batch of one). Each column is held by 4 adjacent lanes, each with every 4th row (of Dk), so the
+// two sums over Dk per token (S^T k, S^T q) are 2 shuffles.
+constexpr int kColumns = 32;
+constexpr int kLanesPerColumn = 4;
+constexpr int kThreads = kColumns * kLanesPerColumn;
+constexpr int kWarps = kThreads / 32;
+
+struct Launch {
+  int64_t tokens, key_heads, value_heads, key_dim, value_dim, states_from;
+};
+
+__device__ __forceinline__ float column_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// kRows rows of Dk per thread: Dk <= kRows * kLanesPerColumn (zero-padded beyond Dk).
+template <typename T, int kRows>
+__global__ void __launch_bounds__(kThreads)
+    gated_delta_rule_kernel(Launch a, const T* query, const T* key, const T* value, const float* g, const T* beta,
+                            const float* initial_state, T* out, float* states) {
+  constexpr int kPadded = kRows * kLanesPerColumn;
+  // Double-buffered by token parity, so one barrier per token suffices: token t+1 is staged into
+  // the other buffer while slower threads may still read token t's.
+  __shared__ float q_s[2][kPadded], k_s[2][kPadded];
+  __shared__ float2 sums_s[2][kWarps];
+
+  const int64_t row = blockIdx.x / a.value_heads, h = blockIdx.x % a.value_heads;
+  const int64_t kh = h / (a.value_heads / a.key_heads);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, part = lane % kLanesPerColumn;
+  const int64_t j = blockIdx.y * kColumns + warp * (32 / kLanesPerColumn) + lane / kLanesPerColumn;
+  const bool column_ok = j < a.value_dim;
+  const int64_t dk = a.key_dim, dv = a.value_dim;
+  const int64_t first = a.states_from, kept = a.tokens - first;
+  const float inv_sqrt_dk = 1.f / sqrtf(static_cast<float>(dk));
+
+  for (int i = threadIdx.x; i < 2 * kPadded; i += kThreads) {  // padding rows stay zero
+    (&q_s[0][0])[i] = 0.f;
+    (&k_s[0][0])[i] = 0.f;
+  }
+  float state[kRows];
+  const float* init = initial_state + (row * a.value_heads + h) * dk * dv;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t i = r * kLanesPerColumn + part;
+    state[r] = column_ok && i < dk ? init[i * dv + j] : 0.f;
+  }
+  __syncthreads();
+
+  for (int64_t t = 0; t < a.tokens; ++t) {
+    const int buf = static_cast<int>(t & 1);
+    const int64_t key_row = (row * a.tokens + t) * a.key_heads + kh;
+    const int64_t head_row = (row * a.tokens + t) * a.value_heads + h;
+    // Issued before the barrier so their latency overlaps the staging.
+    const float decay = expf(g[head_row]);
+    const float b_t = load(beta + head_row);
+    const float v_j = column_ok ? load(value + head_row * dv + j) : 0.f;
+
+    float qq = 0.f, kk = 0.f;
+    for (int64_t i = threadIdx.x; i < dk; i += kThreads) {
+      const float qi = load(query + key_row * dk + i), ki = load(key + key_row * dk + i);
+      q_s[buf][i] = qi;
+      k_s[buf][i] = ki;
+      qq += qi * qi;
+      kk += ki * ki;
+    }
+    qq = warp_sum(qq);
+    kk = warp_sum(kk);
+    if (lane == 0) sums_s[buf][warp] = make_float2(qq, kk);
+    __syncthreads();
+    qq = kk = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      qq += sums_s[buf][w].x;
+      kk += sums_s[buf][w].y;
+    }
+    const float rq = rsqrtf(qq + kGatedDeltaRuleEpsilon) * inv_sqrt_dk, rk = rsqrtf(kk + kGatedDeltaRuleEpsilon);
+
+    float recalled = 0.f;  // (S^T k)[j], this lane's rows
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      state[r] *= decay;
+      recalled += state[r] * k_s[buf][r * kLanesPerColumn + part];
+    }
+    const float delta = b_t * (v_j - column_sum(recalled) * rk);
+    float o = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int i = r * kLanesPerColumn + part;
+      state[r] += k_s[buf][i] * rk * delta;
+      o += state[r] * q_s[buf][i];
+    }
+    o = column_sum(o) * rq;
+    if (column_ok && part == 0) out[head_row * dv + j] = from_float<T>(o);
+    if (column_ok && t >= first) {
+      float* kept_state = states + ((row * kept + t - first) * a.value_heads + h) * dk * dv;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t i = r * kLanesPerColumn + part;
+        if (i < dk) kept_state[i * dv + j] = state[r];
+      }
+    }
+  }
+}
+
+template <typename T, int kRows>
+cudaError_t launch_rows(const Launch& a, dim3 grid, cudaStream_t stream, const void* query, const void* key,
+                        const void* value, const float* g, const void* beta, const float* initial_state,
+                        void* out, float* states) {
+  gated_delta_rule_kernel<T, kRows><<<grid, kThreads, 0, stream>>>(
+      a, static_cast<const T*>(query), static_cast<const T*>(key), static_cast<const T*>(value), g,
+      static_cast<const T*>(beta), initial_state, static_cast<T*>(out), states);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t gated_delta_rule_launch(const GatedDeltaRuleShape& s, DType dtype, const void* query, const void* key,
+                                    const void* value, const float* g, const void* beta, const float* initial_state,
+                                    int64_t states_from, void* out, float* states, cudaStream_t stream) {
+  if (gated_delta_rule_unsupported(s, states_from) != nullptr) return cudaErrorInvalidValue;
+  if (s.batch == 0) return cudaSuccess;
+  const Launch a{s.tokens, s.key_heads, s.value_heads, s.key_dim, s.value_dim, states_from};
+  const dim3 grid(static_cast<unsigned>(s.batch * s.value_heads),
+                  static_cast<unsigned>((s.value_dim + kColumns - 1) / kColumns));
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // The fewest registers that hold Dk / 4 rows: Qwen3-Next's Dk = 128 takes 32 per thread.
+    if (s.key_dim <= 8 * kLanesPerColumn)
+      return launch_rows<T, 8>(a, grid, stream, query, key, value, g, beta, initial_state, out, states);
+    if (s.key_dim <= 16 * kLanesPerColumn)
+      return launch_rows<T, 16>(a, grid, stream, query, key, value, g, beta, initial_state, out, states);
+    if (s.key_dim <= 32 * kLanesPerColumn)
+      return launch_rows<T, 32>(a, grid, stream, query, key, value, g, beta, initial_state, out, states);
+    return launch_rows<T, 64>(a, grid, stream, query, key, value, g, beta, initial_state, out, states);
+  });
+}
+
+}  // namespace dflash
