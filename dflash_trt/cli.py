@@ -153,7 +153,7 @@ def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: 
     from dflash_trt.export.graphs import export_refusal
     from dflash_trt.models.checkpoints import read_target_config
 
-    refusal = export_refusal(read_target_config(target)[1].model_type, flavour)
+    refusal = export_refusal(read_target_config(target)[1].model_type)
     if refusal:
         raise DFlashError(refusal)
     drafter = load_drafter(draft)

@@ -207,7 +207,7 @@ def plan_pair(target: str, draft: str | None, config: BuildConfig, flavour: str,
     dtype = config.dtype or "float32"
     return make_plan(target, target_config, None if draft is None else str(draft), draft_config, config.engine,
                      flavour, dtype, config.max_batch, config.max_seq_len, config.block_size,
-                     export_refusal(target_config.model_type, flavour), gpu_memory_gib)
+                     export_refusal(target_config.model_type), gpu_memory_gib)
 
 
 def _count(n: int) -> str:

@@ -28,6 +28,7 @@ from dflash_trt.export.hybrid_graphs import (
     hybrid_target_spec,
     linear_attention_shapes,
 )
+from dflash_trt.export.hybrid_slot_graphs import HybridSlotTargetGraph, hybrid_slot_target_spec
 from dflash_trt.export.manifest import DTYPES, FLAVOURS, FORMAT_VERSION, MANIFEST, file_hashes
 from dflash_trt.export.op_library import onnxruntime_refusal, op_library
 from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph
@@ -69,10 +70,12 @@ def _graph_specs(target: TargetModel, drafter: DFlashDrafter, dtype: str = "floa
     features = len(d.target_layer_ids) * target.hidden_size
     vocab = target.vocab_size
     draft_vocab = _draft_vocab_size(target, drafter)
+    hybrid = target.model_type in HYBRID_TARGETS
     if flavour == "slots":
-        own = slot_target_spec(tl, t_kv[0], t_kv[1], vocab, features, dtype)
+        own = (hybrid_slot_target_spec(t, vocab, features, dtype) if hybrid
+               else slot_target_spec(tl, t_kv[0], t_kv[1], vocab, features, dtype))
     else:
-        own = hybrid_target_spec(t, vocab, features, dtype) if target.model_type in HYBRID_TARGETS else None
+        own = hybrid_target_spec(t, vocab, features, dtype) if hybrid else None
     return {
         "target": own or {
             "inputs": [_io("input_ids", "int64", ["batch", "new"]), _io("past_lengths", "int64", ["batch"]),
@@ -100,6 +103,8 @@ def _dynamic_axes(spec: dict) -> dict[str, dict[int, str]]:
 
 def _example_inputs(spec: dict, vocab_size: int, module: torch.nn.Module) -> tuple[torch.Tensor, ...]:
     """Small random inputs with distinct symbolic sizes, so the trace cannot confuse two axes."""
+    if isinstance(module, HybridSlotTargetGraph):
+        return module.example_inputs(spec, vocab_size)
     if spec["inputs"][1]["name"] == "cache_lengths":  # the slots target: contract 2
         return slot_example_inputs(module, spec, vocab_size)
     sizes = {"batch": 2, "new": 3, "past": 5, "block": 4, "context": 6}
@@ -153,7 +158,8 @@ def _export_graph(module: torch.nn.Module, spec: dict, path: Path, check: bool, 
         register_symbolics(OPSET)
     if slots:
         register_slot_symbolics(OPSET)
-    domains = {DOMAIN: OP_VERSION} if plugin or hybrid else {ORT_DOMAIN: ORT_DOMAIN_VERSION} if slots else None
+    domains = {**({DOMAIN: OP_VERSION} if plugin or hybrid else {}),
+               **({ORT_DOMAIN: ORT_DOMAIN_VERSION} if slots else {})} or None
     with warnings.catch_warnings(), torch.no_grad():
         # The TorchScript exporter is deprecated in favour of torch.export, but it traces these
         # flat-I/O modules with symbolic dims reliably; revisit when the dynamo path handles HF RoPE.
@@ -248,11 +254,12 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
     d = drafter.config
     hybrid = target.model_type in HYBRID_TARGETS
     plugin, slots = flavour == "plugin", flavour == "slots"
-    refusal = export_refusal(target.model_type, flavour)
+    refusal = export_refusal(target.model_type)
     if refusal:
         raise DFlashError(refusal)
     specs = _graph_specs(target, drafter, dtype, flavour)
-    target_graph = SlotTargetGraph if slots else HybridTargetGraph if hybrid else TargetGraph
+    target_graph = {(False, False): TargetGraph, (False, True): HybridTargetGraph,
+                    (True, False): SlotTargetGraph, (True, True): HybridSlotTargetGraph}[slots, hybrid]
     modules = {
         "target": target_graph(target, tuple(d.target_layer_ids)),
         "draft_context": PluginDraftContextGraph(drafter) if plugin else DraftContextGraph(drafter),

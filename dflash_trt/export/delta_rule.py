@@ -75,5 +75,42 @@ def _symbolic(g, query, key, value, gate, beta, state, states_from):
     return out, states
 
 
+
+
+@torch.jit.script
+def delta_rule_scan_at(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
+                       beta: torch.Tensor, state: torch.Tensor, positions: torch.Tensor):
+    """delta_rule_scan with the states kept at chosen positions per row (graph contract 2, whose rows
+    are ragged): positions [b, r] int64 -> (out [b, s, Hv, Dv], states [b, r, Hv, Dk, Dv] float32,
+    states[b, j] the state after position positions[b, j])."""
+    out, every = delta_rule_scan(query, key, value, g, beta, state, torch.zeros((), dtype=torch.long))
+    index = positions[:, :, None, None, None].expand(-1, -1, every.shape[2], every.shape[3], every.shape[4])
+    return out, every.gather(1, index)
+
+
+@torch.library.custom_op("dflash::delta_rule_at", mutates_args=())
+def gated_delta_rule_at(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
+                        beta: torch.Tensor, state: torch.Tensor, positions: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """delta_rule_scan_at as one opaque op (`dflash::GatedDeltaRuleAt`), which export always lowers
+    (delta_rule_loop.py): the slots flavour runs on onnxruntime's standard ops."""
+    out, states = delta_rule_scan_at(query, key, value, g, beta, state, positions)
+    return out, states
+
+
+@gated_delta_rule_at.register_fake
+def _(query, key, value, g, beta, state, positions):
+    b, r = positions.shape
+    return value.new_empty(value.shape), state.new_empty(b, r, *state.shape[1:])
+
+
+def _symbolic_at(g, query, key, value, gate, beta, state, positions):
+    out, states = g.op("dflash::GatedDeltaRuleAt", query, key, value, gate, beta, state, positions, outputs=2)
+    out.setType(value.type().with_sizes(None))
+    states.setType(state.type().with_sizes(None))
+    return out, states
+
+
 def register_delta_rule_symbolic(opset: int) -> None:
     torch.onnx.register_custom_op_symbolic("dflash::delta_rule", _symbolic, opset)
+    torch.onnx.register_custom_op_symbolic("dflash::delta_rule_at", _symbolic_at, opset)

@@ -31,12 +31,9 @@ from dflash_trt.models.target import TargetModel
 EXPORTABLE_TARGETS = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe"}) | HYBRID_TARGETS
 
 
-def export_refusal(model_type: str, flavour: str = "portable") -> str | None:
+def export_refusal(model_type: str) -> str | None:
     """Why a target family has no exported graphs yet (one line), or None: checked from config.json
     before any weights load, and by `build --dry-run` in its plan."""
-    if model_type in HYBRID_TARGETS and flavour == "slots":
-        return (f"export: the slots flavour has no graph for '{model_type}' (recurrent layers) yet; "
-                "export it with --flavour portable or plugin")
     if model_type in EXPORTABLE_TARGETS:
         return None
     names = ", ".join(sorted(EXPORTABLE_TARGETS))

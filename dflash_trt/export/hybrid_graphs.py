@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.export.delta_rule import gated_delta_rule
+from dflash_trt.export.delta_rule import gated_delta_rule, gated_delta_rule_at
 from dflash_trt.export.moe import export_mlp
 from dflash_trt.models.target import TargetModel
 
@@ -96,21 +96,46 @@ def _depthwise_conv(window: torch.Tensor, conv: nn.Conv1d, s: int) -> torch.Tens
     return out if conv.bias is None else out + conv.bias[:, None]
 
 
-def linear_attention(mod, h, conv_state, recurrent_state, logits_from):
-    """One Gated DeltaNet layer over s tokens after its states -> (out, conv_window, recurrent_states)."""
+def _rule_inputs(mod, h, conv_state):
+    """A Gated DeltaNet layer up to its recurrence -> (conv window [b, C, K-1+s], z, query, key,
+    value, g, beta): the conv runs over the state (the past K-1 inputs) and the s new ones."""
     b, s, _ = h.shape
     mixed, z, beta_in, a = _projections(mod, h)
-    window = torch.cat([conv_state, mixed.transpose(1, 2).to(conv_state.dtype)], dim=2)  # [b, C, K-1+s]
+    window = torch.cat([conv_state, mixed.transpose(1, 2).to(conv_state.dtype)], dim=2)
     conv = nn.functional.silu(_depthwise_conv(window, mod.conv1d, s)).to(h.dtype).transpose(1, 2)  # [b, s, C]
     query, key, value = torch.split(conv, [mod.key_dim, mod.key_dim, mod.value_dim], dim=-1)
     query = query.reshape(b, s, -1, mod.head_k_dim)
     key = key.reshape(b, s, -1, mod.head_k_dim)
     value = value.reshape(b, s, -1, mod.head_v_dim)
-    beta = beta_in.sigmoid()
     g = -mod.A_log.float().exp() * nn.functional.softplus(a.float() + mod.dt_bias)
-    out, states = gated_delta_rule(query, key, value, g, beta, recurrent_state, logits_from)
+    return window, z, query, key, value, g, beta_in.sigmoid()
+
+
+def _rule_output(mod, out, z):
+    b, s = z.shape[:2]  # not out's: an opaque op's output shape would be traced as a constant
     out = mod.norm(out.reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim)).reshape(b, s, -1)
-    return mod.out_proj(out), window.narrow(2, logits_from, window.shape[2] - logits_from), states
+    return mod.out_proj(out)
+
+
+def linear_attention(mod, h, conv_state, recurrent_state, logits_from):
+    """One Gated DeltaNet layer over s tokens after its states -> (out, conv_window, recurrent_states)."""
+    window, z, query, key, value, g, beta = _rule_inputs(mod, h, conv_state)
+    out, states = gated_delta_rule(query, key, value, g, beta, recurrent_state, logits_from)
+    return _rule_output(mod, out, z), window.narrow(2, logits_from, window.shape[2] - logits_from), states
+
+
+def linear_attention_at(mod, h, conv_state, recurrent_state, positions):
+    """Graph contract 2's form: the states after positions [b, r] of each row -> (out,
+    conv states [b, r, C, K-1], recurrent states [b, r, Hv, Dk, Dv])."""
+    window, z, query, key, value, g, beta = _rule_inputs(mod, h, conv_state)
+    out, states = gated_delta_rule_at(query, key, value, g, beta, recurrent_state, positions)
+    b, r = positions.shape
+    channels, width = conv_state.shape[1], conv_state.shape[2]
+    # after position p the conv state holds the window's columns p + 1 .. p + K - 1
+    columns = positions[:, :, None] + 1 + torch.arange(width, device=positions.device)[None, None]  # [b, r, K-1]
+    conv = window[:, None].expand(b, r, channels, window.shape[2]).gather(
+        3, columns[:, :, None, :].expand(b, r, channels, width))
+    return _rule_output(mod, out, z), conv, states
 
 
 class HybridTargetGraph(nn.Module):

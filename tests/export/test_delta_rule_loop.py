@@ -10,7 +10,7 @@ import torch
 from onnx import TensorProto, helper
 from transformers.models.qwen3_next.modeling_qwen3_next import torch_recurrent_gated_delta_rule
 
-from dflash_trt.export.delta_rule import delta_rule_scan
+from dflash_trt.export.delta_rule import delta_rule_scan, delta_rule_scan_at
 from dflash_trt.export.delta_rule_loop import lower_gated_delta_rule
 
 NAMES = ["query", "key", "value", "g", "beta", "state", "states_from"]
@@ -86,3 +86,27 @@ def test_tensorrt_rtx_parses_and_builds_the_lowered_loop_for_sm120(lowered):
     config.add_optimization_profile(profile)
     engine = builder.build_serialized_network(network, config)
     assert engine is not None and engine.nbytes > 10_000
+
+
+def test_the_positions_form_keeps_each_rows_chosen_states(tmp_path):
+    """GatedDeltaRuleAt (contract 2's ragged rows): states after per-row positions, repeats included."""
+    f32 = TensorProto.FLOAT
+    names = NAMES[:-1] + ["positions"]
+    inputs = [helper.make_tensor_value_info(n, f32, [None] * rank) for n, rank in zip(names, [4, 4, 4, 3, 3, 4])]
+    inputs.append(helper.make_tensor_value_info("positions", TensorProto.INT64, [None, None]))
+    outputs = [helper.make_tensor_value_info("out", f32, [None] * 4), helper.make_tensor_value_info("states", f32, [None] * 5)]
+    node = helper.make_node("GatedDeltaRuleAt", names, ["out", "states"], domain="dflash", name="layer0")
+    model = helper.make_model(helper.make_graph([node], "g", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("dflash", 1)])
+    assert lower_gated_delta_rule(model, "dflash") == 1
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(tmp_path / "at.onnx"))
+    session = ort.InferenceSession(str(tmp_path / "at.onnx"), providers=["CPUExecutionProvider"])
+    *tensors, _ = random_inputs(3, 6, 2, 4, 8, 0, seed=4)
+    positions = torch.tensor([[5, 0, 2], [1, 1, 1], [0, 3, 5]])
+    out, states = delta_rule_scan_at(*tensors, positions)
+    _, every = delta_rule_scan(*tensors, torch.tensor(0))
+    torch.testing.assert_close(states[2, 1], every[2, 3])  # the reference gathers the scan's states
+    got = session.run(None, {**dict(zip(names, (t.numpy() for t in tensors))), "positions": positions.numpy()})
+    np.testing.assert_allclose(got[0], out.numpy(), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got[1], states.numpy(), atol=1e-5, rtol=0)

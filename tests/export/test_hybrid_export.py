@@ -12,7 +12,6 @@ import torch
 from transformers import AutoTokenizer
 
 from dflash_trt import LLM, SamplingParams
-from dflash_trt.errors import DFlashError
 from dflash_trt.export.bundle import export_bundle
 from dflash_trt.export.manifest import read_bundle
 from dflash_trt.models.checkpoints import load_drafter
@@ -132,13 +131,6 @@ def test_sampled_onnxruntime_matches_torch_with_the_same_seed(llms):
     ort_llm, torch_llm = llms["qwen3_5_moe_text"]
     params = SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True)
     assert ort_llm.generate("hi", params)[0].token_ids == torch_llm.generate("hi", params)[0].token_ids
-
-
-def test_the_slots_flavour_refuses_a_hybrid_target_before_any_work(hybrids, tmp_path):
-    target_dir, draft_dir, _, target = hybrids["qwen3_next"]
-    with pytest.raises(DFlashError, match="the slots flavour has no graph for 'qwen3_next'"):
-        export_bundle(target, load_drafter(draft_dir), None, tmp_path / "slots", flavour="slots")
-    assert not (tmp_path / "slots").exists()
 
 
 def test_the_plugin_flavour_keeps_one_gated_delta_rule_node_per_linear_layer_and_decodes_as_ar(hybrids, tmp_path):
