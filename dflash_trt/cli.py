@@ -297,6 +297,12 @@ def inspect(bundle, no_verify):
                f"format {manifest['format_version']}, graph contract {manifest.get('contract', 1)}"
                f"{'' if no_verify else ', all file hashes match'}")
     click.echo(f"target: {t['model_type']}, {t['num_layers']} layers, hidden {t['hidden_size']}, vocab {t['vocab_size']}")
+    if "linear_attention" in t:  # a hybrid target: which layers carry states instead of K/V
+        linear = [i for i, kind in enumerate(t["layer_types"]) if kind == "linear_attention"]
+        la = t["linear_attention"]
+        click.echo(f"  Gated DeltaNet layers {linear} (conv {la['conv_dim']} x {la['conv_kernel'] - 1}, recurrent state "
+                   f"{la['num_value_heads']} x {la['key_head_dim']} x {la['value_head_dim']} float32); "
+                   f"full attention on the other {t['num_layers'] - len(linear)}")
     click.echo(f"draft: {d['num_layers']} layers, block size {d['block_size']}, taps {d['target_layer_ids']}, "
                f"mask id {d['mask_token_id']}, drafts from {d.get('draft_vocab_size', t['vocab_size'])} token ids")
     for graph in manifest["graphs"].values():

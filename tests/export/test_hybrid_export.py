@@ -157,3 +157,25 @@ def test_the_plugin_flavour_keeps_one_gated_delta_rule_node_per_linear_layer_and
         ours = plugin_llm.generate(prompt, params)[0]
         assert ours.token_ids == portable_llm.generate(prompt, params, speculative=False)[0].token_ids
         assert ours.metrics.acceptance_lengths == portable_llm.generate(prompt, params)[0].metrics.acceptance_lengths
+
+
+def test_the_cli_exports_a_qwen3_5_vl_checkpoint_inspects_and_runs_it(tmp_path):
+    """A Qwen3.5-MoE checkpoint as published (vision tower included) through `export`, `inspect` and
+    `generate --bundle`: its text model is exported, and the bundle decodes as HF's AR greedy."""
+    from click.testing import CliRunner
+    from factories import make_drafter, make_vl_target
+
+    from dflash_trt.cli import main
+
+    target = make_vl_target(tmp_path / "vl", "qwen3_5_moe", seed=1)
+    draft = make_drafter(tmp_path / "draft", seed=1, block_size=4, target_layer_ids=list(TAPS))
+    out = tmp_path / "bundle"
+    result = CliRunner().invoke(main, ["export", "--target", str(target), "--draft", str(draft), "-o", str(out),
+                                       "--no-check"])
+    assert result.exit_code == 0, result.output
+    shown = CliRunner().invoke(main, ["inspect", str(out)]).output
+    assert "target: qwen3_5_moe_text, 4 layers" in shown
+    assert "Gated DeltaNet layers [0, 2] (conv 128 x 3, recurrent state 4 x 16 x 16 float32)" in shown
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    ours = LLM.from_bundle(out).generate([5, 6, 7], params)[0].token_ids
+    assert ours == LLM(str(target), str(draft)).generate([5, 6, 7], params, speculative=False)[0].token_ids
