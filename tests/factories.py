@@ -63,17 +63,12 @@ def target_config(family: str, vocab_size: int = 264, layers: int = 4, **extra):
         return Qwen3Config(**common)
     if family == "qwen3_moe":
         return Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    # the hybrid MoE families: 4 experts, top 2, and a gated shared expert
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
     if family == "qwen3_next":
         from transformers import Qwen3NextConfig
 
-        return Qwen3NextConfig(
-            **common,
-            **linear_attention(layers),
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=32,
-        )
+        return Qwen3NextConfig(**common, **linear_attention(layers), **moe)
     if family == "qwen3_5_text":
         from transformers.models.qwen3_5 import Qwen3_5TextConfig
 
@@ -81,14 +76,7 @@ def target_config(family: str, vocab_size: int = 264, layers: int = 4, **extra):
     if family == "qwen3_5_moe_text":
         from transformers.models.qwen3_5_moe import Qwen3_5MoeTextConfig
 
-        return Qwen3_5MoeTextConfig(
-            **common,
-            **linear_attention(layers),
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=32,
-        )
+        return Qwen3_5MoeTextConfig(**common, **linear_attention(layers), **moe)
     raise ValueError(family)
 
 
