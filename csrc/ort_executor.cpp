@@ -14,11 +14,41 @@ void positive(int64_t value, const char* name) {
   if (value < 1) throw Error(std::string(kWhy) + ": " + name + " must be >= 1, got " + std::to_string(value));
 }
 
-std::vector<std::string> cache_names(const std::string& prefix, int64_t layers, const std::string& suffix = "") {
-  std::vector<std::string> names;  // the bundle's order: key_0, value_0, key_1, ...
-  for (int64_t i = 0; i < layers; ++i)
+std::vector<int64_t> up_to(int64_t n) {
+  std::vector<int64_t> all(n);
+  for (int64_t i = 0; i < n; ++i) all[i] = i;
+  return all;
+}
+
+std::vector<std::string> cache_names(const std::string& prefix, const std::vector<int64_t>& layers,
+                                     const std::string& suffix = "") {
+  std::vector<std::string> names;  // the bundle's order: key_i, value_i, key_j, ... (i, j: layer indices)
+  for (int64_t i : layers)
     for (const char* kind : {"key", "value"}) names.push_back(prefix + "_" + kind + suffix + "_" + std::to_string(i));
   return names;
+}
+
+std::vector<std::string> state_names(const std::string& prefix, const std::vector<int64_t>& layers) {
+  std::vector<std::string> names;
+  for (int64_t i : layers) names.push_back(prefix + "_" + std::to_string(i));
+  return names;
+}
+
+// Each of the target's layers in exactly one of the two lists, each list ascending.
+void check_layer_split(const std::vector<int64_t>& attention, const std::vector<int64_t>& linear, int64_t layers) {
+  std::vector<int> seen(layers, 0);
+  for (const auto* list : {&attention, &linear})
+    for (size_t k = 0; k < list->size(); ++k) {
+      const int64_t i = (*list)[k];
+      if (i < 0 || i >= layers || (k > 0 && i <= (*list)[k - 1]))
+        throw Error(std::string(kWhy) + ": attention_layers and linear_layers must be ascending layer indices below " +
+                    "target_layers (" + std::to_string(layers) + "), got " + std::to_string(i));
+      ++seen[i];
+    }
+  for (int64_t i = 0; i < layers; ++i)
+    if (seen[i] != 1)
+      throw Error(std::string(kWhy) + ": target layer " + std::to_string(i) + " is in " + std::to_string(seen[i]) +
+                  " of attention_layers and linear_layers (each layer must be in exactly one)");
 }
 
 template <typename T>
@@ -48,6 +78,15 @@ void OrtExecutorConfig::validate() const {
   if (threads < 0) throw Error(std::string(kWhy) + ": threads must be >= 0 (0: onnxruntime's default)");
   if (mask_token_id < 0 || mask_token_id >= vocab)
     throw Error(std::string(kWhy) + ": mask_token_id " + std::to_string(mask_token_id) + " is outside the vocabulary");
+  check_layer_split(attention_layers, linear_layers, target_layers);
+  if (linear_layers.empty()) return;
+  positive(conv_dim, "conv_dim");
+  if (conv_kernel < 2)
+    throw Error(std::string(kWhy) + ": conv_kernel must be >= 2 (its state keeps conv_kernel - 1 columns), got " +
+                std::to_string(conv_kernel));
+  positive(linear_value_heads, "linear_value_heads");
+  positive(linear_key_head_dim, "linear_key_head_dim");
+  positive(linear_value_head_dim, "linear_value_head_dim");
 }
 
 OrtExecutor::OrtExecutor(const OrtExecutorConfig& config) : config_(config) {
@@ -59,16 +98,27 @@ OrtExecutor::OrtExecutor(const OrtExecutorConfig& config) : config_(config) {
   target_io_ = runtime_->binding(target_);
   context_io_ = runtime_->binding(draft_context_);
   block_io_ = runtime_->binding(draft_block_);
-  target_cache_in_ = cache_names("cache", config_.target_layers);
-  target_cache_out_ = cache_names("cache", config_.target_layers, "_out");
-  context_names_ = cache_names("context", config_.draft_layers);
+  target_cache_in_ = cache_names("cache", config_.attention_layers);
+  target_cache_out_ = cache_names("cache", config_.attention_layers, "_out");
+  context_names_ = cache_names("context", up_to(config_.draft_layers));
+  conv_in_ = state_names("conv_state", config_.linear_layers);
+  recurrent_in_ = state_names("recurrent_state", config_.linear_layers);
+  conv_out_names_ = state_names("conv_states", config_.linear_layers);
+  recurrent_out_names_ = state_names("recurrent_states", config_.linear_layers);
 
   const OrtExecutorConfig& c = config_;
   const int64_t target_slots = c.max_batch * c.target_kv_heads * c.capacity * c.target_head_dim;
   const int64_t draft_slots = c.max_batch * c.draft_kv_heads * c.capacity * c.draft_head_dim;
-  target_kv_.assign(2 * c.target_layers, std::vector<float>(target_slots));  // zeros: never NaN where masked
+  target_kv_.assign(2 * c.attention_layers.size(), std::vector<float>(target_slots));  // zeros: never NaN where masked
   draft_kv_.assign(2 * c.draft_layers, std::vector<float>(draft_slots));
   context_.resize(2 * c.draft_layers);
+  const size_t linear = c.linear_layers.size();
+  conv_size_ = c.conv_dim * (c.conv_kernel - 1);
+  recurrent_size_ = c.linear_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
+  conv_.assign(linear, std::vector<float>(c.max_batch * conv_size_));
+  recurrent_.assign(linear, std::vector<float>(c.max_batch * recurrent_size_));
+  conv_states_.resize(linear);
+  recurrent_states_.resize(linear);
   rows_.resize(c.max_batch);
 }
 
@@ -143,10 +193,14 @@ void OrtExecutor::run_target(const std::vector<int64_t>& rows, const std::vector
     }
     logits_.resize(n * r * config_.vocab);
     features_.resize(n * s * config_.feature_width);
+    for (size_t k = 0; k < conv_states_.size(); ++k) {
+      conv_states_[k].resize(n * r * conv_size_);
+      recurrent_states_[k].resize(n * r * recurrent_size_);
+    }
     run_target_range(lo, n, s, r);
     for (size_t i : group) {
       const int64_t j = rows[i] - lo;
-      take(i, logits_.data() + j * r * config_.vocab, features_.data() + j * s * config_.feature_width);
+      take(i, j, logits_.data() + j * r * config_.vocab, features_.data() + j * s * config_.feature_width);
     }
   }
 }
@@ -176,22 +230,65 @@ void OrtExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r) 
     rt.bind_output(target_io_, target_cache_out_[k], cache);  // the same buffer: written in place
     values.push_back(std::move(cache));
   }
+  // Linear layers read their slots' states and return the states after each logits row into
+  // scratch; only the rows a phase keeps are copied back (idle and padding rows' are garbage).
+  const int64_t K1 = c.conv_kernel - 1, Hv = c.linear_value_heads, Dk = c.linear_key_head_dim,
+                Dv = c.linear_value_head_dim;
+  for (size_t k = 0; k < conv_.size(); ++k) {
+    in(conv_in_[k].c_str(), rt.tensor(conv_[k].data() + lo * conv_size_, {n, c.conv_dim, K1}));
+    in(recurrent_in_[k].c_str(), rt.tensor(recurrent_[k].data() + lo * recurrent_size_, {n, Hv, Dk, Dv}));
+    out(conv_out_names_[k].c_str(), rt.tensor(conv_states_[k].data(), {n, r, c.conv_dim, K1}));
+    out(recurrent_out_names_[k].c_str(), rt.tensor(recurrent_states_[k].data(), {n, r, Hv, Dk, Dv}));
+  }
   out("logits", rt.tensor(logits_.data(), {n, r, c.vocab}));
   out("features", rt.tensor(features_.data(), {n, s, c.feature_width}));
   rt.run(target_, target_io_, "running target.onnx");
+  state_rows_ = r;
   ++target_runs_;
+}
+
+const float* OrtExecutor::conv_out(size_t k, int64_t j, int64_t pos) const {
+  return conv_states_[k].data() + (j * state_rows_ + pos) * conv_size_;
+}
+
+const float* OrtExecutor::recurrent_out(size_t k, int64_t j, int64_t pos) const {
+  return recurrent_states_[k].data() + (j * state_rows_ + pos) * recurrent_size_;
+}
+
+void OrtExecutor::set_states(int64_t row, const std::vector<const float*>& conv,
+                             const std::vector<const float*>& recurrent) {
+  for (size_t k = 0; k < conv_.size(); ++k) {
+    float* c = conv_[k].data() + row * conv_size_;
+    float* h = recurrent_[k].data() + row * recurrent_size_;
+    if (conv.empty()) {
+      std::fill(c, c + conv_size_, 0.0f);
+      std::fill(h, h + recurrent_size_, 0.0f);
+    } else {
+      std::copy(conv[k], conv[k] + conv_size_, c);
+      std::copy(recurrent[k], recurrent[k] + recurrent_size_, h);
+    }
+  }
 }
 
 std::vector<LogitsRows> OrtExecutor::prefill(const std::vector<int64_t>& rows,
                                              const std::vector<std::vector<int64_t>>& prompts) {
   for (int64_t row : rows) DFLASH_INVARIANT(!state(row).live);  // released before reuse
+  for (int64_t row : rows) set_states(row, {}, {});  // a fresh request starts from zero states
   std::vector<LogitsRows> out(rows.size());
   const int64_t F = config_.feature_width;
-  run_target(rows, prompts, true, [&](size_t i, const float* logits, const float* features) {
+  const size_t linear = conv_.size();
+  std::vector<const float*> conv(linear), recurrent(linear);
+  run_target(rows, prompts, true, [&](size_t i, int64_t j, const float* logits, const float* features) {
     out[i].rows = 1;
     out[i].vocab = config_.vocab;
     out[i].data.assign(logits, logits + config_.vocab);
     rows_[rows[i]].pending.assign(features, features + prompts[i].size() * F);  // injected at the next draft
+    if (linear == 0) return;
+    for (size_t k = 0; k < linear; ++k) {  // a prefill commits all of it: the state after its last token
+      conv[k] = conv_out(k, j, 0);
+      recurrent[k] = recurrent_out(k, j, 0);
+    }
+    set_states(rows[i], conv, recurrent);
   });
   for (size_t i = 0; i < rows.size(); ++i) {
     rows_[rows[i]].live = true;
@@ -205,7 +302,8 @@ std::vector<LogitsRows> OrtExecutor::verify(const std::vector<int64_t>& rows,
   for (int64_t row : rows) DFLASH_INVARIANT(state(row).live);
   std::vector<LogitsRows> out(rows.size());
   const int64_t V = config_.vocab, F = config_.feature_width;
-  run_target(rows, blocks, false, [&](size_t i, const float* logits, const float* features) {
+  const size_t linear = conv_.size();
+  run_target(rows, blocks, false, [&](size_t i, int64_t j, const float* logits, const float* features) {
     const int64_t len = int64_t(blocks[i].size());
     out[i].rows = len;
     out[i].vocab = V;
@@ -213,6 +311,13 @@ std::vector<LogitsRows> OrtExecutor::verify(const std::vector<int64_t>& rows,
     Row& row = rows_[rows[i]];
     row.verify.assign(features, features + len * F);  // pending until commit says how many count
     row.verify_rows = len;
+    // The states after each block position, kept per row: a later Run of the phase reuses the scratch.
+    row.verify_conv.resize(linear);
+    row.verify_recurrent.resize(linear);
+    for (size_t k = 0; k < linear; ++k) {
+      row.verify_conv[k].assign(conv_out(k, j, 0), conv_out(k, j, 0) + len * conv_size_);
+      row.verify_recurrent[k].assign(recurrent_out(k, j, 0), recurrent_out(k, j, 0) + len * recurrent_size_);
+    }
   });
   return out;
 }
@@ -226,6 +331,14 @@ void OrtExecutor::commit(const std::vector<int64_t>& rows, const std::vector<int
     // The rejected rows stay in the cache past `committed`: the next Run overwrites them.
     row.committed += kept[i];
     row.pending.insert(row.pending.end(), row.verify.begin(), row.verify.begin() + kept[i] * F);
+    if (kept[i] > 0 && !conv_.empty()) {  // the states after the last kept position; kept 0 keeps the slot's
+      std::vector<const float*> conv, recurrent;
+      for (size_t k = 0; k < conv_.size(); ++k) {
+        conv.push_back(row.verify_conv[k].data() + (kept[i] - 1) * conv_size_);
+        recurrent.push_back(row.verify_recurrent[k].data() + (kept[i] - 1) * recurrent_size_);
+      }
+      set_states(rows[i], conv, recurrent);
+    }
     row.verify.clear();
     row.verify_rows = 0;
   }

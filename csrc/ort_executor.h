@@ -7,6 +7,13 @@
 // the range that is not in the phase is idle (query length 0). Committing or rolling back moves a
 // length; nothing in a cache is ever copied.
 //
+// Hybrid targets (Qwen3-Next, Qwen3.5) keep a K/V cache for their full-attention layers only; each
+// linear-attention layer has per slot a conv state [conv_dim, K-1] and a recurrent state [Hv, Dk, Dv]
+// (float32), bound read-only over the same slot range. The graph returns the states after every
+// position a phase asks logits for, so a prefill copies its one state into the slot, and a verify
+// keeps each row's per-position states until commit copies the last kept position's (kept 0: none):
+// rollback needs no re-feeding. A state is a fixed size, so copying it is the price of rollback.
+//
 // The draft graphs are the portable v1 ones (they take and return only context rows): injection
 // writes the new context rows to a scratch output and we copy those few rows into the row's slice;
 // the block pass reads a packed copy of the rows' context (so its work follows the context length,
@@ -33,8 +40,12 @@ struct OrtExecutorConfig {
   int64_t threads = 0;  // intra-op threads per session; 0: onnxruntime's default
   int64_t max_batch = 8;
   int64_t capacity = 2048;  // C: tokens per slot in every cache
-  // target
+  // target: every layer index is in attention_layers (a K/V slot cache) or linear_layers (hybrid
+  // targets' Gated DeltaNet: a conv and a recurrent state per slot), both ascending
   int64_t target_layers = 0, target_kv_heads = 0, target_head_dim = 0;
+  std::vector<int64_t> attention_layers, linear_layers;
+  int64_t conv_dim = 0, conv_kernel = 0;  // conv state [conv_dim, conv_kernel - 1] (bundle dtype)
+  int64_t linear_value_heads = 0, linear_key_head_dim = 0, linear_value_head_dim = 0;  // recurrent, float32
   int64_t feature_width = 0;  // F: the tapped layers' hidden states, concatenated
   int64_t vocab = 0;
   // drafter
@@ -72,16 +83,24 @@ class OrtExecutor : public Executor {
     std::vector<float> pending;  // features [*, F] of committed positions not yet injected
     std::vector<float> verify;   // features [len(block), F] of the last verify, until commit
     int64_t verify_rows = 0;
+    // per linear layer, the states after each position of the last verify [len(block), size], until commit
+    std::vector<std::vector<float>> verify_conv, verify_recurrent;
   };
   const Row& state(int64_t row) const;
   Row& state(int64_t row);
   // The target over `rows` (ascending), feeding tokens[i] after each row's committed prefix, in as
   // few Runs as keep every cache write inside its slot; last_only: one logits row (the last
-  // token's) per row, else one per token. Calls take(i, logits, features) per row.
+  // token's) per row, else one per token. Calls take(i, j, logits, features) per row, j = its index
+  // in the Run's slot range (for conv_out / recurrent_out).
   template <typename F>
   void run_target(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& tokens, bool last_only,
                   F&& take);
   void run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r);
+  // Linear layer k's conv / recurrent state after logits row `pos` of range row j, in the last Run's outputs.
+  const float* conv_out(size_t k, int64_t j, int64_t pos) const;
+  const float* recurrent_out(size_t k, int64_t j, int64_t pos) const;
+  // Copies every linear layer's state out of (conv, recurrent) into slot `row` (both empty: zeros).
+  void set_states(int64_t row, const std::vector<const float*>& conv, const std::vector<const float*>& recurrent);
   std::vector<std::vector<size_t>> target_groups(const std::vector<int64_t>& rows,
                                                  const std::vector<std::vector<int64_t>>& tokens) const;
   // Injects every row's pending features into its draft context (one Run, a small copy per row).
@@ -92,16 +111,21 @@ class OrtExecutor : public Executor {
   ort::Session target_, draft_context_, draft_block_;
   ort::Binding target_io_, context_io_, block_io_;
   std::vector<std::string> target_cache_in_, target_cache_out_, context_names_;
+  std::vector<std::string> conv_in_, recurrent_in_, conv_out_names_, recurrent_out_names_;  // per linear layer
+  int64_t conv_size_ = 0, recurrent_size_ = 0;  // one slot's state per linear layer, in floats
 
   std::vector<std::vector<float>> target_kv_;  // [2 * layer + (0 key | 1 value)] -> [max_batch, kv, C, d]
   std::vector<std::vector<float>> draft_kv_;   // [2 * layer + (0 key | 1 value)] -> [max_batch, dkv, C, dd]
+  std::vector<std::vector<float>> conv_, recurrent_;  // per linear layer: [max_batch, conv_size_ | recurrent_size_]
   std::vector<Row> rows_;
   int64_t target_runs_ = 0;
+  int64_t state_rows_ = 0;  // r of the last target Run: its state outputs are [n, r, size]
 
   // Host buffers rewritten before each Run (grown, never shrunk).
   std::vector<int64_t> ids_, cache_lengths_, query_lengths_, logits_index_, positions_, lengths_, tokens_;
   std::vector<float> logits_, features_;
   std::vector<std::vector<float>> context_;  // per draft cache: new rows out of injection, then packed context
+  std::vector<std::vector<float>> conv_states_, recurrent_states_;  // per linear layer: the Run's [n, r, size]
 };
 
 }  // namespace dflash

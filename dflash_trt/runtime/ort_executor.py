@@ -78,6 +78,16 @@ class SlotBundle:
         config.threads = threads or 0
         config.max_batch, config.capacity = max_batch, capacity
         config.target_layers = target["num_layers"]
+        # hybrid targets: Gated DeltaNet layers keep conv / recurrent states, the others a K/V cache
+        types = target.get("layer_types") or ["full_attention"] * target["num_layers"]
+        config.attention_layers = [i for i, t in enumerate(types) if t != "linear_attention"]
+        config.linear_layers = [i for i, t in enumerate(types) if t == "linear_attention"]
+        if config.linear_layers:
+            linear = target["linear_attention"]
+            config.conv_dim, config.conv_kernel = linear["conv_dim"], linear["conv_kernel"]
+            config.linear_value_heads = linear["num_value_heads"]
+            config.linear_key_head_dim = linear["key_head_dim"]
+            config.linear_value_head_dim = linear["value_head_dim"]
         config.target_kv_heads = target["num_key_value_heads"]
         config.target_head_dim = target["head_dim"]
         outputs = {o["name"]: o for o in graphs["target"]["outputs"]}
