@@ -9,6 +9,9 @@ of --keep of them (a partial acceptance: the rollback is part of the step). Medi
 acceptance.
 
     .venv/bin/python scripts/bench_hybrid_step.py [--prompt 256] [--block 16] [--keep 5] [--repeats 10]
+
+--slots DIR also exports the same target as a slots bundle (graph contract 2) to DIR, for the C++
+executor's batched phases: scripts/bench_ort_executor.py DIR.
 """
 
 from __future__ import annotations
@@ -109,7 +112,10 @@ def main() -> None:
     parser.add_argument("--keep", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--slots", type=Path, help="also export the target as a slots bundle here")
     args = parser.parse_args()
+    if not 1 <= args.keep <= args.block:
+        parser.error(f"--keep must be between 1 and --block ({args.block}), got {args.keep}")
     rng = random.Random(0)
     prompt = [rng.randrange(SHAPE["vocab_size"]) for _ in range(args.prompt)]
     block = [rng.randrange(SHAPE["vocab_size"]) for _ in range(args.block)]
@@ -123,6 +129,8 @@ def main() -> None:
             path = export_bundle(target, drafter, None, root / flavour, flavour=flavour, check=False)
             name = "onnxruntime portable (ONNX Loop)" if flavour == "portable" else "onnxruntime plugin (GatedDeltaRule op)"
             rows[name] = measure_bundle(path, prompt, block, args.keep, args.repeats)
+        if args.slots:
+            export_bundle(target, drafter, None, args.slots, flavour="slots", check=False)
     print(f"hybrid target {SHAPE['hidden_size']} hidden, {SHAPE['num_hidden_layers']} layers (6 Gated DeltaNet), "
           f"prefill {args.prompt}, verify {args.block} keep {args.keep}; median (min) ms over {args.repeats}")
     print(f"{'form':<42}{'prefill':>20}{'verify+commit':>20}")
