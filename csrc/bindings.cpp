@@ -260,17 +260,19 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<SchedulerConfig>(m, "SchedulerConfig")
       .def(py::init([](int64_t max_batch, int64_t capacity, int64_t block_size, uint64_t engine_seed, bool adaptive,
-                       int64_t max_waiting) {
-             return SchedulerConfig{max_batch, capacity, block_size, engine_seed, adaptive, max_waiting};
+                       int64_t max_waiting, int64_t prefill_chunk) {
+             return SchedulerConfig{max_batch, capacity, block_size, engine_seed, adaptive, max_waiting, prefill_chunk};
            }),
            py::kw_only(), py::arg("max_batch") = 8, py::arg("capacity") = 2048, py::arg("block_size") = 4,
-           py::arg("engine_seed") = 0, py::arg("adaptive") = false, py::arg("max_waiting") = -1)
+           py::arg("engine_seed") = 0, py::arg("adaptive") = false, py::arg("max_waiting") = -1,
+           py::arg("prefill_chunk") = 0)
       .def_readonly("max_batch", &SchedulerConfig::max_batch)
       .def_readonly("capacity", &SchedulerConfig::capacity)
       .def_readonly("block_size", &SchedulerConfig::block_size)
       .def_readonly("engine_seed", &SchedulerConfig::engine_seed)
       .def_readonly("adaptive", &SchedulerConfig::adaptive)
-      .def_readonly("max_waiting", &SchedulerConfig::max_waiting);
+      .def_readonly("max_waiting", &SchedulerConfig::max_waiting)
+      .def_readonly("prefill_chunk", &SchedulerConfig::prefill_chunk);
 
   py::class_<RequestParams>(m, "RequestParams")
       .def(py::init([](int64_t max_tokens, double temperature, int64_t top_k, double top_p, py::object seed,

@@ -7,7 +7,7 @@
 // tapped features for the drafter, its caches); the scheduler sees token ids and logits only.
 //
 // Per row the life is:
-//   prefill -> (draft? -> verify -> commit)* -> release
+//   prefill+ -> (draft? -> verify -> commit)* -> release
 // `draft` is skipped in a step where the row verifies only its bonus token (block of 1: plain
 // decoding, or no room left for drafts), so an executor must carry the features of committed
 // positions forward until the next draft.
@@ -41,8 +41,10 @@ class Executor {
  public:
   virtual ~Executor() = default;
 
-  // Run and commit each row's prompt into its (fresh) slot -> the last position's logits, one row
-  // per request ([1, vocab]).
+  // Run and commit each row's prompt chunk after what its slot holds -> the chunk's last position's
+  // logits, one row per request ([1, vocab]). A row the executor does not hold yet starts fresh
+  // (after a release, or never used); a long prompt may come in several chunks over several steps
+  // (SchedulerConfig::prefill_chunk), each after the previous one's tokens.
   virtual std::vector<LogitsRows> prefill(const std::vector<int64_t>& rows,
                                           const std::vector<std::vector<int64_t>>& prompts) = 0;
   // Inject the features of the positions committed since the row's last draft, then draft

@@ -272,8 +272,10 @@ void OrtExecutor::set_states(int64_t row, const std::vector<const float*>& conv,
 
 std::vector<LogitsRows> OrtExecutor::prefill(const std::vector<int64_t>& rows,
                                              const std::vector<std::vector<int64_t>>& prompts) {
-  for (int64_t row : rows) DFLASH_INVARIANT(!state(row).live);  // released before reuse
-  for (int64_t row : rows) set_states(row, {}, {});  // a fresh request starts from zero states
+  // A row not live yet starts a request (zero states; release left it empty); a live one takes its
+  // prompt's next chunk after what it holds.
+  for (int64_t row : rows)
+    if (!state(row).live) set_states(row, {}, {});
   std::vector<LogitsRows> out(rows.size());
   const int64_t F = config_.feature_width;
   const size_t linear = conv_.size();
@@ -282,9 +284,10 @@ std::vector<LogitsRows> OrtExecutor::prefill(const std::vector<int64_t>& rows,
     out[i].rows = 1;
     out[i].vocab = config_.vocab;
     out[i].data.assign(logits, logits + config_.vocab);
-    rows_[rows[i]].pending.assign(features, features + prompts[i].size() * F);  // injected at the next draft
+    std::vector<float>& pending = rows_[rows[i]].pending;  // injected at the next draft
+    pending.insert(pending.end(), features, features + prompts[i].size() * F);
     if (linear == 0) return;
-    for (size_t k = 0; k < linear; ++k) {  // a prefill commits all of it: the state after its last token
+    for (size_t k = 0; k < linear; ++k) {  // a prefill commits all of its chunk: the state after its last token
       conv[k] = conv_out(k, j, 0);
       recurrent[k] = recurrent_out(k, j, 0);
     }
@@ -292,7 +295,7 @@ std::vector<LogitsRows> OrtExecutor::prefill(const std::vector<int64_t>& rows,
   });
   for (size_t i = 0; i < rows.size(); ++i) {
     rows_[rows[i]].live = true;
-    rows_[rows[i]].committed = int64_t(prompts[i].size());
+    rows_[rows[i]].committed += int64_t(prompts[i].size());
   }
   return out;
 }

@@ -31,6 +31,9 @@ Scheduler::Scheduler(Executor& executor, const SchedulerConfig& config)
   if (config.block_size > config.capacity)
     throw Error("block_size " + std::to_string(config.block_size) + " is larger than a KV slot (" +
                 std::to_string(config.capacity) + " tokens)");
+  if (config.prefill_chunk < 0)
+    throw Error("prefill_chunk must be 0 (whole prompts) or at least 1 token, got " +
+                std::to_string(config.prefill_chunk));
   if (config.max_waiting < -1)
     throw Error("max_waiting must be -1 (no cap) or at least 0, got " + std::to_string(config.max_waiting));
 }
@@ -140,15 +143,17 @@ void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOu
   if (rows.empty()) return;
   const double start = RequestTiming::now();
   std::vector<int64_t> slots;
-  std::vector<std::vector<int64_t>> prompts;
+  std::vector<std::vector<int64_t>> chunks;
   for (Request* r : rows) {
+    const int64_t left = int64_t(r->prompt.size()) - r->prompt_done;
+    const int64_t n = config_.prefill_chunk > 0 ? std::min(left, config_.prefill_chunk) : left;
     slots.push_back(r->slot);
-    prompts.push_back(r->prompt);
-    slots_.reserve(r->slot, int64_t(r->prompt.size()));
+    chunks.emplace_back(r->prompt.begin() + r->prompt_done, r->prompt.begin() + r->prompt_done + n);
+    slots_.reserve(r->slot, n);
     if (!r->timing.scheduled) r->timing.scheduled = start;
   }
   const double prefill_start = RequestTiming::now();
-  const std::vector<LogitsRows> logits = executor_.prefill(slots, prompts);
+  const std::vector<LogitsRows> logits = executor_.prefill(slots, chunks);
   seconds_.prefill += RequestTiming::now() - prefill_start;
   DFLASH_INVARIANT(logits.size() == rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -156,7 +161,9 @@ void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOu
     if (logits[i].rows != 1)
       throw Error("executor prefill returned " + std::to_string(logits[i].rows) + " logits rows for slot " +
                   std::to_string(r.slot) + "; expected the last position's only");
-    slots_.commit(r.slot, int64_t(r.prompt.size()));
+    slots_.commit(r.slot, int64_t(chunks[i].size()));
+    r.prompt_done += int64_t(chunks[i].size());
+    if (r.prompt_done < int64_t(r.prompt.size())) continue;  // more chunks in the next steps
     r.prefilled = true;
     // The first token sits at sequence position len(prompt).
     const int64_t token = sample(logits[i].row(0), logits[i].vocab, r.params.sampling, r.stream,

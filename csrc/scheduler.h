@@ -1,5 +1,5 @@
 // scheduler.h: requests join and leave between steps; one step runs every live request through
-// admit -> pick rows -> prefill (new ones) -> choose block -> draft -> verify -> accept -> commit -> emit.
+// admit -> pick rows -> prefill (new ones, or their next prompt chunk) -> choose block -> draft -> verify -> accept -> commit -> emit.
 //
 // The scheduler keeps the books and makes every decision about tokens; the Executor runs models.
 // A request's tokens depend only on its prompt, its params and the logits its own rows produce:
@@ -34,6 +34,9 @@ struct SchedulerConfig {
   uint64_t engine_seed = 0;  // the seed of requests that bring none
   bool adaptive = false;     // choose the block per step in 1..block_size (adaptive.h)
   int64_t max_waiting = -1;  // requests queued beyond the slots; -1: no cap, 0: refuse when full
+  // Prompt tokens a request prefills per step; 0: the whole prompt at once. A long prompt then takes
+  // several steps, and the running requests keep decoding in each of them instead of waiting for it.
+  int64_t prefill_chunk = 0;
 };
 
 struct RequestParams {
@@ -109,7 +112,8 @@ class Scheduler {
     RequestParams params;
     uint64_t seed = 0, stream = 0;  // counter RNG key
     std::vector<int64_t> tokens;    // output so far; tokens.back() is the bonus, not yet in the cache
-    bool prefilled = false;
+    int64_t prompt_done = 0;  // prompt tokens in the cache (prefill_chunk at a time)
+    bool prefilled = false;   // the whole prompt is in, and its first token sampled
     Finish finish = Finish::kNone;
     SpecMetrics metrics;
     RequestTiming timing;

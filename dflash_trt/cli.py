@@ -491,8 +491,11 @@ def pack_corpus(src, dst):
 @click.option("--capacity", type=int, default=4096, show_default=True, help="Tokens per request (prompt + max_tokens).")
 @click.option("--block-size", type=int, default=None,
               help="Verify this many tokens every step (default: the engine picks each step's block from measured costs).")
+@click.option("--prefill-chunk", type=int, default=0, show_default=True,
+              help="Prefill at most this many prompt tokens per step, so a long prompt does not stall the running "
+                   "streams (0: whole prompts).")
 @user_errors
-def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block_size):
+def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block_size, prefill_chunk):
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /metrics) on Triton
     Inference Server: one decoupled Triton model runs every request through the batching engine."""
     from dflash_trt.serve.config import ServeConfig
@@ -501,7 +504,7 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
     if bundle is None and target is None:
         target = DEFAULT_TARGET
     config = ServeConfig(bundle=bundle, target=target, draft=draft, host=host, port=port, api_key=api_key,
-                         max_batch=max_batch, capacity=capacity, block_size=block_size)
+                         max_batch=max_batch, capacity=capacity, block_size=block_size, prefill_chunk=prefill_chunk)
     run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
 
 

@@ -61,13 +61,15 @@ def executor(llm, speculative: bool = True):
             self.speculative = speculative
             self.rows: dict[int, _Row] = {}
 
-        def prefill(self, rows, prompts):
+        def prefill(self, rows, chunks):
             out = []
-            for row, prompt in zip(rows, prompts, strict=True):
-                assert row not in self.rows, f"slot {row} was not released"
-                target, drafter = self.llm._sessions(self.speculative)
-                logits, features = target.prefill(prompt)
-                self.rows[row] = _Row(target, drafter, features)
+            for row, chunk in zip(rows, chunks, strict=True):
+                if row not in self.rows:  # a request's first chunk (or its whole prompt): new sessions
+                    self.rows[row] = _Row(*self.llm._sessions(self.speculative), features=None)
+                state = self.rows[row]
+                logits, features = state.target.prefill(chunk)  # after what the session holds
+                if features is not None:
+                    state.features = features if state.features is None else torch.cat([state.features, features])
                 out.append(_rows_of(logits))
             return out
 
@@ -160,6 +162,7 @@ class CoreEngine:
         max_waiting: int = -1,
         max_block: int | None = None,
         calibrate: bool = True,
+        prefill_chunk: int = 0,
     ):
         core = _core()
         if speculative and not llm.has_drafter:
@@ -185,6 +188,7 @@ class CoreEngine:
                 engine_seed=seed,
                 adaptive=adaptive,
                 max_waiting=max_waiting,
+                prefill_chunk=prefill_chunk,
             ),
         )
         if adaptive and calibrate and block > 1:

@@ -31,11 +31,13 @@ DEFAULT_MAX_BATCH = 8
 DEFAULT_CAPACITY = 4096  # tokens per KV slot: prompt + max_tokens must fit
 
 
-def check_batching(max_batch, capacity) -> None:
+def check_batching(max_batch, capacity, prefill_chunk=0) -> None:
     if not isinstance(max_batch, int) or max_batch < 1:
         raise DFlashError(f"max_batch must be an integer >= 1, got {max_batch!r}")
     if not isinstance(capacity, int) or capacity < 2:
         raise DFlashError(f"capacity must be an integer >= 2, got {capacity!r}")
+    if not isinstance(prefill_chunk, int) or prefill_chunk < 0:
+        raise DFlashError(f"prefill_chunk must be an integer >= 0 (0: whole prompts), got {prefill_chunk!r}")
 
 
 @dataclass
@@ -70,15 +72,18 @@ class BatchRunner:
     """Requests through the core, one `step()` at a time, on the caller's thread."""
 
     def __init__(self, llm, max_batch: int = DEFAULT_MAX_BATCH, capacity: int = DEFAULT_CAPACITY,
-                 speculative: bool = True, block_size: int | None = None, engine_seed: int | None = None):
+                 speculative: bool = True, block_size: int | None = None, engine_seed: int | None = None,
+                 prefill_chunk: int = 0):
         """`block_size` pins the verify block; None lets every step choose it in 1..the drafter's
-        trained block (`llm.max_block_size`) from measured costs and acceptance (adaptive)."""
-        check_batching(max_batch, capacity)
+        trained block (`llm.max_block_size`) from measured costs and acceptance (adaptive).
+        `prefill_chunk` N > 0 prefills N prompt tokens per step, so a long prompt does not stall the
+        running requests' steps; 0 prefills each prompt whole."""
+        check_batching(max_batch, capacity, prefill_chunk)
         self.llm = llm
         self.max_batch, self.capacity, self.speculative = max_batch, capacity, speculative
         self.core = CoreEngine(llm, max_batch=max_batch, capacity=capacity, block_size=block_size,
                                speculative=speculative, engine_seed=engine_seed,
-                               max_block=getattr(llm, "max_block_size", None))
+                               max_block=getattr(llm, "max_block_size", None), prefill_chunk=prefill_chunk)
         self.block_size = self.core.block_size  # metrics size their histograms by the largest block
         self._ids = itertools.count()
         self.live: dict[int, _Request] = {}  # core id -> request, waiting or running in the core
@@ -267,9 +272,10 @@ class Engine:
     every step that touched the request: keep them short (hand the output to a queue)."""
 
     def __init__(self, llm, max_batch: int = DEFAULT_MAX_BATCH, capacity: int = DEFAULT_CAPACITY,
-                 speculative: bool = True, block_size: int | None = None, engine_seed: int | None = None):
+                 speculative: bool = True, block_size: int | None = None, engine_seed: int | None = None,
+                 prefill_chunk: int = 0):
         self.llm = llm
-        self.runner = BatchRunner(llm, max_batch, capacity, speculative, block_size, engine_seed)
+        self.runner = BatchRunner(llm, max_batch, capacity, speculative, block_size, engine_seed, prefill_chunk)
         self.max_batch, self.capacity = max_batch, capacity
         self._cv = threading.Condition()
         self._inbox: list[tuple[str, object]] = []

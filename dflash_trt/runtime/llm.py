@@ -60,11 +60,12 @@ class LLM:
         block_size: int | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         capacity: int = DEFAULT_CAPACITY,
+        prefill_chunk: int = 0,
     ):
         if backend not in BACKENDS:
             raise DFlashError(f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}")
         _check_block_size(block_size)
-        self._batching(max_batch, capacity)
+        self._batching(max_batch, capacity, prefill_chunk)
         # PyTorch model code is imported here, on the torch path only: from_bundle never loads it.
         from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, resolve_draft
         from dflash_trt.models.pairing import validate_pair
@@ -109,20 +110,21 @@ class LLM:
 
     @classmethod
     def from_bundle(cls, path: str | Path, block_size: int | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-                    capacity: int = DEFAULT_CAPACITY) -> LLM:
+                    capacity: int = DEFAULT_CAPACITY, prefill_chunk: int = 0) -> LLM:
         """Run what `dflash-trt export` or `dflash-trt build` wrote: an ONNX bundle or an onnxruntime
         engine bundle on onnxruntime, TensorRT engines on the GPU. No PyTorch model code is used."""
         _check_block_size(block_size)
         llm = cls.__new__(cls)
-        llm._batching(max_batch, capacity)
+        llm._batching(max_batch, capacity, prefill_chunk)
         llm._load_bundle(Path(path), block_size)
         return llm
 
-    def _batching(self, max_batch: int, capacity: int) -> None:
+    def _batching(self, max_batch: int, capacity: int, prefill_chunk: int = 0) -> None:
         """How `generate` runs a list: up to `max_batch` requests at once, each in a KV slot of
-        `capacity` tokens (prompt + max_tokens must fit)."""
-        check_batching(max_batch, capacity)
-        self.max_batch, self.capacity = max_batch, capacity
+        `capacity` tokens (prompt + max_tokens must fit), prompts `prefill_chunk` tokens per step
+        (0: whole)."""
+        check_batching(max_batch, capacity, prefill_chunk)
+        self.max_batch, self.capacity, self.prefill_chunk = max_batch, capacity, prefill_chunk
         self._runners: dict[tuple, BatchRunner] = {}
 
     def _load_bundle(self, path: Path, block_size: int | None) -> None:
@@ -239,9 +241,10 @@ class LLM:
         """The core runner for this decoding mode and block size, made once and reused. Unless the
         block size was pinned, each step chooses its block (adaptive speculation, plain steps included)."""
         pinned = None if self.adaptive or not speculative else self.block_size
-        key = (speculative, pinned)
+        key = (speculative, pinned, self.prefill_chunk)
         if key not in self._runners:
-            self._runners[key] = BatchRunner(self, self.max_batch, self.capacity, speculative, pinned)
+            self._runners[key] = BatchRunner(self, self.max_batch, self.capacity, speculative, pinned,
+                                             prefill_chunk=self.prefill_chunk)
         return self._runners[key]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, speculative: bool = True) -> Iterator[RequestOutput]:

@@ -28,6 +28,7 @@ class ServeConfig:
     max_batch: int = 8
     capacity: int = 4096  # tokens per request (prompt + max_tokens)
     block_size: int | None = None  # None: the engine picks each step's block (adaptive); N pins it
+    prefill_chunk: int = 0  # prompt tokens prefilled per step (0: whole prompts)
     model_name: str | None = None  # what /v1/models lists (default: the bundle's or target's directory name)
     max_body_bytes: int = 1 << 20
 
@@ -40,6 +41,8 @@ class ServeConfig:
             raise DFlashError(f"bundle {self.bundle} is not a directory")
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
             raise DFlashError(f"--max-batch must be an integer >= 1, got {self.max_batch!r}")
+        if not isinstance(self.prefill_chunk, int) or self.prefill_chunk < 0:
+            raise DFlashError(f"--prefill-chunk must be an integer >= 0 (0: whole prompts), got {self.prefill_chunk!r}")
         if self.block_size is not None and self.block_size < 2:
             raise DFlashError(f"--block-size must be >= 2, got {self.block_size}")
         if not 0 <= self.port <= 65535:
@@ -61,6 +64,7 @@ class ServeConfig:
             "max_batch": str(self.max_batch),
             "capacity": str(self.capacity),
             "block_size": "" if self.block_size is None else str(self.block_size),
+            "prefill_chunk": str(self.prefill_chunk),
             "served_name": self.served_name,
         }
 

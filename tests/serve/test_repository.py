@@ -13,7 +13,8 @@ from dflash_trt.serve.triton import TritonInstall, stub_env
 def test_repository_holds_one_decoupled_python_model(tmp_path):
     target = tmp_path / "my target"
     target.mkdir()
-    config = ServeConfig(target=str(target), draft='odd "name"', max_batch=3, capacity=99, block_size=4)
+    config = ServeConfig(target=str(target), draft='odd "name"', max_batch=3, capacity=99, block_size=4,
+                         prefill_chunk=16)
     root = write_repository(tmp_path / "repo", config)
     text = (root / "dflash" / "config.pbtxt").read_text()
     assert 'backend: "python"' in text and "decoupled: true" in text
@@ -21,6 +22,7 @@ def test_repository_holds_one_decoupled_python_model(tmp_path):
     assert params['"target"'] == f'"{target.resolve()}"'  # a local directory, made absolute
     assert params['"draft"'] == r'"odd \"name\""'
     assert (params['"max_batch"'], params['"capacity"'], params['"block_size"']) == ('"3"', '"99"', '"4"')
+    assert params['"prefill_chunk"'] == '"16"'  # model.py hands it to the Engine
     assert (root / "dflash" / "1" / "model.py").read_text().startswith('"""Triton Python-backend model')
 
 
@@ -48,3 +50,5 @@ def test_config_refusals(tmp_path):
         ServeConfig()
     with pytest.raises(DFlashError, match="--port"):
         ServeConfig(target="x", port=70000)
+    with pytest.raises(DFlashError, match=r"--prefill-chunk must be an integer >= 0 \(0: whole prompts\), got -1"):
+        ServeConfig(target="x", prefill_chunk=-1)

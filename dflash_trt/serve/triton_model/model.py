@@ -35,7 +35,8 @@ class TritonPythonModel:
         else:
             self.llm = LLM(params["target"], params["draft"] or AUTO, backend="torch")
         self.engine = Engine(self.llm, max_batch=int(params["max_batch"]), capacity=int(params["capacity"]),
-                             block_size=int(params["block_size"]) if params["block_size"] else None)
+                             block_size=int(params["block_size"]) if params["block_size"] else None,
+                             prefill_chunk=int(params.get("prefill_chunk") or 0))
         self.metrics = EngineMetrics(pb_utils, params["served_name"])
         self.live = {}  # engine request id -> _Responder, for the cancellation poller
         self.lock = threading.Lock()
