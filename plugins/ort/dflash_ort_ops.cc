@@ -1,5 +1,6 @@
 // ONNX Runtime custom-op library for the `dflash` domain (CPU): dflash::InjectKV,
-// dflash::BlockAttention and dflash::GatedDeltaRule, thin wrappers over the reference kernels in plugins/<op>/.
+// dflash::BlockAttention and dflash::GatedDeltaRule, thin wrappers over the CPU kernels in plugins/<op>/ (the
+// reference kernels, but GatedDeltaRule's vectorised one-pass kernel, gated_delta_rule_cpu.h).
 // Load it with SessionOptions.register_custom_ops_library(path); it exports RegisterCustomOps.
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
@@ -12,7 +13,7 @@
 #include <string>
 
 #include "block_attention/block_attention_ref.h"
-#include "gated_delta_rule/gated_delta_rule_ref.h"
+#include "gated_delta_rule/gated_delta_rule_cpu.h"
 #include "inject_kv/inject_kv_ref.h"
 
 namespace {
@@ -110,7 +111,7 @@ struct GatedDeltaRule {
     require(s.tokens >= 1 && first >= 0 && first < s.tokens,
             "dflash::GatedDeltaRule: states_from must be in [0, tokens - 1] = [0, " + std::to_string(s.tokens - 1) +
                 "], got " + std::to_string(first));
-    dflash::gated_delta_rule_ref(
+    dflash::gated_delta_rule_cpu(
         s, query.Data(), key.Data(), value.Data(), g.Data(), beta.Data(), initial_state.Data(), first,
         out.Allocate(vs), states.Allocate({s.batch, s.tokens - first, s.value_heads, s.key_dim, s.value_dim}));
   }
