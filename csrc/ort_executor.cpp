@@ -117,8 +117,6 @@ OrtExecutor::OrtExecutor(const OrtExecutorConfig& config) : config_(config) {
   recurrent_size_ = c.linear_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
   conv_.assign(linear, std::vector<float>(c.max_batch * conv_size_));
   recurrent_.assign(linear, std::vector<float>(c.max_batch * recurrent_size_));
-  conv_states_.resize(linear);
-  recurrent_states_.resize(linear);
   rows_.resize(c.max_batch);
 }
 
@@ -173,6 +171,8 @@ void OrtExecutor::run_target(const std::vector<int64_t>& rows, const std::vector
         throw Error(std::string(kWhy) + ": token id " + std::to_string(id) + " is outside the vocabulary (" +
                     std::to_string(config_.vocab) + ")");
   }
+  ++phase_;
+  run_ = -1;
   for (const std::vector<size_t>& group : target_groups(rows, tokens)) {
     const int64_t lo = rows[group.front()], n = rows[group.back()] - lo + 1;
     int64_t s = 0;
@@ -193,9 +193,14 @@ void OrtExecutor::run_target(const std::vector<int64_t>& rows, const std::vector
     }
     logits_.resize(n * r * config_.vocab);
     features_.resize(n * s * config_.feature_width);
-    for (size_t k = 0; k < conv_states_.size(); ++k) {
-      conv_states_[k].resize(n * r * conv_size_);
-      recurrent_states_[k].resize(n * r * recurrent_size_);
+    if (++run_ == int64_t(state_runs_.size())) state_runs_.emplace_back();
+    StateRun& states = state_runs_[run_];
+    states.rows = r;
+    states.conv.resize(conv_.size());
+    states.recurrent.resize(conv_.size());
+    for (size_t k = 0; k < conv_.size(); ++k) {
+      states.conv[k].resize(n * r * conv_size_);
+      states.recurrent[k].resize(n * r * recurrent_size_);
     }
     run_target_range(lo, n, s, r);
     for (size_t i : group) {
@@ -237,22 +242,24 @@ void OrtExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r) 
   for (size_t k = 0; k < conv_.size(); ++k) {
     in(conv_in_[k].c_str(), rt.tensor(conv_[k].data() + lo * conv_size_, {n, c.conv_dim, K1}));
     in(recurrent_in_[k].c_str(), rt.tensor(recurrent_[k].data() + lo * recurrent_size_, {n, Hv, Dk, Dv}));
-    out(conv_out_names_[k].c_str(), rt.tensor(conv_states_[k].data(), {n, r, c.conv_dim, K1}));
-    out(recurrent_out_names_[k].c_str(), rt.tensor(recurrent_states_[k].data(), {n, r, Hv, Dk, Dv}));
+    StateRun& states = state_runs_[run_];
+    out(conv_out_names_[k].c_str(), rt.tensor(states.conv[k].data(), {n, r, c.conv_dim, K1}));
+    out(recurrent_out_names_[k].c_str(), rt.tensor(states.recurrent[k].data(), {n, r, Hv, Dk, Dv}));
   }
   out("logits", rt.tensor(logits_.data(), {n, r, c.vocab}));
   out("features", rt.tensor(features_.data(), {n, s, c.feature_width}));
   rt.run(target_, target_io_, "running target.onnx");
-  state_rows_ = r;
   ++target_runs_;
 }
 
-const float* OrtExecutor::conv_out(size_t k, int64_t j, int64_t pos) const {
-  return conv_states_[k].data() + (j * state_rows_ + pos) * conv_size_;
+const float* OrtExecutor::conv_out(int64_t run, size_t k, int64_t j, int64_t pos) const {
+  const StateRun& states = state_runs_[run];
+  return states.conv[k].data() + (j * states.rows + pos) * conv_size_;
 }
 
-const float* OrtExecutor::recurrent_out(size_t k, int64_t j, int64_t pos) const {
-  return recurrent_states_[k].data() + (j * state_rows_ + pos) * recurrent_size_;
+const float* OrtExecutor::recurrent_out(int64_t run, size_t k, int64_t j, int64_t pos) const {
+  const StateRun& states = state_runs_[run];
+  return states.recurrent[k].data() + (j * states.rows + pos) * recurrent_size_;
 }
 
 void OrtExecutor::set_states(int64_t row, const std::vector<const float*>& conv,
@@ -288,8 +295,8 @@ std::vector<LogitsRows> OrtExecutor::prefill(const std::vector<int64_t>& rows,
     pending.insert(pending.end(), features, features + prompts[i].size() * F);
     if (linear == 0) return;
     for (size_t k = 0; k < linear; ++k) {  // a prefill commits all of its chunk: the state after its last token
-      conv[k] = conv_out(k, j, 0);
-      recurrent[k] = recurrent_out(k, j, 0);
+      conv[k] = conv_out(run_, k, j, 0);
+      recurrent[k] = recurrent_out(run_, k, j, 0);
     }
     set_states(rows[i], conv, recurrent);
   });
@@ -305,7 +312,6 @@ std::vector<LogitsRows> OrtExecutor::verify(const std::vector<int64_t>& rows,
   for (int64_t row : rows) DFLASH_INVARIANT(state(row).live);
   std::vector<LogitsRows> out(rows.size());
   const int64_t V = config_.vocab, F = config_.feature_width;
-  const size_t linear = conv_.size();
   run_target(rows, blocks, false, [&](size_t i, int64_t j, const float* logits, const float* features) {
     const int64_t len = int64_t(blocks[i].size());
     out[i].rows = len;
@@ -314,13 +320,10 @@ std::vector<LogitsRows> OrtExecutor::verify(const std::vector<int64_t>& rows,
     Row& row = rows_[rows[i]];
     row.verify.assign(features, features + len * F);  // pending until commit says how many count
     row.verify_rows = len;
-    // The states after each block position, kept per row: a later Run of the phase reuses the scratch.
-    row.verify_conv.resize(linear);
-    row.verify_recurrent.resize(linear);
-    for (size_t k = 0; k < linear; ++k) {
-      row.verify_conv[k].assign(conv_out(k, j, 0), conv_out(k, j, 0) + len * conv_size_);
-      row.verify_recurrent[k].assign(recurrent_out(k, j, 0), recurrent_out(k, j, 0) + len * recurrent_size_);
-    }
+    // The states after each block position stay in this Run's outputs; commit copies one position's.
+    row.verify_phase = phase_;
+    row.verify_run = run_;
+    row.verify_index = j;
   });
   return out;
 }
@@ -335,10 +338,12 @@ void OrtExecutor::commit(const std::vector<int64_t>& rows, const std::vector<int
     row.committed += kept[i];
     row.pending.insert(row.pending.end(), row.verify.begin(), row.verify.begin() + kept[i] * F);
     if (kept[i] > 0 && !conv_.empty()) {  // the states after the last kept position; kept 0 keeps the slot's
+      // no target Run since this row's verify may have reused its outputs (the scheduler commits right after)
+      DFLASH_INVARIANT(row.verify_phase == phase_);
       std::vector<const float*> conv, recurrent;
       for (size_t k = 0; k < conv_.size(); ++k) {
-        conv.push_back(row.verify_conv[k].data() + (kept[i] - 1) * conv_size_);
-        recurrent.push_back(row.verify_recurrent[k].data() + (kept[i] - 1) * recurrent_size_);
+        conv.push_back(conv_out(row.verify_run, k, row.verify_index, kept[i] - 1));
+        recurrent.push_back(recurrent_out(row.verify_run, k, row.verify_index, kept[i] - 1));
       }
       set_states(rows[i], conv, recurrent);
     }

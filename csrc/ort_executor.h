@@ -83,8 +83,15 @@ class OrtExecutor : public Executor {
     std::vector<float> pending;  // features [*, F] of committed positions not yet injected
     std::vector<float> verify;   // features [len(block), F] of the last verify, until commit
     int64_t verify_rows = 0;
-    // per linear layer, the states after each position of the last verify [len(block), size], until commit
-    std::vector<std::vector<float>> verify_conv, verify_recurrent;
+    // where the states after each position of the last verify lie until commit: Run `verify_run`
+    // of target phase `verify_phase`, range row `verify_index` (nothing is copied before commit)
+    int64_t verify_phase = -1, verify_run = -1, verify_index = -1;
+  };
+  // One target Run's state outputs per linear layer, [n, r, size]; a phase keeps one per Run, so
+  // its rows' states stay where the graph wrote them until the next phase.
+  struct StateRun {
+    int64_t rows = 0;  // r
+    std::vector<std::vector<float>> conv, recurrent;
   };
   const Row& state(int64_t row) const;
   Row& state(int64_t row);
@@ -96,9 +103,10 @@ class OrtExecutor : public Executor {
   void run_target(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& tokens, bool last_only,
                   F&& take);
   void run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r);
-  // Linear layer k's conv / recurrent state after logits row `pos` of range row j, in the last Run's outputs.
-  const float* conv_out(size_t k, int64_t j, int64_t pos) const;
-  const float* recurrent_out(size_t k, int64_t j, int64_t pos) const;
+  // Linear layer k's conv / recurrent state after logits row `pos` of range row j, in Run `run` of
+  // the current phase.
+  const float* conv_out(int64_t run, size_t k, int64_t j, int64_t pos) const;
+  const float* recurrent_out(int64_t run, size_t k, int64_t j, int64_t pos) const;
   // Copies every linear layer's state out of (conv, recurrent) into slot `row` (both empty: zeros).
   void set_states(int64_t row, const std::vector<const float*>& conv, const std::vector<const float*>& recurrent);
   std::vector<std::vector<size_t>> target_groups(const std::vector<int64_t>& rows,
@@ -119,13 +127,14 @@ class OrtExecutor : public Executor {
   std::vector<std::vector<float>> conv_, recurrent_;  // per linear layer: [max_batch, conv_size_ | recurrent_size_]
   std::vector<Row> rows_;
   int64_t target_runs_ = 0;
-  int64_t state_rows_ = 0;  // r of the last target Run: its state outputs are [n, r, size]
+  int64_t phase_ = 0;       // target phases (prefill or verify calls) so far
+  int64_t run_ = -1;        // the Run of the current phase whose rows `take` sees
+  std::vector<StateRun> state_runs_;  // the current phase's Runs (grown, never shrunk)
 
   // Host buffers rewritten before each Run (grown, never shrunk).
   std::vector<int64_t> ids_, cache_lengths_, query_lengths_, logits_index_, positions_, lengths_, tokens_;
   std::vector<float> logits_, features_;
   std::vector<std::vector<float>> context_;  // per draft cache: new rows out of injection, then packed context
-  std::vector<std::vector<float>> conv_states_, recurrent_states_;  // per linear layer: the Run's [n, r, size]
 };
 
 }  // namespace dflash
