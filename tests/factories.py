@@ -84,7 +84,12 @@ def make_target(path: Path, family: str = "qwen3", seed: int = 0, tokenizer: boo
     """Write a random tiny target checkpoint (config.json + model.safetensors [+ tokenizer])."""
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(target_config(family, **config), dtype=torch.float32)
-    # Default init gives near-uniform logits; scale up so greedy choices are decisive, as in real models.
+    return _save_decisive(model, path, tokenizer)
+
+
+def _save_decisive(model, path: Path, tokenizer: bool) -> Path:
+    """Save a random model with its matrices scaled up, so that greedy choices are decisive as in
+    real models (default init gives near-uniform logits), with no EOS (+ the byte tokenizer)."""
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
@@ -216,12 +221,4 @@ def make_vl_target(path: Path, family: str = "qwen3_5", seed: int = 0, tokenizer
     torch.manual_seed(seed)
     config = vl_config(family, tie_word_embeddings, **text)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # decisive greedy choices, as make_target
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(4.0)
-    model.generation_config.eos_token_id = None
-    model.save_pretrained(path)
-    if tokenizer:
-        byte_tokenizer().save_pretrained(path)
-    return path
+    return _save_decisive(model, path, tokenizer)

@@ -49,3 +49,18 @@ def drive(engine, work):
         step += 1
         assert step < 2000, "the engine does not finish"
     return [engine.outputs[ids[i]] for i in range(len(work))]
+
+
+def decode_together(core, sched, prompts, max_tokens, block_size):
+    """Run `prompts` to `max_tokens` each, all added at once -> (tokens, drafts accepted per verify
+    step while the block was not cut short by the request's end), one list per prompt."""
+    ids = [sched.add_request(p, core.RequestParams(max_tokens=max_tokens, ignore_eos=True)) for p in prompts]
+    tokens, accepted, drafts = {i: [] for i in ids}, {i: [] for i in ids}, {i: 0 for i in ids}
+    while sched.has_work:
+        for out in sched.step():
+            i, m = out["request"], out["metrics"]
+            if m["num_drafts"] > drafts[i] and max_tokens - len(tokens[i]) >= block_size:
+                accepted[i].append(m["num_accepted_tokens"] - sum(accepted[i]))
+            drafts[i] = m["num_drafts"]
+            tokens[i] += out["new_tokens"]
+    return [tokens[i] for i in ids], [accepted[i] for i in ids]

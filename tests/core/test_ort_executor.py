@@ -10,6 +10,7 @@ import shutil
 import numpy as np
 import pytest
 from factories import export_tiny_slots_bundle, make_drafter, make_target
+from scheduler_checks import decode_together
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.bundle import export_bundle
@@ -114,21 +115,6 @@ def drive(core, sched, work):
         step += 1
         assert step < 2000, "the scheduler does not finish"
     return tokens, metrics
-
-
-def decode_together(core, sched, prompts, max_tokens, block_size):
-    """Run `prompts` to `max_tokens` each, all added at once -> (tokens, drafts accepted per verify
-    step while the block was not cut short by the request's end), one list per prompt."""
-    ids = [sched.add_request(p, core.RequestParams(max_tokens=max_tokens, ignore_eos=True)) for p in prompts]
-    tokens, accepted, drafts = {i: [] for i in ids}, {i: [] for i in ids}, {i: 0 for i in ids}
-    while sched.has_work:
-        for out in sched.step():
-            i, m = out["request"], out["metrics"]
-            if m["num_drafts"] > drafts[i] and max_tokens - len(tokens[i]) >= block_size:
-                accepted[i].append(m["num_accepted_tokens"] - sum(accepted[i]))
-            drafts[i] = m["num_drafts"]
-            tokens[i] += out["new_tokens"]
-    return [tokens[i] for i in ids], [accepted[i] for i in ids]
 
 
 @pytest.mark.parametrize("block_size", [1, 4])

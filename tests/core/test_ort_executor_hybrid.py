@@ -7,6 +7,7 @@ logits equal the torch target's through split Runs and a commit that keeps nothi
 import numpy as np
 import pytest
 from factories import export_tiny_slots_bundle, make_drafter, make_target
+from scheduler_checks import decode_together
 
 from dflash_trt import LLM, SamplingParams
 from dflash_trt.errors import DFlashError
@@ -110,21 +111,6 @@ def reference(target, drafter, prompt, max_tokens, block_size):
         if len(tokens) >= max_tokens:
             break
     return tokens[:max_tokens], accepted
-
-
-def decode_together(core, sched, prompts, max_tokens, block_size):
-    """All prompts added at once -> (tokens, drafts accepted per verify step while the block was not
-    cut short by the request's end), one list per prompt."""
-    ids = [sched.add_request(p, core.RequestParams(max_tokens=max_tokens, ignore_eos=True)) for p in prompts]
-    tokens, accepted, drafts = {i: [] for i in ids}, {i: [] for i in ids}, {i: 0 for i in ids}
-    while sched.has_work:
-        for out in sched.step():
-            i, m = out["request"], out["metrics"]
-            if m["num_drafts"] > drafts[i] and max_tokens - len(tokens[i]) >= block_size:
-                accepted[i].append(m["num_accepted_tokens"] - sum(accepted[i]))
-            drafts[i] = m["num_drafts"]
-            tokens[i] += out["new_tokens"]
-    return [tokens[i] for i in ids], [accepted[i] for i in ids]
 
 
 def scheduler(core, ort, bundle, max_batch, block_size, capacity=64):
