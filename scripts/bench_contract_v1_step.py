@@ -14,9 +14,9 @@ import argparse
 import json
 import platform
 import random
-import statistics
-import time
 from pathlib import Path
+
+from bench_ort_executor import timed  # scripts/ is on sys.path when a script runs
 
 from dflash_trt.runtime.ort_backend import OrtBundle, OrtTargetSession
 
@@ -32,14 +32,8 @@ def measure(bundle: OrtBundle, cached: int, block: int, repeats: int) -> dict:
         session.forward(ids)
         session.commit(0)  # keep nothing: the next repeat verifies at the same length
 
-    step()  # warm-up: onnxruntime plans a new shape on its first run
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - start) * 1e3)
-    return {"batch": 1, "cached": cached, "block": block, "verify_ms": statistics.median(times),
-            "verify_min_ms": min(times)}
+    median, least = timed(step, repeats)  # after a warm-up: onnxruntime plans a new shape on its first run
+    return {"batch": 1, "cached": cached, "block": block, "verify_ms": median, "verify_min_ms": least}
 
 
 def main() -> None:

@@ -20,12 +20,11 @@ import argparse
 import json
 import platform
 import random
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from bench_ort_executor import timed as median_min  # scripts/ is on sys.path when a script runs
 from transformers import AutoModelForCausalLM
 from transformers.models.qwen3_5 import Qwen3_5TextConfig
 
@@ -57,13 +56,8 @@ def make_pair(root: Path):
 
 
 def timed(step, repeats: int) -> dict:
-    step()  # warm-up: onnxruntime plans a new shape on its first run
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - start) * 1e3)
-    return {"median_ms": round(statistics.median(times), 2), "min_ms": round(min(times), 2)}
+    median, least = median_min(step, repeats)  # after a warm-up: onnxruntime plans a new shape on its first run
+    return {"median_ms": round(median, 2), "min_ms": round(least, 2)}
 
 
 def measure_bundle(path: Path, prompt: list[int], block: list[int], keep: int, repeats: int) -> dict:

@@ -64,3 +64,28 @@ def decode_together(core, sched, prompts, max_tokens, block_size):
             drafts[i] = m["num_drafts"]
             tokens[i] += out["new_tokens"]
     return [tokens[i] for i in ids], [accepted[i] for i in ids]
+
+
+def python_loop(target, drafter, prompt, max_tokens, block_size):
+    """(tokens, accepted drafts per verify step) of the Python reference loop on the torch models, greedy;
+    block 1: autoregressive. A step cut short by max_tokens records no acceptance."""
+    from dflash_trt.runtime.torch_backend import TorchDraftSession, TorchTargetSession
+    from dflash_trt.spec.loop import autoregressive_decode, speculative_decode
+    from dflash_trt.spec.sampling import Sampler
+
+    sampler = Sampler(SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    if block_size == 1:
+        steps = autoregressive_decode(TorchTargetSession(target, ()), prompt, sampler)
+    else:
+        taps = drafter.config.target_layer_ids
+        steps = speculative_decode(TorchTargetSession(target, taps), TorchDraftSession(drafter, target), prompt,
+                                   block_size, sampler)
+    tokens, accepted = [], []
+    for step in steps:
+        if len(tokens) + len(step.tokens) <= max_tokens and step.accepted is not None:
+            accepted.append(step.accepted)
+        tokens += step.tokens
+        if len(tokens) >= max_tokens:
+            break
+    return tokens[:max_tokens], accepted
+

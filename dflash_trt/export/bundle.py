@@ -23,7 +23,6 @@ from dflash_trt.export.delta_rule_loop import lower_gated_delta_rule
 from dflash_trt.export.graphs import DraftBlockGraph, DraftContextGraph, TargetGraph, export_refusal, kv_names
 from dflash_trt.export.half_attention import register_half_attention
 from dflash_trt.export.hybrid_graphs import (
-    HYBRID_TARGETS,
     HybridTargetGraph,
     hybrid_target_spec,
     linear_attention_shapes,
@@ -70,7 +69,7 @@ def _graph_specs(target: TargetModel, drafter: DFlashDrafter, dtype: str = "floa
     features = len(d.target_layer_ids) * target.hidden_size
     vocab = target.vocab_size
     draft_vocab = _draft_vocab_size(target, drafter)
-    hybrid = target.model_type in HYBRID_TARGETS
+    hybrid = target.is_stateful
     if flavour == "slots":
         own = (hybrid_slot_target_spec(t, vocab, features, dtype) if hybrid
                else slot_target_spec(tl, t_kv[0], t_kv[1], vocab, features, dtype))
@@ -252,7 +251,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
     if out.exists() and not force:
         raise DFlashError(f"{out} already exists; pass --force to replace it")
     d = drafter.config
-    hybrid = target.model_type in HYBRID_TARGETS
+    hybrid = target.is_stateful
     plugin, slots = flavour == "plugin", flavour == "slots"
     refusal = export_refusal(target.model_type)
     if refusal:

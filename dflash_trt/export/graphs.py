@@ -21,14 +21,13 @@ from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.export.hybrid_graphs import HYBRID_TARGETS
 from dflash_trt.export.moe import export_mlp
 from dflash_trt.models.drafter import DFlashDrafter
-from dflash_trt.models.target import TargetModel
+from dflash_trt.models.target import HYBRID_RECURRENT, TargetModel
 
 # qwen3_moe: its sparse MoE MLPs trace through moe.DenseRoutedMoE (all experts, dense routing);
 # the hybrid families (Gated DeltaNet + gated attention) through hybrid_graphs.HybridTargetGraph
-EXPORTABLE_TARGETS = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe"}) | HYBRID_TARGETS
+EXPORTABLE_TARGETS = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe"}) | HYBRID_RECURRENT
 
 
 def export_refusal(model_type: str) -> str | None:
@@ -68,6 +67,18 @@ def project_qkv(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     return q, k, attn.v_proj(h)
 
 
+def causal_mask(positions: torch.Tensor, past_lengths: torch.Tensor, p: int):
+    """Queries at `positions` [b, s] over a past of `p` slots (row b valid below past_lengths[b])
+    and the s new keys -> (diff [b, s, p + s]: query minus key position, causal [b, s, p + s]: the key
+    is valid and not after the query)."""
+    b = positions.shape[0]
+    past_index = torch.arange(p, device=positions.device)[None].expand(b, p)
+    key_positions = torch.cat([past_index, positions], dim=1)  # [b, p + s]
+    key_valid = torch.cat([past_index < past_lengths[:, None], torch.ones_like(positions, dtype=torch.bool)], dim=1)
+    diff = positions[:, :, None] - key_positions[:, None, :]
+    return diff, key_valid[:, None, :] & (diff >= 0)
+
+
 class TargetGraph(nn.Module):
     """Prefill and verify over an explicit KV cache, reusing the HF modules' weights and RoPE."""
 
@@ -76,7 +87,7 @@ class TargetGraph(nn.Module):
         refusal = export_refusal(target.model_type)
         if refusal:
             raise DFlashError(refusal)
-        if target.model_type in HYBRID_TARGETS:
+        if target.is_stateful:
             raise DFlashError(f"export: '{target.model_type}' has recurrent layers: its graph is HybridTargetGraph")
         self.model = target.model.model
         self.lm_head = target.lm_head
@@ -90,16 +101,11 @@ class TargetGraph(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, past_lengths: torch.Tensor, logits_from: torch.Tensor,
                 *past: torch.Tensor):
-        b, s = input_ids.shape
+        s = input_ids.shape[1]
         x = self.model.embed_tokens(input_ids)
         positions = past_lengths[:, None] + torch.arange(s, device=input_ids.device)[None]  # [b, s]
         cos, sin = self.model.rotary_emb(x, positions)
-        p = past[0].shape[2]
-        past_index = torch.arange(p, device=input_ids.device)[None].expand(b, p)
-        key_positions = torch.cat([past_index, positions], dim=1)  # [b, p + s]
-        key_valid = torch.cat([past_index < past_lengths[:, None], torch.ones_like(positions, dtype=torch.bool)], dim=1)
-        diff = positions[:, :, None] - key_positions[:, None, :]  # [b, s, p + s]
-        causal = key_valid[:, None, :] & (diff >= 0)
+        diff, causal = causal_mask(positions, past_lengths, past[0].shape[2])
         features, present = [], []
         for index, layer in enumerate(self.model.layers):
             window = _layer_window(self.config, index)

@@ -25,10 +25,9 @@ from torch import nn
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.delta_rule import gated_delta_rule, gated_delta_rule_at
+from dflash_trt.export.graphs import causal_mask
 from dflash_trt.export.moe import export_mlp
 from dflash_trt.models.target import TargetModel
-
-HYBRID_TARGETS = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
 
 
 def layer_indices(config, kind: str) -> list[int]:
@@ -57,24 +56,31 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
 
 
-def gated_attention(attn, h, cos, sin, past_k, past_v, mask):
-    """Qwen3-Next / Qwen3.5 full attention: q_proj yields the query and a sigmoid output gate."""
+def gated_qk(attn, h, cos, sin):
+    """Qwen3-Next / Qwen3.5 full attention's inputs: q_proj yields the query and an output gate ->
+    q [b, heads, s, d] and k [b, kv_heads, s, d] after the per-head norms and (partial) RoPE, and
+    the gate's sigmoid [b, s, heads * d]."""
     b, s, _ = h.shape
     d = attn.head_dim
     q, gate = torch.chunk(attn.q_proj(h).view(b, s, -1, 2 * d), 2, dim=-1)
     q = attn.q_norm(q).transpose(1, 2)
     k = attn.k_norm(attn.k_proj(h).view(b, s, -1, d)).transpose(1, 2)
-    v = attn.v_proj(h).view(b, s, -1, d).transpose(1, 2)
     cos, sin = cos[:, None], sin[:, None]
-    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    return rotate(q, cos, sin), rotate(k, cos, sin), torch.sigmoid(gate.reshape(b, s, -1))
+
+
+def gated_attention(attn, h, cos, sin, past_k, past_v, mask):
+    """Gated full attention over the past K/V (grown by concatenation, contract 1)."""
+    b, s, _ = h.shape
+    q, k, gate = gated_qk(attn, h, cos, sin)
+    v = attn.v_proj(h).view(b, s, -1, attn.head_dim).transpose(1, 2)
     k_all, v_all = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
     groups = q.shape[1] // k.shape[1]
     out = nn.functional.scaled_dot_product_attention(
         q, k_all.repeat_interleave(groups, dim=1), v_all.repeat_interleave(groups, dim=1),
         attn_mask=mask, scale=attn.scaling,
     )
-    out = out.transpose(1, 2).reshape(b, s, -1) * torch.sigmoid(gate.reshape(b, s, -1))
-    return attn.o_proj(out), k_all, v_all
+    return attn.o_proj(out.transpose(1, 2).reshape(b, s, -1) * gate), k_all, v_all
 
 
 def _projections(mod, h):
@@ -143,7 +149,7 @@ class HybridTargetGraph(nn.Module):
 
     def __init__(self, target: TargetModel, taps: tuple[int, ...]):
         super().__init__()
-        if target.model_type not in HYBRID_TARGETS:
+        if not target.is_stateful:
             raise DFlashError(f"export: '{target.model_type}' is not a hybrid target")
         self.model = target.model.model
         self.lm_head = target.lm_head
@@ -155,20 +161,21 @@ class HybridTargetGraph(nn.Module):
         self.mlps = nn.ModuleList(export_mlp(layer.mlp) for layer in self.model.layers)
         self.normed_taps = {k for k in taps if k == target.num_layers - 1}  # as TargetGraph
 
+    def by_layer(self, caches):
+        """The graph's cache inputs -> ({attention layer: (K, V)}, {linear layer: (conv, recurrent)})."""
+        first_state = 2 * len(self.attention)
+        kv = {i: caches[2 * n: 2 * n + 2] for n, i in enumerate(self.attention)}
+        states = {i: caches[first_state + 2 * n: first_state + 2 * n + 2] for n, i in enumerate(self.linear)}
+        return kv, states
+
     def forward(self, input_ids: torch.Tensor, past_lengths: torch.Tensor, logits_from: torch.Tensor,
                 *caches: torch.Tensor):
-        b, s = input_ids.shape
-        kv = {i: caches[2 * n: 2 * n + 2] for n, i in enumerate(self.attention)}
-        first_state = 2 * len(self.attention)
-        states = {i: caches[first_state + 2 * n: first_state + 2 * n + 2] for n, i in enumerate(self.linear)}
+        s = input_ids.shape[1]
+        kv, states = self.by_layer(caches)
         x = self.model.embed_tokens(input_ids)
         positions = past_lengths[:, None] + torch.arange(s, device=input_ids.device)[None]  # [b, s]
         cos, sin = self.model.rotary_emb(x, positions)
-        p = caches[0].shape[2]
-        past_index = torch.arange(p, device=input_ids.device)[None].expand(b, p)
-        key_positions = torch.cat([past_index, positions], dim=1)
-        key_valid = torch.cat([past_index < past_lengths[:, None], torch.ones_like(positions, dtype=torch.bool)], dim=1)
-        mask = (key_valid[:, None, :] & (positions[:, :, None] - key_positions[:, None, :] >= 0))[:, None]
+        mask = causal_mask(positions, past_lengths, caches[0].shape[2])[1][:, None]
         features, present, new_states = [], [], []
         for index, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)

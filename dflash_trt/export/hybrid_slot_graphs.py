@@ -21,10 +21,10 @@ import torch
 
 from dflash_trt.export.hybrid_graphs import (
     HybridTargetGraph,
+    gated_qk,
     layer_indices,
     linear_attention_at,
     linear_attention_shapes,
-    rotate,
 )
 from dflash_trt.export.slot_ops import slot_attention
 
@@ -54,17 +54,12 @@ def hybrid_slot_target_spec(config, vocab: int, features: int, dtype: str) -> di
 def gated_slot_attention(attn, h, cos, sin, key_cache, value_cache, cache_lengths, query_lengths):
     """hybrid_graphs.gated_attention over slot caches: the new K/V written at each row's offset."""
     b, s, _ = h.shape
-    d = attn.head_dim
-    q, gate = torch.chunk(attn.q_proj(h).view(b, s, -1, 2 * d), 2, dim=-1)
-    q = attn.q_norm(q).transpose(1, 2)
-    k = attn.k_norm(attn.k_proj(h).view(b, s, -1, d)).transpose(1, 2)
-    cos, sin = cos[:, None], sin[:, None]
-    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    q, k, gate = gated_qk(attn, h, cos, sin)
     heads, kv_heads = q.shape[1], k.shape[1]
     out, key_cache, value_cache = slot_attention(
         q.transpose(1, 2).reshape(b, s, -1), k.transpose(1, 2).reshape(b, s, -1), attn.v_proj(h), key_cache,
         value_cache, cache_lengths, query_lengths, heads, kv_heads, attn.scaling, 0)
-    return attn.o_proj(out * torch.sigmoid(gate.reshape(b, s, -1))), key_cache, value_cache
+    return attn.o_proj(out * gate), key_cache, value_cache
 
 
 class HybridSlotTargetGraph(HybridTargetGraph):
@@ -73,9 +68,7 @@ class HybridSlotTargetGraph(HybridTargetGraph):
     def forward(self, input_ids: torch.Tensor, cache_lengths: torch.Tensor, query_lengths: torch.Tensor,
                 logits_index: torch.Tensor, *caches: torch.Tensor):
         s = input_ids.shape[1]
-        kv = {i: caches[2 * n: 2 * n + 2] for n, i in enumerate(self.attention)}
-        first_state = 2 * len(self.attention)
-        states = {i: caches[first_state + 2 * n: first_state + 2 * n + 2] for n, i in enumerate(self.linear)}
+        kv, states = self.by_layer(caches)
         x = self.model.embed_tokens(input_ids)
         positions = cache_lengths[:, None] + torch.arange(s, device=input_ids.device)[None]  # [b, s]
         cos, sin = self.model.rotary_emb(x, positions)

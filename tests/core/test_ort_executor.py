@@ -10,14 +10,12 @@ import shutil
 import numpy as np
 import pytest
 from factories import export_tiny_slots_bundle, make_drafter, make_target
-from scheduler_checks import decode_together
+from scheduler_checks import decode_together, python_loop
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.bundle import export_bundle
 from dflash_trt.models.checkpoints import load_drafter, load_target
-from dflash_trt.runtime.torch_backend import TorchDraftSession, TorchTargetSession
-from dflash_trt.spec.loop import autoregressive_decode, speculative_decode
-from dflash_trt.spec.sampling import Sampler, SamplingParams
+from dflash_trt.runtime.torch_backend import TorchTargetSession
 
 
 @pytest.fixture(scope="module")
@@ -59,26 +57,7 @@ def reference(pair, prompt, max_tokens, block_size=1):
     _, target, drafter, _ = pair
     key = (id(target), tuple(prompt), max_tokens, block_size)
     if key not in _REF:
-        sampler = Sampler(SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-        if block_size == 1:
-            steps = autoregressive_decode(TorchTargetSession(target, ()), prompt, sampler)
-        else:
-            taps = drafter.config.target_layer_ids
-            steps = speculative_decode(
-                TorchTargetSession(target, taps),
-                TorchDraftSession(drafter, target),
-                prompt,
-                block_size,
-                sampler,
-            )
-        tokens, accepted = [], []
-        for step in steps:
-            if len(tokens) + len(step.tokens) <= max_tokens and step.accepted is not None:
-                accepted.append(step.accepted)
-            tokens += step.tokens
-            if len(tokens) >= max_tokens:
-                break
-        _REF[key] = (tokens[:max_tokens], accepted)
+        _REF[key] = python_loop(target, drafter, prompt, max_tokens, block_size)
     return _REF[key]
 
 

@@ -7,15 +7,13 @@ logits equal the torch target's through split Runs and a commit that keeps nothi
 import numpy as np
 import pytest
 from factories import export_tiny_slots_bundle, make_drafter, make_target
-from scheduler_checks import decode_together
+from scheduler_checks import decode_together, python_loop
 
 from dflash_trt import LLM, SamplingParams
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.bundle import export_bundle
 from dflash_trt.models.checkpoints import load_drafter, load_target
-from dflash_trt.runtime.torch_backend import TorchDraftSession, TorchTargetSession
-from dflash_trt.spec.loop import autoregressive_decode, speculative_decode
-from dflash_trt.spec.sampling import Sampler
+from dflash_trt.runtime.torch_backend import TorchTargetSession
 
 FAMILIES = ["qwen3_5_text", "qwen3_next"]
 PROMPTS = ["abc", [5, 6, 7], "hello there", [1] * 9, "x", [3, 1, 4, 1, 5, 9, 2, 6]]
@@ -94,25 +92,6 @@ def test_greedy_equals_autoregressive_decoding(hybrid, block_size):
         assert out.token_ids == want.token_ids, prompt
 
 
-def reference(target, drafter, prompt, max_tokens, block_size):
-    """(tokens, accepted drafts per verify step) of the Python loop on the torch models, greedy."""
-    sampler = Sampler(SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-    if block_size == 1:
-        steps = autoregressive_decode(TorchTargetSession(target, ()), prompt, sampler)
-    else:
-        taps = drafter.config.target_layer_ids
-        steps = speculative_decode(TorchTargetSession(target, taps), TorchDraftSession(drafter, target), prompt,
-                                   block_size, sampler)
-    tokens, accepted = [], []
-    for step in steps:
-        if len(tokens) + len(step.tokens) <= max_tokens and step.accepted is not None:
-            accepted.append(step.accepted)
-        tokens += step.tokens
-        if len(tokens) >= max_tokens:
-            break
-    return tokens[:max_tokens], accepted
-
-
 def scheduler(core, ort, bundle, max_batch, block_size, capacity=64):
     executor = ort.ort_executor(bundle, max_batch=max_batch, capacity=capacity)
     config = core.SchedulerConfig(max_batch=max_batch, capacity=capacity, block_size=block_size, engine_seed=0)
@@ -129,8 +108,8 @@ def test_acceptance_per_step_equals_the_python_loop(core, ort, small_vocab, bloc
     tokens, accepted = decode_together(core, sched, prompts, max_tokens, block_size)
     everything = []
     for ours, accepts, prompt in zip(tokens, accepted, prompts, strict=True):
-        ref_tokens, ref_accepted = reference(target, drafter, prompt, max_tokens, block_size)
-        assert ours == ref_tokens == reference(target, drafter, prompt, max_tokens, 1)[0]
+        ref_tokens, ref_accepted = python_loop(target, drafter, prompt, max_tokens, block_size)
+        assert ours == ref_tokens == python_loop(target, drafter, prompt, max_tokens, 1)[0]
         assert accepts == ref_accepted[: len(accepts)] and len(accepts) >= 4
         everything += accepts
     # rejections (kept 1) and accepted drafts (kept >= 2: a state past the block's first position) both happened
@@ -158,7 +137,7 @@ def test_a_slot_freed_by_an_abort_starts_from_zero_states(core, ort, small_vocab
         for out in sched.step():
             tokens[out["request"]] += out["new_tokens"]
     for i, prompt in [(ids[0], prompts[0]), (ids[2], prompts[2]), (late, late_prompt)]:
-        assert tokens[i] == reference(target, drafter, prompt, 16, 1)[0], prompt
+        assert tokens[i] == python_loop(target, drafter, prompt, 16, 1)[0], prompt
 
 
 def test_phase_logits_equal_the_torch_target_through_split_runs_and_rollback(ort, small_vocab):
