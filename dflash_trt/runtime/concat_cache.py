@@ -14,10 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 
-def target_cache_layout(info: dict, dtype: str) -> list[tuple[str, tuple[int, ...], str]]:
-    """bundle.json's `target` entry -> (kind, empty shape for one row, dtype) per cache input of the
-    target graph, in order: "kv" per full-attention layer's K and V, then "conv" and "recurrent" per
-    linear-attention layer (the recurrent state is float32 whatever the bundle's dtype)."""
+def cache_layout(info: dict, dtype: str) -> list[tuple[str, tuple[int, ...], str]]:
+    """bundle.json's `target` or `draft` entry -> (kind, empty shape for one row, dtype) per cache
+    input of its graph, in order: "kv" per full-attention layer's K and V, then "conv" and
+    "recurrent" per linear-attention layer of a hybrid target (the recurrent state is float32
+    whatever the bundle's dtype)."""
     linear = info.get("linear_attention")
     types = info.get("layer_types") or ["full_attention"] * info["num_layers"]
     kv = ("kv", (1, info["num_key_value_heads"], 0, info["head_dim"]), dtype)

@@ -16,7 +16,7 @@ import torch
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.manifest import GRAPHS
 from dflash_trt.export.op_library import check_library_version, onnxruntime_refusal, session_options
-from dflash_trt.runtime.concat_cache import ConcatCacheTarget, target_cache_layout
+from dflash_trt.runtime.concat_cache import ConcatCacheTarget, cache_layout
 from dflash_trt.runtime.engine_bundles import open_bundle
 
 
@@ -59,20 +59,15 @@ class OrtBundle:
         }
         self.graphs = self.manifest["graphs"]
 
-    def empty_cache(self, who: str) -> list[np.ndarray]:
-        info = self.manifest[who]
-        shape = (1, info["num_key_value_heads"], 0, info["head_dim"])
-        return [np.zeros(shape, self.dtype) for _ in range(2 * info["num_layers"])]
-
-    def empty_target_cache(self) -> tuple[list[np.ndarray], list[str]]:
-        """The target's caches before a prompt (K/V, and a hybrid's zero states) and their kinds."""
-        layout = target_cache_layout(self.manifest["target"], self.dtype)
+    def empty_cache(self, who: str) -> tuple[list[np.ndarray], list[str]]:
+        """`who`'s ("target" or "draft") caches before a prompt (K/V, and a hybrid's zero states) and their kinds."""
+        layout = cache_layout(self.manifest[who], self.dtype)
         return [np.zeros(shape, dtype) for _, shape, dtype in layout], [kind for kind, _, _ in layout]
 
 
 class OrtTargetSession(ConcatCacheTarget):
     def __init__(self, bundle: OrtBundle):
-        super().__init__(*bundle.empty_target_cache())
+        super().__init__(*bundle.empty_cache("target"))
         self.session = bundle.sessions["target"]
         self.past_names = _names(bundle.graphs["target"], "inputs")[3:]
 
@@ -96,7 +91,7 @@ class OrtDraftSession:
         self.block = bundle.sessions["draft_block"]
         self.context_names = _names(bundle.graphs["draft_block"], "inputs")[2:]
         self.mask_token_id = bundle.manifest["draft"]["mask_token_id"]
-        self.context = bundle.empty_cache("draft")
+        self.context, _ = bundle.empty_cache("draft")
         self.length = 0
 
     def draft(self, features: torch.Tensor, bonus: int, block_size: int) -> list[int]:

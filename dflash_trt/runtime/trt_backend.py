@@ -22,7 +22,7 @@ import torch
 from dflash_trt.engines.machine import library_module
 from dflash_trt.engines.profiles import covers
 from dflash_trt.errors import DFlashError
-from dflash_trt.runtime.concat_cache import ConcatCacheTarget, target_cache_layout
+from dflash_trt.runtime.concat_cache import ConcatCacheTarget, cache_layout
 from dflash_trt.runtime.engine_bundles import open_bundle
 
 TORCH_DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16, "INT64": torch.int64,
@@ -99,14 +99,9 @@ class TrtBundle:
         self.dtype = TORCH_DTYPES[{"float32": "FLOAT", "float16": "HALF", "bfloat16": "BF16"}[self.manifest["dtype"]]]
         self.max_seq_len = self.manifest["max_seq_len"]
 
-    def empty_cache(self, who: str) -> list[torch.Tensor]:
-        info = self.manifest[who]
-        shape = (1, info["num_key_value_heads"], 0, info["head_dim"])
-        return [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(2 * info["num_layers"])]
-
-    def empty_target_cache(self) -> tuple[list[torch.Tensor], list[str]]:
-        """The target's caches before a prompt (K/V, and a hybrid's zero states) and their kinds."""
-        layout = target_cache_layout(self.manifest["target"], self.manifest["dtype"])
+    def empty_cache(self, who: str) -> tuple[list[torch.Tensor], list[str]]:
+        """`who`'s ("target" or "draft") caches before a prompt (K/V, and a hybrid's zero states) and their kinds."""
+        layout = cache_layout(self.manifest[who], self.manifest["dtype"])
         caches = [torch.zeros(shape, dtype=getattr(torch, dtype), device=self.device) for _, shape, dtype in layout]
         return caches, [kind for kind, _, _ in layout]
 
@@ -129,7 +124,7 @@ def _ids(ids: list[int], device: torch.device) -> torch.Tensor:
 
 class TrtTargetSession(ConcatCacheTarget):
     def __init__(self, bundle: TrtBundle):
-        super().__init__(*bundle.empty_target_cache())
+        super().__init__(*bundle.empty_cache("target"))
         self.bundle = bundle
         spec = bundle.manifest["graphs"]["target"]
         self.past_names = [io["name"] for io in spec["inputs"]][3:]
@@ -159,7 +154,7 @@ class TrtDraftSession:
         self.bundle = bundle
         self.context_names = [io["name"] for io in bundle.manifest["graphs"]["draft_block"]["inputs"]][2:]
         self.mask_token_id = bundle.manifest["draft"]["mask_token_id"]
-        self.context = bundle.empty_cache("draft")
+        self.context, _ = bundle.empty_cache("draft")
         self.length = 0
 
     def draft(self, features: torch.Tensor, bonus: int, block_size: int) -> list[int]:
