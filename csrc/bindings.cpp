@@ -138,7 +138,7 @@ py::list cells_list(const std::vector<CostModel::Cell>& cells) {
 
 }  // namespace
 
-void bind_ort_executor(py::module_& m);  // ort_bindings.cpp
+void bind_slot_executors(py::module_& m);  // slot_bindings.cpp
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "dflash-trt C++ runtime core: counter RNG, sampling, acceptance, KV slots, metrics";
@@ -344,5 +344,5 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("has_work", &Scheduler::has_work)
       .def_property_readonly("slots", &Scheduler::slots, py::return_value_policy::reference_internal);
 
-  bind_ort_executor(m);
+  bind_slot_executors(m);
 }

@@ -9,20 +9,6 @@
 
 namespace dflash::ort {
 
-namespace {
-
-template <typename T>
-constexpr ONNXTensorElementDataType element_type();
-template <>
-constexpr ONNXTensorElementDataType element_type<float>() {
-  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-}
-template <>
-constexpr ONNXTensorElementDataType element_type<int64_t>() {
-  return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
-}
-
-}  // namespace
 
 std::shared_ptr<Runtime> Runtime::load(const std::string& library_path) {
   static std::mutex mutex;
@@ -81,18 +67,16 @@ Session Runtime::open(const std::string& path, int64_t threads) const {
   return Session(session, api_->ReleaseSession);
 }
 
-template <typename T>
-Value Runtime::tensor(T* data, const std::vector<int64_t>& shape) const {
+Value Runtime::tensor(void* data, ONNXTensorElementDataType type, size_t element_size,
+                     const std::vector<int64_t>& shape) const {
   const int64_t count = std::accumulate(shape.begin(), shape.end(), int64_t(1), std::multiplies<int64_t>());
   DFLASH_INVARIANT(count >= 0 && (data || count == 0));
   OrtValue* value = nullptr;
-  check(api_->CreateTensorWithDataAsOrtValue(cpu_.get(), data, size_t(count) * sizeof(T), shape.data(), shape.size(),
-                                             element_type<T>(), &value),
+  check(api_->CreateTensorWithDataAsOrtValue(cpu_.get(), data, size_t(count) * element_size, shape.data(),
+                                             shape.size(), type, &value),
         "wrapping a host buffer");
   return Value(value, api_->ReleaseValue);
 }
-template Value Runtime::tensor<float>(float*, const std::vector<int64_t>&) const;
-template Value Runtime::tensor<int64_t>(int64_t*, const std::vector<int64_t>&) const;
 
 Binding Runtime::binding(const Session& session) const {
   OrtIoBinding* binding = nullptr;

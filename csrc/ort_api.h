@@ -71,8 +71,7 @@ class Runtime {
   // A CPU session over `path` with `threads` intra-op threads (0: onnxruntime's default).
   Session open(const std::string& path, int64_t threads) const;
   // A tensor over caller-owned host memory (no copy): the memory must outlive every run using it.
-  template <typename T>
-  Value tensor(T* data, const std::vector<int64_t>& shape) const;
+  Value tensor(void* data, ONNXTensorElementDataType type, size_t element_size, const std::vector<int64_t>& shape) const;
   Binding binding(const Session& session) const;
 
   // One Run through a binding: clear it, bind (an output may be bound to the very value an input

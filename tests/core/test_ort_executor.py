@@ -185,8 +185,8 @@ def test_an_onnxruntime_error_is_a_dflash_error(core, ort, pairs):
     broken.target_path = str(bundle / "missing.onnx")
     with pytest.raises(DFlashError, match="onnxruntime: loading"):
         core.OrtExecutor(broken)
-    broken.dtype = "float16"
-    with pytest.raises(DFlashError, match="float32 bundles only"):
+    broken.dtype = "bfloat16"  # refused before the (missing) graph is opened
+    with pytest.raises(DFlashError, match="no bfloat16 kernel"):
         core.OrtExecutor(broken)
 
 

@@ -1,0 +1,143 @@
+// device.h: where a slot executor's buffers live, and the element types its graphs exchange.
+//
+// The slot executor (slot_executor.h) keeps caches, states and graph outputs in a Device's memory
+// and host arrays (token ids, lengths, logits) on the host. onnxruntime on the CPU runs graphs over
+// host memory, so its device is the host and staging costs nothing (no copy); TensorRT's is a CUDA
+// device, where inputs are uploaded and outputs downloaded around each run.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "errors.h"
+
+namespace dflash {
+
+// Element types of graph I/O. Caches, features and conv states are in the bundle's dtype;
+// recurrent states and logits are float32; ids and lengths int64.
+enum class DType { float32, float16, bfloat16, int64 };
+
+inline size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::float32: return 4;
+    case DType::float16:
+    case DType::bfloat16: return 2;
+    case DType::int64: return 8;
+  }
+  DFLASH_INVARIANT(false);
+  return 0;
+}
+
+// A bundle's dtype name (bundle.json "dtype") -> its DType; one line for any other.
+inline DType float_dtype(const std::string& name, const std::string& who) {
+  if (name == "float32") return DType::float32;
+  if (name == "float16") return DType::float16;
+  if (name == "bfloat16") return DType::bfloat16;
+  throw Error(who + ": unknown dtype '" + name + "' (float32, float16 or bfloat16)");
+}
+
+// Memory the graphs read and write. Every call is ordered after the previous ones (a CUDA device
+// uses one stream); `synchronize` waits for all of them before the host reads a download.
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual bool is_host() const = 0;  // its pointers are host pointers: staging is free
+  virtual void* allocate(size_t bytes) = 0;  // zero-filled
+  virtual void free(void* p) noexcept = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;      // device -> device
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;    // host -> device
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;  // device -> host
+  virtual void zero(void* dst, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+};
+
+// The host as a device: what onnxruntime's CPU provider reads and writes.
+class HostDevice final : public Device {
+ public:
+  bool is_host() const override { return true; }
+  void* allocate(size_t bytes) override {
+    void* p = std::calloc(bytes ? bytes : 1, 1);
+    if (!p) throw Error("out of host memory allocating " + std::to_string(bytes) + " bytes of slot buffers");
+    return p;
+  }
+  void free(void* p) noexcept override { std::free(p); }
+  void copy(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
+  void upload(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
+  void zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
+  void synchronize() override {}
+};
+
+// Owned device memory of one element type, grown on demand (never shrunk: buffers are reused
+// every step, so after the first steps nothing is allocated).
+class Buffer {
+ public:
+  Buffer(Device& device, DType dtype) : device_(&device), dtype_(dtype) {}
+  Buffer(Buffer&& o) noexcept : device_(o.device_), dtype_(o.dtype_), data_(o.data_), count_(o.count_) {
+    o.data_ = nullptr;
+    o.count_ = 0;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer& operator=(Buffer&&) = delete;
+  ~Buffer() {
+    if (data_) device_->free(data_);
+  }
+
+  // At least `count` elements (zero-filled when newly allocated; old contents are not kept).
+  void reserve(size_t count) {
+    if (count <= count_ && data_) return;
+    if (data_) device_->free(data_);
+    data_ = nullptr;
+    data_ = device_->allocate(count * dtype_size(dtype_));
+    count_ = count;
+  }
+  DType dtype() const { return dtype_; }
+  size_t element() const { return dtype_size(dtype_); }
+  // Element `index` (bounds checked against what was reserved).
+  char* at(size_t index) const {
+    DFLASH_INVARIANT(data_ && index <= count_);
+    return static_cast<char*>(data_) + index * element();
+  }
+
+ private:
+  Device* device_;
+  DType dtype_;
+  void* data_ = nullptr;
+  size_t count_ = 0;
+};
+
+// A host array a graph reads (upload before the run) or writes (download after it). On a host
+// device the graph uses the array itself, so neither moves a byte. T is the element type, or char
+// for raw bytes of `dtype` (features, in the bundle's dtype).
+template <typename T>
+class Staged {
+ public:
+  Staged(Device& device, DType dtype) : device_(&device), mirror_(device, dtype) {
+    DFLASH_INVARIANT(sizeof(T) == dtype_size(dtype) || sizeof(T) == 1);
+  }
+  std::vector<T> host;
+
+  void* device_data() {
+    if (device_->is_host()) return host.data();
+    mirror_.reserve(host.size() * sizeof(T) / mirror_.element());
+    return mirror_.at(0);
+  }
+  DType dtype() const { return mirror_.dtype(); }
+  void upload() {
+    if (!device_->is_host()) device_->upload(device_data(), host.data(), host.size() * sizeof(T));
+  }
+  void download() {
+    if (!device_->is_host()) device_->download(host.data(), device_data(), host.size() * sizeof(T));
+  }
+
+ private:
+  Device* device_;
+  Buffer mirror_;
+};
+
+}  // namespace dflash

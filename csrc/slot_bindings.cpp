@@ -1,0 +1,109 @@
+// slot_bindings.cpp: the slot executors' Python face: _core.ExecutorConfig (alias OrtExecutorConfig),
+// _core.SlotExecutor (the phases, callable one by one), _core.OrtExecutor / _core.TrtExecutor, and
+// the flags _core.HAS_ORT_EXECUTOR / _core.HAS_TRT_EXECUTOR. Compiled in every build; each executor
+// only when setup.py found its headers (DFLASH_WITH_ORT, DFLASH_WITH_TRT).
+// dflash_trt/runtime/ort_executor.py fills the config from a bundle; an executor goes to
+// _core.Scheduler like any other (it is an _core.Executor).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "slot_executor.h"
+#ifdef DFLASH_WITH_ORT
+#include "ort_executor.h"
+#endif
+#ifdef DFLASH_WITH_TRT
+#include "trt_executor.h"
+#endif
+
+namespace py = pybind11;
+
+namespace {
+
+py::list as_arrays(const std::vector<dflash::LogitsRows>& logits) {
+  py::list out;
+  for (const dflash::LogitsRows& l : logits) {
+    py::array_t<float> a({l.rows, l.vocab});
+    std::copy(l.data.begin(), l.data.end(), a.mutable_data());
+    out.append(std::move(a));
+  }
+  return out;
+}
+
+}  // namespace
+
+void bind_slot_executors(py::module_& m) {
+  using dflash::SlotExecutor;
+  using Config = dflash::SlotExecutorConfig;
+  auto config =
+      py::class_<Config>(m, "ExecutorConfig", "Filled by dflash_trt.runtime.ort_executor from bundle.json / engine.json.")
+          .def(py::init<>())
+          .def_readwrite("target_path", &Config::target_path)
+          .def_readwrite("draft_context_path", &Config::draft_context_path)
+          .def_readwrite("draft_block_path", &Config::draft_block_path)
+          .def_readwrite("library_path", &Config::library_path)
+          .def_readwrite("dtype", &Config::dtype)
+          .def_readwrite("threads", &Config::threads)
+          .def_readwrite("max_batch", &Config::max_batch)
+          .def_readwrite("capacity", &Config::capacity)
+          .def_readwrite("target_layers", &Config::target_layers)
+          .def_readwrite("target_kv_heads", &Config::target_kv_heads)
+          .def_readwrite("target_head_dim", &Config::target_head_dim)
+          .def_readwrite("attention_layers", &Config::attention_layers)
+          .def_readwrite("linear_layers", &Config::linear_layers)
+          .def_readwrite("conv_dim", &Config::conv_dim)
+          .def_readwrite("conv_kernel", &Config::conv_kernel)
+          .def_readwrite("linear_value_heads", &Config::linear_value_heads)
+          .def_readwrite("linear_key_head_dim", &Config::linear_key_head_dim)
+          .def_readwrite("linear_value_head_dim", &Config::linear_value_head_dim)
+          .def_readwrite("feature_width", &Config::feature_width)
+          .def_readwrite("vocab", &Config::vocab)
+          .def_readwrite("draft_layers", &Config::draft_layers)
+          .def_readwrite("draft_kv_heads", &Config::draft_kv_heads)
+          .def_readwrite("draft_head_dim", &Config::draft_head_dim)
+          .def_readwrite("mask_token_id", &Config::mask_token_id)
+          .def("validate", [](const Config& c) { c.validate("executor config"); });
+  m.attr("OrtExecutorConfig") = config;  // the name before the TensorRT executor shared it
+
+  // An _core.Executor, so _core.Scheduler takes it (and keeps it alive) like a Python one.
+  py::class_<SlotExecutor, dflash::Executor>(m, "SlotExecutor",
+                                             "An executor over a graph-contract-2 bundle (slot caches in place).")
+      .def_property_readonly("config", &SlotExecutor::config)
+      .def_property_readonly("backend_version", &SlotExecutor::backend_version)
+      .def_property_readonly("target_runs", &SlotExecutor::target_runs)
+      .def("committed", &SlotExecutor::committed, py::arg("row"))
+      .def("drafted", &SlotExecutor::drafted, py::arg("row"))
+      // The phases, callable one by one (benchmarks, tests); the scheduler calls them in C++.
+      .def(
+          "prefill",
+          [](SlotExecutor& e, const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& prompts) {
+            return as_arrays(e.prefill(rows, prompts));
+          },
+          py::arg("rows"), py::arg("prompts"), "-> last-position logits [1, vocab] per row")
+      .def("draft", &SlotExecutor::draft, py::arg("rows"), py::arg("bonus"), py::arg("block_size"))
+      .def(
+          "verify",
+          [](SlotExecutor& e, const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks) {
+            return as_arrays(e.verify(rows, blocks));
+          },
+          py::arg("rows"), py::arg("blocks"), "-> logits [len(block), vocab] per row")
+      .def("commit", &SlotExecutor::commit, py::arg("rows"), py::arg("kept"))
+      .def("release", &SlotExecutor::release, py::arg("row"));
+
+#ifdef DFLASH_WITH_ORT
+  m.attr("HAS_ORT_EXECUTOR") = true;
+  py::class_<dflash::OrtExecutor, SlotExecutor>(m, "OrtExecutor",
+                                                "The onnxruntime (CPU) executor over a slots bundle.")
+      .def(py::init<const Config&>(), py::arg("config"));
+#else
+  m.attr("HAS_ORT_EXECUTOR") = false;
+#endif
+#ifdef DFLASH_WITH_TRT
+  m.attr("HAS_TRT_EXECUTOR") = true;
+  py::class_<dflash::TrtExecutor, SlotExecutor>(m, "TrtExecutor",
+                                                "The TensorRT (CUDA) executor over a slots-trt engine bundle.")
+      .def(py::init<const Config&>(), py::arg("config"));
+#else
+  m.attr("HAS_TRT_EXECUTOR") = false;
+#endif
+}

@@ -1,0 +1,474 @@
+// slot_executor.cpp: the phases of csrc/executor.h as graph runs over slot buffers.
+#include "slot_executor.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace dflash {
+
+namespace {
+
+void positive(const std::string& who, int64_t value, const char* name) {
+  if (value < 1) throw Error(who + ": " + name + " must be >= 1, got " + std::to_string(value));
+}
+
+std::vector<int64_t> up_to(int64_t n) {
+  std::vector<int64_t> all(n);
+  for (int64_t i = 0; i < n; ++i) all[i] = i;
+  return all;
+}
+
+std::vector<std::string> cache_names(const std::string& prefix, const std::vector<int64_t>& layers,
+                                     const std::string& suffix = "") {
+  std::vector<std::string> names;  // the bundle's order: key_i, value_i, key_j, ... (i, j: layer indices)
+  for (int64_t i : layers)
+    for (const char* kind : {"key", "value"}) names.push_back(prefix + "_" + kind + suffix + "_" + std::to_string(i));
+  return names;
+}
+
+std::vector<std::string> state_names(const std::string& prefix, const std::vector<int64_t>& layers) {
+  std::vector<std::string> names;
+  for (int64_t i : layers) names.push_back(prefix + "_" + std::to_string(i));
+  return names;
+}
+
+// Each of the target's layers in exactly one of the two lists, each list ascending.
+void check_layer_split(const std::string& who, const std::vector<int64_t>& attention,
+                       const std::vector<int64_t>& linear, int64_t layers) {
+  std::vector<int> seen(layers, 0);
+  for (const auto* list : {&attention, &linear})
+    for (size_t k = 0; k < list->size(); ++k) {
+      const int64_t i = (*list)[k];
+      if (i < 0 || i >= layers || (k > 0 && i <= (*list)[k - 1]))
+        throw Error(who + ": attention_layers and linear_layers must be ascending layer indices below " +
+                    "target_layers (" + std::to_string(layers) + "), got " + std::to_string(i));
+      ++seen[i];
+    }
+  for (int64_t i = 0; i < layers; ++i)
+    if (seen[i] != 1)
+      throw Error(who + ": target layer " + std::to_string(i) + " is in " + std::to_string(seen[i]) +
+                  " of attention_layers and linear_layers (each layer must be in exactly one)");
+}
+
+template <typename T>
+void fill(std::vector<T>& buffer, size_t size, T value) {
+  buffer.assign(size, value);  // grows once, then reuses the allocation
+}
+
+std::vector<Buffer> buffers(Device& device, DType dtype, size_t count, size_t elements) {
+  std::vector<Buffer> out;
+  out.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    out.emplace_back(device, dtype);
+    out.back().reserve(elements);  // zeros: never NaN where masked
+  }
+  return out;
+}
+
+}  // namespace
+
+void SlotExecutorConfig::validate(const std::string& who) const {
+  float_dtype(dtype, who);
+  for (const auto& [path, name] : {std::pair{&target_path, "target"}, std::pair{&draft_context_path, "draft_context"},
+                                   std::pair{&draft_block_path, "draft_block"}, std::pair{&library_path, "library"}})
+    if (path->empty()) throw Error(who + ": no " + name + " path given");
+  positive(who, max_batch, "max_batch");
+  positive(who, capacity, "capacity");
+  positive(who, target_layers, "target_layers");
+  positive(who, target_kv_heads, "target_kv_heads");
+  positive(who, target_head_dim, "target_head_dim");
+  positive(who, feature_width, "feature_width");
+  positive(who, vocab, "vocab");
+  positive(who, draft_layers, "draft_layers");
+  positive(who, draft_kv_heads, "draft_kv_heads");
+  positive(who, draft_head_dim, "draft_head_dim");
+  if (threads < 0) throw Error(who + ": threads must be >= 0 (0: the runtime's default)");
+  if (mask_token_id < 0 || mask_token_id >= vocab)
+    throw Error(who + ": mask_token_id " + std::to_string(mask_token_id) + " is outside the vocabulary");
+  check_layer_split(who, attention_layers, linear_layers, target_layers);
+  if (linear_layers.empty()) return;
+  positive(who, conv_dim, "conv_dim");
+  if (conv_kernel < 2)
+    throw Error(who + ": conv_kernel must be >= 2 (its state keeps conv_kernel - 1 columns), got " +
+                std::to_string(conv_kernel));
+  positive(who, linear_value_heads, "linear_value_heads");
+  positive(who, linear_key_head_dim, "linear_key_head_dim");
+  positive(who, linear_value_head_dim, "linear_value_head_dim");
+}
+
+SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<GraphBackend> backend,
+                           const std::string& who)
+    : config_(config),
+      who_(who),
+      backend_(std::move(backend)),
+      device_(backend_->device()),
+      dtype_(float_dtype(config.dtype, who)),
+      ids_(device_, DType::int64),
+      cache_lengths_(device_, DType::int64),
+      query_lengths_(device_, DType::int64),
+      logits_index_(device_, DType::int64),
+      positions_(device_, DType::int64),
+      lengths_(device_, DType::int64),
+      tokens_(device_, DType::int64),
+      logits_(device_, DType::float32),
+      features_(device_, dtype_) {
+  config_.validate(who_);
+  target_ = backend_->open(config_.target_path);
+  draft_context_ = backend_->open(config_.draft_context_path);
+  draft_block_ = backend_->open(config_.draft_block_path);
+  target_cache_in_ = cache_names("cache", config_.attention_layers);
+  target_cache_out_ = cache_names("cache", config_.attention_layers, "_out");
+  context_names_ = cache_names("context", up_to(config_.draft_layers));
+  conv_in_ = state_names("conv_state", config_.linear_layers);
+  recurrent_in_ = state_names("recurrent_state", config_.linear_layers);
+  conv_out_names_ = state_names("conv_states", config_.linear_layers);
+  recurrent_out_names_ = state_names("recurrent_states", config_.linear_layers);
+
+  const SlotExecutorConfig& c = config_;
+  const size_t target_slots = c.max_batch * c.target_kv_heads * c.capacity * c.target_head_dim;
+  const size_t draft_slots = c.max_batch * c.draft_kv_heads * c.capacity * c.draft_head_dim;
+  target_kv_ = buffers(device_, dtype_, 2 * c.attention_layers.size(), target_slots);
+  draft_kv_ = buffers(device_, dtype_, 2 * c.draft_layers, draft_slots);
+  context_ = buffers(device_, dtype_, 2 * c.draft_layers, 0);
+  const size_t linear = c.linear_layers.size();
+  conv_size_ = c.conv_dim * (c.conv_kernel - 1);
+  recurrent_size_ = c.linear_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
+  conv_ = buffers(device_, dtype_, linear, c.max_batch * conv_size_);
+  recurrent_ = buffers(device_, DType::float32, linear, c.max_batch * recurrent_size_);
+  rows_.resize(c.max_batch);
+}
+
+const SlotExecutor::Row& SlotExecutor::state(int64_t row) const {
+  if (row < 0 || row >= config_.max_batch)
+    throw Error(who_ + ": row " + std::to_string(row) + " is not a slot (max_batch " +
+                std::to_string(config_.max_batch) + ")");
+  return rows_[row];
+}
+
+SlotExecutor::Row& SlotExecutor::state(int64_t row) {
+  return const_cast<Row&>(static_cast<const SlotExecutor&>(*this).state(row));
+}
+
+// -- the target ---------------------------------------------------------------------------------
+
+// Groups of rows whose slot range can run as one batch: every slot in the range, in the phase or
+// idle, keeps its writes inside the slot (cache length + s <= C, s = the group's longest input).
+// Usually one group; a row near its capacity beside a long input gets a Run of its own.
+std::vector<std::vector<size_t>> SlotExecutor::target_groups(const std::vector<int64_t>& rows,
+                                                             const std::vector<std::vector<int64_t>>& tokens) const {
+  auto fits = [&](int64_t lo, int64_t hi, int64_t s) {
+    for (int64_t slot = lo; slot <= hi; ++slot)
+      if (rows_[slot].committed + s > config_.capacity) return false;
+    return true;
+  };
+  std::vector<std::vector<size_t>> groups;
+  int64_t s = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t len = int64_t(tokens[i].size());
+    if (!groups.empty() && fits(rows[groups.back().front()], rows[i], std::max(s, len))) {
+      groups.back().push_back(i);
+      s = std::max(s, len);
+    } else {
+      groups.push_back({i});
+      s = len;
+    }
+  }
+  return groups;
+}
+
+template <typename F>
+void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& tokens,
+                              bool last_only, F&& take) {
+  DFLASH_INVARIANT(rows.size() == tokens.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& row = state(rows[i]);
+    DFLASH_INVARIANT(i == 0 || rows[i] > rows[i - 1]);
+    DFLASH_INVARIANT(!tokens[i].empty() && row.committed + int64_t(tokens[i].size()) <= config_.capacity);
+    for (int64_t id : tokens[i])
+      if (id < 0 || id >= config_.vocab)
+        throw Error(who_ + ": token id " + std::to_string(id) + " is outside the vocabulary (" +
+                    std::to_string(config_.vocab) + ")");
+  }
+  ++phase_;
+  run_ = -1;
+  const size_t FB = feature_bytes();
+  for (const std::vector<size_t>& group : target_groups(rows, tokens)) {
+    const int64_t lo = rows[group.front()], n = rows[group.back()] - lo + 1;
+    int64_t s = 0;
+    for (size_t i : group) s = std::max(s, int64_t(tokens[i].size()));
+    const int64_t r = last_only ? 1 : s;
+    // Idle rows (slots of the range not in this phase) feed nothing and are not written: query
+    // length 0 at their own committed length, so even a scratch write would land past what counts.
+    fill(ids_.host, n * s, int64_t(0));
+    fill(query_lengths_.host, n, int64_t(0));
+    fill(logits_index_.host, n * r, int64_t(0));
+    cache_lengths_.host.resize(n);
+    for (int64_t j = 0; j < n; ++j) cache_lengths_.host[j] = rows_[lo + j].committed;
+    for (size_t i : group) {
+      const int64_t j = rows[i] - lo, len = int64_t(tokens[i].size());
+      std::copy(tokens[i].begin(), tokens[i].end(), ids_.host.begin() + j * s);
+      query_lengths_.host[j] = len;
+      for (int64_t k = 0; k < r; ++k) logits_index_.host[j * r + k] = last_only ? len - 1 : k;
+    }
+    logits_.host.resize(n * r * config_.vocab);
+    features_.host.resize(n * s * FB);
+    if (++run_ == int64_t(state_runs_.size())) state_runs_.emplace_back();
+    StateRun& states = state_runs_[run_];
+    states.rows = r;
+    while (states.conv.size() < conv_.size()) {
+      states.conv.emplace_back(device_, dtype_);
+      states.recurrent.emplace_back(device_, DType::float32);
+    }
+    for (size_t k = 0; k < conv_.size(); ++k) {
+      states.conv[k].reserve(n * r * conv_size_);
+      states.recurrent[k].reserve(n * r * recurrent_size_);
+    }
+    run_target_range(lo, n, s, r);
+    for (size_t i : group) {
+      const int64_t j = rows[i] - lo;
+      take(i, j, logits_.host.data() + j * r * config_.vocab, features_.host.data() + j * s * FB);
+    }
+  }
+}
+
+void SlotExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r) {
+  const SlotExecutorConfig& c = config_;
+  Graph& g = *target_;
+  g.clear();
+  for (auto* staged : {&ids_, &cache_lengths_, &query_lengths_, &logits_index_}) staged->upload();
+  g.input("input_ids", {ids_.device_data(), DType::int64, {n, s}});
+  g.input("cache_lengths", {cache_lengths_.device_data(), DType::int64, {n}});
+  g.input("query_lengths", {query_lengths_.device_data(), DType::int64, {n}});
+  g.input("logits_index", {logits_index_.device_data(), DType::int64, {n, r}});
+  const int64_t slot_size = c.target_kv_heads * c.capacity * c.target_head_dim;
+  for (size_t k = 0; k < target_kv_.size(); ++k) {
+    const TensorRef cache{target_kv_[k].at(lo * slot_size), dtype_,
+                          {n, c.target_kv_heads, c.capacity, c.target_head_dim}};
+    g.input(target_cache_in_[k], cache);
+    g.output(target_cache_out_[k], cache);  // the same memory: written in place
+  }
+  // Linear layers read their slots' states and return the states after each logits row into
+  // scratch; only the rows a phase keeps are copied back (idle and padding rows' are garbage).
+  const int64_t K1 = c.conv_kernel - 1, Hv = c.linear_value_heads, Dk = c.linear_key_head_dim,
+                Dv = c.linear_value_head_dim;
+  StateRun& states = state_runs_[run_];
+  for (size_t k = 0; k < conv_.size(); ++k) {
+    g.input(conv_in_[k], {conv_[k].at(lo * conv_size_), dtype_, {n, c.conv_dim, K1}});
+    g.input(recurrent_in_[k], {recurrent_[k].at(lo * recurrent_size_), DType::float32, {n, Hv, Dk, Dv}});
+    g.output(conv_out_names_[k], {states.conv[k].at(0), dtype_, {n, r, c.conv_dim, K1}});
+    g.output(recurrent_out_names_[k], {states.recurrent[k].at(0), DType::float32, {n, r, Hv, Dk, Dv}});
+  }
+  g.output("logits", {logits_.device_data(), DType::float32, {n, r, c.vocab}});
+  g.output("features", {features_.device_data(), dtype_, {n, s, c.feature_width}});
+  g.run("running target.onnx");
+  logits_.download();
+  features_.download();
+  device_.synchronize();
+  ++target_runs_;
+}
+
+const char* SlotExecutor::conv_out(int64_t run, size_t k, int64_t j, int64_t pos) const {
+  const StateRun& states = state_runs_[run];
+  return states.conv[k].at((j * states.rows + pos) * conv_size_);
+}
+
+const char* SlotExecutor::recurrent_out(int64_t run, size_t k, int64_t j, int64_t pos) const {
+  const StateRun& states = state_runs_[run];
+  return states.recurrent[k].at((j * states.rows + pos) * recurrent_size_);
+}
+
+void SlotExecutor::set_states(int64_t row, const std::vector<const char*>& conv,
+                              const std::vector<const char*>& recurrent) {
+  for (size_t k = 0; k < conv_.size(); ++k) {
+    char* c = conv_[k].at(row * conv_size_);
+    char* h = recurrent_[k].at(row * recurrent_size_);
+    const size_t conv_bytes = conv_size_ * conv_[k].element(), recurrent_bytes = recurrent_size_ * sizeof(float);
+    if (conv.empty()) {
+      device_.zero(c, conv_bytes);
+      device_.zero(h, recurrent_bytes);
+    } else {
+      device_.copy(c, conv[k], conv_bytes);
+      device_.copy(h, recurrent[k], recurrent_bytes);
+    }
+  }
+}
+
+std::vector<LogitsRows> SlotExecutor::prefill(const std::vector<int64_t>& rows,
+                                              const std::vector<std::vector<int64_t>>& prompts) {
+  // A row not live yet starts a request (zero states; release left it empty); a live one takes its
+  // prompt's next chunk after what it holds.
+  for (int64_t row : rows)
+    if (!state(row).live) set_states(row, {}, {});
+  std::vector<LogitsRows> out(rows.size());
+  const size_t FB = feature_bytes();
+  const size_t linear = conv_.size();
+  std::vector<const char*> conv(linear), recurrent(linear);
+  run_target(rows, prompts, true, [&](size_t i, int64_t j, const float* logits, const char* features) {
+    out[i].rows = 1;
+    out[i].vocab = config_.vocab;
+    out[i].data.assign(logits, logits + config_.vocab);
+    std::vector<char>& pending = rows_[rows[i]].pending;  // injected at the next draft
+    pending.insert(pending.end(), features, features + prompts[i].size() * FB);
+    if (linear == 0) return;
+    for (size_t k = 0; k < linear; ++k) {  // a prefill commits all of its chunk: the state after its last token
+      conv[k] = conv_out(run_, k, j, 0);
+      recurrent[k] = recurrent_out(run_, k, j, 0);
+    }
+    set_states(rows[i], conv, recurrent);
+  });
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rows_[rows[i]].live = true;
+    rows_[rows[i]].committed += int64_t(prompts[i].size());
+  }
+  return out;
+}
+
+std::vector<LogitsRows> SlotExecutor::verify(const std::vector<int64_t>& rows,
+                                             const std::vector<std::vector<int64_t>>& blocks) {
+  for (int64_t row : rows) DFLASH_INVARIANT(state(row).live);
+  std::vector<LogitsRows> out(rows.size());
+  const int64_t V = config_.vocab;
+  const size_t FB = feature_bytes();
+  run_target(rows, blocks, false, [&](size_t i, int64_t j, const float* logits, const char* features) {
+    const int64_t len = int64_t(blocks[i].size());
+    out[i].rows = len;
+    out[i].vocab = V;
+    out[i].data.assign(logits, logits + len * V);
+    Row& row = rows_[rows[i]];
+    row.verify.assign(features, features + len * FB);  // pending until commit says how many count
+    row.verify_rows = len;
+    // The states after each block position stay in this Run's outputs; commit copies one position's.
+    row.verify_phase = phase_;
+    row.verify_run = run_;
+    row.verify_index = j;
+  });
+  return out;
+}
+
+void SlotExecutor::commit(const std::vector<int64_t>& rows, const std::vector<int64_t>& kept) {
+  DFLASH_INVARIANT(rows.size() == kept.size());
+  const size_t FB = feature_bytes();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Row& row = state(rows[i]);
+    DFLASH_INVARIANT(row.live && kept[i] >= 0 && kept[i] <= row.verify_rows);
+    // The rejected rows stay in the cache past `committed`: the next Run overwrites them.
+    row.committed += kept[i];
+    row.pending.insert(row.pending.end(), row.verify.begin(), row.verify.begin() + kept[i] * FB);
+    if (kept[i] > 0 && !conv_.empty()) {  // the states after the last kept position; kept 0 keeps the slot's
+      // no target Run since this row's verify may have reused its outputs (the scheduler commits right after)
+      DFLASH_INVARIANT(row.verify_phase == phase_);
+      std::vector<const char*> conv, recurrent;
+      for (size_t k = 0; k < conv_.size(); ++k) {
+        conv.push_back(conv_out(row.verify_run, k, row.verify_index, kept[i] - 1));
+        recurrent.push_back(recurrent_out(row.verify_run, k, row.verify_index, kept[i] - 1));
+      }
+      set_states(rows[i], conv, recurrent);
+    }
+    row.verify.clear();
+    row.verify_rows = 0;
+  }
+}
+
+void SlotExecutor::release(int64_t row) {
+  Row& r = state(row);
+  r = Row{};
+}
+
+// -- the drafter --------------------------------------------------------------------------------
+
+void SlotExecutor::inject(const std::vector<int64_t>& rows) {
+  const SlotExecutorConfig& c = config_;
+  const size_t FB = feature_bytes();
+  const int64_t m = int64_t(rows.size());
+  int64_t n = 0;
+  for (int64_t row : rows) n = std::max(n, int64_t(rows_[row].pending.size() / FB));
+  if (n == 0) return;
+  // features [m, n, F], zero-padded; positions continue each row's context
+  fill(features_.host, m * n * FB, char(0));
+  positions_.host.resize(m * n);
+  for (int64_t i = 0; i < m; ++i) {
+    const Row& row = rows_[rows[i]];
+    std::copy(row.pending.begin(), row.pending.end(), features_.host.begin() + i * n * FB);
+    for (int64_t j = 0; j < n; ++j) positions_.host[i * n + j] = row.drafted + j;
+  }
+  features_.upload();
+  positions_.upload();
+  Graph& g = *draft_context_;
+  g.clear();
+  g.input("features", {features_.device_data(), dtype_, {m, n, c.feature_width}});
+  g.input("positions", {positions_.device_data(), DType::int64, {m, n}});
+  const int64_t head_rows = n * c.draft_head_dim;  // one head's new rows in the output, in elements
+  for (size_t k = 0; k < context_.size(); ++k) {
+    context_[k].reserve(m * c.draft_kv_heads * head_rows);
+    g.output(context_names_[k], {context_[k].at(0), dtype_, {m, c.draft_kv_heads, n, c.draft_head_dim}});
+  }
+  g.run("running draft_context.onnx");
+  // Each row's valid new rows into its slot at its context length: p rows per head, not the cache.
+  const int64_t slot_size = c.draft_kv_heads * c.capacity * c.draft_head_dim;
+  const size_t element = dtype_size(dtype_);
+  for (int64_t i = 0; i < m; ++i) {
+    Row& row = rows_[rows[i]];
+    const int64_t p = int64_t(row.pending.size() / FB);
+    DFLASH_INVARIANT(row.drafted + p <= c.capacity);
+    for (size_t k = 0; k < context_.size(); ++k)
+      for (int64_t h = 0; h < c.draft_kv_heads; ++h)
+        device_.copy(draft_kv_[k].at(rows[i] * slot_size + (h * c.capacity + row.drafted) * c.draft_head_dim),
+                     context_[k].at((i * c.draft_kv_heads + h) * head_rows), p * c.draft_head_dim * element);
+    row.drafted += p;
+    row.pending.clear();
+  }
+}
+
+std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>& rows,
+                                                      const std::vector<int64_t>& bonus, int64_t block_size) {
+  const SlotExecutorConfig& c = config_;
+  DFLASH_INVARIANT(rows.size() == bonus.size());
+  if (block_size < 2) throw Error(who_ + ": draft needs block_size >= 2, got " + std::to_string(block_size));
+  for (int64_t row : rows) DFLASH_INVARIANT(state(row).live);
+  if (rows.empty()) return {};
+  inject(rows);
+
+  // The block pass reads each row's first `drafted` context rows; pack them [m, dkv, ctx, dd] so its
+  // work follows the longest context, not the capacity (rows past a row's length are masked).
+  const int64_t m = int64_t(rows.size()), B = block_size;
+  int64_t ctx = 1;
+  for (int64_t row : rows) ctx = std::max(ctx, rows_[row].drafted);
+  const int64_t slot_size = c.draft_kv_heads * c.capacity * c.draft_head_dim;
+  const size_t element = dtype_size(dtype_);
+  for (size_t k = 0; k < context_.size(); ++k) {
+    context_[k].reserve(m * c.draft_kv_heads * ctx * c.draft_head_dim);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t h = 0; h < c.draft_kv_heads; ++h)
+        device_.copy(context_[k].at((i * c.draft_kv_heads + h) * ctx * c.draft_head_dim),
+                     draft_kv_[k].at(rows[i] * slot_size + h * c.capacity * c.draft_head_dim),
+                     rows_[rows[i]].drafted * c.draft_head_dim * element);
+  }
+  ids_.host.resize(m * B);
+  lengths_.host.resize(m);
+  for (int64_t i = 0; i < m; ++i) {
+    ids_.host[i * B] = bonus[i];
+    std::fill(ids_.host.begin() + i * B + 1, ids_.host.begin() + (i + 1) * B, c.mask_token_id);
+    lengths_.host[i] = rows_[rows[i]].drafted;
+  }
+  tokens_.host.resize(m * (B - 1));
+  ids_.upload();
+  lengths_.upload();
+
+  Graph& g = *draft_block_;
+  g.clear();
+  g.input("block_ids", {ids_.device_data(), DType::int64, {m, B}});
+  g.input("context_lengths", {lengths_.device_data(), DType::int64, {m}});
+  for (size_t k = 0; k < context_.size(); ++k)
+    g.input(context_names_[k], {context_[k].at(0), dtype_, {m, c.draft_kv_heads, ctx, c.draft_head_dim}});
+  g.output("draft_tokens", {tokens_.device_data(), DType::int64, {m, B - 1}});  // draft_logits is not fetched
+  g.run("running draft_block.onnx");
+  tokens_.download();
+  device_.synchronize();
+
+  std::vector<std::vector<int64_t>> out(m);
+  for (int64_t i = 0; i < m; ++i)
+    out[i].assign(tokens_.host.begin() + i * (B - 1), tokens_.host.begin() + (i + 1) * (B - 1));
+  return out;
+}
+
+}  // namespace dflash

@@ -1,0 +1,151 @@
+// slot_executor.h: the Executor over a graph-contract-2 ("slots") bundle, for any GraphBackend
+// (onnxruntime: ort_executor.h; TensorRT: trt_executor.h). The backend runs graphs and owns the
+// device; everything else (what a phase binds, which rows run together, what commit keeps) is here,
+// once.
+//
+// Memory is allocated once on the backend's device: per target layer a K and a V buffer
+// [max_batch, kv, C, d] and per draft layer a context K and V buffer [max_batch, dkv, C, dd]; a row
+// (the scheduler's slot index) owns slice `row` of each. The target graph writes its new K/V rows
+// in place: each cache input and its `*_out` output are bound to the same memory over a contiguous
+// range of slots, and every row of the range that is not in the phase is idle (query length 0).
+// Committing or rolling back moves a length; nothing in a cache is ever copied.
+//
+// Hybrid targets (Qwen3-Next, Qwen3.5) keep a K/V cache for their full-attention layers only; each
+// linear-attention layer has per slot a conv state [conv_dim, K-1] (bundle dtype) and a recurrent
+// state [Hv, Dk, Dv] (float32), bound read-only over the same slot range. The graph returns the
+// states after every position a phase asks logits for, so a prefill copies its one state into the
+// slot, and a verify keeps each row's per-position states until commit copies the last kept
+// position's (kept 0: none): rollback needs no re-feeding.
+//
+// The draft graphs are the portable v1 ones (they take and return only context rows): injection
+// writes the new context rows to a scratch output and we copy those few rows into the row's slice;
+// the block pass reads a packed copy of the rows' context (so its work follows the context length,
+// not the capacity).
+//
+// Caches, features and conv states are in the bundle's dtype (float32, float16 or bfloat16; the
+// host never does arithmetic on them, it only moves bytes); logits are float32.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "device.h"
+#include "executor.h"
+#include "graph.h"
+
+namespace dflash {
+
+// Filled from bundle.json (or engine.json) by dflash_trt/runtime/ort_executor.py.
+struct SlotExecutorConfig {
+  std::string target_path, draft_context_path, draft_block_path;  // the bundle's three graphs
+  std::string library_path;  // libonnxruntime.so.<version> | libnvinfer.so.<major>
+  std::string dtype = "float32";
+  int64_t threads = 0;  // onnxruntime: intra-op threads per session; 0: its default
+  int64_t max_batch = 8;
+  int64_t capacity = 2048;  // C: tokens per slot in every cache
+  // target: every layer index is in attention_layers (a K/V slot cache) or linear_layers (hybrid
+  // targets' Gated DeltaNet: a conv and a recurrent state per slot), both ascending
+  int64_t target_layers = 0, target_kv_heads = 0, target_head_dim = 0;
+  std::vector<int64_t> attention_layers, linear_layers;
+  int64_t conv_dim = 0, conv_kernel = 0;  // conv state [conv_dim, conv_kernel - 1] (bundle dtype)
+  int64_t linear_value_heads = 0, linear_key_head_dim = 0, linear_value_head_dim = 0;  // recurrent, float32
+  int64_t feature_width = 0;  // F: the tapped layers' hidden states, concatenated
+  int64_t vocab = 0;
+  // drafter
+  int64_t draft_layers = 0, draft_kv_heads = 0, draft_head_dim = 0;
+  int64_t mask_token_id = 0;
+
+  // One line (dflash::Error, naming `who`) for anything unusable, before any allocation.
+  void validate(const std::string& who) const;
+};
+
+class SlotExecutor : public Executor {
+ public:
+  // Opens the three graphs through `backend` and allocates every slot buffer on its device.
+  SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<GraphBackend> backend, const std::string& who);
+
+  std::vector<LogitsRows> prefill(const std::vector<int64_t>& rows,
+                                  const std::vector<std::vector<int64_t>>& prompts) override;
+  std::vector<std::vector<int64_t>> draft(const std::vector<int64_t>& rows, const std::vector<int64_t>& bonus,
+                                          int64_t block_size) override;
+  std::vector<LogitsRows> verify(const std::vector<int64_t>& rows,
+                                 const std::vector<std::vector<int64_t>>& blocks) override;
+  void commit(const std::vector<int64_t>& rows, const std::vector<int64_t>& kept) override;
+  void release(int64_t row) override;
+
+  const SlotExecutorConfig& config() const { return config_; }
+  std::string backend_version() const { return backend_->version(); }
+  // A row's committed target tokens and injected draft-context tokens (tests, diagnostics).
+  int64_t committed(int64_t row) const { return state(row).committed; }
+  int64_t drafted(int64_t row) const { return state(row).drafted; }
+  int64_t target_runs() const { return target_runs_; }  // target Runs so far (a phase may split)
+
+ private:
+  struct Row {
+    bool live = false;
+    int64_t committed = 0;     // target cache rows that count (the write offset of the next run)
+    int64_t drafted = 0;       // draft context rows injected
+    std::vector<char> pending;  // features [*, F] (bundle dtype) of committed positions not yet injected
+    std::vector<char> verify;   // features [len(block), F] of the last verify, until commit
+    int64_t verify_rows = 0;
+    // where the states after each position of the last verify lie until commit: Run `verify_run`
+    // of target phase `verify_phase`, range row `verify_index` (nothing is copied before commit)
+    int64_t verify_phase = -1, verify_run = -1, verify_index = -1;
+  };
+  // One target Run's state outputs per linear layer, [n, r, size]; a phase keeps one per Run, so
+  // its rows' states stay where the graph wrote them until the next phase.
+  struct StateRun {
+    int64_t rows = 0;  // r
+    std::vector<Buffer> conv, recurrent;
+  };
+  const Row& state(int64_t row) const;
+  Row& state(int64_t row);
+  // The target over `rows` (ascending), feeding tokens[i] after each row's committed prefix, in as
+  // few Runs as keep every cache write inside its slot; last_only: one logits row (the last
+  // token's) per row, else one per token. Calls take(i, j, logits, features) per row, j = its index
+  // in the Run's slot range (for the state outputs), features on the host in the bundle dtype.
+  template <typename F>
+  void run_target(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& tokens, bool last_only,
+                  F&& take);
+  void run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r);
+  // Linear layer k's conv / recurrent state after logits row `pos` of range row j, in Run `run` of
+  // the current phase (device memory).
+  const char* conv_out(int64_t run, size_t k, int64_t j, int64_t pos) const;
+  const char* recurrent_out(int64_t run, size_t k, int64_t j, int64_t pos) const;
+  // Copies every linear layer's state out of (conv, recurrent) into slot `row` (both empty: zeros).
+  void set_states(int64_t row, const std::vector<const char*>& conv, const std::vector<const char*>& recurrent);
+  std::vector<std::vector<size_t>> target_groups(const std::vector<int64_t>& rows,
+                                                 const std::vector<std::vector<int64_t>>& tokens) const;
+  // Injects every row's pending features into its draft context (one Run, a small copy per row).
+  void inject(const std::vector<int64_t>& rows);
+  size_t feature_bytes() const { return size_t(config_.feature_width) * dtype_size(dtype_); }
+
+  SlotExecutorConfig config_;
+  std::string who_;
+  std::unique_ptr<GraphBackend> backend_;
+  Device& device_;
+  DType dtype_;
+  std::unique_ptr<Graph> target_, draft_context_, draft_block_;
+  std::vector<std::string> target_cache_in_, target_cache_out_, context_names_;
+  std::vector<std::string> conv_in_, recurrent_in_, conv_out_names_, recurrent_out_names_;  // per linear layer
+  int64_t conv_size_ = 0, recurrent_size_ = 0;  // one slot's state per linear layer, in elements
+
+  std::vector<Buffer> target_kv_;  // [2 * layer + (0 key | 1 value)] -> [max_batch, kv, C, d]
+  std::vector<Buffer> draft_kv_;   // [2 * layer + (0 key | 1 value)] -> [max_batch, dkv, C, dd]
+  std::vector<Buffer> conv_, recurrent_;  // per linear layer: [max_batch, conv_size_ | recurrent_size_]
+  std::vector<Row> rows_;
+  int64_t target_runs_ = 0;
+  int64_t phase_ = 0;       // target phases (prefill or verify calls) so far
+  int64_t run_ = -1;        // the Run of the current phase whose rows `take` sees
+  std::vector<StateRun> state_runs_;  // the current phase's Runs (grown, never shrunk)
+
+  // Host arrays the graphs read or write, rewritten before each Run (grown, never shrunk).
+  Staged<int64_t> ids_, cache_lengths_, query_lengths_, logits_index_, positions_, lengths_, tokens_;
+  Staged<float> logits_;
+  Staged<char> features_;           // target features out, then the drafter's features in
+  std::vector<Buffer> context_;     // per draft cache: new rows out of injection, then packed context
+};
+
+}  // namespace dflash

@@ -1,0 +1,278 @@
+// trt_api.cpp: the CUDA driver and TensorRT through dlopen; TensorRT engines as slot-executor graphs.
+#include "trt_api.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <numeric>
+
+namespace dflash::trt {
+
+namespace {
+
+constexpr char kWhy[] = "the C++ TensorRT executor";
+
+void* symbol(void* library, const char* name, const std::string& where) {
+  void* found = dlsym(library, name);
+  if (!found) throw Error(std::string(kWhy) + ": " + where + " has no " + name);
+  return found;
+}
+
+}  // namespace
+
+// The driver entry points we use (the _v2 names are what cuda.h's macros call).
+struct Driver {
+  decltype(&::cuInit) init;
+  decltype(&::cuDeviceGet) device_get;
+  decltype(&::cuDevicePrimaryCtxRetain) retain;
+  decltype(&::cuDevicePrimaryCtxRelease_v2) release;
+  decltype(&::cuCtxSetCurrent) set_current;
+  decltype(&::cuStreamCreate) stream_create;
+  decltype(&::cuStreamDestroy_v2) stream_destroy;
+  decltype(&::cuStreamSynchronize) synchronize;
+  decltype(&::cuMemAlloc_v2) alloc;
+  decltype(&::cuMemFree_v2) free;
+  decltype(&::cuMemcpyDtoDAsync_v2) dtod;
+  decltype(&::cuMemcpyHtoDAsync_v2) htod;
+  decltype(&::cuMemcpyDtoHAsync_v2) dtoh;
+  decltype(&::cuMemsetD8Async) memset;
+  decltype(&::cuGetErrorString) error_string;
+
+  // Loaded once per process; the library is never unloaded.
+  static std::shared_ptr<const Driver> load() {
+    static std::mutex mutex;
+    static std::shared_ptr<const Driver> loaded;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (loaded) return loaded;
+    void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!library) {
+      const char* why = dlerror();
+      throw Error(std::string(kWhy) + " needs an NVIDIA GPU and its driver: cannot load libcuda.so.1 (" +
+                  (why ? why : "unknown error") + ")");
+    }
+    auto d = std::make_shared<Driver>();
+    auto get = [&](auto& fn, const char* name) { fn = reinterpret_cast<std::decay_t<decltype(fn)>>(symbol(library, name, "libcuda.so.1")); };
+    get(d->init, "cuInit");
+    get(d->device_get, "cuDeviceGet");
+    get(d->retain, "cuDevicePrimaryCtxRetain");
+    get(d->release, "cuDevicePrimaryCtxRelease_v2");
+    get(d->set_current, "cuCtxSetCurrent");
+    get(d->stream_create, "cuStreamCreate");
+    get(d->stream_destroy, "cuStreamDestroy_v2");
+    get(d->synchronize, "cuStreamSynchronize");
+    get(d->alloc, "cuMemAlloc_v2");
+    get(d->free, "cuMemFree_v2");
+    get(d->dtod, "cuMemcpyDtoDAsync_v2");
+    get(d->htod, "cuMemcpyHtoDAsync_v2");
+    get(d->dtoh, "cuMemcpyDtoHAsync_v2");
+    get(d->memset, "cuMemsetD8Async");
+    get(d->error_string, "cuGetErrorString");
+    loaded = d;
+    return loaded;
+  }
+};
+
+// -- device -------------------------------------------------------------------------------------
+
+CudaDevice::CudaDevice() : driver_(Driver::load()) {
+  CUresult init = driver_->init(0);
+  if (init != CUDA_SUCCESS) check(init, "initialising CUDA (is there a GPU?)");
+  CUdevice device = 0;
+  check(driver_->device_get(&device, 0), "opening GPU 0");
+  check(driver_->retain(&context_, device), "retaining GPU 0's primary context");
+  check(driver_->set_current(context_), "making GPU 0's context current");
+  check(driver_->stream_create(&stream_, CU_STREAM_NON_BLOCKING), "creating a stream");
+}
+
+CudaDevice::~CudaDevice() {
+  if (stream_) driver_->stream_destroy(stream_);
+  CUdevice device = 0;
+  if (context_ && driver_->device_get(&device, 0) == CUDA_SUCCESS) driver_->release(device);
+}
+
+void CudaDevice::check(CUresult result, const char* what) const {
+  if (result == CUDA_SUCCESS) return;
+  const char* message = nullptr;
+  driver_->error_string(result, &message);
+  throw Error(std::string(kWhy) + ": CUDA: " + what + ": " + (message ? message : "error " + std::to_string(result)));
+}
+
+void* CudaDevice::allocate(size_t bytes) {
+  CUdeviceptr p = 0;
+  check(driver_->alloc(&p, bytes ? bytes : 1), "allocating slot buffers");
+  check(driver_->memset(p, 0, bytes ? bytes : 1, stream_), "zeroing slot buffers");
+  return reinterpret_cast<void*>(p);
+}
+
+void CudaDevice::free(void* p) noexcept {
+  driver_->synchronize(stream_);  // nothing queued may still use it
+  driver_->free(reinterpret_cast<CUdeviceptr>(p));
+}
+
+void CudaDevice::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes) check(driver_->dtod(CUdeviceptr(dst), CUdeviceptr(src), bytes, stream_), "copying on the device");
+}
+
+void CudaDevice::upload(void* dst, const void* src, size_t bytes) {
+  if (bytes) check(driver_->htod(CUdeviceptr(dst), src, bytes, stream_), "copying to the device");
+}
+
+void CudaDevice::download(void* dst, const void* src, size_t bytes) {
+  if (bytes) check(driver_->dtoh(dst, CUdeviceptr(src), bytes, stream_), "copying from the device");
+}
+
+void CudaDevice::zero(void* dst, size_t bytes) {
+  if (bytes) check(driver_->memset(CUdeviceptr(dst), 0, bytes, stream_), "zeroing device memory");
+}
+
+void CudaDevice::synchronize() { check(driver_->synchronize(stream_), "waiting for the stream"); }
+
+// -- TensorRT -----------------------------------------------------------------------------------
+
+void Logger::log(Severity severity, const char* message) noexcept {
+  if (severity <= Severity::kERROR) last_error_ = message ? message : "";
+}
+
+namespace {
+
+nvinfer1::DataType trt_type(DType t) {
+  switch (t) {
+    case DType::float32: return nvinfer1::DataType::kFLOAT;
+    case DType::float16: return nvinfer1::DataType::kHALF;
+    case DType::bfloat16: return nvinfer1::DataType::kBF16;
+    case DType::int64: return nvinfer1::DataType::kINT64;
+  }
+  DFLASH_INVARIANT(false);
+  return nvinfer1::DataType::kFLOAT;
+}
+
+size_t trt_size(nvinfer1::DataType t) {
+  switch (t) {
+    case nvinfer1::DataType::kINT64: return 8;
+    case nvinfer1::DataType::kFLOAT:
+    case nvinfer1::DataType::kINT32: return 4;
+    case nvinfer1::DataType::kHALF:
+    case nvinfer1::DataType::kBF16: return 2;
+    default: return 1;
+  }
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+// One engine and its execution context. Outputs the executor does not bind (draft_logits) go to
+// scratch memory sized from the shapes the inputs imply.
+class TrtGraph final : public Graph {
+ public:
+  TrtGraph(nvinfer1::ICudaEngine* engine, CudaDevice& device, Logger& logger, std::string path)
+      : engine_(engine), device_(device), logger_(logger), path_(std::move(path)) {
+    context_ = engine_->createExecutionContext();
+    if (!context_) fail("creating an execution context for " + path_);
+    for (int32_t i = 0; i < engine_->getNbIOTensors(); ++i) names_.emplace_back(engine_->getIOTensorName(i));
+  }
+  ~TrtGraph() override {
+    delete context_;
+    delete engine_;
+  }
+
+  void clear() override { bound_.clear(); }
+  void input(const std::string& name, const TensorRef& t) override {
+    check(name, t, nvinfer1::TensorIOMode::kINPUT);
+    nvinfer1::Dims dims{};
+    if (t.shape.size() > size_t(nvinfer1::Dims::MAX_DIMS)) fail(name + ": too many dimensions");
+    dims.nbDims = int32_t(t.shape.size());
+    for (size_t i = 0; i < t.shape.size(); ++i) dims.d[i] = t.shape[i];
+    if (!context_->setInputShape(name.c_str(), dims))
+      fail(path_ + ": input " + name + " of shape " + shape_text(t.shape) +
+           " is outside the engine's optimization profile: rebuild with a larger --max-batch / --max-seq-len");
+    bind(name, t.data);
+  }
+  void output(const std::string& name, const TensorRef& t) override {
+    check(name, t, nvinfer1::TensorIOMode::kOUTPUT);
+    bind(name, t.data);
+  }
+  void run(const std::string& what) override {
+    for (const std::string& name : names_) {
+      if (bound_.count(name)) continue;
+      if (engine_->getTensorIOMode(name.c_str()) == nvinfer1::TensorIOMode::kINPUT)
+        fail(what + ": input " + name + " is not bound");
+      const nvinfer1::Dims dims = context_->getTensorShape(name.c_str());
+      size_t count = 1;
+      for (int32_t i = 0; i < dims.nbDims; ++i) count *= size_t(std::max<int64_t>(dims.d[i], 0));
+      Buffer& buffer = scratch_.emplace(name, Buffer(device_, DType::float32)).first->second;
+      buffer.reserve((count * trt_size(engine_->getTensorDataType(name.c_str())) + 3) / 4);
+      bind(name, buffer.at(0));
+    }
+    if (!context_->enqueueV3(device_.stream())) fail(what);
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    const std::string why = logger_.last_error();
+    throw Error("TensorRT: " + what + (why.empty() ? "" : ": " + why));
+  }
+  void check(const std::string& name, const TensorRef& t, nvinfer1::TensorIOMode mode) const {
+    if (std::find(names_.begin(), names_.end(), name) == names_.end())
+      fail(path_ + " has no tensor " + name + ": not a graph-contract-2 engine bundle");
+    if (engine_->getTensorIOMode(name.c_str()) != mode)
+      fail(path_ + ": " + name + " is not an " + (mode == nvinfer1::TensorIOMode::kINPUT ? "input" : "output"));
+    if (engine_->getTensorDataType(name.c_str()) != trt_type(t.dtype))
+      fail(path_ + ": " + name + " has another element type than the bundle's dtype says: rebuild the engines");
+  }
+  void bind(const std::string& name, void* data) {
+    if (!context_->setTensorAddress(name.c_str(), data)) fail(path_ + ": binding " + name);
+    bound_[name] = true;
+  }
+
+  nvinfer1::ICudaEngine* engine_;
+  nvinfer1::IExecutionContext* context_ = nullptr;
+  CudaDevice& device_;
+  Logger& logger_;
+  std::string path_;
+  std::vector<std::string> names_;
+  std::map<std::string, bool> bound_;
+  std::map<std::string, Buffer> scratch_;
+};
+
+}  // namespace
+
+TrtBackend::TrtBackend(const std::string& library_path) : device_(std::make_unique<CudaDevice>()) {
+  library_ = dlopen(library_path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!library_) {
+    const char* why = dlerror();
+    throw Error(std::string(kWhy) + ": cannot load TensorRT from " + library_path + " (" + (why ? why : "unknown") +
+                "): install TensorRT " + std::to_string(NV_TENSORRT_MAJOR) + ".x");
+  }
+  using Create = void* (*)(void*, int32_t);
+  auto create = reinterpret_cast<Create>(symbol(library_, "createInferRuntime_INTERNAL", library_path));
+  runtime_ = static_cast<nvinfer1::IRuntime*>(create(&logger_, NV_TENSORRT_VERSION));
+  if (!runtime_)
+    throw Error(std::string(kWhy) + ": " + library_path + " refused to create a runtime for TensorRT " +
+                std::to_string(NV_TENSORRT_MAJOR) + "." + std::to_string(NV_TENSORRT_MINOR) + " headers: " +
+                logger_.last_error());
+  using Version = int32_t (*)();
+  const int32_t v = reinterpret_cast<Version>(symbol(library_, "getInferLibVersion", library_path))();
+  version_ = std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+TrtBackend::~TrtBackend() { delete runtime_; }
+
+std::unique_ptr<Graph> TrtBackend::open(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw Error(std::string(kWhy) + ": cannot read " + path);
+  const std::vector<char> blob((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  nvinfer1::ICudaEngine* engine = runtime_->deserializeCudaEngine(blob.data(), blob.size());
+  if (!engine)
+    throw Error("TensorRT: cannot load " + path + " (built for another GPU or TensorRT version?): " +
+                logger_.last_error());
+  return std::make_unique<TrtGraph>(engine, *device_, logger_, path);
+}
+
+}  // namespace dflash::trt
