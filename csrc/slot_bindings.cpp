@@ -13,6 +13,8 @@
 #include "ort_executor.h"
 #endif
 #ifdef DFLASH_WITH_TRT
+#include <NvInferVersion.h>
+
 #include "trt_executor.h"
 #endif
 
@@ -42,6 +44,7 @@ void bind_slot_executors(py::module_& m) {
           .def_readwrite("draft_context_path", &Config::draft_context_path)
           .def_readwrite("draft_block_path", &Config::draft_block_path)
           .def_readwrite("library_path", &Config::library_path)
+          .def_readwrite("driver_path", &Config::driver_path)
           .def_readwrite("dtype", &Config::dtype)
           .def_readwrite("threads", &Config::threads)
           .def_readwrite("max_batch", &Config::max_batch)
@@ -100,6 +103,9 @@ void bind_slot_executors(py::module_& m) {
 #endif
 #ifdef DFLASH_WITH_TRT
   m.attr("HAS_TRT_EXECUTOR") = true;
+  // engines deserialize only in the TensorRT they were built by; the executor loads libnvinfer.so.<major>
+  m.attr("TRT_HEADERS_VERSION") = std::to_string(NV_TENSORRT_MAJOR) + "." + std::to_string(NV_TENSORRT_MINOR) + "." +
+                                  std::to_string(NV_TENSORRT_PATCH);
   py::class_<dflash::TrtExecutor, SlotExecutor>(m, "TrtExecutor",
                                                 "The TensorRT (CUDA) executor over a slots-trt engine bundle.")
       .def(py::init<const Config&>(), py::arg("config"));

@@ -41,6 +41,7 @@ namespace dflash {
 struct SlotExecutorConfig {
   std::string target_path, draft_context_path, draft_block_path;  // the bundle's three graphs
   std::string library_path;  // libonnxruntime.so.<version> | libnvinfer.so.<major>
+  std::string driver_path = "libcuda.so.1";  // TensorRT: the CUDA driver library (tests load a fake one)
   std::string dtype = "float32";
   int64_t threads = 0;  // onnxruntime: intra-op threads per session; 0: its default
   int64_t max_batch = 8;

@@ -42,20 +42,22 @@ struct Driver {
   decltype(&::cuMemsetD8Async) memset;
   decltype(&::cuGetErrorString) error_string;
 
-  // Loaded once per process; the library is never unloaded.
-  static std::shared_ptr<const Driver> load() {
+  // Loaded once per process and path; the library is never unloaded.
+  static std::shared_ptr<const Driver> load(const std::string& path) {
     static std::mutex mutex;
-    static std::shared_ptr<const Driver> loaded;
+    static std::map<std::string, std::shared_ptr<const Driver>> loaded;
     std::lock_guard<std::mutex> lock(mutex);
-    if (loaded) return loaded;
-    void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (auto found = loaded[path]) return found;
+    void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!library) {
       const char* why = dlerror();
-      throw Error(std::string(kWhy) + " needs an NVIDIA GPU and its driver: cannot load libcuda.so.1 (" +
+      throw Error(std::string(kWhy) + " needs an NVIDIA GPU and its driver: cannot load " + path + " (" +
                   (why ? why : "unknown error") + ")");
     }
     auto d = std::make_shared<Driver>();
-    auto get = [&](auto& fn, const char* name) { fn = reinterpret_cast<std::decay_t<decltype(fn)>>(symbol(library, name, "libcuda.so.1")); };
+    auto get = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::decay_t<decltype(fn)>>(symbol(library, name, path));
+    };
     get(d->init, "cuInit");
     get(d->device_get, "cuDeviceGet");
     get(d->retain, "cuDevicePrimaryCtxRetain");
@@ -71,14 +73,14 @@ struct Driver {
     get(d->dtoh, "cuMemcpyDtoHAsync_v2");
     get(d->memset, "cuMemsetD8Async");
     get(d->error_string, "cuGetErrorString");
-    loaded = d;
-    return loaded;
+    loaded[path] = d;
+    return d;
   }
 };
 
 // -- device -------------------------------------------------------------------------------------
 
-CudaDevice::CudaDevice() : driver_(Driver::load()) {
+CudaDevice::CudaDevice(const std::string& driver_path) : driver_(Driver::load(driver_path)) {
   CUresult init = driver_->init(0);
   if (init != CUDA_SUCCESS) check(init, "initialising CUDA (is there a GPU?)");
   CUdevice device = 0;
@@ -243,7 +245,8 @@ class TrtGraph final : public Graph {
 
 }  // namespace
 
-TrtBackend::TrtBackend(const std::string& library_path) : device_(std::make_unique<CudaDevice>()) {
+TrtBackend::TrtBackend(const std::string& library_path, const std::string& driver_path)
+    : device_(std::make_unique<CudaDevice>(driver_path)) {
   library_ = dlopen(library_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!library_) {
     const char* why = dlerror();

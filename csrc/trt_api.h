@@ -27,7 +27,8 @@ struct Driver;
 // Device memory on one stream of the primary context.
 class CudaDevice final : public Device {
  public:
-  CudaDevice();  // throws dflash::Error (one line) when there is no driver or no GPU
+  // The driver library at `driver_path` (libcuda.so.1); one line (dflash::Error) without a driver or a GPU.
+  explicit CudaDevice(const std::string& driver_path);
   ~CudaDevice() override;
   bool is_host() const override { return false; }
   void* allocate(size_t bytes) override;
@@ -58,7 +59,7 @@ class Logger final : public nvinfer1::ILogger {
 
 class TrtBackend final : public GraphBackend {
  public:
-  explicit TrtBackend(const std::string& library_path);
+  TrtBackend(const std::string& library_path, const std::string& driver_path);
   ~TrtBackend() override;
   Device& device() override { return *device_; }
   std::unique_ptr<Graph> open(const std::string& path) override;

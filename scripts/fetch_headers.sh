@@ -5,7 +5,7 @@
 #        the Debian archive this machine's apt sources name, through a private apt configuration.
 #        Used by the core's onnxruntime executor (setup.py) and the onnxruntime op library.
 #   trt  TensorRT 10.14 (Apache-2.0): vendored in the kernel-lens wheel on PyPI (pip download, no install).
-#        Used by the TensorRT plugins (scripts/build_plugins.sh).
+#        Used by the TensorRT plugins (scripts/build_plugins.sh) and the core's TensorRT executor (setup.py).
 # Both downloads are pinned by SHA-256.
 set -euo pipefail
 cd "$(dirname "$0")/.."

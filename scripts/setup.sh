@@ -8,6 +8,9 @@ python -m pip install --quiet --upgrade pip
 # The core's onnxruntime executor compiles against the ONNX Runtime C API headers (loaded at run time,
 # nothing linked); without them the core builds without it and its tests skip.
 bash scripts/fetch_headers.sh ort || echo "warning: onnxruntime headers not fetched: dflash_trt._core builds without its onnxruntime executor" >&2
+# Its TensorRT executor compiles against the TensorRT headers (and the CUDA toolkit's cuda.h); it loads
+# libnvinfer and the CUDA driver at run time, so it builds here and runs where a GPU and TensorRT are.
+bash scripts/fetch_headers.sh trt || echo "warning: TensorRT headers not fetched: dflash_trt._core builds without its TensorRT executor" >&2
 # Also compiles the C++ runtime core, dflash_trt._core (setup.py, pybind11; a C++17 compiler, ~8 s on 2 cores).
 python -m pip install --quiet -e ".[test]"
 # These wheels declare heavy or clashing dependencies we do not use, so they go in without them:

@@ -110,13 +110,18 @@ class LLM:
 
     @classmethod
     def from_bundle(cls, path: str | Path, block_size: int | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-                    capacity: int = DEFAULT_CAPACITY, prefill_chunk: int = 0) -> LLM:
+                    capacity: int | None = None, prefill_chunk: int = 0) -> LLM:
         """Run what `dflash-trt export` or `dflash-trt build` wrote: an ONNX bundle or an onnxruntime
-        engine bundle on onnxruntime, TensorRT engines on the GPU. No PyTorch model code is used."""
+        engine bundle on onnxruntime, TensorRT engines on the GPU. No PyTorch model code is used.
+        `capacity` (tokens per KV slot) defaults to the bundle's own where its graphs fix one
+        (slots-trt), else DEFAULT_CAPACITY."""
         _check_block_size(block_size)
         llm = cls.__new__(cls)
-        llm._batching(max_batch, capacity, prefill_chunk)
+        llm._batching(max_batch, capacity or DEFAULT_CAPACITY, prefill_chunk)
         llm._load_bundle(Path(path), block_size)
+        fixed = getattr(llm._bundle, "capacity", None)
+        if capacity is None and fixed is not None:
+            llm._batching(max_batch, fixed, prefill_chunk)
         return llm
 
     def _batching(self, max_batch: int, capacity: int, prefill_chunk: int = 0) -> None:
@@ -131,16 +136,16 @@ class LLM:
         from dflash_trt.runtime.engine_bundles import bundle_contract, bundle_kind
 
         kind = bundle_kind(path)
-        if kind in ("tensorrt", "tensorrt-rtx"):
+        if bundle_contract(path) == 2:
+            from dflash_trt.runtime.ort_executor import SlotBundle
+
+            self.backend = "tensorrt" if kind.startswith("tensorrt") else "onnxruntime"
+            self._bundle = SlotBundle(path)  # slot caches: a C++ executor runs it, batched
+        elif kind in ("tensorrt", "tensorrt-rtx"):
             from dflash_trt.runtime.trt_backend import TrtBundle
 
             self.backend = "tensorrt"
             self._bundle = TrtBundle(path)
-        elif kind in ("onnx", "onnxruntime") and bundle_contract(path) == 2:
-            from dflash_trt.runtime.ort_executor import SlotBundle
-
-            self.backend = "onnxruntime"
-            self._bundle = SlotBundle(path)  # slot caches: the C++ executor runs it, batched
         else:
             from dflash_trt.runtime.ort_backend import OrtBundle
 

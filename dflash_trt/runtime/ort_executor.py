@@ -1,12 +1,16 @@
-"""The C++ onnxruntime executor (csrc/ort_executor.h) over a `slots` bundle (graph contract 2).
+"""The C++ slot executors (csrc/slot_executor.h) over a graph-contract-2 bundle: onnxruntime over a
+`slots` (or `slots-trt`) export or an onnxruntime engine bundle built from one, TensorRT over
+engines built from a `slots-trt` export.
 
-`SlotBundle(bundle)` reads and checks bundle.json once, finds the onnxruntime shared library
-that the onnxruntime wheel ships (the core loads it at run time), and returns a `_core.OrtExecutor`
-to hand to `_core.Scheduler`. Every phase then runs in C++: no Python per step.
+`SlotBundle(bundle)` reads and checks the manifest once, finds the shared library the executor
+loads at run time (onnxruntime's from its wheel, libnvinfer for TensorRT), and makes a
+`_core.OrtExecutor` or `_core.TrtExecutor` to hand to `_core.Scheduler`. Every phase then runs in
+C++: no Python per step.
 """
 
 from __future__ import annotations
 
+import ctypes.util
 import importlib.util
 from pathlib import Path
 
@@ -30,50 +34,86 @@ def onnxruntime_library() -> Path:
     return found[-1]
 
 
+def tensorrt_library(major: str) -> str:
+    """libnvinfer.so.<major>: from the tensorrt-cu*-libs wheel, else wherever the loader finds it."""
+    spec = importlib.util.find_spec("tensorrt_libs")
+    if spec is not None and spec.submodule_search_locations:
+        found = sorted(Path(spec.submodule_search_locations[0]).glob(f"libnvinfer.so.{major}*"))
+        if found:
+            return str(found[0])
+    name = ctypes.util.find_library("nvinfer")
+    if name and name.startswith(f"libnvinfer.so.{major}"):
+        return name
+    raise DFlashError(f"the C++ TensorRT executor needs libnvinfer.so.{major} (TensorRT {major}.x), which is not "
+                      f"installed here")
+
+
 def ort_executor(bundle_root: str | Path, max_batch: int, capacity: int, threads: int | None = None):
-    """A `_core.OrtExecutor` with `max_batch` KV slots of `capacity` tokens over the bundle's graphs."""
+    """The C++ executor with `max_batch` KV slots of `capacity` tokens over the bundle's graphs."""
     return SlotBundle(bundle_root).executor(max_batch, capacity, threads)
 
 
 def executor_config(bundle_root: str | Path, max_batch: int, capacity: int, threads: int | None = None):
-    """The `_core.OrtExecutorConfig` of a slots bundle (one line for a bundle it cannot run)."""
+    """The `_core.ExecutorConfig` of a contract-2 bundle (one line for a bundle it cannot run)."""
     return SlotBundle(bundle_root).config(max_batch, capacity, threads)
 
 
 class SlotBundle:
-    """A slots bundle as `LLM` holds it: its manifest, read and checked once (every refusal here, before
-    any request); each engine makes its executor, which allocates the KV slots, from that manifest."""
+    """A contract-2 bundle as `LLM` holds it: its manifest, read and checked once (every refusal here,
+    before any request); each engine makes its executor, which allocates the KV slots, from that
+    manifest."""
 
     batched_only = True
 
     def __init__(self, root: str | Path):
-        if not _core().HAS_ORT_EXECUTOR:
-            raise DFlashError(
-                "dflash_trt._core was built without the onnxruntime executor (no onnxruntime headers): "
-                "run bash scripts/fetch_headers.sh ort, then reinstall (bash scripts/setup.sh)"
-            )
         self.root = Path(root)
-        # an exported slots bundle, or an onnxruntime engine bundle built from one
-        kind, self.manifest = open_bundle(self.root)
-        if kind not in ("onnx", "onnxruntime"):
-            raise DFlashError(f"{self.root} holds {kind} engines; the onnxruntime executor runs ONNX graphs")
+        # an exported slots bundle, an onnxruntime engine bundle built from one, or TensorRT engines
+        self.kind, self.manifest = open_bundle(self.root)
         contract = self.manifest.get("contract", 1)
         if contract != CONTRACT:
             raise DFlashError(
-                f"{self.root}: a graph contract {contract} bundle; the C++ onnxruntime executor needs "
-                f"contract {CONTRACT}: re-export with --flavour slots"
+                f"{self.root}: a graph contract {contract} bundle; the C++ executors need contract {CONTRACT}: "
+                f"re-export with --flavour slots (onnxruntime) or slots-trt (TensorRT)"
             )
-        self.library = onnxruntime_library()
+        if self.kind in ("onnx", "onnxruntime"):
+            self._need("HAS_ORT_EXECUTOR", "onnxruntime", "ort")
+            self.library = str(onnxruntime_library())
+        elif self.kind == "tensorrt":
+            self._need("HAS_TRT_EXECUTOR", "TensorRT", "trt")
+            self._check_tensorrt_major()
+            self.library = tensorrt_library(_core().TRT_HEADERS_VERSION.split(".")[0])
+        else:
+            raise DFlashError(f"{self.root} holds {self.kind} engines; the C++ executors run ONNX graphs "
+                              f"(onnxruntime) and full TensorRT engines (TensorRT-RTX publishes no C++ headers "
+                              f"to build against): build with --engine tensorrt or onnxruntime")
+        capacity = self.manifest.get("capacity")  # slots-trt: C is baked into the graphs
+        self.capacity = None if capacity is None else int(capacity)
+
+    def _need(self, flag: str, name: str, headers: str) -> None:
+        if not getattr(_core(), flag, False):
+            raise DFlashError(
+                f"dflash_trt._core was built without the {name} executor (no {name} headers): run bash "
+                f"scripts/fetch_headers.sh {headers}, then reinstall (bash scripts/setup.sh)"
+            )
+
+    def _check_tensorrt_major(self) -> None:
+        built, headers = self.manifest["engine"]["version"], _core().TRT_HEADERS_VERSION
+        if built.split(".")[0] != headers.split(".")[0]:
+            raise DFlashError(f"{self.root} holds TensorRT {built} engines; the core's TensorRT executor is built "
+                              f"against TensorRT {headers} headers: use TensorRT {headers.split('.')[0]}.x")
 
     def config(self, max_batch: int, capacity: int, threads: int | None = None):
-        """The `_core.OrtExecutorConfig` for `max_batch` slots of `capacity` tokens."""
+        """The `_core.ExecutorConfig` for `max_batch` slots of `capacity` tokens."""
+        if self.capacity is not None and capacity != self.capacity:
+            raise DFlashError(f"{self.root} was exported with --capacity {self.capacity} (a static cache size in "
+                              f"its graphs): run it with capacity {self.capacity}, or re-export")
         manifest = self.manifest
         graphs, target, draft = manifest["graphs"], manifest["target"], manifest["draft"]
-        config = _core().OrtExecutorConfig()
+        config = _core().ExecutorConfig()
         config.target_path, config.draft_context_path, config.draft_block_path = (
             str(self.root / graphs[name]["file"]) for name in ("target", "draft_context", "draft_block")
         )
-        config.library_path = str(self.library)
+        config.library_path = self.library
         config.dtype = manifest["dtype"]
         config.threads = threads or 0
         config.max_batch, config.capacity = max_batch, capacity
@@ -100,4 +140,5 @@ class SlotBundle:
         return config
 
     def executor(self, max_batch: int, capacity: int, threads: int | None = None):
-        return _core().OrtExecutor(self.config(max_batch, capacity, threads))
+        config = self.config(max_batch, capacity, threads)
+        return (_core().TrtExecutor if self.kind == "tensorrt" else _core().OrtExecutor)(config)

@@ -1,0 +1,172 @@
+"""The C++ TensorRT executor (csrc/trt_api.cpp, trt_executor.cpp) on a CPU, through fakes of the two
+libraries it loads at run time: a fake CUDA driver whose "device" memory is host memory
+(fake_trt/fake_cuda.cpp) and a fake libnvinfer, built against the real TensorRT 10 headers, whose
+"engines" run their ONNX graph with onnxruntime over the addresses the executor bound
+(fake_trt/fake_nvinfer.cpp). Everything of the executor's own is real: device buffers, uploads and
+downloads, shapes and addresses per run, scratch for unbound outputs, in-place slot caches.
+
+Greedy output equals each request's autoregressive output and the onnxruntime executor's, alone and
+batched, float32 and float16, attention-only and hybrid targets; every buffer is freed with the
+executor; a missing driver and a wrongly typed engine are refused in one line. What no fake can show
+(TensorRT's own kernels, speed on a GPU) needs a GPU and real TensorRT."""
+
+import ctypes
+import ctypes.util
+import gc
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from factories import make_drafter, make_target
+from scheduler_checks import decode_together, python_loop
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.export.bundle import export_bundle
+from dflash_trt.models.checkpoints import load_drafter, load_target
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKES = Path(__file__).resolve().parent / "fake_trt"
+CUDA = Path(os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda")  # as setup.py
+HEADERS = [ROOT / "csrc", ROOT / "build/plugins/ort/usr/include/onnxruntime",
+           ROOT / "build/plugins/trt/kernel_lens/include/tensorrt", CUDA / "include"]
+PROMPTS = [[1, 2, 3], [4, 0, 2, 2, 1, 3, 0], [2], [3, 3, 1, 0, 4]]
+
+
+@pytest.fixture(scope="module")
+def ort(core):
+    if not (core.HAS_ORT_EXECUTOR and core.HAS_TRT_EXECUTOR):
+        pytest.skip("dflash_trt._core was built without its onnxruntime or TensorRT executor (csrc/README.md, Build)")
+    from dflash_trt.runtime import ort_executor
+
+    return ort_executor
+
+
+@pytest.fixture(scope="module")
+def fakes(ort, tmp_path_factory):
+    """(fake libnvinfer.so, fake libcuda.so), compiled here (about 10 s)."""
+    if shutil.which("g++") is None or not all(h.is_dir() for h in HEADERS):
+        pytest.skip("building the fake TensorRT needs g++ and the onnxruntime, TensorRT and CUDA headers")
+    out = tmp_path_factory.mktemp("fake-trt")
+    flags = ["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-fvisibility=hidden", "-Wno-deprecated-declarations",
+             *(f"-I{h}" for h in HEADERS)]
+    nvinfer, cuda = out / "libfake_nvinfer.so", out / "libfake_cuda.so"
+    sources = [FAKES / "fake_nvinfer.cpp", *(ROOT / "csrc" / f for f in ("ort_executor.cpp", "ort_api.cpp",
+                                                                         "slot_executor.cpp"))]
+    subprocess.run([*flags, *map(str, sources), "-ldl", "-o", str(nvinfer)], check=True)
+    subprocess.run([*flags, str(FAKES / "fake_cuda.cpp"), "-o", str(cuda)], check=True)
+    return nvinfer, cuda
+
+
+def fake_engines(bundle: Path, out: Path, library: str, retype: dict | None = None) -> dict:
+    """One fake engine per graph of `bundle` (its ONNX file and bundle.json I/O) -> graph -> path.
+    `retype` {tensor: dtype} misdeclares tensors, as an engine built from another export would."""
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = json.loads((bundle / "bundle.json").read_text())
+    paths = {}
+    for name, spec in manifest["graphs"].items():
+        lines = [f"onnx {bundle / spec['file']}", f"onnxruntime {library}"]
+        for mode in ("inputs", "outputs"):
+            for t in spec[mode]:
+                dtype = (retype or {}).get(t["name"], t["dtype"])
+                lines.append(" ".join(["tensor", t["name"], mode[:-1], dtype, *map(str, t["shape"])]))
+        paths[name] = out / f"{name}.engine"
+        paths[name].write_text("\n".join(lines) + "\n")
+    return paths
+
+
+def trt_config(ort, fakes, bundle, engines, max_batch=3, capacity=64):
+    config = ort.executor_config(bundle, max_batch=max_batch, capacity=capacity)
+    config.target_path, config.draft_context_path, config.draft_block_path = (
+        str(engines[g]) for g in ("target", "draft_context", "draft_block"))
+    config.library_path, config.driver_path = map(str, fakes)
+    return config
+
+
+@pytest.fixture(scope="module", params=[("qwen3", "float32"), ("qwen3", "float16"), ("qwen3_5_text", "float32")],
+                ids=lambda p: "-".join(p))
+def pair(ort, fakes, request, tmp_path_factory):
+    """(slots bundle, fake engines, TargetModel, DFlashDrafter) over 6 tokens (MASK is 5), so greedy
+    drafts are often accepted and commits keep every length."""
+    family, dtype = request.param
+    root = tmp_path_factory.mktemp(f"{family}-{dtype}")
+    target_dir = make_target(root / "target", family, seed=5, tokenizer=False, vocab_size=6)
+    draft_dir = make_drafter(root / "draft", seed=5, block_size=4, target_layer_ids=[1, 2], mask_token_id=5)
+    target, drafter = load_target(str(target_dir))[0], load_drafter(draft_dir)
+    bundle = export_bundle(target, drafter, None, root / "bundle", flavour="slots", dtype=dtype, check=False)
+    engines = fake_engines(bundle, root / "engines", ort.onnxruntime_library())
+    return bundle, engines, target, drafter, dtype
+
+
+def decode(core, executor, prompts, block_size, max_batch=3):
+    config = core.SchedulerConfig(max_batch=max_batch, capacity=64, block_size=block_size, engine_seed=0)
+    return decode_together(core, core.Scheduler(executor, config), prompts, 12, block_size)
+
+
+@pytest.mark.parametrize("block", [1, 4])
+def test_greedy_on_the_tensorrt_executor_equals_autoregressive_and_the_onnxruntime_executor(core, ort, fakes, pair,
+                                                                                           block):
+    bundle, engines, target, drafter, dtype = pair
+    ours = decode(core, core.TrtExecutor(trt_config(ort, fakes, bundle, engines)), PROMPTS[:3], block)
+    theirs = decode(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS[:3], block)
+    assert ours == theirs  # tokens and accepted drafts per step
+    if dtype == "float32":  # float16 graphs are their own reference: the onnxruntime executor's
+        for prompt, tokens, accepted in zip(PROMPTS, *ours, strict=False):
+            ref_tokens, ref_accepted = python_loop(target, drafter, prompt, 12, block)
+            assert tokens == ref_tokens and accepted == ref_accepted[: len(accepted)]
+    if block > 1:
+        steps = [a for row in ours[1] for a in row]
+        assert max(steps) >= 1 and min(steps) == 0  # accepted and rejected drafts: commit kept every kind
+
+
+def test_phase_logits_and_drafts_equal_the_onnxruntime_executor_s(core, ort, fakes, pair):
+    bundle, engines, *_ = pair
+    ours = core.TrtExecutor(trt_config(ort, fakes, bundle, engines))
+    theirs = ort.ort_executor(bundle, max_batch=3, capacity=64)
+    for executor in (ours, theirs):
+        executor.prefill([0, 2], [PROMPTS[1], PROMPTS[0]])
+    for a, b in zip(ours.prefill([1], [PROMPTS[3]]), theirs.prefill([1], [PROMPTS[3]]), strict=True):
+        np.testing.assert_array_equal(a, b)
+    blocks = [[1, 4, 0, 2], [3, 3]]
+    for a, b in zip(ours.verify([0, 2], blocks), theirs.verify([0, 2], blocks), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for executor in (ours, theirs):
+        executor.commit([0, 2], [3, 1])
+    assert ours.draft([0, 1, 2], [1, 2, 3], 4) == theirs.draft([0, 1, 2], [1, 2, 3], 4)
+    assert [ours.committed(r) for r in range(3)] == [theirs.committed(r) for r in range(3)]
+
+
+def test_the_executor_frees_every_device_buffer_it_made(core, ort, fakes, pair):
+    bundle, engines, *_ = pair
+    live = ctypes.CDLL(str(fakes[1])).fake_cuda_live
+    live.restype = ctypes.c_long
+    before = live()
+    executor = core.TrtExecutor(trt_config(ort, fakes, bundle, engines))
+    decode(core, executor, PROMPTS[:2], 4)
+    assert live() > before
+    del executor
+    gc.collect()
+    assert live() == before
+
+
+def test_without_a_cuda_driver_the_executor_says_so_in_one_line(core, ort, fakes, pair):
+    if ctypes.util.find_library("cuda"):
+        pytest.skip("this machine has a CUDA driver")
+    bundle, engines, *_ = pair
+    config = trt_config(ort, fakes, bundle, engines)
+    config.driver_path = "libcuda.so.1"
+    with pytest.raises(DFlashError, match=r"needs an NVIDIA GPU and its driver: cannot load libcuda.so.1") as err:
+        core.TrtExecutor(config)
+    assert "\n" not in str(err.value)
+
+
+def test_an_engine_typed_unlike_the_bundle_is_refused_in_one_line(core, ort, fakes, pair, tmp_path):
+    bundle, _, _, _, dtype = pair
+    other = "float16" if dtype == "float32" else "float32"
+    engines = fake_engines(bundle, tmp_path, ort.onnxruntime_library(), retype={"features": other})
+    executor = core.TrtExecutor(trt_config(ort, fakes, bundle, engines))
+    with pytest.raises(DFlashError, match="features has another element type than the bundle's dtype says"):
+        executor.prefill([0], [PROMPTS[0]])
