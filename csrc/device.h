@@ -49,6 +49,10 @@ class Device {
   virtual void* allocate(size_t bytes) = 0;  // zero-filled
   virtual void free(void* p) noexcept = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;      // device -> device
+  // `rows` rows of `width` bytes, device -> device, rows `dst_pitch` / `src_pitch` bytes apart: one
+  // call for every head of a slot (a CUDA device issues one 2-D copy, not one copy per head).
+  virtual void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                         size_t rows) = 0;
   virtual void upload(void* dst, const void* src, size_t bytes) = 0;    // host -> device
   virtual void download(void* dst, const void* src, size_t bytes) = 0;  // device -> host
   virtual void zero(void* dst, size_t bytes) = 0;
@@ -66,6 +70,11 @@ class HostDevice final : public Device {
   }
   void free(void* p) noexcept override { std::free(p); }
   void copy(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
+  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                 size_t rows) override {
+    for (size_t r = 0; r < rows; ++r)
+      std::memmove(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+  }
   void upload(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
   void download(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
   void zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }

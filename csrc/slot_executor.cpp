@@ -410,10 +410,10 @@ void SlotExecutor::inject(const std::vector<int64_t>& rows) {
     Row& row = rows_[rows[i]];
     const int64_t p = int64_t(row.pending.size() / FB);
     DFLASH_INVARIANT(row.drafted + p <= c.capacity);
-    for (size_t k = 0; k < context_.size(); ++k)
-      for (int64_t h = 0; h < c.draft_kv_heads; ++h)
-        device_.copy(draft_kv_[k].at(rows[i] * slot_size + (h * c.capacity + row.drafted) * c.draft_head_dim),
-                     context_[k].at((i * c.draft_kv_heads + h) * head_rows), p * c.draft_head_dim * element);
+    for (size_t k = 0; k < context_.size(); ++k)  // every head at once: rows C*dd apart in the slot, n*dd in the output
+      device_.copy_rows(draft_kv_[k].at(rows[i] * slot_size + row.drafted * c.draft_head_dim),
+                        c.capacity * c.draft_head_dim * element, context_[k].at(i * c.draft_kv_heads * head_rows),
+                        head_rows * element, p * c.draft_head_dim * element, c.draft_kv_heads);
     row.drafted += p;
     row.pending.clear();
   }
@@ -437,11 +437,10 @@ std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>
   const size_t element = dtype_size(dtype_);
   for (size_t k = 0; k < context_.size(); ++k) {
     context_[k].reserve(m * c.draft_kv_heads * ctx * c.draft_head_dim);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t h = 0; h < c.draft_kv_heads; ++h)
-        device_.copy(context_[k].at((i * c.draft_kv_heads + h) * ctx * c.draft_head_dim),
-                     draft_kv_[k].at(rows[i] * slot_size + h * c.capacity * c.draft_head_dim),
-                     rows_[rows[i]].drafted * c.draft_head_dim * element);
+    for (int64_t i = 0; i < m; ++i)  // every head of the row at once: rows C*dd apart in the slot, ctx*dd packed
+      device_.copy_rows(context_[k].at(i * c.draft_kv_heads * ctx * c.draft_head_dim), ctx * c.draft_head_dim * element,
+                        draft_kv_[k].at(rows[i] * slot_size), c.capacity * c.draft_head_dim * element,
+                        rows_[rows[i]].drafted * c.draft_head_dim * element, c.draft_kv_heads);
   }
   ids_.host.resize(m * B);
   lengths_.host.resize(m);

@@ -37,6 +37,7 @@ struct Driver {
   decltype(&::cuMemAlloc_v2) alloc;
   decltype(&::cuMemFree_v2) free;
   decltype(&::cuMemcpyDtoDAsync_v2) dtod;
+  decltype(&::cuMemcpy2DAsync_v2) copy_2d;
   decltype(&::cuMemcpyHtoDAsync_v2) htod;
   decltype(&::cuMemcpyDtoHAsync_v2) dtoh;
   decltype(&::cuMemsetD8Async) memset;
@@ -69,6 +70,7 @@ struct Driver {
     get(d->alloc, "cuMemAlloc_v2");
     get(d->free, "cuMemFree_v2");
     get(d->dtod, "cuMemcpyDtoDAsync_v2");
+    get(d->copy_2d, "cuMemcpy2DAsync_v2");
     get(d->htod, "cuMemcpyHtoDAsync_v2");
     get(d->dtoh, "cuMemcpyDtoHAsync_v2");
     get(d->memset, "cuMemsetD8Async");
@@ -117,6 +119,20 @@ void CudaDevice::free(void* p) noexcept {
 
 void CudaDevice::copy(void* dst, const void* src, size_t bytes) {
   if (bytes) check(driver_->dtod(CUdeviceptr(dst), CUdeviceptr(src), bytes, stream_), "copying on the device");
+}
+
+void CudaDevice::copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                           size_t rows) {
+  if (!width || !rows) return;
+  CUDA_MEMCPY2D copy{};
+  copy.srcMemoryType = copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  copy.srcDevice = CUdeviceptr(src);
+  copy.srcPitch = src_pitch;
+  copy.dstDevice = CUdeviceptr(dst);
+  copy.dstPitch = dst_pitch;
+  copy.WidthInBytes = width;
+  copy.Height = rows;
+  check(driver_->copy_2d(&copy, stream_), "copying rows on the device");
 }
 
 void CudaDevice::upload(void* dst, const void* src, size_t bytes) {

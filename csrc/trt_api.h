@@ -34,6 +34,8 @@ class CudaDevice final : public Device {
   void* allocate(size_t bytes) override;
   void free(void* p) noexcept override;
   void copy(void* dst, const void* src, size_t bytes) override;
+  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                 size_t rows) override;
   void upload(void* dst, const void* src, size_t bytes) override;
   void download(void* dst, const void* src, size_t bytes) override;
   void zero(void* dst, size_t bytes) override;

@@ -51,6 +51,16 @@ EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t by
   std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src), bytes);
   return CUDA_SUCCESS;
 }
+EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* copy, CUstream) {
+  if (copy->srcMemoryType != CU_MEMORYTYPE_DEVICE || copy->dstMemoryType != CU_MEMORYTYPE_DEVICE ||
+      copy->WidthInBytes > copy->srcPitch || copy->WidthInBytes > copy->dstPitch)
+    return CUDA_ERROR_INVALID_VALUE;  // what the real driver refuses too
+  for (size_t r = 0; r < copy->Height; ++r)
+    std::memmove(reinterpret_cast<char*>(copy->dstDevice) + copy->dstXInBytes + (copy->dstY + r) * copy->dstPitch,
+                 reinterpret_cast<const char*>(copy->srcDevice) + copy->srcXInBytes + (copy->srcY + r) * copy->srcPitch,
+                 copy->WidthInBytes);
+  return CUDA_SUCCESS;
+}
 EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, CUstream) {
   std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
   return CUDA_SUCCESS;
