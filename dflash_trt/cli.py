@@ -107,10 +107,14 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
 @click.option("--target", default=DEFAULT_TARGET, show_default=True, help=TARGET_HELP)
 @click.option("--draft", default=None, help=DRAFT_HELP)
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path, file_okay=False), required=True, help="Bundle directory to write.")
-@click.option("--flavour", type=click.Choice(["portable", "plugin", "slots"]), default="portable", show_default=True,
+@click.option("--flavour", type=click.Choice(["portable", "plugin", "slots", "slots-trt"]), default="portable",
+              show_default=True,
               help="portable: standard ONNX ops only; plugin: dflash:: custom ops (KV injection, block attention); "
                    "slots: the target writes fixed-capacity KV caches in place (graph contract 2, "
-                   "com.microsoft GroupQueryAttention: onnxruntime only, for the batched engine).")
+                   "com.microsoft GroupQueryAttention: onnxruntime only, for the batched engine); "
+                   "slots-trt: the same contract in standard ops (opset 24) for TensorRT, with --capacity.")
+@click.option("--capacity", type=int, default=None,
+              help="slots-trt only (and required there): the KV slots' size in tokens, static in the graphs.")
 @click.option("--dtype", type=click.Choice(list(DTYPES)), default="fp32", show_default=True,
               help="Precision of the graphs' weights, K/V caches and features (logits stay fp32).")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
@@ -118,7 +122,7 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
               help="Compare each graph on onnxruntime with PyTorch (polygraphy run --onnxrt); "
                    "graphs onnxruntime cannot run (bf16; plugin with fp16) are skipped and recorded.")
 @user_errors
-def export(target, draft, out, flavour, dtype, force, check):
+def export(target, draft, out, flavour, capacity, dtype, force, check):
     """Export target and drafter to an ONNX bundle (target, draft_context, draft_block graphs + bundle.json)."""
     from tqdm import tqdm
 
@@ -126,17 +130,18 @@ def export(target, draft, out, flavour, dtype, force, check):
         raise DFlashError(f"{out} already exists; pass --force to replace it")
     from dflash_trt.export.bundle import export_bundle
 
-    pair = _load_pair(target, draft, flavour, DTYPES[dtype], check)
+    pair = _load_pair(target, draft, flavour, DTYPES[dtype], check, capacity)
     with tqdm(total=5, desc="export", unit="step") as bar:
         path = export_bundle(*pair, out, flavour=flavour, dtype=DTYPES[dtype], force=force, check=check,
-                             progress=_progress(bar))
+                             progress=_progress(bar), capacity=capacity)
     for graph, verdict in (read_bundle(path, verify_hashes=False)["checks"]["polygraphy_vs_pytorch"] or {}).items():
         if str(verdict).startswith("skipped"):  # recorded in bundle.json; said here so it is not missed
             click.echo(f"{graph}.onnx: onnxruntime check {verdict}", err=True)
     click.echo(f"bundle written to {path}")
 
 
-def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: bool = True):
+def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: bool = True,
+               capacity: int | None = None):
     """Check the pair from its configs, then load it -> (target model, drafter, tokenizer). Everything a
     user can get wrong is refused here, before any progress bar starts (export, build)."""
     from dflash_trt.export.bundle import check_flavour
@@ -148,7 +153,7 @@ def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: 
     if draft is None:
         raise DFlashError(f"no drafter for target '{target}': pass --draft DIR")
     draft = resolve_draft(draft)
-    check_flavour(flavour, check, dtype)  # before loading weights: a missing op library fails in seconds
+    check_flavour(flavour, check, dtype, capacity)  # before loading weights: a missing op library fails in seconds
     check_pair(target, draft)  # from configs, before any weights load
     from dflash_trt.export.graphs import export_refusal
     from dflash_trt.models.checkpoints import read_target_config

@@ -36,8 +36,8 @@ def check_graphs(flavour: str, dtype: str, config: BuildConfig, where: str) -> N
                               f"({refusal}): build TensorRT engines, or use fp32")
     if flavour == "slots" and config.engine != "onnxruntime":
         raise DFlashError(f"{where}: slots-flavour graphs use com.microsoft::GroupQueryAttention, which TensorRT "
-                          f"cannot parse: export with --flavour portable (or plugin for --engine tensorrt), or "
-                          f"build --engine onnxruntime")
+                          f"cannot parse: export with --flavour slots-trt --capacity N (the same contract in "
+                          f"standard ops) or --flavour portable, or build --engine onnxruntime")
     if flavour == "plugin" and config.engine == "tensorrt-rtx":
         raise DFlashError(f"{where}: plugin-flavour graphs; TensorRT-RTX cannot parse dflash:: custom ops: use "
                           f"--flavour portable, or --engine tensorrt")
@@ -80,7 +80,8 @@ def build_engines(source: Path, out: Path, config: BuildConfig, command: str | N
         profiles, engines = {}, {}
         for graph in GRAPHS:
             spec = manifest["graphs"][graph]
-            profiles[graph] = profile_dims(graph, config.max_batch, config.max_seq_len, block_size)
+            profiles[graph] = profile_dims(graph, config.max_batch, config.max_seq_len, block_size,
+                                           manifest["contract"], manifest.get("capacity"))
             src = source / spec["file"]
             if config.engine == "onnxruntime":
                 engines[graph] = ort_engine.build_ort_graph(src, tmp / spec["file"], manifest["flavour"] == "plugin")
@@ -109,8 +110,9 @@ def build_engines(source: Path, out: Path, config: BuildConfig, command: str | N
             "engines": engines,
             "plugin_library": plugin,
             "source": {"bundle_sha256": sha256(source / MANIFEST),
-                       **{k: manifest[k] for k in ("contract", "flavour", "opset", "custom_ops", "graphs", "target",
-                                                   "draft", "versions") if k in manifest}},
+                       **{k: manifest[k] for k in ("contract", "flavour", "opset", "target_opset", "capacity",
+                                                   "custom_ops", "graphs", "target", "draft", "versions")
+                          if k in manifest}},
             "command": command,
             "files": file_hashes(tmp),
         }

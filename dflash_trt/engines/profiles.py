@@ -5,6 +5,9 @@ tokens), `block` and `context` (cached draft context). A prefill feeds many toke
 step feeds at most a block. Separate profiles let TensorRT tune kernels for each phase instead of
 one range from 1 to max_seq_len; the runtime picks the profile whose box holds the step's shapes.
 `logits_from` is a shape tensor (a slice start), so its profile gives values, not dims.
+
+Graph contract 2's target (slot_graphs.py) has no `past`: its caches have the static capacity
+(slots-trt), and `rows` (logits_index's width) is 1 for a prefill chunk, the block for a verify.
 """
 
 from __future__ import annotations
@@ -16,10 +19,20 @@ def _prefill_tokens(max_seq_len: int) -> Range:
     return (1, min(256, max_seq_len), max_seq_len)
 
 
-def profile_dims(graph: str, max_batch: int, max_seq_len: int, block_size: int) -> dict[str, dict[str, Range]]:
-    """phase -> {symbolic dim or shape input -> (min, opt, max)} for one graph."""
+def profile_dims(graph: str, max_batch: int, max_seq_len: int, block_size: int, contract: int = 1,
+                 capacity: int | None = None) -> dict[str, dict[str, Range]]:
+    """phase -> {symbolic dim or shape input -> (min, opt, max)} for one graph of a bundle of graph
+    `contract` (1 or 2); `capacity`: contract 2's static KV capacity, which bounds a prefill chunk."""
     batch = (1, 1, max_batch)
     prefill = _prefill_tokens(max_seq_len)
+    if graph == "target" and contract == 2:
+        chunk = _prefill_tokens(min(max_seq_len, capacity or max_seq_len))
+        return {
+            # a prefill chunk after any cached tokens; logits of its last valid row (rows 1), or more
+            "prefill": {"batch": batch, "new": chunk, "rows": (1, 1, chunk[2])},
+            # a verify of up to B tokens (B = 1: plain decoding); logits of every position
+            "verify": {"batch": batch, "new": (1, block_size, block_size), "rows": (1, block_size, block_size)},
+        }
     if graph == "target":
         return {
             # a chunked prefill may start after cached tokens; logits_from = new - 1 (last position only)

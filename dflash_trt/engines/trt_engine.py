@@ -36,6 +36,24 @@ class _Collect:
         self.logger = Logger()
 
 
+def _allow_decomposed_attention(trt, network) -> int:
+    """Mark every attention the parser made (ONNX `Attention`: the slots-trt target) decomposable, so
+    TensorRT may build it from plain layers where it has no fused kernel for the shapes and dtype (on
+    TensorRT-RTX 1.7, float32: "Attention operation was not supported by a dedicated kernel"); where
+    one exists it is still used. Returns how many were marked."""
+    kind = getattr(getattr(trt, "LayerType", None), "ATTENTION_INPUT", None)
+    if kind is None or not hasattr(trt, "IAttentionInputLayer"):  # a TensorRT without IAttention
+        return 0
+    marked = 0
+    for index in range(network.num_layers):
+        layer = network.get_layer(index)
+        if layer.type == kind:
+            layer.__class__ = trt.IAttentionInputLayer  # TensorRT's Python idiom for a layer's own API
+            layer.attention.decomposable = True
+            marked += 1
+    return marked
+
+
 def build_trt_graph(kind: str, source: Path, out: Path, spec: dict, profiles: dict[str, dict],
                     compute_capabilities: tuple[str, ...], plugin_library: Path | None = None) -> dict:
     """Build `source` into `out` with one optimization profile per phase; returns what was built."""
@@ -49,6 +67,7 @@ def build_trt_graph(kind: str, source: Path, out: Path, spec: dict, profiles: di
     if not parser.parse_from_file(str(source)):
         errors = [parser.get_error(i).desc() for i in range(parser.num_errors)] or log.errors
         raise DFlashError(f"{source.name}: {kind} could not parse it: {errors[0] if errors else 'unknown error'}")
+    _allow_decomposed_attention(trt, network)
     tensors = [network.get_input(i) for i in range(network.num_inputs)] + \
         [network.get_output(i) for i in range(network.num_outputs)]
     io = {t.name: t.dtype.name for t in tensors}  # as TensorRT typed them: the graph's own dtypes

@@ -34,12 +34,17 @@ from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftCo
 from dflash_trt.export.plugin_ops import DOMAIN, OP_VERSION, register_symbolics
 from dflash_trt.export.slot_graphs import CONTRACT, SlotTargetGraph, slot_example_inputs, slot_target_spec
 from dflash_trt.export.slot_ops import ORT_DOMAIN, ORT_DOMAIN_VERSION, register_slot_symbolics
+from dflash_trt.export.slot_trt_ops import OPSET as TRT_OPSET
+from dflash_trt.export.slot_trt_ops import finish_opset24, register_slot_trt_symbolics
 from dflash_trt.export.staging import staged_directory
 from dflash_trt.export.verify import TOLERANCES, check_graph, inspect_graph
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.target import TargetModel, eos_token_ids
 
 OPSET = 17
+# slots-trt: the trace writes 13 tokens (slot_example_inputs) into a cache of the static capacity
+MIN_CAPACITY = 16
+SLOT_FLAVOURS = ("slots", "slots-trt")  # graph contract 2
 EXTERNAL_DATA_THRESHOLD = 1024  # bytes: every weight tensor goes to <graph>.onnx.data
 VERSIONED = ("dflash-trt", "torch", "transformers", "onnx", "onnxruntime")
 
@@ -58,10 +63,11 @@ def _draft_vocab_size(target: TargetModel, drafter: DFlashDrafter) -> int:
 
 
 def _graph_specs(target: TargetModel, drafter: DFlashDrafter, dtype: str = "float32",
-                 flavour: str = "portable") -> dict[str, dict]:
+                 flavour: str = "portable", capacity: int | None = None) -> dict[str, dict]:
     """Names, dtypes and shapes (symbolic dims as strings) of every graph's inputs and outputs.
     K/V caches and features are in the bundle's `dtype`; logits stay float32, ids int64. The slots
-    flavour's target has contract 2's I/O (slot_graphs.py); its draft graphs are the portable ones."""
+    flavours' target has contract 2's I/O (slot_graphs.py), with `capacity` static for slots-trt;
+    their draft graphs are the portable ones."""
     t, d = target.config, drafter.config
     tl, dl = target.num_layers, d.num_layers
     t_kv = [target.config.num_key_value_heads, _head_dim(t)]
@@ -70,9 +76,10 @@ def _graph_specs(target: TargetModel, drafter: DFlashDrafter, dtype: str = "floa
     vocab = target.vocab_size
     draft_vocab = _draft_vocab_size(target, drafter)
     hybrid = target.is_stateful
-    if flavour == "slots":
-        own = (hybrid_slot_target_spec(t, vocab, features, dtype) if hybrid
-               else slot_target_spec(tl, t_kv[0], t_kv[1], vocab, features, dtype))
+    if flavour in SLOT_FLAVOURS:
+        capacity = capacity or "capacity"
+        own = (hybrid_slot_target_spec(t, vocab, features, dtype, capacity) if hybrid
+               else slot_target_spec(tl, t_kv[0], t_kv[1], vocab, features, dtype, capacity))
     else:
         own = hybrid_target_spec(t, vocab, features, dtype) if hybrid else None
     return {
@@ -145,20 +152,24 @@ def _own_cache(target: torch.nn.Module, like: list[torch.Tensor], vocab_size: in
 
 
 def _export_graph(module: torch.nn.Module, spec: dict, path: Path, check: bool, plugin: bool, vocab_size: int,
-                  dtype: str = "float32", slots: bool = False) -> dict:
+                  dtype: str = "float32", slots: str | None = None) -> dict:
     """Export, move weights to external data, run onnx.checker; then polygraphy when `check` and
-    onnxruntime can run the graph (else the summary says why it was skipped). `slots`: the graph
-    holds com.microsoft::GroupQueryAttention, checked with each cache output bound to its input."""
+    onnxruntime can run the graph (else the summary says why it was skipped). `slots` (a contract-2
+    target) is its flavour: "slots" holds com.microsoft::GroupQueryAttention, "slots-trt" standard
+    TensorScatter + Attention at opset 24 (slot_trt_ops.py); both are checked with each cache output
+    bound to its input."""
     inputs = _example_inputs(spec, vocab_size, module)
     register_half_attention(OPSET)
     register_delta_rule_symbolic(OPSET)
     hybrid = isinstance(module, HybridTargetGraph)
     if plugin:
         register_symbolics(OPSET)
-    if slots:
+    if slots == "slots":
         register_slot_symbolics(OPSET)
+    elif slots == "slots-trt":
+        register_slot_trt_symbolics(OPSET, decomposed=hybrid)
     domains = {**({DOMAIN: OP_VERSION} if plugin or hybrid else {}),
-               **({ORT_DOMAIN: ORT_DOMAIN_VERSION} if slots else {})} or None
+               **({ORT_DOMAIN: ORT_DOMAIN_VERSION} if slots == "slots" else {})} or None
     with warnings.catch_warnings(), torch.no_grad():
         # The TorchScript exporter is deprecated in favour of torch.export, but it traces these
         # flat-I/O modules with symbolic dims reliably; revisit when the dynamo path handles HF RoPE.
@@ -171,6 +182,8 @@ def _export_graph(module: torch.nn.Module, spec: dict, path: Path, check: bool, 
     model = onnx.load(str(path))
     if hybrid and not plugin:  # the linear layers' recurrences as standard-op Loops (delta_rule_loop.py)
         lower_gated_delta_rule(model, DOMAIN)
+    if slots == "slots-trt":
+        model = finish_opset24(model)
     _declare_io_shapes(model, spec)
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=path.name + ".data", size_threshold=EXTERNAL_DATA_THRESHOLD)
@@ -232,9 +245,18 @@ def _versions() -> dict[str, str | None]:
     return found
 
 
-def check_flavour(flavour: str, check: bool = True, dtype: str = "float32") -> None:
+def check_flavour(flavour: str, check: bool = True, dtype: str = "float32", capacity: int | None = None) -> None:
     if flavour not in FLAVOURS:
         raise DFlashError(f"unknown flavour '{flavour}'; choose one of {', '.join(FLAVOURS)}")
+    if flavour == "slots-trt" and capacity is None:
+        raise DFlashError("--flavour slots-trt needs --capacity N: the KV slots' size in tokens is static in "
+                          "its graphs (TensorRT's KV-cache update requires it)")
+    if flavour != "slots-trt" and capacity is not None:
+        raise DFlashError(f"--capacity is for --flavour slots-trt only; {flavour}-flavour graphs size their "
+                          f"caches at run time")
+    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
+                                 or capacity < MIN_CAPACITY):
+        raise DFlashError(f"--capacity must be a whole number of tokens >= {MIN_CAPACITY}, not {capacity!r}")
     if dtype not in DTYPES.values():
         raise DFlashError(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES.values())}")
     if flavour == "plugin" and check and onnxruntime_refusal("plugin", dtype) is None:
@@ -243,20 +265,21 @@ def check_flavour(flavour: str, check: bool = True, dtype: str = "float32") -> N
 
 def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: Path, flavour: str = "portable",
                   force: bool = False, check: bool = True, progress: Callable[[str], None] = lambda step: None,
-                  dtype: str = "float32") -> Path:
+                  dtype: str = "float32", capacity: int | None = None) -> Path:
     """Write the bundle with weights, K/V caches and features in `dtype` (float32, float16, bfloat16);
-    `progress` is called after each of its steps (3 graphs, tokenizer, manifest)."""
-    check_flavour(flavour, check, dtype)
+    `progress` is called after each of its steps (3 graphs, tokenizer, manifest). `capacity`: the
+    static KV slot size in tokens of a slots-trt target (that flavour only, and required there)."""
+    check_flavour(flavour, check, dtype, capacity)
     out = Path(out)
     if out.exists() and not force:
         raise DFlashError(f"{out} already exists; pass --force to replace it")
     d = drafter.config
     hybrid = target.is_stateful
-    plugin, slots = flavour == "plugin", flavour == "slots"
+    plugin, slots = flavour == "plugin", flavour in SLOT_FLAVOURS
     refusal = export_refusal(target.model_type)
     if refusal:
         raise DFlashError(refusal)
-    specs = _graph_specs(target, drafter, dtype, flavour)
+    specs = _graph_specs(target, drafter, dtype, flavour, capacity)
     target_graph = {(False, False): TargetGraph, (False, True): HybridTargetGraph,
                     (True, False): SlotTargetGraph, (True, True): HybridSlotTargetGraph}[slots, hybrid]
     modules = {
@@ -270,7 +293,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
             for name, module in modules.items():
                 checks[name] = _export_graph(module, specs[name], tmp / f"{name}.onnx", check,
                                              plugin and (name != "target" or hybrid), target.vocab_size, dtype,
-                                             slots and name == "target")
+                                             flavour if slots and name == "target" else None)
                 progress(f"{name}.onnx")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
@@ -281,6 +304,8 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
             "flavour": flavour,
             "dtype": dtype,
             "opset": OPSET,
+            # slots-trt: the target graph alone is at opset 24 (TensorScatter), with a static capacity
+            **({"target_opset": TRT_OPSET, "capacity": capacity} if flavour == "slots-trt" else {}),
             "custom_ops": {"domain": DOMAIN, "version": OP_VERSION,
                            "ops": ["InjectKV", "BlockAttention"] + (["GatedDeltaRule"] if hybrid else [])} if plugin else None,
             "graphs": {name: {"file": f"{name}.onnx", **spec} for name, spec in specs.items()},

@@ -26,14 +26,15 @@ from dflash_trt.export.hybrid_graphs import (
     linear_attention_at,
     linear_attention_shapes,
 )
+from dflash_trt.export.slot_graphs import example_capacity
 from dflash_trt.export.slot_ops import slot_attention
 
 
-def hybrid_slot_target_spec(config, vocab: int, features: int, dtype: str) -> dict:
+def hybrid_slot_target_spec(config, vocab: int, features: int, dtype: str, capacity: int | str = "capacity") -> dict:
     def io(name, type_, shape):
         return {"name": name, "dtype": type_, "shape": shape}
 
-    cache = ["batch", config.num_key_value_heads, "capacity", config.head_dim]
+    cache = ["batch", config.num_key_value_heads, capacity, config.head_dim]
     attention, linear = layer_indices(config, "full_attention"), layer_indices(config, "linear_attention")
     shapes = linear_attention_shapes(config)
     conv = [shapes["conv_dim"], shapes["conv_kernel"] - 1]
@@ -97,7 +98,7 @@ class HybridSlotTargetGraph(HybridTargetGraph):
         zero, a fresh slot's), cache rows past each length hold large garbage, and 4, 2 and 1 of 4 new
         tokens valid."""
         generator = torch.Generator().manual_seed(0)
-        batch, new, capacity = 3, 4, 16
+        batch, new, capacity = 3, 4, example_capacity(spec)
         cached = torch.tensor([5, 0, 9])
         dtype = getattr(torch, spec["inputs"][4]["dtype"])
         cache_shapes = [[batch if d == "batch" else capacity if d == "capacity" else d for d in io["shape"]]

@@ -15,7 +15,8 @@ MANIFEST = "bundle.json"
 FORMAT_VERSION = 1
 GRAPHS = ("target", "draft_context", "draft_block")
 # slots: contract 2, the target writes fixed-capacity caches in place (com.microsoft GQA, onnxruntime only).
-FLAVOURS = ("portable", "plugin", "slots")
+# slots-trt: contract 2 in standard ops (TensorScatter + Attention, opset 24) with a static capacity: TensorRT.
+FLAVOURS = ("portable", "plugin", "slots", "slots-trt")
 # Command-line spelling -> the dtype name a bundle records (numpy's and torch's spelling).
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -70,7 +71,7 @@ def read_bundle(root: str | Path, verify_hashes: bool = True) -> dict:
         raise DFlashError(f"{path}: the manifest has no '{missing[0]}' section (not written by dflash-trt export?)")
     if manifest.get("flavour") not in FLAVOURS:
         raise DFlashError(f"{root}: unknown flavour {manifest.get('flavour')!r} (expected one of {', '.join(FLAVOURS)})")
-    contract = 2 if manifest["flavour"] == "slots" else 1  # the graphs' I/O contract (slot_graphs.py for 2)
+    contract = 2 if manifest["flavour"] in ("slots", "slots-trt") else 1  # the graphs' I/O contract (slot_graphs.py for 2)
     if manifest.get("contract", contract) != contract:
         raise DFlashError(f"{root}: a {manifest['flavour']}-flavour bundle has graph contract {contract}, but its "
                           f"manifest says {manifest['contract']!r}; re-export it")
@@ -78,6 +79,8 @@ def read_bundle(root: str | Path, verify_hashes: bool = True) -> dict:
     if manifest.setdefault("dtype", "float32") not in DTYPES.values():  # bundles before dtypes: float32
         raise DFlashError(f"{root}: unknown dtype {manifest['dtype']!r} (expected one of {', '.join(DTYPES.values())})")
     verify_files(root, manifest["files"], MANIFEST, "bundle", "re-export", verify_hashes)
+    if manifest["flavour"] == "slots-trt" and not isinstance(manifest.get("capacity"), int):
+        raise DFlashError(f"{root}: a slots-trt bundle must record its static KV capacity; re-export it")
     if manifest["flavour"] == "plugin" and not (manifest.get("custom_ops") or {}).get("version"):
         raise DFlashError(f"{root}: a plugin-flavour bundle must record its custom_ops version; re-export it")
     return manifest

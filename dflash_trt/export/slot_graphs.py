@@ -27,11 +27,14 @@ def slot_kv_names(layers: int, suffix: str = "") -> list[str]:
     return [f"cache_{kind}{suffix}_{i}" for i in range(layers) for kind in ("key", "value")]
 
 
-def slot_target_spec(layers: int, kv_heads: int, head_dim: int, vocab: int, features: int, dtype: str) -> dict:
+def slot_target_spec(layers: int, kv_heads: int, head_dim: int, vocab: int, features: int, dtype: str,
+                     capacity: int | str = "capacity") -> dict:
+    """Contract 2's target I/O; `capacity` is a number where the flavour makes it static (slots-trt)."""
+
     def io(name, type_, shape):
         return {"name": name, "dtype": type_, "shape": shape}
 
-    cache = ["batch", kv_heads, "capacity", head_dim]
+    cache = ["batch", kv_heads, capacity, head_dim]
     return {
         "inputs": [io("input_ids", "int64", ["batch", "new"]), io("cache_lengths", "int64", ["batch"]),
                    io("query_lengths", "int64", ["batch"]), io("logits_index", "int64", ["batch", "rows"])]
@@ -79,13 +82,19 @@ class SlotTargetGraph(TargetGraph):
         return x, (key_cache, value_cache)
 
 
+def example_capacity(spec: dict) -> int:
+    """The traced caches' capacity: the spec's where it is static (slots-trt), else 16."""
+    capacity = spec["inputs"][4]["shape"][2]
+    return capacity if isinstance(capacity, int) else 16
+
+
 def slot_example_inputs(module: nn.Module, spec: dict, vocab_size: int) -> tuple[torch.Tensor, ...]:
     """Ragged rows for the export trace and the onnxruntime check: 3 rows with 5, 0 and 9 tokens
     cached and 4, 2 and 1 of 4 new tokens valid; cache rows past each length hold large garbage,
     which only a wrong graph would read. The committed rows are the graph's own prefill: random K/V
-    put queries where no real cache does (see bundle._own_cache)."""
+    put queries where no real cache does (see bundle._own_cache). Capacity 16, or the static one."""
     generator = torch.Generator().manual_seed(0)
-    batch, new, capacity = 3, 4, 16
+    batch, new, capacity = 3, 4, example_capacity(spec)
     cached = torch.tensor([5, 0, 9])
     dtype = getattr(torch, spec["inputs"][4]["dtype"])
     kv_heads, head_dim = spec["inputs"][4]["shape"][1], spec["inputs"][4]["shape"][3]

@@ -85,6 +85,10 @@ class TrtBundle:
         kind, self.manifest = open_bundle(self.root)  # refuses before TensorRT is touched
         if kind not in ("tensorrt", "tensorrt-rtx"):
             raise DFlashError(f"{self.root} is not a TensorRT engine bundle ({kind}): run it with backend 'onnxruntime'")
+        if self.manifest.get("contract", 1) != 1:  # these sessions grow caches by concatenation (contract 1)
+            raise DFlashError(f"{self.root}: these engines use graph contract {self.manifest['contract']} (slot "
+                              f"caches), which the per-request TensorRT sessions cannot run: build from a "
+                              f"--flavour portable bundle for them")
         trt = library_module(kind)
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.runtime = trt.Runtime(self.logger)
