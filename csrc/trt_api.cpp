@@ -185,50 +185,70 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return out + "]";
 }
 
-// One engine and its execution context. Outputs the executor does not bind (draft_logits) go to
-// scratch memory sized from the shapes the inputs imply.
+// One engine and an execution context per optimization profile (`build` makes one profile per
+// phase: prefill, verify, ...). A run takes the first profile whose box holds every input's shape.
+// Outputs the executor does not bind (draft_logits) go to scratch sized from the shapes the inputs
+// imply.
 class TrtGraph final : public Graph {
  public:
   TrtGraph(nvinfer1::ICudaEngine* engine, CudaDevice& device, Logger& logger, std::string path)
       : engine_(engine), device_(device), logger_(logger), path_(std::move(path)) {
-    context_ = engine_->createExecutionContext();
-    if (!context_) fail("creating an execution context for " + path_);
     for (int32_t i = 0; i < engine_->getNbIOTensors(); ++i) names_.emplace_back(engine_->getIOTensorName(i));
+    for (int32_t p = 0; p < std::max(engine_->getNbOptimizationProfiles(), 1); ++p) {
+      contexts_.push_back(engine_->createExecutionContext());
+      if (!contexts_.back()) fail("creating an execution context for " + path_);
+      if (!contexts_.back()->setOptimizationProfileAsync(p, device_.stream()))
+        fail(path_ + ": selecting optimization profile " + std::to_string(p));
+    }
+    device_.synchronize();
   }
   ~TrtGraph() override {
-    delete context_;
+    for (nvinfer1::IExecutionContext* context : contexts_) delete context;
     delete engine_;
   }
 
-  void clear() override { bound_.clear(); }
+  void clear() override {
+    inputs_.clear();
+    outputs_.clear();
+  }
   void input(const std::string& name, const TensorRef& t) override {
     check(name, t, nvinfer1::TensorIOMode::kINPUT);
-    nvinfer1::Dims dims{};
     if (t.shape.size() > size_t(nvinfer1::Dims::MAX_DIMS)) fail(name + ": too many dimensions");
-    dims.nbDims = int32_t(t.shape.size());
-    for (size_t i = 0; i < t.shape.size(); ++i) dims.d[i] = t.shape[i];
-    if (!context_->setInputShape(name.c_str(), dims))
-      fail(path_ + ": input " + name + " of shape " + shape_text(t.shape) +
-           " is outside the engine's optimization profile: rebuild with a larger --max-batch / --max-seq-len");
-    bind(name, t.data);
+    inputs_[name] = t;
   }
   void output(const std::string& name, const TensorRef& t) override {
     check(name, t, nvinfer1::TensorIOMode::kOUTPUT);
-    bind(name, t.data);
+    outputs_[name] = t.data;
   }
   void run(const std::string& what) override {
+    const int32_t profile = fitting_profile();
+    if (profile < 0) fail(what + ": " + shapes() + " are outside every optimization profile of " + path_ +
+                          ": rebuild with a larger --max-batch / --max-seq-len");
+    nvinfer1::IExecutionContext* context = contexts_[profile];
+    for (const auto& [name, t] : inputs_) {
+      nvinfer1::Dims dims{};
+      dims.nbDims = int32_t(t.shape.size());
+      for (size_t i = 0; i < t.shape.size(); ++i) dims.d[i] = t.shape[i];
+      if (!context->setInputShape(name.c_str(), dims)) fail(what + ": setting the shape of " + name);
+      bind(context, name, t.data);
+    }
     for (const std::string& name : names_) {
-      if (bound_.count(name)) continue;
+      if (inputs_.count(name)) continue;
       if (engine_->getTensorIOMode(name.c_str()) == nvinfer1::TensorIOMode::kINPUT)
         fail(what + ": input " + name + " is not bound");
-      const nvinfer1::Dims dims = context_->getTensorShape(name.c_str());
+      auto bound = outputs_.find(name);
+      if (bound != outputs_.end()) {
+        bind(context, name, bound->second);
+        continue;
+      }
+      const nvinfer1::Dims dims = context->getTensorShape(name.c_str());
       size_t count = 1;
       for (int32_t i = 0; i < dims.nbDims; ++i) count *= size_t(std::max<int64_t>(dims.d[i], 0));
       Buffer& buffer = scratch_.emplace(name, Buffer(device_, DType::float32)).first->second;
       buffer.reserve((count * trt_size(engine_->getTensorDataType(name.c_str())) + 3) / 4);
-      bind(name, buffer.at(0));
+      bind(context, name, buffer.at(0));
     }
-    if (!context_->enqueueV3(device_.stream())) fail(what);
+    if (!context->enqueueV3(device_.stream())) fail(what);
   }
 
  private:
@@ -244,18 +264,37 @@ class TrtGraph final : public Graph {
     if (engine_->getTensorDataType(name.c_str()) != trt_type(t.dtype))
       fail(path_ + ": " + name + " has another element type than the bundle's dtype says: rebuild the engines");
   }
-  void bind(const std::string& name, void* data) {
-    if (!context_->setTensorAddress(name.c_str(), data)) fail(path_ + ": binding " + name);
-    bound_[name] = true;
+  void bind(nvinfer1::IExecutionContext* context, const std::string& name, void* data) const {
+    if (!context->setTensorAddress(name.c_str(), data)) fail(path_ + ": binding " + name);
+  }
+  int32_t fitting_profile() const {
+    for (int32_t p = 0; p < int32_t(contexts_.size()); ++p) {
+      bool fits = true;
+      for (const auto& [name, t] : inputs_) {
+        const nvinfer1::Dims low = engine_->getProfileShape(name.c_str(), p, nvinfer1::OptProfileSelector::kMIN);
+        const nvinfer1::Dims high = engine_->getProfileShape(name.c_str(), p, nvinfer1::OptProfileSelector::kMAX);
+        if (low.nbDims < 0) continue;  // not shape-dependent in this engine
+        fits = fits && low.nbDims == int32_t(t.shape.size());
+        for (size_t i = 0; fits && i < t.shape.size(); ++i) fits = low.d[i] <= t.shape[i] && t.shape[i] <= high.d[i];
+      }
+      if (fits) return p;
+    }
+    return -1;
+  }
+  std::string shapes() const {
+    std::string out;
+    for (const auto& [name, t] : inputs_) out += (out.empty() ? "" : ", ") + name + " " + shape_text(t.shape);
+    return out;
   }
 
   nvinfer1::ICudaEngine* engine_;
-  nvinfer1::IExecutionContext* context_ = nullptr;
   CudaDevice& device_;
   Logger& logger_;
   std::string path_;
   std::vector<std::string> names_;
-  std::map<std::string, bool> bound_;
+  std::vector<nvinfer1::IExecutionContext*> contexts_;  // one per optimization profile
+  std::map<std::string, TensorRef> inputs_;
+  std::map<std::string, void*> outputs_;
   std::map<std::string, Buffer> scratch_;
 };
 

@@ -24,6 +24,7 @@ import pytest
 from factories import make_drafter, make_target
 from scheduler_checks import decode_together, python_loop
 
+from dflash_trt.engines.profiles import input_ranges, profile_dims
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.bundle import export_bundle
 from dflash_trt.models.checkpoints import load_drafter, load_target
@@ -61,9 +62,10 @@ def fakes(ort, tmp_path_factory):
     return nvinfer, cuda
 
 
-def fake_engines(bundle: Path, out: Path, library: str, retype: dict | None = None) -> dict:
-    """One fake engine per graph of `bundle` (its ONNX file and bundle.json I/O) -> graph -> path.
-    `retype` {tensor: dtype} misdeclares tensors, as an engine built from another export would."""
+def fake_engines(bundle: Path, out: Path, library: str, retype: dict | None = None, max_batch: int = 3) -> dict:
+    """One fake engine per graph of `bundle` (its ONNX file, bundle.json I/O and the optimization
+    profiles `build` would give it) -> graph -> path. `retype` {tensor: dtype} misdeclares tensors, as
+    an engine built from another export would."""
     out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((bundle / "bundle.json").read_text())
     paths = {}
@@ -73,6 +75,12 @@ def fake_engines(bundle: Path, out: Path, library: str, retype: dict | None = No
             for t in spec[mode]:
                 dtype = (retype or {}).get(t["name"], t["dtype"])
                 lines.append(" ".join(["tensor", t["name"], mode[:-1], dtype, *map(str, t["shape"])]))
+        boxes = profile_dims(name, max_batch, manifest["capacity"], manifest["draft"]["block_size"], 2,
+                             manifest["capacity"])
+        # narrowest first (build writes prefill first): a prefill longer than a block needs profile 1
+        for index, dims in enumerate(reversed(boxes.values())):
+            for tensor, (low, _, high) in input_ranges(spec, dims).items():
+                lines.append(" ".join(["profile", str(index), tensor, "min", *map(str, low), "max", *map(str, high)]))
         paths[name] = out / f"{name}.engine"
         paths[name].write_text("\n".join(lines) + "\n")
     return paths
@@ -96,7 +104,9 @@ def pair(ort, fakes, request, tmp_path_factory):
     target_dir = make_target(root / "target", family, seed=5, tokenizer=False, vocab_size=6)
     draft_dir = make_drafter(root / "draft", seed=5, block_size=4, target_layer_ids=[1, 2], mask_token_id=5)
     target, drafter = load_target(str(target_dir))[0], load_drafter(draft_dir)
-    bundle = export_bundle(target, drafter, None, root / "bundle", flavour="slots", dtype=dtype, check=False)
+    # slots-trt: what TensorRT engines are built from (static capacity); onnxruntime runs it too
+    bundle = export_bundle(target, drafter, None, root / "bundle", flavour="slots-trt", capacity=64, dtype=dtype,
+                           check=False)
     engines = fake_engines(bundle, root / "engines", ort.onnxruntime_library())
     return bundle, engines, target, drafter, dtype
 
@@ -150,6 +160,17 @@ def test_the_executor_frees_every_device_buffer_it_made(core, ort, fakes, pair):
     del executor
     gc.collect()
     assert live() == before
+
+
+def test_shapes_outside_every_optimization_profile_are_refused_in_one_line(core, ort, fakes, pair, tmp_path):
+    bundle, *_ = pair
+    engines = fake_engines(bundle, tmp_path, ort.onnxruntime_library(), max_batch=2)  # engines for 2 rows
+    executor = core.TrtExecutor(trt_config(ort, fakes, bundle, engines, max_batch=3))
+    executor.prefill([0, 1], [PROMPTS[0], PROMPTS[1]])
+    with pytest.raises(DFlashError, match=r"are outside every optimization profile of .*target.engine: rebuild with a "
+                                          r"larger --max-batch") as err:
+        executor.prefill([0, 2], [[1], PROMPTS[3]])  # slots 0..2: a batch of 3
+    assert "\n" not in str(err.value)
 
 
 def test_without_a_cuda_driver_the_executor_says_so_in_one_line(core, ort, fakes, pair):

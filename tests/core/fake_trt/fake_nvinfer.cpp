@@ -3,11 +3,12 @@
 // It implements, against the real TensorRT 10 headers, what csrc/trt_api.cpp calls:
 // createInferRuntime_INTERNAL -> IRuntime -> deserializeCudaEngine -> ICudaEngine (its I/O
 // tensors: names, modes, dtypes) -> IExecutionContext (setInputShape, setTensorAddress,
-// getTensorShape, enqueueV3). An "engine" is a small text file naming an ONNX graph and its I/O
+// getTensorShape, enqueueV3, optimization profiles). An "engine" is a small text file naming an ONNX graph and its I/O
 // (tests/core/test_trt_executor.py writes one per graph of a slots bundle):
 //     onnx <path>
 //     onnxruntime <libonnxruntime path>
 //     tensor <name> input|output float32|float16|int64 <dim>...    (a dim: a number or a symbol)
+//     profile <index> <input> min <dims...> max <dims...>            (the optimization profiles' boxes)
 // enqueueV3 runs the graph with onnxruntime over the addresses it was given, which the fake CUDA
 // driver (fake_cuda.cpp) makes host memory, with the shapes set; an output's shape resolves its
 // symbols from the inputs'. Every other API call answers a default and is never used by the executor.
@@ -36,9 +37,13 @@ struct Tensor {
   std::vector<std::string> dims;
 };
 
+// One optimization profile: input -> (min dims, max dims).
+using Profile = std::map<std::string, std::pair<std::vector<int64_t>, std::vector<int64_t>>>;
+
 struct Spec {
   std::string onnx, library;
   std::vector<Tensor> tensors;
+  std::vector<Profile> profiles;
   const Tensor* find(const char* name) const {
     for (const Tensor& t : tensors)
       if (t.name == name) return &t;
@@ -56,6 +61,20 @@ Spec parse(const std::string& text) {
     words >> kind;
     if (kind == "onnx") words >> spec.onnx;
     if (kind == "onnxruntime") words >> spec.library;
+    if (kind == "profile") {  // profile <index> <input> min <dims...> max <dims...>
+      size_t index;
+      std::string name, word;
+      words >> index >> name;
+      if (spec.profiles.size() <= index) spec.profiles.resize(index + 1);
+      std::vector<int64_t>* into = nullptr;
+      while (words >> word) {
+        if (word == "min" || word == "max") {
+          into = word == "min" ? &spec.profiles[index][name].first : &spec.profiles[index][name].second;
+        } else if (into) {
+          into->push_back(std::stoll(word));
+        }
+      }
+    }
     if (kind != "tensor") continue;
     Tensor t;
     std::string mode, type, dim;
@@ -88,12 +107,27 @@ class ContextImpl final : public apiv::VExecutionContext {
       : engine_(engine), spec_(spec), graph_(std::move(graph)) {}
   IExecutionContext* api = nullptr;
 
+  // Like TensorRT: a shape outside the context's profile is refused.
   bool setInputShape(char const* name, Dims const& dims) noexcept override {
     const Tensor* t = spec_.find(name);
     if (!t || !t->input || dims.nbDims != int32_t(t->dims.size())) return false;
+    auto box = spec_.profiles.at(profile_).find(name);
+    if (box != spec_.profiles[profile_].end())
+      for (int32_t i = 0; i < dims.nbDims; ++i)
+        if (dims.d[i] < box->second.first[i] || dims.d[i] > box->second.second[i]) {
+          error(std::string("fake TensorRT: ") + name + " is outside profile " + std::to_string(profile_));
+          return false;
+        }
     shapes_[name].assign(dims.d, dims.d + dims.nbDims);
     return true;
   }
+  bool setOptimizationProfileAsync(int32_t index, cudaStream_t) noexcept override {
+    if (index < 0 || index >= int32_t(spec_.profiles.size())) return false;
+    profile_ = index;
+    shapes_.clear();
+    return true;
+  }
+  int32_t getOptimizationProfile() const noexcept override { return profile_; }
   Dims getTensorShape(char const* name) const noexcept override {
     Dims dims{};
     const Tensor* t = spec_.find(name);
@@ -173,6 +207,7 @@ class ContextImpl final : public apiv::VExecutionContext {
   std::unique_ptr<dflash::Graph> graph_;
   std::map<std::string, std::vector<int64_t>> shapes_;
   std::map<std::string, void*> addresses_;
+  int32_t profile_ = 0;
 
  public:
   IExecutionContext* getPImpl() noexcept override { return {}; }
@@ -183,13 +218,11 @@ class ContextImpl final : public apiv::VExecutionContext {
   void setName(char const* name) noexcept override {}
   char const* getName() const noexcept override { return {}; }
   void setDeviceMemory(void* memory) noexcept override {}
-  int32_t getOptimizationProfile() const noexcept override { return {}; }
   bool allInputDimensionsSpecified() const noexcept override { return {}; }
   bool allInputShapesSpecified() const noexcept override { return {}; }
   void setErrorRecorder(IErrorRecorder* recorder) noexcept override {}
   IErrorRecorder* getErrorRecorder() const noexcept override { return {}; }
   bool executeV2(void* const* bindings) noexcept override { return {}; }
-  bool setOptimizationProfileAsync(int32_t profileIndex, cudaStream_t stream) noexcept override { return {}; }
   void setEnqueueEmitsProfile(bool enqueueEmitsProfile) noexcept override {}
   bool getEnqueueEmitsProfile() const noexcept override { return {}; }
   bool reportToProfiler() const noexcept override { return {}; }
@@ -255,13 +288,24 @@ class EngineImpl final : public apiv::VCudaEngine {
     return dims;
   }
   char const* getName() const noexcept override { return spec_.onnx.c_str(); }
+  int32_t getNbOptimizationProfiles() const noexcept override { return int32_t(spec_.profiles.size()); }
+  Dims getProfileShape(char const* name, int32_t index, OptProfileSelector select) const noexcept override {
+    Dims dims{};
+    dims.nbDims = -1;
+    if (index < 0 || index >= int32_t(spec_.profiles.size())) return dims;
+    auto box = spec_.profiles[index].find(name);
+    if (box == spec_.profiles[index].end()) return dims;
+    const std::vector<int64_t>& d = select == OptProfileSelector::kMIN ? box->second.first : box->second.second;
+    dims.nbDims = int32_t(d.size());
+    for (size_t i = 0; i < d.size(); ++i) dims.d[i] = d[i];
+    return dims;
+  }
   ICudaEngine* getPImpl() noexcept override { return {}; }
   int32_t getNbLayers() const noexcept override { return {}; }
   IHostMemory* serialize() const noexcept override { return {}; }
   IExecutionContext* createExecutionContextWithoutDeviceMemory() noexcept override { return {}; }
   size_t getDeviceMemorySize() const noexcept override { return {}; }
   bool isRefittable() const noexcept override { return {}; }
-  int32_t getNbOptimizationProfiles() const noexcept override { return {}; }
   int32_t const* getProfileTensorValues( char const* tensorName, int32_t profileIndex, OptProfileSelector select) const noexcept override { return {}; }
   EngineCapability getEngineCapability() const noexcept override { return {}; }
   void setErrorRecorder(IErrorRecorder* recorder) noexcept override {}
@@ -277,7 +321,6 @@ class EngineImpl final : public apiv::VCudaEngine {
   TensorFormat getTensorFormat(char const* tensorName) const noexcept override { return {}; }
   char const* getTensorFormatDesc(char const* tensorName) const noexcept override { return {}; }
   int32_t getTensorVectorizedDim(char const* tensorName) const noexcept override { return {}; }
-  Dims getProfileShape( char const* tensorName, int32_t profileIndex, OptProfileSelector select) const noexcept override { return {}; }
   HardwareCompatibilityLevel getHardwareCompatibilityLevel() const noexcept override { return {}; }
   int32_t getNbAuxStreams() const noexcept override { return {}; }
   int32_t getTensorBytesPerComponentV2(char const* tensorName, int32_t profileIndex) const noexcept override { return {}; }
@@ -335,7 +378,7 @@ class RuntimeImpl final : public apiv::VRuntime {
   nvinfer1::ICudaEngine* deserializeCudaEngine(void const* blob, std::size_t size) noexcept override {
     try {
       Spec spec = parse(std::string(static_cast<const char*>(blob), size));
-      if (spec.onnx.empty() || spec.tensors.empty()) {
+      if (spec.onnx.empty() || spec.tensors.empty() || spec.profiles.empty()) {
         error("fake TensorRT: not a fake engine");
         return nullptr;
       }
