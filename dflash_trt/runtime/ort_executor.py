@@ -64,6 +64,7 @@ class SlotBundle:
     manifest."""
 
     batched_only = True
+    cuda_driver = "libcuda.so.1"  # the CUDA driver library the TensorRT executor loads
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -114,6 +115,7 @@ class SlotBundle:
             str(self.root / graphs[name]["file"]) for name in ("target", "draft_context", "draft_block")
         )
         config.library_path = self.library
+        config.driver_path = self.cuda_driver
         config.dtype = manifest["dtype"]
         config.threads = threads or 0
         config.max_batch, config.capacity = max_batch, capacity

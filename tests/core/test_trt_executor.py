@@ -191,3 +191,48 @@ def test_an_engine_typed_unlike_the_bundle_is_refused_in_one_line(core, ort, fak
     executor = core.TrtExecutor(trt_config(ort, fakes, bundle, engines))
     with pytest.raises(DFlashError, match="features has another element type than the bundle's dtype says"):
         executor.prefill([0], [PROMPTS[0]])
+
+
+def fake_build(library: str):
+    """Stands in for engines.trt_engine.build_trt_graph: writes a fake engine of the graph with the
+    profiles `build` chose."""
+    def build(kind, source, out, spec, profiles, compute_capabilities, plugin_library=None):
+        lines = [f"onnx {Path(source).resolve()}", f"onnxruntime {library}"]
+        for mode in ("inputs", "outputs"):
+            lines += [" ".join(["tensor", t["name"], mode[:-1], t["dtype"], *map(str, t["shape"])]) for t in spec[mode]]
+        for index, dims in enumerate(profiles.values()):
+            for tensor, (low, _, high) in input_ranges(spec, dims).items():
+                lines.append(" ".join(["profile", str(index), tensor, "min", *map(str, low), "max", *map(str, high)]))
+        Path(out).write_text("\n".join(lines) + "\n")
+        return {"file": Path(out).name, "build_s": 0.0, "bytes": Path(out).stat().st_size}
+
+    return build
+
+
+def test_dflash_trt_build_then_llm_from_bundle_runs_on_the_tensorrt_executor(ort, fakes, pair, tmp_path, monkeypatch):
+    """`build --engine tensorrt` of a slots-trt bundle, then `LLM.from_bundle` on it: the engine bundle
+    is checked (library, GPU), opened by SlotBundle for the C++ TensorRT executor, and generates what
+    the onnxruntime executor generates from the exported bundle."""
+    import fake_tensorrt
+
+    from dflash_trt import LLM, SamplingParams
+    from dflash_trt.engines import build as build_module
+    from dflash_trt.engines import machine, trt_engine
+    from dflash_trt.engines.config import BuildConfig
+    from dflash_trt.runtime import ort_executor
+
+    bundle, *_ = pair
+    monkeypatch.setitem(__import__("sys").modules, "tensorrt", fake_tensorrt.module())  # version 10.x, as the headers
+    monkeypatch.setattr(machine, "gpu_compute_capability", lambda: "9.0")
+    monkeypatch.setattr(trt_engine, "build_trt_graph", fake_build(str(ort.onnxruntime_library())))
+    build_module.build_engines(bundle, tmp_path / "engines", BuildConfig(engine="tensorrt", max_batch=3,
+                                                                          max_seq_len=64))
+    monkeypatch.setattr(ort_executor, "tensorrt_library", lambda major: str(fakes[0]))
+    monkeypatch.setattr(ort_executor.SlotBundle, "cuda_driver", str(fakes[1]))
+    ours = LLM.from_bundle(tmp_path / "engines", block_size=4, max_batch=3)
+    theirs = LLM.from_bundle(bundle, block_size=4, max_batch=3)
+    assert (ours.backend, theirs.backend, ours.capacity) == ("tensorrt", "onnxruntime", 64)  # the bundle's own C
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    got, want = ours.generate(PROMPTS, params), theirs.generate(PROMPTS, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert [o.token_ids for o in got] == [o.token_ids for o in ours.generate(PROMPTS, params, speculative=False)]
