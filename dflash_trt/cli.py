@@ -493,7 +493,8 @@ def pack_corpus(src, dst):
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1 requests.")
 @click.option("--max-batch", type=int, default=8, show_default=True, help="Requests decoded together; more wait for a slot.")
-@click.option("--capacity", type=int, default=4096, show_default=True, help="Tokens per request (prompt + max_tokens).")
+@click.option("--capacity", type=int, default=None,
+              help="Tokens per request (prompt + max_tokens) [default: 4096, or a slots-trt bundle's own].")
 @click.option("--block-size", type=int, default=None,
               help="Verify this many tokens every step (default: the engine picks each step's block from measured costs).")
 @click.option("--prefill-chunk", type=int, default=0, show_default=True,

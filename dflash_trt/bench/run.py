@@ -119,11 +119,13 @@ def compare(result: SettingResult, dflash_records, baseline_records) -> SettingR
 def run_offline_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) -> list[SettingResult]:
     from dflash_trt.bench.offline import run_offline
     from dflash_trt.models import embedded
+    from dflash_trt.runtime.engine_bundles import bundle_capacity
     from dflash_trt.runtime.llm import AUTO, LLM
     from dflash_trt.spec.sampling import SamplingParams
 
     if config.bundle:
-        llm = LLM.from_bundle(config.bundle, capacity=2 * config.max_tokens + 2048)
+        # room for the prompt and the answer, unless the bundle's graphs fix the capacity (slots-trt)
+        llm = LLM.from_bundle(config.bundle, capacity=bundle_capacity(config.bundle) or 2 * config.max_tokens + 2048)
     else:
         llm = LLM(target=config.target or embedded.DEFAULT_TARGET, draft=config.draft or AUTO,
                   backend=config.backend or "torch", capacity=2 * config.max_tokens + 2048)

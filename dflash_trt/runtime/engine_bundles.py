@@ -37,6 +37,19 @@ def bundle_contract(root: str | Path) -> int:
         return 1  # the backend's checked open then says what is wrong with it
 
 
+def bundle_capacity(root: str | Path) -> int | None:
+    """The KV slot capacity a bundle's graphs fix (slots-trt), else None; unchecked, like
+    bundle_contract: opening the bundle checks it."""
+    root = Path(root)
+    engine = is_engine_bundle(root)
+    try:
+        manifest = json.loads((root / (ENGINE_MANIFEST if engine else MANIFEST)).read_text())
+        capacity = (manifest["source"] if engine else manifest).get("capacity")
+        return capacity if isinstance(capacity, int) and not isinstance(capacity, bool) else None
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def open_bundle(root: str | Path) -> tuple[str, dict]:
     """-> (engine kind, manifest view with graphs/target/draft/flavour/custom_ops/dtype).
 

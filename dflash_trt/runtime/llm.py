@@ -115,13 +115,12 @@ class LLM:
         engine bundle on onnxruntime, TensorRT engines on the GPU. No PyTorch model code is used.
         `capacity` (tokens per KV slot) defaults to the bundle's own where its graphs fix one
         (slots-trt), else DEFAULT_CAPACITY."""
+        from dflash_trt.runtime.engine_bundles import bundle_capacity
+
         _check_block_size(block_size)
         llm = cls.__new__(cls)
-        llm._batching(max_batch, capacity or DEFAULT_CAPACITY, prefill_chunk)
+        llm._batching(max_batch, capacity or bundle_capacity(path) or DEFAULT_CAPACITY, prefill_chunk)
         llm._load_bundle(Path(path), block_size)
-        fixed = getattr(llm._bundle, "capacity", None)
-        if capacity is None and fixed is not None:
-            llm._batching(max_batch, fixed, prefill_chunk)
         return llm
 
     def _batching(self, max_batch: int, capacity: int, prefill_chunk: int = 0) -> None:

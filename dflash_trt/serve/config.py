@@ -26,7 +26,7 @@ class ServeConfig:
     port: int = 8000
     api_key: str | None = None
     max_batch: int = 8
-    capacity: int = 4096  # tokens per request (prompt + max_tokens)
+    capacity: int | None = None  # tokens per request (prompt + max_tokens); None: 4096, or a slots-trt bundle's own
     block_size: int | None = None  # None: the engine picks each step's block (adaptive); N pins it
     prefill_chunk: int = 0  # prompt tokens prefilled per step (0: whole prompts)
     model_name: str | None = None  # what /v1/models lists (default: the bundle's or target's directory name)
@@ -43,6 +43,8 @@ class ServeConfig:
             raise DFlashError(f"--max-batch must be an integer >= 1, got {self.max_batch!r}")
         if not isinstance(self.prefill_chunk, int) or self.prefill_chunk < 0:
             raise DFlashError(f"--prefill-chunk must be an integer >= 0 (0: whole prompts), got {self.prefill_chunk!r}")
+        if self.capacity is not None and (not isinstance(self.capacity, int) or self.capacity < 2):
+            raise DFlashError(f"--capacity must be an integer >= 2, got {self.capacity!r}")
         if self.block_size is not None and self.block_size < 2:
             raise DFlashError(f"--block-size must be >= 2, got {self.block_size}")
         if not 0 <= self.port <= 65535:
@@ -62,7 +64,7 @@ class ServeConfig:
             "target": _local(self.target),
             "draft": _local(self.draft),
             "max_batch": str(self.max_batch),
-            "capacity": str(self.capacity),
+            "capacity": "" if self.capacity is None else str(self.capacity),
             "block_size": "" if self.block_size is None else str(self.block_size),
             "prefill_chunk": str(self.prefill_chunk),
             "served_name": self.served_name,

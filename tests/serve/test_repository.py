@@ -5,6 +5,7 @@ import subprocess
 
 import pytest
 
+from dflash_trt.errors import DFlashError
 from dflash_trt.serve.config import ServeConfig
 from dflash_trt.serve.repository import write_repository
 from dflash_trt.serve.triton import TritonInstall, stub_env
@@ -24,6 +25,13 @@ def test_repository_holds_one_decoupled_python_model(tmp_path):
     assert (params['"max_batch"'], params['"capacity"'], params['"block_size"']) == ('"3"', '"99"', '"4"')
     assert params['"prefill_chunk"'] == '"16"'  # model.py hands it to the Engine
     assert (root / "dflash" / "1" / "model.py").read_text().startswith('"""Triton Python-backend model')
+
+
+def test_capacity_defaults_to_the_bundle_s_own_and_is_checked():
+    """No --capacity: model.py gets "" and takes the LLM's (4096, or a slots-trt bundle's static one)."""
+    assert ServeConfig(target="smollm2-135m").model_parameters()["capacity"] == ""
+    with pytest.raises(DFlashError, match="--capacity must be an integer >= 2, got 1"):
+        ServeConfig(target="smollm2-135m", capacity=1)
 
 
 def test_served_name_defaults_to_the_directory():

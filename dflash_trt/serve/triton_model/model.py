@@ -30,11 +30,12 @@ class TritonPythonModel:
         from dflash_trt.runtime.engine import Engine
         from dflash_trt.runtime.llm import AUTO, LLM
 
+        capacity = int(params["capacity"]) if params["capacity"] else None
         if params["bundle"]:
-            self.llm = LLM.from_bundle(params["bundle"])
+            self.llm = LLM.from_bundle(params["bundle"], capacity=capacity)  # None: the bundle's own, else 4096
         else:
             self.llm = LLM(params["target"], params["draft"] or AUTO, backend="torch")
-        self.engine = Engine(self.llm, max_batch=int(params["max_batch"]), capacity=int(params["capacity"]),
+        self.engine = Engine(self.llm, max_batch=int(params["max_batch"]), capacity=capacity or self.llm.capacity,
                              block_size=int(params["block_size"]) if params["block_size"] else None,
                              prefill_chunk=int(params.get("prefill_chunk") or 0))
         self.metrics = EngineMetrics(pb_utils, params["served_name"])
