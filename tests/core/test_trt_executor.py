@@ -111,8 +111,9 @@ def pair(ort, fakes, request, tmp_path_factory):
     return bundle, engines, target, drafter, dtype
 
 
-def decode(core, executor, prompts, block_size, max_batch=3):
-    config = core.SchedulerConfig(max_batch=max_batch, capacity=64, block_size=block_size, engine_seed=0)
+def decode(core, executor, prompts, block_size, max_batch=3, prefill_chunk=0):
+    config = core.SchedulerConfig(max_batch=max_batch, capacity=64, block_size=block_size, engine_seed=0,
+                                  prefill_chunk=prefill_chunk)
     return decode_together(core, core.Scheduler(executor, config), prompts, 12, block_size)
 
 
@@ -130,6 +131,14 @@ def test_greedy_on_the_tensorrt_executor_equals_autoregressive_and_the_onnxrunti
     if block > 1:
         steps = [a for row in ours[1] for a in row]
         assert max(steps) >= 1 and min(steps) == 0  # accepted and rejected drafts: commit kept every kind
+
+
+def test_chunked_prefill_on_the_tensorrt_executor_equals_whole_prompts(core, ort, fakes, pair):
+    """Chunks of 2 extend a held row (the prefill profile with rows 1, after cached tokens)."""
+    bundle, engines, *_ = pair
+    prompts = [PROMPTS[1], PROMPTS[3], PROMPTS[0]]
+    chunked = decode(core, core.TrtExecutor(trt_config(ort, fakes, bundle, engines)), prompts, 4, prefill_chunk=2)
+    assert chunked == decode(core, ort.ort_executor(bundle, max_batch=3, capacity=64), prompts, 4)
 
 
 def test_phase_logits_and_drafts_equal_the_onnxruntime_executor_s(core, ort, fakes, pair):
