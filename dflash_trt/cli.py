@@ -214,9 +214,13 @@ def _engine_default(compute_capability: str | None) -> str:
 @click.option("--compute-capability", default=None, help="Comma-separated targets for tensorrt-rtx, e.g. 12.0,8.9.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
               help="Precision of weights and activations (default: the bundle's; fp32 when exporting).")
-@click.option("--flavour", type=click.Choice(["portable", "plugin", "slots"]), default="portable", show_default=True,
+@click.option("--flavour", type=click.Choice(["portable", "plugin", "slots", "slots-trt"]), default="portable",
+              show_default=True,
               help="When exporting: plugin expresses KV injection and block attention as dflash:: ops (--engine tensorrt); "
-                   "slots writes the target's KV caches in place (--engine onnxruntime).")
+                   "slots writes the target's KV caches in place (--engine onnxruntime); slots-trt does so in "
+                   "standard ops with --capacity (TensorRT engines for the batched C++ executor).")
+@click.option("--capacity", type=int, default=None,
+              help="When exporting --flavour slots-trt (and required there): the KV slots' size in tokens.")
 @click.option("--max-batch", type=int, default=1, show_default=True, help="Largest batch the engines accept.")
 @click.option("--max-seq-len", type=int, default=2048, show_default=True, help="Longest sequence (prompt + output).")
 @click.option("--block-size", type=int, default=None, help="Largest verify block (default: the drafter's).")
@@ -226,8 +230,8 @@ def _engine_default(compute_capability: str | None) -> str:
                    "K/V and recurrent-state bytes, fit in --gpu-memory); download, export and write nothing.")
 @click.option("--gpu-memory", type=float, default=None, help="With --dry-run: GPU memory in GiB the plan must fit.")
 @user_errors
-def build(target, draft, source, out, engine, compute_capability, dtype, flavour, max_batch, max_seq_len, block_size, force,
-          dry_run, gpu_memory):
+def build(target, draft, source, out, engine, compute_capability, dtype, flavour, capacity, max_batch, max_seq_len,
+          block_size, force, dry_run, gpu_memory):
     """Build engines from a (target, drafter) pair or an ONNX bundle: one engine per graph, with
     optimization profiles for the prefill and the B-token steps, and engine.json."""
     import tempfile
@@ -241,6 +245,8 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
 
     if source is not None and (target or draft):
         raise DFlashError("pass either --bundle or --target/--draft, not both")
+    if source is not None and capacity is not None:
+        raise DFlashError("--capacity is for exporting --target/--draft; a --bundle keeps the capacity it was exported with")
     config = BuildConfig(engine=engine or _engine_default(compute_capability),
                          compute_capabilities=parse_compute_capabilities(compute_capability),
                          dtype=DTYPES[dtype] if dtype else None, max_batch=max_batch, max_seq_len=max_seq_len,
@@ -255,7 +261,8 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
         check_source(read_bundle(source), config, str(source))
     else:
         check_graphs(flavour, config.dtype or "float32", config, "--target/--draft")
-    pair = None if source is not None else _load_pair(target or DEFAULT_TARGET, draft, flavour, config.dtype or "float32")
+    pair = None if source is not None else _load_pair(target or DEFAULT_TARGET, draft, flavour, config.dtype or "float32",
+                                                       capacity=capacity)
     exported = None
     with tqdm(total=4 + (5 if source is None else 0), desc=f"build ({config.engine})", unit="step") as bar:
         try:
@@ -263,7 +270,7 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
                 out.parent.mkdir(parents=True, exist_ok=True)
                 exported = Path(tempfile.mkdtemp(prefix=f".{out.name}-onnx-", dir=out.parent))
                 source = export_bundle(*pair, exported / "bundle", flavour=flavour, dtype=config.dtype or "float32",
-                                       progress=_progress(bar))
+                                       progress=_progress(bar), capacity=capacity)
             manifest = build_engines(source, out, config, command=invoked_command(), progress=_progress(bar))
         finally:
             if exported is not None:

@@ -28,6 +28,24 @@ def test_build_from_a_pair_exports_then_builds_and_the_bundle_decodes_like_the_p
     assert LLM.from_bundle(out).generate([3, 4], params)[0].token_ids == LLM(target, draft).generate([3, 4], params)[0].token_ids
 
 
+def test_build_exports_slots_trt_with_its_capacity_and_the_bundle_runs_batched(tiny_pairs, tmp_path):
+    """build --flavour slots-trt --capacity: the export inside build fixes the capacity, the engine
+    bundle records it, and LLM.from_bundle takes it (the C++ executor; onnxruntime engines here)."""
+    target, draft = map(str, tiny_pairs["qwen3"])
+    out = tmp_path / "e"
+    args = ["build", "--target", target, "--draft", draft, "-o", str(out), "--engine", "onnxruntime",
+            "--flavour", "slots-trt", "--max-seq-len", "64"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "--flavour slots-trt needs --capacity N" in result.output
+    result = CliRunner().invoke(main, [*args, "--capacity", "64"])
+    assert result.exit_code == 0, result.output
+    assert read_engine_bundle(out)["source"]["capacity"] == 64
+    llm = LLM.from_bundle(out)
+    assert llm.capacity == 64 and llm.batched_only
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    assert llm.generate([3, 4], params)[0].token_ids == LLM(target, draft).generate([3, 4], params)[0].token_ids
+
+
 def test_inspect_describes_an_engine_bundle(bundles, tmp_path):
     out = tmp_path / "e"
     result = CliRunner().invoke(main, ["build", "--bundle", str(bundles["llama"][0]), "-o", str(out), "--engine", "onnxruntime"])
@@ -44,6 +62,7 @@ def test_inspect_describes_an_engine_bundle(bundles, tmp_path):
     (["--compute-capability", "9.0"], "TensorRT-RTX has no Hopper target"),
     (["--engine", "onnxruntime", "--target", "x"], "pass either --bundle or --target/--draft, not both"),
     (["--engine", "onnxruntime", "--dtype", "fp16"], "holds float32 graphs but --dtype asks for float16"),
+    (["--engine", "onnxruntime", "--capacity", "64"], "a --bundle keeps the capacity it was exported with"),
 ])
 def test_bad_build_requests_are_one_line_and_write_nothing(bundles, tmp_path, args, message):
     out = tmp_path / "e"
