@@ -221,7 +221,8 @@ def _engine_default(compute_capability: str | None) -> str:
                    "standard ops with --capacity (TensorRT engines for the batched C++ executor).")
 @click.option("--capacity", type=int, default=None,
               help="When exporting --flavour slots-trt (and required there): the KV slots' size in tokens.")
-@click.option("--max-batch", type=int, default=1, show_default=True, help="Largest batch the engines accept.")
+@click.option("--max-batch", type=int, default=None,
+              help="Largest batch the engines accept [default: 8 for slots / slots-trt graphs (batched), else 1].")
 @click.option("--max-seq-len", type=int, default=2048, show_default=True, help="Longest sequence (prompt + output).")
 @click.option("--block-size", type=int, default=None, help="Largest verify block (default: the drafter's).")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
@@ -240,13 +241,17 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
 
     from dflash_trt.engines.build import build_engines, check_graphs, check_source
     from dflash_trt.engines.config import BuildConfig, parse_compute_capabilities
-    from dflash_trt.export.bundle import export_bundle
+    from dflash_trt.export.bundle import SLOT_FLAVOURS, export_bundle
     from dflash_trt.export.manifest import read_bundle
+    from dflash_trt.runtime.engine import DEFAULT_MAX_BATCH
 
     if source is not None and (target or draft):
         raise DFlashError("pass either --bundle or --target/--draft, not both")
     if source is not None and capacity is not None:
         raise DFlashError("--capacity is for exporting --target/--draft; a --bundle keeps the capacity it was exported with")
+    if max_batch is None:  # contract-2 graphs run batched (the C++ executors); contract 1 one request per session
+        batched = (read_bundle(source, verify_hashes=False)["flavour"] if source is not None else flavour) in SLOT_FLAVOURS
+        max_batch = DEFAULT_MAX_BATCH if batched else 1
     config = BuildConfig(engine=engine or _engine_default(compute_capability),
                          compute_capabilities=parse_compute_capabilities(compute_capability),
                          dtype=DTYPES[dtype] if dtype else None, max_batch=max_batch, max_seq_len=max_seq_len,

@@ -109,18 +109,28 @@ class LLM:
         self.eos_token_ids = eos_token_ids(self.target, self.tokenizer)
 
     @classmethod
-    def from_bundle(cls, path: str | Path, block_size: int | None = None, max_batch: int = DEFAULT_MAX_BATCH,
+    def from_bundle(cls, path: str | Path, block_size: int | None = None, max_batch: int | None = None,
                     capacity: int | None = None, prefill_chunk: int = 0) -> LLM:
         """Run what `dflash-trt export` or `dflash-trt build` wrote: an ONNX bundle or an onnxruntime
         engine bundle on onnxruntime, TensorRT engines on the GPU. No PyTorch model code is used.
         `capacity` (tokens per KV slot) defaults to the bundle's own where its graphs fix one
-        (slots-trt), else DEFAULT_CAPACITY."""
+        (slots-trt), else DEFAULT_CAPACITY. TensorRT slots-trt engines also bound the rows per step
+        (`max_batch` defaults to theirs) and the prompt tokens per step (prompts longer than their
+        prefill profile enter in chunks of it)."""
         from dflash_trt.runtime.engine_bundles import bundle_capacity
 
         _check_block_size(block_size)
         llm = cls.__new__(cls)
-        llm._batching(max_batch, capacity or bundle_capacity(path) or DEFAULT_CAPACITY, prefill_chunk)
+        capacity = capacity or bundle_capacity(path) or DEFAULT_CAPACITY
+        llm._batching(max_batch or DEFAULT_MAX_BATCH, capacity, prefill_chunk)  # the user's values first
         llm._load_bundle(Path(path), block_size)
+        rows, chunk = getattr(llm._bundle, "max_rows", None), getattr(llm._bundle, "max_chunk", None)
+        if chunk is not None and prefill_chunk > chunk:
+            raise DFlashError(f"{path}: its engines prefill at most {chunk} tokens per step; pass prefill_chunk "
+                              f"<= {chunk}, or rebuild with a larger --max-seq-len")
+        if rows is not None:
+            llm._bundle.config(max_batch or rows, capacity)  # refuses more rows than the engines take, now
+            llm._batching(max_batch or rows, capacity, prefill_chunk or chunk)
         return llm
 
     def _batching(self, max_batch: int, capacity: int, prefill_chunk: int = 0) -> None:

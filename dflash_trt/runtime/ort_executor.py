@@ -89,6 +89,11 @@ class SlotBundle:
                               f"to build against): build with --engine tensorrt or onnxruntime")
         capacity = self.manifest.get("capacity")  # slots-trt: C is baked into the graphs
         self.capacity = None if capacity is None else int(capacity)
+        # TensorRT engines take the rows and prefill tokens their optimization profiles were built for
+        self.max_rows = self.max_chunk = None
+        if self.kind == "tensorrt":
+            self.max_rows = int(self.manifest["max_batch"])
+            self.max_chunk = int(self.manifest["profiles"]["target"]["prefill"]["new"][2])
 
     def _need(self, flag: str, name: str, headers: str) -> None:
         if not getattr(_core(), flag, False):
@@ -105,6 +110,9 @@ class SlotBundle:
 
     def config(self, max_batch: int, capacity: int, threads: int | None = None):
         """The `_core.ExecutorConfig` for `max_batch` slots of `capacity` tokens."""
+        if self.max_rows is not None and max_batch > self.max_rows:
+            raise DFlashError(f"{self.root}: its engines take at most {self.max_rows} rows per step; run it with "
+                              f"max_batch <= {self.max_rows}, or rebuild with --max-batch {max_batch}")
         if self.capacity is not None and capacity != self.capacity:
             raise DFlashError(f"{self.root} was exported with --capacity {self.capacity} (a static cache size in "
                               f"its graphs): run it with capacity {self.capacity}, or re-export")

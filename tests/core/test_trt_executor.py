@@ -238,9 +238,15 @@ def test_dflash_trt_build_then_llm_from_bundle_runs_on_the_tensorrt_executor(ort
                                                                           max_seq_len=64))
     monkeypatch.setattr(ort_executor, "tensorrt_library", lambda major: str(fakes[0]))
     monkeypatch.setattr(ort_executor.SlotBundle, "cuda_driver", str(fakes[1]))
-    ours = LLM.from_bundle(tmp_path / "engines", block_size=4, max_batch=3)
+    with pytest.raises(DFlashError, match="its engines take at most 3 rows per step; run it with max_batch <= 3"):
+        LLM.from_bundle(tmp_path / "engines", max_batch=4)
+    with pytest.raises(DFlashError, match="its engines prefill at most 64 tokens per step"):
+        LLM.from_bundle(tmp_path / "engines", prefill_chunk=65)
+    ours = LLM.from_bundle(tmp_path / "engines", block_size=4)
     theirs = LLM.from_bundle(bundle, block_size=4, max_batch=3)
-    assert (ours.backend, theirs.backend, ours.capacity) == ("tensorrt", "onnxruntime", 64)  # the bundle's own C
+    # the engines' own limits: C from the export, rows and prefill chunk from the profiles
+    assert (ours.backend, theirs.backend) == ("tensorrt", "onnxruntime")
+    assert (ours.capacity, ours.max_batch, ours.prefill_chunk) == (64, 3, 64)
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     got, want = ours.generate(PROMPTS, params), theirs.generate(PROMPTS, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]

@@ -39,7 +39,8 @@ def test_build_exports_slots_trt_with_its_capacity_and_the_bundle_runs_batched(t
     assert result.exit_code == 2 and "--flavour slots-trt needs --capacity N" in result.output
     result = CliRunner().invoke(main, [*args, "--capacity", "64"])
     assert result.exit_code == 0, result.output
-    assert read_engine_bundle(out)["source"]["capacity"] == 64
+    manifest = read_engine_bundle(out)
+    assert (manifest["source"]["capacity"], manifest["max_batch"]) == (64, 8)  # batched graphs: 8 rows by default
     llm = LLM.from_bundle(out)
     assert llm.capacity == 64 and llm.batched_only
     params = SamplingParams(max_tokens=8, ignore_eos=True)
