@@ -105,7 +105,17 @@ void CudaDevice::check(CUresult result, const char* what) const {
   throw Error(std::string(kWhy) + ": CUDA: " + what + ": " + (message ? message : "error " + std::to_string(result)));
 }
 
+// The driver API acts on the calling thread's current context, and phases may run on any thread (a
+// server's): each call first makes ours current on this thread (once per thread).
+void CudaDevice::bind() const {
+  thread_local CUcontext current = nullptr;
+  if (current == context_) return;
+  check(driver_->set_current(context_), "making GPU 0's context current");
+  current = context_;
+}
+
 void* CudaDevice::allocate(size_t bytes) {
+  bind();
   CUdeviceptr p = 0;
   check(driver_->alloc(&p, bytes ? bytes : 1), "allocating slot buffers");
   check(driver_->memset(p, 0, bytes ? bytes : 1, stream_), "zeroing slot buffers");
@@ -113,16 +123,23 @@ void* CudaDevice::allocate(size_t bytes) {
 }
 
 void CudaDevice::free(void* p) noexcept {
+  try {
+    bind();
+  } catch (const Error&) {
+    return;  // no context on this thread: nothing can be freed through it (process teardown)
+  }
   driver_->synchronize(stream_);  // nothing queued may still use it
   driver_->free(reinterpret_cast<CUdeviceptr>(p));
 }
 
 void CudaDevice::copy(void* dst, const void* src, size_t bytes) {
+  bind();
   if (bytes) check(driver_->dtod(CUdeviceptr(dst), CUdeviceptr(src), bytes, stream_), "copying on the device");
 }
 
 void CudaDevice::copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                            size_t rows) {
+  bind();
   if (!width || !rows) return;
   CUDA_MEMCPY2D copy{};
   copy.srcMemoryType = copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
@@ -136,18 +153,24 @@ void CudaDevice::copy_rows(void* dst, size_t dst_pitch, const void* src, size_t 
 }
 
 void CudaDevice::upload(void* dst, const void* src, size_t bytes) {
+  bind();
   if (bytes) check(driver_->htod(CUdeviceptr(dst), src, bytes, stream_), "copying to the device");
 }
 
 void CudaDevice::download(void* dst, const void* src, size_t bytes) {
+  bind();
   if (bytes) check(driver_->dtoh(dst, CUdeviceptr(src), bytes, stream_), "copying from the device");
 }
 
 void CudaDevice::zero(void* dst, size_t bytes) {
+  bind();
   if (bytes) check(driver_->memset(CUdeviceptr(dst), 0, bytes, stream_), "zeroing device memory");
 }
 
-void CudaDevice::synchronize() { check(driver_->synchronize(stream_), "waiting for the stream"); }
+void CudaDevice::synchronize() {
+  bind();
+  check(driver_->synchronize(stream_), "waiting for the stream");
+}
 
 // -- TensorRT -----------------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ class CudaDevice final : public Device {
 
  private:
   void check(CUresult result, const char* what) const;
+  void bind() const;  // our context current on the calling thread
   std::shared_ptr<const Driver> driver_;
   CUcontext context_ = nullptr;
   CUstream stream_ = nullptr;

@@ -158,6 +158,20 @@ def test_phase_logits_and_drafts_equal_the_onnxruntime_executor_s(core, ort, fak
     assert [ours.committed(r) for r in range(3)] == [theirs.committed(r) for r in range(3)]
 
 
+def test_steps_may_run_on_another_thread_than_the_one_that_made_the_executor(core, ort, fakes, pair):
+    """A server steps the core on its own thread: the executor makes its CUDA context current there
+    (the fake driver, like the real one, refuses memory calls on a thread without one)."""
+    import threading
+
+    bundle, engines, *_ = pair
+    executor = core.TrtExecutor(trt_config(ort, fakes, bundle, engines))
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(out=decode(core, executor, PROMPTS[:2], 4)))
+    worker.start()
+    worker.join()
+    assert result["out"] == decode(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS[:2], 4)
+
+
 def test_the_executor_frees_every_device_buffer_it_made(core, ort, fakes, pair):
     bundle, engines, *_ = pair
     live = ctypes.CDLL(str(fakes[1])).fake_cuda_live
