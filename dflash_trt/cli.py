@@ -295,6 +295,11 @@ def _dry_run(target, draft, source, config, flavour: str, dry_run: bool, gpu_mem
     click.echo(render(plan_pair(target or DEFAULT_TARGET, draft, config, flavour, gpu_memory)))
 
 
+def _capacity_text(manifest: dict) -> str:
+    """", KV capacity N (static)" for graphs that fix it (slots-trt), else ""."""
+    return f", KV capacity {manifest['capacity']} (static)" if manifest.get("capacity") else ""
+
+
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--no-verify", is_flag=True, help="Skip re-hashing the files (fast look at a large bundle).")
@@ -312,7 +317,7 @@ def inspect(bundle, no_verify):
     t, d = manifest["target"], manifest["draft"]
     click.echo(f"{bundle}: {manifest['flavour']} flavour, {manifest['dtype']}, opset {manifest['opset']}, "
                f"format {manifest['format_version']}, graph contract {manifest.get('contract', 1)}"
-               f"{'' if no_verify else ', all file hashes match'}")
+               f"{_capacity_text(manifest)}{'' if no_verify else ', all file hashes match'}")
     click.echo(f"target: {t['model_type']}, {t['num_layers']} layers, hidden {t['hidden_size']}, vocab {t['vocab_size']}")
     if "linear_attention" in t:  # a hybrid target: which layers carry states instead of K/V
         linear = [i for i, kind in enumerate(t["layer_types"]) if kind == "linear_attention"]
@@ -347,7 +352,8 @@ def _inspect_engines(bundle: Path, no_verify: bool) -> None:
     plugin = manifest.get("plugin_library")
     click.echo("plugin library: " + ("none" if plugin is None else f"{plugin['file']} v{plugin['version']} sha256 {plugin['sha256'][:16]}"))
     source, t, d = manifest["source"], manifest["source"]["target"], manifest["source"]["draft"]
-    click.echo(f"source bundle: {source['flavour']} flavour, sha256 {source['bundle_sha256'][:16]}; target {t['model_type']} "
+    click.echo(f"source bundle: {source['flavour']} flavour, graph contract {source.get('contract', 1)}"
+               f"{_capacity_text(source)}, sha256 {source['bundle_sha256'][:16]}; target {t['model_type']} "
                f"{t['num_layers']} layers; draft {d['num_layers']} layers, block size {d['block_size']}, taps {d['target_layer_ids']}")
     if manifest.get("command"):
         click.echo(f"built with: {manifest['command']}")

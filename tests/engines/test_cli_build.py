@@ -41,6 +41,8 @@ def test_build_exports_slots_trt_with_its_capacity_and_the_bundle_runs_batched(t
     assert result.exit_code == 0, result.output
     manifest = read_engine_bundle(out)
     assert (manifest["source"]["capacity"], manifest["max_batch"]) == (64, 8)  # batched graphs: 8 rows by default
+    result = CliRunner().invoke(main, ["inspect", str(out)])
+    assert "source bundle: slots-trt flavour, graph contract 2, KV capacity 64 (static)" in result.stdout
     llm = LLM.from_bundle(out)
     assert llm.capacity == 64 and llm.batched_only
     params = SamplingParams(max_tokens=8, ignore_eos=True)
