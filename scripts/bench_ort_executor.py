@@ -1,4 +1,6 @@
-"""Phase times of the C++ onnxruntime executor (csrc/ort_executor.cpp) over a `slots` bundle.
+"""Phase times of a C++ slot executor (csrc/slot_executor.cpp): onnxruntime over a `slots` bundle, or
+TensorRT over an engine bundle built from a `slots-trt` export (on its GPU; the bundle's static
+capacity must then cover --cached + --block + --repeats + 2).
 
 For each batch size and cached length: prefill `batch` rows of `cached` random tokens once, then
 time (median and min over --repeats) one batched verify of a block per row, one draft (block pass; nothing
