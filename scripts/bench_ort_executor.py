@@ -20,6 +20,7 @@ import statistics
 import time
 from pathlib import Path
 
+from dflash_trt.runtime.engine_bundles import bundle_capacity
 from dflash_trt.runtime.ort_executor import ort_executor
 
 
@@ -36,8 +37,13 @@ def timed(fn, repeats: int) -> tuple[float, float]:
 
 
 def measure(bundle: Path, batch: int, cached: int, block: int, repeats: int, threads: int | None) -> dict:
-    # room for the block, the steps (one committed position each) and their warm-ups
-    executor = ort_executor(bundle, max_batch=batch, capacity=cached + block + repeats + 2, threads=threads)
+    # room for the block, the steps (one committed position each) and their warm-ups; a slots-trt
+    # bundle's capacity is fixed in its graphs
+    needed = cached + block + repeats + 2
+    capacity = bundle_capacity(bundle) or needed
+    if capacity < needed:
+        raise SystemExit(f"{bundle}: its static capacity {capacity} is below the {needed} tokens this run needs")
+    executor = ort_executor(bundle, max_batch=batch, capacity=capacity, threads=threads)
     vocab, rows = executor.config.vocab, list(range(batch))
     rng = random.Random(0)
     start = time.perf_counter()
