@@ -62,27 +62,32 @@ def fakes(ort, tmp_path_factory):
     return nvinfer, cuda
 
 
+def engine_text(onnx: Path, library: str, spec: dict, boxes, retype: dict | None = None) -> str:
+    """A fake engine (fake_trt/fake_nvinfer.cpp's format): the graph, its I/O from bundle.json's `spec`
+    (`retype` {tensor: dtype} misdeclares some, as an engine built from another export would) and one
+    profile per box of `boxes` (phase dims, as profile_dims gives them)."""
+    lines = [f"onnx {Path(onnx).resolve()}", f"onnxruntime {library}"]
+    for mode in ("inputs", "outputs"):
+        for t in spec[mode]:
+            dtype = (retype or {}).get(t["name"], t["dtype"])
+            lines.append(" ".join(["tensor", t["name"], mode[:-1], dtype, *map(str, t["shape"])]))
+    for index, dims in enumerate(boxes):
+        for tensor, (low, _, high) in input_ranges(spec, dims).items():
+            lines.append(" ".join(["profile", str(index), tensor, "min", *map(str, low), "max", *map(str, high)]))
+    return "\n".join(lines) + "\n"
+
+
 def fake_engines(bundle: Path, out: Path, library: str, retype: dict | None = None, max_batch: int = 3) -> dict:
-    """One fake engine per graph of `bundle` (its ONNX file, bundle.json I/O and the optimization
-    profiles `build` would give it) -> graph -> path. `retype` {tensor: dtype} misdeclares tensors, as
-    an engine built from another export would."""
+    """One fake engine per graph of `bundle`, with the profiles `build` would give it -> graph -> path."""
     out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((bundle / "bundle.json").read_text())
     paths = {}
     for name, spec in manifest["graphs"].items():
-        lines = [f"onnx {bundle / spec['file']}", f"onnxruntime {library}"]
-        for mode in ("inputs", "outputs"):
-            for t in spec[mode]:
-                dtype = (retype or {}).get(t["name"], t["dtype"])
-                lines.append(" ".join(["tensor", t["name"], mode[:-1], dtype, *map(str, t["shape"])]))
         boxes = profile_dims(name, max_batch, manifest["capacity"], manifest["draft"]["block_size"], 2,
                              manifest["capacity"])
         # narrowest first (build writes prefill first): a prefill longer than a block needs profile 1
-        for index, dims in enumerate(reversed(boxes.values())):
-            for tensor, (low, _, high) in input_ranges(spec, dims).items():
-                lines.append(" ".join(["profile", str(index), tensor, "min", *map(str, low), "max", *map(str, high)]))
         paths[name] = out / f"{name}.engine"
-        paths[name].write_text("\n".join(lines) + "\n")
+        paths[name].write_text(engine_text(bundle / spec["file"], library, spec, reversed(boxes.values()), retype))
     return paths
 
 
@@ -220,13 +225,7 @@ def fake_build(library: str):
     """Stands in for engines.trt_engine.build_trt_graph: writes a fake engine of the graph with the
     profiles `build` chose."""
     def build(kind, source, out, spec, profiles, compute_capabilities, plugin_library=None):
-        lines = [f"onnx {Path(source).resolve()}", f"onnxruntime {library}"]
-        for mode in ("inputs", "outputs"):
-            lines += [" ".join(["tensor", t["name"], mode[:-1], t["dtype"], *map(str, t["shape"])]) for t in spec[mode]]
-        for index, dims in enumerate(profiles.values()):
-            for tensor, (low, _, high) in input_ranges(spec, dims).items():
-                lines.append(" ".join(["profile", str(index), tensor, "min", *map(str, low), "max", *map(str, high)]))
-        Path(out).write_text("\n".join(lines) + "\n")
+        Path(out).write_text(engine_text(source, library, spec, profiles.values()))
         return {"file": Path(out).name, "build_s": 0.0, "bytes": Path(out).stat().st_size}
 
     return build
