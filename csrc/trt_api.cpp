@@ -8,7 +8,6 @@
 #include <iterator>
 #include <map>
 #include <mutex>
-#include <numeric>
 
 namespace dflash::trt {
 

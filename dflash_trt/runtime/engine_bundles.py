@@ -25,29 +25,30 @@ def bundle_kind(root: str | Path) -> str:
         return "unknown"  # open_bundle then says what is wrong with it
 
 
-def bundle_contract(root: str | Path) -> int:
-    """The graph contract a bundle's graphs follow (1 where none is recorded); unchecked, for dispatch:
-    whichever backend it picks opens the bundle with every check."""
-    root = Path(root)
+def _graph_manifest(root: Path) -> dict:
+    """The manifest section that describes the graphs: bundle.json, or engine.json's `source`; unchecked,
+    for dispatch (whichever backend is picked opens the bundle with every check). {} if unreadable."""
     engine = is_engine_bundle(root)
     try:
         manifest = json.loads((root / (ENGINE_MANIFEST if engine else MANIFEST)).read_text())
-        return int((manifest["source"] if engine else manifest).get("contract", 1))
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+        section = manifest["source"] if engine else manifest
+        return section if isinstance(section, dict) else {}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return {}
+
+
+def bundle_contract(root: str | Path) -> int:
+    """The graph contract a bundle's graphs follow (1 where none is recorded or it is unreadable)."""
+    try:
+        return int(_graph_manifest(Path(root)).get("contract", 1))
+    except (TypeError, ValueError):
         return 1  # the backend's checked open then says what is wrong with it
 
 
 def bundle_capacity(root: str | Path) -> int | None:
-    """The KV slot capacity a bundle's graphs fix (slots-trt), else None; unchecked, like
-    bundle_contract: opening the bundle checks it."""
-    root = Path(root)
-    engine = is_engine_bundle(root)
-    try:
-        manifest = json.loads((root / (ENGINE_MANIFEST if engine else MANIFEST)).read_text())
-        capacity = (manifest["source"] if engine else manifest).get("capacity")
-        return capacity if isinstance(capacity, int) and not isinstance(capacity, bool) else None
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
-        return None
+    """The KV slot capacity a bundle's graphs fix (slots-trt), else None."""
+    capacity = _graph_manifest(Path(root)).get("capacity")
+    return capacity if isinstance(capacity, int) and not isinstance(capacity, bool) else None
 
 
 def open_bundle(root: str | Path) -> tuple[str, dict]:

@@ -129,7 +129,7 @@ class LLM:
             raise DFlashError(f"{path}: its engines prefill at most {chunk} tokens per step; pass prefill_chunk "
                               f"<= {chunk}, or rebuild with a larger --max-seq-len")
         if rows is not None:
-            llm._bundle.config(max_batch or rows, capacity)  # refuses more rows than the engines take, now
+            llm._bundle.check_limits(max_batch or rows, capacity)  # before any request, not at the first
             llm._batching(max_batch or rows, capacity, prefill_chunk or chunk)
         return llm
 

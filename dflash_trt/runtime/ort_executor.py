@@ -108,14 +108,18 @@ class SlotBundle:
             raise DFlashError(f"{self.root} holds TensorRT {built} engines; the core's TensorRT executor is built "
                               f"against TensorRT {headers} headers: use TensorRT {headers.split('.')[0]}.x")
 
-    def config(self, max_batch: int, capacity: int, threads: int | None = None):
-        """The `_core.ExecutorConfig` for `max_batch` slots of `capacity` tokens."""
+    def check_limits(self, max_batch: int, capacity: int) -> None:
+        """One line for more rows than the engines take or a capacity other than the graphs' own."""
         if self.max_rows is not None and max_batch > self.max_rows:
             raise DFlashError(f"{self.root}: its engines take at most {self.max_rows} rows per step; run it with "
                               f"max_batch <= {self.max_rows}, or rebuild with --max-batch {max_batch}")
         if self.capacity is not None and capacity != self.capacity:
             raise DFlashError(f"{self.root} was exported with --capacity {self.capacity} (a static cache size in "
                               f"its graphs): run it with capacity {self.capacity}, or re-export")
+
+    def config(self, max_batch: int, capacity: int, threads: int | None = None):
+        """The `_core.ExecutorConfig` for `max_batch` slots of `capacity` tokens."""
+        self.check_limits(max_batch, capacity)
         manifest = self.manifest
         graphs, target, draft = manifest["graphs"], manifest["target"], manifest["draft"]
         config = _core().ExecutorConfig()

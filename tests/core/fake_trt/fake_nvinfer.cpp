@@ -371,7 +371,7 @@ IExecutionContext* EngineImpl::createExecutionContext(ExecutionContextAllocation
   }
 }
 
-ICudaEngine const& ContextImpl::getEngine() const noexcept { return *reinterpret_cast<const ICudaEngine*>(&engine_); }
+ICudaEngine const& ContextImpl::getEngine() const noexcept { return engine_; }
 
 class RuntimeImpl final : public apiv::VRuntime {
  public:
