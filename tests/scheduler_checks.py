@@ -66,6 +66,13 @@ def decode_together(core, sched, prompts, max_tokens, block_size):
     return [tokens[i] for i in ids], [accepted[i] for i in ids]
 
 
+def decode_on(core, executor, prompts, block_size, max_batch=3, capacity=64, max_tokens=12, prefill_chunk=0):
+    """decode_together on a fresh scheduler over `executor` (greedy, engine seed 0)."""
+    config = core.SchedulerConfig(max_batch=max_batch, capacity=capacity, block_size=block_size, engine_seed=0,
+                                  prefill_chunk=prefill_chunk)
+    return decode_together(core, core.Scheduler(executor, config), prompts, max_tokens, block_size)
+
+
 def python_loop(target, drafter, prompt, max_tokens, block_size):
     """(tokens, accepted drafts per verify step) of the Python reference loop on the torch models, greedy;
     block 1: autoregressive. A step cut short by max_tokens records no acceptance."""

@@ -6,7 +6,7 @@ request alone and at concurrency 3, attention-only and hybrid targets."""
 import numpy as np
 import pytest
 from factories import make_drafter, make_target
-from scheduler_checks import decode_together
+from scheduler_checks import decode_on
 
 from dflash_trt.export.bundle import export_bundle
 from dflash_trt.models.checkpoints import load_drafter, load_target
@@ -40,9 +40,7 @@ def half(ort, request, tmp_path_factory):
 
 
 def run(core, ort, bundle, prompts, block_size, max_batch=3):
-    executor = ort.ort_executor(bundle, max_batch=max_batch, capacity=64)
-    config = core.SchedulerConfig(max_batch=max_batch, capacity=64, block_size=block_size, engine_seed=0)
-    return decode_together(core, core.Scheduler(executor, config), prompts, 12, block_size)
+    return decode_on(core, ort.ort_executor(bundle, max_batch=max_batch, capacity=64), prompts, block_size, max_batch)
 
 
 def test_the_executor_allocates_float16_slots_and_its_logits_follow_the_float32_target(ort, half):

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from factories import make_drafter, make_target
-from scheduler_checks import decode_together, python_loop
+from scheduler_checks import decode_on, python_loop
 
 from dflash_trt.engines.profiles import input_ranges, profile_dims
 from dflash_trt.errors import DFlashError
@@ -116,18 +116,12 @@ def pair(ort, fakes, request, tmp_path_factory):
     return bundle, engines, target, drafter, dtype
 
 
-def decode(core, executor, prompts, block_size, max_batch=3, prefill_chunk=0):
-    config = core.SchedulerConfig(max_batch=max_batch, capacity=64, block_size=block_size, engine_seed=0,
-                                  prefill_chunk=prefill_chunk)
-    return decode_together(core, core.Scheduler(executor, config), prompts, 12, block_size)
-
-
 @pytest.mark.parametrize("block", [1, 4])
 def test_greedy_on_the_tensorrt_executor_equals_autoregressive_and_the_onnxruntime_executor(core, ort, fakes, pair,
                                                                                            block):
     bundle, engines, target, drafter, dtype = pair
-    ours = decode(core, core.TrtExecutor(trt_config(ort, fakes, bundle, engines)), PROMPTS[:3], block)
-    theirs = decode(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS[:3], block)
+    ours = decode_on(core, core.TrtExecutor(trt_config(ort, fakes, bundle, engines)), PROMPTS[:3], block)
+    theirs = decode_on(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS[:3], block)
     assert ours == theirs  # tokens and accepted drafts per step
     if dtype == "float32":  # float16 graphs are their own reference: the onnxruntime executor's
         for prompt, tokens, accepted in zip(PROMPTS, *ours, strict=False):
@@ -142,8 +136,8 @@ def test_chunked_prefill_on_the_tensorrt_executor_equals_whole_prompts(core, ort
     """Chunks of 2 extend a held row (the prefill profile with rows 1, after cached tokens)."""
     bundle, engines, *_ = pair
     prompts = [PROMPTS[1], PROMPTS[3], PROMPTS[0]]
-    chunked = decode(core, core.TrtExecutor(trt_config(ort, fakes, bundle, engines)), prompts, 4, prefill_chunk=2)
-    assert chunked == decode(core, ort.ort_executor(bundle, max_batch=3, capacity=64), prompts, 4)
+    chunked = decode_on(core, core.TrtExecutor(trt_config(ort, fakes, bundle, engines)), prompts, 4, prefill_chunk=2)
+    assert chunked == decode_on(core, ort.ort_executor(bundle, max_batch=3, capacity=64), prompts, 4)
 
 
 def test_phase_logits_and_drafts_equal_the_onnxruntime_executor_s(core, ort, fakes, pair):
@@ -171,10 +165,10 @@ def test_steps_may_run_on_another_thread_than_the_one_that_made_the_executor(cor
     bundle, engines, *_ = pair
     executor = core.TrtExecutor(trt_config(ort, fakes, bundle, engines))
     result = {}
-    worker = threading.Thread(target=lambda: result.update(out=decode(core, executor, PROMPTS[:2], 4)))
+    worker = threading.Thread(target=lambda: result.update(out=decode_on(core, executor, PROMPTS[:2], 4)))
     worker.start()
     worker.join()
-    assert result["out"] == decode(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS[:2], 4)
+    assert result["out"] == decode_on(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS[:2], 4)
 
 
 def test_the_executor_frees_every_device_buffer_it_made(core, ort, fakes, pair):
@@ -183,7 +177,7 @@ def test_the_executor_frees_every_device_buffer_it_made(core, ort, fakes, pair):
     live.restype = ctypes.c_long
     before = live()
     executor = core.TrtExecutor(trt_config(ort, fakes, bundle, engines))
-    decode(core, executor, PROMPTS[:2], 4)
+    decode_on(core, executor, PROMPTS[:2], 4)
     assert live() > before
     del executor
     gc.collect()
