@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The GPU check: one command on a bare GPU machine (CUDA driver, nvcc, CMake, Python with PyTorch; no
+# TensorRT, no network). It builds the plugin kernels and the C++ core for this GPU's SM, runs the
+# kernels' parity with their CPU references and their bandwidth bench, `pytest -m gpu`, and the target
+# step-cost bench at Qwen3-8B widths, then writes the record gpu-<device>.json (scripts/gpu_record.py)
+# into OUT_DIR. A failed step is recorded and the next one still runs; the exit status is 1 if any
+# step, parity case or gpu test failed.
+#
+#   bash scripts/gpu_check.sh OUT_DIR [COMMIT]
+#
+# What must travel with the source tree: the headers scripts/fetch_headers.sh extracts here
+# (build/plugins/ort/usr/include and build/plugins/trt/kernel_lens/include; run `bash
+# scripts/fetch_headers.sh ort trt` first). COMMIT (default: git rev-parse HEAD, where .git exists)
+# names the source in the record.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+out=${1:?usage: $0 OUT_DIR [COMMIT]}
+commit=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+ORT_HEADERS=build/plugins/ort/usr/include/onnxruntime
+TRT_HEADERS=build/plugins/trt/kernel_lens/include/tensorrt
+work=build/gpu-check
+python=${PYTHON:-python3}
+for header in "$ORT_HEADERS/onnxruntime_cxx_api.h" "$TRT_HEADERS/NvInferRuntime.h"; do
+  [ -f "$header" ] || { echo "error: $header missing: run 'bash scripts/fetch_headers.sh ort trt' where PyPI is reachable, and carry build/plugins" >&2; exit 2; }
+done
+command -v nvidia-smi >/dev/null || { echo "error: no nvidia-smi: this is not a GPU machine" >&2; exit 2; }
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+[ -x "$nvcc" ] || { echo "error: no nvcc on PATH or at /usr/local/cuda/bin" >&2; exit 2; }
+
+rm -rf "$work" && mkdir -p "$work" "$out"
+log="$out/check.log"
+: >"$log"
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader | head -n 1 >"$work/smi.csv"
+name=$(cut -d, -f1 "$work/smi.csv")
+arch=$(cut -d, -f4 "$work/smi.csv" | tr -d ' .')
+# The bench's floor: the card's peak HBM bandwidth (the datasheets' figures).
+case "$name" in
+  *H200*) peak_tbps=4.8 ;;
+  *H100*PCIe*) peak_tbps=2.0 ;;
+  *H100*) peak_tbps=3.35 ;;
+  *B200*) peak_tbps=8.0 ;;
+  *) peak_tbps=3.35; echo "note: no bandwidth figure for '$name': the bench's floor assumes 3.35 TB/s" | tee -a "$log" ;;
+esac
+echo "$name, sm_$arch, peak $peak_tbps TB/s, commit $commit" | tee -a "$log"
+
+# step NAME TIMEOUT COMMAND...: runs it with its output in the log, records exit status and seconds.
+step() {
+  local name=$1 limit=$2 began status
+  shift 2
+  echo "=== $name: $*" | tee -a "$log"
+  began=$(date +%s%N)
+  timeout "$limit" "$@" >>"$log" 2>&1
+  status=$?
+  local tenths=$((($(date +%s%N) - began) / 100000000))
+  printf '%s\t%s\t%d.%d\n' "$name" "$status" $((tenths / 10)) $((tenths % 10)) >>"$work/steps.tsv"
+  echo "=== $name: exit $status" | tee -a "$log"
+  return $status
+}
+
+plugins_built=1
+step build_plugins 300 bash -c "cmake -S plugins -B $work/plugins -DCMAKE_BUILD_TYPE=Release \
+    -DORT_INCLUDE_DIR=$PWD/$ORT_HEADERS -DTRT_INCLUDE_DIR=$PWD/$TRT_HEADERS -DCMAKE_CUDA_COMPILER=$nvcc \
+    -DCMAKE_CUDA_ARCHITECTURES=$arch && cmake --build $work/plugins -j $(nproc)" || plugins_built=0
+if [ $plugins_built = 1 ]; then
+  # Where the package and tests/plugins look for the library and its build directory.
+  mkdir -p dflash_trt/_ops build/plugins
+  cp "$work/plugins/libdflash_trt_plugins.so" "$work/plugins/libdflash_ort_ops.so" dflash_trt/_ops/
+  rm -rf build/plugins/cmake && cp -r "$work/plugins" build/plugins/cmake
+  step kernel_parity 120 bash -c "set -o pipefail; $work/plugins/kernel_parity | tee $work/kernel_parity.log"
+  step ctest 120 ctest --test-dir "$work/plugins" --label-exclude gpu --output-on-failure
+  step kernel_bench 120 "$work/plugins/kernel_bench" --json "$work/kernel_bench.json" --peak-tbps "$peak_tbps"
+fi
+step build_core 300 "$python" setup.py -q build_ext --inplace -j "$(nproc)"
+step step_bench 240 "$python" scripts/gpu_step_bench.py --json "$work/step_bench.json"
+step pytest_gpu 300 "$python" -m pytest -m gpu tests -q -p no:cacheprovider --continue-on-collection-errors \
+  --junitxml "$work/pytest.xml"
+
+"$python" scripts/gpu_record.py "$work" --commit "$commit" -o "$out" 2>&1 | tee -a "$log"

@@ -1,0 +1,130 @@
+"""Gathers what scripts/gpu_check.sh measured into one record, docs/bench/gpu-<device>.json: the device
+and driver (nvidia-smi), the commit, each step's exit status and seconds, the kernel parity lines, the
+kernel bench against its bandwidth floor, the `pytest -m gpu` outcomes and the target step costs.
+Prints the record's summary; exits 1 when a step failed or a parity line or gpu test did not pass.
+
+    python3 scripts/gpu_record.py WORK_DIR --commit SHA [-o OUT_DIR]
+
+WORK_DIR holds what gpu_check.sh wrote: smi.csv, steps.tsv, kernel_parity.log, kernel_bench.json,
+pytest.xml, step_bench.json (a step that did not run leaves its file out and says so in steps.tsv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
+from pathlib import Path
+
+PARITY_LINE = re.compile(r"^(ok  |FAIL) (.+?)\s+(float32|float16|bfloat16)\s+max scaled error (\S+?)[ ,(]")
+
+
+def device_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3': the record's file name."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def read_smi(path: Path) -> dict:
+    """nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader."""
+    name, driver, memory, capability = (field.strip() for field in path.read_text().splitlines()[0].split(","))
+    return {"name": name, "driver": driver, "memory": memory, "compute_capability": capability}
+
+
+def read_steps(path: Path) -> list[dict]:
+    """steps.tsv: one 'name<TAB>exit status<TAB>seconds' line per step, in the order they ran."""
+    steps = []
+    for line in path.read_text().splitlines():
+        name, status, seconds = line.split("\t")
+        steps.append({"step": name, "exit": int(status), "seconds": float(seconds)})
+    return steps
+
+
+def read_parity(path: Path) -> list[dict]:
+    lines = []
+    for line in path.read_text().splitlines():
+        match = PARITY_LINE.match(line)
+        if match:
+            ok, what, dtype, error = match.groups()
+            lines.append({"case": what.strip(), "dtype": dtype, "max_scaled_error": float(error),
+                          "ok": ok.strip() == "ok"})
+    return lines
+
+
+def read_kernel_bench(path: Path) -> dict:
+    bench = json.loads(path.read_text())
+    for row in bench["rows"]:
+        floor_us = row["bytes"] / (bench["peak_tbps"] * 1e12) * 1e6
+        row["floor_us"] = round(floor_us, 3)
+        row["x_floor"] = round(row["time_us"] / floor_us, 2)  # the target: at most 1.5
+    return bench
+
+
+def read_pytest(path: Path) -> dict:
+    """JUnit XML -> counts and each test's outcome (passed, failed, error, skipped: reason)."""
+    root = ET.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    tests = {}
+    for case in suite.iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = child.tag if child.tag == "error" else "failed"
+            elif child.tag == "skipped":
+                outcome = "skipped: " + (child.get("message") or "")
+        tests[name] = outcome
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    return {**counts, "outcomes": tests}
+
+
+def build_record(work: Path, commit: str) -> dict:
+    record = {"device": read_smi(work / "smi.csv"), "commit": commit,
+              "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "steps": read_steps(work / "steps.tsv")}
+    readers = {"kernel_parity": ("kernel_parity.log", read_parity),
+               "kernel_bench": ("kernel_bench.json", read_kernel_bench),
+               "pytest_gpu": ("pytest.xml", read_pytest),
+               "step_bench": ("step_bench.json", lambda p: json.loads(p.read_text()))}
+    for key, (name, read) in readers.items():
+        if (work / name).is_file():
+            record[key] = read(work / name)
+    return record
+
+
+def problems(record: dict) -> list[str]:
+    """One line per thing that did not pass: a failed step, a parity case, a gpu test."""
+    found = [f"step {s['step']} exited {s['exit']}" for s in record["steps"] if s["exit"] != 0]
+    found += [f"kernel parity: {p['case']} {p['dtype']} {p['max_scaled_error']:.2e}"
+              for p in record.get("kernel_parity", []) if not p["ok"]]
+    found += [f"pytest -m gpu: {name} {outcome}" for name, outcome in
+              record.get("pytest_gpu", {}).get("outcomes", {}).items() if outcome in ("failed", "error")]
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("work", type=Path)
+    parser.add_argument("--commit", required=True)
+    parser.add_argument("-o", "--out-dir", type=Path, default=Path("docs/bench"))
+    args = parser.parse_args()
+    record = build_record(args.work, args.commit)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    path = args.out_dir / f"gpu-{device_slug(record['device']['name'])}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"{record['device']['name']} (driver {record['device']['driver']}), commit {args.commit[:12]}")
+    for step in record["steps"]:
+        print(f"  {step['step']:<14} exit {step['exit']:<4} {step['seconds']:8.1f} s")
+    for row in record.get("kernel_bench", {}).get("rows", []):
+        print(f"  {row['op']:<15} {row['shape']:<24} {row['time_us']:9.2f} us  {row['x_floor']:5.2f}x floor")
+    found = problems(record)
+    for line in found:
+        print(f"problem: {line}")
+    print(f"wrote {path}")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

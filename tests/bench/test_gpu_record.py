@@ -1,0 +1,81 @@
+"""scripts/gpu_record.py, the GPU check's record writer, on hand-written inputs in the formats the real
+tools print (nvidia-smi's csv, kernel_parity's lines, kernel_bench's JSON, pytest's JUnit XML)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).parents[2] / "scripts" / "gpu_record.py"
+spec = importlib.util.spec_from_file_location("gpu_record", SCRIPT)
+gpu_record = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_record)
+
+PARITY = """\
+ok   InjectKV b=2 n=3 hidden=40 kv=2 d=8                                      float32  max scaled error 3.10e-07 (tolerance 1.0e-04)
+FAIL BlockAttention b=2 heads=4 kv=2 block=4 context=7                          bfloat16 max scaled error 4.00e-02 (tolerance 1.6e-02)
+FAIL GatedDeltaRule b=1 s=5                                                     float16  max scaled error nan, non-finite values (tolerance 2.0e-03)
+FAILED
+"""
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" failures="1"
+ skipped="1" tests="3"><testcase classname="tests.plugins.test_trt_plugins" name="test_parity"/>
+<testcase classname="tests.runtime.test_trt_backend" name="test_engine"><skipped message="needs TensorRT"/></testcase>
+<testcase classname="tests.runtime.test_x" name="test_y"><failure message="boom"/></testcase></testsuite></testsuites>
+"""
+
+
+def write_inputs(work: Path, steps: str) -> None:
+    work.mkdir()
+    (work / "smi.csv").write_text("NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB, 9.0\n")
+    (work / "steps.tsv").write_text(steps)
+    (work / "kernel_parity.log").write_text(PARITY)
+    (work / "kernel_bench.json").write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "peak_tbps": 2.0, "rows": [
+        {"op": "InjectKV", "shape": "b=1 n=16", "bytes": 4e6, "time_us": 3.0}]}))
+    (work / "pytest.xml").write_text(JUNIT)
+
+
+def test_the_record_gathers_every_input_and_names_what_failed(tmp_path):
+    write_inputs(tmp_path / "work", "build_plugins\t0\t61.2\nkernel_parity\t1\t2.0\n")
+    record = gpu_record.build_record(tmp_path / "work", "abc123")
+    assert record["device"] == {"name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "memory": "81559 MiB",
+                                "compute_capability": "9.0"}
+    assert record["steps"] == [{"step": "build_plugins", "exit": 0, "seconds": 61.2},
+                               {"step": "kernel_parity", "exit": 1, "seconds": 2.0}]
+    assert [(p["case"].split()[0], p["dtype"], p["ok"]) for p in record["kernel_parity"]] == [
+        ("InjectKV", "float32", True), ("BlockAttention", "bfloat16", False), ("GatedDeltaRule", "float16", False)]
+    assert record["kernel_parity"][1]["max_scaled_error"] == 0.04
+    # 4 MB at 2 TB/s is 2 us: 3 us is 1.5x the floor
+    assert record["kernel_bench"]["rows"][0]["floor_us"] == 2.0
+    assert record["kernel_bench"]["rows"][0]["x_floor"] == 1.5
+    outcomes = record["pytest_gpu"]["outcomes"]
+    assert outcomes == {"tests.plugins.test_trt_plugins::test_parity": "passed",
+                        "tests.runtime.test_trt_backend::test_engine": "skipped: needs TensorRT",
+                        "tests.runtime.test_x::test_y": "failed"}
+    assert "step_bench" not in record  # a step that did not run leaves its part out
+    found = gpu_record.problems(record)
+    assert found[0] == "step kernel_parity exited 1"
+    assert len(found) == 4 and found[-1] == "pytest -m gpu: tests.runtime.test_x::test_y failed"
+
+
+def test_the_command_writes_gpu_device_json_and_fails_on_a_problem(tmp_path):
+    write_inputs(tmp_path / "work", "build_plugins\t0\t61.2\n")
+    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "work"), "--commit", "abc123", "-o",
+                           str(tmp_path / "out")], capture_output=True, text=True)
+    written = tmp_path / "out" / "gpu-nvidia-h100-80gb-hbm3.json"
+    assert json.loads(written.read_text())["commit"] == "abc123"
+    assert done.returncode == 1 and "problem: kernel parity: BlockAttention" in done.stdout
+
+
+def test_the_command_passes_when_everything_did(tmp_path):
+    work = tmp_path / "work"
+    write_inputs(work, "build_plugins\t0\t61.2\n")
+    (work / "kernel_parity.log").write_text(PARITY.splitlines()[0] + "\n")
+    (work / "pytest.xml").write_text(JUNIT.replace('failures="1"', 'failures="0"').replace('<failure message="boom"/>', ""))
+    done = subprocess.run([sys.executable, str(SCRIPT), str(work), "--commit", "abc", "-o", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "problem" not in done.stdout
