@@ -6,14 +6,34 @@
 # into OUT_DIR. A failed step is recorded and the next one still runs; the exit status is 1 if any
 # step, parity case or gpu test failed.
 #
-#   bash scripts/gpu_check.sh OUT_DIR [COMMIT]
+#   bash scripts/gpu_check.sh --prepare           # first, where PyPI is reachable (after scripts/setup.sh)
+#   bash scripts/gpu_check.sh OUT_DIR [COMMIT]    # then on the GPU machine, carrying build/plugins/ort,
+#                                                 # build/plugins/trt and build/gpu-carry with the tree
 #
-# What must travel with the source tree: the headers scripts/fetch_headers.sh extracts here
-# (build/plugins/ort/usr/include and build/plugins/trt/kernel_lens/include; run `bash
-# scripts/fetch_headers.sh ort trt` first). COMMIT (default: git rev-parse HEAD, where .git exists)
-# names the source in the record.
+# --prepare extracts the headers (scripts/fetch_headers.sh) and downloads, for CPython 3.12 on x86-64,
+# the pure-Python packages the test suite imports that the GPU machine's image lacks, at the versions
+# .venv holds. COMMIT (default: git rev-parse HEAD, where .git exists) names the source in the record.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+CARRY=build/gpu-carry
+# Imported when pytest collects the suite (the serving front, export's graph inspection) and absent from
+# the GPU image, which has PyTorch, transformers, onnx, onnxruntime and pytest.
+CARRIED_PACKAGES=(polygraphy fastapi starlette pydantic pydantic_core annotated-types typing-inspection)
+
+if [ "${1:-}" = "--prepare" ]; then
+  set -e
+  bash scripts/fetch_headers.sh ort trt
+  rm -rf "$CARRY" && mkdir -p "$CARRY/wheels"
+  for package in "${CARRIED_PACKAGES[@]}"; do
+    version=$(.venv/bin/python -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$package")
+    .venv/bin/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+      --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 -d "$CARRY/wheels" "$package==$version"
+  done
+  du -sh build/plugins/ort/usr/include build/plugins/trt/kernel_lens/include "$CARRY"
+  exit 0
+fi
 
 out=${1:?usage: $0 OUT_DIR [COMMIT]}
 commit=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -22,7 +42,7 @@ TRT_HEADERS=build/plugins/trt/kernel_lens/include/tensorrt
 work=build/gpu-check
 python=${PYTHON:-python3}
 for header in "$ORT_HEADERS/onnxruntime_cxx_api.h" "$TRT_HEADERS/NvInferRuntime.h"; do
-  [ -f "$header" ] || { echo "error: $header missing: run 'bash scripts/fetch_headers.sh ort trt' where PyPI is reachable, and carry build/plugins" >&2; exit 2; }
+  [ -f "$header" ] || { echo "error: $header missing: run 'bash scripts/gpu_check.sh --prepare' where PyPI is reachable, and carry build/plugins/ort and build/plugins/trt" >&2; exit 2; }
 done
 command -v nvidia-smi >/dev/null || { echo "error: no nvidia-smi: this is not a GPU machine" >&2; exit 2; }
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
@@ -57,6 +77,14 @@ step() {
   echo "=== $name: exit $status" | tee -a "$log"
   return $status
 }
+
+if compgen -G "$CARRY/wheels/*.whl" >/dev/null; then
+  step carried_wheels 120 "$python" -m pip install --quiet --no-index --no-deps --no-compile --upgrade \
+    --target "$work/site" "$CARRY"/wheels/*.whl
+  export PYTHONPATH="$PWD/$work/site${PYTHONPATH:+:$PYTHONPATH}"
+else
+  echo "note: no $CARRY/wheels (scripts/gpu_check.sh --prepare): test modules importing them will not collect" | tee -a "$log"
+fi
 
 plugins_built=1
 step build_plugins 300 bash -c "cmake -S plugins -B $work/plugins -DCMAKE_BUILD_TYPE=Release \

@@ -10,12 +10,14 @@ from dflash_trt.engines.config import BuildConfig
 
 pytestmark = [pytest.mark.gpu, pytest.mark.tensorrt]
 
+# Checked when the module loads, before the session's bundles are exported for a test that cannot run.
+if not torch.cuda.is_available():
+    pytest.skip("needs an NVIDIA GPU (TensorRT engines run nowhere else)", allow_module_level=True)
+pytest.importorskip("tensorrt", reason="full TensorRT is not installed (its libraries are not on PyPI)")
+
 
 @pytest.fixture(scope="module")
 def trt_bundles(bundles, tmp_path_factory):
-    if not torch.cuda.is_available():
-        pytest.skip("needs an NVIDIA GPU (TensorRT engines run nowhere else)")
-    pytest.importorskip("tensorrt", reason="full TensorRT is not installed (its libraries are not on PyPI)")
     root = tmp_path_factory.mktemp("trt")
     made = {}
     if "qwen3-plugin" not in bundles:
