@@ -54,13 +54,15 @@ log="$out/check.log"
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader | head -n 1 >"$work/smi.csv"
 name=$(cut -d, -f1 "$work/smi.csv")
 arch=$(cut -d, -f4 "$work/smi.csv" | tr -d ' .')
-# The bench's floor: the card's peak HBM bandwidth (the datasheets' figures).
+# The kernel bench's floors: the card's peak HBM bandwidth and dense 16-bit tensor-core throughput
+# (the datasheets' figures).
 case "$name" in
-  *H200*) peak_tbps=4.8 ;;
-  *H100*PCIe*) peak_tbps=2.0 ;;
-  *H100*) peak_tbps=3.35 ;;
-  *B200*) peak_tbps=8.0 ;;
-  *) peak_tbps=3.35; echo "note: no bandwidth figure for '$name': the bench's floor assumes 3.35 TB/s" | tee -a "$log" ;;
+  *H200*) peak_tbps=4.8 peak_tflops=989 ;;
+  *H100*PCIe*) peak_tbps=2.0 peak_tflops=756 ;;
+  *H100*) peak_tbps=3.35 peak_tflops=989 ;;
+  *B200*) peak_tbps=8.0 peak_tflops=2250 ;;
+  *) peak_tbps=3.35 peak_tflops=989
+     echo "note: no datasheet figures for '$name': the floors assume an H100 SXM's" | tee -a "$log" ;;
 esac
 echo "$name, sm_$arch, peak $peak_tbps TB/s, commit $commit" | tee -a "$log"
 
@@ -104,4 +106,5 @@ step step_bench 240 "$python" scripts/gpu_step_bench.py --json "$work/step_bench
 step pytest_gpu 300 "$python" -m pytest -m gpu tests -q -p no:cacheprovider --continue-on-collection-errors \
   --junitxml "$work/pytest.xml"
 
-"$python" scripts/gpu_record.py "$work" --commit "$commit" -o "$out" 2>&1 | tee -a "$log"
+"$python" scripts/gpu_record.py "$work" --commit "$commit" -o "$out" --peak-tflops "$peak_tflops" 2>&1 |
+  tee -a "$log"

@@ -3,7 +3,7 @@ and driver (nvidia-smi), the commit, each step's exit status and seconds, the ke
 kernel bench against its bandwidth floor, the `pytest -m gpu` outcomes and the target step costs.
 Prints the record's summary; exits 1 when a step failed or a parity line or gpu test did not pass.
 
-    python3 scripts/gpu_record.py WORK_DIR --commit SHA [-o OUT_DIR]
+    python3 scripts/gpu_record.py WORK_DIR --commit SHA [-o OUT_DIR] [--peak-tflops 989]
 
 WORK_DIR holds what gpu_check.sh wrote: smi.csv, steps.tsv, kernel_parity.log, kernel_bench.json,
 pytest.xml, step_bench.json (a step that did not run leaves its file out and says so in steps.tsv).
@@ -53,12 +53,18 @@ def read_parity(path: Path) -> list[dict]:
     return lines
 
 
-def read_kernel_bench(path: Path) -> dict:
+def read_kernel_bench(path: Path, peak_tflops: float) -> dict:
+    """Each row's floors: its bytes at the peak bandwidth, its FLOPs at the dense 16-bit tensor-core
+    peak; x_floor is the time over the larger (the roofline), x_bandwidth_floor over the first."""
     bench = json.loads(path.read_text())
+    bench["peak_tflops"] = peak_tflops
     for row in bench["rows"]:
         floor_us = row["bytes"] / (bench["peak_tbps"] * 1e12) * 1e6
+        compute_us = row.get("flops", 0) / (peak_tflops * 1e12) * 1e6
         row["floor_us"] = round(floor_us, 3)
-        row["x_floor"] = round(row["time_us"] / floor_us, 2)  # the target: at most 1.5
+        row["compute_floor_us"] = round(compute_us, 3)
+        row["x_bandwidth_floor"] = round(row["time_us"] / floor_us, 2)  # the target: at most 1.5
+        row["x_floor"] = round(row["time_us"] / max(floor_us, compute_us), 2)
     return bench
 
 
@@ -80,12 +86,12 @@ def read_pytest(path: Path) -> dict:
     return {**counts, "outcomes": tests}
 
 
-def build_record(work: Path, commit: str) -> dict:
+def build_record(work: Path, commit: str, peak_tflops: float) -> dict:
     record = {"device": read_smi(work / "smi.csv"), "commit": commit,
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
               "steps": read_steps(work / "steps.tsv")}
     readers = {"kernel_parity": ("kernel_parity.log", read_parity),
-               "kernel_bench": ("kernel_bench.json", read_kernel_bench),
+               "kernel_bench": ("kernel_bench.json", lambda p: read_kernel_bench(p, peak_tflops)),
                "pytest_gpu": ("pytest.xml", read_pytest),
                "step_bench": ("step_bench.json", lambda p: json.loads(p.read_text()))}
     for key, (name, read) in readers.items():
@@ -109,8 +115,10 @@ def main() -> int:
     parser.add_argument("work", type=Path)
     parser.add_argument("--commit", required=True)
     parser.add_argument("-o", "--out-dir", type=Path, default=Path("docs/bench"))
+    parser.add_argument("--peak-tflops", type=float, default=989.0,
+                        help="dense 16-bit tensor-core peak (H100 and H200 SXM: 989)")
     args = parser.parse_args()
-    record = build_record(args.work, args.commit)
+    record = build_record(args.work, args.commit, args.peak_tflops)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     path = args.out_dir / f"gpu-{device_slug(record['device']['name'])}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
@@ -118,7 +126,8 @@ def main() -> int:
     for step in record["steps"]:
         print(f"  {step['step']:<14} exit {step['exit']:<4} {step['seconds']:8.1f} s")
     for row in record.get("kernel_bench", {}).get("rows", []):
-        print(f"  {row['op']:<15} {row['shape']:<24} {row['time_us']:9.2f} us  {row['x_floor']:5.2f}x floor")
+        print(f"  {row['op']:<15} {row['shape']:<24} {row['time_us']:9.2f} us  {row['x_bandwidth_floor']:7.2f}x "
+              f"bandwidth floor  {row['x_floor']:7.2f}x roofline")
     found = problems(record)
     for line in found:
         print(f"problem: {line}")

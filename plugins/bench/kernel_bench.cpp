@@ -1,8 +1,9 @@
 // Times the dflash CUDA kernels at the Qwen3-8B drafter's shapes (32 heads, 8 kv heads, head_dim
 // 128, hidden 4096, block 16, bfloat16) and GatedDeltaRule at Qwen3-Next's linear attention (16 key
 // heads, 32 value heads, 128 x 128 state) against their memory-bandwidth floor: the bytes each call
-// must move at least (plugins/*/README.md), over a peak bandwidth. Prints a table; --json PATH also
-// writes it. Usage: kernel_bench [--json PATH] [--peak-tbps 3.35]. Exit 77 without a GPU.
+// must move at least (plugins/*/README.md), over a peak bandwidth, and their arithmetic (FLOPs), which
+// bounds the prefill shapes instead. Prints a table; --json PATH also writes it.
+// Usage: kernel_bench [--json PATH] [--peak-tbps 3.35]. Exit 77 without a GPU.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -23,7 +24,7 @@ constexpr int64_t kHeads = 32, kKv = 8, kD = 128, kHidden = 4096, kBlock = 16, k
 
 struct Row {
   std::string op, shape;
-  double bytes, micros;
+  double bytes, micros, flops;
 };
 
 // Device buffer of `bytes` filled with small bfloat16-ish values (0x3c00 = 0.0078 as bf16), never zeros.
@@ -77,7 +78,8 @@ Row inject_kv(int64_t batch, int64_t tokens) {
   // Weights, hidden, cos/sin, k_norm in; k and v out.
   const double bytes =
       kElem * double(2 * kKv * kD * kHidden + rows * kHidden + 2 * rows * kD + kD + 2 * rows * kKv * kD);
-  return {"InjectKV", "b=" + std::to_string(batch) + " n=" + std::to_string(tokens), bytes, micros};
+  const double flops = 2.0 * rows * kHidden * 2 * kKv * kD;
+  return {"InjectKV", "b=" + std::to_string(batch) + " n=" + std::to_string(tokens), bytes, micros, flops};
 }
 
 Row block_attention(int64_t batch, int64_t context) {
@@ -100,7 +102,9 @@ Row block_attention(int64_t batch, int64_t context) {
   // q in, out out, the block's K/V, the valid context's K/V, the lengths.
   const double bytes =
       kElem * double(2 * batch * kHeads * kBlock * kD + 2 * batch * kKv * (kBlock + context) * kD) + 8.0 * batch;
-  return {"BlockAttention", "b=" + std::to_string(batch) + " context=" + std::to_string(context), bytes, micros};
+  const double flops = 2.0 * 2 * batch * kHeads * kBlock * (context + kBlock) * kD;  // q k^T and p v
+  return {"BlockAttention", "b=" + std::to_string(batch) + " context=" + std::to_string(context), bytes, micros,
+          flops};
 }
 
 Row gated_delta_rule(int64_t batch, int64_t tokens, int64_t states_from) {
@@ -127,7 +131,7 @@ Row gated_delta_rule(int64_t batch, int64_t tokens, int64_t states_from) {
                        4.0 * double(heads + batch * kValueHeads * state + batch * kept * kValueHeads * state);
   return {"GatedDeltaRule",
           "b=" + std::to_string(batch) + " s=" + std::to_string(tokens) + " from=" + std::to_string(states_from), bytes,
-          micros};
+          micros, 8.0 * heads * state};  // per head and token: decay, k^T S, the rank-1 update, q S
 }
 
 }  // namespace
@@ -170,8 +174,8 @@ int main(int argc, char** argv) {
     std::fprintf(f, "{\"device\": \"%s\", \"dtype\": \"bfloat16\", \"peak_tbps\": %.3f, \"rows\": [\n", prop.name,
                  peak_tbps);
     for (size_t i = 0; i < rows.size(); ++i)
-      std::fprintf(f, "  {\"op\": \"%s\", \"shape\": \"%s\", \"bytes\": %.0f, \"time_us\": %.3f}%s\n",
-                   rows[i].op.c_str(), rows[i].shape.c_str(), rows[i].bytes, rows[i].micros,
+      std::fprintf(f, "  {\"op\": \"%s\", \"shape\": \"%s\", \"bytes\": %.0f, \"flops\": %.0f, \"time_us\": %.3f}%s\n",
+                   rows[i].op.c_str(), rows[i].shape.c_str(), rows[i].bytes, rows[i].flops, rows[i].micros,
                    i + 1 < rows.size() ? "," : "");
     std::fprintf(f, "]}\n");
     std::fclose(f);

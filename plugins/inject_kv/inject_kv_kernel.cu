@@ -1,9 +1,12 @@
-// dflash::InjectKV v1 CUDA kernels: a split-K projection GEMM into float32 scratch, then one warp
-// per (row, kv head) that sums the splits, RMS-normalises and RoPEs k and stores k and v.
+// dflash::InjectKV v1 CUDA kernels: a split-K projection into float32 scratch (a GEMV-shaped kernel
+// streaming the weights with 16-byte loads when the rows are few, a tiled GEMM otherwise), then one
+// warp per (row, kv head) that sums the splits, RMS-normalises and RoPEs k and stores k and v.
 #include "inject_kv/inject_kv_kernel.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <cstdint>
 
 #include "common/convert.cuh"
 
@@ -72,6 +75,79 @@ __global__ void __launch_bounds__(kProjectThreads)
   }
 }
 
+// The decode-time shape (rows = b x block, a few dozen): the weights are nearly all the bytes, so
+// each warp streams kSkinnyCols weight columns over its split of K with 16-byte loads and multiplies
+// them into up to kSkinnyRows rows of hidden (blockIdx.y picks which), each lane summing its own K
+// slice; the lanes' sums meet by shuffles at the end. Needs hidden % kVec == 0 and 16-byte aligned
+// hidden and weights (skinny_fits).
+constexpr int kSkinnyRows = 16, kSkinnyCols = 4, kSkinnyWarps = 4;
+
+template <typename T>
+constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+
+template <typename T>
+__device__ __forceinline__ void load_vec(const T* p, float (&out)[kVec<T>]) {
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+  const T* x = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < kVec<T>; ++i) out[i] = to_float(x[i]);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kSkinnyWarps * 32)
+    skinny_project_kernel(Launch a, const T* hidden, const T* k_weight, const T* v_weight, float* partial) {
+  constexpr int V = kVec<T>;
+  const int lane = threadIdx.x % 32;
+  const int64_t kvd = a.kv_heads * a.head_dim, cols = 2 * kvd;
+  const int64_t col0 = (static_cast<int64_t>(blockIdx.x) * kSkinnyWarps + threadIdx.x / 32) * kSkinnyCols;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kSkinnyRows;
+  const int rows = static_cast<int>(min(int64_t{kSkinnyRows}, a.row_count - row0));
+  const int64_t k_begin = blockIdx.z * a.k_per_split, k_end = min(a.hidden, k_begin + a.k_per_split);
+  if (col0 >= cols) return;  // whole warps only: the shuffles below need all 32 lanes
+
+  const T* w[kSkinnyCols];
+#pragma unroll
+  for (int c = 0; c < kSkinnyCols; ++c) {
+    const int64_t col = min(col0 + c, cols - 1);  // a column past the end repeats the last; not stored
+    w[c] = col < kvd ? k_weight + col * a.hidden : v_weight + (col - kvd) * a.hidden;
+  }
+  const T* x = hidden + (a.row_begin + row0) * a.hidden;
+  float acc[kSkinnyRows][kSkinnyCols] = {};
+  for (int64_t k = k_begin + lane * V; k < k_end; k += 32 * V) {
+    float wv[kSkinnyCols][V];
+#pragma unroll
+    for (int c = 0; c < kSkinnyCols; ++c) load_vec(w[c] + k, wv[c]);
+#pragma unroll
+    for (int r = 0; r < kSkinnyRows; ++r) {
+      if (r >= rows) break;
+      float xv[V];
+      load_vec(x + r * a.hidden + k, xv);
+#pragma unroll
+      for (int c = 0; c < kSkinnyCols; ++c)
+#pragma unroll
+        for (int i = 0; i < V; ++i) acc[r][c] += xv[i] * wv[c][i];
+    }
+  }
+  float* out = partial + (blockIdx.z * a.row_count + row0) * cols;
+#pragma unroll
+  for (int r = 0; r < kSkinnyRows; ++r) {
+    if (r >= rows) break;
+#pragma unroll
+    for (int c = 0; c < kSkinnyCols; ++c) {
+      float sum = acc[r][c];
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (lane == 0 && col0 + c < cols) out[r * cols + col0 + c] = sum;
+    }
+  }
+}
+
+template <typename T>
+bool skinny_fits(const InjectKVShape& s, const void* hidden, const void* k_weight, const void* v_weight) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return s.batch * s.tokens <= kInjectKVSkinnyMaxRows && s.hidden % kVec<T> == 0 && aligned(hidden) &&
+         aligned(k_weight) && aligned(v_weight);
+}
+
 __device__ __forceinline__ float sum_splits(const float* partial, int64_t split_stride, int64_t splits) {
   float total = 0.f;
   for (int64_t s = 0; s < splits; ++s) total += partial[s * split_stride];
@@ -125,6 +201,30 @@ cudaError_t launch_typed(const InjectKVShape& s, const void* hidden, const void*
   const InjectKVPlan plan = inject_kv_plan(s);
   const int64_t rows = s.batch * s.tokens, cols = 2 * s.kv_heads * s.head_dim;
   float* partial = static_cast<float*>(workspace);
+  const auto norm_rope = [&](const Launch& a) {
+    const auto items = static_cast<unsigned>(ceil_div(a.row_count * s.kv_heads, 4));
+    norm_rope_kernel<T><<<items, 128, 0, stream>>>(a, partial, static_cast<const T*>(k_norm),
+                                                   static_cast<const T*>(cos), static_cast<const T*>(sin),
+                                                   static_cast<T*>(k_out), static_cast<T*>(v_out));
+  };
+  if (skinny_fits<T>(s, hidden, k_weight, v_weight)) {
+    const int64_t col_blocks = ceil_div(cols, kSkinnyCols * kSkinnyWarps), row_blocks = ceil_div(rows, kSkinnyRows);
+    // Split K until about kTargetBlocks blocks stream the weights, each lane keeping at least 4
+    // loads per column in flight; splits x rows stays within the workspace (at most kRowsPerLaunch).
+    const int64_t per_lane = 32 * kVec<T> * 4;
+    const int64_t splits = std::clamp<int64_t>(
+        InjectKVPlan::kTargetBlocks / (col_blocks * row_blocks), 1,
+        std::min({InjectKVPlan::kMaxSplits, ceil_div(s.hidden, per_lane), InjectKVPlan::kRowsPerLaunch / rows}));
+    const int64_t k_per_split = ceil_div(ceil_div(s.hidden, splits), kVec<T> * 32) * kVec<T> * 32;
+    const Launch a{s.tokens, s.hidden, s.kv_heads, s.head_dim, 0, rows, ceil_div(s.hidden, k_per_split),
+                   k_per_split, epsilon};
+    const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks),
+                    static_cast<unsigned>(a.splits));
+    skinny_project_kernel<T><<<grid, kSkinnyWarps * 32, 0, stream>>>(
+        a, static_cast<const T*>(hidden), static_cast<const T*>(k_weight), static_cast<const T*>(v_weight), partial);
+    norm_rope(a);
+    return cudaGetLastError();
+  }
   for (int64_t begin = 0; begin < rows; begin += plan.rows_per_launch) {
     const Launch a{
         s.tokens,    s.hidden,         s.kv_heads, s.head_dim, begin, std::min(plan.rows_per_launch, rows - begin),
@@ -133,10 +233,7 @@ cudaError_t launch_typed(const InjectKVShape& s, const void* hidden, const void*
                     static_cast<unsigned>(plan.splits));
     project_kernel<T><<<grid, kProjectThreads, 0, stream>>>(
         a, static_cast<const T*>(hidden), static_cast<const T*>(k_weight), static_cast<const T*>(v_weight), partial);
-    const auto items = static_cast<unsigned>(ceil_div(a.row_count * s.kv_heads, 4));
-    norm_rope_kernel<T><<<items, 128, 0, stream>>>(a, partial, static_cast<const T*>(k_norm),
-                                                   static_cast<const T*>(cos), static_cast<const T*>(sin),
-                                                   static_cast<T*>(k_out), static_cast<T*>(v_out));
+    norm_rope(a);
   }
   return cudaGetLastError();
 }

@@ -15,6 +15,9 @@ namespace dflash {
 
 // Register arrays in the norm/RoPE kernel hold head_dim / 64 rotate-half pairs per lane.
 constexpr int64_t kInjectKVMaxHeadDim = 256;
+// Up to this many rows (b x n) the projection streams the weights GEMV-style (16-byte loads); more
+// rows take the tiled GEMM, which reuses each weight tile across 32 rows.
+constexpr int64_t kInjectKVSkinnyMaxRows = 128;
 
 // How one call is cut into launches. The projection is a split-K GEMM into float32 scratch: rows
 // are few on the hot path (b x accepted tokens, b x block) while the weights are large, so K is

@@ -34,13 +34,14 @@ def write_inputs(work: Path, steps: str) -> None:
     (work / "steps.tsv").write_text(steps)
     (work / "kernel_parity.log").write_text(PARITY)
     (work / "kernel_bench.json").write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "peak_tbps": 2.0, "rows": [
-        {"op": "InjectKV", "shape": "b=1 n=16", "bytes": 4e6, "time_us": 3.0}]}))
+        {"op": "InjectKV", "shape": "b=1 n=16", "bytes": 4e6, "flops": 1e6, "time_us": 3.0},
+        {"op": "InjectKV", "shape": "b=1 n=4096", "bytes": 4e6, "flops": 1e9, "time_us": 20.0}]}))
     (work / "pytest.xml").write_text(JUNIT)
 
 
 def test_the_record_gathers_every_input_and_names_what_failed(tmp_path):
     write_inputs(tmp_path / "work", "build_plugins\t0\t61.2\nkernel_parity\t1\t2.0\n")
-    record = gpu_record.build_record(tmp_path / "work", "abc123")
+    record = gpu_record.build_record(tmp_path / "work", "abc123", peak_tflops=100.0)
     assert record["device"] == {"name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "memory": "81559 MiB",
                                 "compute_capability": "9.0"}
     assert record["steps"] == [{"step": "build_plugins", "exit": 0, "seconds": 61.2},
@@ -48,9 +49,12 @@ def test_the_record_gathers_every_input_and_names_what_failed(tmp_path):
     assert [(p["case"].split()[0], p["dtype"], p["ok"]) for p in record["kernel_parity"]] == [
         ("InjectKV", "float32", True), ("BlockAttention", "bfloat16", False), ("GatedDeltaRule", "float16", False)]
     assert record["kernel_parity"][1]["max_scaled_error"] == 0.04
-    # 4 MB at 2 TB/s is 2 us: 3 us is 1.5x the floor
-    assert record["kernel_bench"]["rows"][0]["floor_us"] == 2.0
-    assert record["kernel_bench"]["rows"][0]["x_floor"] == 1.5
+    # 4 MB at 2 TB/s is 2 us: 3 us is 1.5x the floor; 1 MFLOP at 100 TFLOP/s (0.01 us) bounds nothing
+    small, large = record["kernel_bench"]["rows"]
+    assert (small["floor_us"], small["compute_floor_us"], small["x_bandwidth_floor"], small["x_floor"]) == (
+        2.0, 0.01, 1.5, 1.5)
+    # 1 GFLOP at 100 TFLOP/s is 10 us, more than the 2 us of bytes: 20 us is 2x the roofline
+    assert (large["compute_floor_us"], large["x_bandwidth_floor"], large["x_floor"]) == (10.0, 10.0, 2.0)
     outcomes = record["pytest_gpu"]["outcomes"]
     assert outcomes == {"tests.plugins.test_trt_plugins::test_parity": "passed",
                         "tests.runtime.test_trt_backend::test_engine": "skipped: needs TensorRT",
