@@ -27,8 +27,9 @@ else
 fi
 
 log="$BUILD/build.log"
+# -U: the GPUs plugins/CMakeLists.txt names, even if scripts/gpu_check.sh built here for one GPU.
 if ! { cmake -S plugins -B "$BUILD/cmake" -DORT_INCLUDE_DIR="$PWD/$ORT_HEADERS" "${trt_options[@]}" \
-         -DCMAKE_BUILD_TYPE=Release && cmake --build "$BUILD/cmake" -j "$(nproc)"; } >"$log" 2>&1; then
+         -UCMAKE_CUDA_ARCHITECTURES -DCMAKE_BUILD_TYPE=Release && cmake --build "$BUILD/cmake" -j "$(nproc)"; } >"$log" 2>&1; then
   tail -n 40 "$log" >&2
   echo "error: plugin build failed (full log: $log)" >&2
   exit 1

@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 CARRY=build/gpu-carry
 # Imported when pytest collects the suite (the serving front, export's graph inspection) and absent from
 # the GPU image, which has PyTorch, transformers, onnx, onnxruntime and pytest.
-CARRIED_PACKAGES=(polygraphy fastapi starlette pydantic pydantic_core annotated-types typing-inspection)
+CARRIED_PACKAGES=(polygraphy fastapi starlette pydantic pydantic_core annotated-types typing-inspection opentelemetry-api)
 
 if [ "${1:-}" = "--prepare" ]; then
   set -e
@@ -89,17 +89,18 @@ else
 fi
 
 plugins_built=1
-step build_plugins 300 bash -c "cmake -S plugins -B $work/plugins -DCMAKE_BUILD_TYPE=Release \
+# Built where scripts/build_plugins.sh builds (tests/plugins looks there), for this GPU alone.
+plugins=build/plugins/cmake
+rm -rf "$plugins"
+step build_plugins 300 bash -c "cmake -S plugins -B $plugins -DCMAKE_BUILD_TYPE=Release \
     -DORT_INCLUDE_DIR=$PWD/$ORT_HEADERS -DTRT_INCLUDE_DIR=$PWD/$TRT_HEADERS -DCMAKE_CUDA_COMPILER=$nvcc \
-    -DCMAKE_CUDA_ARCHITECTURES=$arch && cmake --build $work/plugins -j $(nproc)" || plugins_built=0
+    -DCMAKE_CUDA_ARCHITECTURES=$arch && cmake --build $plugins -j $(nproc)" || plugins_built=0
 if [ $plugins_built = 1 ]; then
-  # Where the package and tests/plugins look for the library and its build directory.
-  mkdir -p dflash_trt/_ops build/plugins
-  cp "$work/plugins/libdflash_trt_plugins.so" "$work/plugins/libdflash_ort_ops.so" dflash_trt/_ops/
-  rm -rf build/plugins/cmake && cp -r "$work/plugins" build/plugins/cmake
-  step kernel_parity 120 bash -c "set -o pipefail; $work/plugins/kernel_parity | tee $work/kernel_parity.log"
-  step ctest 120 ctest --test-dir "$work/plugins" --label-exclude gpu --output-on-failure
-  step kernel_bench 120 "$work/plugins/kernel_bench" --json "$work/kernel_bench.json" --peak-tbps "$peak_tbps"
+  mkdir -p dflash_trt/_ops
+  cp "$plugins/libdflash_trt_plugins.so" "$plugins/libdflash_ort_ops.so" dflash_trt/_ops/
+  step kernel_parity 120 bash -c "set -o pipefail; $plugins/kernel_parity | tee $work/kernel_parity.log"
+  step ctest 120 ctest --test-dir "$plugins" --label-exclude gpu --output-on-failure
+  step kernel_bench 120 "$plugins/kernel_bench" --json "$work/kernel_bench.json" --peak-tbps "$peak_tbps"
 fi
 step build_core 300 "$python" setup.py -q build_ext --inplace -j "$(nproc)"
 step step_bench 240 "$python" scripts/gpu_step_bench.py --json "$work/step_bench.json"
