@@ -1,12 +1,16 @@
 // dflash::BlockAttention v1 CUDA kernels: flash-attention style (key tiles in shared memory, online
 // softmax with a running max and sum per query row), split over keys when there are few blocks,
-// plus the pass that combines the splits.
+// plus the pass that combines the splits. Two forms of the attention kernel: tensor-core mma for
+// 16-bit dtypes at head_dim 128, float32 CUDA cores for everything else.
 #include "block_attention/block_attention_kernel.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <mma.h>
 
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "common/convert.cuh"
 
@@ -159,6 +163,173 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// Tensor-core form, head_dim 128, 16-bit T: a block of 4 warps holds 64 query rows (warp w rows
+// 16w..16w+15) and walks its split in tiles of 64 keys. Per tile: S = Q K^T (wmma 16x16x16, float32
+// accumulate) into shared memory; each warp's online-softmax update of its rows (2 lanes a row)
+// writes P in T and rescales the float32 output rows, which then take O += P V on tensor cores.
+// Shared memory rows are padded (+8 halves, +4 floats) against bank conflicts; every wmma tile
+// pointer stays 32-byte aligned.
+namespace mma_tile {
+constexpr int D = 128, ROWS = 64, KEYS = 64;
+constexpr int QK_LD = D + 8, S_LD = KEYS + 4, P_LD = KEYS + 8, O_LD = D + 4;
+template <typename T>
+constexpr size_t bytes() {
+  return sizeof(T) * (ROWS * QK_LD + 2 * KEYS * QK_LD + ROWS * P_LD) + sizeof(float) * (ROWS * S_LD + ROWS * O_LD);
+}
+}  // namespace mma_tile
+
+// Copies `rows` rows of D elements in 16-byte vectors; row r comes from src(r), or zeros if null.
+template <typename T, typename Source>
+__device__ __forceinline__ void stage_rows(T* dst, int ld, int rows, Source src) {
+  constexpr int V = 16 / sizeof(T), PER_ROW = mma_tile::D / V;
+  for (int e = threadIdx.x; e < rows * PER_ROW; e += blockDim.x) {
+    const int r = e / PER_ROW, c = (e % PER_ROW) * V;
+    const T* from = src(r);
+    *reinterpret_cast<uint4*>(dst + r * ld + c) =
+        from != nullptr ? __ldg(reinterpret_cast<const uint4*>(from + c)) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kWarps * 32)
+    mma_attention_kernel(Args a, const T* q, const T* k_context, const T* v_context, const T* k_block,
+                         const T* v_block, const int64_t* context_lengths, float* partial, T* out) {
+  using namespace nvcuda;
+  using namespace mma_tile;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* q_s = reinterpret_cast<T*>(smem);
+  T* k_s = q_s + ROWS * QK_LD;
+  T* v_s = k_s + KEYS * QK_LD;
+  T* p_s = v_s + KEYS * QK_LD;
+  float* s_s = reinterpret_cast<float*>(p_s + ROWS * P_LD);
+  float* o_s = s_s + ROWS * S_LD;
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t b = blockIdx.y / a.kv_heads, g = blockIdx.y % a.kv_heads, split = blockIdx.z;
+  const int64_t n = a.block, group_rows = a.groups * n, row0 = blockIdx.x * ROWS;
+  const int64_t length = min(max(context_lengths[b], int64_t{0}), a.context);
+  const int64_t keys = length + n;
+
+  stage_rows(q_s, QK_LD, ROWS, [&](int r) -> const T* {
+    const int64_t row = row0 + r;
+    return row < group_rows ? q + ((b * a.heads + g * a.groups + row / n) * n + row % n) * D : nullptr;
+  });
+  for (int e = threadIdx.x; e < ROWS * O_LD; e += blockDim.x) o_s[e] = 0.f;
+
+  // Keys any row of this block may see, intersected with this block's split (as attention_kernel).
+  // The block's rows hold block slots row % n for row in [row0, row0 + count): all n of them when
+  // the run is n long or wraps past n - 1 (a wider range only skips fewer keys; masks decide).
+  const int64_t count = min(int64_t{ROWS}, group_rows - row0);
+  const bool every_slot = count >= n || row0 % n + count > n;
+  const int64_t i_min = every_slot ? 0 : row0 % n, i_max = every_slot ? n - 1 : (row0 + count - 1) % n;
+  int64_t lo = 0, hi = keys;
+  if (a.causal) hi = min(hi, length + i_max + 1);
+  if (a.window > 0) {
+    lo = max(lo, length + i_min - a.window + 1);
+    if (!a.causal) hi = min(hi, length + i_max + a.window);
+  }
+  const int64_t chunk = (keys + a.splits * KEYS - 1) / (a.splits * KEYS) * KEYS;
+  lo = max(lo, split * chunk);
+  hi = min(hi, (split + 1) * chunk);
+
+  // Lanes 2i and 2i+1 own row 16 * warp + i of the softmax, each half of the tile's keys.
+  const int my_row = warp * 16 + lane / 2, half = lane % 2;
+  const int64_t row = row0 + my_row;
+  const bool row_ok = row < group_rows;
+  const int64_t q_pos = length + row % n;
+  float m = -INFINITY, l = 0.f;
+
+  for (int64_t t0 = lo; t0 < hi; t0 += KEYS) {
+    __syncthreads();  // the previous tile's K/V are consumed (first pass: q_s and o_s are ready)
+    const int64_t kv_row = (b * a.kv_heads + g);
+    const auto key_row = [&](const T* context, const T* block) {
+      return [=](int r) -> const T* {
+        const int64_t pos = t0 + r;
+        if (pos >= hi) return nullptr;
+        return pos < length ? context + (kv_row * a.context + pos) * D : block + (kv_row * n + pos - length) * D;
+      };
+    };
+    stage_rows(k_s, QK_LD, KEYS, key_row(k_context, k_block));
+    stage_rows(v_s, QK_LD, KEYS, key_row(v_context, v_block));
+    __syncthreads();
+
+    // S[16 rows of this warp][64 keys] = Q K^T
+    for (int j = 0; j < KEYS / 16; ++j) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> s_frag;
+      wmma::fill_fragment(s_frag, 0.f);
+      for (int k = 0; k < D / 16; ++k) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> q_frag;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> k_frag;
+        wmma::load_matrix_sync(q_frag, q_s + warp * 16 * QK_LD + k * 16, QK_LD);
+        wmma::load_matrix_sync(k_frag, k_s + j * 16 * QK_LD + k * 16, QK_LD);
+        wmma::mma_sync(s_frag, q_frag, k_frag, s_frag);
+      }
+      wmma::store_matrix_sync(s_s + warp * 16 * S_LD + j * 16, s_frag, S_LD, wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    // Online softmax over this tile for my row, 32 keys per lane.
+    float* scores = s_s + my_row * S_LD + half * 32;
+    float tile_max = -INFINITY;
+    for (int c = 0; c < 32; ++c) {
+      const int64_t pos = t0 + half * 32 + c;
+      const bool visible = row_ok && pos < hi && key_visible(q_pos, pos, a.causal, a.window);
+      scores[c] = visible ? scores[c] * a.scale : -INFINITY;
+      tile_max = fmaxf(tile_max, scores[c]);
+    }
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
+    const float m_new = fmaxf(m, tile_max);
+    const float alpha = m == -INFINITY ? 0.f : expf(m - m_new);  // nothing seen yet: o is still 0
+    float p_sum = 0.f;
+    T* probs = p_s + my_row * P_LD + half * 32;
+    for (int c = 0; c < 32; ++c) {
+      const float p = scores[c] == -INFINITY ? 0.f : expf(scores[c] - m_new);
+      p_sum += p;
+      probs[c] = from_float<T>(p);
+    }
+    p_sum += __shfl_xor_sync(kFullMask, p_sum, 1);
+    m = m_new;
+    l = l * alpha + p_sum;
+    float* o_row = o_s + my_row * O_LD + half * (D / 2);
+    for (int c = 0; c < D / 2; ++c) o_row[c] *= alpha;
+    __syncwarp();
+
+    // O[16 rows of this warp][128] += P V
+    for (int j = 0; j < D / 16; ++j) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> o_frag;
+      wmma::load_matrix_sync(o_frag, o_s + warp * 16 * O_LD + j * 16, O_LD, wmma::mem_row_major);
+      for (int k = 0; k < KEYS / 16; ++k) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> p_frag;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> v_frag;
+        wmma::load_matrix_sync(p_frag, p_s + warp * 16 * P_LD + k * 16, P_LD);
+        wmma::load_matrix_sync(v_frag, v_s + k * 16 * QK_LD + j * 16, QK_LD);
+        wmma::mma_sync(o_frag, p_frag, v_frag, o_frag);
+      }
+      wmma::store_matrix_sync(o_s + warp * 16 * O_LD + j * 16, o_frag, O_LD, wmma::mem_row_major);
+    }
+    __syncwarp();
+  }
+
+  __syncthreads();  // o_s was zeroed by every thread: with no key tile in this split, nothing synced it
+  // My row, my half of the dims: the normalised output (one split) or this split's partial sums
+  // and (max, total), laid out as attention_kernel's.
+  if (!row_ok) return;
+  const int64_t out_row = (b * a.heads + g * a.groups + row / n) * n + row % n;
+  const float* o_row = o_s + my_row * O_LD + half * (D / 2);
+  if (a.splits == 1) {
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    for (int c = 0; c < D / 2; ++c) out[out_row * D + half * (D / 2) + c] = from_float<T>(o_row[c] * inv);
+    return;
+  }
+  const int64_t at = split * a.total_rows + out_row;
+  for (int c = 0; c < D / 2; ++c) partial[at * D + half * (D / 2) + c] = o_row[c];
+  if (half == 0) {
+    float* ml = partial + a.splits * a.total_rows * D + at * 2;
+    ml[0] = m;
+    ml[1] = l;
+  }
+}
+
 // One warp per output row: rescale each split's sum to the common max and normalise by the total.
 template <typename T>
 __global__ void __launch_bounds__(128) combine_kernel(Args a, const float* partial, T* out) {
@@ -203,9 +374,32 @@ cudaError_t launch_config(const BlockAttentionShape& s, const BlockAttentionPlan
 }
 
 template <typename T>
+cudaError_t launch_mma(const BlockAttentionShape& s, const BlockAttentionPlan& plan, const Args& a, const void* q,
+                       const void* kc, const void* vc, const void* kb, const void* vb, const int64_t* lengths,
+                       void* workspace, void* out, cudaStream_t stream) {
+  constexpr size_t smem = mma_tile::bytes<T>();
+  const cudaError_t opted =
+      cudaFuncSetAttribute(mma_attention_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (opted != cudaSuccess) return opted;
+  const dim3 grid(static_cast<unsigned>(plan.query_tiles), static_cast<unsigned>(s.batch * s.kv_heads),
+                  static_cast<unsigned>(plan.splits));
+  mma_attention_kernel<T><<<grid, kWarps * 32, smem, stream>>>(
+      a, static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc), static_cast<const T*>(kb),
+      static_cast<const T*>(vb), lengths, static_cast<float*>(workspace), static_cast<T*>(out));
+  if (plan.splits > 1) {
+    const auto blocks = static_cast<unsigned>((a.total_rows + 3) / 4);
+    combine_kernel<T><<<blocks, 128, 0, stream>>>(a, static_cast<const float*>(workspace), static_cast<T*>(out));
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
 cudaError_t launch_typed(const BlockAttentionShape& s, const BlockAttentionPlan& plan, const Args& a, const void* q,
                          const void* kc, const void* vc, const void* kb, const void* vb, const int64_t* lengths,
                          void* workspace, void* out, cudaStream_t stream) {
+  if constexpr (!std::is_same_v<T, float>) {
+    if (plan.mma) return launch_mma<T>(s, plan, a, q, kc, vc, kb, vb, lengths, workspace, out, stream);
+  }
   if (s.head_dim <= 64)
     return launch_config<T, 2, 32, 4>(s, plan, a, q, kc, vc, kb, vb, lengths, workspace, out, stream);
   if (s.head_dim <= 128)
@@ -221,7 +415,17 @@ cudaError_t block_attention_launch(const BlockAttentionShape& s, DType dtype, co
                                    void* workspace, void* out, cudaStream_t stream) {
   if (block_attention_unsupported(s) != nullptr) return cudaErrorInvalidValue;
   if (s.batch * s.block == 0) return cudaSuccess;
-  const BlockAttentionPlan plan = block_attention_plan(s);
+  // The tensor-core kernel loads 16-byte vectors (every input must start on a 16-byte boundary) and
+  // needs 110 KiB of shared memory per block, more than consumer GPUs (SM 12.x: 99 KiB) allow.
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  int device = 0, shared_optin = 0;
+  const bool mma = block_attention_mma_fits(s, dtype) && aligned(q) && aligned(k_context) && aligned(v_context) &&
+                   aligned(k_block) && aligned(v_block) && cudaGetDevice(&device) == cudaSuccess &&
+                   cudaDeviceGetAttribute(&shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
+                       cudaSuccess &&
+                   static_cast<size_t>(shared_optin) >= (dtype == DType::kFloat16 ? mma_tile::bytes<__half>()
+                                                                                  : mma_tile::bytes<__nv_bfloat16>());
+  const BlockAttentionPlan plan = block_attention_plan(s, mma);
   const Args a{
       s.heads,     s.kv_heads, s.block, s.context, s.head_dim, s.heads / s.kv_heads, s.batch * s.heads * s.block,
       plan.splits, scale,      causal,  window};

@@ -21,36 +21,52 @@ constexpr int64_t kBlockAttentionMaxHeadDim = 256;
 // kTargetBlocks blocks run: with a batch of 1 and 8 kv heads there would otherwise be only a few
 // dozen blocks streaming a long context. More than one split adds a combine pass over float32
 // partial results in the workspace.
+//
+// Two kernels: with `mma` (16-bit dtypes, head_dim 128) a block of 4 warps holds 64 rows and
+// multiplies on tensor cores, 2 blocks per SM (113 KiB of shared memory each); otherwise 16 rows
+// (8 for wide heads) on CUDA cores in float32, about 8 blocks per SM. Either way splits x blocks x
+// rows per block stays within kMaxPartialRows, which bounds the workspace.
 struct BlockAttentionPlan {
-  static constexpr int64_t kTargetBlocks = 1024;  // ~8 resident blocks per SM on a 132-SM H100
+  static constexpr int64_t kTargetBlocks = 1024;     // CUDA cores: ~8 resident blocks per SM on 132 SMs
+  static constexpr int64_t kMmaTargetBlocks = 256;   // tensor cores: ~2 resident blocks per SM
   static constexpr int64_t kMinKeysPerSplit = 128;
   static constexpr int64_t kMaxSplits = 64;
   static constexpr int64_t kMaxTileRows = 16;
+  static constexpr int64_t kMmaTileRows = 64;
+  static constexpr int64_t kMaxPartialRows = kTargetBlocks * kMaxTileRows;
+  static_assert(kMmaTargetBlocks * kMmaTileRows == kMaxPartialRows, "both plans fit one workspace bound");
   int64_t tile_rows, query_tiles, splits;
+  bool mma;
 };
+
+// The tensor-core kernel's shapes: 16-bit storage and head_dim 128 (every Qwen3 drafter's).
+inline bool block_attention_mma_fits(const BlockAttentionShape& s, DType dtype) {
+  return dtype != DType::kFloat32 && s.head_dim == 128;
+}
 
 // Wide heads get fewer rows per block so that the block's tiles fit in 48 KiB of shared memory.
 inline int64_t block_attention_tile_rows(int64_t head_dim) { return head_dim <= 128 ? 16 : 8; }
 
-inline BlockAttentionPlan block_attention_plan(const BlockAttentionShape& s) {
+inline BlockAttentionPlan block_attention_plan(const BlockAttentionShape& s, bool mma) {
   using P = BlockAttentionPlan;
-  const int64_t tile_rows = block_attention_tile_rows(s.head_dim);
+  const int64_t tile_rows = mma ? P::kMmaTileRows : block_attention_tile_rows(s.head_dim);
   const int64_t group_rows = s.heads / std::max<int64_t>(1, s.kv_heads) * s.block;
   const int64_t query_tiles = std::max<int64_t>(1, (group_rows + tile_rows - 1) / tile_rows);
   const int64_t blocks = std::max<int64_t>(1, s.batch * s.kv_heads * query_tiles);
   const int64_t by_keys = (s.context + s.block + P::kMinKeysPerSplit - 1) / P::kMinKeysPerSplit;
-  const int64_t splits = std::clamp<int64_t>(std::min(P::kTargetBlocks / blocks, by_keys), 1, P::kMaxSplits);
-  return {tile_rows, query_tiles, splits};
+  const int64_t target = mma ? P::kMmaTargetBlocks : P::kTargetBlocks;
+  const int64_t splits = std::clamp<int64_t>(std::min(target / blocks, by_keys), 1, P::kMaxSplits);
+  return {tile_rows, query_tiles, splits, mma};
 }
 
 // Workspace bytes for shape `s`: an upper bound on the partial results of block_attention_plan
 // (splits x rows x (head_dim + 2) floats), monotone in every dim, so the size TensorRT reserves
-// for a profile's largest shape covers every shape it admits. The plan keeps splits <= kMaxSplits
-// and splits x blocks <= kTargetBlocks, and a block holds at most kMaxTileRows rows.
+// for a profile's largest shape covers every shape it admits. Either plan keeps splits <= kMaxSplits
+// and splits x blocks x rows per block <= kMaxPartialRows.
 inline size_t block_attention_workspace_size(const BlockAttentionShape& s) {
   using P = BlockAttentionPlan;
   const int64_t rows = s.batch * s.heads * s.block;
-  const int64_t bound = std::min(P::kMaxSplits * rows, P::kTargetBlocks * P::kMaxTileRows);
+  const int64_t bound = std::min(P::kMaxSplits * rows, P::kMaxPartialRows);
   return static_cast<size_t>(std::max<int64_t>(0, bound * (s.head_dim + 2))) * sizeof(float);
 }
 

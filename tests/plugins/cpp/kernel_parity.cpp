@@ -248,6 +248,10 @@ int main() {
     block_attention_case(1, 8, 2, 16, 300, 80, {300}, false, 0, dtype);             // head_dim not a multiple of 32
     block_attention_case(2, 4, 2, 16, 700, 256, {700, 33}, false, 0, dtype);        // widest head
     block_attention_case(1, 4, 4, 3, 10, 8, {4}, true, 2, dtype);                   // causal window of 2
+    // head_dim 128 in 16-bit dtypes runs on tensor cores, 64 rows a block:
+    block_attention_case(1, 6, 2, 48, 100, 128, {77}, true, 0, dtype);    // 3 blocks of rows, causal
+    block_attention_case(1, 2, 1, 100, 50, 128, {50}, true, 30, dtype);   // a block's slots wrap past n
+    block_attention_case(3, 8, 8, 1, 200, 128, {200, 1, 64}, false, 0, dtype);  // one row per kv head
     gated_delta_rule_case(1, 1, 1, 1, 8, 4, 0, dtype);           // one token
     gated_delta_rule_case(3, 17, 2, 4, 16, 8, 16, dtype);         // a prefill: the last state only
     gated_delta_rule_case(2, 4, 2, 2, 32, 33, 0, dtype);          // Dv past one 32-column tile

@@ -146,29 +146,34 @@ TEST(the_workspace_for_the_largest_shape_covers_every_smaller_one) {
       for (int64_t groups : {1, 4})
         for (int64_t n : {1, 16})
           for (int64_t c : {0, 100, 1000, 16384})
-            for (int64_t d : {64, 128, 256}) {
-              const dflash::BlockAttentionShape s{b, kv * groups, kv, n, c, d};
-              const dflash::BlockAttentionPlan plan = dflash::block_attention_plan(s);
-              const size_t used = plan.splits > 1
-                                      ? static_cast<size_t>(plan.splits * b * kv * groups * n * (d + 2)) * sizeof(float)
-                                      : 0;
-              CHECK(used <= dflash::block_attention_workspace_size(s));
-              CHECK(plan.splits >= 1 && plan.splits <= dflash::BlockAttentionPlan::kMaxSplits);
-              CHECK(plan.query_tiles * plan.tile_rows >= groups * n);
-              for (const dflash::BlockAttentionShape& larger :
-                   {dflash::BlockAttentionShape{b + 1, kv * groups, kv, n, c, d},
-                    dflash::BlockAttentionShape{b, kv * groups + kv, kv, n, c, d},
-                    dflash::BlockAttentionShape{b, kv * groups, kv, n + 1, c, d},
-                    dflash::BlockAttentionShape{b, kv * groups, kv, n, c + 1, d},
-                    dflash::BlockAttentionShape{b, kv * groups, kv, n, c, d + 1}})
-                CHECK(dflash::block_attention_workspace_size(larger) >= dflash::block_attention_workspace_size(s));
-            }
+            for (int64_t d : {64, 128, 256})
+              for (bool mma : {false, true}) {
+                const dflash::BlockAttentionShape s{b, kv * groups, kv, n, c, d};
+                const dflash::BlockAttentionPlan plan = dflash::block_attention_plan(s, mma);
+                const int64_t rows = b * kv * groups * n;
+                const size_t used =
+                    plan.splits > 1 ? static_cast<size_t>(plan.splits * rows * (d + 2)) * sizeof(float) : 0;
+                CHECK(used <= dflash::block_attention_workspace_size(s));
+                CHECK(plan.splits >= 1 && plan.splits <= dflash::BlockAttentionPlan::kMaxSplits);
+                CHECK(plan.query_tiles * plan.tile_rows >= groups * n);
+                for (const dflash::BlockAttentionShape& larger :
+                     {dflash::BlockAttentionShape{b + 1, kv * groups, kv, n, c, d},
+                      dflash::BlockAttentionShape{b, kv * groups + kv, kv, n, c, d},
+                      dflash::BlockAttentionShape{b, kv * groups, kv, n + 1, c, d},
+                      dflash::BlockAttentionShape{b, kv * groups, kv, n, c + 1, d},
+                      dflash::BlockAttentionShape{b, kv * groups, kv, n, c, d + 1}})
+                  CHECK(dflash::block_attention_workspace_size(larger) >= dflash::block_attention_workspace_size(s));
+              }
 }
 
 TEST(a_long_context_at_batch_one_is_split_over_keys) {
   // Qwen3-8B drafter shape: 32 heads over 8 kv heads, block 16, 16k context.
-  const dflash::BlockAttentionPlan plan = dflash::block_attention_plan({1, 32, 8, 16, 16384, 128});
+  const dflash::BlockAttentionPlan plan = dflash::block_attention_plan({1, 32, 8, 16, 16384, 128}, false);
   CHECK_EQ(plan.query_tiles, 4);  // 4 heads x 16 slots = 64 rows per kv head, 16 per block
   CHECK(plan.splits >= 16);
-  CHECK_EQ(dflash::block_attention_plan({64, 32, 8, 16, 256, 128}).splits, 1);  // already many blocks
+  CHECK_EQ(dflash::block_attention_plan({64, 32, 8, 16, 256, 128}, false).splits, 1);  // already many blocks
+  // Tensor cores: the group's 64 rows in one block; 8 blocks split 32 ways fill 256.
+  const dflash::BlockAttentionPlan mma = dflash::block_attention_plan({1, 32, 8, 16, 16384, 128}, true);
+  CHECK_EQ(mma.query_tiles, 1);
+  CHECK_EQ(mma.splits, 32);
 }
