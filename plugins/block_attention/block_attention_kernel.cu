@@ -190,6 +190,23 @@ __device__ __forceinline__ void stage_rows(T* dst, int ld, int rows, Source src)
   }
 }
 
+using Accumulator = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+
+// acc += A B over `steps` 16-deep steps: A is 16 rows, row-major at `a` (leading dim a_ld), moving
+// 16 columns a step; B is 16 columns in `BLayout` at `b` (leading dim b_ld), moving b_step a step.
+template <typename BLayout, typename T>
+__device__ __forceinline__ void mma_steps(Accumulator& acc, const T* a, int a_ld, const T* b, int b_ld, int b_step,
+                                          int steps) {
+  using namespace nvcuda;
+  for (int k = 0; k < steps; ++k) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a_frag;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, BLayout> b_frag;
+    wmma::load_matrix_sync(a_frag, a + k * 16, a_ld);
+    wmma::load_matrix_sync(b_frag, b + k * b_step, b_ld);
+    wmma::mma_sync(acc, a_frag, b_frag, acc);
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kWarps * 32)
     mma_attention_kernel(Args a, const T* q, const T* k_context, const T* v_context, const T* k_block,
@@ -253,17 +270,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     stage_rows(v_s, QK_LD, KEYS, key_row(v_context, v_block));
     __syncthreads();
 
-    // S[16 rows of this warp][64 keys] = Q K^T
+    // S[16 rows of this warp][64 keys] = Q K^T (K^T: the K tile read column-major)
     for (int j = 0; j < KEYS / 16; ++j) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> s_frag;
+      Accumulator s_frag;
       wmma::fill_fragment(s_frag, 0.f);
-      for (int k = 0; k < D / 16; ++k) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> q_frag;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> k_frag;
-        wmma::load_matrix_sync(q_frag, q_s + warp * 16 * QK_LD + k * 16, QK_LD);
-        wmma::load_matrix_sync(k_frag, k_s + j * 16 * QK_LD + k * 16, QK_LD);
-        wmma::mma_sync(s_frag, q_frag, k_frag, s_frag);
-      }
+      mma_steps<wmma::col_major>(s_frag, q_s + warp * 16 * QK_LD, QK_LD, k_s + j * 16 * QK_LD, QK_LD, 16, D / 16);
       wmma::store_matrix_sync(s_s + warp * 16 * S_LD + j * 16, s_frag, S_LD, wmma::mem_row_major);
     }
     __syncwarp();
@@ -296,15 +307,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 
     // O[16 rows of this warp][128] += P V
     for (int j = 0; j < D / 16; ++j) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> o_frag;
+      Accumulator o_frag;
       wmma::load_matrix_sync(o_frag, o_s + warp * 16 * O_LD + j * 16, O_LD, wmma::mem_row_major);
-      for (int k = 0; k < KEYS / 16; ++k) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> p_frag;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> v_frag;
-        wmma::load_matrix_sync(p_frag, p_s + warp * 16 * P_LD + k * 16, P_LD);
-        wmma::load_matrix_sync(v_frag, v_s + k * 16 * QK_LD + j * 16, QK_LD);
-        wmma::mma_sync(o_frag, p_frag, v_frag, o_frag);
-      }
+      mma_steps<wmma::row_major>(o_frag, p_s + warp * 16 * P_LD, P_LD, v_s + j * 16, QK_LD, 16 * QK_LD, KEYS / 16);
       wmma::store_matrix_sync(o_s + warp * 16 * O_LD + j * 16, o_frag, O_LD, wmma::mem_row_major);
     }
     __syncwarp();
