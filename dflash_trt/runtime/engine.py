@@ -51,13 +51,14 @@ class _Request:
     metrics: RequestMetrics
     arrival: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
+    finished_at: float | None = None  # a finished request's clock stops here, however late it is read
     core_id: int | None = None
     text: str = ""
     finish_reason: str | None = None
     core_metrics: dict = field(default_factory=dict)  # the core's counters as last seen
 
     def timing(self) -> dict:
-        now = time.perf_counter()
+        now = self.finished_at if self.finished_at is not None else time.perf_counter()
         out = {"queue_time_s": None, "time_to_first_token_s": None, "time_per_output_token_s": None,
                "e2e_latency_s": now - self.arrival}
         if self.first_token is not None:
@@ -192,6 +193,7 @@ class BatchRunner:
         request.core_metrics = dict(core)
 
     def _finish(self, request: _Request, reason: str) -> None:
+        request.finished_at = time.perf_counter()
         request.finish_reason = reason
         self.finished[reason] += 1
         self.counters["generation_tokens_total"] += len(request.stop.token_ids)

@@ -2,12 +2,13 @@
 
 import json
 import shlex
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
 
 from dflash_trt.bench import report
-from dflash_trt.bench.run import BenchConfig, run_bench
+from dflash_trt.bench.run import ADAPTIVE, BenchConfig, run_bench
 from dflash_trt.bench.summary import RequestRecord, find_mismatches
 from dflash_trt.cli import main
 from dflash_trt.errors import DFlashError
@@ -105,6 +106,17 @@ def test_a_saved_record_reloads_into_the_same_table_and_plot(config, results, tm
     path.write_text(json.dumps({"results": []}))
     result = CliRunner().invoke(main, ["bench-report", str(path)])
     assert result.exit_code == 2 and "is not a dflash-trt bench record" in result.output
+
+
+def test_an_adaptive_setting_is_recorded_and_reloads(config, tmp_path):
+    adaptive = replace(config, datasets=("humaneval",), temperatures=(0.0,), block_sizes=(ADAPTIVE,))
+    results = run_bench(adaptive)
+    assert [r.block_size for r in results] == [ADAPTIVE] and results[0].max_block_size == 4  # the drafter's block
+    path = tmp_path / "adaptive.json"
+    report.write_json(report.record(adaptive, results), path)
+    result = CliRunner().invoke(main, ["bench-report", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "auto≤4" in result.stdout.splitlines()[2]
 
 
 def test_plot_draws_lines_against_concurrency_when_there_are_several(results, tmp_path):

@@ -52,6 +52,22 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_batch(llm):
         assert out.token_ids == llm.generate(prompt, params)[0].token_ids
 
 
+def test_a_finished_requests_timings_stop_at_its_finish(llm):
+    # bench reads every output after the whole run: a request's decode time must not run on to then
+    runner = BatchRunner(llm, max_batch=3)
+    requests = [runner.prepare(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, [2, 30, 30])]
+    for request in requests:
+        runner.submit(request)
+    while requests[0].finish_reason is None:
+        runner.step()
+    early = runner.output(requests[0]).metrics
+    while runner.has_work:
+        runner.step()
+    late = runner.output(requests[0]).metrics
+    assert late.decode_s == early.decode_s and late.prefill_s == early.prefill_s
+    assert runner.metrics_dict(requests[0])["e2e_latency_s"] == requests[0].timing()["e2e_latency_s"]
+
+
 def test_requests_are_checked_before_any_work(llm):
     runner = BatchRunner(llm, max_batch=2, capacity=16)
     with pytest.raises(DFlashError, match="exceeds the context capacity of 16 tokens"):
