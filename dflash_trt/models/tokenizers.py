@@ -1,9 +1,11 @@
-"""Loading a checkpoint's tokenizer: light on purpose (no model code), so a bundle can use it too."""
+"""Loading a checkpoint's tokenizer, and a request's incremental detokenizer: light on purpose (no
+model code), so a bundle can use them too."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from dflash_trt.errors import DFlashError
@@ -23,3 +25,16 @@ def load_tokenizer(source: str) -> PreTrainedTokenizerBase | None:
             reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise DFlashError(f"{path}: tokenizer files are present but do not load ({reason})") from None
         return None  # a hub repository without a tokenizer
+
+
+class TextStream:
+    """One request's output text, a token at a time (tokenizers' DecodeStream, special tokens
+    skipped): each token costs a bounded amount of work, where decoding all ids again would grow
+    with the output. A token that ends inside a multi-byte character adds "" until it completes."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+        self._tokenizer = tokenizer.backend_tokenizer
+        self._stream = DecodeStream(skip_special_tokens=True)
+
+    def step(self, token: int) -> str:
+        return self._stream.step(self._tokenizer, token) or ""

@@ -105,7 +105,7 @@ class BatchRunner:
         if len(ids) + params.max_tokens > self.capacity:
             raise DFlashError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
                               f"capacity of {self.capacity} tokens per request; shorten the prompt or lower max_tokens")
-        stop = StopChecker(params, self.llm.eos_token_ids, self.llm.decode)
+        stop = StopChecker(params, self.llm.eos_token_ids, self.llm.text_stream())
         metrics = RequestMetrics(block_size=self.block_size if self.speculative else None, prompt_tokens=len(ids))
         return _Request(next(self._ids), prompt, ids, params, stop, on_output, metrics)
 
@@ -164,7 +164,7 @@ class BatchRunner:
             request.first_token = time.perf_counter()
         stopped = request.stop.add(new) if new else False
         self._count(request, out.metrics)
-        request.text = request.stop.final_text(self.llm.decode(request.stop.token_ids))
+        request.text = request.stop.text
         if out.finish_reason is not None or stopped:
             if out.finish_reason is None:  # a stop string the core cannot see: free its slot now
                 self.core.abort(out.request)

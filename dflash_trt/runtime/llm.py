@@ -10,7 +10,7 @@ from pathlib import Path
 from dflash_trt.errors import DFlashError
 from dflash_trt.models import embedded
 from dflash_trt.models.chat import encode_prompt
-from dflash_trt.models.tokenizers import load_tokenizer
+from dflash_trt.models.tokenizers import TextStream, load_tokenizer
 from dflash_trt.runtime.engine import DEFAULT_CAPACITY, DEFAULT_MAX_BATCH, BatchRunner, check_batching
 from dflash_trt.spec.loop import DraftSession, TargetSession, autoregressive_decode, speculative_decode
 from dflash_trt.spec.metrics import RequestMetrics
@@ -228,8 +228,9 @@ class LLM:
             raise DFlashError("prompt is empty")
         return ids
 
-    def decode(self, token_ids: list[int]) -> str:
-        return "" if self.tokenizer is None else self.tokenizer.decode(token_ids, skip_special_tokens=True)
+    def text_stream(self) -> TextStream | None:
+        """A new request's detokenizer; None when the target has no tokenizer (then outputs have no text)."""
+        return None if self.tokenizer is None else TextStream(self.tokenizer)
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -287,7 +288,7 @@ class LLM:
             from dflash_trt.runtime.ort_backend import lean_steps
 
             steps = lean_steps(steps)
-        stop = StopChecker(params, self.eos_token_ids, self.decode)
+        stop = StopChecker(params, self.eos_token_ids, self.text_stream())
         output = RequestOutput(prompt=prompt, prompt_token_ids=ids, metrics=metrics)
         start = time.perf_counter()
         for index, step in enumerate(steps):
@@ -299,7 +300,7 @@ class LLM:
             metrics.verify_s += step.verify_s
             finished = stop.add(step.tokens)
             output.token_ids = list(stop.token_ids)
-            output.text = stop.final_text(self.decode(output.token_ids))
+            output.text = stop.text
             metrics.output_tokens = len(output.token_ids)
             metrics.decode_s = time.perf_counter() - start - metrics.prefill_s
             if finished:

@@ -2,38 +2,52 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 from dflash_trt.spec.sampling import SamplingParams
 
 
+class TextSteps(Protocol):
+    """A request's detokenizer: the text one more token adds ("" while a character is incomplete)."""
+
+    def step(self, token: int) -> str: ...
+
+
 class StopChecker:
-    """Collects committed tokens and says when (and why) the request is finished.
+    """Collects committed tokens and their text, and says when (and why) the request is finished.
 
     Stop tokens (EOS and `stop_token_ids`) stay in `token_ids`, as in vLLM; stop strings are cut
-    from the text. `decode` turns token ids into text; it is needed only for stop strings.
+    from the text. Text grows one token at a time through `text_steps` (None: no tokenizer, no
+    text), and a stop string is looked for only where the newest token's text could complete one,
+    so each token costs the same however long the output is.
     """
 
-    def __init__(
-        self,
-        params: SamplingParams,
-        eos_token_ids: tuple[int, ...],
-        decode: Callable[[list[int]], str] | None,
-    ):
+    def __init__(self, params: SamplingParams, eos_token_ids: tuple[int, ...], text_steps: TextSteps | None):
         self.params = params
         self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
-        self.decode = decode
+        assert text_steps is not None or not params.stop, "stop strings need a tokenizer"
+        self.text_steps = text_steps
+        self.longest_stop = max((len(s) for s in params.stop), default=0)
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None  # "stop" or "length"
         self.stop_text_at: int | None = None  # text index where a stop string begins
+        self._text = ""
+
+    @property
+    def text(self) -> str:
+        """The output text so far, cut where a stop string begins."""
+        return self._text if self.stop_text_at is None else self._text[: self.stop_text_at]
 
     def add(self, tokens: list[int]) -> bool:
         """Take a step's tokens; True once finished (later tokens of the step are dropped)."""
         for token in tokens:
             self.token_ids.append(token)
+            before = len(self._text)
+            if self.text_steps is not None:
+                self._text += self.text_steps.step(token)
             if token in self.stop_ids:
                 self.finish_reason = "stop"
-            elif self.params.stop and self._find_stop_string():
+            elif self.params.stop and self._find_stop_string(before):
                 self.finish_reason = "stop"
             elif len(self.token_ids) >= self.params.max_tokens:
                 self.finish_reason = "length"
@@ -41,13 +55,10 @@ class StopChecker:
                 return True
         return False
 
-    def _find_stop_string(self) -> bool:
-        assert self.decode is not None, "stop strings need a tokenizer"
-        text = self.decode(self.token_ids)
-        hits = [i for i in (text.find(s) for s in self.params.stop) if i >= 0]
+    def _find_stop_string(self, before: int) -> bool:
+        # Earlier text was searched at earlier tokens: a new match ends in the newest token's text.
+        start = max(0, before - self.longest_stop + 1)
+        hits = [i for i in (self._text.find(s, start) for s in self.params.stop) if i >= 0]
         if hits:
             self.stop_text_at = min(hits)
         return bool(hits)
-
-    def final_text(self, text: str) -> str:
-        return text if self.stop_text_at is None else text[: self.stop_text_at]

@@ -124,7 +124,7 @@ def test_stop_conditions_cut_both_paths_at_the_same_token(llms):
 def test_eos_stops_generation(llms):
     llm = llms["llama"]
     base = run(llm, PROMPTS[1], SamplingParams(max_tokens=20, ignore_eos=True), False)
-    checker = StopChecker(SamplingParams(max_tokens=20), eos_token_ids=(base.token_ids[4],), decode=None)
+    checker = StopChecker(SamplingParams(max_tokens=20), eos_token_ids=(base.token_ids[4],), text_steps=None)
     assert checker.add(base.token_ids[:3]) is False
     assert checker.add(base.token_ids[3:]) is True
     assert checker.token_ids == base.token_ids[: base.token_ids.index(base.token_ids[4]) + 1]
