@@ -27,6 +27,28 @@ struct Args {
   int64_t window;
 };
 
+// Keys [lo, hi) that any of a block's rows may see, intersected with the block's split of the
+// `length` + n keys (splits cut in whole tiles of `tile` keys). The rows [row0, row0 + rows) hold
+// block slots row % n: all n of them when the run is n long or wraps past n - 1 (a wider range only
+// skips fewer keys; each score's mask decides).
+__device__ __forceinline__ void block_key_range(const Args& a, int64_t length, int64_t row0, int64_t rows,
+                                                int64_t split, int64_t tile, int64_t& lo, int64_t& hi) {
+  const int64_t n = a.block, count = min(rows, a.groups * n - row0);
+  const bool every_slot = count >= n || row0 % n + count > n;
+  const int64_t i_min = every_slot ? 0 : row0 % n, i_max = every_slot ? n - 1 : (row0 + count - 1) % n;
+  const int64_t keys = length + n;
+  lo = 0;
+  hi = keys;
+  if (a.causal) hi = min(hi, length + i_max + 1);
+  if (a.window > 0) {
+    lo = max(lo, length + i_min - a.window + 1);
+    if (!a.causal) hi = min(hi, length + i_max + a.window);
+  }
+  const int64_t chunk = (keys + a.splits * tile - 1) / (a.splits * tile) * tile;
+  lo = max(lo, split * chunk);
+  hi = min(hi, (split + 1) * chunk);
+}
+
 // Template: DCH = head dims per lane (head_dim padded to 32 * DCH), KT = keys per tile, RPW = query
 // rows per warp. Lanes own dims for the output accumulator; for the scores a lane owns a key (and,
 // when KT < 32, a slice of the dims, summed across the 32 / KT lanes sharing that key).
@@ -44,7 +66,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t b = blockIdx.y / a.kv_heads, g = blockIdx.y % a.kv_heads, split = blockIdx.z;
   const int64_t n = a.block, d = a.head_dim, group_rows = a.groups * n, row0 = blockIdx.x * ROWS;
   const int64_t length = min(max(context_lengths[b], int64_t{0}), a.context);
-  const int64_t keys = length + n;  // key index == position: context slots, then the block
 
   // Row r of the group is query head g * groups + r / n, block slot r % n (position length + r % n).
   for (int e = threadIdx.x; e < ROWS * D; e += blockDim.x) {
@@ -55,23 +76,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     q_s[r][j] = x;
   }
 
-  // Keys any row of this block may see, intersected with this block's split of [0, keys).
-  int64_t i_min = n, i_max = -1;
-  for (int r = 0; r < ROWS; ++r) {
-    if (row0 + r < group_rows) {
-      i_min = min(i_min, (row0 + r) % n);
-      i_max = max(i_max, (row0 + r) % n);
-    }
-  }
-  int64_t lo = 0, hi = keys;
-  if (a.causal) hi = min(hi, length + i_max + 1);
-  if (a.window > 0) {
-    lo = max(lo, length + i_min - a.window + 1);
-    if (!a.causal) hi = min(hi, length + i_max + a.window);
-  }
-  const int64_t chunk = (keys + a.splits * KT - 1) / (a.splits * KT) * KT;
-  lo = max(lo, split * chunk);
-  hi = min(hi, (split + 1) * chunk);
+  int64_t lo, hi;
+  block_key_range(a, length, row0, ROWS, split, KT, lo, hi);
 
   float m[RPW], l[RPW], o[RPW][DCH];
   int64_t q_pos[RPW];
@@ -225,7 +231,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t b = blockIdx.y / a.kv_heads, g = blockIdx.y % a.kv_heads, split = blockIdx.z;
   const int64_t n = a.block, group_rows = a.groups * n, row0 = blockIdx.x * ROWS;
   const int64_t length = min(max(context_lengths[b], int64_t{0}), a.context);
-  const int64_t keys = length + n;
 
   stage_rows(q_s, QK_LD, ROWS, [&](int r) -> const T* {
     const int64_t row = row0 + r;
@@ -233,21 +238,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   });
   for (int e = threadIdx.x; e < ROWS * O_LD; e += blockDim.x) o_s[e] = 0.f;
 
-  // Keys any row of this block may see, intersected with this block's split (as attention_kernel).
-  // The block's rows hold block slots row % n for row in [row0, row0 + count): all n of them when
-  // the run is n long or wraps past n - 1 (a wider range only skips fewer keys; masks decide).
-  const int64_t count = min(int64_t{ROWS}, group_rows - row0);
-  const bool every_slot = count >= n || row0 % n + count > n;
-  const int64_t i_min = every_slot ? 0 : row0 % n, i_max = every_slot ? n - 1 : (row0 + count - 1) % n;
-  int64_t lo = 0, hi = keys;
-  if (a.causal) hi = min(hi, length + i_max + 1);
-  if (a.window > 0) {
-    lo = max(lo, length + i_min - a.window + 1);
-    if (!a.causal) hi = min(hi, length + i_max + a.window);
-  }
-  const int64_t chunk = (keys + a.splits * KEYS - 1) / (a.splits * KEYS) * KEYS;
-  lo = max(lo, split * chunk);
-  hi = min(hi, (split + 1) * chunk);
+  int64_t lo, hi;
+  block_key_range(a, length, row0, ROWS, split, KEYS, lo, hi);
 
   // Lanes 2i and 2i+1 own row 16 * warp + i of the softmax, each half of the tile's keys.
   const int my_row = warp * 16 + lane / 2, half = lane % 2;
