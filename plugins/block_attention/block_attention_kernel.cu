@@ -353,14 +353,18 @@ __global__ void __launch_bounds__(128) combine_kernel(Args a, const float* parti
   }
 }
 
-template <typename T, int DCH, int KT, int RPW>
-cudaError_t launch_config(const BlockAttentionShape& s, const BlockAttentionPlan& plan, const Args& a, const void* q,
-                          const void* kc, const void* vc, const void* kb, const void* vb, const int64_t* lengths,
-                          void* workspace, void* out, cudaStream_t stream) {
-  if (plan.tile_rows != kWarps * RPW) return cudaErrorInvalidConfiguration;  // header and kernel disagree
+template <typename T>
+using AttentionKernel = void (*)(Args, const T*, const T*, const T*, const T*, const T*, const int64_t*, float*, T*);
+
+// One attention kernel over the plan's grid, then the combine pass when the keys were split.
+template <typename T>
+cudaError_t launch_attention(AttentionKernel<T> kernel, size_t shared_bytes, const BlockAttentionShape& s,
+                             const BlockAttentionPlan& plan, const Args& a, const void* q, const void* kc,
+                             const void* vc, const void* kb, const void* vb, const int64_t* lengths, void* workspace,
+                             void* out, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(plan.query_tiles), static_cast<unsigned>(s.batch * s.kv_heads),
                   static_cast<unsigned>(plan.splits));
-  attention_kernel<T, DCH, KT, RPW><<<grid, kWarps * 32, 0, stream>>>(
+  kernel<<<grid, kWarps * 32, shared_bytes, stream>>>(
       a, static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc), static_cast<const T*>(kb),
       static_cast<const T*>(vb), lengths, static_cast<float*>(workspace), static_cast<T*>(out));
   if (plan.splits > 1) {
@@ -368,6 +372,15 @@ cudaError_t launch_config(const BlockAttentionShape& s, const BlockAttentionPlan
     combine_kernel<T><<<blocks, 128, 0, stream>>>(a, static_cast<const float*>(workspace), static_cast<T*>(out));
   }
   return cudaGetLastError();
+}
+
+template <typename T, int DCH, int KT, int RPW>
+cudaError_t launch_config(const BlockAttentionShape& s, const BlockAttentionPlan& plan, const Args& a, const void* q,
+                          const void* kc, const void* vc, const void* kb, const void* vb, const int64_t* lengths,
+                          void* workspace, void* out, cudaStream_t stream) {
+  if (plan.tile_rows != kWarps * RPW) return cudaErrorInvalidConfiguration;  // header and kernel disagree
+  return launch_attention<T>(attention_kernel<T, DCH, KT, RPW>, 0, s, plan, a, q, kc, vc, kb, vb, lengths, workspace,
+                             out, stream);
 }
 
 template <typename T>
@@ -378,16 +391,8 @@ cudaError_t launch_mma(const BlockAttentionShape& s, const BlockAttentionPlan& p
   const cudaError_t opted =
       cudaFuncSetAttribute(mma_attention_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (opted != cudaSuccess) return opted;
-  const dim3 grid(static_cast<unsigned>(plan.query_tiles), static_cast<unsigned>(s.batch * s.kv_heads),
-                  static_cast<unsigned>(plan.splits));
-  mma_attention_kernel<T><<<grid, kWarps * 32, smem, stream>>>(
-      a, static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc), static_cast<const T*>(kb),
-      static_cast<const T*>(vb), lengths, static_cast<float*>(workspace), static_cast<T*>(out));
-  if (plan.splits > 1) {
-    const auto blocks = static_cast<unsigned>((a.total_rows + 3) / 4);
-    combine_kernel<T><<<blocks, 128, 0, stream>>>(a, static_cast<const float*>(workspace), static_cast<T*>(out));
-  }
-  return cudaGetLastError();
+  return launch_attention<T>(mma_attention_kernel<T>, smem, s, plan, a, q, kc, vc, kb, vb, lengths, workspace, out,
+                             stream);
 }
 
 template <typename T>
