@@ -53,7 +53,6 @@ class _Request:
     first_token: float | None = None
     finished_at: float | None = None  # a finished request's clock stops here, however late it is read
     core_id: int | None = None
-    text: str = ""
     finish_reason: str | None = None
     core_metrics: dict = field(default_factory=dict)  # the core's counters as last seen
 
@@ -164,7 +163,6 @@ class BatchRunner:
             request.first_token = time.perf_counter()
         stopped = request.stop.add(new) if new else False
         self._count(request, out.metrics)
-        request.text = request.stop.text
         if out.finish_reason is not None or stopped:
             if out.finish_reason is None:  # a stop string the core cannot see: free its slot now
                 self.core.abort(out.request)
@@ -209,7 +207,7 @@ class BatchRunner:
         timing = request.timing()
         m.prefill_s = timing["time_to_first_token_s"] or 0.0
         m.decode_s = timing["e2e_latency_s"] - m.prefill_s if request.first_token is not None else 0.0
-        return RequestOutput(prompt=request.prompt, prompt_token_ids=list(request.ids), text=request.text,
+        return RequestOutput(prompt=request.prompt, prompt_token_ids=list(request.ids), text=request.stop.text,
                              token_ids=list(request.stop.token_ids), finish_reason=request.finish_reason,
                              metrics=replace(m, acceptance_lengths=list(m.acceptance_lengths)))
 
