@@ -276,7 +276,8 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<RequestParams>(m, "RequestParams")
       .def(py::init([](int64_t max_tokens, double temperature, int64_t top_k, double top_p, py::object seed,
-                       std::vector<int64_t> stop_token_ids, std::vector<int64_t> eos_token_ids, bool ignore_eos) {
+                       std::vector<int64_t> stop_token_ids, std::vector<int64_t> eos_token_ids, bool ignore_eos,
+                       int64_t max_block) {
              RequestParams p;
              p.sampling = SamplingParams{temperature, top_k, top_p, seed.is_none() ? 0 : seed.cast<uint64_t>()};
              p.sampling.validate();
@@ -285,12 +286,15 @@ PYBIND11_MODULE(_core, m) {
              p.stop_token_ids = std::move(stop_token_ids);
              p.eos_token_ids = std::move(eos_token_ids);
              p.ignore_eos = ignore_eos;
+             p.max_block = max_block;
              return p;
            }),
            py::kw_only(), py::arg("max_tokens") = 256, py::arg("temperature") = 0.0, py::arg("top_k") = 0,
            py::arg("top_p") = 1.0, py::arg("seed") = py::none(), py::arg("stop_token_ids") = std::vector<int64_t>{},
-           py::arg("eos_token_ids") = std::vector<int64_t>{}, py::arg("ignore_eos") = false)
+           py::arg("eos_token_ids") = std::vector<int64_t>{}, py::arg("ignore_eos") = false,
+           py::arg("max_block") = 0)
       .def_readonly("max_tokens", &RequestParams::max_tokens)
+      .def_readonly("max_block", &RequestParams::max_block)
       .def_readonly("seeded", &RequestParams::seeded);
 
   py::class_<Scheduler>(m, "Scheduler")

@@ -41,6 +41,8 @@ Scheduler::Scheduler(Executor& executor, const SchedulerConfig& config)
 int64_t Scheduler::add_request(const std::vector<int64_t>& prompt, const RequestParams& params) {
   params.sampling.validate();
   if (params.max_tokens < 1) throw Error("max_tokens must be at least 1, got " + std::to_string(params.max_tokens));
+  if (params.max_block < 0)
+    throw Error("max_block must be at least 0 (0: the scheduler's block size), got " + std::to_string(params.max_block));
   const int64_t id = next_id_;
   // The allocator's one line for a request that can never fit, whatever is free now.
   slots_.check_fits(id, int64_t(prompt.size()), params.max_tokens);
@@ -177,7 +179,8 @@ int64_t Scheduler::limit_for(const Request& r) const {
   // prompt + max_tokens fit: length + remaining = prompt + max_tokens - 1).
   const int64_t remaining = r.params.max_tokens - int64_t(r.tokens.size());
   const int64_t room = slots_.capacity() - slots_.length(r.slot);
-  const int64_t limit = std::min({config_.block_size, remaining, room});
+  const int64_t block = r.params.max_block > 0 ? std::min(r.params.max_block, config_.block_size) : config_.block_size;
+  const int64_t limit = std::min({block, remaining, room});
   DFLASH_INVARIANT(limit >= 1);
   return limit;
 }

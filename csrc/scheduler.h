@@ -43,6 +43,9 @@ struct RequestParams {
   SamplingParams sampling;  // temperature, top_k, top_p, seed
   bool seeded = false;      // false: sampling.seed is ignored; the engine seed and request id are used
   int64_t max_tokens = 256;
+  // The largest block this request verifies; 0: the scheduler's block_size. 1 is plain decoding:
+  // plain and speculative requests share one scheduler, one executor and its KV slots.
+  int64_t max_block = 0;
   std::vector<int64_t> stop_token_ids;
   std::vector<int64_t> eos_token_ids;
   bool ignore_eos = false;

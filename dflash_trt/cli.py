@@ -107,12 +107,13 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
 @click.option("--target", default=DEFAULT_TARGET, show_default=True, help=TARGET_HELP)
 @click.option("--draft", default=None, help=DRAFT_HELP)
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path, file_okay=False), required=True, help="Bundle directory to write.")
-@click.option("--flavour", type=click.Choice(["portable", "plugin", "slots", "slots-trt"]), default="portable",
+@click.option("--flavour", type=click.Choice(["portable", "plugin", "slots", "slots-trt"]), default="slots",
               show_default=True,
-              help="portable: standard ONNX ops only; plugin: dflash:: custom ops (KV injection, block attention); "
-                   "slots: the target writes fixed-capacity KV caches in place (graph contract 2, "
-                   "com.microsoft GroupQueryAttention: onnxruntime only, for the batched engine); "
-                   "slots-trt: the same contract in standard ops (opset 24) for TensorRT, with --capacity.")
+              help="slots: the target writes fixed-capacity KV caches in place (graph contract 2, "
+                   "com.microsoft GroupQueryAttention), what generate/serve --bundle run on the C++ onnxruntime "
+                   "executor; slots-trt: the same contract in standard ops (opset 24) for TensorRT engines, with "
+                   "--capacity; portable (standard ONNX ops) and plugin (dflash:: custom ops): graph contract 1, "
+                   "for engine builds only (TensorRT-RTX), not run by the runtime.")
 @click.option("--capacity", type=int, default=None,
               help="slots-trt only (and required there): the KV slots' size in tokens, static in the graphs.")
 @click.option("--dtype", type=click.Choice(list(DTYPES)), default="fp32", show_default=True,
@@ -214,9 +215,9 @@ def _engine_default(compute_capability: str | None) -> str:
 @click.option("--compute-capability", default=None, help="Comma-separated targets for tensorrt-rtx, e.g. 12.0,8.9.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
               help="Precision of weights and activations (default: the bundle's; fp32 when exporting).")
-@click.option("--flavour", type=click.Choice(["portable", "plugin", "slots", "slots-trt"]), default="portable",
-              show_default=True,
-              help="When exporting: plugin expresses KV injection and block attention as dflash:: ops (--engine tensorrt); "
+@click.option("--flavour", type=click.Choice(["portable", "plugin", "slots", "slots-trt"]), default=None,
+              help="When exporting [default: slots for --engine onnxruntime, slots-trt (with --capacity, default "
+                   "--max-seq-len) for tensorrt, portable for tensorrt-rtx]: plugin expresses KV injection and block attention as dflash:: ops (--engine tensorrt); "
                    "slots writes the target's KV caches in place (--engine onnxruntime); slots-trt does so in "
                    "standard ops with --capacity (TensorRT engines for the batched C++ executor).")
 @click.option("--capacity", type=int, default=None,
@@ -249,10 +250,14 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
         raise DFlashError("pass either --bundle or --target/--draft, not both")
     if source is not None and capacity is not None:
         raise DFlashError("--capacity is for exporting --target/--draft; a --bundle keeps the capacity it was exported with")
+    engine = engine or _engine_default(compute_capability)
+    if source is None and flavour is None:  # what the runtime's C++ executors run, where one can
+        flavour = {"onnxruntime": "slots", "tensorrt": "slots-trt"}.get(engine, "portable")
+        capacity = capacity or (max_seq_len if flavour == "slots-trt" else None)
     if max_batch is None:  # contract-2 graphs run batched (the C++ executors); contract 1 one request per session
         batched = (read_bundle(source, verify_hashes=False)["flavour"] if source is not None else flavour) in SLOT_FLAVOURS
         max_batch = DEFAULT_MAX_BATCH if batched else 1
-    config = BuildConfig(engine=engine or _engine_default(compute_capability),
+    config = BuildConfig(engine=engine,
                          compute_capabilities=parse_compute_capabilities(compute_capability),
                          dtype=DTYPES[dtype] if dtype else None, max_batch=max_batch, max_seq_len=max_seq_len,
                          block_size=block_size, force=force)

@@ -58,6 +58,20 @@ def bundles(tiny_pairs, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def slots_bundles(tiny_pairs, tmp_path_factory):
+    """family -> slots-flavour bundle dir (graph contract 2, what the runtime runs) of the llama and
+    qwen3 tiny pairs, exported without the polygraphy check."""
+    root = tmp_path_factory.mktemp("slots-bundles")
+    made = {}
+    for family in ("llama", "qwen3"):
+        target_dir, draft_dir = tiny_pairs[family]
+        target, tokenizer = load_target(str(target_dir))
+        made[family] = export_bundle(target, load_drafter(draft_dir), tokenizer, root / family, flavour="slots",
+                                     check=False)
+    return made
+
+
+@pytest.fixture(scope="session")
 def half_bundles(tiny_pairs, tmp_path_factory):
     """(family, dtype) -> (ONNX bundle dir, TargetModel, DFlashDrafter) for float16 and bfloat16
     exports, with the polygraphy check (onnxruntime skips what it cannot run)."""

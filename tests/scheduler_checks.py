@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import random
 
+from reference import reference_output
+
 from dflash_trt import SamplingParams
 
 _REFERENCE: dict = {}
 
 
 def reference(llm, name, prompt, params, speculative=False):
-    """The Python reference loop's final output for one request alone (`LLM.stream`, not the core)."""
+    """The Python reference loop's final output for one request alone (tests/reference.py, not the core)."""
     key = (name, tuple(prompt), params, speculative)
     if key not in _REFERENCE:
-        *_, _REFERENCE[key] = llm.stream(prompt, params, speculative=speculative)
+        _REFERENCE[key] = reference_output(llm, prompt, params, speculative)
     return _REFERENCE[key]
 
 

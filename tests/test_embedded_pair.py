@@ -95,10 +95,14 @@ def test_cli_generate_with_no_arguments_but_the_prompt():
     assert "mean acceptance length" in result.stderr
 
 
-@pytest.mark.parametrize("flavour", ["portable", "plugin"])
+@pytest.mark.parametrize("flavour", ["slots", "plugin"])
 def test_the_embedded_pair_exports_and_runs_on_onnxruntime(llm, tmp_path, flavour):
     """Issue: the embedded pair exports (graphs checked by polygraphy) and decodes identically on
-    onnxruntime, with standard ops and with the dflash custom ops."""
+    onnxruntime: a slots bundle on the C++ executor, and the dflash custom ops' graphs (for engine
+    builds) through the tests' contract-1 runner."""
+    from contract1_runner import generate
+    from reference import reference_output
+
     from dflash_trt import LLM, SamplingParams
     from dflash_trt.export.bundle import export_bundle
     from dflash_trt.export.op_library import LIBRARY
@@ -106,11 +110,12 @@ def test_the_embedded_pair_exports_and_runs_on_onnxruntime(llm, tmp_path, flavou
     if flavour == "plugin" and not LIBRARY.is_file():
         pytest.skip("dflash op library not built (bash scripts/build_plugins.sh)")
     bundle = export_bundle(llm.target, llm.drafter, llm.tokenizer, tmp_path / "bundle", flavour=flavour, check=True)
-    ort_llm = LLM.from_bundle(bundle)
-    ort_llm.block_size = llm.block_size = 16  # other tests change the shared llm's block size
     params = SamplingParams(max_tokens=32)
     for prompt in ["Write a Python function that adds two numbers.", "Name three colors."]:
-        ours = ort_llm.generate(prompt, params)[0]
-        ref = llm.generate(prompt, params)[0]
+        ref = reference_output(llm, prompt, params, speculative=True, block_size=16)
+        if flavour == "plugin":
+            tokens, taus = generate(bundle, llm.encode(prompt), params, 16, llm.eos_token_ids)
+            assert (tokens, taus) == (ref.token_ids, ref.metrics.acceptance_lengths)
+            continue
+        ours = LLM.from_bundle(bundle, block_size=16, max_batch=1, capacity=256).generate(prompt, params)[0]
         assert ours.token_ids == ref.token_ids
-        assert ours.metrics.acceptance_lengths == ref.metrics.acceptance_lengths

@@ -1,7 +1,9 @@
-"""`LLM(..., backend="onnxruntime")` from checkpoints: export once into the user cache, then reuse.
+"""`LLM(..., backend="onnxruntime" | "tensorrt")` from checkpoints: export (and build) once into the
+user cache, then reuse.
 
 The cache key covers what changes the graphs: both checkpoints' configs and weight files (name,
-size, modification time) and the bundle format, so editing a checkpoint triggers a fresh export.
+size, modification time), the bundle format, the flavour and a slots-trt bundle's capacity, so
+editing a checkpoint triggers a fresh export.
 """
 
 from __future__ import annotations
@@ -20,18 +22,22 @@ def _fingerprint(path: Path) -> list:
     return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
 
 
-def bundle_key(target: str, draft: str) -> str:
+def bundle_key(target: str, draft: str, flavour: str = "slots", capacity: int | None = None) -> str:
     target_dir = Path(resolve_target(target))
     identity = {
         "format": FORMAT_VERSION,
+        "flavour": flavour,
+        "capacity": capacity,
         "target": _fingerprint(target_dir) if target_dir.is_dir() else target,
         "draft": _fingerprint(Path(draft)),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def cached_bundle(target: str, draft: str) -> Path:
-    out = embedded.cache_root() / "bundles" / bundle_key(target, draft)
+def cached_bundle(target: str, draft: str, flavour: str = "slots", capacity: int | None = None) -> Path:
+    """The pair's bundle of `flavour` (slots: for the C++ onnxruntime executor; slots-trt, with its
+    static `capacity`: for TensorRT engines), exported at first use."""
+    out = embedded.cache_root() / "bundles" / bundle_key(target, draft, flavour, capacity)
     if (out / "bundle.json").is_file():
         return out
     from dflash_trt.export.bundle import export_bundle
@@ -42,12 +48,14 @@ def cached_bundle(target: str, draft: str) -> Path:
     target_model, tokenizer = load_target(target)
     drafter = load_drafter(draft)
     validate_pair(target_model, drafter.config, tokenizer, load_tokenizer(draft))
-    return export_bundle(target_model, drafter, tokenizer, out, force=True)
+    return export_bundle(target_model, drafter, tokenizer, out, flavour=flavour, force=True, capacity=capacity)
 
 
-def cached_engines(target: str, draft: str) -> Path:
-    """`LLM(..., backend="tensorrt")` from checkpoints: TensorRT engines for this GPU, built once
-    from the cached bundle into the user cache (keyed by the bundle and the GPU's compute capability)."""
+def cached_engines(target: str, draft: str, capacity: int, max_batch: int) -> Path:
+    """`LLM(..., backend="tensorrt")` from checkpoints: TensorRT engines for this GPU and the C++
+    TensorRT executor, built once from a cached slots-trt bundle of KV slots of `capacity` tokens, for
+    up to `max_batch` rows, into the user cache (keyed by the bundle, the rows and the GPU's compute
+    capability)."""
     from dflash_trt.engines.machine import gpu_compute_capability
     from dflash_trt.errors import DFlashError
 
@@ -55,11 +63,14 @@ def cached_engines(target: str, draft: str) -> Path:
     if gpu is None:
         raise DFlashError("backend 'tensorrt' runs TensorRT engines on an NVIDIA GPU, and none is visible here: "
                           "use backend 'onnxruntime' or 'torch'")
-    out = embedded.cache_root() / "engines" / f"{bundle_key(target, draft)}-sm{gpu.replace('.', '')}"
+    key = bundle_key(target, draft, "slots-trt", capacity)
+    out = embedded.cache_root() / "engines" / f"{key}-b{max_batch}-sm{gpu.replace('.', '')}"
     if (out / "engine.json").is_file():
         return out
     from dflash_trt.engines.build import build_engines
     from dflash_trt.engines.config import BuildConfig
 
-    build_engines(cached_bundle(target, draft), out, BuildConfig(engine="tensorrt", force=True))
+    source = cached_bundle(target, draft, "slots-trt", capacity)
+    build_engines(source, out, BuildConfig(engine="tensorrt", max_batch=max_batch, max_seq_len=capacity,
+                                                 force=True))
     return out

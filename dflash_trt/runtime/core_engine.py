@@ -1,14 +1,13 @@
-"""The C++ scheduler (dflash_trt._core.Scheduler) over the existing per-request Python sessions.
+"""The C++ scheduler (dflash_trt._core.Scheduler) over an LLM's executor.
 
-`SessionExecutor` implements the core's Executor interface (csrc/executor.h) by holding one
-(target, drafter) session pair per row and looping over the rows of each phase: the torch backend's
-TorchTargetSession / TorchDraftSession or onnxruntime's OrtTargetSession / OrtDraftSession, opened
-through `LLM._sessions`. A phase is therefore batched in name only; true batched graphs come with
-graph contract v2 (docs/design/contract-v2.md) and the C++ executors.
+A slots bundle brings a C++ executor (runtime/ort_executor.py). The torch backend's
+`SessionExecutor` implements the core's Executor interface (csrc/executor.h) in Python by holding
+one (target, drafter) session pair per KV slot and looping over the rows of each phase: batched in
+name only, until a torch graph backend runs behind the C++ slot executor.
 
 `CoreEngine` is the small Python face over the scheduler: add_request / abort / step /
 run-until-done / stats, with adaptive speculation on by default (its cost model seeded at load by
-`calibrate_costs`).
+`calibrate_costs`). Plain and speculative requests share it: a plain one verifies blocks of 1.
 """
 
 from __future__ import annotations
@@ -46,30 +45,33 @@ def _rows_of(logits: torch.Tensor) -> np.ndarray:
 class _Row:
     target: Any
     drafter: Any
-    features: torch.Tensor | None  # committed positions' features not yet injected into the drafter
+    # committed positions' features not yet injected into the drafter, one tensor per prefill chunk or
+    # verify (joined at the next draft: a row that never drafts never copies them)
+    features: list[torch.Tensor] = field(default_factory=list)
     pending: torch.Tensor | None = None  # the last verify block's features, until commit
 
 
-def executor(llm, speculative: bool = True):
-    """A core Executor over `llm`'s per-request sessions (torch or onnxruntime backend)."""
+def executor(llm):
+    """A core Executor over a torch-backend `llm`'s per-request sessions, one pair per KV slot (with a
+    drafter session whenever the LLM has a drafter: a row's requests may be plain or speculative)."""
+    from dflash_trt.runtime import torch_backend
+
     core = _core()  # the class is made here so that importing this module does not need the extension
 
     class SessionExecutor(core.Executor):
         def __init__(self):
             core.Executor.__init__(self)
-            self.llm = llm
-            self.speculative = speculative
             self.rows: dict[int, _Row] = {}
 
         def prefill(self, rows, chunks):
             out = []
             for row, chunk in zip(rows, chunks, strict=True):
                 if row not in self.rows:  # a request's first chunk (or its whole prompt): new sessions
-                    self.rows[row] = _Row(*self.llm._sessions(self.speculative), features=None)
+                    self.rows[row] = _Row(*torch_backend.sessions(llm, llm.has_drafter))
                 state = self.rows[row]
                 logits, features = state.target.prefill(chunk)  # after what the session holds
                 if features is not None:
-                    state.features = features if state.features is None else torch.cat([state.features, features])
+                    state.features.append(features)
                 out.append(_rows_of(logits))
             return out
 
@@ -77,8 +79,8 @@ def executor(llm, speculative: bool = True):
             out = []
             for row, token in zip(rows, bonus, strict=True):
                 state = self.rows[row]
-                out.append(list(state.drafter.draft(state.features, token, block_size)))
-                state.features = state.features[:0]  # injected
+                out.append(list(state.drafter.draft(torch.cat(state.features), token, block_size)))
+                state.features = []  # injected
             return out
 
         def verify(self, rows, blocks):
@@ -93,9 +95,9 @@ def executor(llm, speculative: bool = True):
             for row, keep in zip(rows, kept, strict=True):
                 state = self.rows[row]
                 state.target.commit(keep)
-                if state.pending is not None and state.features is not None:
+                if state.pending is not None:
                     # kept positions wait for the next draft (a block of 1 verifies without drafting)
-                    state.features = torch.cat([state.features, state.pending[:keep]])
+                    state.features.append(state.pending[:keep])
                 state.pending = None
 
         def release(self, row):
@@ -145,7 +147,7 @@ class CoreEngine:
     """Requests join and leave between steps; each step runs every running request once, and
     requests beyond the free slots wait in the core's queue.
 
-    `adaptive` (default: on when speculative and `block_size` is not pinned) lets each step choose its
+    `adaptive` (default: on when the LLM has a drafter and `block_size` is not pinned) lets each step choose its
     verify block in 1..block_size (the model's block unless pinned) from the measured cost of the
     executor's calls and the running acceptance estimate; `calibrate` times a few calls at load to
     seed the cost model (`calibrate_costs`)."""
@@ -167,17 +169,16 @@ class CoreEngine:
         core = _core()
         if speculative and not llm.has_drafter:
             raise DFlashError("speculative=True needs a drafter: pass draft=... or use speculative=False")
-        block = (block_size or max_block or llm.block_size) if speculative else 1
-        adaptive = (speculative and block_size is None) if adaptive is None else adaptive
-        if adaptive and not speculative:
-            raise DFlashError(
-                "adaptive=True chooses among speculative block sizes: it needs speculative=True"
-            )
+        block = (block_size or max_block or llm.block_size) if llm.has_drafter else 1
+        adaptive = (llm.has_drafter and block_size is None) if adaptive is None else adaptive
+        if adaptive and not llm.has_drafter:
+            raise DFlashError("adaptive=True chooses among speculative block sizes: it needs a drafter")
         self.llm = llm
+        self.speculative = speculative  # what a request added without saying does
         self.block_size = block  # the largest block a step verifies (the only one unless adaptive)
-        # A slots bundle runs on the C++ onnxruntime executor (its KV slots sized here); else the sessions.
+        # A slots bundle runs on its C++ executor (its KV slots sized here); the torch backend on sessions.
         batched = getattr(llm, "batched_only", False)
-        self.executor = llm._bundle.executor(max_batch, capacity) if batched else executor(llm, speculative)
+        self.executor = llm._bundle.executor(max_batch, capacity) if batched else executor(llm)
         seed = random.getrandbits(64) if engine_seed is None else engine_seed
         self.scheduler = core.Scheduler(
             self.executor,
@@ -205,8 +206,12 @@ class CoreEngine:
     def slots(self):
         return self.scheduler.slots
 
-    def add_request(self, prompt, params: SamplingParams | None = None) -> int:
+    def add_request(self, prompt, params: SamplingParams | None = None, speculative: bool | None = None) -> int:
+        """Queue a request -> its id; `speculative` False decodes it plainly (default: the engine's)."""
         params = params or SamplingParams()
+        speculative = self.speculative if speculative is None else speculative
+        if speculative and not self.llm.has_drafter:
+            raise DFlashError("speculative=True needs a drafter: pass draft=... or use speculative=False")
         if params.stop:
             raise DFlashError(
                 "the core engine stops on token ids only for now; stop strings are not supported yet"
@@ -224,6 +229,7 @@ class CoreEngine:
                 stop_token_ids=list(params.stop_token_ids),
                 eos_token_ids=list(self.llm.eos_token_ids),
                 ignore_eos=params.ignore_eos,
+                max_block=0 if speculative else 1,
             ),
         )
         self.outputs[request] = CoreOutput(request, ids)

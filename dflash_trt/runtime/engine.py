@@ -46,6 +46,7 @@ class _Request:
     prompt: object
     ids: list[int]
     params: SamplingParams
+    speculative: bool
     stop: StopChecker
     on_output: Callable | None
     metrics: RequestMetrics
@@ -72,14 +73,16 @@ class BatchRunner:
     """Requests through the core, one `step()` at a time, on the caller's thread."""
 
     def __init__(self, llm, max_batch: int = DEFAULT_MAX_BATCH, capacity: int = DEFAULT_CAPACITY,
-                 speculative: bool = True, block_size: int | None = None, engine_seed: int | None = None,
+                 speculative: bool | None = None, block_size: int | None = None, engine_seed: int | None = None,
                  prefill_chunk: int = 0):
-        """`block_size` pins the verify block; None lets every step choose it in 1..the drafter's
-        trained block (`llm.max_block_size`) from measured costs and acceptance (adaptive).
+        """`speculative` is what a request added without saying does (default: speculative when the
+        LLM has a drafter; plain requests verify blocks of 1 in the same slots). `block_size` pins the verify block; None lets every step choose it in
+        1..the drafter's trained block (`llm.max_block_size`) from measured costs and acceptance (adaptive).
         `prefill_chunk` N > 0 prefills N prompt tokens per step, so a long prompt does not stall the
         running requests' steps; 0 prefills each prompt whole."""
         check_batching(max_batch, capacity, prefill_chunk)
         self.llm = llm
+        speculative = llm.has_drafter if speculative is None else speculative
         self.max_batch, self.capacity, self.speculative = max_batch, capacity, speculative
         self.core = CoreEngine(llm, max_batch=max_batch, capacity=capacity, block_size=block_size,
                                speculative=speculative, engine_seed=engine_seed,
@@ -96,17 +99,19 @@ class BatchRunner:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def prepare(self, prompt, params: SamplingParams | None = None, on_output: Callable | None = None) -> _Request:
+    def prepare(self, prompt, params: SamplingParams | None = None, on_output: Callable | None = None,
+                speculative: bool | None = None) -> _Request:
         """Check a request (one line for what is wrong, before any work) -> the request, not yet queued."""
         params = params or SamplingParams()
-        self.llm._check_request(params, self.speculative)
+        speculative = self.speculative if speculative is None else speculative
+        self.llm._check_request(params, speculative)
         ids = self.llm.encode(prompt)
         if len(ids) + params.max_tokens > self.capacity:
             raise DFlashError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
                               f"capacity of {self.capacity} tokens per request; shorten the prompt or lower max_tokens")
         stop = StopChecker(params, self.llm.eos_token_ids, self.llm.text_stream())
-        metrics = RequestMetrics(block_size=self.block_size if self.speculative else None, prompt_tokens=len(ids))
-        return _Request(next(self._ids), prompt, ids, params, stop, on_output, metrics)
+        metrics = RequestMetrics(block_size=self.block_size if speculative else None, prompt_tokens=len(ids))
+        return _Request(next(self._ids), prompt, ids, params, speculative, stop, on_output, metrics)
 
     def submit(self, request: _Request, arrival: float | None = None) -> None:
         """Queue a prepared request; `arrival` (perf_counter) restarts its clock, e.g. for a benchmark
@@ -114,7 +119,7 @@ class BatchRunner:
         if arrival is not None:
             request.arrival = arrival
         core_params = replace(request.params, stop=())  # stop strings are applied here, on text
-        request.core_id = self.core.add_request(request.ids, core_params)  # the core queues it for a slot
+        request.core_id = self.core.add_request(request.ids, core_params, request.speculative)  # queued for a slot
         self.live[request.core_id] = request
         self.counters["prompt_tokens_total"] += len(request.ids)
         self._read_counts()
@@ -240,10 +245,10 @@ class BatchRunner:
             "requests_finished": dict(self.finished),
         }
 
-    def stream(self, prompt, params: SamplingParams | None = None) -> Iterator:
+    def stream(self, prompt, params: SamplingParams | None = None, speculative: bool | None = None) -> Iterator:
         """One request's output after every step that touched it (stepping every live request);
         closing the iterator early aborts it."""
-        request = self.prepare(prompt, params)
+        request = self.prepare(prompt, params, speculative=speculative)
         self.submit(request)
         try:
             while request.finish_reason is None:
@@ -253,10 +258,10 @@ class BatchRunner:
             if request.finish_reason is None:
                 self.abort(request.id)
 
-    def run(self, prompts: list, params: SamplingParams | None = None) -> list:
+    def run(self, prompts: list, params: SamplingParams | None = None, speculative: bool | None = None) -> list:
         """Every prompt concurrently (up to max_batch at once) -> their outputs, in order. Every prompt is
         checked before any work."""
-        requests = [self.prepare(p, params) for p in prompts]
+        requests = [self.prepare(p, params, speculative=speculative) for p in prompts]
         for request in requests:
             self.submit(request)
         while any(r.finish_reason is None for r in requests):
@@ -272,7 +277,7 @@ class Engine:
     every step that touched the request: keep them short (hand the output to a queue)."""
 
     def __init__(self, llm, max_batch: int = DEFAULT_MAX_BATCH, capacity: int = DEFAULT_CAPACITY,
-                 speculative: bool = True, block_size: int | None = None, engine_seed: int | None = None,
+                 speculative: bool | None = None, block_size: int | None = None, engine_seed: int | None = None,
                  prefill_chunk: int = 0):
         self.llm = llm
         self.runner = BatchRunner(llm, max_batch, capacity, speculative, block_size, engine_seed, prefill_chunk)
@@ -285,9 +290,9 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="dflash-engine", daemon=True)
         self._thread.start()
 
-    def add_request(self, prompt, params: SamplingParams | None = None,
-                    on_output: Callable | None = None) -> int:
-        request = self.runner.prepare(prompt, params, on_output)  # refusals happen here, on the caller's thread
+    def add_request(self, prompt, params: SamplingParams | None = None, on_output: Callable | None = None,
+                    speculative: bool | None = None) -> int:
+        request = self.runner.prepare(prompt, params, on_output, speculative)  # refusals: here, on the caller's thread
         with self._cv:
             if self._closing:
                 raise DFlashError("the engine is shutting down and takes no new requests")
@@ -305,10 +310,10 @@ class Engine:
             self._cv.notify()
         return True
 
-    def stream(self, prompt, params: SamplingParams | None = None) -> Iterator:
+    def stream(self, prompt, params: SamplingParams | None = None, speculative: bool | None = None) -> Iterator:
         """Outputs after every step until the last; closing the iterator early aborts the request."""
         outputs: queue.Queue = queue.Queue()
-        request_id = self.add_request(prompt, params, outputs.put)
+        request_id = self.add_request(prompt, params, outputs.put, speculative)
         finished = False
         try:
             while not finished:
@@ -319,7 +324,8 @@ class Engine:
             if not finished:
                 self.abort(request_id)
 
-    async def astream(self, prompt, params: SamplingParams | None = None) -> AsyncIterator:
+    async def astream(self, prompt, params: SamplingParams | None = None,
+                      speculative: bool | None = None) -> AsyncIterator:
         """asyncio form of `stream`; cancelling the consumer aborts the request."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
@@ -327,7 +333,7 @@ class Engine:
             if not loop.is_closed():  # an abort's last output may come after the consumer's loop ended
                 loop.call_soon_threadsafe(outputs.put_nowait, out)
 
-        request_id = self.add_request(prompt, params, put)
+        request_id = self.add_request(prompt, params, put, speculative)
         finished = False
         try:
             while not finished:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,10 +11,8 @@ from dflash_trt.models import embedded
 from dflash_trt.models.chat import encode_prompt
 from dflash_trt.models.tokenizers import TextStream, load_tokenizer
 from dflash_trt.runtime.engine import DEFAULT_CAPACITY, DEFAULT_MAX_BATCH, BatchRunner, check_batching
-from dflash_trt.spec.loop import DraftSession, TargetSession, autoregressive_decode, speculative_decode
 from dflash_trt.spec.metrics import RequestMetrics
-from dflash_trt.spec.sampling import Sampler, SamplingParams
-from dflash_trt.spec.stopping import StopChecker
+from dflash_trt.spec.sampling import SamplingParams
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
 AUTO = "auto"  # draft=AUTO: the drafter shipped for the target alias, if there is one
@@ -83,8 +80,8 @@ class LLM:
                 raise DFlashError(f"backend '{backend}' runs an exported (target, drafter) bundle: pass draft=DIR")
             from dflash_trt.runtime.bundles import cached_bundle, cached_engines
 
-            bundle = cached_bundle(target, draft) if backend == "onnxruntime" else cached_engines(target, draft)
-            self._load_bundle(bundle, block_size)
+            bundle = cached_bundle(target, draft) if backend == "onnxruntime" else cached_engines(target, draft, capacity, max_batch)
+            self._load_bundle(bundle, block_size, max_batch)
             return
         self.backend = "torch"
         if draft is not None:
@@ -111,8 +108,10 @@ class LLM:
     @classmethod
     def from_bundle(cls, path: str | Path, block_size: int | None = None, max_batch: int | None = None,
                     capacity: int | None = None, prefill_chunk: int = 0) -> LLM:
-        """Run what `dflash-trt export` or `dflash-trt build` wrote: an ONNX bundle or an onnxruntime
-        engine bundle on onnxruntime, TensorRT engines on the GPU. No PyTorch model code is used.
+        """Run what `dflash-trt export` or `dflash-trt build` wrote on a C++ executor: a slots (or
+        slots-trt) bundle or onnxruntime engines built from one on onnxruntime, TensorRT engines built
+        from a slots-trt bundle on the GPU. Portable and plugin bundles (graph contract 1, for engine
+        builds) are refused in one line. No PyTorch model code is used.
         `capacity` (tokens per KV slot) defaults to the bundle's own where its graphs fix one
         (slots-trt), else DEFAULT_CAPACITY. TensorRT slots-trt engines also bound the rows per step
         (`max_batch` defaults to theirs) and the prompt tokens per step (prompts longer than their
@@ -123,14 +122,7 @@ class LLM:
         llm = cls.__new__(cls)
         capacity = capacity or bundle_capacity(path) or DEFAULT_CAPACITY
         llm._batching(max_batch or DEFAULT_MAX_BATCH, capacity, prefill_chunk)  # the user's values first
-        llm._load_bundle(Path(path), block_size)
-        rows, chunk = getattr(llm._bundle, "max_rows", None), getattr(llm._bundle, "max_chunk", None)
-        if chunk is not None and prefill_chunk > chunk:
-            raise DFlashError(f"{path}: its engines prefill at most {chunk} tokens per step; pass prefill_chunk "
-                              f"<= {chunk}, or rebuild with a larger --max-seq-len")
-        if rows is not None:
-            llm._bundle.check_limits(max_batch or rows, capacity)  # before any request, not at the first
-            llm._batching(max_batch or rows, capacity, prefill_chunk or chunk)
+        llm._load_bundle(Path(path), block_size, max_batch)
         return llm
 
     def _batching(self, max_batch: int, capacity: int, prefill_chunk: int = 0) -> None:
@@ -139,27 +131,23 @@ class LLM:
         (0: whole)."""
         check_batching(max_batch, capacity, prefill_chunk)
         self.max_batch, self.capacity, self.prefill_chunk = max_batch, capacity, prefill_chunk
-        self._runners: dict[tuple, BatchRunner] = {}
+        self._core: tuple[tuple, BatchRunner] | None = None  # (its settings, the runner): made at first use
 
-    def _load_bundle(self, path: Path, block_size: int | None) -> None:
-        from dflash_trt.runtime.engine_bundles import bundle_contract, bundle_kind
+    def _load_bundle(self, path: Path, block_size: int | None, max_batch: int | None) -> None:
+        """Open a bundle for its C++ executor; `max_batch` None: TensorRT engines' own rows, else the
+        value `_batching` was given."""
+        from dflash_trt.runtime.ort_executor import SlotBundle
 
-        kind = bundle_kind(path)
-        if bundle_contract(path) == 2:
-            from dflash_trt.runtime.ort_executor import SlotBundle
-
-            self.backend = "tensorrt" if kind.startswith("tensorrt") else "onnxruntime"
-            self._bundle = SlotBundle(path)  # slot caches: a C++ executor runs it, batched
-        elif kind in ("tensorrt", "tensorrt-rtx"):
-            from dflash_trt.runtime.trt_backend import TrtBundle
-
-            self.backend = "tensorrt"
-            self._bundle = TrtBundle(path)
-        else:
-            from dflash_trt.runtime.ort_backend import OrtBundle
-
-            self.backend = "onnxruntime"
-            self._bundle = OrtBundle(path)
+        # contract 2 only: a portable or plugin bundle (contract 1) is for engine builds, refused in one line
+        self._bundle = SlotBundle(path)
+        rows, chunk = self._bundle.max_rows, self._bundle.max_chunk
+        if chunk is not None and self.prefill_chunk > chunk:
+            raise DFlashError(f"{path}: its engines prefill at most {chunk} tokens per step; pass prefill_chunk "
+                              f"<= {chunk}, or rebuild with a larger --max-seq-len")
+        if rows is not None:
+            self._bundle.check_limits(max_batch or rows, self.capacity)  # before any request, not at the first
+            self._batching(max_batch or rows, self.capacity, self.prefill_chunk or chunk)
+        self.backend = "tensorrt" if self._bundle.kind == "tensorrt" else "onnxruntime"
         manifest = self._bundle.manifest
         self.target = self.drafter = None  # no PyTorch models behind this backend
         self.tokenizer = load_tokenizer(str(path))
@@ -180,7 +168,8 @@ class LLM:
 
     @property
     def block_size(self) -> int | None:
-        """The verify block the Python loop (`stream`) uses; setting it pins `generate`'s too."""
+        """The verify block a speculative request uses when pinned (`block_size=` or set); else the
+        drafter's default, and each step chooses its block (adaptive)."""
         return self._block_size
 
     @block_size.setter
@@ -190,26 +179,8 @@ class LLM:
 
     @property
     def batched_only(self) -> bool:
-        """A slots bundle (graph contract 2) has no per-request sessions: every request goes through
-        the core and its C++ onnxruntime executor."""
-        return getattr(getattr(self, "_bundle", None), "batched_only", False)
-
-    def _sessions(self, speculative: bool) -> tuple[TargetSession, DraftSession | None]:
-        assert not self.batched_only, "a slots bundle runs through the core only"
-        if self.backend == "onnxruntime":
-            from dflash_trt.runtime.ort_backend import OrtDraftSession, OrtTargetSession
-
-            return OrtTargetSession(self._bundle), OrtDraftSession(self._bundle) if speculative else None
-        if self.backend == "tensorrt":
-            from dflash_trt.runtime.trt_backend import TrtDraftSession, TrtTargetSession
-
-            return TrtTargetSession(self._bundle), TrtDraftSession(self._bundle) if speculative else None
-        from dflash_trt.runtime.torch_backend import TorchDraftSession, TorchTargetSession
-
-        if not speculative:
-            return TorchTargetSession(self.target, ()), None
-        taps = self.drafter.config.target_layer_ids
-        return TorchTargetSession(self.target, taps), TorchDraftSession(self.drafter, self.target, self.draft_head)
+        """A bundle runs on its C++ executor; the torch backend on per-slot sessions (core_engine.py)."""
+        return getattr(self, "_bundle", None) is not None
 
     # -- prompts -------------------------------------------------------------------------------
 
@@ -250,62 +221,29 @@ class LLM:
             raise DFlashError("no prompts given")
         params = params or SamplingParams()
         self._check_request(params, speculative)
-        return self._runner(speculative).run(batch, params)  # every prompt is checked before any work
+        return self._runner().run(batch, params, speculative)  # every prompt is checked before any work
 
-    def _runner(self, speculative: bool) -> BatchRunner:
-        """The core runner for this decoding mode and block size, made once and reused. Unless the
-        block size was pinned, each step chooses its block (adaptive speculation, plain steps included)."""
-        pinned = None if self.adaptive or not speculative else self.block_size
-        key = (speculative, pinned, self.prefill_chunk)
-        if key not in self._runners:
-            self._runners[key] = BatchRunner(self, self.max_batch, self.capacity, speculative, pinned,
-                                             prefill_chunk=self.prefill_chunk)
-        return self._runners[key]
+    def _runner(self) -> BatchRunner:
+        """The one core runner (one executor, one KV pool) of this LLM, made at first use; plain and
+        speculative requests share it. Unless the block size was pinned, each step chooses its block
+        (adaptive speculation, plain steps included). Pinning a block afterwards replaces it."""
+        pinned = None if self.adaptive or not self.has_drafter else self.block_size
+        settings = (pinned, self.prefill_chunk)
+        if self._core is None or self._core[0] != settings:
+            self._core = None  # the old runner's KV slots go before the new one's are allocated
+            self._core = settings, BatchRunner(self, self.max_batch, self.capacity, block_size=pinned,
+                                               prefill_chunk=self.prefill_chunk)
+        return self._core[1]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, speculative: bool = True) -> Iterator[RequestOutput]:
-        """Yield the output (one object, updated) after every step; the last has finish_reason set."""
+        """Yield the output after every step that touched the request (stepping the LLM's core); the last
+        has finish_reason set. Closing the iterator early aborts the request."""
         params = params or SamplingParams()
         self._check_request(params, speculative)
-        if self.batched_only:
-            return self._runner(speculative).stream(prompt, params)
-        return self._run(prompt, self.encode(prompt), params, speculative)
+        return self._runner().stream(prompt, params, speculative)
 
     def _check_request(self, params: SamplingParams, speculative: bool) -> None:
         if speculative and not self.has_drafter:
             raise DFlashError("speculative=True needs a drafter: pass draft=... or use speculative=False")
         if params.stop and self.tokenizer is None:
             raise DFlashError("stop strings need a tokenizer; this target has none (use stop_token_ids)")
-
-    def _run(self, prompt: Prompt, ids: list[int], params: SamplingParams, speculative: bool) -> Iterator[RequestOutput]:
-        sampler = Sampler(params)
-        metrics = RequestMetrics(block_size=self.block_size if speculative else None, prompt_tokens=len(ids))
-        target, drafter = self._sessions(speculative)
-        if speculative:
-            steps = speculative_decode(target, drafter, ids, self.block_size, sampler)
-        else:
-            steps = autoregressive_decode(target, ids, sampler)
-        if self.backend == "onnxruntime":
-            from dflash_trt.runtime.ort_backend import lean_steps
-
-            steps = lean_steps(steps)
-        stop = StopChecker(params, self.eos_token_ids, self.text_stream())
-        output = RequestOutput(prompt=prompt, prompt_token_ids=ids, metrics=metrics)
-        start = time.perf_counter()
-        for index, step in enumerate(steps):
-            if index == 0:
-                metrics.prefill_s = time.perf_counter() - start
-            if step.accepted is not None:
-                metrics.record(step.accepted)
-            metrics.draft_s += step.draft_s
-            metrics.verify_s += step.verify_s
-            finished = stop.add(step.tokens)
-            output.token_ids = list(stop.token_ids)
-            output.text = stop.text
-            metrics.output_tokens = len(output.token_ids)
-            metrics.decode_s = time.perf_counter() - start - metrics.prefill_s
-            if finished:
-                output.finish_reason = stop.finish_reason
-                yield output
-                return
-            yield output
-

@@ -1,4 +1,8 @@
-"""The torch backend: per-request target and draft sessions over the PyTorch reference models."""
+"""The torch backend: per-request target and draft sessions over the PyTorch reference models.
+
+The core's session executor (runtime/core_engine.py) opens one pair per KV slot; the Python reference
+loop (spec/loop.py, the tests' oracle) opens one pair per request.
+"""
 
 from __future__ import annotations
 
@@ -67,3 +71,11 @@ class TorchDraftSession:
         # 4 rows take SkinnyLinear's product (runtime/skinny.py), as 3 would.
         _, tokens = self.head(hidden)
         return tokens[0, 1:].tolist()
+
+
+def sessions(llm, speculative: bool) -> tuple[TorchTargetSession, TorchDraftSession | None]:
+    """A (target, drafter) session pair over a torch-backend LLM's models; no drafter when plain."""
+    if not speculative:
+        return TorchTargetSession(llm.target, ()), None
+    taps = llm.drafter.config.target_layer_ids
+    return TorchTargetSession(llm.target, taps), TorchDraftSession(llm.drafter, llm.target, llm.draft_head)

@@ -39,6 +39,10 @@ class ServeConfig:
             raise DFlashError("nothing to serve: pass BUNDLE or --target T --draft D")
         if self.bundle is not None and not Path(self.bundle).is_dir():
             raise DFlashError(f"bundle {self.bundle} is not a directory")
+        if self.bundle is not None:  # a bundle no executor runs is refused here, before Triton starts
+            from dflash_trt.runtime.ort_executor import SlotBundle
+
+            SlotBundle(self.bundle)
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
             raise DFlashError(f"--max-batch must be an integer >= 1, got {self.max_batch!r}")
         if not isinstance(self.prefill_chunk, int) or self.prefill_chunk < 0:

@@ -7,6 +7,7 @@ logits equal the torch target's through split Runs and a commit that keeps nothi
 import numpy as np
 import pytest
 from factories import export_tiny_slots_bundle, make_drafter, make_target
+from reference import reference_output
 from scheduler_checks import decode_together, python_loop
 
 from dflash_trt import LLM, SamplingParams
@@ -88,7 +89,7 @@ def test_greedy_equals_autoregressive_decoding(hybrid, block_size):
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     outs = llm.generate(PROMPTS, params, speculative=block_size > 1)
     for prompt, out in zip(PROMPTS, outs, strict=True):
-        *_, want = ref.stream(prompt, params, speculative=False)
+        want = reference_output(ref, prompt, params)
         assert out.token_ids == want.token_ids, prompt
 
 

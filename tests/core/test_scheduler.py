@@ -1,6 +1,6 @@
 """The core's scheduler (csrc/scheduler.cpp) over the Python session executor (runtime/core_engine.py),
 against the oracle: every request's greedy output equals its own autoregressive output from the
-Python reference loop (LLM.stream(..., speculative=False)), whatever else is in the batch and whenever
+Python reference loop (tests/reference.py, plain decoding), whatever else is in the batch and whenever
 it arrived. Adaptive speculation is on unless a test pins the block size."""
 
 import random
@@ -8,7 +8,7 @@ import random
 import pytest
 from scheduler_checks import autoregressive, drive, reference, workload
 
-from dflash_trt import LLM, SamplingParams
+from dflash_trt import SamplingParams
 from dflash_trt.errors import DFlashError
 
 
@@ -197,25 +197,3 @@ def test_a_python_executor_error_reaches_the_caller_and_leaves_no_claim(engine_m
         engine.step()
     slot = next(i for i in range(2) if engine.slots.request(i) >= 0)
     assert engine.slots.reserved(slot) == 0
-
-
-@pytest.fixture(scope="module")
-def ort_llms(bundles):
-    pytest.importorskip("onnxruntime")
-    return {family: LLM.from_bundle(bundles[family][0]) for family in ("llama", "qwen3")}
-
-
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-@pytest.mark.parametrize("concurrency", [1, 3, 8])
-def test_onnxruntime_sessions_behind_the_core_equal_autoregressive(
-    engine_module, ort_llms, llms, family, concurrency
-):
-    llm = ort_llms[family]
-    work = workload(llm.vocab_size, 8 if concurrency > 1 else 4, seed=20 + concurrency)
-    engine = engine_module.CoreEngine(llm, max_batch=concurrency, capacity=64)
-    for (_, prompt, params), out in zip(work, drive(engine, work), strict=True):
-        ref = autoregressive(llm, f"ort-{family}", prompt, params)
-        assert out.token_ids == ref.token_ids, (prompt, params)
-        assert out.token_ids == autoregressive(llms[family], family, prompt, params).token_ids  # and torch's
-        assert out.finish_reason == ref.finish_reason
-    assert engine.slots.num_free == concurrency and not engine.executor.rows

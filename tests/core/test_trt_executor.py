@@ -229,7 +229,7 @@ def test_dflash_trt_build_then_llm_from_bundle_runs_on_the_tensorrt_executor(ort
     """`build --engine tensorrt` of a slots-trt bundle, then `LLM.from_bundle` on it: the engine bundle
     is checked (library, GPU), opened by SlotBundle for the C++ TensorRT executor, and generates what
     the onnxruntime executor generates from the exported bundle."""
-    import fake_tensorrt
+    import types
 
     from dflash_trt import LLM, SamplingParams
     from dflash_trt.engines import build as build_module
@@ -238,7 +238,9 @@ def test_dflash_trt_build_then_llm_from_bundle_runs_on_the_tensorrt_executor(ort
     from dflash_trt.runtime import ort_executor
 
     bundle, *_ = pair
-    monkeypatch.setitem(__import__("sys").modules, "tensorrt", fake_tensorrt.module())  # version 10.x, as the headers
+    fake = types.ModuleType("tensorrt")  # the builder is faked below; build_engines reads the version
+    fake.__version__ = "10.99.0-fake"  # 10.x, as the headers
+    monkeypatch.setitem(__import__("sys").modules, "tensorrt", fake)
     monkeypatch.setattr(machine, "gpu_compute_capability", lambda: "9.0")
     monkeypatch.setattr(trt_engine, "build_trt_graph", fake_build(str(ort.onnxruntime_library())))
     build_module.build_engines(bundle, tmp_path / "engines", BuildConfig(engine="tensorrt", max_batch=3,

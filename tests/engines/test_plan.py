@@ -134,7 +134,7 @@ def test_dry_run_prints_the_plan_and_exports_downloads_and_writes_nothing(config
     counted = target_parameters(Qwen3MoeConfig.from_pretrained(targets["moe"]))
     assert "target total" in out and f"({counted['total']:,})" in out
     assert "moe experts" in out and "target active per token" in out
-    assert "target.onnx, draft_context.onnx, draft_block.onnx (portable flavour, bf16) -> 3 onnxruntime engines" in out
+    assert "target.onnx, draft_context.onnx, draft_block.onnx (slots flavour, bf16) -> 3 onnxruntime engines" in out
     assert "export: supported" in out
     assert "max batch 4, max seq len 1024, block 4" in out
     # K/V per token in bf16: 4 layers x 2 x 2 heads x 16 x 2 bytes = 512 B; the drafter's 2 layers: 256 B

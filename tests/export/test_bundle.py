@@ -4,6 +4,7 @@ import json
 import shutil
 
 import pytest
+from contract1_runner import OrtBundle
 from click.testing import CliRunner
 
 from dflash_trt import LLM
@@ -104,7 +105,7 @@ def test_plugin_flavour_without_the_op_library_is_refused_in_one_line(bundles, p
     path, target, drafter = plugin_bundle
     monkeypatch.setattr(op_library, "LIBRARY", tmp_path / "missing.so")
     with pytest.raises(DFlashError, match="needs the dflash onnxruntime op library: build it with"):
-        LLM.from_bundle(path)
+        OrtBundle(path)  # the tests' contract-1 runner: the runtime refuses contract 1 before any library
     with pytest.raises(DFlashError, match="needs the dflash onnxruntime op library"):
         export_bundle(target, drafter, None, tmp_path / "p", flavour="plugin", check=True)
     assert not (tmp_path / "p").exists()
@@ -183,7 +184,7 @@ def test_a_plugin_bundle_for_another_op_version_is_refused(plugin_bundle, tmp_pa
     (copy / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(DFlashError, match=f"exported for dflash ops version {OP_VERSION + 1}, but the op library "
                                           f"implements version {OP_VERSION}: rebuild it"):
-        LLM.from_bundle(copy)
+        OrtBundle(copy)
 
 
 def test_cli_export_writes_a_bundle_and_refuses_an_existing_directory(tiny_pairs, tmp_path):
@@ -191,7 +192,7 @@ def test_cli_export_writes_a_bundle_and_refuses_an_existing_directory(tiny_pairs
     args = ["export", "--target", str(target_dir), "--draft", str(draft_dir), "-o", str(tmp_path / "b")]
     result = CliRunner().invoke(main, [*args, "--no-check"])
     assert result.exit_code == 0, result.output
-    assert read_bundle(tmp_path / "b")["flavour"] == "portable"
+    assert read_bundle(tmp_path / "b")["flavour"] == "slots"  # what generate/serve --bundle run
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2 and "already exists; pass --force" in result.output
 
@@ -208,10 +209,10 @@ def test_cli_exports_a_pair_whose_vocabulary_is_smaller_than_the_example_ids(sma
     assert {manifest["checks"]["polygraphy_vs_pytorch"][g] for g in ("target", "draft_context", "draft_block")} == {"passed"}
 
 
-def test_cli_generate_and_bench_run_a_bundle(bundles, tiny_pairs):
+def test_cli_generate_and_bench_run_a_bundle(slots_bundles, tiny_pairs):
     from dflash_trt import SamplingParams
 
-    path = bundles["llama"][0]
+    path = slots_bundles["llama"]
     result = CliRunner().invoke(main, ["generate", "--bundle", str(path), "--max-tokens", "8", "--json", "hey"])
     assert result.exit_code == 0, result.output
     expected = LLM(*map(str, tiny_pairs["llama"])).generate("hey", SamplingParams(max_tokens=8))[0]

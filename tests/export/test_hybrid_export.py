@@ -15,7 +15,8 @@ from dflash_trt import LLM, SamplingParams
 from dflash_trt.export.bundle import export_bundle
 from dflash_trt.export.manifest import read_bundle
 from dflash_trt.models.checkpoints import load_drafter
-from dflash_trt.runtime.ort_backend import OrtBundle, OrtTargetSession
+from contract1_runner import OrtBundle, OrtTargetSession, generate
+from reference import reference_output
 
 FAMILIES = ["qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"]  # conftest's hybrid_bundles
 TAPS = (1, 2)
@@ -106,31 +107,29 @@ def test_rollback_after_every_acceptance_length_restores_the_plain_decode_state(
 
 @pytest.fixture(scope="module")
 def llms(hybrids):
-    """family -> (LLM on the bundle through onnxruntime, LLM on the HF checkpoints through torch)."""
-    return {family: (LLM.from_bundle(bundle), LLM(str(target_dir), str(draft_dir)))
+    """family -> (the portable bundle's onnxruntime sessions, LLM on the HF checkpoints through torch)."""
+    return {family: (OrtBundle(bundle), LLM(str(target_dir), str(draft_dir)))
             for family, (target_dir, draft_dir, bundle, _) in hybrids.items()}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("block", [2, 4])
 def test_greedy_dflash_through_onnxruntime_equals_greedy_autoregressive_decoding(llms, family, block):
-    ort_llm, torch_llm = llms[family]
-    ort_llm.block_size = torch_llm.block_size = block
+    bundle, torch_llm = llms[family]
     params = SamplingParams(max_tokens=20, ignore_eos=True)
-    prompts = ["hello there", "The quick brown fox", [5, 6, 7]]
-    together = ort_llm.generate(prompts, params)  # a list: concurrently, through the core
-    for prompt, ours in zip(prompts, together, strict=True):
-        hf_ar = torch_llm.generate(prompt, params, speculative=False)[0]  # HF's own forward, token by token
-        assert ours.token_ids == hf_ar.token_ids
-        assert ort_llm.generate(prompt, params)[0].token_ids == hf_ar.token_ids  # alone, the Python loop
-        # the same drafts and acceptances as the torch backend, whose rollback re-feeds tokens
-        assert ours.metrics.acceptance_lengths == torch_llm.generate(prompt, params)[0].metrics.acceptance_lengths
+    for prompt in ["hello there", "The quick brown fox", [5, 6, 7]]:
+        tokens, taus = generate(bundle, torch_llm.encode(prompt), params, block)
+        assert tokens == reference_output(torch_llm, prompt, params).token_ids  # HF's forward, token by token
+        # the same drafts and acceptances as the torch models, whose rollback re-feeds tokens
+        spec = reference_output(torch_llm, prompt, params, speculative=True, block_size=block)
+        assert taus == spec.metrics.acceptance_lengths
 
 
 def test_sampled_onnxruntime_matches_torch_with_the_same_seed(llms):
-    ort_llm, torch_llm = llms["qwen3_5_moe_text"]
+    bundle, torch_llm = llms["qwen3_5_moe_text"]
     params = SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True)
-    assert ort_llm.generate("hi", params)[0].token_ids == torch_llm.generate("hi", params)[0].token_ids
+    want = reference_output(torch_llm, "hi", params, speculative=True, block_size=4).token_ids
+    assert generate(bundle, torch_llm.encode("hi"), params, 4)[0] == want
 
 
 def test_the_plugin_flavour_keeps_one_gated_delta_rule_node_per_linear_layer_and_decodes_as_ar(hybrids, tmp_path):
@@ -150,13 +149,11 @@ def test_the_plugin_flavour_keeps_one_gated_delta_rule_node_per_linear_layer_and
     rules = [n for n in nodes if (n.domain, n.op_type) == ("dflash", "GatedDeltaRule")]
     assert len(rules) == 2 and not any(n.op_type == "Loop" for n in nodes)
     assert all([a.ints for a in n.attribute if a.name == "tensorrt_plugin_shape_input_indices"] == [[6]] for n in rules)
-    plugin_llm, portable_llm = LLM.from_bundle(bundle), LLM.from_bundle(portable)
-    plugin_llm.block_size = portable_llm.block_size = 4  # pinned: the adaptive policy's choice follows timings
     params = SamplingParams(max_tokens=20, ignore_eos=True)
-    for prompt in ["hello there", [5, 6, 7]]:
-        ours = plugin_llm.generate(prompt, params)[0]
-        assert ours.token_ids == portable_llm.generate(prompt, params, speculative=False)[0].token_ids
-        assert ours.metrics.acceptance_lengths == portable_llm.generate(prompt, params)[0].metrics.acceptance_lengths
+    for prompt in [[9, 8, 7, 6], [5, 6, 7]]:
+        tokens, taus = generate(bundle, prompt, params, 4)
+        assert tokens == generate(portable, prompt, params)[0]
+        assert taus == generate(portable, prompt, params, 4)[1]
 
 
 def test_the_cli_exports_a_qwen3_5_vl_checkpoint_inspects_and_runs_it(tmp_path):

@@ -133,8 +133,8 @@ def test_portable_target_graph_matches_hf_on_ragged_rows(moe_bundles, name, firs
 @pytest.mark.parametrize("name", list(MOE_TARGETS))
 @pytest.mark.parametrize("block", [4, 8])
 def test_greedy_dflash_on_onnxruntime_equals_autoregressive_torch(moe_bundles, name, block):
-    target_dir, draft_dir, bundle, *_ = moe_bundles[name]
-    ours = LLM.from_bundle(bundle, block_size=block)
+    target_dir, draft_dir, _, slots, *_ = moe_bundles[name]
+    ours = LLM.from_bundle(slots, block_size=block, max_batch=2, capacity=64)
     torch_llm = LLM(str(target_dir), str(draft_dir), block_size=block)
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     for prompt in ["hello there", [5, 6, 7]]:
@@ -178,7 +178,7 @@ def test_moe_bundles_record_the_family_pass_their_checks_and_hold_a_static_moe(m
 
 def test_float16_moe_bundles_pass_their_checks_and_decode_like_themselves(tiny_pairs, tmp_path):
     """Half precision: the graphs pass the onnxruntime-vs-PyTorch check in both flavours, and greedy
-    DFlash on the portable bundle commits what greedy autoregressive decoding on it does."""
+    DFlash on the slots bundle commits what greedy autoregressive decoding on it does."""
     target_dir, draft_dir = tiny_pairs["qwen3_moe"]
     target, tokenizer = load_target(str(target_dir))
     drafter = load_drafter(draft_dir)
@@ -186,7 +186,7 @@ def test_float16_moe_bundles_pass_their_checks_and_decode_like_themselves(tiny_p
         bundle = export_bundle(target, drafter, tokenizer, tmp_path / flavour, flavour=flavour, dtype="float16")
         checks = read_bundle(bundle)["checks"]["polygraphy_vs_pytorch"]
         assert [checks[g] for g in ("target", "draft_context", "draft_block")] == ["passed"] * 3
-    llm = LLM.from_bundle(tmp_path / "portable", block_size=4)
+    llm = LLM.from_bundle(tmp_path / "slots", block_size=4, max_batch=2, capacity=64)
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     for prompt in ["hello there", [5, 6, 7]]:
         assert llm.generate(prompt, params)[0].token_ids == llm.generate(prompt, params, speculative=False)[0].token_ids

@@ -3,8 +3,6 @@ with a static capacity, for TensorRT. Every check holds it against the `slots` (
 form of the same target, run as the batched runtime runs both: each cache output bound to its input's
 buffer, ragged rows, garbage past each length."""
 
-import functools
-import sys
 
 import numpy as np
 import onnx
@@ -221,23 +219,6 @@ def test_the_cli_exports_slots_trt_and_builds_it_for_onnxruntime(tiny_pairs, tmp
     np.testing.assert_allclose(features, ref_features, atol=ATOL, rtol=0)
     for cache, ref in zip(caches, ref_caches, strict=True):
         np.testing.assert_allclose(cache, ref, atol=ATOL, rtol=0)
-
-
-def test_per_request_tensorrt_sessions_refuse_contract_2_engines(both_forms, tmp_path):
-    """Faked TensorRT (tests/fake_tensorrt.py): the refusal comes before any TensorRT runtime exists."""
-    import fake_tensorrt
-
-    from dflash_trt.engines import machine, trt_engine
-    from dflash_trt.runtime import trt_backend
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(sys.modules, "tensorrt_rtx", fake_tensorrt.module())
-        patch.setattr(machine, "gpu_compute_capability", lambda: "12.0")
-        patch.setattr(trt_engine, "build_trt_graph", fake_tensorrt.build_graph)
-        build_engines(both_forms["llama"][0], tmp_path / "e",
-                      BuildConfig(engine="tensorrt-rtx", compute_capabilities=("12.0",), max_seq_len=64))
-        with pytest.raises(DFlashError, match="graph contract 2 .* per-request TensorRT sessions cannot run"):
-            functools.partial(trt_backend.TrtBundle, device="cpu")(tmp_path / "e")
 
 
 # TensorRT-RTX builds ahead of time on a CPU (tests/engines/test_tensorrt_rtx.py); kept small: tiny

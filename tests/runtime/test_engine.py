@@ -1,12 +1,13 @@
 """The engine: many requests at once through the C++ core, from many threads and from asyncio.
 
-The oracle is the Python reference loop (`LLM.stream`, one request alone): every request's greedy
+The oracle is the Python reference loop (tests/reference.py, one request alone): every request's greedy
 output through the engine equals it, whatever else runs beside it."""
 
 import asyncio
 import threading
 
 import pytest
+from reference import reference_output
 
 from dflash_trt import LLM, DFlashError, SamplingParams
 from dflash_trt.runtime.engine import BatchRunner, Engine
@@ -23,8 +24,7 @@ def llm(tiny_pairs):
 
 
 def alone(llm, prompt, params, speculative=True):
-    *_, out = llm.stream(prompt, params, speculative=speculative)
-    return out
+    return reference_output(llm, prompt, params, speculative)
 
 
 @pytest.mark.parametrize("speculative", [True, False])

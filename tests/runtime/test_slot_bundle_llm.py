@@ -3,6 +3,7 @@ C++ onnxruntime executor, batched; the torch reference loop on the same pair is 
 
 import pytest
 from factories import export_tiny_slots_bundle
+from reference import reference_output
 
 from dflash_trt import LLM, DFlashError, SamplingParams
 from dflash_trt.runtime.engine import Engine
@@ -28,7 +29,7 @@ def test_generate_on_a_slots_bundle_equals_the_torch_reference(pair, speculative
     assert llm.backend == "onnxruntime" and llm.batched_only
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     for prompt, out in zip(PROMPTS, llm.generate(PROMPTS, params, speculative=speculative), strict=True):
-        *_, want = ref.stream(prompt, params, speculative=speculative)
+        want = reference_output(ref, prompt, params, speculative)
         assert out.token_ids == want.token_ids and out.text == want.text
         if speculative:  # the same drafts accepted at every step, except where the core shrinks the last blocks
             ours = out.metrics.acceptance_lengths
@@ -53,3 +54,47 @@ def test_capacity_is_checked_before_any_work(pair):
     llm = LLM.from_bundle(bundle, block_size=4, max_batch=2, capacity=32)
     with pytest.raises(DFlashError, match="exceeds the context capacity of 32"):
         llm.generate(["abc", [1] * 30], SamplingParams(max_tokens=8))
+
+
+def test_llm_with_backend_onnxruntime_exports_a_slots_bundle_once_and_reuses_it(tiny_pairs, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    target, draft = map(str, tiny_pairs["qwen3"])
+    first = LLM(target=target, draft=draft, backend="onnxruntime", block_size=4, max_batch=2, capacity=64)
+    (bundle,) = (tmp_path / "dflash-trt" / "bundles").iterdir()
+    stamp = (bundle / "bundle.json").stat().st_mtime_ns
+    second = LLM(target=target, draft=draft, backend="onnxruntime", block_size=4, max_batch=2, capacity=64)
+    assert (bundle / "bundle.json").stat().st_mtime_ns == stamp  # reused, not re-exported
+    assert first.batched_only and first._bundle.manifest["flavour"] == "slots"
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    want = reference_output(LLM(target, draft, block_size=4), "yo", params, speculative=True)
+    assert first.generate("yo", params)[0].token_ids == second.generate("yo", params)[0].token_ids == want.token_ids
+
+
+def test_a_portable_bundle_is_refused_in_one_line(bundles):
+    with pytest.raises(DFlashError, match="graph contract 1 bundle; the C\\+\\+ executors need contract 2") as err:
+        LLM.from_bundle(bundles["llama"][0])
+    assert "\n" not in str(err.value)
+
+
+def test_from_bundle_runs_without_loading_pytorch_model_code(pair):
+    """A fresh interpreter loads a bundle and generates; no model-definition module is imported."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys\n"
+        "from dflash_trt import LLM, SamplingParams\n"
+        f"llm = LLM.from_bundle({str(pair[0])!r}, block_size=4, max_batch=2, capacity=64)\n"
+        "out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=6, ignore_eos=True))[0]\n"
+        "print(json.dumps({'tokens': len(out.token_ids), 'modules': sorted(sys.modules)}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["tokens"] == 6
+    loaded = set(report["modules"])
+    ours = {"dflash_trt.models.drafter", "dflash_trt.models.target", "dflash_trt.models.checkpoints",
+            "dflash_trt.runtime.torch_backend", "dflash_trt.export.graphs"}
+    assert not ours & loaded, ours & loaded
+    assert not [m for m in loaded if m.startswith("transformers.models.") and ".modeling_" in m
+                and not m.endswith("modeling_auto")]

@@ -89,6 +89,16 @@ def test_greedy_equals_offline(server, client, offline):
         assert ids == expected.token_ids and direct["finish_reason"] == expected.finish_reason
 
 
+def test_a_seeded_sampled_reply_equals_offline(server, client, offline):
+    """A seeded T>0 request gets the same tokens through the server as through LLM.generate."""
+    expected = offline.generate(PROMPTS[0], SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, top_k=20,
+                                                           seed=11))[0]
+    reply = chat(client, server, PROMPTS[0], max_tokens=16, temperature=0.8, top_p=0.9, seed=11,
+                 extra_body={"top_k": 20})
+    assert reply.choices[0].message.content == expected.text
+    assert reply.usage.completion_tokens == len(expected.token_ids)
+
+
 def test_completion_of_token_ids_equals_offline(server, client, offline):
     ids = offline.tokenizer("plain text, no template")["input_ids"]
     expected = offline.generate(ids, SamplingParams(max_tokens=12))[0]

@@ -1,22 +1,22 @@
-"""`dflash-trt serve BUNDLE`: an exported ONNX bundle served on onnxruntime equals offline generation,
-for a portable bundle (per-request sessions) and a slots bundle (the C++ onnxruntime executor)."""
+"""`dflash-trt serve BUNDLE`: a slots bundle served on the C++ onnxruntime executor equals offline
+generation; a bundle no executor runs is refused in one line before Triton starts."""
 
 import importlib
 
 import pytest
+from click.testing import CliRunner
 from factories import export_tiny_slots_bundle
 from server_process import need_triton, start_server
 
+from dflash_trt.cli import main
 
-@pytest.fixture(scope="module", params=["portable", "slots"])
-def served(request, bundles, tmp_path_factory):
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
     need_triton()
-    if request.param == "portable":
-        bundle = bundles["qwen3"][0]
-    else:
-        if not getattr(importlib.import_module("dflash_trt._core"), "HAS_ORT_EXECUTOR", False):
-            pytest.skip("dflash_trt._core was built without the onnxruntime executor (no headers)")
-        bundle = export_tiny_slots_bundle(tmp_path_factory.mktemp("served-slots"))
+    if not getattr(importlib.import_module("dflash_trt._core"), "HAS_ORT_EXECUTOR", False):
+        pytest.skip("dflash_trt._core was built without the onnxruntime executor (no headers)")
+    bundle = export_tiny_slots_bundle(tmp_path_factory.mktemp("served-slots"))
     started = start_server([str(bundle), "--capacity", "256", "--max-batch", "2"])
     yield started, bundle
     assert started.stop() == 0
@@ -36,3 +36,10 @@ def test_bundle_reply_equals_offline(served):
                                                max_tokens=16, temperature=0)
         assert reply.choices[0].message.content == expected.text
         assert reply.usage.completion_tokens == len(expected.token_ids)
+
+
+def test_a_portable_bundle_is_refused_before_the_server_starts(bundles):
+    result = CliRunner().invoke(main, ["serve", str(bundles["qwen3"][0]), "--port", "0"])
+    assert result.exit_code == 2
+    assert "a graph contract 1 bundle; the C++ executors need contract 2" in result.stderr
+    assert "serving" not in result.stdout

@@ -6,6 +6,7 @@ import torch
 from factories import OracleDraftSession
 
 from dflash_trt import LLM, SamplingParams
+from dflash_trt.runtime import torch_backend
 from dflash_trt.runtime.torch_backend import TorchTargetSession
 from dflash_trt.spec.loop import autoregressive_decode, speculative_decode
 from dflash_trt.spec.sampling import Sampler
@@ -166,14 +167,12 @@ def test_eos_and_stops_inside_accepted_blocks_end_both_paths_alike(llms, family,
     the committed text must still end exactly where autoregressive decoding ends."""
     llm = llms[family]
     prompt = PROMPTS[1]
-    plain = llm._sessions
 
-    def sessions(speculative):
-        if not speculative:
-            return plain(False)
+    def sessions(of, speculative):
+        assert of is llm and speculative  # the core's executor opens a drafter session for every row
         return TorchTargetSession(llm.target, (0,)), OracleDraftSession(llm.target.model, prompt, 0.1)
 
-    monkeypatch.setattr(llm, "_sessions", sessions)
+    monkeypatch.setattr(torch_backend, "sessions", sessions)
     base = run(llm, prompt, SamplingParams(max_tokens=40, ignore_eos=True), False)
     eos = base.token_ids[9]
     end = base.token_ids.index(eos) + 1

@@ -1,0 +1,36 @@
+"""The tests' oracle: the Python reference loop (spec/loop.py) over the torch backend's sessions, one
+request alone. Every entry point runs the C++ core; this loop is what the core's output is checked
+against (greedy: token for token)."""
+
+from __future__ import annotations
+
+from dflash_trt import SamplingParams
+from dflash_trt.runtime.llm import RequestOutput
+from dflash_trt.runtime.torch_backend import sessions
+from dflash_trt.spec.loop import autoregressive_decode, speculative_decode
+from dflash_trt.spec.metrics import RequestMetrics
+from dflash_trt.spec.sampling import Sampler
+from dflash_trt.spec.stopping import StopChecker
+
+
+def reference_output(llm, prompt, params: SamplingParams | None = None, speculative: bool = False,
+                     block_size: int | None = None) -> RequestOutput:
+    """The final output of the reference loop for `prompt` on a torch-backend `llm` (speculative at
+    `block_size`, default the LLM's block)."""
+    params = params or SamplingParams()
+    ids = llm.encode(prompt)
+    sampler = Sampler(params)
+    target, drafter = sessions(llm, speculative)
+    block = block_size or llm.block_size
+    steps = speculative_decode(target, drafter, ids, block, sampler) if speculative else autoregressive_decode(
+        target, ids, sampler)
+    stop = StopChecker(params, llm.eos_token_ids, llm.text_stream())
+    metrics = RequestMetrics(block_size=block if speculative else None, prompt_tokens=len(ids))
+    for step in steps:
+        if step.accepted is not None:
+            metrics.record(step.accepted)
+        if stop.add(step.tokens):
+            break
+    metrics.output_tokens = len(stop.token_ids)
+    return RequestOutput(prompt=prompt, prompt_token_ids=ids, text=stop.text, token_ids=list(stop.token_ids),
+                         finish_reason=stop.finish_reason, metrics=metrics)

@@ -1,0 +1,72 @@
+"""Every entry point runs one path: the LLM's one C++ core runner. Plain and speculative requests
+share its KV slots, and a seeded T>0 request gets the same tokens whichever entry point, batch or
+decoding mode runs it."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from reference import reference_output
+
+from dflash_trt import LLM, SamplingParams
+from dflash_trt.cli import main
+from dflash_trt.runtime.engine import Engine
+
+pytest.importorskip("dflash_trt._core", reason="dflash_trt._core is not built: run `bash scripts/setup.sh`")
+
+PROMPTS = [[5, 6, 7], "abc", [1] * 9, "zz top", [3, 1, 4], "hello there"]
+SEEDED = SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, top_k=20, seed=1234)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_pairs):
+    target, draft = tiny_pairs["llama"]
+    return LLM(str(target), str(draft), block_size=4, max_batch=4)
+
+
+def test_plain_and_speculative_requests_share_one_runner_and_its_slots(llm):
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    llm.generate(PROMPTS[:2], params, speculative=True)
+    runner = llm._runner()
+    llm.generate(PROMPTS[:2], params, speculative=False)
+    assert llm._runner() is runner  # no second runner, executor or KV pool for plain decoding
+    requests = [runner.prepare(p, params, speculative=i % 2 == 0) for i, p in enumerate(PROMPTS)]
+    for request in requests:
+        runner.submit(request)
+    busy = []
+    while runner.has_work:
+        runner.step()
+        busy.append(runner.core.slots.num_free)
+    assert min(busy) == 0  # 6 requests of both kinds took turns in the same 4 slots
+    assert runner.core.slots.num_free == 4 and not runner.core.executor.rows
+    for i, (prompt, request) in enumerate(zip(PROMPTS, requests, strict=True)):
+        want = reference_output(llm, prompt, params, speculative=i % 2 == 0)
+        assert request.stop.token_ids == want.token_ids, prompt
+        drafted = request.core_metrics["num_drafts"]
+        assert drafted > 0 if i % 2 == 0 else drafted == 0  # plain requests verified blocks of 1
+
+
+def test_a_seeded_sampled_request_gets_the_same_tokens_on_every_entry_point(llm, tiny_pairs):
+    want = llm.generate("hello there", SEEDED)[0].token_ids
+    assert len(want) == 10
+    *_, streamed = llm.stream("hello there", SEEDED)
+    assert streamed.token_ids == want
+    batch = llm.generate(PROMPTS, SEEDED)  # beside other requests with the same seed
+    assert batch[PROMPTS.index("hello there")].token_ids == want
+    # the target's draw at each position does not depend on what was drafted, or whether anything was
+    assert llm.generate("hello there", SEEDED, speculative=False)[0].token_ids == want
+    engine = Engine(llm, max_batch=2)
+    try:
+        *_, threaded = engine.stream("hello there", SEEDED)
+    finally:
+        engine.shutdown()
+    assert threaded.token_ids == want
+    target, draft = tiny_pairs["llama"]
+    args = ["generate", "--target", str(target), "--draft", str(draft), "--block-size", "4", "--max-tokens", "10",
+            "--temperature", "0.9", "--top-p", "0.9", "--top-k", "20", "--seed", "1234", "hello there"]
+    as_json = CliRunner().invoke(main, [*args[:-1], "--json", args[-1]])
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.stdout)["token_ids"] == want
+    text = CliRunner().invoke(main, args)
+    assert text.exit_code == 0, text.output
+    assert text.stdout == llm.generate("hello there", SEEDED)[0].text + "\n"
