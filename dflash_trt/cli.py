@@ -61,7 +61,9 @@ def main():
 @click.argument("prompt")
 @click.option("--target", default=DEFAULT_TARGET, show_default=True, help=TARGET_HELP)
 @click.option("--draft", default=None, help=DRAFT_HELP)
-@click.option("--backend", type=click.Choice(["torch", "onnxruntime", "tensorrt"]), default="torch", show_default=True)
+@click.option("--backend", type=click.Choice(["auto", "torch", "onnxruntime", "tensorrt"]), default="auto",
+              show_default=True, help="auto: onnxruntime (a slots bundle exported once into the user cache, on the C++ "
+                                      "executor: the fastest CPU path) when there is a drafter, else torch.")
 @click.option("--bundle", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Run what export or build wrote instead of --target/--draft: an ONNX bundle or onnxruntime "
                    "engines on onnxruntime, TensorRT engines on the GPU.")
@@ -87,7 +89,12 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
     if bundle:
         llm = LLM.from_bundle(bundle, block_size=block_size)
     else:
-        llm = LLM(target=target, draft=draft or AUTO, backend=backend, block_size=block_size)
+        draft = draft or AUTO
+        if backend == "auto":
+            from dflash_trt.models.embedded import default_drafter
+
+            backend = "torch" if draft == AUTO and default_drafter(target) is None else "onnxruntime"
+        llm = LLM(target=target, draft=draft, backend=backend, block_size=block_size)
     if speculative and not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{target}': pass --draft DIR or --no-speculative")
     if as_json:

@@ -5,7 +5,7 @@ against (greedy: token for token)."""
 from __future__ import annotations
 
 from dflash_trt import SamplingParams
-from dflash_trt.runtime.llm import RequestOutput
+from dflash_trt.runtime.outputs import RequestOutput
 from dflash_trt.runtime.torch_backend import sessions
 from dflash_trt.spec.loop import autoregressive_decode, speculative_decode
 from dflash_trt.spec.metrics import RequestMetrics

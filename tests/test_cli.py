@@ -11,7 +11,7 @@ from dflash_trt.cli import main
 @pytest.fixture(scope="module")
 def pair_args(tiny_pairs):
     target, draft = tiny_pairs["llama"]
-    return ["--target", str(target), "--draft", str(draft)]
+    return ["--target", str(target), "--draft", str(draft), "--backend", "torch"]
 
 
 def test_generate_streams_text_and_prints_the_summary(pair_args, tiny_pairs):
@@ -138,3 +138,20 @@ def test_train_drafter_refuses_block_sizes_beyond_the_drafters_before_loading_th
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error")]
     assert len(errors) == 1 and "block sizes [32, 1]" in errors[0] and "block size 16" in errors[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_generate_defaults_to_a_slots_bundle_on_the_onnxruntime_executor(tiny_pairs, tmp_path, monkeypatch):
+    """--backend auto with a drafter: the pair is exported once as a slots bundle into the user cache
+    and decoded on the C++ onnxruntime executor, greedy-equal to the torch backend."""
+    from dflash_trt import LLM, SamplingParams
+    from dflash_trt.export.manifest import read_bundle
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    target, draft = tiny_pairs["qwen3"]
+    args = ["generate", "--target", str(target), "--draft", str(draft), "--max-tokens", "10", "--json", "hello"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    (bundle,) = (tmp_path / "dflash-trt" / "bundles").iterdir()
+    assert read_bundle(bundle, verify_hashes=False)["flavour"] == "slots"
+    expected = LLM(str(target), str(draft)).generate("hello", SamplingParams(max_tokens=10))[0]
+    assert json.loads(result.stdout)["token_ids"] == expected.token_ids

@@ -23,8 +23,6 @@ def record_of(output) -> RequestRecord:
         ttft_s=m.prefill_s,
         token_ids=list(output.token_ids),
         acceptance_lengths=list(m.acceptance_lengths) if m.block_size else None,
-        draft_s=m.draft_s,
-        verify_s=m.verify_s,
     )
 
 

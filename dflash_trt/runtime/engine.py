@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.runtime.core_engine import CoreEngine
+from dflash_trt.runtime.outputs import RequestOutput
 from dflash_trt.spec.metrics import RequestMetrics
 from dflash_trt.spec.sampling import SamplingParams
 from dflash_trt.spec.stopping import StopChecker
@@ -57,16 +58,16 @@ class _Request:
     finish_reason: str | None = None
     core_metrics: dict = field(default_factory=dict)  # the core's counters as last seen
 
-    def timing(self) -> dict:
+    def clock(self) -> None:
+        """Bring the metrics' clocks and token count up to now (a finished request's stop at its finish)."""
+        m = self.metrics
         now = self.finished_at if self.finished_at is not None else time.perf_counter()
-        out = {"queue_time_s": None, "time_to_first_token_s": None, "time_per_output_token_s": None,
-               "e2e_latency_s": now - self.arrival}
+        m.output_tokens = len(self.stop.token_ids)
+        m.e2e_latency_s = now - self.arrival
         if self.first_token is not None:
-            out["time_to_first_token_s"] = self.first_token - self.arrival
-            rest = len(self.stop.token_ids) - 1
-            if rest > 0:
-                out["time_per_output_token_s"] = (now - self.first_token) / rest
-        return out
+            m.prefill_s = self.first_token - self.arrival
+            m.decode_s = now - self.first_token
+            m.time_per_output_token_s = m.decode_s / (m.output_tokens - 1) if m.output_tokens > 1 else None
 
 
 class BatchRunner:
@@ -185,7 +186,7 @@ class BatchRunner:
         draft_tokens = core["num_draft_tokens"] - before["num_draft_tokens"]
         accepted = core["num_accepted_tokens"] - before["num_accepted_tokens"]
         if drafts:  # one verify step of a speculating request
-            request.metrics.acceptance_lengths.append(accepted + 1)
+            request.metrics.record(accepted, draft_tokens)
         self.counters["spec_decode_num_drafts"] += drafts
         self.counters["spec_decode_num_draft_tokens"] += draft_tokens
         self.counters["spec_decode_num_accepted_tokens"] += accepted
@@ -203,34 +204,13 @@ class BatchRunner:
 
     # -- what callers see ----------------------------------------------------------------------
 
-    def output(self, request: _Request):
-        """A snapshot of the request's output (LLM.RequestOutput with RequestMetrics)."""
-        from dflash_trt.runtime.llm import RequestOutput
-
+    def output(self, request: _Request) -> RequestOutput:
+        """A snapshot of the request's output, with its metrics up to now."""
+        request.clock()
         m = request.metrics
-        m.output_tokens = len(request.stop.token_ids)
-        timing = request.timing()
-        m.prefill_s = timing["time_to_first_token_s"] or 0.0
-        m.decode_s = timing["e2e_latency_s"] - m.prefill_s if request.first_token is not None else 0.0
         return RequestOutput(prompt=request.prompt, prompt_token_ids=list(request.ids), text=request.stop.text,
                              token_ids=list(request.stop.token_ids), finish_reason=request.finish_reason,
                              metrics=replace(m, acceptance_lengths=list(m.acceptance_lengths)))
-
-    def metrics_dict(self, request: _Request) -> dict:
-        """The request's metrics in vLLM's names, with timing."""
-        m = request.metrics
-        core = request.core_metrics
-        return {
-            "prompt_tokens": len(request.ids),
-            "output_tokens": len(request.stop.token_ids),
-            "num_drafts": core.get("num_drafts", 0),
-            "num_draft_tokens": core.get("num_draft_tokens", 0),
-            "num_accepted_tokens": core.get("num_accepted_tokens", 0),
-            "accepted_per_position": list(core.get("accepted_per_position", [])),
-            "mean_acceptance_length": m.mean_acceptance_length,
-            "acceptance_lengths": list(m.acceptance_lengths),
-            **request.timing(),
-        }
 
     def stats(self) -> dict:
         return {
@@ -397,7 +377,6 @@ class Engine:
             if request.on_output is None:
                 continue
             out = self.runner.output(request)
-            out.metrics = self.runner.metrics_dict(request)
             try:
                 request.on_output(out)
             except Exception:  # the caller's callback broke: its request ends, the engine goes on

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_trt.errors import DFlashError
@@ -11,13 +10,12 @@ from dflash_trt.models import embedded
 from dflash_trt.models.chat import encode_prompt
 from dflash_trt.models.tokenizers import TextStream, load_tokenizer
 from dflash_trt.runtime.engine import DEFAULT_CAPACITY, DEFAULT_MAX_BATCH, BatchRunner, check_batching
-from dflash_trt.spec.metrics import RequestMetrics
+from dflash_trt.runtime.outputs import Prompt, RequestOutput
 from dflash_trt.spec.sampling import SamplingParams
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
 AUTO = "auto"  # draft=AUTO: the drafter shipped for the target alias, if there is one
 
-Prompt = str | list[int]
 
 # Both runtime backends of this build run on the CPU, where a verify's cost grows with its block:
 # on our 2-core VM one SmolLM2-135M target token took ~61-72 ms on torch, a 4-token verify 63-76 ms
@@ -31,16 +29,6 @@ CPU_BLOCK_SIZE = 4
 def default_block_size(trained: int) -> int:
     """The verify block size when none is given: the drafter's own, at most CPU_BLOCK_SIZE."""
     return min(trained, CPU_BLOCK_SIZE)
-
-
-@dataclass
-class RequestOutput:
-    prompt: Prompt
-    prompt_token_ids: list[int]
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # None while streaming; then "stop" or "length"
-    metrics: RequestMetrics | None = None
 
 
 def _check_block_size(block_size) -> None:
@@ -75,6 +63,8 @@ class LLM:
             draft = None if found is None else str(found)
         elif draft is not None:
             draft = str(resolve_draft(draft))  # a hub id is fetched once, here
+        if draft is not None:
+            check_pair(target, draft)  # from configs: a wrong pair is refused before any weights load or export
         if backend in ("onnxruntime", "tensorrt"):
             if draft is None:
                 raise DFlashError(f"backend '{backend}' runs an exported (target, drafter) bundle: pass draft=DIR")
@@ -84,8 +74,6 @@ class LLM:
             self._load_bundle(bundle, block_size, max_batch)
             return
         self.backend = "torch"
-        if draft is not None:
-            check_pair(target, draft)  # from configs: a wrong pair is refused before any weights load
         self.target, self.tokenizer = load_target(target)
         self.drafter = None
         if draft is not None:

@@ -11,26 +11,29 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RequestMetrics:
-    block_size: int | None  # None: autoregressive decoding
+    """One request's counters and timing: what `LLM.generate` returns, what an Engine delivers with each
+    output, and what the server exports."""
+
+    block_size: int | None  # the largest verify block; None: autoregressive decoding
     acceptance_lengths: list[int] = field(default_factory=list)  # τ per verify step
+    num_draft_tokens: int = 0  # drafts proposed (an adaptive step may verify a smaller block)
     prompt_tokens: int = 0
     output_tokens: int = 0
-    prefill_s: float = 0.0  # prompt forward + first token (time to first token)
+    prefill_s: float = 0.0  # arrival to the first token (time to first token)
     decode_s: float = 0.0  # everything after the first token
-    draft_s: float = 0.0
-    verify_s: float = 0.0
+    time_per_output_token_s: float | None = None  # decode_s per token after the first
+    e2e_latency_s: float = 0.0  # arrival to the last token (to now while running)
 
-    def record(self, accepted: int) -> None:
-        assert self.block_size is not None and 0 <= accepted < self.block_size
+    def record(self, accepted: int, drafted: int | None = None) -> None:
+        """One verify step that accepted `accepted` of `drafted` drafts (default: a whole block's)."""
+        drafted = (self.block_size or 1) - 1 if drafted is None else drafted
+        assert self.block_size is not None and 0 <= accepted <= drafted < self.block_size
         self.acceptance_lengths.append(accepted + 1)
+        self.num_draft_tokens += drafted
 
     @property
     def num_drafts(self) -> int:
         return len(self.acceptance_lengths)
-
-    @property
-    def num_draft_tokens(self) -> int:
-        return self.num_drafts * ((self.block_size or 1) - 1)
 
     @property
     def num_accepted_tokens(self) -> int:
@@ -78,9 +81,11 @@ class RequestMetrics:
             "histogram": self.histogram,
             "prefill_s": self.prefill_s,
             "decode_s": self.decode_s,
-            "draft_s": self.draft_s,
-            "verify_s": self.verify_s,
             "decode_tokens_per_s": self.decode_tokens_per_s,
+            # vLLM's names for the same clocks
+            "time_to_first_token_s": self.prefill_s if self.output_tokens else None,
+            "time_per_output_token_s": self.time_per_output_token_s,
+            "e2e_latency_s": self.e2e_latency_s,
         }
 
 

@@ -244,7 +244,8 @@ def test_the_cli_exports_slots_inspects_the_contract_runs_it_and_refuses_tensorr
     if getattr(importlib.import_module("dflash_trt._core"), "HAS_ORT_EXECUTOR", False):
         args = ["--max-tokens", "6", "--block-size", "4", "hey"]
         ours = CliRunner().invoke(main, ["generate", "--bundle", str(out), *args])
-        ref = CliRunner().invoke(main, ["generate", "--target", str(target_dir), "--draft", str(draft_dir), *args])
+        ref = CliRunner().invoke(main, ["generate", "--target", str(target_dir), "--draft", str(draft_dir),
+                                        "--backend", "torch", *args])
         assert ours.exit_code == 0 and ref.exit_code == 0, ours.output + ref.output
         assert ours.stdout.splitlines()[0] == ref.stdout.splitlines()[0]
 

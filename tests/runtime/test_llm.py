@@ -50,7 +50,8 @@ def test_metrics_add_up(llm):
     # prefill token + τ per verify step; near the end the core shrinks a block to the tokens the request
     # may still emit, so the last token may come from a plain step (block 1, not a draft)
     assert 1 + sum(m.acceptance_lengths) in (19, 20)
-    assert m.num_draft_tokens == 3 * m.num_drafts
+    # the drafts the core proposed: 3 a step, fewer in the blocks it shrinks at the end
+    assert 3 * (m.num_drafts - 2) < m.num_draft_tokens < 3 * m.num_drafts
     assert m.mean_acceptance_length == pytest.approx(sum(m.acceptance_lengths) / m.num_drafts)
     assert sum(m.histogram.values()) == m.num_drafts
     assert m.accepted_per_position == sorted(m.accepted_per_position, reverse=True)

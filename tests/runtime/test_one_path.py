@@ -62,7 +62,8 @@ def test_a_seeded_sampled_request_gets_the_same_tokens_on_every_entry_point(llm,
         engine.shutdown()
     assert threaded.token_ids == want
     target, draft = tiny_pairs["llama"]
-    args = ["generate", "--target", str(target), "--draft", str(draft), "--block-size", "4", "--max-tokens", "10",
+    args = ["generate", "--target", str(target), "--draft", str(draft), "--backend", "torch", "--block-size", "4",
+            "--max-tokens", "10",
             "--temperature", "0.9", "--top-p", "0.9", "--top-k", "20", "--seed", "1234", "hello there"]
     as_json = CliRunner().invoke(main, [*args[:-1], "--json", args[-1]])
     assert as_json.exit_code == 0, as_json.output

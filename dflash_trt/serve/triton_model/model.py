@@ -104,7 +104,7 @@ class TritonPythonModel:
     def _finished(self, responder, out):
         with self.lock:
             self.live.pop(responder.rid, None)
-        self.metrics.finished(out.metrics, out.finish_reason)
+        self.metrics.finished(out.metrics.to_dict(), out.finish_reason)
         self.metrics.gauges(self.engine.stats())
 
     def _poll(self):
@@ -156,7 +156,7 @@ class _Responder:
 
 
 def _usage(out) -> str:
-    metrics = dict(out.metrics or {})
+    metrics = out.metrics.to_dict()
     metrics["prompt_tokens"] = len(out.prompt_token_ids)
     metrics["completion_tokens"] = len(out.token_ids)
     return json.dumps(metrics)

@@ -1,0 +1,19 @@
+"""RequestOutput: what every entry point returns for a request, streamed or whole."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dflash_trt.spec.metrics import RequestMetrics
+
+Prompt = str | list[int]
+
+
+@dataclass
+class RequestOutput:
+    prompt: Prompt
+    prompt_token_ids: list[int]
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # None while streaming; then "stop", "length" or "abort"
+    metrics: RequestMetrics | None = None
