@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dflash_trt.serve.requests import RequestError
+from dflash_trt.serve.requests import RequestError, sampling_params
 
 
 class ContentPart(BaseModel):
@@ -40,10 +40,11 @@ class StreamOptions(BaseModel):
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     model: str
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
+    # types only: their values are checked by SamplingParams itself (`check_sampling`), as everywhere
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=1, description="one choice per request")
@@ -57,6 +58,13 @@ class _Sampling(BaseModel):
                   "top_k": self.top_k, "seed": self.seed, "stop": self.stop}
         return {k: v for k, v in values.items() if v is not None}
 
+    def check_sampling(self) -> None:
+        """The sampling fields through SamplingParams' own checks (-1: no top-k, as vLLM spells it)."""
+        values = self.sampling(self.max_tokens)
+        if values.get("top_k") == -1:
+            values["top_k"] = 0
+        sampling_params(values)
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -64,7 +72,16 @@ class _Sampling(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = None
+
+    def check_sampling(self) -> None:
+        super().check_sampling()
+        if self.max_completion_tokens is not None:
+            try:
+                sampling_params({"max_tokens": self.max_completion_tokens})
+            except RequestError as err:
+                raise RequestError("max_completion_tokens", err.message.replace("max_tokens", "max_completion_tokens",
+                                                                                1)) from None
 
     def triton_inputs(self) -> dict:
         messages = [{"role": m.role, "content": m.text()} for m in self.messages]
@@ -74,7 +91,7 @@ class ChatRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    max_tokens: int | None = 16  # OpenAI's default for completions
     echo: Literal[False] | None = None
     best_of: int | None = Field(None, ge=1, le=1)
 
@@ -99,7 +116,7 @@ def parse(body: bytes, kind: type[_Sampling]) -> _Sampling:
     if not isinstance(data, dict):
         raise RequestError(None, "the request body must be a JSON object")
     try:
-        return kind.model_validate_json(body)
+        request = kind.model_validate_json(body)
     except ValidationError as err:
         first = err.errors()[0]
         if first["type"] == "json_invalid":  # what json.loads let through (a lone surrogate escape, ...)
@@ -108,6 +125,8 @@ def parse(body: bytes, kind: type[_Sampling]) -> _Sampling:
         # a union reports one error per member type; its first path element after the field is the type
         param = _param(loc, data)
         raise RequestError(param, f"{param}: {first['msg']}" if param else first["msg"]) from None
+    request.check_sampling()
+    return request
 
 
 def _param(loc: list[str], data: dict) -> str:

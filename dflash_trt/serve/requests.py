@@ -7,21 +7,12 @@ the OpenAI front; errors travel back as JSON in the Triton error message (`Reque
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.spec.sampling import SamplingParams
 
-# field -> accepted JSON types (bool is excluded from the numbers below: JSON true is not a number)
-FIELDS = {
-    "max_tokens": (int,),
-    "temperature": (int, float),
-    "top_p": (int, float),
-    "top_k": (int,),
-    "seed": (int,),
-    "stop": (str, list),
-    "stop_token_ids": (list,),
-    "ignore_eos": (bool,),
-}
+FIELDS = [f.name for f in fields(SamplingParams)]
 
 
 class RequestError(Exception):
@@ -59,21 +50,10 @@ def parse_sampling(text: str | None, prompt_tokens: int, capacity: int) -> Sampl
         raise RequestError("sampling_parameters", "sampling_parameters is not valid JSON") from None
     if not isinstance(raw, dict):
         raise RequestError("sampling_parameters", "sampling_parameters must be a JSON object")
-    values = {}
-    for name, value in raw.items():
-        if name not in FIELDS:
-            raise RequestError(name, f"unknown sampling parameter '{name}' (known: {', '.join(FIELDS)})")
-        if value is None:
-            continue
-        if not isinstance(value, FIELDS[name]) or (isinstance(value, bool) and bool not in FIELDS[name]):
-            raise RequestError(name, f"{name} has the wrong type ({type(value).__name__})")
-        values[name] = value
-    if "stop" in values:
-        stop = values["stop"]
-        if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
-            raise RequestError("stop", "stop must be a string or a list of strings")
-    if any(not isinstance(t, int) or isinstance(t, bool) for t in values.get("stop_token_ids", [])):
-        raise RequestError("stop_token_ids", "stop_token_ids must be a list of integers")
+    unknown = [name for name in raw if name not in FIELDS]
+    if unknown:
+        raise RequestError(unknown[0], f"unknown sampling parameter '{unknown[0]}' (known: {', '.join(FIELDS)})")
+    values = {name: value for name, value in raw.items() if value is not None}
     if values.get("top_k", 0) == -1:  # vLLM's and OpenAI clients' spelling of "no top-k"
         values["top_k"] = 0
     left = capacity - prompt_tokens
@@ -84,8 +64,13 @@ def parse_sampling(text: str | None, prompt_tokens: int, capacity: int) -> Sampl
     if isinstance(max_tokens, int) and max_tokens > left:
         raise RequestError("max_tokens", f"max_tokens {max_tokens} is more than the context has left for this "
                                          f"prompt ({prompt_tokens} + {max_tokens} > capacity {capacity})")
+    return sampling_params(values)
+
+
+def sampling_params(values: dict) -> SamplingParams:
+    """SamplingParams(**values), its refusal as a RequestError naming the field."""
     try:
-        return SamplingParams(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+        return SamplingParams(**values)
     except DFlashError as err:  # "SamplingParams.<field> must ..."
         message = str(err).removeprefix("SamplingParams.")
         raise RequestError(message.split(" ", 1)[0], message) from None

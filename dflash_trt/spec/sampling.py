@@ -23,21 +23,38 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
+        # The one check of sampling values: the Python API, the CLI, the Triton model and the OpenAI
+        # front (serve/protocol.py) all refuse through here, with the field named first.
+        def bad(field: str, rule: str, value) -> DFlashError:
+            return DFlashError(f"SamplingParams.{field} must be {rule}, got {value!r}")
+
+        def integer(value) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        def number(value) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+
         # Accept a single string or lists from callers; store tuples so the params stay hashable.
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        object.__setattr__(self, "stop", tuple(self.stop or ()))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise DFlashError(f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not self.temperature >= 0:
-            raise DFlashError(f"SamplingParams.temperature must be >= 0, got {self.temperature!r}")
-        if not 0 < self.top_p <= 1:
-            raise DFlashError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise DFlashError(f"SamplingParams.top_k must be an integer >= 0, got {self.top_k!r}")
-        if any(not s for s in self.stop):
-            raise DFlashError("SamplingParams.stop must not contain an empty string")
+        stop = (self.stop,) if isinstance(self.stop, str) else (self.stop or ())
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+            raise bad("stop", "a non-empty string or a list of them", self.stop)
+        object.__setattr__(self, "stop", tuple(stop))
+        stop_ids = self.stop_token_ids or ()
+        if not isinstance(stop_ids, (list, tuple)) or not all(map(integer, stop_ids)):
+            raise bad("stop_token_ids", "a list of integers", self.stop_token_ids)
+        object.__setattr__(self, "stop_token_ids", tuple(stop_ids))
+        if not integer(self.max_tokens) or self.max_tokens < 1:
+            raise bad("max_tokens", "an integer >= 1", self.max_tokens)
+        if not number(self.temperature) or not self.temperature >= 0:
+            raise bad("temperature", ">= 0", self.temperature)
+        if not number(self.top_p) or not 0 < self.top_p <= 1:
+            raise bad("top_p", "in (0, 1]", self.top_p)
+        if not integer(self.top_k) or self.top_k < 0:
+            raise bad("top_k", "an integer >= 0", self.top_k)
+        if self.seed is not None and not integer(self.seed):
+            raise bad("seed", "an integer or None", self.seed)
+        if not isinstance(self.ignore_eos, bool):
+            raise bad("ignore_eos", "a bool", self.ignore_eos)
 
     @property
     def greedy(self) -> bool:

@@ -50,3 +50,27 @@ def test_error_travels_as_json():
     err = RequestError("top_p", "top_p must be in (0, 1]")
     assert RequestError.from_json(err.to_json()) == err
     assert RequestError.from_json("Stub process is not healthy") is None
+
+
+@pytest.mark.parametrize("field, value, rule", [("top_p", 1.5, "in (0, 1]"), ("temperature", -0.5, ">= 0"),
+                                                ("top_k", -2, "an integer >= 0")])
+def test_one_validator_refuses_alike_through_the_api_the_cli_triton_and_the_openai_front(field, value, rule):
+    """SamplingParams' own check is the only one: each entry point says the same line about the field."""
+    from click.testing import CliRunner
+
+    from dflash_trt import DFlashError, SamplingParams
+    from dflash_trt.cli import main
+    from dflash_trt.serve.protocol import ChatRequest, parse
+
+    line = f"{field} must be {rule}, got {value!r}"
+    with pytest.raises(DFlashError) as api:
+        SamplingParams(**{field: value})
+    assert str(api.value) == f"SamplingParams.{line}"
+    cli = CliRunner().invoke(main, ["generate", f"--{field.replace('_', '-')}", str(value), "hi"])
+    assert cli.exit_code == 2 and f"SamplingParams.{line}" in cli.stderr
+    with pytest.raises(RequestError) as triton:
+        parse_sampling(json.dumps({field: value}), 4, 64)
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], field: value}).encode()
+    with pytest.raises(RequestError) as front:
+        parse(body, ChatRequest)
+    assert triton.value == front.value == RequestError(field, line)
