@@ -38,19 +38,19 @@ def workload(vocab, count, seed):
     return work
 
 
-def drive(engine, work):
+def drive(runner, work):
     """Add each request at its arrival step (the core queues it while every slot is taken); step
-    until all finish -> their outputs, in order."""
+    until all finish -> the requests, in order."""
     pending = list(enumerate(work))
-    ids, step = {}, 0
-    while pending or engine.has_work:
+    requests, step = {}, 0
+    while pending or runner.has_work:
         while pending and pending[0][1][0] <= step:
             index, (_, prompt, params) = pending.pop(0)
-            ids[index] = engine.add_request(prompt, params)
-        engine.step()
+            requests[index] = runner.add(prompt, params)
+        runner.step()
         step += 1
-        assert step < 2000, "the engine does not finish"
-    return [engine.outputs[ids[i]] for i in range(len(work))]
+        assert step < 2000, "the runner does not finish"
+    return [requests[i] for i in range(len(work))]
 
 
 def decode_together(core, sched, prompts, max_tokens, block_size):

@@ -37,7 +37,7 @@ def run_offline(llm: LLM, prompts: list[str], params: SamplingParams, speculativ
     requests = [runner.prepare(p, params) for p in prompts]  # every prompt is checked before any work
     # Untimed: first calls pay for lazy set-up (allocators, onnxruntime's per-shape plans).
     runner.run(prompts[:concurrency], replace(params, max_tokens=min(params.max_tokens, 8)))
-    before = runner.core.stats()
+    before = runner.core_stats()
     pending = deque(requests)
     start = time.perf_counter()
     with tqdm(total=len(requests), desc=desc, unit="prompt", leave=False) as bar:
@@ -46,7 +46,7 @@ def run_offline(llm: LLM, prompts: list[str], params: SamplingParams, speculativ
                 runner.submit(pending.popleft(), arrival=time.perf_counter())
             bar.update(sum(1 for r in runner.step() if r.finish_reason is not None))
     wall = time.perf_counter() - start
-    return [record_of(runner.output(r)) for r in requests], wall, step_times(before, runner.core.stats(), wall)
+    return [record_of(runner.output(r)) for r in requests], wall, step_times(before, runner.core_stats(), wall)
 
 
 def step_times(before: dict, after: dict, wall_s: float) -> dict:

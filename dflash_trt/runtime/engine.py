@@ -1,10 +1,11 @@
 """Many requests at once: the C++ scheduler (dflash_trt._core) driven from Python.
 
-`BatchRunner` steps the core on the caller's thread (what `LLM.generate` uses); `Engine` steps it on
-a background thread and takes requests from any thread (what `serve` uses). Both keep what the core
-does not: text and stop strings (they need the tokenizer), per-request timing as a caller sees it,
-and the counters a server exports. The core keeps the waiting queue, tokens, KV slots, acceptance and
-randomness, so a request's tokens never depend on the batch around it.
+`BatchRunner` owns a scheduler over the LLM's executor and steps it on the caller's thread (what
+`LLM.generate` and `stream` use); `Engine` steps a runner on a background thread and takes requests
+from any thread (what `serve` uses). The runner keeps what the core does not: text and stop strings
+(they need the tokenizer), per-request timing as a caller sees it, and the counters a server
+exports. The core keeps the waiting queue, tokens, KV slots, acceptance and randomness, so a
+request's tokens never depend on the batch around it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import itertools
 import logging
 import queue
+import random
 import threading
 import time
 from collections import Counter
@@ -20,8 +22,10 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.runtime.core_engine import CoreEngine
+from dflash_trt.runtime.calibration import calibrate_costs
+from dflash_trt.runtime.native import native_core
 from dflash_trt.runtime.outputs import RequestOutput
+from dflash_trt.runtime.session_executor import session_executor
 from dflash_trt.spec.metrics import RequestMetrics
 from dflash_trt.spec.sampling import SamplingParams
 from dflash_trt.spec.stopping import StopChecker
@@ -41,7 +45,7 @@ def check_batching(max_batch, capacity, prefill_chunk=0) -> None:
         raise DFlashError(f"prefill_chunk must be an integer >= 0 (0: whole prompts), got {prefill_chunk!r}")
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself: compared and hashed by identity
 class _Request:
     id: int
     prompt: object
@@ -56,7 +60,11 @@ class _Request:
     finished_at: float | None = None  # a finished request's clock stops here, however late it is read
     core_id: int | None = None
     finish_reason: str | None = None
-    core_metrics: dict = field(default_factory=dict)  # the core's counters as last seen
+    core_metrics: dict = field(default_factory=dict)  # the core's counters and clocks as last seen
+
+    @property
+    def token_ids(self) -> list[int]:
+        return list(self.stop.token_ids)
 
     def clock(self) -> None:
         """Bring the metrics' clocks and token count up to now (a finished request's stop at its finish)."""
@@ -75,20 +83,36 @@ class BatchRunner:
 
     def __init__(self, llm, max_batch: int = DEFAULT_MAX_BATCH, capacity: int = DEFAULT_CAPACITY,
                  speculative: bool | None = None, block_size: int | None = None, engine_seed: int | None = None,
-                 prefill_chunk: int = 0):
+                 prefill_chunk: int = 0, adaptive: bool | None = None, calibrate: bool = True,
+                 max_waiting: int = -1):
         """`speculative` is what a request added without saying does (default: speculative when the
-        LLM has a drafter; plain requests verify blocks of 1 in the same slots). `block_size` pins the verify block; None lets every step choose it in
-        1..the drafter's trained block (`llm.max_block_size`) from measured costs and acceptance (adaptive).
-        `prefill_chunk` N > 0 prefills N prompt tokens per step, so a long prompt does not stall the
-        running requests' steps; 0 prefills each prompt whole."""
+        LLM has a drafter; plain requests verify blocks of 1 in the same slots). `block_size` pins the
+        verify block; None lets every step choose it in 1..the drafter's trained block
+        (`llm.max_block_size`) from measured costs and acceptance (`adaptive`, seeded at load by
+        `calibrate_costs` when `calibrate`). `prefill_chunk` N > 0 prefills N prompt tokens per step, so
+        a long prompt does not stall the running requests' steps; 0 prefills each prompt whole.
+        `max_waiting` caps the requests queued beyond the slots (-1: no cap)."""
         check_batching(max_batch, capacity, prefill_chunk)
-        self.llm = llm
+        core = native_core()
         speculative = llm.has_drafter if speculative is None else speculative
+        if speculative and not llm.has_drafter:
+            raise DFlashError("speculative=True needs a drafter: pass draft=... or use speculative=False")
+        adaptive = (llm.has_drafter and block_size is None) if adaptive is None else adaptive
+        if adaptive and not llm.has_drafter:
+            raise DFlashError("adaptive=True chooses among speculative block sizes: it needs a drafter")
+        self.llm = llm
         self.max_batch, self.capacity, self.speculative = max_batch, capacity, speculative
-        self.core = CoreEngine(llm, max_batch=max_batch, capacity=capacity, block_size=block_size,
-                               speculative=speculative, engine_seed=engine_seed,
-                               max_block=getattr(llm, "max_block_size", None), prefill_chunk=prefill_chunk)
-        self.block_size = self.core.block_size  # metrics size their histograms by the largest block
+        # the largest block a step verifies (the only one unless adaptive); metrics size their histograms by it
+        self.block_size = (block_size or llm.max_block_size or llm.block_size) if llm.has_drafter else 1
+        # a bundle runs on its C++ executor (its KV slots allocated here), the torch backend on sessions
+        self.executor = llm._bundle.executor(max_batch, capacity) if llm.batched_only else session_executor(llm)
+        config = core.SchedulerConfig(max_batch=max_batch, capacity=capacity, block_size=self.block_size,
+                                      engine_seed=random.getrandbits(64) if engine_seed is None else engine_seed,
+                                      adaptive=adaptive, max_waiting=max_waiting, prefill_chunk=prefill_chunk)
+        self.scheduler = core.Scheduler(self.executor, config)
+        if adaptive and calibrate and self.block_size > 1:
+            calibrate_costs(self.scheduler, self.executor, sorted({1, max_batch}), sorted({1, self.block_size}),
+                            [0] * max(1, min(8, capacity // 2)))
         self._ids = itertools.count()
         self.live: dict[int, _Request] = {}  # core id -> request, waiting or running in the core
         # the core's running / waiting counts, read after each call into it: stats() may come from another
@@ -119,22 +143,27 @@ class BatchRunner:
         client that prepared every request first."""
         if arrival is not None:
             request.arrival = arrival
-        core_params = replace(request.params, stop=())  # stop strings are applied here, on text
-        request.core_id = self.core.add_request(request.ids, core_params, request.speculative)  # queued for a slot
+        params = request.params  # stop strings are applied here, on text; the core stops on token ids
+        request.core_id = self.scheduler.add_request(request.ids, native_core().RequestParams(
+            max_tokens=params.max_tokens, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+            seed=params.seed, stop_token_ids=list(params.stop_token_ids), eos_token_ids=list(self.llm.eos_token_ids),
+            ignore_eos=params.ignore_eos, max_block=0 if request.speculative else 1))  # queued for a slot
         self.live[request.core_id] = request
         self.counters["prompt_tokens_total"] += len(request.ids)
         self._read_counts()
 
-    def add(self, prompt, params: SamplingParams | None = None, on_output: Callable | None = None) -> int:
-        request = self.prepare(prompt, params, on_output)
+    def add(self, prompt, params: SamplingParams | None = None, on_output: Callable | None = None,
+            speculative: bool | None = None) -> _Request:
+        """prepare + submit -> the request (its tokens, finish reason and the core's counters grow as it runs)."""
+        request = self.prepare(prompt, params, on_output, speculative)
         self.submit(request)
-        return request.id
+        return request
 
     def abort(self, request_id: int) -> _Request | None:
         """Finish a waiting or running request now -> it (its output says "abort"), or None if not live."""
         for core_id, request in self.live.items():
             if request.id == request_id:
-                self.core.abort(core_id)  # its slot is free on return; the core says "abort" next step
+                self.scheduler.abort(core_id)  # its slot is free on return; the core says "abort" next step
                 del self.live[core_id]
                 self._finish(request, "abort")
                 self._read_counts()
@@ -142,41 +171,41 @@ class BatchRunner:
         return None
 
     def _read_counts(self) -> None:
-        self.running, self.waiting = self.core.scheduler.num_running, self.core.scheduler.num_waiting
+        self.running, self.waiting = self.scheduler.num_running, self.scheduler.num_waiting
 
     @property
     def has_work(self) -> bool:
-        return bool(self.live or self.core.has_work)
+        return bool(self.live or self.scheduler.has_work)
+
+    @property
+    def slots(self):
+        return self.scheduler.slots
 
     # -- stepping ------------------------------------------------------------------------------
 
     def step(self) -> list[_Request]:
         """One core step (it admits waiting requests into free slots first) -> the requests it touched."""
         touched = []
-        for out in self.core.step():
-            request = self.live.get(out.request)
+        for out in self.scheduler.step():
+            request = self.live.get(out["request"])
             if request is None:  # aborted from here already: the core's "abort" closes its books
-                self.core.outputs.pop(out.request, None)
                 continue
             self._update(request, out)  # may abort the core request (a stop string)
             touched.append(request)
         self._read_counts()
         return touched
 
-    def _update(self, request: _Request, out) -> None:
-        new = out.token_ids[len(request.stop.token_ids):]  # core outputs are cumulative
+    def _update(self, request: _Request, out: dict) -> None:
+        new, finish = out["new_tokens"], out["finish_reason"]
         if new and request.first_token is None:
             request.first_token = time.perf_counter()
         stopped = request.stop.add(new) if new else False
-        self._count(request, out.metrics)
-        if out.finish_reason is not None or stopped:
-            if out.finish_reason is None:  # a stop string the core cannot see: free its slot now
-                self.core.abort(out.request)
-            reason = out.finish_reason if out.finish_reason == "abort" else request.stop.finish_reason or out.finish_reason
-            del self.live[out.request]
-            if out.finish_reason is not None:  # else the core's "abort" output comes next step
-                self.core.outputs.pop(out.request, None)
-            self._finish(request, reason)
+        self._count(request, out["metrics"])
+        if finish is not None or stopped:
+            if finish is None:  # a stop string the core cannot see: free its slot now (its "abort" is skipped)
+                self.scheduler.abort(request.core_id)
+            del self.live[request.core_id]
+            self._finish(request, finish if finish == "abort" else request.stop.finish_reason or finish)
 
     def _count(self, request: _Request, core: dict) -> None:
         """Fold the core's cumulative counters into the request's metrics and the engine's totals."""
@@ -212,7 +241,15 @@ class BatchRunner:
                              token_ids=list(request.stop.token_ids), finish_reason=request.finish_reason,
                              metrics=replace(m, acceptance_lengths=list(m.acceptance_lengths)))
 
+    def core_stats(self) -> dict:
+        """The scheduler's books: requests running and waiting, and the adaptive bookkeeping (the block
+        each step chose, `last_block`, `steps_per_block`; acceptance estimates; timed phase costs;
+        phase seconds)."""
+        return {"num_running": self.scheduler.num_running, "num_waiting": self.scheduler.num_waiting,
+                **self.scheduler.stats()}
+
     def stats(self) -> dict:
+        """What a server exports: running / waiting requests, token and speculation counters."""
         return {
             "running": self.running,
             "waiting": self.waiting,

@@ -167,7 +167,7 @@ class LLM:
 
     @property
     def batched_only(self) -> bool:
-        """A bundle runs on its C++ executor; the torch backend on per-slot sessions (core_engine.py)."""
+        """A bundle runs on its C++ executor; the torch backend on per-slot sessions (session_executor.py)."""
         return getattr(self, "_bundle", None) is not None
 
     # -- prompts -------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import importlib.util
 from pathlib import Path
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.runtime.core_engine import _core
+from dflash_trt.runtime.native import native_core
 from dflash_trt.runtime.engine_bundles import open_bundle
 
 CONTRACT = 2
@@ -82,7 +82,7 @@ class SlotBundle:
         elif self.kind == "tensorrt":
             self._need("HAS_TRT_EXECUTOR", "TensorRT", "trt")
             self._check_tensorrt_major()
-            self.library = tensorrt_library(_core().TRT_HEADERS_VERSION.split(".")[0])
+            self.library = tensorrt_library(native_core().TRT_HEADERS_VERSION.split(".")[0])
         else:
             raise DFlashError(f"{self.root} holds {self.kind} engines; the C++ executors run ONNX graphs "
                               f"(onnxruntime) and full TensorRT engines (TensorRT-RTX publishes no C++ headers "
@@ -96,14 +96,14 @@ class SlotBundle:
             self.max_chunk = int(self.manifest["profiles"]["target"]["prefill"]["new"][2])
 
     def _need(self, flag: str, name: str, headers: str) -> None:
-        if not getattr(_core(), flag, False):
+        if not getattr(native_core(), flag, False):
             raise DFlashError(
                 f"dflash_trt._core was built without the {name} executor (no {name} headers): run bash "
                 f"scripts/fetch_headers.sh {headers}, then reinstall (bash scripts/setup.sh)"
             )
 
     def _check_tensorrt_major(self) -> None:
-        built, headers = self.manifest["engine"]["version"], _core().TRT_HEADERS_VERSION
+        built, headers = self.manifest["engine"]["version"], native_core().TRT_HEADERS_VERSION
         if built.split(".")[0] != headers.split(".")[0]:
             raise DFlashError(f"{self.root} holds TensorRT {built} engines; the core's TensorRT executor is built "
                               f"against TensorRT {headers} headers: use TensorRT {headers.split('.')[0]}.x")
@@ -122,7 +122,7 @@ class SlotBundle:
         self.check_limits(max_batch, capacity)
         manifest = self.manifest
         graphs, target, draft = manifest["graphs"], manifest["target"], manifest["draft"]
-        config = _core().ExecutorConfig()
+        config = native_core().ExecutorConfig()
         config.target_path, config.draft_context_path, config.draft_block_path = (
             str(self.root / graphs[name]["file"]) for name in ("target", "draft_context", "draft_block")
         )
@@ -155,4 +155,4 @@ class SlotBundle:
 
     def executor(self, max_batch: int, capacity: int, threads: int | None = None):
         config = self.config(max_batch, capacity, threads)
-        return (_core().TrtExecutor if self.kind == "tensorrt" else _core().OrtExecutor)(config)
+        return (native_core().TrtExecutor if self.kind == "tensorrt" else native_core().OrtExecutor)(config)

@@ -1,6 +1,6 @@
 """The torch backend: per-request target and draft sessions over the PyTorch reference models.
 
-The core's session executor (runtime/core_engine.py) opens one pair per KV slot; the Python reference
+The core's session executor (runtime/session_executor.py) opens one pair per KV slot; the Python reference
 loop (spec/loop.py, the tests' oracle) opens one pair per request.
 """
 

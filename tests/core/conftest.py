@@ -17,9 +17,9 @@ def core():
 
 @pytest.fixture(scope="session")
 def engine_module(core):
-    from dflash_trt.runtime import core_engine
+    from dflash_trt.runtime import engine
 
-    return core_engine
+    return engine
 
 
 @pytest.fixture(scope="session")

@@ -16,12 +16,12 @@ from dflash_trt.errors import DFlashError
 def test_chunked_prefill_equals_each_requests_autoregressive_output(engine_module, llms, name, chunk):
     llm = llms[name]
     work = workload(llm.vocab_size, 6, seed=chunk)
-    engine = engine_module.CoreEngine(llm, max_batch=3, capacity=64, block_size=llm.block_size, prefill_chunk=chunk)
-    whole = engine_module.CoreEngine(llm, max_batch=3, capacity=64, block_size=llm.block_size)
+    engine = engine_module.BatchRunner(llm, max_batch=3, capacity=64, block_size=llm.block_size, prefill_chunk=chunk)
+    whole = engine_module.BatchRunner(llm, max_batch=3, capacity=64, block_size=llm.block_size)
     for (_, prompt, params), out, ref in zip(work, drive(engine, work), drive(whole, work), strict=True):
         assert out.token_ids == autoregressive(llm, name, prompt, params).token_ids, (prompt, params)
         # the drafter saw the same context: every chunk's features reached it, in order
-        assert out.metrics["num_accepted_tokens"] == ref.metrics["num_accepted_tokens"]
+        assert out.core_metrics["num_accepted_tokens"] == ref.core_metrics["num_accepted_tokens"]
     assert engine.slots.num_free == 3 and not engine.executor.rows
 
 
@@ -31,27 +31,27 @@ def test_seeded_sampling_is_the_same_chunked_or_whole(engine_module, llms):
     prompts = [list(range(3, 20)), [7, 8]]
     outputs = []
     for chunk in (0, 4):
-        engine = engine_module.CoreEngine(llm, max_batch=2, capacity=64, block_size=4, prefill_chunk=chunk)
+        engine = engine_module.BatchRunner(llm, max_batch=2, capacity=64, block_size=4, prefill_chunk=chunk)
         outputs.append(drive(engine, [(0, p, params) for p in prompts]))
     assert [o.token_ids for o in outputs[0]] == [o.token_ids for o in outputs[1]]
 
 
 def test_a_long_prompt_enters_over_several_steps_while_the_running_request_decodes(engine_module, llms):
     llm = llms["qwen3"]
-    engine = engine_module.CoreEngine(llm, max_batch=2, capacity=64, speculative=False, prefill_chunk=4)
+    engine = engine_module.BatchRunner(llm, max_batch=2, capacity=64, speculative=False, prefill_chunk=4)
     params = SamplingParams(max_tokens=20, ignore_eos=True)
-    running = engine.add_request([5, 6], params)
+    running = engine.add([5, 6], params)
     engine.step()  # its prefill: the first token
-    long = engine.add_request(list(range(10, 30)), params)  # 20 tokens: 5 chunks of 4
+    long = engine.add(list(range(10, 30)), params)  # 20 tokens: 5 chunks of 4
     for step in range(5):
-        touched = {o.request for o in engine.step()}
-        assert running in touched  # one token every step, the long prefill notwithstanding
-        assert (long in touched) == (step == 4)  # its first token once the last chunk is in
-    assert len(engine.outputs[running].token_ids) == 6 and len(engine.outputs[long].token_ids) == 1
+        touched = {o.id for o in engine.step()}
+        assert running.id in touched  # one token every step, the long prefill notwithstanding
+        assert (long.id in touched) == (step == 4)  # its first token once the last chunk is in
+    assert len(running.token_ids) == 6 and len(long.token_ids) == 1
     while engine.has_work:
         engine.step()
     ar = autoregressive(llm, "qwen3", list(range(10, 30)), params)
-    assert engine.outputs[long].token_ids == ar.token_ids
+    assert long.token_ids == ar.token_ids
 
 
 def test_a_negative_chunk_is_refused_in_one_line(core, engine_module, llms):
@@ -59,7 +59,9 @@ def test_a_negative_chunk_is_refused_in_one_line(core, engine_module, llms):
 
     with pytest.raises(DFlashError, match=r"prefill_chunk must be an integer >= 0 \(0: whole prompts\), got -1"):
         BatchRunner(llms["qwen3"], max_batch=1, capacity=64, prefill_chunk=-1)
-    executor = engine_module.executor(llms["qwen3"])
+    from dflash_trt.runtime.session_executor import session_executor
+
+    executor = session_executor(llms["qwen3"])
     with pytest.raises(ValueError, match=r"prefill_chunk must be 0 \(whole prompts\) or at least 1 token, got -2"):
         core.Scheduler(executor, core.SchedulerConfig(prefill_chunk=-2))
 

@@ -123,7 +123,7 @@ def test_the_cost_model_answers_measured_cells_and_fits_a_line_in_tokens_between
 def force(engine, max_batch, block):
     """Seed costs that make `block` the only choice, whatever the clock says: it costs a millisecond and
     every other block 1000 s, so those are never run (and no live timing ever corrects them)."""
-    scheduler, top = engine.scheduler, engine.stats()["max_block"]
+    scheduler, top = engine.scheduler, engine.core_stats()["max_block"]
     for rows, b in itertools.product(range(1, max_batch + 1), range(1, top + 1)):
         seconds = 1e-3 if b == block else 1000.0
         scheduler.seed_cost("verify", rows, b, seconds)
@@ -135,8 +135,8 @@ def force(engine, max_batch, block):
 def test_adaptive_greedy_equals_each_requests_autoregressive_output(engine_module, llms, forced):
     llm = llms["small_vocab"]
     work = workload(llm.vocab_size, 6, seed=7)
-    engine = engine_module.CoreEngine(llm, max_batch=3, capacity=64, calibrate=forced is None)
-    assert engine.stats()["adaptive"] and engine.stats()["max_block"] == 4
+    engine = engine_module.BatchRunner(llm, max_batch=3, capacity=64, calibrate=forced is None)
+    assert engine.core_stats()["adaptive"] and engine.core_stats()["max_block"] == 4
     if forced:
         force(engine, 3, forced)
     outputs = drive(engine, work)
@@ -144,16 +144,16 @@ def test_adaptive_greedy_equals_each_requests_autoregressive_output(engine_modul
         ref = autoregressive(llm, "small_vocab", prompt, params)
         assert out.token_ids == ref.token_ids, (prompt, params)
         assert out.finish_reason == ref.finish_reason
-    stats = engine.stats()
+    stats = engine.core_stats()
     assert sum(stats["steps_per_block"]) > 0 and stats["last_block"] >= 1
     if forced:
         assert stats["steps_per_block"][forced - 1] == sum(stats["steps_per_block"])
     if forced == 1:  # never drafted: nothing learnt, the estimates are the prior's
-        assert sum(o.metrics["num_drafts"] for o in outputs) == 0
+        assert sum(o.core_metrics["num_drafts"] for o in outputs) == 0
         assert stats["acceptance"] == [0.5, 0.5, 0.5]
     if forced == 4:  # every verified position taught the estimate (drafts at slot 1 are often right)
-        drafts = sum(o.metrics["num_drafts"] for o in outputs)
-        accepted = sum(o.metrics["accepted_per_position"][0] for o in outputs)
+        drafts = sum(o.core_metrics["num_drafts"] for o in outputs)
+        accepted = sum(o.core_metrics["accepted_per_position"][0] for o in outputs)
         assert drafts > 0 and accepted > 0 and stats["acceptance"][0] != 0.5
 
 
@@ -173,7 +173,7 @@ def test_a_seeded_request_samples_the_same_tokens_whatever_the_block_and_the_bat
 
     def alone(**kwargs):
         return [
-            engine_module.CoreEngine(llm, max_batch=1, capacity=64, **kwargs).run([p], s)[0]
+            engine_module.BatchRunner(llm, max_batch=1, capacity=64, **kwargs).run([p], s)[0]
             for p, s in zip(prompts, params, strict=True)
         ]
 
@@ -181,27 +181,27 @@ def test_a_seeded_request_samples_the_same_tokens_whatever_the_block_and_the_bat
     for block in (2, 4):
         outputs = alone(block_size=block)
         assert [o.token_ids for o in outputs] == reference, f"alone, block {block}"
-        batched = drive(engine_module.CoreEngine(llm, max_batch=3, capacity=64, block_size=block), work)
+        batched = drive(engine_module.BatchRunner(llm, max_batch=3, capacity=64, block_size=block), work)
         assert [o.token_ids for o in batched] == reference, f"batched, block {block}"
     # drafts were really checked, and some of them accepted (the equality above is not vacuous)
-    assert sum(o.metrics["num_accepted_tokens"] for o in outputs) > 0
-    assert sum(o.metrics["num_draft_tokens"] - o.metrics["num_accepted_tokens"] for o in outputs) > 0
-    adaptive = drive(engine_module.CoreEngine(llm, max_batch=3, capacity=64), work)
+    assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
+    assert sum(o.metrics.num_draft_tokens - o.metrics.num_accepted_tokens for o in outputs) > 0
+    adaptive = drive(engine_module.BatchRunner(llm, max_batch=3, capacity=64), work)
     assert [o.token_ids for o in adaptive] == reference, "adaptive"
-    other = engine_module.CoreEngine(llm, max_batch=1, capacity=64, block_size=4).run(
+    other = engine_module.BatchRunner(llm, max_batch=1, capacity=64, block_size=4).run(
         [prompts[0]], SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=999, ignore_eos=True)
     )[0]
     assert other.token_ids != reference[0], "the seed matters"
 
 
 def test_stats_are_visible_from_the_engine(engine_module, llms):
-    engine = engine_module.CoreEngine(llms["qwen3"], max_batch=2, capacity=64)
-    stats = engine.stats()
+    engine = engine_module.BatchRunner(llms["qwen3"], max_batch=2, capacity=64)
+    stats = engine.core_stats()
     assert stats["adaptive"] and stats["num_running"] == 0 and stats["num_waiting"] == 0
     # the load-time calibration seeded both phases at 1 and max_batch rows
     assert {(c["rows"], c["block"]) for c in stats["verify_cost"]} == {(1, 1), (1, 4), (2, 1), (2, 4)}
     assert {(c["rows"], c["block"]) for c in stats["draft_cost"]} == {(1, 4), (2, 4)}
-    pinned = engine_module.CoreEngine(llms["qwen3"], max_batch=2, capacity=64, block_size=4)
-    assert not pinned.stats()["adaptive"] and pinned.stats()["verify_cost"] == []
+    pinned = engine_module.BatchRunner(llms["qwen3"], max_batch=2, capacity=64, block_size=4)
+    assert not pinned.core_stats()["adaptive"] and pinned.core_stats()["verify_cost"] == []
     with pytest.raises(DFlashError, match="seed_cost: phase"):
         engine.scheduler.seed_cost("prefill", 1, 1, 0.1)

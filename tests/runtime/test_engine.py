@@ -117,7 +117,7 @@ def test_abort_and_closing_a_stream_free_the_slot(llm):
     assert not engine.abort(rid)  # not live any more
     stats = engine.stats()
     assert stats["running"] == stats["waiting"] == 0 and stats["requests_finished"] == {"abort": 2}
-    assert engine.runner.core.slots.num_free == 2
+    assert engine.runner.slots.num_free == 2
 
 
 def test_astream_yields_the_same_tokens_and_cancellation_aborts(llm):

@@ -36,9 +36,9 @@ def test_plain_and_speculative_requests_share_one_runner_and_its_slots(llm):
     busy = []
     while runner.has_work:
         runner.step()
-        busy.append(runner.core.slots.num_free)
+        busy.append(runner.slots.num_free)
     assert min(busy) == 0  # 6 requests of both kinds took turns in the same 4 slots
-    assert runner.core.slots.num_free == 4 and not runner.core.executor.rows
+    assert runner.slots.num_free == 4 and not runner.executor.rows
     for i, (prompt, request) in enumerate(zip(PROMPTS, requests, strict=True)):
         want = reference_output(llm, prompt, params, speculative=i % 2 == 0)
         assert request.stop.token_ids == want.token_ids, prompt

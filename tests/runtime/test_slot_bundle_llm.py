@@ -98,3 +98,13 @@ def test_from_bundle_runs_without_loading_pytorch_model_code(pair):
     assert not ours & loaded, ours & loaded
     assert not [m for m in loaded if m.startswith("transformers.models.") and ".modeling_" in m
                 and not m.endswith("modeling_auto")]
+
+
+def test_a_seeded_sampled_request_gets_the_torch_backends_tokens(pair):
+    """Both backends run the core's sampling (Philox keys, sample-then-compare) on their own logits,
+    which agree to float precision: a seeded T>0 request gets the same tokens from either."""
+    bundle, ref = pair
+    llm = LLM.from_bundle(bundle, block_size=4, max_batch=3)
+    for seed in range(4):
+        params = SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, top_k=50, seed=seed, ignore_eos=True)
+        assert llm.generate(PROMPTS[:3], params)[1].token_ids == ref.generate(PROMPTS[1], params)[0].token_ids
