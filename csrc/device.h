@@ -57,6 +57,8 @@ class Device {
   virtual void download(void* dst, const void* src, size_t bytes) = 0;  // device -> host
   virtual void zero(void* dst, size_t bytes) = 0;
   virtual void synchronize() = 0;
+
+  uint64_t host_bytes = 0;  // bytes staged across the host boundary so far (Staged uploads and downloads)
 };
 
 // The host as a device: what onnxruntime's CPU provider reads and writes.
@@ -138,10 +140,14 @@ class Staged {
   }
   DType dtype() const { return mirror_.dtype(); }
   void upload() {
-    if (!device_->is_host()) device_->upload(device_data(), host.data(), host.size() * sizeof(T));
+    if (device_->is_host()) return;
+    device_->upload(device_data(), host.data(), host.size() * sizeof(T));
+    device_->host_bytes += host.size() * sizeof(T);
   }
   void download() {
-    if (!device_->is_host()) device_->download(host.data(), device_data(), host.size() * sizeof(T));
+    if (device_->is_host()) return;
+    device_->download(host.data(), device_data(), host.size() * sizeof(T));
+    device_->host_bytes += host.size() * sizeof(T);
   }
 
  private:

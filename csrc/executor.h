@@ -4,7 +4,10 @@
 // tokens, randomness). Every call is one batched phase over rows, and a row is a KV slot index
 // (SlotAllocator), stable from a request's prefill to its release. Rows in one call are distinct
 // and in ascending order. The executor keeps whatever it needs between phases (the target's
-// tapped features for the drafter, its caches); the scheduler sees token ids and logits only.
+// tapped features for the drafter, its caches, its logits); the scheduler sees token ids and
+// counts only. Acceptance and sampling run inside the executor, by the rules of acceptance.h, on
+// the keys the scheduler hands it (`RowSampling`): host code here (`host_sample`, `host_verdict`),
+// so no full-vocabulary logits leave an executor's phase.
 //
 // Per row the life is:
 //   prefill+ -> (draft? -> verify -> commit)* -> release
@@ -12,49 +15,68 @@
 // decoding, or no room left for drafts), so an executor must carry the features of committed
 // positions forward until the next draft.
 //
-// Implemented in C++ (onnxruntime / TensorRT executors, to come) or in Python through the
-// pybind11 trampoline in bindings.cpp (dflash_trt/runtime/core_engine.py wraps the torch and
-// onnxruntime per-request sessions).
+// Implemented in C++ (the slot executor over onnxruntime or TensorRT) or in Python through the
+// pybind11 trampoline in bindings.cpp, where the Python side returns logits and the trampoline
+// samples and accepts on them (dflash_trt/runtime/session_executor.py: the torch sessions).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "acceptance.h"
 #include "errors.h"
 
 namespace dflash {
 
-// Float32 logits rows [rows, vocab], row-major, owned. Logits cross from an executor once per
-// phase; for a Python executor this is one copy out of the numpy array (small next to the model).
-struct LogitsRows {
-  int64_t rows = 0;
-  int64_t vocab = 0;
-  std::vector<float> data;
-
-  const float* row(int64_t r) const {
-    DFLASH_INVARIANT(r >= 0 && r < rows);
-    return data.data() + r * vocab;
-  }
+// How a row's tokens are drawn: the request's sampling params and RNG stream (acceptance.h), and
+// the sequence position of the first token the phase decides (a prefill's next token; a verify's
+// drafts[0]).
+struct RowSampling {
+  SamplingParams sampling;
+  uint64_t stream = 0;
+  uint32_t position = 0;
 };
+
+// A verify row's outcome: the drafts it kept (a prefix) and the target's token after them.
+struct Verdict {
+  int64_t accepted = 0;
+  int64_t next = -1;
+};
+
+// The host forms of the rules, for executors whose logits are in host memory.
+inline int64_t host_sample(const float* logits, int64_t vocab, const RowSampling& s) {
+  return sample(logits, vocab, s.sampling, s.stream, s.position);
+}
+// block [bonus, drafts...], logits [len(block), vocab]
+inline Verdict host_verdict(const std::vector<int64_t>& block, const float* logits, int64_t vocab,
+                            const RowSampling& s) {
+  const Acceptance a = accept(block.data() + 1, int64_t(block.size()) - 1, logits, vocab, s.sampling, s.stream,
+                              s.position);
+  return {a.accepted, a.next};
+}
 
 class Executor {
  public:
   virtual ~Executor() = default;
 
-  // Run and commit each row's prompt chunk after what its slot holds -> the chunk's last position's
-  // logits, one row per request ([1, vocab]). A row the executor does not hold yet starts fresh
-  // (after a release, or never used); a long prompt may come in several chunks over several steps
-  // (SchedulerConfig::prefill_chunk), each after the previous one's tokens.
-  virtual std::vector<LogitsRows> prefill(const std::vector<int64_t>& rows,
-                                          const std::vector<std::vector<int64_t>>& prompts) = 0;
+  // Run and commit each row's prompt chunk after what its slot holds -> the token sampled from the
+  // chunk's last position (the request's first token, when the chunk ends its prompt). A row the
+  // executor does not hold yet starts fresh (after a release, or never used); a long prompt may
+  // come in several chunks over several steps (SchedulerConfig::prefill_chunk), each after the
+  // previous one's tokens.
+  virtual std::vector<int64_t> prefill(const std::vector<int64_t>& rows,
+                                       const std::vector<std::vector<int64_t>>& prompts,
+                                       const std::vector<RowSampling>& sampling) = 0;
   // Inject the features of the positions committed since the row's last draft, then draft
   // block_size - 1 tokens after each row's bonus token -> block_size - 1 token ids per row.
   virtual std::vector<std::vector<int64_t>> draft(const std::vector<int64_t>& rows,
                                                   const std::vector<int64_t>& bonus, int64_t block_size) = 0;
-  // Feed each row's block [bonus, drafts...] after its committed prefix -> logits [len(block), vocab].
-  // The block's cache entries stay pending until commit.
-  virtual std::vector<LogitsRows> verify(const std::vector<int64_t>& rows,
-                                         const std::vector<std::vector<int64_t>>& blocks) = 0;
+  // Feed each row's block [bonus, drafts...] after its committed prefix and decide it -> how many
+  // drafts the target keeps and its token after them. The block's cache entries stay pending until
+  // commit.
+  virtual std::vector<Verdict> verify(const std::vector<int64_t>& rows,
+                                      const std::vector<std::vector<int64_t>>& blocks,
+                                      const std::vector<RowSampling>& sampling) = 0;
   // Keep the first kept[i] positions of row i's last verify block; drop the rest.
   virtual void commit(const std::vector<int64_t>& rows, const std::vector<int64_t>& kept) = 0;
   // The row's request finished or was aborted: drop its state; the slot may be reused at once.

@@ -146,31 +146,30 @@ void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOu
   const double start = RequestTiming::now();
   std::vector<int64_t> slots;
   std::vector<std::vector<int64_t>> chunks;
+  std::vector<RowSampling> sampling;
   for (Request* r : rows) {
     const int64_t left = int64_t(r->prompt.size()) - r->prompt_done;
     const int64_t n = config_.prefill_chunk > 0 ? std::min(left, config_.prefill_chunk) : left;
     slots.push_back(r->slot);
     chunks.emplace_back(r->prompt.begin() + r->prompt_done, r->prompt.begin() + r->prompt_done + n);
+    // The first token sits at sequence position len(prompt) (only the last chunk's draw is kept).
+    sampling.push_back({r->params.sampling, r->stream, uint32_t(r->prompt.size())});
     slots_.reserve(r->slot, n);
     if (!r->timing.scheduled) r->timing.scheduled = start;
   }
   const double prefill_start = RequestTiming::now();
-  const std::vector<LogitsRows> logits = executor_.prefill(slots, chunks);
+  const std::vector<int64_t> first = executor_.prefill(slots, chunks, sampling);
   seconds_.prefill += RequestTiming::now() - prefill_start;
-  DFLASH_INVARIANT(logits.size() == rows.size());
+  if (first.size() != rows.size())
+    throw Error("executor prefill returned " + std::to_string(first.size()) + " tokens for " +
+                std::to_string(rows.size()) + " rows; expected one per row");
   for (size_t i = 0; i < rows.size(); ++i) {
     Request& r = *rows[i];
-    if (logits[i].rows != 1)
-      throw Error("executor prefill returned " + std::to_string(logits[i].rows) + " logits rows for slot " +
-                  std::to_string(r.slot) + "; expected the last position's only");
     slots_.commit(r.slot, int64_t(chunks[i].size()));
     r.prompt_done += int64_t(chunks[i].size());
     if (r.prompt_done < int64_t(r.prompt.size())) continue;  // more chunks in the next steps
     r.prefilled = true;
-    // The first token sits at sequence position len(prompt).
-    const int64_t token = sample(logits[i].row(0), logits[i].vocab, r.params.sampling, r.stream,
-                                 uint32_t(r.prompt.size()));
-    emit_tokens(r, {token}, out);
+    emit_tokens(r, {first[i]}, out);
   }
 }
 
@@ -233,45 +232,46 @@ void Scheduler::draft(const std::vector<Request*>& rows) {
   }
 }
 
-std::vector<LogitsRows> Scheduler::verify(const std::vector<Request*>& rows) {
+std::vector<Verdict> Scheduler::verify(const std::vector<Request*>& rows) {
   std::vector<int64_t> slots;
   std::vector<std::vector<int64_t>> blocks;
+  std::vector<RowSampling> sampling;
   int64_t widest = 1;
   for (Request* r : rows) {
     std::vector<int64_t> block{r->tokens.back()};
     block.insert(block.end(), r->drafts.begin(), r->drafts.end());
+    // drafts[0] sits one after the bonus, whose position is the committed length.
+    sampling.push_back({r->params.sampling, r->stream, uint32_t(slots_.length(r->slot) + 1)});
     slots_.reserve(r->slot, int64_t(block.size()));
     widest = std::max(widest, int64_t(block.size()));
     slots.push_back(r->slot);
     blocks.push_back(std::move(block));
   }
   const double start = RequestTiming::now();
-  std::vector<LogitsRows> logits = executor_.verify(slots, blocks);
+  std::vector<Verdict> verdicts = executor_.verify(slots, blocks, sampling);
   const double seconds = RequestTiming::now() - start;
   verify_cost_.observe(int64_t(rows.size()), widest, seconds);
   seconds_.verify += seconds;
-  DFLASH_INVARIANT(logits.size() == rows.size());
+  if (verdicts.size() != rows.size())
+    throw Error("executor verify returned " + std::to_string(verdicts.size()) + " verdicts for " +
+                std::to_string(rows.size()) + " rows; expected one per row");
   for (size_t i = 0; i < rows.size(); ++i)
-    if (logits[i].rows != int64_t(blocks[i].size()))
-      throw Error("executor verify returned " + std::to_string(logits[i].rows) + " logits rows for slot " +
-                  std::to_string(rows[i]->slot) + "; expected one per block token (" +
-                  std::to_string(blocks[i].size()) + ")");
-  return logits;
+    if (verdicts[i].accepted < 0 || verdicts[i].accepted >= int64_t(blocks[i].size()) || verdicts[i].next < 0)
+      throw Error("executor verify kept " + std::to_string(verdicts[i].accepted) + " drafts of " +
+                  std::to_string(blocks[i].size() - 1) + " (next token " + std::to_string(verdicts[i].next) +
+                  ") for slot " + std::to_string(rows[i]->slot));
+  return verdicts;
 }
 
-void Scheduler::accept(const std::vector<Request*>& rows, const std::vector<LogitsRows>& logits) {
+void Scheduler::accept(const std::vector<Request*>& rows, const std::vector<Verdict>& verdicts) {
   acceptance_.decay();
   for (size_t i = 0; i < rows.size(); ++i) {
     Request& r = *rows[i];
-    // drafts[0] sits one after the bonus, whose position is the committed length.
-    const uint32_t position = uint32_t(slots_.length(r.slot) + 1);
-    const Acceptance a = dflash::accept(r.drafts.data(), int64_t(r.drafts.size()), logits[i].data.data(),
-                                        logits[i].vocab, r.params.sampling, r.stream, position);
-    r.accepted = a.accepted;
-    r.next = a.next;
+    r.accepted = verdicts[i].accepted;
+    r.next = verdicts[i].next;
     if (r.drafts.empty()) continue;
-    r.metrics.record(int64_t(r.drafts.size()), a.accepted);
-    acceptance_.observe(int64_t(r.drafts.size()), a.accepted);
+    r.metrics.record(int64_t(r.drafts.size()), r.accepted);
+    acceptance_.observe(int64_t(r.drafts.size()), r.accepted);
   }
 }
 

@@ -133,8 +133,8 @@ class Scheduler {
   void prefill(const std::vector<Request*>& rows, std::vector<RequestOutput>& out);
   void choose_block(const std::vector<Request*>& rows);
   void draft(const std::vector<Request*>& rows);
-  std::vector<LogitsRows> verify(const std::vector<Request*>& rows);
-  void accept(const std::vector<Request*>& rows, const std::vector<LogitsRows>& logits);
+  std::vector<Verdict> verify(const std::vector<Request*>& rows);
+  void accept(const std::vector<Request*>& rows, const std::vector<Verdict>& verdicts);
   void commit(const std::vector<Request*>& rows);
   void emit(const std::vector<Request*>& rows, std::vector<RequestOutput>& out);
   // Append tokens one at a time through the stop rule; finishing frees the slot.

@@ -74,20 +74,21 @@ void bind_slot_executors(py::module_& m) {
       .def_property_readonly("config", &SlotExecutor::config)
       .def_property_readonly("backend_version", &SlotExecutor::backend_version)
       .def_property_readonly("target_runs", &SlotExecutor::target_runs)
+      .def_property_readonly("host_bytes", &SlotExecutor::host_bytes)
       .def("committed", &SlotExecutor::committed, py::arg("row"))
       .def("drafted", &SlotExecutor::drafted, py::arg("row"))
       // The phases, callable one by one (benchmarks, tests); the scheduler calls them in C++.
       .def(
-          "prefill",
+          "prefill_logits",
           [](SlotExecutor& e, const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& prompts) {
-            return as_arrays(e.prefill(rows, prompts));
+            return as_arrays(e.prefill_logits(rows, prompts));
           },
           py::arg("rows"), py::arg("prompts"), "-> last-position logits [1, vocab] per row")
       .def("draft", &SlotExecutor::draft, py::arg("rows"), py::arg("bonus"), py::arg("block_size"))
       .def(
-          "verify",
+          "verify_logits",
           [](SlotExecutor& e, const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks) {
-            return as_arrays(e.verify(rows, blocks));
+            return as_arrays(e.verify_logits(rows, blocks));
           },
           py::arg("rows"), py::arg("blocks"), "-> logits [len(block), vocab] per row")
       .def("commit", &SlotExecutor::commit, py::arg("rows"), py::arg("kept"))

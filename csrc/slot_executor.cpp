@@ -293,20 +293,37 @@ void SlotExecutor::set_states(int64_t row, const std::vector<const char*>& conv,
   }
 }
 
-std::vector<LogitsRows> SlotExecutor::prefill(const std::vector<int64_t>& rows,
-                                              const std::vector<std::vector<int64_t>>& prompts) {
+std::vector<int64_t> SlotExecutor::prefill(const std::vector<int64_t>& rows,
+                                           const std::vector<std::vector<int64_t>>& prompts,
+                                           const std::vector<RowSampling>& sampling) {
+  DFLASH_INVARIANT(sampling.size() == rows.size());
+  std::vector<int64_t> out(rows.size());
+  prefill_rows(rows, prompts, [&](size_t i, const float* logits) {
+    out[i] = host_sample(logits, config_.vocab, sampling[i]);
+  });
+  return out;
+}
+
+std::vector<LogitsRows> SlotExecutor::prefill_logits(const std::vector<int64_t>& rows,
+                                                     const std::vector<std::vector<int64_t>>& prompts) {
+  std::vector<LogitsRows> out(rows.size());
+  prefill_rows(rows, prompts, [&](size_t i, const float* logits) {
+    out[i] = {1, config_.vocab, std::vector<float>(logits, logits + config_.vocab)};
+  });
+  return out;
+}
+
+void SlotExecutor::prefill_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& prompts,
+                                const LogitsSink& sink) {
   // A row not live yet starts a request (zero states; release left it empty); a live one takes its
   // prompt's next chunk after what it holds.
   for (int64_t row : rows)
     if (!state(row).live) set_states(row, {}, {});
-  std::vector<LogitsRows> out(rows.size());
   const size_t FB = feature_bytes();
   const size_t linear = conv_.size();
   std::vector<const char*> conv(linear), recurrent(linear);
   run_target(rows, prompts, true, [&](size_t i, int64_t j, const float* logits, const char* features) {
-    out[i].rows = 1;
-    out[i].vocab = config_.vocab;
-    out[i].data.assign(logits, logits + config_.vocab);
+    sink(i, logits);
     std::vector<char>& pending = rows_[rows[i]].pending;  // injected at the next draft
     pending.insert(pending.end(), features, features + prompts[i].size() * FB);
     if (linear == 0) return;
@@ -320,20 +337,37 @@ std::vector<LogitsRows> SlotExecutor::prefill(const std::vector<int64_t>& rows,
     rows_[rows[i]].live = true;
     rows_[rows[i]].committed += int64_t(prompts[i].size());
   }
+}
+
+std::vector<Verdict> SlotExecutor::verify(const std::vector<int64_t>& rows,
+                                          const std::vector<std::vector<int64_t>>& blocks,
+                                          const std::vector<RowSampling>& sampling) {
+  DFLASH_INVARIANT(sampling.size() == rows.size());
+  std::vector<Verdict> out(rows.size());
+  verify_rows(rows, blocks, [&](size_t i, const float* logits) {
+    out[i] = host_verdict(blocks[i], logits, config_.vocab, sampling[i]);
+  });
   return out;
 }
 
-std::vector<LogitsRows> SlotExecutor::verify(const std::vector<int64_t>& rows,
-                                             const std::vector<std::vector<int64_t>>& blocks) {
-  for (int64_t row : rows) DFLASH_INVARIANT(state(row).live);
+std::vector<LogitsRows> SlotExecutor::verify_logits(const std::vector<int64_t>& rows,
+                                                    const std::vector<std::vector<int64_t>>& blocks) {
   std::vector<LogitsRows> out(rows.size());
   const int64_t V = config_.vocab;
+  verify_rows(rows, blocks, [&](size_t i, const float* logits) {
+    const int64_t len = int64_t(blocks[i].size());
+    out[i] = {len, V, std::vector<float>(logits, logits + len * V)};
+  });
+  return out;
+}
+
+void SlotExecutor::verify_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks,
+                               const LogitsSink& sink) {
+  for (int64_t row : rows) DFLASH_INVARIANT(state(row).live);
   const size_t FB = feature_bytes();
   run_target(rows, blocks, false, [&](size_t i, int64_t j, const float* logits, const char* features) {
     const int64_t len = int64_t(blocks[i].size());
-    out[i].rows = len;
-    out[i].vocab = V;
-    out[i].data.assign(logits, logits + len * V);
+    sink(i, logits);
     Row& row = rows_[rows[i]];
     row.verify.assign(features, features + len * FB);  // pending until commit says how many count
     row.verify_rows = len;
@@ -342,7 +376,6 @@ std::vector<LogitsRows> SlotExecutor::verify(const std::vector<int64_t>& rows,
     row.verify_run = run_;
     row.verify_index = j;
   });
-  return out;
 }
 
 void SlotExecutor::commit(const std::vector<int64_t>& rows, const std::vector<int64_t>& kept) {

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,17 +63,35 @@ struct SlotExecutorConfig {
   void validate(const std::string& who) const;
 };
 
+// Float32 logits rows [rows, vocab], row-major, owned: what prefill_logits / verify_logits return.
+struct LogitsRows {
+  int64_t rows = 0;
+  int64_t vocab = 0;
+  std::vector<float> data;
+
+  const float* row(int64_t r) const {
+    DFLASH_INVARIANT(r >= 0 && r < rows);
+    return data.data() + r * vocab;
+  }
+};
+
 class SlotExecutor : public Executor {
  public:
   // Opens the three graphs through `backend` and allocates every slot buffer on its device.
   SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<GraphBackend> backend, const std::string& who);
 
-  std::vector<LogitsRows> prefill(const std::vector<int64_t>& rows,
-                                  const std::vector<std::vector<int64_t>>& prompts) override;
+  std::vector<int64_t> prefill(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& prompts,
+                               const std::vector<RowSampling>& sampling) override;
   std::vector<std::vector<int64_t>> draft(const std::vector<int64_t>& rows, const std::vector<int64_t>& bonus,
                                           int64_t block_size) override;
-  std::vector<LogitsRows> verify(const std::vector<int64_t>& rows,
-                                 const std::vector<std::vector<int64_t>>& blocks) override;
+  std::vector<Verdict> verify(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks,
+                              const std::vector<RowSampling>& sampling) override;
+  // The same phases returning their logits instead of deciding tokens: numerics checks against a
+  // reference, and benchmarks of the graphs alone (a decode step never asks for them).
+  std::vector<LogitsRows> prefill_logits(const std::vector<int64_t>& rows,
+                                         const std::vector<std::vector<int64_t>>& prompts);
+  std::vector<LogitsRows> verify_logits(const std::vector<int64_t>& rows,
+                                        const std::vector<std::vector<int64_t>>& blocks);
   void commit(const std::vector<int64_t>& rows, const std::vector<int64_t>& kept) override;
   void release(int64_t row) override;
 
@@ -82,8 +101,17 @@ class SlotExecutor : public Executor {
   int64_t committed(int64_t row) const { return state(row).committed; }
   int64_t drafted(int64_t row) const { return state(row).drafted; }
   int64_t target_runs() const { return target_runs_; }  // target Runs so far (a phase may split)
+  // Bytes moved between host and device memory so far (0 on a host device: onnxruntime's CPU
+  // provider reads and writes the staging arrays themselves).
+  uint64_t host_bytes() const { return device_.host_bytes; }
 
  private:
+  // Row i's logits in host memory (1 row for a prefill, len(block) for a verify), valid during the call.
+  using LogitsSink = std::function<void(size_t, const float*)>;
+  void prefill_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& prompts,
+                    const LogitsSink& sink);
+  void verify_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks,
+                   const LogitsSink& sink);
   struct Row {
     bool live = false;
     int64_t committed = 0;     // target cache rows that count (the write offset of the next run)

@@ -47,13 +47,13 @@ def measure(bundle: Path, batch: int, cached: int, block: int, repeats: int, thr
     vocab, rows = executor.config.vocab, list(range(batch))
     rng = random.Random(0)
     start = time.perf_counter()
-    executor.prefill(rows, [[rng.randrange(vocab) for _ in range(cached)] for _ in rows])
+    executor.prefill_logits(rows, [[rng.randrange(vocab) for _ in range(cached)] for _ in rows])
     prefill_s = time.perf_counter() - start
     bonus = [rng.randrange(vocab) for _ in rows]
     blocks = [[b] + [rng.randrange(vocab) for _ in range(block - 1)] for b in bonus]
 
     def verify():
-        executor.verify(rows, blocks)
+        executor.verify_logits(rows, blocks)
         executor.commit(rows, [0] * batch)  # nothing kept: the next verify runs at the same length
 
     def draft():
@@ -61,7 +61,7 @@ def measure(bundle: Path, batch: int, cached: int, block: int, repeats: int, thr
 
     def step():
         executor.draft(rows, bonus, block)
-        executor.verify(rows, blocks)
+        executor.verify_logits(rows, blocks)
         executor.commit(rows, [1] * batch)
 
     draft()  # injects the prompt's features once

@@ -55,4 +55,5 @@ def step_times(before: dict, after: dict, wall_s: float) -> dict:
     model execution (the core's scheduling, acceptance and sampling, and the Python runner around it:
     detokenising, stop strings) is `wall - executor`."""
     seconds = {k: after["seconds"][k] - before["seconds"][k] for k in after["seconds"]}
-    return {**seconds, "steps": after["steps"] - before["steps"], "wall": wall_s}
+    moved = None if after["host_bytes"] is None else after["host_bytes"] - before["host_bytes"]
+    return {**seconds, "steps": after["steps"] - before["steps"], "wall": wall_s, "host_bytes": moved}

@@ -50,6 +50,9 @@ class SideSummary:
     steps: int | None = None
     prefill_ms_per_step: float | None = None
     overhead_pct: float | None = None  # wall time outside model execution (executor calls), in %
+    # bytes the executor moved between host and device memory per core step (its own accounting:
+    # 0 for onnxruntime's CPU provider; None where the executor keeps none)
+    host_bytes_per_step: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -108,6 +111,8 @@ def add_step_times(side: SideSummary, times: dict) -> SideSummary:
     side.other_ms_per_step = 1000 * (times["step"] - times["prefill"] - times["draft"] - times["verify"]) / steps
     executor = times["prefill"] + times["draft"] + times["verify"] + times["commit"]
     side.overhead_pct = 100 * max(0.0, times["wall"] - executor) / times["wall"] if times["wall"] > 0 else None
+    if times.get("host_bytes") is not None:
+        side.host_bytes_per_step = times["host_bytes"] / steps
     return side
 
 

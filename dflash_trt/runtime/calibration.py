@@ -15,7 +15,7 @@ def calibrate_costs(
     5 s once kept the policy at B=1 for good). Rows 0..n-1 must be free; they are released after."""
     for n in rows:
         slots = list(range(n))
-        executor.prefill(slots, [list(prompt)] * n)
+        executor.prefill_logits(slots, [list(prompt)] * n)
         bonus = [int(prompt[-1])] * n
         for block in blocks:
             for timed in (False, True):
@@ -26,7 +26,7 @@ def calibrate_costs(
                     if timed:
                         scheduler.seed_cost("draft", n, block, time.perf_counter() - start)
                 start = time.perf_counter()
-                executor.verify(slots, [[b, *d] for b, d in zip(bonus, drafts, strict=True)])
+                executor.verify_logits(slots, [[b, *d] for b, d in zip(bonus, drafts, strict=True)])
                 if timed:
                     scheduler.seed_cost("verify", n, block, time.perf_counter() - start)
                 executor.commit(slots, [1] * n)

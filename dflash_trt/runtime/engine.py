@@ -245,8 +245,10 @@ class BatchRunner:
         """The scheduler's books: requests running and waiting, and the adaptive bookkeeping (the block
         each step chose, `last_block`, `steps_per_block`; acceptance estimates; timed phase costs;
         phase seconds)."""
+        # bytes the executor moved between host and device memory (its own accounting; None: it keeps none)
+        host_bytes = getattr(self.executor, "host_bytes", None)
         return {"num_running": self.scheduler.num_running, "num_waiting": self.scheduler.num_waiting,
-                **self.scheduler.stats()}
+                "host_bytes": host_bytes, **self.scheduler.stats()}
 
     def stats(self) -> dict:
         """What a server exports: running / waiting requests, token and speculation counters."""

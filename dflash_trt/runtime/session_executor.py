@@ -43,7 +43,7 @@ def session_executor(llm):
             core.Executor.__init__(self)
             self.rows: dict[int, _Row] = {}
 
-        def prefill(self, rows, chunks):
+        def prefill_logits(self, rows, chunks):
             out = []
             for row, chunk in zip(rows, chunks, strict=True):
                 if row not in self.rows:  # a request's first chunk (or its whole prompt): new sessions
@@ -63,7 +63,7 @@ def session_executor(llm):
                 state.features = []  # injected
             return out
 
-        def verify(self, rows, blocks):
+        def verify_logits(self, rows, blocks):
             out = []
             for row, block in zip(rows, blocks, strict=True):
                 state = self.rows[row]

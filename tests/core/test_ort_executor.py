@@ -207,8 +207,8 @@ def test_phase_logits_equal_the_torch_target(ort, pairs):
     target = pair[1]
     executor = ort.ort_executor(pair[0], max_batch=3, capacity=32)
     prompts, blocks = [[5, 6, 7, 8, 9], [10, 11]], [[12, 13, 14], [15]]
-    first = executor.prefill([0, 2], prompts)
-    later = executor.verify([0, 2], blocks)
+    first = executor.prefill_logits([0, 2], prompts)
+    later = executor.verify_logits([0, 2], blocks)
     for prompt, block, p, v in zip(prompts, blocks, first, later, strict=True):
         session = TorchTargetSession(target, ())
         logits, _ = session.prefill(prompt)

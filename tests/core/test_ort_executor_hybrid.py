@@ -152,11 +152,11 @@ def test_phase_logits_equal_the_torch_target_through_split_runs_and_rollback(ort
     # (blocks, kept, target Runs): 9 + 4 > 12 and 11 + 2 > 12 split the phase, 9 + 2 does not
     phases = [([[1, 2], [0, 1, 2, 3]], [0, 3], 2), ([[3, 3], [4]], [2, 1], 1), ([[1], [2, 0]], None, 2)]
     sessions = [TorchTargetSession(target, ()) for _ in prompts]
-    for session, ours, prompt in zip(sessions, executor.prefill([0, 2], prompts), prompts, strict=True):
+    for session, ours, prompt in zip(sessions, executor.prefill_logits([0, 2], prompts), prompts, strict=True):
         np.testing.assert_allclose(ours, session.prefill(prompt)[0][None].numpy(), rtol=1e-4, atol=1e-4)
     for blocks, kept, runs_per_phase in phases:
         runs = executor.target_runs
-        for session, ours, block in zip(sessions, executor.verify([0, 2], blocks), blocks, strict=True):
+        for session, ours, block in zip(sessions, executor.verify_logits([0, 2], blocks), blocks, strict=True):
             np.testing.assert_allclose(ours, session.forward(block)[0].numpy(), rtol=1e-4, atol=1e-4)
         assert executor.target_runs - runs == runs_per_phase
         if kept is not None:

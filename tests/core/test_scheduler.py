@@ -196,7 +196,7 @@ def test_a_python_executor_error_reaches_the_caller_and_leaves_no_claim(engine_m
     def broken(rows, blocks):
         raise RuntimeError("verify broke")
 
-    engine.executor.verify = broken
+    engine.executor.verify_logits = broken
     with pytest.raises(RuntimeError, match="verify broke"):
         engine.step()
     slot = next(i for i in range(2) if engine.slots.request(i) >= 0)

@@ -49,8 +49,8 @@ def test_the_executor_allocates_float16_slots_and_its_logits_follow_the_float32_
     assert config.dtype == "float16"
     executor = ort.ort_executor(bundle, max_batch=2, capacity=32)
     prompt, block = PROMPTS[1], [1, 4, 0, 2]
-    (prefill,) = executor.prefill([1], [prompt])
-    (verify,) = executor.verify([1], [block])
+    (prefill,) = executor.prefill_logits([1], [prompt])
+    (verify,) = executor.verify_logits([1], [block])
     session = TorchTargetSession(target, ())
     np.testing.assert_allclose(prefill, session.prefill(prompt)[0][None].numpy(), atol=HALF_ATOL, rtol=0)
     np.testing.assert_allclose(verify, session.forward(block)[0].numpy(), atol=HALF_ATOL, rtol=0)
