@@ -224,9 +224,10 @@ def _engine_default(compute_capability: str | None) -> str:
               help="Precision of weights and activations (default: the bundle's; fp32 when exporting).")
 @click.option("--flavour", type=click.Choice(["portable", "plugin", "slots", "slots-trt"]), default=None,
               help="When exporting [default: slots for --engine onnxruntime, slots-trt (with --capacity, default "
-                   "--max-seq-len) for tensorrt, portable for tensorrt-rtx]: plugin expresses KV injection and block attention as dflash:: ops (--engine tensorrt); "
-                   "slots writes the target's KV caches in place (--engine onnxruntime); slots-trt does so in "
-                   "standard ops with --capacity (TensorRT engines for the batched C++ executor).")
+                   "--max-seq-len) for tensorrt, portable for tensorrt-rtx]: slots writes the target's KV caches "
+                   "in place (--engine onnxruntime); slots-trt does so in standard ops with --capacity (TensorRT "
+                   "engines for the batched C++ executor); plugin expresses KV injection and block attention as "
+                   "dflash:: ops (contract-1 engines, not run by the runtime).")
 @click.option("--capacity", type=int, default=None,
               help="When exporting --flavour slots-trt (and required there): the KV slots' size in tokens.")
 @click.option("--max-batch", type=int, default=None,

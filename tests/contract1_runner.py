@@ -103,7 +103,8 @@ class OrtTargetSession:
         present, self.pending = self.pending, None
         self.length += keep
         kept = keep - self.pending_from  # positions kept from logits_from on: they index the states
-        self.past = [self._cut(kind, new, old, kept) for kind, new, old in zip(self.kinds, present, self.past, strict=True)]
+        self.past = [self._cut(kind, new, old, kept)
+                     for kind, new, old in zip(self.kinds, present, self.past, strict=True)]
 
     def _cut(self, kind: str, new: np.ndarray, old: np.ndarray, kept: int) -> np.ndarray:
         if kind == "kv":  # rollback: drop what was not kept

@@ -70,7 +70,10 @@ class LLM:
                 raise DFlashError(f"backend '{backend}' runs an exported (target, drafter) bundle: pass draft=DIR")
             from dflash_trt.runtime.bundles import cached_bundle, cached_engines
 
-            bundle = cached_bundle(target, draft) if backend == "onnxruntime" else cached_engines(target, draft, capacity, max_batch)
+            if backend == "onnxruntime":
+                bundle = cached_bundle(target, draft)
+            else:
+                bundle = cached_engines(target, draft, capacity, max_batch)
             self._load_bundle(bundle, block_size, max_batch)
             return
         self.backend = "torch"
