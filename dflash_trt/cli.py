@@ -79,7 +79,7 @@ def main():
 @user_errors
 def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop, as_json):
     """Generate a reply to PROMPT, streaming it, then print the acceptance summary."""
-    from dflash_trt.runtime.llm import AUTO, LLM
+    from dflash_trt.runtime.llm import AUTO, LLM, resolve_backend
     from dflash_trt.spec.metrics import summary_line
     from dflash_trt.spec.sampling import SamplingParams
 
@@ -90,11 +90,7 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
         llm = LLM.from_bundle(bundle, block_size=block_size)
     else:
         draft = draft or AUTO
-        if backend == "auto":
-            from dflash_trt.models.embedded import default_drafter
-
-            backend = "torch" if draft == AUTO and default_drafter(target) is None else "onnxruntime"
-        llm = LLM(target=target, draft=draft, backend=backend, block_size=block_size)
+        llm = LLM(target=target, draft=draft, backend=resolve_backend(backend, target, draft), block_size=block_size)
     if speculative and not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{target}': pass --draft DIR or --no-speculative")
     if as_json:
@@ -518,7 +514,7 @@ def pack_corpus(src, dst):
 
 @main.command()
 @click.argument("bundle", required=False, type=click.Path(path_type=Path, file_okay=False))
-@click.option("--target", default=None, help=TARGET_HELP + " Served instead of a BUNDLE (on torch).")
+@click.option("--target", default=None, help=TARGET_HELP + " Served instead of a BUNDLE.")
 @click.option("--draft", default=None, help=DRAFT_HELP)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the OpenAI API listens on (loopback by default).")
 @click.option("--port", type=int, default=8000, show_default=True)
@@ -531,8 +527,11 @@ def pack_corpus(src, dst):
 @click.option("--prefill-chunk", type=int, default=0, show_default=True,
               help="Prefill at most this many prompt tokens per step, so a long prompt does not stall the running "
                    "streams (0: whole prompts).")
+@click.option("--backend", type=click.Choice(["auto", "torch", "onnxruntime"]), default="auto", show_default=True,
+              help="For --target/--draft: auto is onnxruntime (a slots bundle exported once into the user cache, "
+                   "on the C++ executor) when there is a drafter, else torch.")
 @user_errors
-def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block_size, prefill_chunk):
+def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block_size, prefill_chunk, backend):
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /metrics) on Triton
     Inference Server: one decoupled Triton model runs every request through the batching engine."""
     from dflash_trt.serve.config import ServeConfig
@@ -541,7 +540,8 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
     if bundle is None and target is None:
         target = DEFAULT_TARGET
     config = ServeConfig(bundle=bundle, target=target, draft=draft, host=host, port=port, api_key=api_key,
-                         max_batch=max_batch, capacity=capacity, block_size=block_size, prefill_chunk=prefill_chunk)
+                         max_batch=max_batch, capacity=capacity, block_size=block_size, prefill_chunk=prefill_chunk,
+                         backend=backend)
     run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
 
 

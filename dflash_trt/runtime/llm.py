@@ -14,7 +14,18 @@ from dflash_trt.runtime.outputs import Prompt, RequestOutput
 from dflash_trt.spec.sampling import SamplingParams
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
-AUTO = "auto"  # draft=AUTO: the drafter shipped for the target alias, if there is one
+AUTO = "auto"  # draft=AUTO: the drafter shipped for the target alias, if there is one; backend=AUTO: below
+
+
+def resolve_backend(backend: str, target: str, draft: str | None) -> str:
+    """backend AUTO -> "onnxruntime" (a slots bundle exported once into the user cache, on the C++
+    executor: the fastest CPU path) when the pair has a drafter, else "torch" (plain decoding of a
+    target alone); any other name as given."""
+    if backend != AUTO:
+        return backend
+    if draft == AUTO:
+        return "torch" if embedded.default_drafter(target) is None else "onnxruntime"
+    return "torch" if draft is None else "onnxruntime"
 
 
 # Both runtime backends of this build run on the CPU, where a verify's cost grows with its block:

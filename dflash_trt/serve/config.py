@@ -29,6 +29,7 @@ class ServeConfig:
     capacity: int | None = None  # tokens per request (prompt + max_tokens); None: 4096, or a slots-trt bundle's own
     block_size: int | None = None  # None: the engine picks each step's block (adaptive); N pins it
     prefill_chunk: int = 0  # prompt tokens prefilled per step (0: whole prompts)
+    backend: str = "auto"  # for target + draft: LLM's backend (auto: runtime/llm.py resolve_backend)
     model_name: str | None = None  # what /v1/models lists (default: the bundle's or target's directory name)
     max_body_bytes: int = 1 << 20
 
@@ -39,6 +40,10 @@ class ServeConfig:
             raise DFlashError("nothing to serve: pass BUNDLE or --target T --draft D")
         if self.bundle is not None and not Path(self.bundle).is_dir():
             raise DFlashError(f"bundle {self.bundle} is not a directory")
+        if self.backend not in ("auto", "torch", "onnxruntime"):
+            raise DFlashError(f"--backend must be auto, torch or onnxruntime, got {self.backend!r}")
+        if self.bundle is not None and self.backend != "auto":
+            raise DFlashError("--backend is for --target/--draft; a BUNDLE runs on its own executor")
         if self.bundle is not None:  # a bundle no executor runs is refused here, before Triton starts
             from dflash_trt.runtime.ort_executor import SlotBundle
 
@@ -71,6 +76,7 @@ class ServeConfig:
             "capacity": "" if self.capacity is None else str(self.capacity),
             "block_size": "" if self.block_size is None else str(self.block_size),
             "prefill_chunk": str(self.prefill_chunk),
+            "backend": self.backend,
             "served_name": self.served_name,
         }
 

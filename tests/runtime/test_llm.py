@@ -137,3 +137,14 @@ def test_sampled_speculative_output_follows_the_target_distribution(tmp_path, dr
     assert 0 < accepted < 1500  # both the accept and the reject paths were taken
     if draft_vocab:
         assert llm.draft_head.size == len(draft_vocab)  # the restricted head was in use
+
+
+def test_the_auto_backend_is_onnxruntime_for_a_pair_and_torch_for_a_target_alone(tiny_pairs):
+    from dflash_trt.runtime.llm import AUTO, resolve_backend
+
+    target, draft = map(str, tiny_pairs["qwen3"])
+    assert resolve_backend(AUTO, target, draft) == "onnxruntime"
+    assert resolve_backend(AUTO, target, None) == "torch"
+    assert resolve_backend(AUTO, target, AUTO) == "torch"  # no drafter ships for a local checkpoint
+    assert resolve_backend(AUTO, "smollm2-135m", AUTO) == "onnxruntime"  # the embedded pair's shipped drafter
+    assert resolve_backend("torch", target, draft) == "torch"

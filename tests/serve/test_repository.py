@@ -60,3 +60,13 @@ def test_config_refusals(tmp_path):
         ServeConfig(target="x", port=70000)
     with pytest.raises(DFlashError, match=r"--prefill-chunk must be an integer >= 0 \(0: whole prompts\), got -1"):
         ServeConfig(target="x", prefill_chunk=-1)
+
+
+def test_serve_picks_the_backend_for_a_pair_and_refuses_one_for_a_bundle(tmp_path):
+    from dflash_trt import DFlashError
+
+    assert ServeConfig(target="smollm2-135m").model_parameters()["backend"] == "auto"
+    with pytest.raises(DFlashError, match="--backend is for --target/--draft"):
+        ServeConfig(bundle=tmp_path, backend="torch")
+    with pytest.raises(DFlashError, match="--backend must be auto, torch or onnxruntime"):
+        ServeConfig(target="smollm2-135m", backend="tensorrt")

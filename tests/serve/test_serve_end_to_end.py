@@ -28,8 +28,10 @@ def pair(tiny_pairs):
 def server(pair):
     need_triton()
     target, draft = pair
+    # torch: the offline oracle's backend, and slow enough for the cancellation tests to leave mid-reply
+    # (serving a slots bundle on the onnxruntime executor: test_server_bundle.py)
     started = start_server(["--target", str(target), "--draft", str(draft), "--capacity", str(CAPACITY),
-                            "--max-batch", "4"])
+                            "--max-batch", "4", "--backend", "torch"])
     yield started
     started.stop()
 
