@@ -107,7 +107,7 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
             return _error(404, f"model '{parsed.model}' does not exist; this server serves '{settings.model}'",
                           "model", "model_not_found")
         inputs = parsed.triton_inputs()
-        reply = Reply(chat=kind is protocol.ChatRequest, model=settings.model)
+        reply = Reply(chat=kind is protocol.ChatRequest, model=settings.model, with_meta_info=parsed.return_meta_info)
         pieces = _renamed(triton.generate(inputs), "messages" if reply.chat else "prompt")
         if not parsed.stream:
             return await _whole(request, reply, pieces)

@@ -8,7 +8,7 @@ several prompts) are refused, never silently dropped.
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -51,6 +51,9 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: Literal[False] | None = None
+    # SGLang's extension, which the DFlash authors' benchmark client sends: the reply then carries
+    # `meta_info` with the verify steps and the mean acceptance length
+    return_meta_info: bool = False
 
     def sampling(self, max_tokens: int | None) -> dict:
         """The Triton model's sampling_parameters (None: its default)."""
@@ -73,6 +76,8 @@ class _Sampling(BaseModel):
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    # extra variables for the chat template (vLLM's and SGLang's field), e.g. {"enable_thinking": false}
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def check_sampling(self) -> None:
         super().check_sampling()
@@ -86,7 +91,10 @@ class ChatRequest(_Sampling):
     def triton_inputs(self) -> dict:
         messages = [{"role": m.role, "content": m.text()} for m in self.messages]
         tokens = self.max_completion_tokens or self.max_tokens
-        return {"messages": json.dumps(messages), "sampling_parameters": json.dumps(self.sampling(tokens))}
+        inputs = {"messages": json.dumps(messages), "sampling_parameters": json.dumps(self.sampling(tokens))}
+        if self.chat_template_kwargs:
+            inputs["chat_template_kwargs"] = json.dumps(self.chat_template_kwargs)
+        return inputs
 
 
 class CompletionRequest(_Sampling):

@@ -74,3 +74,27 @@ def sampling_params(values: dict) -> SamplingParams:
     except DFlashError as err:  # "SamplingParams.<field> must ..."
         message = str(err).removeprefix("SamplingParams.")
         raise RequestError(message.split(" ", 1)[0], message) from None
+
+
+# apply_chat_template's own arguments: a template variable must not take their place
+TEMPLATE_ARGUMENTS = {"conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+                      "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+                      "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
+
+
+def template_kwargs(text: str | None) -> dict:
+    """chat_template_kwargs (a JSON object) -> the chat template's extra variables, e.g.
+    {"enable_thinking": false} for Qwen3.5's template; None: none."""
+    if not text:
+        return {}
+    try:
+        values = json.loads(text)
+    except ValueError:
+        raise RequestError("chat_template_kwargs", "chat_template_kwargs is not valid JSON") from None
+    if not isinstance(values, dict):
+        raise RequestError("chat_template_kwargs", "chat_template_kwargs must be a JSON object")
+    taken = sorted(TEMPLATE_ARGUMENTS & values.keys())
+    if taken:
+        raise RequestError("chat_template_kwargs", f"chat_template_kwargs may not set {taken[0]!r}, an argument of "
+                                                   "the chat template call itself")
+    return values

@@ -29,11 +29,22 @@ def usage(info: dict | None) -> dict:
             "mean_acceptance_length": info.get("mean_acceptance_length")}
 
 
+def meta_info(info: dict | None) -> dict:
+    """SGLang's `meta_info` for a reply (what the DFlash authors' benchmark client reads): verify steps
+    that drafted (`spec_verify_ct`) and the mean acceptance length τ per such step, bonus token
+    included (`spec_accept_length`; absent when nothing was drafted)."""
+    info = info or {}
+    out = {"completion_tokens": info.get("completion_tokens", 0), "spec_verify_ct": info.get("num_drafts", 0)}
+    if info.get("mean_acceptance_length") is not None:
+        out["spec_accept_length"] = info["mean_acceptance_length"]
+    return out
+
+
 class Reply:
     """One request's identity and the shapes of its chat or completion objects."""
 
-    def __init__(self, chat: bool, model: str):
-        self.chat, self.model = chat, model
+    def __init__(self, chat: bool, model: str, with_meta_info: bool = False):
+        self.chat, self.model, self.with_meta_info = chat, model, with_meta_info
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
@@ -42,12 +53,13 @@ class Reply:
                 **(extra or {})}
 
     def whole(self, text: str, finish_reason: str | None, info: dict | None) -> dict:
+        extra = {"usage": usage(info), **({"meta_info": meta_info(info)} if self.with_meta_info else {})}
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                       "finish_reason": finish_reason}
-            return self._object("chat.completion", [choice], {"usage": usage(info)})
+            return self._object("chat.completion", [choice], extra)
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return self._object("text_completion", [choice], {"usage": usage(info)})
+        return self._object("text_completion", [choice], extra)
 
     def chunk(self, text: str | None, finish_reason: str | None = None, role: bool = False) -> dict:
         if self.chat:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dflash_trt.serve.requests import RequestError, parse_sampling
+from dflash_trt.serve.requests import RequestError, parse_sampling, template_kwargs
 
 
 def test_defaults_fill_the_context():
@@ -74,3 +74,12 @@ def test_one_validator_refuses_alike_through_the_api_the_cli_triton_and_the_open
     with pytest.raises(RequestError) as front:
         parse(body, ChatRequest)
     assert triton.value == front.value == RequestError(field, line)
+
+
+def test_chat_template_kwargs_are_a_json_object_of_template_variables():
+    assert template_kwargs(None) == {} and template_kwargs('{"enable_thinking": false}') == {"enable_thinking": False}
+    for text, message in (("[1]", "must be a JSON object"), ("{oops", "not valid JSON"),
+                          ('{"tokenize": true}', "may not set 'tokenize'")):
+        with pytest.raises(RequestError) as err:
+            template_kwargs(text)
+        assert err.value.param == "chat_template_kwargs" and message in err.value.message

@@ -101,6 +101,29 @@ def test_a_seeded_sampled_reply_equals_offline(server, client, offline):
     assert reply.usage.completion_tokens == len(expected.token_ids)
 
 
+def test_the_dflash_authors_benchmark_client_gets_its_template_switch_and_meta_info(server, offline):
+    """Exactly the body `python -m dflash.benchmark --backend sglang --reasoning off` sends: its
+    chat_template_kwargs reach the chat template, and `meta_info` answers what it reads."""
+    from dflash.benchmark import send_openai
+
+    messages = [{"role": "user", "content": PROMPTS[0]}]
+    out = send_openai(server.root, messages, model=server.model, max_new_tokens=16, temperature=0.0, top_p=1.0,
+                      top_k=0, timeout_s=60, reasoning="off")
+    template = offline.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                     enable_thinking=False)
+    assert template.endswith("<think>\n\n</think>\n\n")  # the switch is in the prompt the model saw
+    prompt = offline.tokenizer(template, add_special_tokens=False)["input_ids"]
+    expected = offline.generate(prompt, SamplingParams(max_tokens=16))[0]
+    assert out["usage"]["prompt_tokens"] == len(prompt)
+    assert out["choices"][0]["message"]["content"] == expected.text
+    meta = out["meta_info"]
+    assert meta["completion_tokens"] == out["usage"]["completion_tokens"] == len(expected.token_ids)
+    taus = out["usage"]["acceptance_lengths"]
+    assert meta["spec_verify_ct"] == len(taus)
+    if taus:
+        assert meta["spec_accept_length"] == pytest.approx(sum(taus) / len(taus))
+
+
 def test_completion_of_token_ids_equals_offline(server, client, offline):
     ids = offline.tokenizer("plain text, no template")["input_ids"]
     expected = offline.generate(ids, SamplingParams(max_tokens=12))[0]

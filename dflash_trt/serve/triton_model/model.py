@@ -16,7 +16,7 @@ import triton_python_backend_utils as pb_utils
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.serve.deltas import DeltaStream
-from dflash_trt.serve.requests import RequestError, parse_sampling
+from dflash_trt.serve.requests import RequestError, parse_sampling, template_kwargs
 from dflash_trt.serve.triton_model.metrics import EngineMetrics
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -97,8 +97,9 @@ class TritonPythonModel:
             raise RequestError("messages", "messages is not valid JSON") from None
         if not tokenizer.chat_template:  # a base model: the turns' text, one after another
             return tokenizer("\n".join(str(m.get("content", "")) for m in chat))["input_ids"]
+        extra = template_kwargs(_string(request, "chat_template_kwargs"))
         try:
-            rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+            rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, **extra)
         except Exception as err:  # a template that refuses these messages (roles, order) says why
             raise RequestError("messages", f"the chat template refused the messages: {err}") from None
         return tokenizer(rendered, add_special_tokens=False)["input_ids"]
