@@ -530,8 +530,11 @@ def pack_corpus(src, dst):
 @click.option("--backend", type=click.Choice(["auto", "torch", "onnxruntime"]), default="auto", show_default=True,
               help="For --target/--draft: auto is onnxruntime (a slots bundle exported once into the user cache, "
                    "on the C++ executor) when there is a drafter, else torch.")
+@click.option("--max-waiting", type=int, default=-1, show_default=True,
+              help="Requests that may wait for a slot; one more is refused with 429 and Retry-After (-1: no cap).")
 @user_errors
-def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block_size, prefill_chunk, backend):
+def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block_size, prefill_chunk, backend,
+          max_waiting):
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /metrics) on Triton
     Inference Server: one decoupled Triton model runs every request through the batching engine."""
     from dflash_trt.serve.config import ServeConfig
@@ -541,7 +544,7 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
         target = DEFAULT_TARGET
     config = ServeConfig(bundle=bundle, target=target, draft=draft, host=host, port=port, api_key=api_key,
                          max_batch=max_batch, capacity=capacity, block_size=block_size, prefill_chunk=prefill_chunk,
-                         backend=backend)
+                         backend=backend, max_waiting=max_waiting)
     run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
 
 

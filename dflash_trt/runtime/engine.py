@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from dflash_trt.errors import DFlashError
+from dflash_trt.errors import Busy, DFlashError
 from dflash_trt.runtime.calibration import calibrate_costs
 from dflash_trt.runtime.native import native_core
 from dflash_trt.runtime.outputs import RequestOutput
@@ -297,10 +297,12 @@ class Engine:
 
     def __init__(self, llm, max_batch: int = DEFAULT_MAX_BATCH, capacity: int = DEFAULT_CAPACITY,
                  speculative: bool | None = None, block_size: int | None = None, engine_seed: int | None = None,
-                 prefill_chunk: int = 0):
+                 prefill_chunk: int = 0, max_waiting: int = -1):
+        """`max_waiting` caps the requests waiting for a slot (-1: no cap); one more is refused with
+        `Busy` (status 429) on the caller's thread."""
         self.llm = llm
         self.runner = BatchRunner(llm, max_batch, capacity, speculative, block_size, engine_seed, prefill_chunk)
-        self.max_batch, self.capacity = max_batch, capacity
+        self.max_batch, self.capacity, self.max_waiting = max_batch, capacity, max_waiting
         self._cv = threading.Condition()
         self._inbox: list[tuple[str, object]] = []
         self._live: set[int] = set()
@@ -314,7 +316,11 @@ class Engine:
         request = self.runner.prepare(prompt, params, on_output, speculative)  # refusals: here, on the caller's thread
         with self._cv:
             if self._closing:
-                raise DFlashError("the engine is shutting down and takes no new requests")
+                raise Busy("the engine is shutting down and takes no new requests", 503)
+            # every live request beyond the slots waits for one (those in the inbox too)
+            if self.max_waiting >= 0 and len(self._live) + 1 - self.max_batch > self.max_waiting:
+                raise Busy(f"all {self.max_batch} slots are taken and {self.max_waiting} requests already wait; "
+                           f"retry shortly", 429)
             self._inbox.append(("add", request))
             self._live.add(request.id)
             self._cv.notify()

@@ -30,6 +30,7 @@ class ServeConfig:
     block_size: int | None = None  # None: the engine picks each step's block (adaptive); N pins it
     prefill_chunk: int = 0  # prompt tokens prefilled per step (0: whole prompts)
     backend: str = "auto"  # for target + draft: LLM's backend (auto: runtime/llm.py resolve_backend)
+    max_waiting: int = -1  # requests that may wait for a slot; one more gets a 429 (-1: no cap)
     model_name: str | None = None  # what /v1/models lists (default: the bundle's or target's directory name)
     max_body_bytes: int = 1 << 20
 
@@ -56,6 +57,8 @@ class ServeConfig:
             raise DFlashError(f"--capacity must be an integer >= 2, got {self.capacity!r}")
         if self.block_size is not None and self.block_size < 2:
             raise DFlashError(f"--block-size must be >= 2, got {self.block_size}")
+        if not isinstance(self.max_waiting, int) or self.max_waiting < -1:
+            raise DFlashError(f"--max-waiting must be an integer >= -1 (-1: no cap), got {self.max_waiting!r}")
         if not 0 <= self.port <= 65535:
             raise DFlashError(f"--port must be in 0..65535, got {self.port}")
 
@@ -77,6 +80,7 @@ class ServeConfig:
             "block_size": "" if self.block_size is None else str(self.block_size),
             "prefill_chunk": str(self.prefill_chunk),
             "backend": self.backend,
+            "max_waiting": str(self.max_waiting),
             "served_name": self.served_name,
         }
 

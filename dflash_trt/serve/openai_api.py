@@ -46,7 +46,10 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
 
     @app.exception_handler(RequestError)
     async def refused(request, err: RequestError):
-        return _error(err.status, err.message, err.param)
+        response = _error(err.status, err.message, err.param)
+        if err.status == 429:  # the waiting queue is full: a slot frees within a few steps
+            response.headers["Retry-After"] = "1"
+        return response
 
     @app.exception_handler(UpstreamError)
     async def upstream(request, err: UpstreamError):

@@ -7,7 +7,8 @@ import time
 import uuid
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error"}
+               405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
+               429: "rate_limit_error"}
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:

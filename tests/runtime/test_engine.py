@@ -5,6 +5,7 @@ output through the engine equals it, whatever else runs beside it."""
 
 import asyncio
 import threading
+import time
 
 import pytest
 from reference import reference_output
@@ -155,3 +156,30 @@ def test_shutdown_drains_or_aborts_and_refuses_new_requests(llm):
                            lambda out: out.finish_reason and finals.append(out.finish_reason))
     engine.shutdown(drain=False)
     assert sorted(finals) == ["abort"] * 4
+
+
+def test_a_full_waiting_queue_refuses_on_the_callers_thread_with_busy_429(llm):
+    from dflash_trt.errors import Busy
+
+    engine = Engine(llm, max_batch=1, max_waiting=1)
+    long = SamplingParams(max_tokens=200, ignore_eos=True)
+    try:
+        running, waiting = engine.add_request([1, 2], long), engine.add_request([3, 4], long)
+        with pytest.raises(Busy, match="all 1 slots are taken and 1 requests already wait") as err:
+            engine.add_request([5, 6], long)
+        assert err.value.status == 429
+        engine.abort(waiting)
+        deadline = time.monotonic() + 30
+        while True:  # the abort takes effect between two steps; then there is room to wait again
+            try:
+                engine.add_request([5, 6], SamplingParams(max_tokens=2))
+                break
+            except Busy:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        engine.abort(running)
+    finally:
+        engine.shutdown(drain=False)
+    with pytest.raises(Busy, match="shutting down") as err:
+        engine.add_request([1], SamplingParams(max_tokens=2))
+    assert err.value.status == 503

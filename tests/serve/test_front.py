@@ -26,6 +26,8 @@ class FakeTriton:
             raise RequestError("prompt", "the prompt has 999 tokens; the context capacity is 64 tokens")
         if "down" in str(prompt):
             raise UpstreamError("Stub process is not healthy")
+        if "busy" in str(prompt):
+            raise RequestError(None, "all 4 slots are taken and 8 requests already wait; retry shortly", 429)
         try:
             for i, ch in enumerate("abc"):
                 yield Piece(ch, [i], "length" if i == 2 else None, USAGE if i == 2 else None)
@@ -144,3 +146,10 @@ def test_fuzzed_bodies_never_get_a_5xx(front):
         if response.status_code >= 400:
             assert response.json()["error"]["message"]
     assert statuses.count(200) > 10 and statuses.count(400) > 100  # both sides were exercised
+
+
+def test_a_full_queue_is_a_429_with_retry_after(front):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "busy"}]}
+    response = front.post("/v1/chat/completions", json=body)
+    assert response.status_code == 429 and response.headers["Retry-After"] == "1"
+    assert response.json()["error"]["type"] == "rate_limit_error"

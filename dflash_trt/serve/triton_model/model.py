@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from dflash_trt.errors import DFlashError
+from dflash_trt.errors import Busy, DFlashError
 from dflash_trt.serve.deltas import DeltaStream
 from dflash_trt.serve.requests import RequestError, parse_sampling, template_kwargs
 from dflash_trt.serve.triton_model.metrics import EngineMetrics
@@ -39,7 +39,8 @@ class TritonPythonModel:
             self.llm = LLM(params["target"], draft, backend=backend)
         self.engine = Engine(self.llm, max_batch=int(params["max_batch"]), capacity=capacity or self.llm.capacity,
                              block_size=int(params["block_size"]) if params["block_size"] else None,
-                             prefill_chunk=int(params.get("prefill_chunk") or 0))
+                             prefill_chunk=int(params.get("prefill_chunk") or 0),
+                             max_waiting=int(params.get("max_waiting") or -1))
         self.metrics = EngineMetrics(pb_utils, params["served_name"])
         self.live = {}  # engine request id -> _Responder, for the cancellation poller
         self.lock = threading.Lock()
@@ -73,6 +74,9 @@ class TritonPythonModel:
                 responder.rid = rid
         except RequestError as err:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(err.to_json())), flags=FINAL)
+        except Busy as err:  # full queue (429) or draining (503): the request was fine, the moment was not
+            error = RequestError(None, str(err), err.status)
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error.to_json())), flags=FINAL)
         except DFlashError as err:  # the engine's own refusals (ids outside the vocabulary, ...)
             error = RequestError("prompt", str(err))
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error.to_json())), flags=FINAL)
