@@ -557,6 +557,9 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
 @click.option("--base-url", default=None, help="Benchmark an OpenAI-compatible server instead (e.g. http://127.0.0.1:8000/v1).")
 @click.option("--baseline-url", default=None, help="Server mode: an autoregressive server to compare against.")
 @click.option("--model", default=None, help="Server mode: model name (default: the server's first).")
+@click.option("--api-key", envvar="DFLASH_TRT_API_KEY", default=None,
+              help="Server mode: the servers' API key (sent as a bearer token; never recorded). "
+                   "Also read from DFLASH_TRT_API_KEY.")
 @click.option("--dataset", "datasets", default="humaneval,mt-bench", show_default=True, callback=_csv(str),
               help="Comma-separated: humaneval, mt-bench, gsm, math.")
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
@@ -573,8 +576,8 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
 @click.option("--json-out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write the full record here.")
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write a PNG: throughput, speedup, τ histogram.")
 @user_errors
-def bench(bundle, target, draft, backend, base_url, baseline_url, model, datasets, prompts_file, num_prompts, max_tokens,
-          block_sizes, temperatures, concurrency, seed, baseline, json_out, plot):
+def bench(bundle, target, draft, backend, base_url, baseline_url, model, api_key, datasets, prompts_file, num_prompts,
+          max_tokens, block_sizes, temperatures, concurrency, seed, baseline, json_out, plot):
     """Throughput, speedup over autoregressive decoding, and acceptance, per dataset; prints a table.
 
     Offline (default): the pair (or the exported BUNDLE, on onnxruntime) runs in this process, DFlash
@@ -589,7 +592,9 @@ def bench(bundle, target, draft, backend, base_url, baseline_url, model, dataset
         block_sizes=block_sizes, temperatures=temperatures, concurrency=concurrency, seed=seed, baseline=baseline,
         bundle=bundle, target=target, draft=draft, backend=backend, base_url=base_url, baseline_url=baseline_url, model=model,
     )
-    results = run_bench(config)
+    if api_key and not base_url:
+        raise DFlashError("--api-key is for server mode (--base-url)")
+    results = run_bench(config, api_key)
     click.echo(report.table(results))
     click.echo(report.acceptance_lines(results))
     for name, source in report.record_sources(config).items():

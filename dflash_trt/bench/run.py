@@ -157,11 +157,13 @@ def run_offline_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) ->
     return results
 
 
-def run_server_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) -> list[SettingResult]:
+def run_server_bench(config: BenchConfig, prompt_sets: dict[str, list[str]],
+                     api_key: str | None = None) -> list[SettingResult]:
     from dflash_trt.bench.server import connect, read_spec_counters, run_server, warm_up_server
 
-    endpoint = connect(config.base_url, config.model)
-    baseline = connect(config.baseline_url, None) if config.baseline_url else None
+    key = api_key or "none"  # sent as the bearer token to both servers; never written to the record
+    endpoint = connect(config.base_url, config.model, key)
+    baseline = connect(config.baseline_url, None, key) if config.baseline_url else None
     results = []
     for name, prompts in prompt_sets.items():
         for temperature in config.temperatures:
@@ -189,9 +191,11 @@ def run_server_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) -> 
     return results
 
 
-def run_bench(config: BenchConfig) -> list[SettingResult]:
+def run_bench(config: BenchConfig, api_key: str | None = None) -> list[SettingResult]:
+    """Every setting of `config`; `api_key`: the servers' bearer token (server mode), kept out of the config
+    so that no record carries it."""
     config.check()
     prompt_sets = load_prompt_sets(config)
     if config.mode == "server":
-        return run_server_bench(config, prompt_sets)
+        return run_server_bench(config, prompt_sets, api_key)
     return run_offline_bench(config, prompt_sets)

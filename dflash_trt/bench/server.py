@@ -108,12 +108,13 @@ def warm_up_server(endpoint: Endpoint, prompts: list[str], temperature: float, s
 def read_spec_counters(endpoint: Endpoint) -> tuple[float, float] | None:
     """(drafts, accepted tokens) from vLLM-style Prometheus counters, or None if not exposed."""
     from urllib.error import URLError
-    from urllib.request import urlopen
+    from urllib.request import Request, urlopen
 
     from prometheus_client.parser import text_string_to_metric_families
 
+    headers = {} if endpoint.api_key == "none" else {"Authorization": f"Bearer {endpoint.api_key}"}
     try:
-        with urlopen(endpoint.metrics_url, timeout=10) as response:
+        with urlopen(Request(endpoint.metrics_url, headers=headers), timeout=10) as response:
             text = response.read().decode()
     except (URLError, OSError):  # no /metrics (HTTP 404 is a URLError): acceptance stays unknown
         return None

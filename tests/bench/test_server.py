@@ -26,6 +26,7 @@ class Stub:
         self.content = content  # False: stream usage but no message text (as a reasoning-only server)
         self.in_flight = self.max_in_flight = self.requests = 0
         self.drafts = self.accepted = 0
+        self.authorization = set()  # every Authorization header seen
         self.lock = threading.Lock()
         self.barrier = threading.Barrier(together) if together else None
         stub = self
@@ -42,6 +43,7 @@ class Stub:
                 self.wfile.write(body)
 
             def do_GET(self):
+                stub.authorization.add(self.headers.get("Authorization"))
                 if self.path == "/v1/models":
                     self._send(json.dumps({"object": "list", "data": [{"id": "stub", "object": "model",
                                                                        "created": 0, "owned_by": "t"}]}).encode(), "application/json")
@@ -55,6 +57,7 @@ class Stub:
                     self.send_error(404)
 
             def do_POST(self):
+                stub.authorization.add(self.headers.get("Authorization"))
                 request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with stub.lock:
                     stub.in_flight += 1
@@ -162,3 +165,14 @@ def test_a_reply_without_text_is_refused_not_counted_as_equal(stubs):
     config = BenchConfig(base_url=silent.url, datasets=("mt-bench",), num_prompts=2, max_tokens=4, baseline=False)
     with pytest.raises(DFlashError, match="no message content"):
         run_bench(config)
+
+
+def test_the_api_key_reaches_both_servers_and_no_record(stubs):
+    from dflash_trt.bench import report
+
+    dflash, baseline = stubs(acceptance=[2, 1]), stubs()
+    config = BenchConfig(base_url=dflash.url, baseline_url=baseline.url, datasets=("mt-bench",), num_prompts=2,
+                         max_tokens=4)
+    results = run_bench(config, api_key="sk-secret-1")
+    assert dflash.authorization == baseline.authorization == {"Bearer sk-secret-1"}
+    assert "sk-secret-1" not in json.dumps(report.record(config, results))
