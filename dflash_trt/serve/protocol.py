@@ -62,11 +62,8 @@ class _Sampling(BaseModel):
         return {k: v for k, v in values.items() if v is not None}
 
     def check_sampling(self) -> None:
-        """The sampling fields through SamplingParams' own checks (-1: no top-k, as vLLM spells it)."""
-        values = self.sampling(self.max_tokens)
-        if values.get("top_k") == -1:
-            values["top_k"] = 0
-        sampling_params(values)
+        """The sampling fields through SamplingParams' own checks."""
+        sampling_params(self.sampling(self.max_tokens))
 
     @property
     def include_usage(self) -> bool:

@@ -54,8 +54,6 @@ def parse_sampling(text: str | None, prompt_tokens: int, capacity: int) -> Sampl
     if unknown:
         raise RequestError(unknown[0], f"unknown sampling parameter '{unknown[0]}' (known: {', '.join(FIELDS)})")
     values = {name: value for name, value in raw.items() if value is not None}
-    if values.get("top_k", 0) == -1:  # vLLM's and OpenAI clients' spelling of "no top-k"
-        values["top_k"] = 0
     left = capacity - prompt_tokens
     if prompt_tokens >= capacity:
         raise RequestError("prompt", f"the prompt has {prompt_tokens} tokens; the context capacity is {capacity} "
@@ -68,7 +66,10 @@ def parse_sampling(text: str | None, prompt_tokens: int, capacity: int) -> Sampl
 
 
 def sampling_params(values: dict) -> SamplingParams:
-    """SamplingParams(**values), its refusal as a RequestError naming the field."""
+    """SamplingParams(**values), its refusal as a RequestError naming the field. top_k -1 is vLLM's and
+    OpenAI clients' spelling of "no top-k" (0 here)."""
+    if values.get("top_k") == -1:
+        values = {**values, "top_k": 0}
     try:
         return SamplingParams(**values)
     except DFlashError as err:  # "SamplingParams.<field> must ..."

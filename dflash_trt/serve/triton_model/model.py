@@ -73,13 +73,11 @@ class TritonPythonModel:
                     self.live[rid] = responder
                 responder.rid = rid
         except RequestError as err:
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(err.to_json())), flags=FINAL)
+            _refuse(sender, err)
         except Busy as err:  # full queue (429) or draining (503): the request was fine, the moment was not
-            error = RequestError(None, str(err), err.status)
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error.to_json())), flags=FINAL)
+            _refuse(sender, RequestError(None, str(err), err.status))
         except DFlashError as err:  # the engine's own refusals (ids outside the vocabulary, ...)
-            error = RequestError("prompt", str(err))
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error.to_json())), flags=FINAL)
+            _refuse(sender, RequestError("prompt", str(err)))
 
     def _prompt_ids(self, request) -> list:
         """text_input (raw text), messages (chat JSON, through the chat template) or input_ids."""
@@ -160,6 +158,11 @@ class _Responder:
             pb_utils.Tensor("usage", np.array([usage.encode()], dtype=np.object_)),
         ]
         self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
+
+
+def _refuse(sender, error: RequestError) -> None:
+    """The request's one and final response: its refusal, as JSON in the Triton error message."""
+    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error.to_json())), flags=FINAL)
 
 
 def _usage(out) -> str:
