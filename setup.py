@@ -21,24 +21,33 @@ ORT_HEADERS = Path("build/plugins/ort/usr/include/onnxruntime")
 WITH_ORT = (ORT_HEADERS / "onnxruntime_c_api.h").is_file()
 ORT_ONLY = {"csrc/ort_api.cpp", "csrc/ort_executor.cpp"}
 
-# The TensorRT executor (csrc/trt_*.cpp) compiles against the TensorRT headers (fetch_headers.sh trt)
-# and the CUDA toolkit's headers (cuda.h: the driver API). It loads libnvinfer and libcuda at run
-# time, so nothing links to either. Without both headers the core builds without it
-# (_core.HAS_TRT_EXECUTOR is False).
+# GPU memory (csrc/cuda_device.cpp) compiles against the CUDA toolkit's headers (cuda.h: the driver
+# API) and loads libcuda at run time, so nothing links to CUDA. Without them the core builds without
+# it (_core.HAS_CUDA_DEVICE is False). The TensorRT executor (csrc/trt_*.cpp) also needs the TensorRT
+# headers (fetch_headers.sh trt); it loads libnvinfer at run time (else _core.HAS_TRT_EXECUTOR is False).
 TRT_HEADERS = Path("build/plugins/trt/kernel_lens/include/tensorrt")
 CUDA_HEADERS = Path(os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda") / "include"
-WITH_TRT = (TRT_HEADERS / "NvInferRuntime.h").is_file() and (CUDA_HEADERS / "cuda.h").is_file()
+WITH_CUDA = (CUDA_HEADERS / "cuda.h").is_file()
+WITH_TRT = WITH_CUDA and (TRT_HEADERS / "NvInferRuntime.h").is_file()
+CUDA_ONLY = {"csrc/cuda_device.cpp"}
 TRT_ONLY = {"csrc/trt_api.cpp", "csrc/trt_executor.cpp"}
+
+
+def compiled(source: str) -> bool:
+    return ((WITH_ORT or source not in ORT_ONLY) and (WITH_CUDA or source not in CUDA_ONLY)
+            and (WITH_TRT or source not in TRT_ONLY))
+
 
 setup(
     ext_modules=[
         Pybind11Extension(
             "dflash_trt._core",
-            sorted(f for f in glob("csrc/*.cpp") if (WITH_ORT or f not in ORT_ONLY) and (WITH_TRT or f not in TRT_ONLY)),
-            include_dirs=["csrc"] + ([str(ORT_HEADERS)] if WITH_ORT else [])
-            + ([str(TRT_HEADERS), str(CUDA_HEADERS)] if WITH_TRT else []),
-            define_macros=[("DFLASH_WITH_ORT", "1")] * WITH_ORT + [("DFLASH_WITH_TRT", "1")] * WITH_TRT,
-            libraries=["dl"] if WITH_ORT or WITH_TRT else [],
+            sorted(f for f in glob("csrc/*.cpp") if compiled(f)),
+            include_dirs=["csrc"] + ([str(ORT_HEADERS)] if WITH_ORT else []) + ([str(CUDA_HEADERS)] if WITH_CUDA else [])
+            + ([str(TRT_HEADERS)] if WITH_TRT else []),
+            define_macros=[("DFLASH_WITH_ORT", "1")] * WITH_ORT + [("DFLASH_WITH_CUDA", "1")] * WITH_CUDA
+            + [("DFLASH_WITH_TRT", "1")] * WITH_TRT,
+            libraries=["dl"] if WITH_ORT or WITH_CUDA else [],
             cxx_std=17,
             # the TensorRT headers mark their legacy plugin enums deprecated; we use none of them
             extra_compile_args=["-O2"] + ["-Wno-deprecated-declarations"] * WITH_TRT,

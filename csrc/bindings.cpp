@@ -51,80 +51,6 @@ py::dict to_dict(const SpecMetrics& m) {
   return d;
 }
 
-// One phase's logits from a Python executor: a float32 array (or anything with __array__)
-// [rows, vocab], or [vocab] for one row, read in place while the GIL is held.
-FloatArray logits_of(const py::handle& obj, int64_t rows, const char* phase) {
-  FloatArray a = FloatArray::ensure(obj);
-  if (!a || (a.ndim() != 1 && a.ndim() != 2))
-    throw Error(std::string("executor ") + phase + " must return float logits arrays [rows, vocab] (or [vocab])");
-  const int64_t n = a.ndim() == 1 ? 1 : a.shape(0);
-  if (a.shape(a.ndim() - 1) < 1)
-    throw Error(std::string("executor ") + phase + " returned logits with no vocabulary columns");
-  if (n != rows)
-    throw Error(std::string("executor ") + phase + " returned " + std::to_string(n) + " logits rows; expected " +
-                std::to_string(rows));
-  return a;
-}
-
-py::list logits_list(const py::object& obj, size_t rows, const char* phase) {
-  py::list out(obj);
-  if (out.size() != rows)
-    throw Error(std::string("executor ") + phase + " returned " + std::to_string(out.size()) + " logits arrays for " +
-                std::to_string(rows) + " rows");
-  return out;
-}
-
-// The trampoline: a Python subclass of _core.Executor implements the phases, returning logits from
-// prefill_logits / verify_logits (numpy arrays); the trampoline samples and accepts on them with the host rules (executor.h), so
-// the scheduler sees the same token ids and verdicts as from a C++ executor. Scheduler.step runs
-// without the GIL, so every phase takes it for its whole body: the Python objects a call returns
-// are read after the call.
-class PyExecutor : public Executor {
- public:
-  std::vector<int64_t> prefill(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& prompts,
-                               const std::vector<RowSampling>& sampling) override {
-    py::gil_scoped_acquire gil;
-    const py::list logits = logits_list(call("prefill_logits", rows, prompts), rows.size(), "prefill");
-    std::vector<int64_t> out;
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const FloatArray a = logits_of(logits[i], 1, "prefill");
-      out.push_back(host_sample(a.data(), a.shape(a.ndim() - 1), sampling[i]));
-    }
-    return out;
-  }
-  std::vector<std::vector<int64_t>> draft(const std::vector<int64_t>& rows, const std::vector<int64_t>& bonus,
-                                          int64_t block_size) override {
-    py::gil_scoped_acquire gil;
-    auto out = call("draft", rows, bonus, block_size).cast<std::vector<std::vector<int64_t>>>();
-    if (out.size() != rows.size())
-      throw Error("executor draft returned " + std::to_string(out.size()) + " token lists for " +
-                  std::to_string(rows.size()) + " rows");
-    return out;
-  }
-  std::vector<Verdict> verify(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks,
-                              const std::vector<RowSampling>& sampling) override {
-    py::gil_scoped_acquire gil;
-    const py::list logits = logits_list(call("verify_logits", rows, blocks), rows.size(), "verify");
-    std::vector<Verdict> out;
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const FloatArray a = logits_of(logits[i], int64_t(blocks[i].size()), "verify");
-      out.push_back(host_verdict(blocks[i], a.data(), a.shape(a.ndim() - 1), sampling[i]));
-    }
-    return out;
-  }
-  void commit(const std::vector<int64_t>& rows, const std::vector<int64_t>& kept) override { call("commit", rows, kept); }
-  void release(int64_t row) override { call("release", row); }
-
- private:
-  template <typename... Args>
-  py::object call(const char* name, Args&&... args) {
-    py::gil_scoped_acquire gil;
-    py::function f = py::get_override(static_cast<const Executor*>(this), name);
-    if (!f) throw Error(std::string("the Python executor does not implement ") + name + "()");
-    return f(std::forward<Args>(args)...);
-  }
-};
-
 py::dict output_dict(const RequestOutput& o) {
   py::dict d;
   d["request"] = o.request;
@@ -266,11 +192,7 @@ PYBIND11_MODULE(_core, m) {
       .def("predict", &CostModel::predict, py::arg("rows"), py::arg("block"))
       .def("cells", [](const CostModel& c) { return cells_list(c.cells()); });
 
-  py::class_<Executor, PyExecutor>(m, "Executor",
-                                   "Subclass in Python and implement prefill_logits / draft / verify_logits / commit / "
-                                   "release (csrc/executor.h); rows are KV slot indices. The core samples and accepts "
-                                   "on the logits they return.")
-      .def(py::init<>());
+  py::class_<Executor>(m, "Executor", "What the scheduler drives (csrc/executor.h): the slot executors.");
 
   py::class_<SchedulerConfig>(m, "SchedulerConfig")
       .def(py::init([](int64_t max_batch, int64_t capacity, int64_t block_size, uint64_t engine_seed, bool adaptive,

@@ -1,13 +1,15 @@
 // slot_bindings.cpp: the slot executors' Python face: _core.ExecutorConfig (alias OrtExecutorConfig),
-// _core.SlotExecutor (the phases, callable one by one), _core.OrtExecutor / _core.TrtExecutor, and
-// the flags _core.HAS_ORT_EXECUTOR / _core.HAS_TRT_EXECUTOR. Compiled in every build; each executor
-// only when setup.py found its headers (DFLASH_WITH_ORT, DFLASH_WITH_TRT).
+// _core.SlotExecutor (the phases, callable one by one), _core.PyGraphExecutor (Python graphs: the
+// torch backend), _core.OrtExecutor / _core.TrtExecutor, and the flags _core.HAS_ORT_EXECUTOR /
+// HAS_TRT_EXECUTOR / HAS_CUDA_DEVICE. Compiled in every build; the onnxruntime and TensorRT executors
+// only when setup.py found their headers (DFLASH_WITH_ORT, DFLASH_WITH_TRT).
 // dflash_trt/runtime/ort_executor.py fills the config from a bundle; an executor goes to
 // _core.Scheduler like any other (it is an _core.Executor).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "py_graph.h"
 #include "slot_executor.h"
 #ifdef DFLASH_WITH_ORT
 #include "ort_executor.h"
@@ -77,6 +79,7 @@ void bind_slot_executors(py::module_& m) {
       .def_property_readonly("host_bytes", &SlotExecutor::host_bytes)
       .def("committed", &SlotExecutor::committed, py::arg("row"))
       .def("drafted", &SlotExecutor::drafted, py::arg("row"))
+      .def_property_readonly("live_rows", &SlotExecutor::live_rows)
       // The phases, callable one by one (benchmarks, tests); the scheduler calls them in C++.
       .def(
           "prefill_logits",
@@ -93,6 +96,12 @@ void bind_slot_executors(py::module_& m) {
           py::arg("rows"), py::arg("blocks"), "-> logits [len(block), vocab] per row")
       .def("commit", &SlotExecutor::commit, py::arg("rows"), py::arg("kept"))
       .def("release", &SlotExecutor::release, py::arg("row"));
+
+  m.attr("HAS_CUDA_DEVICE") = dflash::has_cuda_device();
+  py::class_<dflash::PyGraphExecutor, SlotExecutor>(
+      m, "PyGraphExecutor", "The slot executor over graphs written in Python (runtime/torch_graphs.py), on the host or GPU 0.")
+      .def(py::init<const Config&, py::object, const std::string&>(), py::arg("config"), py::arg("graphs"),
+           py::arg("device") = "cpu");
 
 #ifdef DFLASH_WITH_ORT
   m.attr("HAS_ORT_EXECUTOR") = true;

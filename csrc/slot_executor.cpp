@@ -69,22 +69,27 @@ std::vector<Buffer> buffers(Device& device, DType dtype, size_t count, size_t el
 
 void SlotExecutorConfig::validate(const std::string& who) const {
   float_dtype(dtype, who);
-  for (const auto& [path, name] : {std::pair{&target_path, "target"}, std::pair{&draft_context_path, "draft_context"},
-                                   std::pair{&draft_block_path, "draft_block"}, std::pair{&library_path, "library"}})
+  for (const auto& [path, name] : {std::pair{&target_path, "target"}, std::pair{&library_path, "library"}})
     if (path->empty()) throw Error(who + ": no " + name + " path given");
   positive(who, max_batch, "max_batch");
   positive(who, capacity, "capacity");
   positive(who, target_layers, "target_layers");
   positive(who, target_kv_heads, "target_kv_heads");
   positive(who, target_head_dim, "target_head_dim");
-  positive(who, feature_width, "feature_width");
   positive(who, vocab, "vocab");
-  positive(who, draft_layers, "draft_layers");
-  positive(who, draft_kv_heads, "draft_kv_heads");
-  positive(who, draft_head_dim, "draft_head_dim");
   if (threads < 0) throw Error(who + ": threads must be >= 0 (0: the runtime's default)");
-  if (mask_token_id < 0 || mask_token_id >= vocab)
-    throw Error(who + ": mask_token_id " + std::to_string(mask_token_id) + " is outside the vocabulary");
+  if (has_drafter()) {
+    for (const auto& [path, name] :
+         {std::pair{&draft_context_path, "draft_context"}, std::pair{&draft_block_path, "draft_block"}})
+      if (path->empty()) throw Error(who + ": no " + name + " path given");
+    positive(who, feature_width, "feature_width");
+    positive(who, draft_kv_heads, "draft_kv_heads");
+    positive(who, draft_head_dim, "draft_head_dim");
+    if (mask_token_id < 0 || mask_token_id >= vocab)
+      throw Error(who + ": mask_token_id " + std::to_string(mask_token_id) + " is outside the vocabulary");
+  } else if (draft_layers < 0 || feature_width != 0 || !draft_context_path.empty() || !draft_block_path.empty()) {
+    throw Error(who + ": a target without a drafter (draft_layers 0) has no draft graphs and taps no features");
+  }
   check_layer_split(who, attention_layers, linear_layers, target_layers);
   if (linear_layers.empty()) return;
   positive(who, conv_dim, "conv_dim");
@@ -114,8 +119,10 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
       features_(device_, dtype_) {
   config_.validate(who_);
   target_ = backend_->open(config_.target_path);
-  draft_context_ = backend_->open(config_.draft_context_path);
-  draft_block_ = backend_->open(config_.draft_block_path);
+  if (config_.has_drafter()) {
+    draft_context_ = backend_->open(config_.draft_context_path);
+    draft_block_ = backend_->open(config_.draft_block_path);
+  }
   target_cache_in_ = cache_names("cache", config_.attention_layers);
   target_cache_out_ = cache_names("cache", config_.attention_layers, "_out");
   context_names_ = cache_names("context", up_to(config_.draft_layers));
@@ -259,7 +266,7 @@ void SlotExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r)
     g.output(recurrent_out_names_[k], {states.recurrent[k].at(0), DType::float32, {n, r, Hv, Dk, Dv}});
   }
   g.output("logits", {logits_.device_data(), DType::float32, {n, r, c.vocab}});
-  g.output("features", {features_.device_data(), dtype_, {n, s, c.feature_width}});
+  if (c.has_drafter()) g.output("features", {features_.device_data(), dtype_, {n, s, c.feature_width}});
   g.run("running target.onnx");
   logits_.download();
   features_.download();
@@ -402,6 +409,13 @@ void SlotExecutor::commit(const std::vector<int64_t>& rows, const std::vector<in
   }
 }
 
+std::vector<int64_t> SlotExecutor::live_rows() const {
+  std::vector<int64_t> out;
+  for (size_t row = 0; row < rows_.size(); ++row)
+    if (rows_[row].live) out.push_back(int64_t(row));
+  return out;
+}
+
 void SlotExecutor::release(int64_t row) {
   Row& r = state(row);
   r = Row{};
@@ -456,6 +470,7 @@ std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>
                                                       const std::vector<int64_t>& bonus, int64_t block_size) {
   const SlotExecutorConfig& c = config_;
   DFLASH_INVARIANT(rows.size() == bonus.size());
+  if (!c.has_drafter()) throw Error(who_ + ": this executor has no drafter (plain decoding only)");
   if (block_size < 2) throw Error(who_ + ": draft needs block_size >= 2, got " + std::to_string(block_size));
   for (int64_t row : rows) DFLASH_INVARIANT(state(row).live);
   if (rows.empty()) return {};

@@ -55,9 +55,11 @@ struct SlotExecutorConfig {
   int64_t linear_value_heads = 0, linear_key_head_dim = 0, linear_value_head_dim = 0;  // recurrent, float32
   int64_t feature_width = 0;  // F: the tapped layers' hidden states, concatenated
   int64_t vocab = 0;
-  // drafter
+  // drafter; none (draft_layers 0, no draft paths, feature_width 0): a target for plain decoding
   int64_t draft_layers = 0, draft_kv_heads = 0, draft_head_dim = 0;
   int64_t mask_token_id = 0;
+
+  bool has_drafter() const { return draft_layers > 0; }
 
   // One line (dflash::Error, naming `who`) for anything unusable, before any allocation.
   void validate(const std::string& who) const;
@@ -100,6 +102,7 @@ class SlotExecutor : public Executor {
   // A row's committed target tokens and injected draft-context tokens (tests, diagnostics).
   int64_t committed(int64_t row) const { return state(row).committed; }
   int64_t drafted(int64_t row) const { return state(row).drafted; }
+  std::vector<int64_t> live_rows() const;  // rows holding a request (prefilled, not released)
   int64_t target_runs() const { return target_runs_; }  // target Runs so far (a phase may split)
   // Bytes moved between host and device memory so far (0 on a host device: onnxruntime's CPU
   // provider reads and writes the staging arrays themselves).

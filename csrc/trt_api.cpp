@@ -1,4 +1,4 @@
-// trt_api.cpp: the CUDA driver and TensorRT through dlopen; TensorRT engines as slot-executor graphs.
+// trt_api.cpp: TensorRT through dlopen; TensorRT engines as slot-executor graphs.
 #include "trt_api.h"
 
 #include <dlfcn.h>
@@ -7,7 +7,6 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <mutex>
 
 namespace dflash::trt {
 
@@ -22,156 +21,6 @@ void* symbol(void* library, const char* name, const std::string& where) {
 }
 
 }  // namespace
-
-// The driver entry points we use (the _v2 names are what cuda.h's macros call).
-struct Driver {
-  decltype(&::cuInit) init;
-  decltype(&::cuDeviceGet) device_get;
-  decltype(&::cuDevicePrimaryCtxRetain) retain;
-  decltype(&::cuDevicePrimaryCtxRelease_v2) release;
-  decltype(&::cuCtxSetCurrent) set_current;
-  decltype(&::cuStreamCreate) stream_create;
-  decltype(&::cuStreamDestroy_v2) stream_destroy;
-  decltype(&::cuStreamSynchronize) synchronize;
-  decltype(&::cuMemAlloc_v2) alloc;
-  decltype(&::cuMemFree_v2) free;
-  decltype(&::cuMemcpyDtoDAsync_v2) dtod;
-  decltype(&::cuMemcpy2DAsync_v2) copy_2d;
-  decltype(&::cuMemcpyHtoDAsync_v2) htod;
-  decltype(&::cuMemcpyDtoHAsync_v2) dtoh;
-  decltype(&::cuMemsetD8Async) memset;
-  decltype(&::cuGetErrorString) error_string;
-
-  // Loaded once per process and path; the library is never unloaded.
-  static std::shared_ptr<const Driver> load(const std::string& path) {
-    static std::mutex mutex;
-    static std::map<std::string, std::shared_ptr<const Driver>> loaded;
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto found = loaded[path]) return found;
-    void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!library) {
-      const char* why = dlerror();
-      throw Error(std::string(kWhy) + " needs an NVIDIA GPU and its driver: cannot load " + path + " (" +
-                  (why ? why : "unknown error") + ")");
-    }
-    auto d = std::make_shared<Driver>();
-    auto get = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::decay_t<decltype(fn)>>(symbol(library, name, path));
-    };
-    get(d->init, "cuInit");
-    get(d->device_get, "cuDeviceGet");
-    get(d->retain, "cuDevicePrimaryCtxRetain");
-    get(d->release, "cuDevicePrimaryCtxRelease_v2");
-    get(d->set_current, "cuCtxSetCurrent");
-    get(d->stream_create, "cuStreamCreate");
-    get(d->stream_destroy, "cuStreamDestroy_v2");
-    get(d->synchronize, "cuStreamSynchronize");
-    get(d->alloc, "cuMemAlloc_v2");
-    get(d->free, "cuMemFree_v2");
-    get(d->dtod, "cuMemcpyDtoDAsync_v2");
-    get(d->copy_2d, "cuMemcpy2DAsync_v2");
-    get(d->htod, "cuMemcpyHtoDAsync_v2");
-    get(d->dtoh, "cuMemcpyDtoHAsync_v2");
-    get(d->memset, "cuMemsetD8Async");
-    get(d->error_string, "cuGetErrorString");
-    loaded[path] = d;
-    return d;
-  }
-};
-
-// -- device -------------------------------------------------------------------------------------
-
-CudaDevice::CudaDevice(const std::string& driver_path) : driver_(Driver::load(driver_path)) {
-  CUresult init = driver_->init(0);
-  if (init != CUDA_SUCCESS) check(init, "initialising CUDA (is there a GPU?)");
-  CUdevice device = 0;
-  check(driver_->device_get(&device, 0), "opening GPU 0");
-  check(driver_->retain(&context_, device), "retaining GPU 0's primary context");
-  check(driver_->set_current(context_), "making GPU 0's context current");
-  check(driver_->stream_create(&stream_, CU_STREAM_NON_BLOCKING), "creating a stream");
-}
-
-CudaDevice::~CudaDevice() {
-  if (stream_) driver_->stream_destroy(stream_);
-  CUdevice device = 0;
-  if (context_ && driver_->device_get(&device, 0) == CUDA_SUCCESS) driver_->release(device);
-}
-
-void CudaDevice::check(CUresult result, const char* what) const {
-  if (result == CUDA_SUCCESS) return;
-  const char* message = nullptr;
-  driver_->error_string(result, &message);
-  throw Error(std::string(kWhy) + ": CUDA: " + what + ": " + (message ? message : "error " + std::to_string(result)));
-}
-
-// The driver API acts on the calling thread's current context, and phases may run on any thread (a
-// server's): each call first makes ours current on this thread (once per thread).
-void CudaDevice::bind() const {
-  thread_local CUcontext current = nullptr;
-  if (current == context_) return;
-  check(driver_->set_current(context_), "making GPU 0's context current");
-  current = context_;
-}
-
-void* CudaDevice::allocate(size_t bytes) {
-  bind();
-  CUdeviceptr p = 0;
-  check(driver_->alloc(&p, bytes ? bytes : 1), "allocating slot buffers");
-  check(driver_->memset(p, 0, bytes ? bytes : 1, stream_), "zeroing slot buffers");
-  return reinterpret_cast<void*>(p);
-}
-
-void CudaDevice::free(void* p) noexcept {
-  try {
-    bind();
-  } catch (const Error&) {
-    return;  // no context on this thread: nothing can be freed through it (process teardown)
-  }
-  driver_->synchronize(stream_);  // nothing queued may still use it
-  driver_->free(reinterpret_cast<CUdeviceptr>(p));
-}
-
-void CudaDevice::copy(void* dst, const void* src, size_t bytes) {
-  bind();
-  if (bytes) check(driver_->dtod(CUdeviceptr(dst), CUdeviceptr(src), bytes, stream_), "copying on the device");
-}
-
-void CudaDevice::copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
-                           size_t rows) {
-  bind();
-  if (!width || !rows) return;
-  CUDA_MEMCPY2D copy{};
-  copy.srcMemoryType = copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-  copy.srcDevice = CUdeviceptr(src);
-  copy.srcPitch = src_pitch;
-  copy.dstDevice = CUdeviceptr(dst);
-  copy.dstPitch = dst_pitch;
-  copy.WidthInBytes = width;
-  copy.Height = rows;
-  check(driver_->copy_2d(&copy, stream_), "copying rows on the device");
-}
-
-void CudaDevice::upload(void* dst, const void* src, size_t bytes) {
-  bind();
-  if (bytes) check(driver_->htod(CUdeviceptr(dst), src, bytes, stream_), "copying to the device");
-}
-
-void CudaDevice::download(void* dst, const void* src, size_t bytes) {
-  bind();
-  if (bytes) check(driver_->dtoh(dst, CUdeviceptr(src), bytes, stream_), "copying from the device");
-}
-
-void CudaDevice::zero(void* dst, size_t bytes) {
-  bind();
-  if (bytes) check(driver_->memset(CUdeviceptr(dst), 0, bytes, stream_), "zeroing device memory");
-}
-
-void CudaDevice::synchronize() {
-  bind();
-  check(driver_->synchronize(stream_), "waiting for the stream");
-}
-
-// -- TensorRT -----------------------------------------------------------------------------------
 
 void Logger::log(Severity severity, const char* message) noexcept {
   if (severity <= Severity::kERROR) last_error_ = message ? message : "";
@@ -323,7 +172,7 @@ class TrtGraph final : public Graph {
 }  // namespace
 
 TrtBackend::TrtBackend(const std::string& library_path, const std::string& driver_path)
-    : device_(std::make_unique<CudaDevice>(driver_path)) {
+    : device_(std::make_unique<CudaDevice>(driver_path, kWhy)) {
   library_ = dlopen(library_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!library_) {
     const char* why = dlerror();

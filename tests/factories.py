@@ -180,6 +180,28 @@ class OracleDraftSession:
         return drafts
 
 
+class OracleDraftBlock(torch.nn.Module):
+    """Test double for the draft block graph (DraftBlockGraph's I/O): proposes the continuation of a
+    known token sequence after each row's bonus token (at position context_lengths[i]), corrupting
+    each slot with probability `corrupt`, so the core's torch executor sees full, partial and zero
+    acceptance. For one request at a time whose committed tokens are a prefix of `sequence`."""
+
+    def __init__(self, sequence: list[int], vocab: int, corrupt: float, seed: int = 0):
+        super().__init__()
+        self.sequence, self.vocab, self.corrupt = list(sequence), vocab, corrupt
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def forward(self, block_ids, context_lengths, *context):
+        m, block = block_ids.shape
+        tokens = torch.zeros(m, block - 1, dtype=torch.long)
+        for i in range(m):
+            start = int(context_lengths[i]) + 1
+            for j, token in enumerate(self.sequence[start:start + block - 1]):
+                corrupt = float(torch.rand((), generator=self.rng)) < self.corrupt
+                tokens[i, j] = int(torch.randint(self.vocab, (), generator=self.rng)) if corrupt else token
+        return torch.zeros(m, block - 1, self.vocab), tokens
+
+
 def export_tiny_slots_bundle(path: Path, family: str = "qwen3", dtype: str = "float32", seed: int = 0,
                              check: bool = False, **target_config) -> Path:
     """A tiny random (target, drafter) pair under `path`, exported as a `slots` bundle (graph

@@ -77,9 +77,7 @@ def _graph_specs(target: TargetModel, drafter: DFlashDrafter, dtype: str = "floa
     draft_vocab = _draft_vocab_size(target, drafter)
     hybrid = target.is_stateful
     if flavour in SLOT_FLAVOURS:
-        capacity = capacity or "capacity"
-        own = (hybrid_slot_target_spec(t, vocab, features, dtype, capacity) if hybrid
-               else slot_target_spec(tl, t_kv[0], t_kv[1], vocab, features, dtype, capacity))
+        own = slot_target_io(target, features, dtype, capacity)
     else:
         own = hybrid_target_spec(t, vocab, features, dtype) if hybrid else None
     return {
@@ -100,6 +98,40 @@ def _graph_specs(target: TargetModel, drafter: DFlashDrafter, dtype: str = "floa
             "outputs": [_io("draft_logits", "float32", ["batch", "block-1", draft_vocab]), _io("draft_tokens", "int64", ["batch", "block-1"])],
         },
     }
+
+
+def slot_target_io(target: TargetModel, features: int, dtype: str, capacity: int | None = None) -> dict:
+    """Graph contract 2's target I/O for `target` tapping `features` columns (0: no drafter, for the
+    torch runtime only); `capacity` static where given (slots-trt)."""
+    capacity = capacity or "capacity"
+    if target.is_stateful:
+        return hybrid_slot_target_spec(target.config, target.vocab_size, features, dtype, capacity)
+    return slot_target_spec(target.num_layers, target.config.num_key_value_heads, _head_dim(target.config),
+                            target.vocab_size, features, dtype, capacity)
+
+
+def model_sections(target: TargetModel, drafter: DFlashDrafter | None, tokenizer) -> dict:
+    """bundle.json's "target" and "draft" sections: what an executor knows of the two models (no
+    "draft" without a drafter: the torch runtime's plain target)."""
+    sections = {
+        "target": {
+            "model_type": target.model_type, "num_layers": target.num_layers, "hidden_size": target.hidden_size,
+            "vocab_size": target.vocab_size, "num_key_value_heads": target.config.num_key_value_heads,
+            "head_dim": _head_dim(target.config), "eos_token_ids": list(eos_token_ids(target, tokenizer)),
+            **({"layer_types": list(target.config.layer_types),
+                "linear_attention": linear_attention_shapes(target.config)} if target.is_stateful else {}),
+        },
+    }
+    if drafter is not None:
+        d = drafter.config
+        sections["draft"] = {
+            "num_layers": d.num_layers, "block_size": d.block_size, "mask_token_id": d.mask_token_id,
+            "target_layer_ids": list(d.target_layer_ids),
+            "num_key_value_heads": d.arch.num_key_value_heads,
+            "head_dim": d.arch.head_dim or d.hidden_size // d.arch.num_attention_heads,
+            "draft_vocab_size": _draft_vocab_size(target, drafter),
+        }
+    return sections
 
 
 def _dynamic_axes(spec: dict) -> dict[str, dict[int, str]]:
@@ -309,20 +341,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
             "custom_ops": {"domain": DOMAIN, "version": OP_VERSION,
                            "ops": ["InjectKV", "BlockAttention"] + (["GatedDeltaRule"] if hybrid else [])} if plugin else None,
             "graphs": {name: {"file": f"{name}.onnx", **spec} for name, spec in specs.items()},
-            "target": {
-                "model_type": target.model_type, "num_layers": target.num_layers, "hidden_size": target.hidden_size,
-                "vocab_size": target.vocab_size, "num_key_value_heads": target.config.num_key_value_heads,
-                "head_dim": _head_dim(target.config), "eos_token_ids": list(eos_token_ids(target, tokenizer)),
-                **({"layer_types": list(target.config.layer_types),
-                    "linear_attention": linear_attention_shapes(target.config)} if hybrid else {}),
-            },
-            "draft": {
-                "num_layers": d.num_layers, "block_size": d.block_size, "mask_token_id": d.mask_token_id,
-                "target_layer_ids": list(d.target_layer_ids),
-                "num_key_value_heads": d.arch.num_key_value_heads,
-                "head_dim": d.arch.head_dim or d.hidden_size // d.arch.num_attention_heads,
-                "draft_vocab_size": _draft_vocab_size(target, drafter),
-            },
+            **model_sections(target, drafter, tokenizer),
             "checks": {
                 "onnx.checker": "passed" if not plugin else "passed (no shape inference through dflash ops)",
                 # polygraphy inspect model: each graph's I/O names, dtypes and shapes equal the manifest's

@@ -153,11 +153,12 @@ class DraftContextGraph(nn.Module):
 class DraftBlockGraph(nn.Module):
     """The non-causal block pass: [bonus, MASK...] over the cached context -> B-1 draft tokens."""
 
-    def __init__(self, drafter: DFlashDrafter, target: TargetModel):
+    def __init__(self, drafter: DFlashDrafter, target: TargetModel, head: nn.Module | None = None):
         super().__init__()
         self.drafter = drafter
         self.embed_tokens = target.model.get_input_embeddings()  # the drafter borrows the target's
-        self.head = drafter.head(target.lm_head)
+        # a draft vocabulary's head copies rows of the target's: a caller that has one passes it
+        self.head = head if head is not None else drafter.head(target.lm_head)
 
     def forward(self, block_ids: torch.Tensor, context_lengths: torch.Tensor, *context: torch.Tensor):
         b, n = block_ids.shape

@@ -26,7 +26,7 @@ from dflash_trt.export.hybrid_graphs import (
     linear_attention_at,
     linear_attention_shapes,
 )
-from dflash_trt.export.slot_graphs import example_capacity
+from dflash_trt.export.slot_graphs import example_capacity, tapped
 from dflash_trt.export.slot_ops import slot_attention
 
 
@@ -52,19 +52,23 @@ def hybrid_slot_target_spec(config, vocab: int, features: int, dtype: str, capac
     }
 
 
-def gated_slot_attention(attn, h, cos, sin, key_cache, value_cache, cache_lengths, query_lengths):
+def gated_slot_attention(attn, h, cos, sin, key_cache, value_cache, cache_lengths, query_lengths,
+                         attention=slot_attention):
     """hybrid_graphs.gated_attention over slot caches: the new K/V written at each row's offset."""
     b, s, _ = h.shape
     q, k, gate = gated_qk(attn, h, cos, sin)
     heads, kv_heads = q.shape[1], k.shape[1]
-    out, key_cache, value_cache = slot_attention(
+    out, key_cache, value_cache = attention(
         q.transpose(1, 2).reshape(b, s, -1), k.transpose(1, 2).reshape(b, s, -1), attn.v_proj(h), key_cache,
         value_cache, cache_lengths, query_lengths, heads, kv_heads, attn.scaling, 0)
     return attn.o_proj(out * gate), key_cache, value_cache
 
 
 class HybridSlotTargetGraph(HybridTargetGraph):
-    """HybridTargetGraph's layers (same weights, RoPE, norms, taps) over contract 2's slot buffers."""
+    """HybridTargetGraph's layers (same weights, RoPE, norms, taps) over contract 2's slot buffers;
+    `attend` as in SlotTargetGraph."""
+
+    attend = staticmethod(slot_attention)
 
     def forward(self, input_ids: torch.Tensor, cache_lengths: torch.Tensor, query_lengths: torch.Tensor,
                 logits_index: torch.Tensor, *caches: torch.Tensor):
@@ -79,7 +83,7 @@ class HybridSlotTargetGraph(HybridTargetGraph):
             h = layer.input_layernorm(x)
             if index in kv:
                 out, key_cache, value_cache = gated_slot_attention(layer.self_attn, h, cos, sin, *kv[index],
-                                                                   cache_lengths, query_lengths)
+                                                                   cache_lengths, query_lengths, self.attend)
                 written += [key_cache, value_cache]
             else:
                 out, conv, recurrent = linear_attention_at(layer.linear_attn, h, *states[index], logits_index)
@@ -90,7 +94,7 @@ class HybridSlotTargetGraph(HybridTargetGraph):
                 features.append(self.model.norm(x) if index in self.normed_taps else x)
         x = x.gather(1, logits_index[:, :, None].expand(-1, -1, x.shape[-1]))
         logits = self.lm_head(self.model.norm(x)).float()
-        return (logits, torch.where(valid, torch.cat(features, dim=-1), 0.0), *written, *new_states)
+        return (logits, tapped(features, valid), *written, *new_states)
 
     def example_inputs(self, spec: dict, vocab_size: int) -> tuple[torch.Tensor, ...]:
         """Ragged rows for the export trace and check, as slot_graphs.slot_example_inputs: 3 rows with

@@ -45,7 +45,10 @@ def slot_target_spec(layers: int, kv_heads: int, head_dim: int, vocab: int, feat
 
 
 class SlotTargetGraph(TargetGraph):
-    """TargetGraph's layers (same weights, RoPE, q/k norms, taps) with slot attention."""
+    """TargetGraph's layers (same weights, RoPE, q/k norms, taps) with slot attention. `attend` is
+    dflash::slot_attention, what the exporters lower; the torch runtime sets its in-place twin."""
+
+    attend = staticmethod(slot_attention)
 
     def forward(self, input_ids: torch.Tensor, cache_lengths: torch.Tensor, query_lengths: torch.Tensor,
                 logits_index: torch.Tensor, *caches: torch.Tensor):
@@ -66,20 +69,27 @@ class SlotTargetGraph(TargetGraph):
         # Only the asked rows reach the LM head (the largest matmul): [q-1] for a prefill, all for a verify.
         x = x.gather(1, logits_index[:, :, None].expand(-1, -1, x.shape[-1]))
         logits = self.lm_head(self.model.norm(x)).float()
-        return (logits, torch.where(valid, torch.cat(features, dim=-1), 0.0), *written)
+        return (logits, tapped(features, valid), *written)
 
-    @staticmethod
-    def _slot_layer(layer, mlp, x, cos, sin, key_cache, value_cache, cache_lengths, query_lengths, valid, window):
+    def _slot_layer(self, layer, mlp, x, cos, sin, key_cache, value_cache, cache_lengths, query_lengths, valid, window):
         attn = layer.self_attn
         b, s, _ = x.shape
         q, k, v = project_qkv(layer, x, cos, sin)
         heads, kv_heads = q.shape[1], k.shape[1]
-        out, key_cache, value_cache = slot_attention(
+        out, key_cache, value_cache = self.attend(
             q.transpose(1, 2).reshape(b, s, -1), k.transpose(1, 2).reshape(b, s, -1), v, key_cache, value_cache,
             cache_lengths, query_lengths, heads, kv_heads, attn.scaling, window)
         x = x + attn.o_proj(torch.where(valid, out, 0.0))
         x = x + mlp(layer.post_attention_layernorm(x))
         return x, (key_cache, value_cache)
+
+
+def tapped(features: list[torch.Tensor], valid: torch.Tensor) -> torch.Tensor:
+    """The tapped layers' hidden states side by side, zero at padding rows; [b, s, 0] when nothing is
+    tapped (the torch runtime's target without a drafter: exports always tap)."""
+    if not features:
+        return valid.new_zeros(*valid.shape[:2], 0, dtype=torch.float32)
+    return torch.where(valid, torch.cat(features, dim=-1), 0.0)
 
 
 def example_capacity(spec: dict) -> int:

@@ -25,7 +25,6 @@ from dflash_trt.errors import Busy, DFlashError
 from dflash_trt.runtime.calibration import calibrate_costs
 from dflash_trt.runtime.native import native_core
 from dflash_trt.runtime.outputs import RequestOutput
-from dflash_trt.runtime.session_executor import session_executor
 from dflash_trt.spec.metrics import RequestMetrics
 from dflash_trt.spec.sampling import SamplingParams
 from dflash_trt.spec.stopping import StopChecker
@@ -104,8 +103,7 @@ class BatchRunner:
         self.max_batch, self.capacity, self.speculative = max_batch, capacity, speculative
         # the largest block a step verifies (the only one unless adaptive); metrics size their histograms by it
         self.block_size = (block_size or llm.max_block_size or llm.block_size) if llm.has_drafter else 1
-        # a bundle runs on its C++ executor (its KV slots allocated here), the torch backend on sessions
-        self.executor = llm._bundle.executor(max_batch, capacity) if llm.batched_only else session_executor(llm)
+        self.executor = llm.executor(max_batch, capacity)  # its KV slots are allocated here
         config = core.SchedulerConfig(max_batch=max_batch, capacity=capacity, block_size=self.block_size,
                                       engine_seed=random.getrandbits(64) if engine_seed is None else engine_seed,
                                       adaptive=adaptive, max_waiting=max_waiting, prefill_chunk=prefill_chunk)

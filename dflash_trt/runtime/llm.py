@@ -47,6 +47,21 @@ def _check_block_size(block_size) -> None:
         raise DFlashError(f"block_size must be an integer >= 2, got {block_size!r}")
 
 
+def torch_placement(device: str | None, dtype: str | None):
+    """(torch.device, torch.dtype) of the torch backend's models; one line for anything else."""
+    import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda"):
+        raise DFlashError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DFlashError("device 'cuda': this PyTorch sees no GPU (torch.cuda.is_available() is False)")
+    dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise DFlashError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
+    return torch.device(device), getattr(torch, dtype)
+
+
 class LLM:
     def __init__(
         self,
@@ -57,7 +72,11 @@ class LLM:
         max_batch: int = DEFAULT_MAX_BATCH,
         capacity: int = DEFAULT_CAPACITY,
         prefill_chunk: int = 0,
+        device: str | None = None,
+        dtype: str | None = None,
     ):
+        """`device` and `dtype` place the torch backend's models: "cuda" when PyTorch sees a GPU, else
+        "cpu"; bfloat16 on a GPU, float32 on the CPU. A bundle's backend runs the bundle's own."""
         if backend not in BACKENDS:
             raise DFlashError(f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}")
         _check_block_size(block_size)
@@ -77,6 +96,9 @@ class LLM:
         if draft is not None:
             check_pair(target, draft)  # from configs: a wrong pair is refused before any weights load or export
         if backend in ("onnxruntime", "tensorrt"):
+            if device is not None or dtype is not None:
+                raise DFlashError(f"device and dtype place the torch backend's models; backend '{backend}' runs "
+                                  f"a bundle in the dtype it was exported with")
             if draft is None:
                 raise DFlashError(f"backend '{backend}' runs an exported (target, drafter) bundle: pass draft=DIR")
             from dflash_trt.runtime.bundles import cached_bundle, cached_engines
@@ -88,10 +110,14 @@ class LLM:
             self._load_bundle(bundle, block_size, max_batch)
             return
         self.backend = "torch"
-        self.target, self.tokenizer = load_target(target)
+        self.device, self.dtype = torch_placement(device, dtype)
+        self.target, self.tokenizer = load_target(target, self.dtype)
+        self.target.model.to(self.device)
         self.drafter = None
         if draft is not None:
-            self.drafter = load_drafter(draft)
+            self.drafter = load_drafter(draft, self.dtype).to(self.device)
+            if self.drafter.draft_vocab is not None:
+                self.drafter.draft_vocab = self.drafter.draft_vocab.to(self.device)
             validate_pair(self.target, self.drafter.config)  # the loaded embedding may differ from the config
             self.draft_head = self.drafter.head(self.target.lm_head)  # built once, shared by sessions
             use_skinny_linears(self.drafter)
@@ -179,10 +205,14 @@ class LLM:
         self._block_size = value
         self.adaptive = False
 
-    @property
-    def batched_only(self) -> bool:
-        """A bundle runs on its C++ executor; the torch backend on per-slot sessions (session_executor.py)."""
-        return getattr(self, "_bundle", None) is not None
+    def executor(self, max_batch: int, capacity: int):
+        """A new core executor with `max_batch` KV slots of `capacity` tokens: a bundle's C++ executor
+        (onnxruntime, TensorRT), or the slot executor over this LLM's torch modules (torch_graphs.py)."""
+        if self.backend == "torch":
+            from dflash_trt.runtime.torch_graphs import torch_executor
+
+            return torch_executor(self, max_batch, capacity)
+        return self._bundle.executor(max_batch, capacity)
 
     # -- prompts -------------------------------------------------------------------------------
 

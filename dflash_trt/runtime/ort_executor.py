@@ -58,6 +58,42 @@ def executor_config(bundle_root: str | Path, max_batch: int, capacity: int, thre
     return SlotBundle(bundle_root).config(max_batch, capacity, threads)
 
 
+def slot_config(manifest: dict, paths: dict[str, str], library: str, max_batch: int, capacity: int,
+                threads: int | None = None, driver: str = "libcuda.so.1"):
+    """The `_core.ExecutorConfig` of contract-2 graphs from their manifest (bundle.json's "dtype",
+    "graphs", "target" and "draft"; no "draft": a target for plain decoding) and where each graph is."""
+    graphs, target, draft = manifest["graphs"], manifest["target"], manifest.get("draft")
+    config = native_core().ExecutorConfig()
+    config.target_path = paths["target"]
+    config.library_path, config.driver_path = library, driver
+    config.dtype = manifest["dtype"]
+    config.threads = threads or 0
+    config.max_batch, config.capacity = max_batch, capacity
+    config.target_layers = target["num_layers"]
+    # hybrid targets: Gated DeltaNet layers keep conv / recurrent states, the others a K/V cache
+    types = target.get("layer_types") or ["full_attention"] * target["num_layers"]
+    config.attention_layers = [i for i, t in enumerate(types) if t != "linear_attention"]
+    config.linear_layers = [i for i, t in enumerate(types) if t == "linear_attention"]
+    if config.linear_layers:
+        linear = target["linear_attention"]
+        config.conv_dim, config.conv_kernel = linear["conv_dim"], linear["conv_kernel"]
+        config.linear_value_heads = linear["num_value_heads"]
+        config.linear_key_head_dim = linear["key_head_dim"]
+        config.linear_value_head_dim = linear["value_head_dim"]
+    config.target_kv_heads = target["num_key_value_heads"]
+    config.target_head_dim = target["head_dim"]
+    config.vocab = target["vocab_size"]
+    if draft is not None:
+        config.draft_context_path, config.draft_block_path = paths["draft_context"], paths["draft_block"]
+        outputs = {o["name"]: o for o in graphs["target"]["outputs"]}
+        config.feature_width = outputs["features"]["shape"][-1]
+        config.draft_layers = draft["num_layers"]
+        config.draft_kv_heads = draft["num_key_value_heads"]
+        config.draft_head_dim = draft["head_dim"]
+        config.mask_token_id = draft["mask_token_id"]
+    return config
+
+
 class SlotBundle:
     """A contract-2 bundle as `LLM` holds it: its manifest, read and checked once (every refusal here,
     before any request); each engine makes its executor, which allocates the KV slots, from that
@@ -120,38 +156,8 @@ class SlotBundle:
     def config(self, max_batch: int, capacity: int, threads: int | None = None):
         """The `_core.ExecutorConfig` for `max_batch` slots of `capacity` tokens."""
         self.check_limits(max_batch, capacity)
-        manifest = self.manifest
-        graphs, target, draft = manifest["graphs"], manifest["target"], manifest["draft"]
-        config = native_core().ExecutorConfig()
-        config.target_path, config.draft_context_path, config.draft_block_path = (
-            str(self.root / graphs[name]["file"]) for name in ("target", "draft_context", "draft_block")
-        )
-        config.library_path = self.library
-        config.driver_path = self.cuda_driver
-        config.dtype = manifest["dtype"]
-        config.threads = threads or 0
-        config.max_batch, config.capacity = max_batch, capacity
-        config.target_layers = target["num_layers"]
-        # hybrid targets: Gated DeltaNet layers keep conv / recurrent states, the others a K/V cache
-        types = target.get("layer_types") or ["full_attention"] * target["num_layers"]
-        config.attention_layers = [i for i, t in enumerate(types) if t != "linear_attention"]
-        config.linear_layers = [i for i, t in enumerate(types) if t == "linear_attention"]
-        if config.linear_layers:
-            linear = target["linear_attention"]
-            config.conv_dim, config.conv_kernel = linear["conv_dim"], linear["conv_kernel"]
-            config.linear_value_heads = linear["num_value_heads"]
-            config.linear_key_head_dim = linear["key_head_dim"]
-            config.linear_value_head_dim = linear["value_head_dim"]
-        config.target_kv_heads = target["num_key_value_heads"]
-        config.target_head_dim = target["head_dim"]
-        outputs = {o["name"]: o for o in graphs["target"]["outputs"]}
-        config.feature_width = outputs["features"]["shape"][-1]
-        config.vocab = target["vocab_size"]
-        config.draft_layers = draft["num_layers"]
-        config.draft_kv_heads = draft["num_key_value_heads"]
-        config.draft_head_dim = draft["head_dim"]
-        config.mask_token_id = draft["mask_token_id"]
-        return config
+        paths = {name: str(self.root / graph["file"]) for name, graph in self.manifest["graphs"].items()}
+        return slot_config(self.manifest, paths, self.library, max_batch, capacity, threads, self.cuda_driver)
 
     def executor(self, max_batch: int, capacity: int, threads: int | None = None):
         config = self.config(max_batch, capacity, threads)

@@ -22,7 +22,7 @@ def test_chunked_prefill_equals_each_requests_autoregressive_output(engine_modul
         assert out.token_ids == autoregressive(llm, name, prompt, params).token_ids, (prompt, params)
         # the drafter saw the same context: every chunk's features reached it, in order
         assert out.core_metrics["num_accepted_tokens"] == ref.core_metrics["num_accepted_tokens"]
-    assert engine.slots.num_free == 3 and not engine.executor.rows
+    assert engine.slots.num_free == 3 and not engine.executor.live_rows
 
 
 def test_seeded_sampling_is_the_same_chunked_or_whole(engine_module, llms):
@@ -59,9 +59,7 @@ def test_a_negative_chunk_is_refused_in_one_line(core, engine_module, llms):
 
     with pytest.raises(DFlashError, match=r"prefill_chunk must be an integer >= 0 \(0: whole prompts\), got -1"):
         BatchRunner(llms["qwen3"], max_batch=1, capacity=64, prefill_chunk=-1)
-    from dflash_trt.runtime.session_executor import session_executor
-
-    executor = session_executor(llms["qwen3"])
+    executor = llms["qwen3"].executor(1, 64)
     with pytest.raises(ValueError, match=r"prefill_chunk must be 0 \(whole prompts\) or at least 1 token, got -2"):
         core.Scheduler(executor, core.SchedulerConfig(prefill_chunk=-2))
 

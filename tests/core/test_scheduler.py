@@ -1,4 +1,4 @@
-"""The core's scheduler (csrc/scheduler.cpp) over the Python session executor (runtime/session_executor.py),
+"""The core's scheduler (csrc/scheduler.cpp) over the torch backend's slot executor (runtime/torch_graphs.py),
 against the oracle: every request's greedy output equals its own autoregressive output from the
 Python reference loop (tests/reference.py, plain decoding), whatever else is in the batch and whenever
 it arrived. Adaptive speculation is on unless a test pins the block size."""
@@ -27,7 +27,7 @@ def test_greedy_equals_each_requests_autoregressive_output(engine_module, llms, 
         ref = autoregressive(llm, name, prompt, params)
         assert out.token_ids == ref.token_ids, (prompt, params)
         assert out.finish_reason == ref.finish_reason
-    assert engine.slots.num_free == concurrency and not engine.executor.rows
+    assert engine.slots.num_free == concurrency and not engine.executor.live_rows
     if name == "small_vocab":  # speculation really happened: drafts were made and some accepted
         drafts = sum(o.core_metrics["num_drafts"] for o in outputs)
         accepted = sum(o.core_metrics["num_accepted_tokens"] for o in outputs)
@@ -118,7 +118,7 @@ def test_abort_mid_stream_frees_the_slot_and_the_others_continue(engine_module, 
     assert 0 < len(streamed) < 20
     assert engine.abort(victim.id) is victim and victim.finish_reason == "abort"
     assert engine.slots.num_free == 1, "abort frees the slot at once"
-    assert len(engine.executor.rows) == 2, "and the executor's row"
+    assert len(engine.executor.live_rows) == 2, "and the executor's row"
     assert engine.abort(victim.id) is None, "a second abort is a no-op"
     assert victim not in engine.step()  # the core's own "abort" output closes its books, unseen
     assert victim.token_ids == streamed
@@ -158,7 +158,7 @@ def test_a_thousand_add_abort_cycles_leave_the_allocator_as_it_began(engine_modu
     while engine.has_work:
         engine.step()
     assert snapshot() == begin
-    assert not engine.executor.rows and engine.scheduler.num_running == 0
+    assert not engine.executor.live_rows and engine.scheduler.num_running == 0
 
 
 def test_over_capacity_and_empty_prompts_are_refused_in_one_line_others_continue(engine_module, llms):
@@ -188,16 +188,18 @@ def test_over_capacity_and_empty_prompts_are_refused_in_one_line_others_continue
         assert request.finish_reason == "length"
 
 
-def test_a_python_executor_error_reaches_the_caller_and_leaves_no_claim(engine_module, llms):
+def test_a_python_graph_error_reaches_the_caller_and_leaves_no_claim(engine_module, llms, monkeypatch):
+    from dflash_trt.runtime import torch_graphs
+
     engine = engine_module.BatchRunner(llms["qwen3"], max_batch=2, capacity=64)
     engine.add([1, 2, 3], SamplingParams(max_tokens=8, ignore_eos=True))
     engine.step()
 
-    def broken(rows, blocks):
-        raise RuntimeError("verify broke")
+    def broken(*args):
+        raise RuntimeError("attention broke")
 
-    engine.executor.verify_logits = broken
-    with pytest.raises(RuntimeError, match="verify broke"):
+    monkeypatch.setattr(torch_graphs.InPlaceSlotAttention, "__call__", broken)
+    with pytest.raises(RuntimeError, match="attention broke"):
         engine.step()
     slot = next(i for i in range(2) if engine.slots.request(i) >= 0)
     assert engine.slots.reserved(slot) == 0

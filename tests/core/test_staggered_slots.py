@@ -1,6 +1,7 @@
-"""Slots bundles of each kind (dense, sliding-window, hybrid) through the public runner on the C++
-onnxruntime executor: requests arriving at different steps, at concurrency 1, 3 and 8, plain and
-speculative mixed, each equal to its own greedy autoregressive output on the torch target."""
+"""Pairs of each kind (dense, sliding-window, hybrid) through the public runner on the C++ slot
+executor, over the onnxruntime bundle and over the torch graphs: requests arriving at different
+steps, at concurrency 1, 3 and 8, plain and speculative mixed, each equal to its own greedy
+autoregressive output from the Python reference loop."""
 
 import pytest
 from factories import export_tiny_slots_bundle
@@ -29,10 +30,11 @@ def pair(core, request, tmp_path_factory):
     return bundle, LLM(str(root / family), str(root / f"{family}-draft"), block_size=4)
 
 
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
 @pytest.mark.parametrize("concurrency", [1, 3, 8])
-def test_staggered_requests_equal_their_autoregressive_output(pair, concurrency):
+def test_staggered_requests_equal_their_autoregressive_output(pair, concurrency, backend):
     bundle, ref = pair
-    llm = LLM.from_bundle(bundle, block_size=4, max_batch=concurrency, capacity=64)
+    llm = LLM.from_bundle(bundle, block_size=4, max_batch=concurrency, capacity=64) if backend == "onnxruntime" else ref
     runner = BatchRunner(llm, max_batch=concurrency, capacity=64, block_size=4)
     work = workload(llm.vocab_size, 8, seed=concurrency)
     pending, requests, step = list(enumerate(work)), {}, 0

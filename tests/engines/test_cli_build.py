@@ -44,7 +44,7 @@ def test_build_exports_slots_trt_with_its_capacity_and_the_bundle_runs_batched(t
     result = CliRunner().invoke(main, ["inspect", str(out)])
     assert "source bundle: slots-trt flavour, graph contract 2, KV capacity 64 (static)" in result.stdout
     llm = LLM.from_bundle(out)
-    assert llm.capacity == 64 and llm.batched_only
+    assert llm.capacity == 64
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     assert llm.generate([3, 4], params)[0].token_ids == LLM(target, draft).generate([3, 4], params)[0].token_ids
 

@@ -38,7 +38,7 @@ def test_plain_and_speculative_requests_share_one_runner_and_its_slots(llm):
         runner.step()
         busy.append(runner.slots.num_free)
     assert min(busy) == 0  # 6 requests of both kinds took turns in the same 4 slots
-    assert runner.slots.num_free == 4 and not runner.executor.rows
+    assert runner.slots.num_free == 4 and not runner.executor.live_rows
     for i, (prompt, request) in enumerate(zip(PROMPTS, requests, strict=True)):
         want = reference_output(llm, prompt, params, speculative=i % 2 == 0)
         assert request.stop.token_ids == want.token_ids, prompt

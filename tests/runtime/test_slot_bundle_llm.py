@@ -26,7 +26,7 @@ def pair(tmp_path_factory):
 def test_generate_on_a_slots_bundle_equals_the_torch_reference(pair, speculative):
     bundle, ref = pair
     llm = LLM.from_bundle(bundle, block_size=4, max_batch=4)
-    assert llm.backend == "onnxruntime" and llm.batched_only
+    assert llm.backend == "onnxruntime"
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     for prompt, out in zip(PROMPTS, llm.generate(PROMPTS, params, speculative=speculative), strict=True):
         want = reference_output(ref, prompt, params, speculative)
@@ -64,7 +64,7 @@ def test_llm_with_backend_onnxruntime_exports_a_slots_bundle_once_and_reuses_it(
     stamp = (bundle / "bundle.json").stat().st_mtime_ns
     second = LLM(target=target, draft=draft, backend="onnxruntime", block_size=4, max_batch=2, capacity=64)
     assert (bundle / "bundle.json").stat().st_mtime_ns == stamp  # reused, not re-exported
-    assert first.batched_only and first._bundle.manifest["flavour"] == "slots"
+    assert first._bundle.manifest["flavour"] == "slots"
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     want = reference_output(LLM(target, draft, block_size=4), "yo", params, speculative=True)
     assert first.generate("yo", params)[0].token_ids == second.generate("yo", params)[0].token_ids == want.token_ids

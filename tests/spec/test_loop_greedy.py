@@ -3,10 +3,10 @@ families, block sizes, drafters and stop conditions; and our loop matches the au
 
 import pytest
 import torch
-from factories import OracleDraftSession
+from factories import OracleDraftBlock, OracleDraftSession
 
 from dflash_trt import LLM, SamplingParams
-from dflash_trt.runtime import torch_backend
+from dflash_trt.export import graphs
 from dflash_trt.runtime.torch_backend import TorchTargetSession
 from dflash_trt.spec.loop import autoregressive_decode, speculative_decode
 from dflash_trt.spec.sampling import Sampler
@@ -167,13 +167,11 @@ def test_eos_and_stops_inside_accepted_blocks_end_both_paths_alike(llms, family,
     the committed text must still end exactly where autoregressive decoding ends."""
     llm = llms[family]
     prompt = PROMPTS[1]
-
-    def sessions(of, speculative):
-        assert of is llm and speculative  # the core's executor opens a drafter session for every row
-        return TorchTargetSession(llm.target, (0,)), OracleDraftSession(llm.target.model, prompt, 0.1)
-
-    monkeypatch.setattr(torch_backend, "sessions", sessions)
     base = run(llm, prompt, SamplingParams(max_tokens=40, ignore_eos=True), False)
+    # the core's torch executor drafts with a block graph that knows the greedy continuation
+    oracle = OracleDraftBlock(prompt + base.token_ids, llm.vocab_size, 0.1)
+    monkeypatch.setattr(graphs, "DraftBlockGraph", lambda drafter, target, head: oracle)
+    monkeypatch.setattr(llm, "_core", None)  # a new runner: its executor opens the oracle
     eos = base.token_ids[9]
     end = base.token_ids.index(eos) + 1
     monkeypatch.setattr(llm, "eos_token_ids", (eos,))

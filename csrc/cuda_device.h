@@ -1,0 +1,51 @@
+// cuda_device.h: GPU memory for the slot executor through the CUDA driver, loaded at run time.
+//
+// Compiled when setup.py finds the CUDA toolkit's headers (cuda.h: DFLASH_WITH_CUDA); nothing links
+// to CUDA. At run time we dlopen the driver (libcuda.so.1, present wherever an NVIDIA driver is).
+// Memory comes from the primary context of device 0, the one the CUDA runtime inside TensorRT and
+// PyTorch use too, so their kernels read our buffers; every copy goes on one stream, which the graph
+// backends also run on, so a phase's calls are ordered without any synchronisation but the one
+// before the host reads.
+#pragma once
+
+#include <cuda.h>
+
+#include <memory>
+#include <string>
+
+#include "device.h"
+
+namespace dflash {
+
+// The CUDA driver calls the device needs, resolved from libcuda.so.1.
+struct Driver;
+
+// Device memory on one stream of the primary context.
+class CudaDevice final : public Device {
+ public:
+  // The driver library at `driver_path` (libcuda.so.1); one line (dflash::Error, naming `who`) without
+  // a driver or a GPU.
+  CudaDevice(const std::string& driver_path, const std::string& who);
+  ~CudaDevice() override;
+  bool is_host() const override { return false; }
+  void* allocate(size_t bytes) override;
+  void free(void* p) noexcept override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                 size_t rows) override;
+  void upload(void* dst, const void* src, size_t bytes) override;
+  void download(void* dst, const void* src, size_t bytes) override;
+  void zero(void* dst, size_t bytes) override;
+  void synchronize() override;
+  CUstream stream() const { return stream_; }
+
+ private:
+  void check(CUresult result, const char* what) const;
+  void bind() const;  // our context current on the calling thread
+  std::string who_;
+  std::shared_ptr<const Driver> driver_;
+  CUcontext context_ = nullptr;
+  CUstream stream_ = nullptr;
+};
+
+}  // namespace dflash

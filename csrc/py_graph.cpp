@@ -1,0 +1,114 @@
+// py_graph.cpp: Python graphs behind the slot executor (py_graph.h).
+#include "py_graph.h"
+
+#include <pybind11/stl.h>
+
+#include <map>
+#include <utility>
+#include <vector>
+
+#ifdef DFLASH_WITH_CUDA
+#include "cuda_device.h"
+#endif
+
+namespace py = pybind11;
+
+namespace dflash {
+
+namespace {
+
+constexpr char kWhy[] = "the torch graph executor";
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::float32: return "float32";
+    case DType::float16: return "float16";
+    case DType::bfloat16: return "bfloat16";
+    case DType::int64: return "int64";
+  }
+  DFLASH_INVARIANT(false);
+  return "";
+}
+
+class PyGraph final : public Graph {
+ public:
+  explicit PyGraph(py::object graph) : graph_(std::move(graph)) {}
+  ~PyGraph() override {
+    py::gil_scoped_acquire gil;
+    graph_ = py::object();
+  }
+  void clear() override {
+    inputs_.clear();
+    outputs_.clear();
+  }
+  void input(const std::string& name, const TensorRef& tensor) override { inputs_[name] = tensor; }
+  void output(const std::string& name, const TensorRef& tensor) override { outputs_[name] = tensor; }
+  void run(const std::string& what) override {
+    py::gil_scoped_acquire gil;
+    graph_.attr("run")(what, as_dict(inputs_), as_dict(outputs_));
+  }
+
+ private:
+  static py::dict as_dict(const std::map<std::string, TensorRef>& bound) {
+    py::dict out;
+    for (const auto& [name, t] : bound)
+      out[py::str(name)] = py::make_tuple(reinterpret_cast<uintptr_t>(t.data), dtype_name(t.dtype), t.shape);
+    return out;
+  }
+  py::object graph_;
+  std::map<std::string, TensorRef> inputs_, outputs_;
+};
+
+class PyGraphBackend final : public GraphBackend {
+ public:
+  PyGraphBackend(py::object graphs, std::unique_ptr<Device> device)
+      : device_(std::move(device)), graphs_(std::move(graphs)) {
+    py::gil_scoped_acquire gil;
+    version_ = py::str(graphs_.attr("version")());
+  }
+  ~PyGraphBackend() override {
+    py::gil_scoped_acquire gil;
+    graphs_ = py::object();
+  }
+  Device& device() override { return *device_; }
+  std::unique_ptr<Graph> open(const std::string& path) override {
+    py::gil_scoped_acquire gil;
+    return std::make_unique<PyGraph>(graphs_.attr("open")(path));
+  }
+  std::string name() const override { return "torch"; }
+  std::string version() const override { return version_; }
+
+ private:
+  std::unique_ptr<Device> device_;  // first in, last out: graphs may hold views of its memory
+  py::object graphs_;
+  std::string version_;
+};
+
+std::unique_ptr<GraphBackend> backend(const SlotExecutorConfig& config, py::object graphs, const std::string& device) {
+  config.validate(kWhy);
+  if (device == "cpu") return std::make_unique<PyGraphBackend>(std::move(graphs), std::make_unique<HostDevice>());
+  if (device != "cuda") throw Error(std::string(kWhy) + ": unknown device '" + device + "' (cpu or cuda)");
+#ifdef DFLASH_WITH_CUDA
+  auto cuda = std::make_unique<CudaDevice>(config.driver_path, kWhy);
+  graphs.attr("use_stream")(reinterpret_cast<uintptr_t>(cuda->stream()));
+  return std::make_unique<PyGraphBackend>(std::move(graphs), std::move(cuda));
+#else
+  throw Error(std::string(kWhy) + ": this build of dflash_trt._core has no CUDA device (no CUDA headers when it "
+              "was compiled): reinstall where the CUDA toolkit is installed");
+#endif
+}
+
+}  // namespace
+
+bool has_cuda_device() {
+#ifdef DFLASH_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+PyGraphExecutor::PyGraphExecutor(const SlotExecutorConfig& config, py::object graphs, const std::string& device)
+    : SlotExecutor(config, backend(config, std::move(graphs), device), kWhy) {}
+
+}  // namespace dflash

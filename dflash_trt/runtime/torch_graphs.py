@@ -1,0 +1,191 @@
+"""The torch backend: the export's contract-2 modules, run in PyTorch behind the C++ slot executor.
+
+`torch_executor(llm, max_batch, capacity)` makes a `_core.PyGraphExecutor`: the slot executor that
+onnxruntime and TensorRT run under (csrc/slot_executor.h: slot buffers, phases, staging, acceptance),
+whose three graphs are the modules `export` traces (SlotTargetGraph or HybridSlotTargetGraph,
+DraftContextGraph, DraftBlockGraph) over the LLM's own models. The executor allocates every buffer
+on its device (the host, or GPU 0 through the CUDA driver) and hands each run the addresses; a graph
+here views them as tensors, runs its module and writes the outputs the executor bound. Requests
+share every matrix multiply of a phase, as on the other executors.
+
+Slot attention runs in place (`InPlaceSlotAttention`): the new K/V rows are written into the
+executor's cache buffers themselves and each run attends over the longest row's keys, not the whole
+capacity (the exported graphs' reference op returns new caches, which would copy them every step).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import torch
+from torch.nn import functional as F
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.runtime.native import native_core
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64}
+# __cuda_array_interface__ has no bfloat16: such buffers are viewed as 16-bit integers, then reinterpreted
+_TYPESTR = {torch.float32: "<f4", torch.float16: "<f2", torch.bfloat16: "<i2", torch.int64: "<i8"}
+_VIEWS_KEPT = 512  # views made from addresses, reused across runs (the buffers are reused every step)
+
+
+class InPlaceSlotAttention:
+    """dflash::slot_attention (export/slot_ops.py, the reference) for running, not exporting: the
+    valid new K/V rows go into `key_cache` / `value_cache` in place and are returned as those same
+    tensors, and queries attend over the first max(cache_lengths + query_lengths) slots only.
+
+    The executor guarantees cache_lengths[b] + s <= capacity for every row of a run (idle ones too),
+    so every row's write window is inside its slot; padding rows write back what the cache held."""
+
+    def __call__(self, query, key, value, key_cache, value_cache, cache_lengths, query_lengths, num_heads: int,
+                 kv_heads: int, scale: float, window: int):
+        b, s, _ = query.shape
+        d = key_cache.shape[3]
+        steps = torch.arange(s, device=query.device)
+        at = cache_lengths[:, None] + steps[None]  # [b, s]: the slot (and position) of each query row
+        valid = steps[None] < query_lengths[:, None]  # [b, s]
+        index = at[:, None, :, None].expand(b, kv_heads, s, d)
+        for new, cache in ((key, key_cache), (value, value_cache)):
+            new = new.view(b, s, kv_heads, d).transpose(1, 2).to(cache.dtype)
+            cache.scatter_(2, index, torch.where(valid[:, None, :, None], new, cache.gather(2, index)))
+        span = max(int((cache_lengths + query_lengths).max()), 1)
+        slot = torch.arange(span, device=query.device)
+        diff = at[:, :, None] - slot[None, None]  # [b, s, span]
+        visible = diff >= 0
+        if window > 0:
+            visible = visible & (diff < window)
+        # a padding row sees slot 0 (a fully masked row would be NaN); its output is zeroed below
+        visible = (visible & valid[:, :, None]) | ((slot == 0)[None, None] & ~valid[:, :, None])
+        q = query.view(b, s, num_heads, d).transpose(1, 2)
+        k, v = (c[:, :, :span].to(q.dtype) for c in (key_cache, value_cache))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None], scale=scale, enable_gqa=True)
+        out = torch.where(valid[:, None, :, None], out, 0.0)
+        return out.transpose(1, 2).reshape(b, s, -1), key_cache, value_cache
+
+
+class TorchGraph:
+    """One module as the slot executor's graph: `run(what, inputs, outputs)` with each binding
+    name -> (address, dtype name, shape) in the executor's device memory."""
+
+    def __init__(self, name: str, module: torch.nn.Module, inputs: list[str], outputs: list[str],
+                 device: torch.device, stream):
+        self.name, self.module, self.inputs, self.outputs = name, module, inputs, outputs
+        self.device, self.stream = device, stream
+        self._views: dict[tuple, torch.Tensor] = {}
+
+    def _view(self, address: int, dtype: str, shape: list[int]) -> torch.Tensor:
+        key = (address, dtype, tuple(shape))
+        found = self._views.get(key)
+        if found is not None:
+            return found
+        torch_dtype = DTYPES[dtype]
+        count = math.prod(shape)
+        if count == 0:
+            view = torch.empty(shape, dtype=torch_dtype, device=self.device)
+        elif self.device.type == "cpu":
+            memory = (ctypes.c_byte * (count * torch_dtype.itemsize)).from_address(address)
+            view = torch.frombuffer(memory, dtype=torch_dtype, count=count).view(shape)
+        else:
+            view = _cuda_view(address, torch_dtype, shape)
+        if len(self._views) >= _VIEWS_KEPT:
+            self._views.clear()
+        self._views[key] = view
+        return view
+
+    def run(self, what: str, inputs: dict, outputs: dict) -> None:
+        missing = [name for name in self.inputs if name not in inputs]
+        if missing:
+            raise DFlashError(f"{what}: the executor bound no {missing[0]}")
+        with torch.inference_mode(), _on(self.stream):
+            results = self.module(*(self._view(*inputs[name]) for name in self.inputs))
+            for name, result in zip(self.outputs, results, strict=True):
+                if name not in outputs:
+                    continue  # an output the executor does not read
+                out = self._view(*outputs[name])
+                if tuple(out.shape) != tuple(result.shape):
+                    raise DFlashError(f"{what}: {name} came out {list(result.shape)}, the executor bound "
+                                      f"{list(out.shape)}")
+                if out.data_ptr() != result.data_ptr():  # a slot cache written in place is already there
+                    out.copy_(result)
+
+
+def _cuda_view(address: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    class Memory:  # the CUDA array interface (v3) of executor memory; no stream: the caller orders it
+        __cuda_array_interface__ = {"shape": tuple(shape), "typestr": _TYPESTR[dtype], "data": (address, False),
+                                    "version": 3, "strides": None, "stream": None}
+
+    view = torch.as_tensor(Memory(), device="cuda")
+    return view.view(dtype) if view.dtype != dtype else view
+
+
+class _on:
+    """The executor's CUDA stream as torch's current one for a run; nothing on the host."""
+
+    def __init__(self, stream):
+        self.context = torch.cuda.stream(stream) if stream is not None else None
+
+    def __enter__(self):
+        if self.context is not None:
+            self.context.__enter__()
+
+    def __exit__(self, *exc):
+        if self.context is not None:
+            self.context.__exit__(*exc)
+
+
+class TorchGraphs:
+    """The graphs of a torch-backend LLM by name ("target", "draft_context", "draft_block"), as the
+    C++ side opens them (csrc/py_graph.h)."""
+
+    def __init__(self, llm, specs: dict[str, dict], device: torch.device):
+        from dflash_trt.export.graphs import DraftBlockGraph, DraftContextGraph
+        from dflash_trt.export.hybrid_slot_graphs import HybridSlotTargetGraph
+        from dflash_trt.export.slot_graphs import SlotTargetGraph
+
+        taps = tuple(llm.drafter.config.target_layer_ids) if llm.has_drafter else ()
+        target = (HybridSlotTargetGraph if llm.target.is_stateful else SlotTargetGraph)(llm.target, taps)
+        target.attend = InPlaceSlotAttention()
+        self.modules = {"target": target}
+        if llm.has_drafter:
+            self.modules["draft_context"] = DraftContextGraph(llm.drafter)
+            self.modules["draft_block"] = DraftBlockGraph(llm.drafter, llm.target, llm.draft_head)
+        self.specs, self.device, self.stream = specs, device, None
+
+    def version(self) -> str:
+        return torch.__version__
+
+    def use_stream(self, handle: int) -> None:
+        self.stream = torch.cuda.ExternalStream(handle, device=self.device)
+
+    def open(self, name: str) -> TorchGraph:
+        spec = self.specs[name]
+        return TorchGraph(name, self.modules[name].eval(), [io["name"] for io in spec["inputs"]],
+                          [io["name"] for io in spec["outputs"]], self.device, self.stream)
+
+
+def graph_specs(llm, dtype: str) -> dict[str, dict]:
+    """Each graph's I/O as a slots bundle declares it (a target without a drafter taps no features)."""
+    from dflash_trt.export.bundle import _graph_specs, slot_target_io
+
+    if llm.has_drafter:
+        return _graph_specs(llm.target, llm.drafter, dtype, "slots")
+    return {"target": slot_target_io(llm.target, 0, dtype)}
+
+
+def torch_executor(llm, max_batch: int, capacity: int):
+    """The core executor of a torch-backend LLM: `max_batch` KV slots of `capacity` tokens on its device."""
+    from dflash_trt.export.bundle import model_sections
+    from dflash_trt.runtime.ort_executor import slot_config
+
+    device = llm.target.device
+    dtype = str(next(llm.target.model.parameters()).dtype).removeprefix("torch.")
+    specs = graph_specs(llm, dtype)
+    manifest = {"dtype": dtype, "graphs": specs,
+                **model_sections(llm.target, llm.drafter if llm.has_drafter else None, llm.tokenizer)}
+    config = slot_config(manifest, {name: name for name in specs}, torch.__file__, max_batch, capacity)
+    core = native_core()
+    if device.type == "cuda" and not core.HAS_CUDA_DEVICE:
+        raise DFlashError("dflash_trt._core was built without the CUDA headers: reinstall where the CUDA toolkit "
+                          "is (bash scripts/setup.sh) to run the torch backend on a GPU")
+    return core.PyGraphExecutor(config, TorchGraphs(llm, specs, device), device.type)

@@ -1,0 +1,111 @@
+"""The torch backend's executor (runtime/torch_graphs.py): the C++ slot executor over the export's
+contract-2 modules run in PyTorch (csrc/py_graph.h), on the host here.
+
+Checked against two independent things: the reference dflash::slot_attention op (what the exporters
+lower) for the in-place attention, and the onnxruntime executor over the same pair's slots bundle
+for every phase (a different runtime running the exported graphs). Greedy equality with
+autoregressive decoding is in test_staggered_slots.py and test_scheduler.py."""
+
+import ctypes.util
+
+import numpy as np
+import pytest
+import torch
+from factories import export_tiny_slots_bundle, make_target
+from reference import reference_output
+from scheduler_checks import workload
+
+from dflash_trt import LLM
+from dflash_trt.errors import DFlashError
+from dflash_trt.export.slot_ops import slot_attention
+from dflash_trt.runtime.engine import BatchRunner
+from dflash_trt.runtime.ort_executor import SlotBundle
+from dflash_trt.runtime.torch_graphs import InPlaceSlotAttention
+
+KINDS = {
+    "dense": dict(family="qwen3"),
+    "sliding-window": dict(family="qwen3", use_sliding_window=True, sliding_window=3, max_window_layers=2),
+    "hybrid": dict(family="qwen3_5_text"),
+}
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_in_place_attention_equals_the_reference_op(window):
+    """Ragged rows (5, 0 and 9 cached; 4, 2 and 0 new: the last is idle), garbage past each length."""
+    g = torch.Generator().manual_seed(0)
+    b, s, capacity, heads, kv, d = 3, 4, 16, 4, 2, 8
+    query = torch.randn(b, s, heads * d, generator=g)
+    key, value = (torch.randn(b, s, kv * d, generator=g) for _ in range(2))
+    caches = [torch.randn(b, kv, capacity, d, generator=g) * 100 for _ in range(2)]
+    cache_lengths, query_lengths = torch.tensor([5, 0, 9]), torch.tensor([4, 2, 0])
+    args = (cache_lengths, query_lengths, heads, kv, d ** -0.5, window)
+    want, want_key, want_value = slot_attention(query, key, value, *caches, *args)
+    in_place = [c.clone() for c in caches]
+    out, got_key, got_value = InPlaceSlotAttention()(query, key, value, *in_place, *args)
+    assert got_key is in_place[0] and got_value is in_place[1], "the caches are written where they are"
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got_key, want_key) and torch.equal(got_value, want_value)
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def pair(core, request, tmp_path_factory):
+    """(slots bundle, torch LLM over the same pair)."""
+    if not core.HAS_ORT_EXECUTOR:
+        pytest.skip("dflash_trt._core was built without the onnxruntime executor (see csrc/README.md, Build)")
+    kind = dict(KINDS[request.param])
+    root = tmp_path_factory.mktemp(request.param)
+    family = kind["family"]
+    bundle = export_tiny_slots_bundle(root, **kind)
+    return bundle, LLM(str(root / family), str(root / f"{family}-draft"), block_size=4)
+
+
+def test_every_phase_equals_the_onnxruntime_executors_on_the_same_pair(pair):
+    """Prefill two rows, draft, verify, commit part of each block, prefill a third row beside them,
+    then draft and verify all three: logits within float32 rounding, the same draft tokens."""
+    bundle, llm = pair
+    executors = [SlotBundle(bundle).executor(3, 64), llm.executor(3, 64)]
+    assert executors[1].backend_version == torch.__version__
+    prompts = {0: [3, 1, 4, 1, 5], 2: [9, 2, 6, 5, 3, 5, 8, 9, 7]}
+
+    def both(call, *args):
+        return [getattr(e, call)(*args) for e in executors]
+
+    def close(pair_of_logits):
+        for want, got in zip(*pair_of_logits, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+    close(both("prefill_logits", [0, 2], [prompts[0], prompts[2]]))
+    for rows, bonus, kept in (([0, 2], [7, 11], [2, 0]), ([0, 1, 2], [4, 5, 6], [1, 3, 4])):
+        if rows == [0, 1, 2]:
+            close(both("prefill_logits", [1], [[2, 7, 1, 8]]))
+        ort_drafts, torch_drafts = both("draft", rows, bonus, 4)
+        assert torch_drafts == ort_drafts
+        close(both("verify_logits", rows, [[t, *d] for t, d in zip(bonus, ort_drafts, strict=True)]))
+        both("commit", rows, kept)
+        assert [e.committed(r) for r in rows for e in executors[:1]] == [e2.committed(r) for r in rows
+                                                                           for e2 in executors[1:]]
+
+
+def test_a_target_without_a_drafter_decodes_plainly_as_autoregressive(tmp_path):
+    llm = LLM(str(make_target(tmp_path / "qwen3", "qwen3")), draft=None)
+    work = workload(llm.vocab_size, 4, seed=5)
+    runner = BatchRunner(llm, max_batch=2, capacity=64)
+    requests = [runner.add(prompt, params) for _, prompt, params in work]
+    while runner.has_work:
+        runner.step()
+    for request, (_, prompt, params) in zip(requests, work, strict=True):
+        assert request.token_ids == reference_output(llm, prompt, params).token_ids
+    assert not runner.executor.live_rows
+
+
+def test_a_device_it_cannot_use_is_refused_in_one_line(pair, core):
+    from dflash_trt.runtime import torch_graphs
+
+    _, llm = pair
+    config = llm.executor(1, 64).config
+    with pytest.raises(DFlashError, match=r"the torch graph executor: unknown device 'tpu' \(cpu or cuda\)"):
+        core.PyGraphExecutor(config, None, "tpu")
+    if core.HAS_CUDA_DEVICE and not ctypes.util.find_library("cuda"):
+        graphs = torch_graphs.TorchGraphs(llm, torch_graphs.graph_specs(llm, "float32"), torch.device("cpu"))
+        with pytest.raises(DFlashError, match=r"the torch graph executor needs an NVIDIA GPU and its driver"):
+            core.PyGraphExecutor(config, graphs, "cuda")

@@ -1,0 +1,74 @@
+"""The torch backend on a GPU (marked `gpu`; run by scripts/gpu_check.sh): the slot executor with
+the real CUDA driver (csrc/cuda_device.cpp) holding every slot buffer, the export's modules running
+in PyTorch on its stream. Skipped where PyTorch sees no GPU."""
+
+import pytest
+import torch
+from factories import make_drafter, make_target
+from reference import reference_output
+from scheduler_checks import workload
+
+from dflash_trt import LLM, SamplingParams
+from dflash_trt.runtime.engine import BatchRunner
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU that PyTorch sees"),
+]
+
+KINDS = {
+    "dense": dict(family="qwen3"),
+    "sliding-window": dict(family="qwen3", use_sliding_window=True, sliding_window=3, max_window_layers=2),
+    "hybrid": dict(family="qwen3_5_text"),
+}
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def pair_dirs(core, request, tmp_path_factory):
+    if not core.HAS_CUDA_DEVICE:
+        pytest.fail("dflash_trt._core was built without the CUDA headers on a GPU machine")
+    kind = dict(KINDS[request.param])
+    root = tmp_path_factory.mktemp(request.param)
+    family = kind.pop("family")
+    target = make_target(root / family, family, seed=0, **kind)
+    draft = make_drafter(root / f"{family}-draft", seed=0, block_size=4, target_layer_ids=[1, 2])
+    return str(target), str(draft)
+
+
+def run(llm, work, concurrency, speculative=True):
+    runner = BatchRunner(llm, max_batch=concurrency, capacity=64, block_size=4)
+    requests = [runner.add(prompt, params, speculative=speculative) for _, prompt, params in work]
+    while runner.has_work:
+        runner.step()
+    assert not runner.executor.live_rows
+    return [r.token_ids for r in requests]
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_greedy_on_cuda_equals_autoregressive_decoding(pair_dirs, concurrency):
+    llm = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32")
+    assert llm.target.device.type == "cuda"
+    work = workload(llm.vocab_size, 8, seed=concurrency)
+    for tokens, (_, prompt, params) in zip(run(llm, work, concurrency), work, strict=True):
+        assert tokens == reference_output(llm, prompt, params).token_ids
+
+
+def test_seeded_sampling_on_cuda_gives_the_cpu_executors_tokens(pair_dirs):
+    cuda = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32")
+    cpu = LLM(*pair_dirs, block_size=4, device="cpu")
+    work = [(0, prompt, SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=i, ignore_eos=True))
+            for i, (_, prompt, _) in enumerate(workload(cpu.vocab_size, 4, seed=7))]
+    assert run(cuda, work, 4) == run(cpu, work, 4)
+
+
+def test_bfloat16_on_cuda_decodes_and_frees_its_slots(pair_dirs):
+    free_before = torch.cuda.mem_get_info()[0]
+    llm = LLM(*pair_dirs, block_size=4, device="cuda")
+    assert llm.dtype == torch.bfloat16
+    work = workload(llm.vocab_size, 4, seed=3)
+    assert all(run(llm, work, 4))
+    del llm
+    torch.cuda.synchronize()
+    # the executor's cuMemAlloc'd slots went with it (torch's own cache is emptied to compare)
+    torch.cuda.empty_cache()
+    assert torch.cuda.mem_get_info()[0] >= free_before - (64 << 20)
