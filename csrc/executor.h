@@ -15,9 +15,8 @@
 // decoding, or no room left for drafts), so an executor must carry the features of committed
 // positions forward until the next draft.
 //
-// Implemented in C++ (the slot executor over onnxruntime or TensorRT) or in Python through the
-// pybind11 trampoline in bindings.cpp, where the Python side returns logits and the trampoline
-// samples and accepts on them (dflash_trt/runtime/session_executor.py: the torch sessions).
+// Implemented once, by the slot executor (slot_executor.h), over onnxruntime, TensorRT or Python
+// graphs (the torch backend).
 #pragma once
 
 #include <cstdint>

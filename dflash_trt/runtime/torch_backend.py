@@ -1,7 +1,6 @@
-"""The torch backend: per-request target and draft sessions over the PyTorch reference models.
-
-The core's session executor (runtime/session_executor.py) opens one pair per KV slot; the Python reference
-loop (spec/loop.py, the tests' oracle) opens one pair per request.
+"""Per-request target and draft sessions over the PyTorch reference models: what the Python
+reference loop (spec/loop.py, the tests' oracle) runs, one pair per request. The torch backend's
+runtime is the slot executor over the exported modules (runtime/torch_graphs.py).
 """
 
 from __future__ import annotations
