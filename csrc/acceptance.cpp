@@ -1,11 +1,10 @@
-// acceptance.cpp: greedy and point-mass rejection sampling over raw logits rows.
+// acceptance.cpp: the host entry points of greedy and point-mass rejection sampling (decide.h).
 #include "acceptance.h"
 
 #include <string>
 #include <vector>
 
 #include "errors.h"
-#include "rng.h"
 
 namespace dflash {
 
@@ -22,28 +21,17 @@ void check_drafts(const int64_t* drafts, int64_t num_drafts, int64_t vocab) {
 
 Acceptance accept_greedy(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab) {
   check_drafts(drafts, num_drafts, vocab);
-  int64_t n = 0;
-  int64_t choice = argmax(logits, vocab);
-  while (n < num_drafts && drafts[n] == choice) {
-    ++n;
-    choice = argmax(logits + n * vocab, vocab);
-  }
-  return {n, choice};
+  return verdict_rows(drafts, num_drafts, logits, vocab, SamplingParams{}, 0, 0, nullptr, nullptr);
 }
 
 Acceptance accept_point_mass(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,
                              const SamplingParams& params, uint64_t request, uint32_t position) {
+  params.validate();
+  if (params.greedy()) throw Error("target_probs needs temperature > 0 (temperature 0 is greedy: use argmax)");
   check_drafts(drafts, num_drafts, vocab);
-  // Sample, then compare: the token at each position is the target's own draw there, whatever was
-  // drafted, and the draft is kept while it equals that draw. Rows are turned into probabilities
-  // only when reached: a rejection at slot j skips the rest.
   std::vector<float> probs(vocab);
-  for (int64_t j = 0;; ++j) {  // returns at j == num_drafts (the bonus) at the latest
-    const uint32_t at = position + uint32_t(j);
-    target_probs(logits + j * vocab, 1, vocab, params, probs.data());
-    const int64_t drawn = draw_categorical(probs.data(), vocab, uniform(params.seed, request, at, kCategoricalDraw));
-    if (j == num_drafts || drawn != drafts[j]) return {j, drawn};
-  }
+  std::vector<int32_t> order(vocab);
+  return verdict_rows(drafts, num_drafts, logits, vocab, params, request, position, probs.data(), order.data());
 }
 
 Acceptance accept(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,
@@ -54,10 +42,12 @@ Acceptance accept(const int64_t* drafts, int64_t num_drafts, const float* logits
 
 int64_t sample(const float* logits, int64_t vocab, const SamplingParams& params, uint64_t request,
                uint32_t position) {
-  if (params.greedy()) return argmax(logits, vocab);
+  DFLASH_INVARIANT(vocab > 0);
+  if (params.greedy()) return argmax_row(logits, vocab);
+  params.validate();
   std::vector<float> probs(vocab);
-  target_probs(logits, 1, vocab, params, probs.data());
-  return draw_categorical(probs.data(), vocab, uniform(params.seed, request, position, kCategoricalDraw));
+  std::vector<int32_t> order(vocab);
+  return sample_row(logits, vocab, params, request, position, probs.data(), order.data());
 }
 
 }  // namespace dflash

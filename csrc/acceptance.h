@@ -1,6 +1,7 @@
 // acceptance.h: which drafted tokens the target keeps, and the token that follows them.
 //
-// The C++ twin of dflash_trt/spec/acceptance.py. Both rules return (n, next): the first n drafts are
+// The C++ twin of dflash_trt/spec/acceptance.py: the host entry points (checked inputs, own scratch)
+// over the rules in decide.h, which a GPU kernel runs too. Both rules return (n, next): the first n drafts are
 // accepted and `next` is the target's own token at the first position it did not accept (the
 // bonus when all are accepted), so every committed token is one the target would have produced.
 //
@@ -10,14 +11,12 @@
 
 #include <cstdint>
 
+#include "decide.h"
 #include "sampling.h"
 
 namespace dflash {
 
-struct Acceptance {
-  int64_t accepted;  // drafts kept, 0..num_drafts
-  int64_t next;      // the target's token after them
-};
+using Acceptance = Verdict;  // drafts kept (0..num_drafts) and the target's token after them
 
 // Longest prefix of drafts equal to the target's argmax. logits [num_drafts + 1, vocab].
 Acceptance accept_greedy(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab);

@@ -192,7 +192,27 @@ PYBIND11_MODULE(_core, m) {
       .def("predict", &CostModel::predict, py::arg("rows"), py::arg("block"))
       .def("cells", [](const CostModel& c) { return cells_list(c.cells()); });
 
-  py::class_<Executor>(m, "Executor", "What the scheduler drives (csrc/executor.h): the slot executors.");
+  py::class_<Executor>(m, "Executor", "What the scheduler drives (csrc/executor.h): the slot executors.")
+      // The deciding phases, callable one by one (tests, benchmarks); the scheduler calls them in C++.
+      .def("prefill", &Executor::prefill, py::arg("rows"), py::arg("prompts"), py::arg("sampling"),
+           "-> the token decided at each row's last prompt position")
+      .def(
+          "verify",
+          [](Executor& e, const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks,
+             const std::vector<RowSampling>& sampling) {
+            std::vector<std::pair<int64_t, int64_t>> out;
+            for (const Verdict& v : e.verify(rows, blocks, sampling)) out.emplace_back(v.accepted, v.next);
+            return out;
+          },
+          py::arg("rows"), py::arg("blocks"), py::arg("sampling"), "-> (drafts kept, next token) per row");
+  py::class_<RowSampling>(m, "RowSampling", "A row's sampling params, RNG stream and first decided position.")
+      .def(py::init([](const SamplingParams& sampling, uint64_t stream, uint32_t position) {
+             return RowSampling{sampling, stream, position};
+           }),
+           py::arg("sampling") = SamplingParams{}, py::arg("stream") = 0, py::arg("position") = 0)
+      .def_readonly("sampling", &RowSampling::sampling)
+      .def_readonly("stream", &RowSampling::stream)
+      .def_readonly("position", &RowSampling::position);
 
   py::class_<SchedulerConfig>(m, "SchedulerConfig")
       .def(py::init([](int64_t max_batch, int64_t capacity, int64_t block_size, uint64_t engine_seed, bool adaptive,

@@ -6,6 +6,10 @@
 #include <map>
 #include <mutex>
 
+#ifdef DFLASH_WITH_DEVICE_DECIDE
+#include "decide_kernel_fatbin.h"  // kDecideKernelFatbin: decide_kernel.cu for every SM setup.py builds
+#endif
+
 namespace dflash {
 
 namespace {
@@ -36,6 +40,10 @@ struct Driver {
   decltype(&::cuMemcpyDtoHAsync_v2) dtoh;
   decltype(&::cuMemsetD8Async) memset;
   decltype(&::cuGetErrorString) error_string;
+  decltype(&::cuModuleLoadData) module_load;
+  decltype(&::cuModuleUnload) module_unload;
+  decltype(&::cuModuleGetFunction) function;
+  decltype(&::cuLaunchKernel) launch;
 
   // Loaded once per process and path; the library is never unloaded.
   static std::shared_ptr<const Driver> load(const std::string& path, const std::string& who) {
@@ -69,6 +77,10 @@ struct Driver {
     get(d->dtoh, "cuMemcpyDtoHAsync_v2");
     get(d->memset, "cuMemsetD8Async");
     get(d->error_string, "cuGetErrorString");
+    get(d->module_load, "cuModuleLoadData");
+    get(d->module_unload, "cuModuleUnload");
+    get(d->function, "cuModuleGetFunction");
+    get(d->launch, "cuLaunchKernel");
     loaded[path] = d;
     return d;
   }
@@ -88,6 +100,7 @@ CudaDevice::CudaDevice(const std::string& driver_path, const std::string& who)
 }
 
 CudaDevice::~CudaDevice() {
+  if (module_) driver_->module_unload(module_);
   if (stream_) driver_->stream_destroy(stream_);
   CUdevice device = 0;
   if (context_ && driver_->device_get(&device, 0) == CUDA_SUCCESS) driver_->release(device);
@@ -165,6 +178,32 @@ void CudaDevice::zero(void* dst, size_t bytes) {
 void CudaDevice::synchronize() {
   bind();
   check(driver_->synchronize(stream_), "waiting for the stream");
+}
+
+bool CudaDevice::decides() const {
+#ifdef DFLASH_WITH_DEVICE_DECIDE
+  return true;
+#else
+  return false;
+#endif
+}
+
+void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count,
+                        const int64_t* drafts, float* probs, int32_t* order, Verdict* out) {
+#ifdef DFLASH_WITH_DEVICE_DECIDE
+  bind();
+  if (!module_) {  // once: the driver picks this GPU's SM from the fatbin (or JIT-compiles its PTX)
+    check(driver_->module_load(&module_, kDecideKernelFatbin), "loading the decision kernel");
+    check(driver_->function(&decide_, module_, "dflash_decide_rows"), "finding the decision kernel");
+  }
+  if (count == 0) return;
+  void* args[] = {&logits, &vocab, &rows, &drafts, &probs, &order, &out};
+  check(driver_->launch(decide_, unsigned(count), 1, 1, kDecideThreads, 1, 1, 0, stream_, args, nullptr),
+        "launching the decision kernel");
+#else
+  (void)logits, (void)vocab, (void)rows, (void)count, (void)drafts, (void)probs, (void)order, (void)out;
+  DFLASH_INVARIANT(false);  // decides() is false: the executor decides on the host
+#endif
 }
 
 }  // namespace dflash

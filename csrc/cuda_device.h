@@ -37,7 +37,12 @@ class CudaDevice final : public Device {
   void download(void* dst, const void* src, size_t bytes) override;
   void zero(void* dst, size_t bytes) override;
   void synchronize() override;
+  bool decides() const override;  // where setup.py built decide_kernel.cu (nvcc found)
+  void decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, const int64_t* drafts,
+              float* probs, int32_t* order, Verdict* out) override;
   CUstream stream() const { return stream_; }
+
+  static constexpr unsigned kDecideThreads = 256;  // decide_kernel.cu's block size
 
  private:
   void check(CUresult result, const char* what) const;
@@ -46,6 +51,8 @@ class CudaDevice final : public Device {
   std::shared_ptr<const Driver> driver_;
   CUcontext context_ = nullptr;
   CUstream stream_ = nullptr;
+  CUmodule module_ = nullptr;  // the decision kernel's, loaded at the first decide
+  CUfunction decide_ = nullptr;
 };
 
 }  // namespace dflash

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "decide.h"
 #include "errors.h"
 
 namespace dflash {
@@ -57,6 +58,16 @@ class Device {
   virtual void download(void* dst, const void* src, size_t bytes) = 0;  // device -> host
   virtual void zero(void* dst, size_t bytes) = 0;
   virtual void synchronize() = 0;
+  // Whether `decide` runs here: a GPU decides the rows of a phase where their logits are (decide.h's
+  // rules as a kernel), so only verdicts cross to the host. False: the executor downloads logits.
+  virtual bool decides() const { return false; }
+  // rows[0..count) over logits [*, vocab] -> out[0..count); every pointer is this device's memory,
+  // probs and order scratch [count, vocab]. Ordered after the calls before it, like a copy.
+  virtual void decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, const int64_t* drafts,
+                      float* probs, int32_t* order, Verdict* out) {
+    (void)logits, (void)vocab, (void)rows, (void)count, (void)drafts, (void)probs, (void)order, (void)out;
+    DFLASH_INVARIANT(false);
+  }
 
   uint64_t host_bytes = 0;  // bytes staged across the host boundary so far (Staged uploads and downloads)
 };

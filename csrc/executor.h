@@ -36,12 +36,6 @@ struct RowSampling {
   uint32_t position = 0;
 };
 
-// A verify row's outcome: the drafts it kept (a prefix) and the target's token after them.
-struct Verdict {
-  int64_t accepted = 0;
-  int64_t next = -1;
-};
-
 // The host forms of the rules, for executors whose logits are in host memory.
 inline int64_t host_sample(const float* logits, int64_t vocab, const RowSampling& s) {
   return sample(logits, vocab, s.sampling, s.stream, s.position);

@@ -7,11 +7,13 @@
 // Philox4x32-10 as published by Salmon, Moraes, Dror and Shaw, "Parallel random numbers: as easy as
 // 1, 2, 3" (SC'11): a 4x32-bit counter and a 2x32-bit key, ten rounds of two 32x32->64 multiplies,
 // the key bumped by Weyl constants between rounds. Checked against the paper's known-answer vectors
-// (tests/core/test_rng.py).
+// (tests/core/test_rng.py). Compiled for the device too (hd.h): a GPU kernel draws the same numbers.
 #pragma once
 
 #include <array>
 #include <cstdint>
+
+#include "hd.h"
 
 namespace dflash {
 
@@ -24,7 +26,7 @@ constexpr uint32_t kMul1 = 0xCD9E8D57u;
 constexpr uint32_t kWeyl0 = 0x9E3779B9u;  // golden ratio
 constexpr uint32_t kWeyl1 = 0xBB67AE85u;  // sqrt(3) - 1
 
-inline Philox4x32Counter round(const Philox4x32Counter& x, const Philox4x32Key& k) {
+DFLASH_HD inline Philox4x32Counter round(const Philox4x32Counter& x, const Philox4x32Key& k) {
   const uint64_t p0 = uint64_t(kMul0) * x[0];
   const uint64_t p1 = uint64_t(kMul1) * x[2];
   const uint32_t hi0 = uint32_t(p0 >> 32), lo0 = uint32_t(p0);
@@ -34,7 +36,7 @@ inline Philox4x32Counter round(const Philox4x32Counter& x, const Philox4x32Key& 
 }  // namespace philox_detail
 
 // The raw block function: 10 rounds, the key bumped before rounds 2..10.
-inline Philox4x32Counter philox4x32_10(Philox4x32Counter x, Philox4x32Key k) {
+DFLASH_HD inline Philox4x32Counter philox4x32_10(Philox4x32Counter x, Philox4x32Key k) {
   for (int r = 0; r < 10; ++r) {
     if (r > 0) {
       k[0] += philox_detail::kWeyl0;
@@ -52,7 +54,7 @@ inline Philox4x32Counter philox4x32_10(Philox4x32Counter x, Philox4x32Key k) {
 enum Draw : uint32_t { kCategoricalDraw = 1 };
 
 // A uniform double in [0, 1) with 53 random bits (from the first two output words).
-inline double uniform(uint64_t seed, uint64_t request, uint32_t position, uint32_t draw) {
+DFLASH_HD inline double uniform(uint64_t seed, uint64_t request, uint32_t position, uint32_t draw) {
   const Philox4x32Counter out = philox4x32_10(
       {position, draw, uint32_t(request), uint32_t(request >> 32)}, {uint32_t(seed), uint32_t(seed >> 32)});
   const uint64_t bits = (uint64_t(out[0]) << 21) ^ (uint64_t(out[1]) >> 11);  // 32 + 21 = 53 bits

@@ -2,10 +2,13 @@
 //
 // target_probs mirrors dflash_trt/spec/sampling.py `target_probs` (the oracle), so that the core
 // and the Python reference loop commit tokens from the same distribution. Rows are raw float
-// arrays [rows, vocab]; nothing here knows about tensors, executors or Python.
+// arrays [rows, vocab]; nothing here knows about tensors, executors or Python. These are the host
+// entry points (checked inputs, own scratch) over the rules in decide.h, which a GPU kernel runs too.
 #pragma once
 
 #include <cstdint>
+
+#include "hd.h"
 
 namespace dflash {
 
@@ -15,7 +18,7 @@ struct SamplingParams {
   double top_p = 1.0;        // 1: no nucleus cut
   uint64_t seed = 0;
 
-  bool greedy() const { return temperature == 0.0; }
+  DFLASH_HD bool greedy() const { return temperature == 0.0; }
   // Throws dflash::Error (one line) on values SamplingParams in Python would refuse.
   void validate() const;
 };

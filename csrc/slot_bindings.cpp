@@ -98,6 +98,11 @@ void bind_slot_executors(py::module_& m) {
       .def("release", &SlotExecutor::release, py::arg("row"));
 
   m.attr("HAS_CUDA_DEVICE") = dflash::has_cuda_device();
+#ifdef DFLASH_WITH_DEVICE_DECIDE
+  m.attr("HAS_DEVICE_DECIDE") = true;  // GPU executors decide tokens on the GPU (decide_kernel.cu)
+#else
+  m.attr("HAS_DEVICE_DECIDE") = false;
+#endif
   py::class_<dflash::PyGraphExecutor, SlotExecutor>(
       m, "PyGraphExecutor", "The slot executor over graphs written in Python (runtime/torch_graphs.py), on the host or GPU 0.")
       .def(py::init<const Config&, py::object, const std::string&>(), py::arg("config"), py::arg("graphs"),

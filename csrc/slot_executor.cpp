@@ -116,6 +116,11 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
       lengths_(device_, DType::int64),
       tokens_(device_, DType::int64),
       logits_(device_, DType::float32),
+      decide_rows_(device_, DType::int64),
+      verdicts_(device_, DType::int64),
+      decide_drafts_(device_, DType::int64),
+      decide_probs_(device_, DType::float32),
+      decide_order_(device_, DType::float32),
       features_(device_, dtype_) {
   config_.validate(who_);
   target_ = backend_->open(config_.target_path);
@@ -185,7 +190,7 @@ std::vector<std::vector<size_t>> SlotExecutor::target_groups(const std::vector<i
 
 template <typename F>
 void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& tokens,
-                              bool last_only, F&& take) {
+                              bool last_only, const Decision* decision, F&& take) {
   DFLASH_INVARIANT(rows.size() == tokens.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& row = state(rows[i]);
@@ -230,15 +235,16 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
       states.conv[k].reserve(n * r * conv_size_);
       states.recurrent[k].reserve(n * r * recurrent_size_);
     }
-    run_target_range(lo, n, s, r);
+    run_target_range(lo, n, s, r, decision == nullptr);
+    if (decision) decide_run(rows, group, lo, r, *decision);
     for (size_t i : group) {
       const int64_t j = rows[i] - lo;
-      take(i, j, logits_.host.data() + j * r * config_.vocab, features_.host.data() + j * s * FB);
+      take(i, j, decision ? nullptr : logits_.host.data() + j * r * config_.vocab, features_.host.data() + j * s * FB);
     }
   }
 }
 
-void SlotExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r) {
+void SlotExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r, bool logits_to_host) {
   const SlotExecutorConfig& c = config_;
   Graph& g = *target_;
   g.clear();
@@ -268,7 +274,7 @@ void SlotExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r)
   g.output("logits", {logits_.device_data(), DType::float32, {n, r, c.vocab}});
   if (c.has_drafter()) g.output("features", {features_.device_data(), dtype_, {n, s, c.feature_width}});
   g.run("running target.onnx");
-  logits_.download();
+  if (logits_to_host) logits_.download();
   features_.download();
   device_.synchronize();
   ++target_runs_;
@@ -305,23 +311,67 @@ std::vector<int64_t> SlotExecutor::prefill(const std::vector<int64_t>& rows,
                                            const std::vector<RowSampling>& sampling) {
   DFLASH_INVARIANT(sampling.size() == rows.size());
   std::vector<int64_t> out(rows.size());
-  prefill_rows(rows, prompts, [&](size_t i, const float* logits) {
-    out[i] = host_sample(logits, config_.vocab, sampling[i]);
+  std::vector<Verdict> verdicts(rows.size());
+  const Decision on_device{sampling, nullptr, verdicts};
+  prefill_rows(rows, prompts, device_.decides() ? &on_device : nullptr, [&](size_t i, const float* logits) {
+    out[i] = logits ? host_sample(logits, config_.vocab, sampling[i]) : verdicts[i].next;
   });
   return out;
+}
+
+void SlotExecutor::decide_run(const std::vector<int64_t>& rows, const std::vector<size_t>& group, int64_t lo,
+                              int64_t r, const Decision& decision) {
+  const int64_t V = config_.vocab, count = int64_t(group.size());
+  decide_rows_.host.resize(count * sizeof(DecideRow));
+  decide_drafts_.host.assign(1, 0);  // never empty: its device mirror is always a valid pointer
+  for (int64_t k = 0; k < count; ++k) {
+    const size_t i = group[k];
+    const RowSampling& s = decision.sampling[i];
+    if (!s.sampling.greedy()) s.sampling.validate();
+    DecideRow row;
+    row.first = (rows[i] - lo) * r;
+    row.sampling = s.sampling;
+    row.stream = s.stream;
+    row.position = s.position;
+    if (decision.blocks) {
+      const std::vector<int64_t>& block = (*decision.blocks)[i];
+      for (size_t j = 1; j < block.size(); ++j)
+        if (block[j] < 0 || block[j] >= V)
+          throw Error("draft token " + std::to_string(block[j]) + " at block slot " + std::to_string(j) +
+                      " is outside the target vocabulary of " + std::to_string(V) +
+                      "; the drafter and target vocabularies disagree");
+      row.num_drafts = int64_t(block.size()) - 1;
+      row.drafts = int64_t(decide_drafts_.host.size());
+      decide_drafts_.host.insert(decide_drafts_.host.end(), block.begin() + 1, block.end());
+    }
+    std::memcpy(decide_rows_.host.data() + k * sizeof(DecideRow), &row, sizeof(DecideRow));
+  }
+  verdicts_.host.resize(count * sizeof(Verdict));
+  decide_probs_.reserve(count * V);
+  decide_order_.reserve(count * V);
+  decide_rows_.upload();
+  decide_drafts_.upload();
+  device_.decide(static_cast<const float*>(logits_.device_data()), V,
+                 reinterpret_cast<const DecideRow*>(decide_rows_.device_data()), count,
+                 static_cast<const int64_t*>(decide_drafts_.device_data()), reinterpret_cast<float*>(decide_probs_.at(0)),
+                 reinterpret_cast<int32_t*>(decide_order_.at(0)), reinterpret_cast<Verdict*>(verdicts_.device_data()));
+  verdicts_.download();
+  device_.synchronize();
+  for (int64_t k = 0; k < count; ++k)
+    std::memcpy(&decision.out[group[k]], verdicts_.host.data() + k * sizeof(Verdict), sizeof(Verdict));
 }
 
 std::vector<LogitsRows> SlotExecutor::prefill_logits(const std::vector<int64_t>& rows,
                                                      const std::vector<std::vector<int64_t>>& prompts) {
   std::vector<LogitsRows> out(rows.size());
-  prefill_rows(rows, prompts, [&](size_t i, const float* logits) {
+  prefill_rows(rows, prompts, nullptr, [&](size_t i, const float* logits) {
     out[i] = {1, config_.vocab, std::vector<float>(logits, logits + config_.vocab)};
   });
   return out;
 }
 
 void SlotExecutor::prefill_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& prompts,
-                                const LogitsSink& sink) {
+                                const Decision* decision, const LogitsSink& sink) {
   // A row not live yet starts a request (zero states; release left it empty); a live one takes its
   // prompt's next chunk after what it holds.
   for (int64_t row : rows)
@@ -329,7 +379,7 @@ void SlotExecutor::prefill_rows(const std::vector<int64_t>& rows, const std::vec
   const size_t FB = feature_bytes();
   const size_t linear = conv_.size();
   std::vector<const char*> conv(linear), recurrent(linear);
-  run_target(rows, prompts, true, [&](size_t i, int64_t j, const float* logits, const char* features) {
+  run_target(rows, prompts, true, decision, [&](size_t i, int64_t j, const float* logits, const char* features) {
     sink(i, logits);
     std::vector<char>& pending = rows_[rows[i]].pending;  // injected at the next draft
     pending.insert(pending.end(), features, features + prompts[i].size() * FB);
@@ -351,8 +401,9 @@ std::vector<Verdict> SlotExecutor::verify(const std::vector<int64_t>& rows,
                                           const std::vector<RowSampling>& sampling) {
   DFLASH_INVARIANT(sampling.size() == rows.size());
   std::vector<Verdict> out(rows.size());
-  verify_rows(rows, blocks, [&](size_t i, const float* logits) {
-    out[i] = host_verdict(blocks[i], logits, config_.vocab, sampling[i]);
+  const Decision on_device{sampling, &blocks, out};
+  verify_rows(rows, blocks, device_.decides() ? &on_device : nullptr, [&](size_t i, const float* logits) {
+    if (logits) out[i] = host_verdict(blocks[i], logits, config_.vocab, sampling[i]);
   });
   return out;
 }
@@ -361,7 +412,7 @@ std::vector<LogitsRows> SlotExecutor::verify_logits(const std::vector<int64_t>& 
                                                     const std::vector<std::vector<int64_t>>& blocks) {
   std::vector<LogitsRows> out(rows.size());
   const int64_t V = config_.vocab;
-  verify_rows(rows, blocks, [&](size_t i, const float* logits) {
+  verify_rows(rows, blocks, nullptr, [&](size_t i, const float* logits) {
     const int64_t len = int64_t(blocks[i].size());
     out[i] = {len, V, std::vector<float>(logits, logits + len * V)};
   });
@@ -369,10 +420,10 @@ std::vector<LogitsRows> SlotExecutor::verify_logits(const std::vector<int64_t>& 
 }
 
 void SlotExecutor::verify_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks,
-                               const LogitsSink& sink) {
+                               const Decision* decision, const LogitsSink& sink) {
   for (int64_t row : rows) DFLASH_INVARIANT(state(row).live);
   const size_t FB = feature_bytes();
-  run_target(rows, blocks, false, [&](size_t i, int64_t j, const float* logits, const char* features) {
+  run_target(rows, blocks, false, decision, [&](size_t i, int64_t j, const float* logits, const char* features) {
     const int64_t len = int64_t(blocks[i].size());
     sink(i, logits);
     Row& row = rows_[rows[i]];

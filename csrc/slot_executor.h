@@ -23,7 +23,9 @@
 // not the capacity).
 //
 // Caches, features and conv states are in the bundle's dtype (float32, float16 or bfloat16; the
-// host never does arithmetic on them, it only moves bytes); logits are float32.
+// host never does arithmetic on them, it only moves bytes); logits are float32. On a device that
+// decides (a GPU: Device::decides), a phase's tokens are decided where its logits are and only
+// verdicts are downloaded; on the host, the rules run over the logits in place.
 #pragma once
 
 #include <cstdint>
@@ -109,12 +111,23 @@ class SlotExecutor : public Executor {
   uint64_t host_bytes() const { return device_.host_bytes; }
 
  private:
-  // Row i's logits in host memory (1 row for a prefill, len(block) for a verify), valid during the call.
+  // Row i's logits in host memory (1 row for a prefill, len(block) for a verify), valid during the call;
+  // nullptr where the device decided the row instead (`Decision`).
   using LogitsSink = std::function<void(size_t, const float*)>;
+  // A target phase's tokens decided on the device where the logits are (Device::decides): per row
+  // its sampling, its verify block (no blocks: a prefill's one token), and where its verdict goes.
+  struct Decision {
+    const std::vector<RowSampling>& sampling;
+    const std::vector<std::vector<int64_t>>* blocks;
+    std::vector<Verdict>& out;
+  };
   void prefill_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& prompts,
-                    const LogitsSink& sink);
+                    const Decision* decision, const LogitsSink& sink);
   void verify_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks,
-                   const LogitsSink& sink);
+                   const Decision* decision, const LogitsSink& sink);
+  // The decision kernel over one Run's logits [n, r, V] for the rows `group` of `rows` (range start lo).
+  void decide_run(const std::vector<int64_t>& rows, const std::vector<size_t>& group, int64_t lo, int64_t r,
+                  const Decision& decision);
   struct Row {
     bool live = false;
     int64_t committed = 0;     // target cache rows that count (the write offset of the next run)
@@ -140,8 +153,8 @@ class SlotExecutor : public Executor {
   // in the Run's slot range (for the state outputs), features on the host in the bundle dtype.
   template <typename F>
   void run_target(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& tokens, bool last_only,
-                  F&& take);
-  void run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r);
+                  const Decision* decision, F&& take);
+  void run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r, bool logits_to_host);
   // Linear layer k's conv / recurrent state after logits row `pos` of range row j, in Run `run` of
   // the current phase (device memory).
   const char* conv_out(int64_t run, size_t k, int64_t j, int64_t pos) const;
@@ -176,6 +189,10 @@ class SlotExecutor : public Executor {
   // Host arrays the graphs read or write, rewritten before each Run (grown, never shrunk).
   Staged<int64_t> ids_, cache_lengths_, query_lengths_, logits_index_, positions_, lengths_, tokens_;
   Staged<float> logits_;
+  // a device decision's rows (DecideRow bytes), drafts, verdicts (Verdict bytes) and scratch
+  Staged<char> decide_rows_, verdicts_;
+  Staged<int64_t> decide_drafts_;
+  Buffer decide_probs_, decide_order_;  // [rows, V] float32 each (order holds int32 ids)
   Staged<char> features_;           // target features out, then the drafter's features in
   std::vector<Buffer> context_;     // per draft cache: new rows out of injection, then packed context
 };

@@ -1,6 +1,9 @@
 // A fake CUDA driver (libcuda.so.1) for the C++ TensorRT executor's tests on a CPU: the calls
-// csrc/trt_api.cpp resolves, over host memory ("device" pointers are host pointers), each copy done
-// at once (the one stream is then trivially ordered). Memory calls need a current context on the calling
+// csrc/cuda_device.cpp resolves, over host memory ("device" pointers are host pointers), each copy done
+// at once (the one stream is then trivially ordered). Launching the decision kernel
+// (csrc/decide_kernel.cu) runs its rules compiled for the host (csrc/decide.h), one row per block
+// with the kernel's own argument layout: what it proves is the executor's side of the launch (which
+// rows, offsets, drafts and keys it hands the kernel), not the kernel on a GPU. Memory calls need a current context on the calling
 // thread, as the real driver's do. fake_cuda_live() counts live allocations, so a
 // test can see that an executor frees every buffer it made.
 #include <cuda.h>
@@ -8,6 +11,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+
+#include "decide.h"
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -94,5 +99,43 @@ EXPORT CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char value, size_t bytes
 }
 EXPORT CUresult cuGetErrorString(CUresult, const char** message) {
   *message = "fake CUDA error";
+  return CUDA_SUCCESS;
+}
+
+namespace {
+int module_image;  // the one module: whatever image is loaded, its only function is the decision kernel
+int decide_function;
+}  // namespace
+
+EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  NEEDS_CONTEXT;
+  if (!image) return CUDA_ERROR_INVALID_IMAGE;
+  *module = reinterpret_cast<CUmodule>(&module_image);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuModuleUnload(CUmodule) { return CUDA_SUCCESS; }
+EXPORT CUresult cuModuleGetFunction(CUfunction* function, CUmodule, const char* name) {
+  if (std::strcmp(name, "dflash_decide_rows") != 0) return CUDA_ERROR_NOT_FOUND;
+  *function = reinterpret_cast<CUfunction>(&decide_function);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned,
+                               unsigned, unsigned, unsigned, CUstream, void** args, void**) {
+  NEEDS_CONTEXT;
+  if (function != reinterpret_cast<CUfunction>(&decide_function) || grid_y != 1 || grid_z != 1)
+    return CUDA_ERROR_INVALID_VALUE;
+  // dflash_decide_rows(logits, vocab, rows, drafts, probs, order, out)
+  const float* logits = *static_cast<const float**>(args[0]);
+  const int64_t vocab = *static_cast<int64_t*>(args[1]);
+  const dflash::DecideRow* rows = *static_cast<const dflash::DecideRow**>(args[2]);
+  const int64_t* drafts = *static_cast<const int64_t**>(args[3]);
+  float* probs = *static_cast<float**>(args[4]);
+  int32_t* order = *static_cast<int32_t**>(args[5]);
+  dflash::Verdict* out = *static_cast<dflash::Verdict**>(args[6]);
+  for (unsigned b = 0; b < grid_x; ++b) {
+    const dflash::DecideRow& row = rows[b];
+    out[b] = dflash::verdict_rows(drafts + row.drafts, row.num_drafts, logits + row.first * vocab, vocab,
+                                  row.sampling, row.stream, row.position, probs + b * vocab, order + b * vocab);
+  }
   return CUDA_SUCCESS;
 }

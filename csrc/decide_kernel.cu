@@ -1,0 +1,73 @@
+// decide_kernel.cu: decide.h's rules as a CUDA kernel, one block per row, over logits in GPU memory.
+//
+// Built by setup.py with nvcc into a fatbin that the core embeds and loads through the CUDA driver
+// (cuda_device.cpp): nothing links to the CUDA runtime. Greedy rows (the common case) take each
+// position's argmax with every thread of the block; T>0 rows run decide.h's row functions on one
+// thread (correct first: the draws, the top-k selection and the top-p sort are not parallel yet).
+#include "decide.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// (value, index) a beats b under torch.argmax: a NaN beats any number, then the larger value, then the
+// smaller index; index -1 is "nothing yet".
+__device__ bool beats(float av, int64_t ai, float bv, int64_t bi) {
+  if (bi < 0) return ai >= 0;
+  if (ai < 0) return false;
+  const bool an = av != av, bn = bv != bv;
+  if (an != bn) return an;
+  if (!an && av != bv) return av > bv;
+  return ai < bi;
+}
+
+__device__ int64_t block_argmax(const float* row, int64_t vocab, float* values, int64_t* indices) {
+  float best = 0.0f;
+  int64_t at = -1;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x)
+    if (beats(row[i], i, best, at)) {
+      best = row[i];
+      at = i;
+    }
+  values[threadIdx.x] = best;
+  indices[threadIdx.x] = at;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half && beats(values[threadIdx.x + half], indices[threadIdx.x + half], values[threadIdx.x],
+                                    indices[threadIdx.x])) {
+      values[threadIdx.x] = values[threadIdx.x + half];
+      indices[threadIdx.x] = indices[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  const int64_t out = indices[0];
+  __syncthreads();  // indices[0] is rewritten by the next call
+  return out;
+}
+
+}  // namespace
+
+// rows[b] over logits [*, vocab] -> out[b]. Scratch per row: probs and order [vocab] at b * vocab.
+// Launch: grid = number of rows, block = kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads)
+    dflash_decide_rows(const float* logits, int64_t vocab, const dflash::DecideRow* rows, const int64_t* drafts,
+                       float* probs, int32_t* order, dflash::Verdict* out) {
+  __shared__ float values[kThreads];
+  __shared__ int64_t indices[kThreads];
+  const dflash::DecideRow row = rows[blockIdx.x];
+  const float* first = logits + row.first * vocab;
+  const int64_t* mine = drafts + row.drafts;
+  if (!row.sampling.greedy()) {
+    if (threadIdx.x == 0)
+      out[blockIdx.x] = dflash::verdict_rows(mine, row.num_drafts, first, vocab, row.sampling, row.stream,
+                                             row.position, probs + blockIdx.x * vocab, order + blockIdx.x * vocab);
+    return;
+  }
+  for (int64_t j = 0;; ++j) {  // the same prefix rule as verdict_rows, each argmax by the whole block
+    const int64_t token = block_argmax(first + j * vocab, vocab, values, indices);
+    if (j == row.num_drafts || token != mine[j]) {
+      if (threadIdx.x == 0) out[blockIdx.x] = {j, token};
+      return;
+    }
+  }
+}

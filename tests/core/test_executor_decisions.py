@@ -1,0 +1,97 @@
+"""The slot executor's decisions against the host rules (csrc/decide.h through _core.accept /
+_core.sample) on chosen logits with ties: greedy, temperature, top-k and top-p.
+
+Its target graph is a table of logits we choose (a Python graph writing them into the executor's
+buffer), so a phase decides exactly the rows the host rules are given. On the host this checks
+which logits row each decision reads; on a GPU (marked `gpu`, skipped where PyTorch sees none) the
+decision kernel (csrc/decide_kernel.cu) decides them where they are."""
+
+import numpy as np
+import pytest
+import torch
+
+from dflash_trt.runtime.torch_graphs import TorchGraph
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU that PyTorch sees")])]
+
+VOCAB, ROWS, BLOCK = 1000, 3, 5
+
+
+class LogitsTarget(torch.nn.Module):
+    """The target graph's I/O (one attention layer, no drafter); its logits are `table` [ROWS, BLOCK, V]."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = None
+
+    def forward(self, input_ids, cache_lengths, query_lengths, logits_index, key, value):
+        n, r = logits_index.shape
+        return self.table[:n, :r], input_ids.new_zeros(*input_ids.shape, 0, dtype=torch.float32), key, value
+
+
+class LogitsGraphs:
+    def __init__(self, device):
+        self.target, self.device, self.stream = LogitsTarget(), torch.device(device), None
+
+    def version(self):
+        return "logits table"
+
+    def use_stream(self, handle):
+        self.stream = torch.cuda.ExternalStream(handle)
+
+    def open(self, name):
+        assert name == "target"
+        inputs = ["input_ids", "cache_lengths", "query_lengths", "logits_index", "cache_key_0", "cache_value_0"]
+        outputs = ["logits", "features", "cache_key_out_0", "cache_value_out_0"]
+        return TorchGraph(name, self.target, inputs, outputs, self.device, self.stream)
+
+
+def executor(core, graphs):
+    config = core.ExecutorConfig()
+    config.target_path, config.library_path = "target", "torch"
+    config.max_batch, config.capacity, config.vocab = ROWS, 64, VOCAB
+    config.target_layers, config.attention_layers = 1, [0]
+    config.target_kv_heads, config.target_head_dim = 1, 8
+    return core.PyGraphExecutor(config, graphs, graphs.device.type)
+
+
+def tied_logits(seed):
+    """Logits on a 0.25 grid (many exact ties, the maximum tied too), as float32 [ROWS, BLOCK, V]."""
+    rng = np.random.default_rng(seed)
+    logits = np.round(rng.normal(0.0, 2.0, (ROWS, BLOCK, VOCAB)) * 4) / 4
+    logits[:, :, 7] = logits[:, :, 3] = logits.max(axis=2)  # the argmax is a tie: the first index wins
+    return logits.astype(np.float32)
+
+
+PARAMS = [dict(), dict(temperature=0.7), dict(temperature=1.0, top_k=40), dict(temperature=0.8, top_p=0.9),
+          dict(temperature=1.3, top_k=100, top_p=0.5)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("params", PARAMS, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "greedy")
+def test_each_decision_equals_the_host_rules_on_its_own_logits(core, params, device):
+    if device == "cuda" and not core.HAS_DEVICE_DECIDE:
+        pytest.fail("dflash_trt._core was built without the decision kernel on a GPU machine (nvcc missing?)")
+    graphs = LogitsGraphs(device)
+    ex = executor(core, graphs)
+    for seed in range(4):
+        logits = tied_logits(seed)
+        sampling = [core.RowSampling(core.SamplingParams(seed=seed * 10 + i, **params), stream=i, position=20 + i)
+                    for i in range(ROWS)]
+        graphs.target.table = torch.from_numpy(logits[:, :1].copy()).to(device)  # a prefill: one row per row
+        rows = list(range(ROWS))
+        first = ex.prefill(rows, [[1, 2, 3]] * ROWS, sampling)
+        assert first == [core.sample(logits[i, 0], s.sampling, i, 20 + i) for i, s in enumerate(sampling)]
+        # blocks whose drafts are mostly the host's own picks, so verdicts of every length occur
+        blocks = []
+        for i in range(ROWS):
+            drafts = [int(np.argmax(logits[i, j])) if (j + seed) % 3 else 0 for j in range(BLOCK - 1)]
+            blocks.append([first[i], *drafts])
+        graphs.target.table = torch.from_numpy(logits).to(device)
+        got = ex.verify(rows, blocks, sampling)
+        want = [core.accept(blocks[i][1:], logits[i], sampling[i].sampling, i, 20 + i) for i in range(ROWS)]
+        assert got == [tuple(w) for w in want]
+        ex.commit(rows, [0] * ROWS)
+        for row in rows:
+            ex.release(row)
