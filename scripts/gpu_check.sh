@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check: one command on a bare GPU machine (CUDA driver, nvcc, CMake, Python with PyTorch; no
 # TensorRT, no network). It builds the plugin kernels and the C++ core for this GPU's SM, runs the
-# kernels' parity with their CPU references and their bandwidth bench, `pytest -m gpu`, and the target
-# step-cost bench at Qwen3-8B widths, then writes the record gpu-<device>.json (scripts/gpu_record.py)
+# kernels' parity with their CPU references and their bandwidth bench, `pytest -m gpu`, the target
+# step-cost floor at Qwen3-8B widths and our executor's phases at those widths
+# (scripts/executor_step_bench.py), then writes the record gpu-<device>.json (scripts/gpu_record.py)
 # into OUT_DIR. A failed step is recorded and the next one still runs; the exit status is 1 if any
 # step, parity case or gpu test failed.
 #
@@ -106,6 +107,7 @@ step build_core 300 "$python" setup.py -q build_ext --inplace -j "$(nproc)"
 step step_bench 240 "$python" scripts/gpu_step_bench.py --json "$work/step_bench.json"
 step pytest_gpu 300 "$python" -m pytest -m gpu tests -q -p no:cacheprovider --continue-on-collection-errors \
   --junitxml "$work/pytest.xml"
+step executor_bench 240 "$python" scripts/executor_step_bench.py --json "$work/executor_bench.json"
 
 "$python" scripts/gpu_record.py "$work" --commit "$commit" -o "$out" --peak-tflops "$peak_tflops" 2>&1 |
   tee -a "$log"

@@ -8,9 +8,11 @@ on its device (the host, or GPU 0 through the CUDA driver) and hands each run th
 here views them as tensors, runs its module and writes the outputs the executor bound. Requests
 share every matrix multiply of a phase, as on the other executors.
 
-Slot attention runs in place (`InPlaceSlotAttention`): the new K/V rows are written into the
-executor's cache buffers themselves and each run attends over the longest row's keys, not the whole
-capacity (the exported graphs' reference op returns new caches, which would copy them every step).
+Two parts run as a runtime runs them, not as the exporters trace them: slot attention in place
+(`InPlaceSlotAttention`: the new K/V rows are written into the executor's cache buffers themselves
+and each run attends over the longest row's keys, not the whole capacity; the exported graphs'
+reference op returns new caches, which would copy them every step), and sparse MoE blocks as the
+model defines them (only the picked experts run; the export's static-shape twin runs all of them).
 """
 
 from __future__ import annotations
@@ -146,6 +148,9 @@ class TorchGraphs:
         taps = tuple(llm.drafter.config.target_layer_ids) if llm.has_drafter else ()
         target = (HybridSlotTargetGraph if llm.target.is_stateful else SlotTargetGraph)(llm.target, taps)
         target.attend = InPlaceSlotAttention()
+        # the models' own MLPs: a sparse MoE block runs only the experts its tokens pick (the exporters
+        # trace a dense static-shape twin, export/moe.py, which would run every expert here)
+        target.mlps = torch.nn.ModuleList(layer.mlp for layer in target.model.layers)
         self.modules = {"target": target}
         if llm.has_drafter:
             self.modules["draft_context"] = DraftContextGraph(llm.drafter)

@@ -26,6 +26,9 @@ KINDS = {
     "dense": dict(family="qwen3"),
     "sliding-window": dict(family="qwen3", use_sliding_window=True, sliding_window=3, max_window_layers=2),
     "hybrid": dict(family="qwen3_5_text"),
+    # sparse MoE: the torch graphs run the model's own block, the bundle the export's dense twin
+    "moe": dict(family="qwen3_moe"),
+    "hybrid-moe": dict(family="qwen3_5_moe_text"),
 }
 
 

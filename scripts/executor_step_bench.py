@@ -1,0 +1,153 @@
+"""What our runtime's phases cost at a real model's widths: the C++ slot executor over the torch
+graphs (runtime/torch_graphs.py) on a random-weight Qwen3-8B-shaped target with a few of its layers
+and a one-layer DFlash drafter of its width, on the GPU (the CUDA device: real driver, the decision
+kernel) or the CPU. Unlike scripts/gpu_step_bench.py (a floor in plain PyTorch), this is the code a
+request runs: staging, graph runs, device decisions, commits.
+
+For each rows x case it times the executor's own phase calls (prefill of --chunk tokens, draft of a
+block B, verify of B tokens: B=1 is a plain decoding step), --repeat times after a warm-up, with
+every row's cache at --cached tokens (verify is committed with kept 0, so the length stays), and
+reads the executor's host-boundary accounting per call. Prints a table; --json writes it.
+
+    python3 scripts/executor_step_bench.py [--preset qwen3-8b|tiny] [--layers 4] [--rows 1,8,32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+PRESETS = {
+    "qwen3-8b": dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                     intermediate_size=12288, vocab_size=151936, full_layers=36),
+    "tiny": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 intermediate_size=128, vocab_size=512, full_layers=4),
+}
+
+
+class RandomPair:
+    """What runtime/torch_graphs.torch_executor reads of an LLM, over random weights."""
+
+    tokenizer = None
+    has_drafter = True
+
+    def __init__(self, preset: dict, layers: int, device: torch.device, dtype: torch.dtype):
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        from dflash_trt.models.draft_config import DraftConfig
+        from dflash_trt.models.drafter import DFlashDrafter
+        from dflash_trt.models.target import TargetModel
+
+        shape = {k: v for k, v in preset.items() if k != "full_layers"}
+        config = Qwen3Config(**shape, num_hidden_layers=layers, rms_norm_eps=1e-6, tie_word_embeddings=False)
+        with torch.device("meta"):
+            model = Qwen3ForCausalLM(config)
+        model = model.to_empty(device=device).to(dtype)  # random weights, drawn on the device itself
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0.0, 0.02)
+        model.model.rotary_emb = type(model.model.rotary_emb)(config).to(device)  # its buffers, computed
+        self.target = TargetModel(model.eval())
+        raw = dict(shape, num_hidden_layers=1, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=40960,
+                   architectures=["DFlashDraftModel"], model_type="qwen3",
+                   dflash_config=dict(block_size=16, mask_token_id=shape["vocab_size"] - 1,
+                                      target_layer_ids=[0, layers - 1]))
+        raw.pop("vocab_size")
+        torch.manual_seed(1)
+        self.drafter = DFlashDrafter(DraftConfig.from_dict(raw)).to(device=device, dtype=dtype).eval()
+        self.draft_head = self.drafter.head(self.target.lm_head)
+
+
+def timed(call, repeat: int, sync) -> float:
+    call()  # warm-up (and the first call's allocations)
+    sync()
+    began = time.perf_counter()
+    for _ in range(repeat):
+        call()
+    sync()
+    return (time.perf_counter() - began) / repeat * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=list(PRESETS), default="qwen3-8b")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--rows", default="1,8,32")
+    parser.add_argument("--blocks", default="1,4,8,16")
+    parser.add_argument("--chunk", type=int, default=512)
+    parser.add_argument("--cached", type=int, default=1024)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+
+    from dflash_trt.runtime.native import native_core
+    from dflash_trt.runtime.torch_graphs import torch_executor
+
+    core = native_core()
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    preset = PRESETS[args.preset]
+    rows_list, blocks = [int(r) for r in args.rows.split(",")], [int(b) for b in args.blocks.split(",")]
+    pair = RandomPair(preset, args.layers, device, dtype)
+    capacity = args.cached + args.chunk + max(blocks) + 8
+    executor = torch_executor(pair, max(rows_list), capacity)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    greedy = core.RowSampling()
+    vocab = preset["vocab_size"] - 2
+    results = []
+    for n in rows_list:
+        rows = list(range(n))
+        for row in range(max(rows_list)):
+            executor.release(row)
+        g = torch.Generator().manual_seed(n)
+        prompts = [torch.randint(0, vocab, (args.cached,), generator=g).tolist() for _ in rows]
+        executor.prefill(rows, prompts, [greedy] * n)  # every row at --cached tokens
+
+        def measure(name, block, call, committed):
+            bytes_before = executor.host_bytes
+            ms = timed(call, args.repeat, sync)
+            per_call = (executor.host_bytes - bytes_before) / (args.repeat + 1)
+            assert all(executor.committed(r) == committed for r in rows)
+            results.append({"phase": name, "rows": n, "block": block, "ms": round(ms, 3),
+                            "host_bytes_per_call": int(per_call)})
+
+        for block in blocks:
+            ids = [[1] * block for _ in rows]
+
+            def verify(ids=ids):
+                executor.verify(rows, ids, [greedy] * n)
+                executor.commit(rows, [0] * n)  # roll back: the length stays at --cached
+            measure("verify", block, verify, args.cached)
+            if block > 1:
+                measure("draft", block, lambda block=block: executor.draft(rows, [1] * n, block), args.cached)
+        chunk = [[2] * args.chunk for _ in rows]
+        # each prefill commits its chunk: time one call per row set (fresh rows would re-zero states)
+        before = executor.host_bytes
+        sync()
+        began = time.perf_counter()
+        executor.prefill(rows, chunk, [greedy] * n)
+        sync()
+        results.append({"phase": f"prefill {args.chunk}", "rows": n, "block": args.chunk,
+                        "ms": round((time.perf_counter() - began) * 1e3, 3),
+                        "host_bytes_per_call": executor.host_bytes - before})
+    scale = preset["full_layers"] / args.layers
+    print(f"{args.preset}-shaped, {args.layers} of {preset['full_layers']} layers, {args.dtype} on {args.device}, "
+          f"{args.cached} cached; ms per call (x{scale:.1f} for the full depth, roughly: the LM head does not scale)")
+    print("| phase | rows | B | ms | host bytes per call |")
+    print("|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['phase']} | {r['rows']} | {r['block']} | {r['ms']} | {r['host_bytes_per_call']} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"preset": args.preset, "shape": preset, "layers": args.layers, "dtype": args.dtype,
+                       "device": args.device, "cached": args.cached, "repeat": args.repeat, "results": results},
+                      f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
