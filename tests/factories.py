@@ -202,6 +202,31 @@ class OracleDraftBlock(torch.nn.Module):
         return torch.zeros(m, block - 1, self.vocab), tokens
 
 
+# Targets of each kind the slot executors run, as make_target / export_tiny_slots_bundle arguments.
+SLOT_KINDS = {
+    "dense": dict(family="qwen3"),
+    "sliding-window": dict(family="qwen3", use_sliding_window=True, sliding_window=3, max_window_layers=2),
+    "hybrid": dict(family="qwen3_5_text"),
+    "moe": dict(family="qwen3_moe"),
+    "hybrid-moe": dict(family="qwen3_5_moe_text"),
+}
+
+
+def tiny_slots_pair(root: Path, kind: str, export: bool = True) -> tuple[Path | None, str, str]:
+    """A tiny random pair of SLOT_KINDS[kind] under `root` -> (its slots bundle, or None when not
+    `export`; target dir; drafter dir)."""
+    config = dict(SLOT_KINDS[kind])
+    family = config["family"]
+    if export:
+        bundle = export_tiny_slots_bundle(root, **config)
+    else:
+        bundle = None
+        config.pop("family")
+        make_target(root / family, family, **config)
+        make_drafter(root / f"{family}-draft", block_size=4, target_layer_ids=[1, 2])
+    return bundle, str(root / family), str(root / f"{family}-draft")
+
+
 def export_tiny_slots_bundle(path: Path, family: str = "qwen3", dtype: str = "float32", seed: int = 0,
                              check: bool = False, **target_config) -> Path:
     """A tiny random (target, drafter) pair under `path`, exported as a `slots` bundle (graph

@@ -83,8 +83,7 @@ def delta_rule_scan_at(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     """delta_rule_scan with the states kept at chosen positions per row (graph contract 2, whose rows
     are ragged): positions [b, r] int64 -> (out [b, s, Hv, Dv], states [b, r, Hv, Dk, Dv] float32,
     states[b, j] the state after position positions[b, j])."""
-    start = torch.zeros((), dtype=torch.long, device=query.device)
-    out, every = delta_rule_scan(query, key, value, g, beta, state, start)
+    out, every = delta_rule_scan(query, key, value, g, beta, state, torch.zeros((), dtype=torch.long))
     index = positions[:, :, None, None, None].expand(-1, -1, every.shape[2], every.shape[3], every.shape[4])
     return out, every.gather(1, index)
 

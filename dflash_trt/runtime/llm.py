@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -111,6 +112,7 @@ class LLM:
             return
         self.backend = "torch"
         self.device, self.dtype = torch_placement(device, dtype)
+        self.graph_stats = Counter()  # the torch graphs' runs on a GPU: CUDA graphs captured, replayed, eager
         self.target, self.tokenizer = load_target(target, self.dtype)
         self.target.model.to(self.device)
         self.drafter = None

@@ -17,8 +17,10 @@ model defines them (only the picked experts run; the export's static-shape twin 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
+from collections import Counter
 
 import torch
 from torch.nn import functional as F
@@ -30,12 +32,16 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 # __cuda_array_interface__ has no bfloat16: such buffers are viewed as 16-bit integers, then reinterpreted
 _TYPESTR = {torch.float32: "<f4", torch.float16: "<f2", torch.bfloat16: "<i2", torch.int64: "<i8"}
 _VIEWS_KEPT = 512  # views made from addresses, reused across runs (the buffers are reused every step)
+GRAPHED_TOKENS = 16  # runs of at most this many new tokens per row are CUDA-graphed (not prefill chunks)
+GRAPHS_KEPT = 64  # captured graphs per graph and device, each with its own memory pool
+CUDA_GRAPHS = True  # capture on a GPU (tests compare against eager by turning it off)
 
 
 class InPlaceSlotAttention:
     """dflash::slot_attention (export/slot_ops.py, the reference) for running, not exporting: the
     valid new K/V rows go into `key_cache` / `value_cache` in place and are returned as those same
-    tensors, and queries attend over the first max(cache_lengths + query_lengths) slots only.
+    tensors, and queries attend over the first max(cache_lengths + query_lengths) slots only (over
+    the whole capacity while a CUDA graph is captured: the span is not known until replay).
 
     The executor guarantees cache_lengths[b] + s <= capacity for every row of a run (idle ones too),
     so every row's write window is inside its slot; padding rows write back what the cache held."""
@@ -51,7 +57,10 @@ class InPlaceSlotAttention:
         for new, cache in ((key, key_cache), (value, value_cache)):
             new = new.view(b, s, kv_heads, d).transpose(1, 2).to(cache.dtype)
             cache.scatter_(2, index, torch.where(valid[:, None, :, None], new, cache.gather(2, index)))
-        span = max(int((cache_lengths + query_lengths).max()), 1)
+        if query.is_cuda and torch.cuda.is_current_stream_capturing():
+            span = key_cache.shape[2]  # a CUDA graph replays with other lengths: the whole capacity, masked
+        else:
+            span = max(int((cache_lengths + query_lengths).max()), 1)
         slot = torch.arange(span, device=query.device)
         diff = at[:, :, None] - slot[None, None]  # [b, s, span]
         visible = diff >= 0
@@ -68,13 +77,22 @@ class InPlaceSlotAttention:
 
 class TorchGraph:
     """One module as the slot executor's graph: `run(what, inputs, outputs)` with each binding
-    name -> (address, dtype name, shape) in the executor's device memory."""
+    name -> (address, dtype name, shape) in the executor's device memory.
+
+    On a GPU (`graphed`), a run of at most GRAPHED_TOKENS new tokens per row (decode, verify, draft
+    steps) is captured as a CUDA graph the second time its bindings (addresses, dtypes, shapes) recur,
+    and replayed from then on: the launches of a whole forward pass become one, where TensorRT's
+    executor would capture around its enqueue. A run that cannot be captured (a host sync inside)
+    stays eager for those bindings."""
 
     def __init__(self, name: str, module: torch.nn.Module, inputs: list[str], outputs: list[str],
-                 device: torch.device, stream):
+                 device: torch.device, stream, graphed: bool = False, stats: Counter | None = None):
         self.name, self.module, self.inputs, self.outputs = name, module, inputs, outputs
-        self.device, self.stream = device, stream
+        self.device, self.stream, self.graphed = device, stream, graphed
+        self.stats = Counter() if stats is None else stats
         self._views: dict[tuple, torch.Tensor] = {}
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph | None] = {}  # None: eager (could not capture)
+        self._seen: Counter = Counter()
 
     def _view(self, address: int, dtype: str, shape: list[int]) -> torch.Tensor:
         key = (address, dtype, tuple(shape))
@@ -99,17 +117,61 @@ class TorchGraph:
         missing = [name for name in self.inputs if name not in inputs]
         if missing:
             raise DFlashError(f"{what}: the executor bound no {missing[0]}")
-        with torch.inference_mode(), _on(self.stream):
-            results = self.module(*(self._view(*inputs[name]) for name in self.inputs))
-            for name, result in zip(self.outputs, results, strict=True):
-                if name not in outputs:
-                    continue  # an output the executor does not read
-                out = self._view(*outputs[name])
-                if tuple(out.shape) != tuple(result.shape):
-                    raise DFlashError(f"{what}: {name} came out {list(result.shape)}, the executor bound "
-                                      f"{list(out.shape)}")
-                if out.data_ptr() != result.data_ptr():  # a slot cache written in place is already there
-                    out.copy_(result)
+        stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+        with torch.inference_mode(), stream:
+            key = self._graph_key(inputs, outputs)
+            graph = self._graphs.get(key) if key is not None else None
+            if graph is not None:
+                graph.replay()
+                self.stats["replayed"] += 1
+                return
+            if key is not None and key not in self._graphs and self._seen[key] >= 1:
+                if self._capture(key, what, inputs, outputs):
+                    self._graphs[key].replay()
+                    self.stats["replayed"] += 1
+                    return
+            if key is not None:
+                self._seen[key] += 1
+            self._forward(what, inputs, outputs)
+            self.stats["eager"] += 1
+
+    def _forward(self, what: str, inputs: dict, outputs: dict) -> None:
+        results = self.module(*(self._view(*inputs[name]) for name in self.inputs))
+        for name, result in zip(self.outputs, results, strict=True):
+            if name not in outputs:
+                continue  # an output the executor does not read
+            out = self._view(*outputs[name])
+            if tuple(out.shape) != tuple(result.shape):
+                raise DFlashError(f"{what}: {name} came out {list(result.shape)}, the executor bound "
+                                  f"{list(out.shape)}")
+            if out.data_ptr() != result.data_ptr():  # a slot cache written in place is already there
+                out.copy_(result)
+
+    def _graph_key(self, inputs: dict, outputs: dict) -> tuple | None:
+        """The bindings a captured graph is valid for; None: this run is not graphed."""
+        if not self.graphed:
+            return None
+        first = inputs[self.inputs[0]][2]  # input_ids / features / block_ids: [rows, tokens, ...]
+        if len(first) < 2 or first[1] > GRAPHED_TOKENS:
+            return None
+        return tuple(sorted((name, *binding[:2], tuple(binding[2])) for name, binding in
+                            (*inputs.items(), *outputs.items())))
+
+    def _capture(self, key: tuple, what: str, inputs: dict, outputs: dict) -> bool:
+        if sum(graph is not None for graph in self._graphs.values()) >= GRAPHS_KEPT:
+            self._graphs[key] = None
+            return False
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, stream=self.stream):
+                self._forward(what, inputs, outputs)
+        except RuntimeError:  # a host sync inside (e.g. a sparse MoE block's routing): eager from now on
+            self._graphs[key] = None
+            self.stats["uncapturable"] += 1
+            return False
+        self._graphs[key] = graph
+        self.stats["captured"] += 1
+        return True
 
 
 def _cuda_view(address: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
@@ -121,28 +183,14 @@ def _cuda_view(address: int, dtype: torch.dtype, shape: list[int]) -> torch.Tens
     return view.view(dtype) if view.dtype != dtype else view
 
 
-class _on:
-    """The executor's CUDA stream as torch's current one for a run; nothing on the host."""
-
-    def __init__(self, stream):
-        self.context = torch.cuda.stream(stream) if stream is not None else None
-
-    def __enter__(self):
-        if self.context is not None:
-            self.context.__enter__()
-
-    def __exit__(self, *exc):
-        if self.context is not None:
-            self.context.__exit__(*exc)
-
-
 class TorchGraphs:
     """The graphs of a torch-backend LLM by name ("target", "draft_context", "draft_block"), as the
     C++ side opens them (csrc/py_graph.h)."""
 
-    def __init__(self, llm, specs: dict[str, dict], device: torch.device):
+    def __init__(self, llm, specs: dict[str, dict], device: torch.device, stats: Counter | None = None):
         from dflash_trt.export.graphs import DraftBlockGraph, DraftContextGraph
         from dflash_trt.export.hybrid_slot_graphs import HybridSlotTargetGraph
+        from dflash_trt.export.moe import is_sparse_moe
         from dflash_trt.export.slot_graphs import SlotTargetGraph
 
         taps = tuple(llm.drafter.config.target_layer_ids) if llm.has_drafter else ()
@@ -156,6 +204,11 @@ class TorchGraphs:
             self.modules["draft_context"] = DraftContextGraph(llm.drafter)
             self.modules["draft_block"] = DraftBlockGraph(llm.drafter, llm.target, llm.draft_head)
         self.specs, self.device, self.stream = specs, device, None
+        self.stats = Counter() if stats is None else stats  # CUDA graphs: captured, replayed, eager runs
+        graphed = CUDA_GRAPHS and device.type == "cuda"
+        # a sparse MoE block routes on the host (which experts to run): its target is not captured
+        self.graphed = {"target": graphed and not any(is_sparse_moe(m) for m in target.mlps),
+                        "draft_context": graphed, "draft_block": graphed}
 
     def version(self) -> str:
         return torch.__version__
@@ -166,7 +219,8 @@ class TorchGraphs:
     def open(self, name: str) -> TorchGraph:
         spec = self.specs[name]
         return TorchGraph(name, self.modules[name].eval(), [io["name"] for io in spec["inputs"]],
-                          [io["name"] for io in spec["outputs"]], self.device, self.stream)
+                          [io["name"] for io in spec["outputs"]], self.device, self.stream, self.graphed[name],
+                          self.stats)
 
 
 def graph_specs(llm, dtype: str) -> dict[str, dict]:
@@ -193,4 +247,5 @@ def torch_executor(llm, max_batch: int, capacity: int):
     if device.type == "cuda" and not core.HAS_CUDA_DEVICE:
         raise DFlashError("dflash_trt._core was built without the CUDA headers: reinstall where the CUDA toolkit "
                           "is (bash scripts/setup.sh) to run the torch backend on a GPU")
-    return core.PyGraphExecutor(config, TorchGraphs(llm, specs, device), device.type)
+    return core.PyGraphExecutor(config, TorchGraphs(llm, specs, device, getattr(llm, "graph_stats", None)),
+                                device.type)

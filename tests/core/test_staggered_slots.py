@@ -4,30 +4,20 @@ steps, at concurrency 1, 3 and 8, plain and speculative mixed, each equal to its
 autoregressive output from the Python reference loop."""
 
 import pytest
-from factories import export_tiny_slots_bundle
+from factories import tiny_slots_pair
 from reference import reference_output
 from scheduler_checks import workload
 
 from dflash_trt import LLM
 from dflash_trt.runtime.engine import BatchRunner
 
-KINDS = {
-    "dense": dict(family="qwen3"),
-    "sliding-window": dict(family="qwen3", use_sliding_window=True, sliding_window=3, max_window_layers=2),
-    "hybrid": dict(family="qwen3_5_text"),
-}
-
-
-@pytest.fixture(scope="module", params=list(KINDS))
+@pytest.fixture(scope="module", params=["dense", "sliding-window", "hybrid"])
 def pair(core, request, tmp_path_factory):
     """(slots bundle, torch LLM over the same pair)."""
     if not core.HAS_ORT_EXECUTOR:
         pytest.skip("dflash_trt._core was built without the onnxruntime executor (see csrc/README.md, Build)")
-    kind = dict(KINDS[request.param])
-    root = tmp_path_factory.mktemp(request.param)
-    family = kind["family"]
-    bundle = export_tiny_slots_bundle(root, **kind)
-    return bundle, LLM(str(root / family), str(root / f"{family}-draft"), block_size=4)
+    bundle, target, draft = tiny_slots_pair(tmp_path_factory.mktemp(request.param), request.param)
+    return bundle, LLM(target, draft, block_size=4)
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "torch"])

@@ -11,7 +11,7 @@ import ctypes.util
 import numpy as np
 import pytest
 import torch
-from factories import export_tiny_slots_bundle, make_target
+from factories import SLOT_KINDS, make_target, tiny_slots_pair
 from reference import reference_output
 from scheduler_checks import workload
 
@@ -21,16 +21,6 @@ from dflash_trt.export.slot_ops import slot_attention
 from dflash_trt.runtime.engine import BatchRunner
 from dflash_trt.runtime.ort_executor import SlotBundle
 from dflash_trt.runtime.torch_graphs import InPlaceSlotAttention
-
-KINDS = {
-    "dense": dict(family="qwen3"),
-    "sliding-window": dict(family="qwen3", use_sliding_window=True, sliding_window=3, max_window_layers=2),
-    "hybrid": dict(family="qwen3_5_text"),
-    # sparse MoE: the torch graphs run the model's own block, the bundle the export's dense twin
-    "moe": dict(family="qwen3_moe"),
-    "hybrid-moe": dict(family="qwen3_5_moe_text"),
-}
-
 
 @pytest.mark.parametrize("window", [0, 3])
 def test_in_place_attention_equals_the_reference_op(window):
@@ -50,16 +40,13 @@ def test_in_place_attention_equals_the_reference_op(window):
     assert torch.equal(got_key, want_key) and torch.equal(got_value, want_value)
 
 
-@pytest.fixture(scope="module", params=list(KINDS))
+@pytest.fixture(scope="module", params=list(SLOT_KINDS))
 def pair(core, request, tmp_path_factory):
     """(slots bundle, torch LLM over the same pair)."""
     if not core.HAS_ORT_EXECUTOR:
         pytest.skip("dflash_trt._core was built without the onnxruntime executor (see csrc/README.md, Build)")
-    kind = dict(KINDS[request.param])
-    root = tmp_path_factory.mktemp(request.param)
-    family = kind["family"]
-    bundle = export_tiny_slots_bundle(root, **kind)
-    return bundle, LLM(str(root / family), str(root / f"{family}-draft"), block_size=4)
+    bundle, target, draft = tiny_slots_pair(tmp_path_factory.mktemp(request.param), request.param)
+    return bundle, LLM(target, draft, block_size=4)
 
 
 def test_every_phase_equals_the_onnxruntime_executors_on_the_same_pair(pair):
