@@ -144,9 +144,15 @@ class Staged {
   }
   std::vector<T> host;
 
-  void* device_data() {
-    if (device_->is_host()) return host.data();
-    mirror_.reserve(host.size() * sizeof(T) / mirror_.element());
+  void* device_data() { return device_data(host.size()); }
+  // The device array for `count` elements of T: a graph may fill it and the device read it without the
+  // host array ever holding them (a GPU's logits, decided there). On a host device it is the host array.
+  void* device_data(size_t count) {
+    if (device_->is_host()) {
+      DFLASH_INVARIANT(count <= host.size());
+      return host.data();
+    }
+    mirror_.reserve(count * sizeof(T) / mirror_.element());
     return mirror_.at(0);
   }
   DType dtype() const { return mirror_.dtype(); }

@@ -222,7 +222,8 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
       query_lengths_.host[j] = len;
       for (int64_t k = 0; k < r; ++k) logits_index_.host[j * r + k] = last_only ? len - 1 : k;
     }
-    logits_.host.resize(n * r * config_.vocab);
+    // decided on the device, the logits never reach the host: no host array for them
+    if (decision == nullptr || device_.is_host()) logits_.host.resize(n * r * config_.vocab);
     features_.host.resize(n * s * FB);
     if (++run_ == int64_t(state_runs_.size())) state_runs_.emplace_back();
     StateRun& states = state_runs_[run_];
@@ -236,7 +237,7 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
       states.recurrent[k].reserve(n * r * recurrent_size_);
     }
     run_target_range(lo, n, s, r, decision == nullptr);
-    if (decision) decide_run(rows, group, lo, r, *decision);
+    if (decision) decide_run(rows, group, lo, n, r, *decision);
     for (size_t i : group) {
       const int64_t j = rows[i] - lo;
       take(i, j, decision ? nullptr : logits_.host.data() + j * r * config_.vocab, features_.host.data() + j * s * FB);
@@ -271,7 +272,7 @@ void SlotExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r,
     g.output(conv_out_names_[k], {states.conv[k].at(0), dtype_, {n, r, c.conv_dim, K1}});
     g.output(recurrent_out_names_[k], {states.recurrent[k].at(0), DType::float32, {n, r, Hv, Dk, Dv}});
   }
-  g.output("logits", {logits_.device_data(), DType::float32, {n, r, c.vocab}});
+  g.output("logits", {logits_.device_data(n * r * c.vocab), DType::float32, {n, r, c.vocab}});
   if (c.has_drafter()) g.output("features", {features_.device_data(), dtype_, {n, s, c.feature_width}});
   g.run("running target.onnx");
   if (logits_to_host) logits_.download();
@@ -320,7 +321,7 @@ std::vector<int64_t> SlotExecutor::prefill(const std::vector<int64_t>& rows,
 }
 
 void SlotExecutor::decide_run(const std::vector<int64_t>& rows, const std::vector<size_t>& group, int64_t lo,
-                              int64_t r, const Decision& decision) {
+                              int64_t n, int64_t r, const Decision& decision) {
   const int64_t V = config_.vocab, count = int64_t(group.size());
   decide_rows_.host.resize(count * sizeof(DecideRow));
   decide_drafts_.host.assign(1, 0);  // never empty: its device mirror is always a valid pointer
@@ -351,7 +352,7 @@ void SlotExecutor::decide_run(const std::vector<int64_t>& rows, const std::vecto
   decide_order_.reserve(count * V);
   decide_rows_.upload();
   decide_drafts_.upload();
-  device_.decide(static_cast<const float*>(logits_.device_data()), V,
+  device_.decide(static_cast<const float*>(logits_.device_data(n * r * V)), V,
                  reinterpret_cast<const DecideRow*>(decide_rows_.device_data()), count,
                  static_cast<const int64_t*>(decide_drafts_.device_data()), reinterpret_cast<float*>(decide_probs_.at(0)),
                  reinterpret_cast<int32_t*>(decide_order_.at(0)), reinterpret_cast<Verdict*>(verdicts_.device_data()));

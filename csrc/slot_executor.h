@@ -126,8 +126,8 @@ class SlotExecutor : public Executor {
   void verify_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks,
                    const Decision* decision, const LogitsSink& sink);
   // The decision kernel over one Run's logits [n, r, V] for the rows `group` of `rows` (range start lo).
-  void decide_run(const std::vector<int64_t>& rows, const std::vector<size_t>& group, int64_t lo, int64_t r,
-                  const Decision& decision);
+  void decide_run(const std::vector<int64_t>& rows, const std::vector<size_t>& group, int64_t lo, int64_t n,
+                  int64_t r, const Decision& decision);
   struct Row {
     bool live = false;
     int64_t committed = 0;     // target cache rows that count (the write offset of the next run)
