@@ -203,7 +203,6 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
   }
   ++phase_;
   run_ = -1;
-  const size_t FB = feature_bytes();
   for (const std::vector<size_t>& group : target_groups(rows, tokens)) {
     const int64_t lo = rows[group.front()], n = rows[group.back()] - lo + 1;
     int64_t s = 0;
@@ -224,23 +223,26 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
     }
     // decided on the device, the logits never reach the host: no host array for them
     if (decision == nullptr || device_.is_host()) logits_.host.resize(n * r * config_.vocab);
-    features_.host.resize(n * s * FB);
+    features_.reserve(n * s * config_.feature_width);
     if (++run_ == int64_t(state_runs_.size())) state_runs_.emplace_back();
     StateRun& states = state_runs_[run_];
     states.rows = r;
+    states.tokens = s;
     while (states.conv.size() < conv_.size()) {
       states.conv.emplace_back(device_, dtype_);
       states.recurrent.emplace_back(device_, DType::float32);
     }
+    while (states.context.size() < context_.size()) states.context.emplace_back(device_, dtype_);
     for (size_t k = 0; k < conv_.size(); ++k) {
       states.conv[k].reserve(n * r * conv_size_);
       states.recurrent[k].reserve(n * r * recurrent_size_);
     }
     run_target_range(lo, n, s, r, decision == nullptr);
+    if (config_.has_drafter()) inject_run(lo, n, s);
     if (decision) decide_run(rows, group, lo, n, r, *decision);
     for (size_t i : group) {
       const int64_t j = rows[i] - lo;
-      take(i, j, decision ? nullptr : logits_.host.data() + j * r * config_.vocab, features_.host.data() + j * s * FB);
+      take(i, j, decision ? nullptr : logits_.host.data() + j * r * config_.vocab);
     }
   }
 }
@@ -273,10 +275,9 @@ void SlotExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r,
     g.output(recurrent_out_names_[k], {states.recurrent[k].at(0), DType::float32, {n, r, Hv, Dk, Dv}});
   }
   g.output("logits", {logits_.device_data(n * r * c.vocab), DType::float32, {n, r, c.vocab}});
-  if (c.has_drafter()) g.output("features", {features_.device_data(), dtype_, {n, s, c.feature_width}});
+  if (c.has_drafter()) g.output("features", {features_.at(0), dtype_, {n, s, c.feature_width}});
   g.run("running target.onnx");
   if (logits_to_host) logits_.download();
-  features_.download();
   device_.synchronize();
   ++target_runs_;
 }
@@ -377,13 +378,12 @@ void SlotExecutor::prefill_rows(const std::vector<int64_t>& rows, const std::vec
   // prompt's next chunk after what it holds.
   for (int64_t row : rows)
     if (!state(row).live) set_states(row, {}, {});
-  const size_t FB = feature_bytes();
   const size_t linear = conv_.size();
   std::vector<const char*> conv(linear), recurrent(linear);
-  run_target(rows, prompts, true, decision, [&](size_t i, int64_t j, const float* logits, const char* features) {
+  run_target(rows, prompts, true, decision, [&](size_t i, int64_t j, const float* logits) {
     sink(i, logits);
-    std::vector<char>& pending = rows_[rows[i]].pending;  // injected at the next draft
-    pending.insert(pending.end(), features, features + prompts[i].size() * FB);
+    // a prefill commits all of its chunk: its context rows are kept now
+    if (config_.has_drafter()) keep_context(rows[i], run_, j, int64_t(prompts[i].size()));
     if (linear == 0) return;
     for (size_t k = 0; k < linear; ++k) {  // a prefill commits all of its chunk: the state after its last token
       conv[k] = conv_out(run_, k, j, 0);
@@ -423,14 +423,12 @@ std::vector<LogitsRows> SlotExecutor::verify_logits(const std::vector<int64_t>& 
 void SlotExecutor::verify_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks,
                                const Decision* decision, const LogitsSink& sink) {
   for (int64_t row : rows) DFLASH_INVARIANT(state(row).live);
-  const size_t FB = feature_bytes();
-  run_target(rows, blocks, false, decision, [&](size_t i, int64_t j, const float* logits, const char* features) {
+  run_target(rows, blocks, false, decision, [&](size_t i, int64_t j, const float* logits) {
     const int64_t len = int64_t(blocks[i].size());
     sink(i, logits);
     Row& row = rows_[rows[i]];
-    row.verify.assign(features, features + len * FB);  // pending until commit says how many count
     row.verify_rows = len;
-    // The states after each block position stay in this Run's outputs; commit copies one position's.
+    // The states and context rows of each block position stay in this Run's outputs until commit.
     row.verify_phase = phase_;
     row.verify_run = run_;
     row.verify_index = j;
@@ -439,16 +437,15 @@ void SlotExecutor::verify_rows(const std::vector<int64_t>& rows, const std::vect
 
 void SlotExecutor::commit(const std::vector<int64_t>& rows, const std::vector<int64_t>& kept) {
   DFLASH_INVARIANT(rows.size() == kept.size());
-  const size_t FB = feature_bytes();
   for (size_t i = 0; i < rows.size(); ++i) {
     Row& row = state(rows[i]);
     DFLASH_INVARIANT(row.live && kept[i] >= 0 && kept[i] <= row.verify_rows);
+    // no target Run since this row's verify may have reused its outputs (the scheduler commits right after)
+    DFLASH_INVARIANT(kept[i] == 0 || row.verify_phase == phase_);
     // The rejected rows stay in the cache past `committed`: the next Run overwrites them.
     row.committed += kept[i];
-    row.pending.insert(row.pending.end(), row.verify.begin(), row.verify.begin() + kept[i] * FB);
+    if (kept[i] > 0 && config_.has_drafter()) keep_context(rows[i], row.verify_run, row.verify_index, kept[i]);
     if (kept[i] > 0 && !conv_.empty()) {  // the states after the last kept position; kept 0 keeps the slot's
-      // no target Run since this row's verify may have reused its outputs (the scheduler commits right after)
-      DFLASH_INVARIANT(row.verify_phase == phase_);
       std::vector<const char*> conv, recurrent;
       for (size_t k = 0; k < conv_.size(); ++k) {
         conv.push_back(conv_out(row.verify_run, k, row.verify_index, kept[i] - 1));
@@ -456,7 +453,6 @@ void SlotExecutor::commit(const std::vector<int64_t>& rows, const std::vector<in
       }
       set_states(rows[i], conv, recurrent);
     }
-    row.verify.clear();
     row.verify_rows = 0;
   }
 }
@@ -475,47 +471,37 @@ void SlotExecutor::release(int64_t row) {
 
 // -- the drafter --------------------------------------------------------------------------------
 
-void SlotExecutor::inject(const std::vector<int64_t>& rows) {
+void SlotExecutor::inject_run(int64_t lo, int64_t n, int64_t s) {
   const SlotExecutorConfig& c = config_;
-  const size_t FB = feature_bytes();
-  const int64_t m = int64_t(rows.size());
-  int64_t n = 0;
-  for (int64_t row : rows) n = std::max(n, int64_t(rows_[row].pending.size() / FB));
-  if (n == 0) return;
-  // features [m, n, F], zero-padded; positions continue each row's context
-  fill(features_.host, m * n * FB, char(0));
-  positions_.host.resize(m * n);
-  for (int64_t i = 0; i < m; ++i) {
-    const Row& row = rows_[rows[i]];
-    std::copy(row.pending.begin(), row.pending.end(), features_.host.begin() + i * n * FB);
-    for (int64_t j = 0; j < n; ++j) positions_.host[i * n + j] = row.drafted + j;
-  }
-  features_.upload();
+  positions_.host.resize(n * s);  // each range row's positions continue its committed prefix
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t t = 0; t < s; ++t) positions_.host[j * s + t] = rows_[lo + j].committed + t;
   positions_.upload();
   Graph& g = *draft_context_;
   g.clear();
-  g.input("features", {features_.device_data(), dtype_, {m, n, c.feature_width}});
-  g.input("positions", {positions_.device_data(), DType::int64, {m, n}});
-  const int64_t head_rows = n * c.draft_head_dim;  // one head's new rows in the output, in elements
+  g.input("features", {features_.at(0), dtype_, {n, s, c.feature_width}});
+  g.input("positions", {positions_.device_data(), DType::int64, {n, s}});
+  StateRun& run = state_runs_[run_];
   for (size_t k = 0; k < context_.size(); ++k) {
-    context_[k].reserve(m * c.draft_kv_heads * head_rows);
-    g.output(context_names_[k], {context_[k].at(0), dtype_, {m, c.draft_kv_heads, n, c.draft_head_dim}});
+    run.context[k].reserve(n * c.draft_kv_heads * s * c.draft_head_dim);
+    g.output(context_names_[k], {run.context[k].at(0), dtype_, {n, c.draft_kv_heads, s, c.draft_head_dim}});
   }
   g.run("running draft_context.onnx");
-  // Each row's valid new rows into its slot at its context length: p rows per head, not the cache.
+}
+
+void SlotExecutor::keep_context(int64_t row, int64_t run, int64_t j, int64_t count) {
+  const SlotExecutorConfig& c = config_;
+  Row& r = rows_[row];
+  DFLASH_INVARIANT(r.drafted + count <= c.capacity);
+  const StateRun& from = state_runs_[run];
+  const int64_t head_rows = from.tokens * c.draft_head_dim;  // one head's rows in the Run's output, in elements
   const int64_t slot_size = c.draft_kv_heads * c.capacity * c.draft_head_dim;
   const size_t element = dtype_size(dtype_);
-  for (int64_t i = 0; i < m; ++i) {
-    Row& row = rows_[rows[i]];
-    const int64_t p = int64_t(row.pending.size() / FB);
-    DFLASH_INVARIANT(row.drafted + p <= c.capacity);
-    for (size_t k = 0; k < context_.size(); ++k)  // every head at once: rows C*dd apart in the slot, n*dd in the output
-      device_.copy_rows(draft_kv_[k].at(rows[i] * slot_size + row.drafted * c.draft_head_dim),
-                        c.capacity * c.draft_head_dim * element, context_[k].at(i * c.draft_kv_heads * head_rows),
-                        head_rows * element, p * c.draft_head_dim * element, c.draft_kv_heads);
-    row.drafted += p;
-    row.pending.clear();
-  }
+  for (size_t k = 0; k < context_.size(); ++k)  // every head at once: rows C*dd apart in the slot, s*dd in the output
+    device_.copy_rows(draft_kv_[k].at(row * slot_size + r.drafted * c.draft_head_dim),
+                      c.capacity * c.draft_head_dim * element, from.context[k].at(j * c.draft_kv_heads * head_rows),
+                      head_rows * element, count * c.draft_head_dim * element, c.draft_kv_heads);
+  r.drafted += count;
 }
 
 std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>& rows,
@@ -526,7 +512,6 @@ std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>
   if (block_size < 2) throw Error(who_ + ": draft needs block_size >= 2, got " + std::to_string(block_size));
   for (int64_t row : rows) DFLASH_INVARIANT(state(row).live);
   if (rows.empty()) return {};
-  inject(rows);
 
   // The block pass reads each row's first `drafted` context rows; pack them [m, dkv, ctx, dd] so its
   // work follows the longest context, not the capacity (rows past a row's length are masked).

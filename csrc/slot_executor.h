@@ -17,10 +17,12 @@
 // slot, and a verify keeps each row's per-position states until commit copies the last kept
 // position's (kept 0: none): rollback needs no re-feeding.
 //
-// The draft graphs are the portable v1 ones (they take and return only context rows): injection
-// writes the new context rows to a scratch output and we copy those few rows into the row's slice;
-// the block pass reads a packed copy of the rows' context (so its work follows the context length,
-// not the capacity).
+// The draft graphs are the portable v1 ones (they take and return only context rows). Right after
+// each target Run, draft_context turns the Run's tapped features (device memory, never downloaded)
+// into context rows for every fed position (a context row depends on its own position only);
+// a prefill keeps its rows at once, a verify's wait for commit, which keeps the accepted ones. The
+// block pass reads a packed copy of the rows' context (so its work follows the context length, not
+// the capacity).
 //
 // Caches, features and conv states are in the bundle's dtype (float32, float16 or bfloat16; the
 // host never does arithmetic on them, it only moves bytes); logits are float32. On a device that
@@ -131,26 +133,26 @@ class SlotExecutor : public Executor {
   struct Row {
     bool live = false;
     int64_t committed = 0;     // target cache rows that count (the write offset of the next run)
-    int64_t drafted = 0;       // draft context rows injected
-    std::vector<char> pending;  // features [*, F] (bundle dtype) of committed positions not yet injected
-    std::vector<char> verify;   // features [len(block), F] of the last verify, until commit
+    int64_t drafted = 0;       // draft context rows kept (== committed: each Run's are injected at once)
     int64_t verify_rows = 0;
-    // where the states after each position of the last verify lie until commit: Run `verify_run`
-    // of target phase `verify_phase`, range row `verify_index` (nothing is copied before commit)
+    // where the states and draft context rows of the last verify's positions lie until commit: Run
+    // `verify_run` of target phase `verify_phase`, range row `verify_index` (nothing moves before commit)
     int64_t verify_phase = -1, verify_run = -1, verify_index = -1;
   };
-  // One target Run's state outputs per linear layer, [n, r, size]; a phase keeps one per Run, so
-  // its rows' states stay where the graph wrote them until the next phase.
+  // One target Run's outputs a phase keeps until the next: per linear layer the states [n, r, size],
+  // per draft cache the new context rows [n, dkv, s, dd] injected from the Run's features.
   struct StateRun {
-    int64_t rows = 0;  // r
-    std::vector<Buffer> conv, recurrent;
+    int64_t rows = 0;    // r
+    int64_t tokens = 0;  // s
+    std::vector<Buffer> conv, recurrent, context;
   };
   const Row& state(int64_t row) const;
   Row& state(int64_t row);
   // The target over `rows` (ascending), feeding tokens[i] after each row's committed prefix, in as
   // few Runs as keep every cache write inside its slot; last_only: one logits row (the last
-  // token's) per row, else one per token. Calls take(i, j, logits, features) per row, j = its index
-  // in the Run's slot range (for the state outputs), features on the host in the bundle dtype.
+  // token's) per row, else one per token. After each Run the drafter's context rows of every fed
+  // position are computed from the Run's features, which never leave the device. Calls
+  // take(i, j, logits) per row, j = its index in the Run's slot range (for the Run's outputs).
   template <typename F>
   void run_target(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& tokens, bool last_only,
                   const Decision* decision, F&& take);
@@ -163,9 +165,11 @@ class SlotExecutor : public Executor {
   void set_states(int64_t row, const std::vector<const char*>& conv, const std::vector<const char*>& recurrent);
   std::vector<std::vector<size_t>> target_groups(const std::vector<int64_t>& rows,
                                                  const std::vector<std::vector<int64_t>>& tokens) const;
-  // Injects every row's pending features into its draft context (one Run, a small copy per row).
-  void inject(const std::vector<int64_t>& rows);
-  size_t feature_bytes() const { return size_t(config_.feature_width) * dtype_size(dtype_); }
+  // The draft_context graph over the current Run's features [n, s, F] (positions after each range
+  // row's committed prefix) -> the Run's context outputs.
+  void inject_run(int64_t lo, int64_t n, int64_t s);
+  // Copies `count` context rows of range row j of Run `run` into `row`'s draft slot after what it holds.
+  void keep_context(int64_t row, int64_t run, int64_t j, int64_t count);
 
   SlotExecutorConfig config_;
   std::string who_;
@@ -193,8 +197,8 @@ class SlotExecutor : public Executor {
   Staged<char> decide_rows_, verdicts_;
   Staged<int64_t> decide_drafts_;
   Buffer decide_probs_, decide_order_;  // [rows, V] float32 each (order holds int32 ids)
-  Staged<char> features_;           // target features out, then the drafter's features in
-  std::vector<Buffer> context_;     // per draft cache: new rows out of injection, then packed context
+  Buffer features_;                 // the target's tapped features [n, s, F], the drafter's input
+  std::vector<Buffer> context_;     // per draft cache: the rows' packed context for the block pass
 };
 
 }  // namespace dflash

@@ -269,7 +269,7 @@ def test_each_executor_counts_the_bytes_it_moves_across_the_host_boundary(core, 
     """Its own accounting (what `bench` reports per step): none on onnxruntime's CPU provider, whose
     graphs read the staging arrays in place; on the TensorRT executor the tokens are decided where the
     logits are (the decision kernel's launch; the fake driver runs the kernel's rules compiled for the
-    host), so not one logits row crosses: ids, lengths, features and verdicts only."""
+    host) and the tapped features stay there for the drafter: ids, lengths, positions and verdicts only."""
     bundle, engines, *_ = pair
     trt = core.TrtExecutor(trt_config(ort, fakes, bundle, engines))
     cpu = ort.ort_executor(bundle, max_batch=3, capacity=64)
@@ -277,15 +277,14 @@ def test_each_executor_counts_the_bytes_it_moves_across_the_host_boundary(core, 
     assert decode_on(core, trt, PROMPTS[:2], 4, max_tokens=6) == decode_on(core, cpu, PROMPTS[:2], 4, max_tokens=6)
     assert cpu.host_bytes == 0 and trt.host_bytes > before
 
-    # One verify of 2 rows x 4 tokens, byte for byte: the target's inputs up, its features down, then
-    # the decision's rows and drafts up and verdicts down; a logits download would add 2*4*V*4 bytes.
-    config = trt.config
+    # One verify of 2 rows x 4 tokens, byte for byte: the target's inputs and the drafter's positions
+    # up, then the decision's rows and drafts up and verdicts down. Downloading the logits would add
+    # 2*4*V*4 bytes, the tapped features 2*4*F*element (they stay on the device for the drafter).
     trt.prefill([0, 1], [PROMPTS[0], PROMPTS[1]], [core.RowSampling(), core.RowSampling()])
     blocks = [[1, *trt.draft([0, 1], [1, 2], 4)[0]], [2, *trt.draft([0, 1], [1, 2], 4)[1]]]
     before = trt.host_bytes
     trt.verify([0, 1], blocks, [core.RowSampling(), core.RowSampling()])
     n, s = 2, 4
-    element = {"float32": 4, "float16": 2, "bfloat16": 2}[config.dtype]
-    target = 8 * (n * s + n + n + n * s) + n * s * config.feature_width * element  # ids, lengths, logits_index; features
+    target = 8 * (n * s + n + n + n * s + n * s)  # ids, lengths, logits_index; the drafter's positions
     decision = n * 72 + (1 + n * (s - 1)) * 8 + n * 16  # DecideRow (9 words), drafts (+1 pad), Verdict (2 words)
     assert trt.host_bytes - before == target + decision
