@@ -153,6 +153,8 @@ class DraftContextGraph(nn.Module):
 class DraftBlockGraph(nn.Module):
     """The non-causal block pass: [bonus, MASK...] over the cached context -> B-1 draft tokens."""
 
+    float_logits = True
+
     def __init__(self, drafter: DFlashDrafter, target: TargetModel, head: nn.Module | None = None):
         super().__init__()
         self.drafter = drafter
@@ -172,4 +174,5 @@ class DraftBlockGraph(nn.Module):
             visible[:, None, None, :],
         )
         logits, tokens = self.head(hidden[:, 1:])  # slot 0 is the bonus, not a draft
-        return logits.float(), tokens
+        # draft_logits is float32 in every export; a runtime that reads only the tokens skips the cast
+        return (logits.float() if self.float_logits else logits), tokens

@@ -203,6 +203,7 @@ class TorchGraphs:
         if llm.has_drafter:
             self.modules["draft_context"] = DraftContextGraph(llm.drafter)
             self.modules["draft_block"] = DraftBlockGraph(llm.drafter, llm.target, llm.draft_head)
+            self.modules["draft_block"].float_logits = False  # the executor reads draft_tokens only
         self.specs, self.device, self.stream = specs, device, None
         self.stats = Counter() if stats is None else stats  # CUDA graphs: captured, replayed, eager runs
         graphed = CUDA_GRAPHS and device.type == "cuda"
