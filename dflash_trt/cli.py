@@ -552,7 +552,8 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
 @click.argument("bundle", required=False, type=click.Path(path_type=Path, file_okay=False))
 @click.option("--target", default=None, help=TARGET_HELP + " Offline mode.")
 @click.option("--draft", default=None, help=DRAFT_HELP)
-@click.option("--backend", default=None, help="Offline backend: torch (default), onnxruntime, tensorrt; a bundle DIR runs on its own "
+@click.option("--backend", default=None, help="Offline backend: auto (default: onnxruntime when there is a drafter, else torch), "
+                   "torch, onnxruntime, tensorrt; a bundle DIR runs on its own "
                    "(onnxruntime, or tensorrt for TensorRT engines).")
 @click.option("--base-url", default=None, help="Benchmark an OpenAI-compatible server instead (e.g. http://127.0.0.1:8000/v1).")
 @click.option("--baseline-url", default=None, help="Server mode: an autoregressive server to compare against.")

@@ -28,7 +28,7 @@ class BenchConfig:
     bundle: Path | None = None
     target: str | None = None
     draft: str | None = None
-    backend: str | None = None  # None: torch for checkpoints; a bundle's own (onnxruntime, or tensorrt engines)
+    backend: str | None = None  # None: auto for checkpoints (runtime/llm.py); a bundle's own (onnxruntime, or TensorRT)
     # server mode
     base_url: str | None = None
     baseline_url: str | None = None
@@ -120,15 +120,16 @@ def run_offline_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) ->
     from dflash_trt.bench.offline import run_offline
     from dflash_trt.models import embedded
     from dflash_trt.runtime.engine_bundles import bundle_capacity
-    from dflash_trt.runtime.llm import AUTO, LLM
+    from dflash_trt.runtime.llm import AUTO, LLM, resolve_backend
     from dflash_trt.spec.sampling import SamplingParams
 
     if config.bundle:
         # room for the prompt and the answer, unless the bundle's graphs fix the capacity (slots-trt)
         llm = LLM.from_bundle(config.bundle, capacity=bundle_capacity(config.bundle) or 2 * config.max_tokens + 2048)
     else:
-        llm = LLM(target=config.target or embedded.DEFAULT_TARGET, draft=config.draft or AUTO,
-                  backend=config.backend or "torch", capacity=2 * config.max_tokens + 2048)
+        target, draft = config.target or embedded.DEFAULT_TARGET, config.draft or AUTO
+        llm = LLM(target=target, draft=draft, backend=resolve_backend(config.backend or AUTO, target, draft),
+                  capacity=2 * config.max_tokens + 2048)
     if not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{config.target}': pass --draft DIR")
 
