@@ -532,11 +532,14 @@ def pack_corpus(src, dst):
                    "on the C++ executor) when there is a drafter, else torch.")
 @click.option("--max-waiting", type=int, default=-1, show_default=True,
               help="Requests that may wait for a slot; one more is refused with 429 and Retry-After (-1: no cap).")
+@click.option("--docs/--no-docs", default=True, show_default=True,
+              help="Serve the interactive API docs at /docs (/openapi.json is always served).")
 @user_errors
 def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block_size, prefill_chunk, backend,
-          max_waiting):
-    """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /metrics) on Triton
-    Inference Server: one decoupled Triton model runs every request through the batching engine."""
+          max_waiting, docs):
+    """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models, /health,
+    /metrics, /openapi.json, /docs) on Triton Inference Server: one decoupled Triton model runs every
+    request through the batching engine."""
     from dflash_trt.serve.config import ServeConfig
     from dflash_trt.serve.server import serve as run_server
 
@@ -544,7 +547,7 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
         target = DEFAULT_TARGET
     config = ServeConfig(bundle=bundle, target=target, draft=draft, host=host, port=port, api_key=api_key,
                          max_batch=max_batch, capacity=capacity, block_size=block_size, prefill_chunk=prefill_chunk,
-                         backend=backend, max_waiting=max_waiting)
+                         backend=backend, max_waiting=max_waiting, docs=docs)
     run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
 
 

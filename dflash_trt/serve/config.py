@@ -33,6 +33,7 @@ class ServeConfig:
     max_waiting: int = -1  # requests that may wait for a slot; one more gets a 429 (-1: no cap)
     model_name: str | None = None  # what /v1/models lists (default: the bundle's or target's directory name)
     max_body_bytes: int = 1 << 20
+    docs: bool = True  # /docs (Swagger UI)
 
     def __post_init__(self):
         if self.bundle is not None and (self.target or self.draft):

@@ -1,25 +1,43 @@
 """The OpenAI-compatible front (FastAPI): /v1/chat/completions, /v1/completions, /v1/models,
 /health and /metrics, each request forwarded to Triton's generate_stream.
 
-Every refusal is an OpenAI-style error object with a 4xx status naming the field; a client that goes
-away mid-request closes its Triton stream, which cancels the request in the engine.
+Typed end to end: request bodies are protocol.py's models (FastAPI validates them; one handler turns
+any validation error into OpenAI's error object naming the field), replies are openai_models.py's,
+and /openapi.json (and /docs, unless turned off) carries both. Streams are Server-Sent Events by
+sse-starlette. Every refusal is an OpenAI-style error object with a 4xx status naming the field:
+401 without the key (checked before the body is read, in constant time), 413 past the body limit
+(before it is all read), 429 with Retry-After when the waiting queue is full, 503 while the model is
+not ready or drains. A client that goes away mid-request closes its Triton stream, which cancels the
+request in the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dflash_trt.serve import protocol
+from dflash_trt.serve.openai_models import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    ErrorResponse,
+    Health,
+    ModelCard,
+    ModelList,
+)
 from dflash_trt.serve.requests import RequestError
-from dflash_trt.serve.responses import Reply, error_body, sse
+from dflash_trt.serve.responses import Reply, error_body
 from dflash_trt.serve.triton_client import Piece, TritonClient, UpstreamError
 
 DISCONNECT_POLL_S = 0.1
@@ -30,10 +48,60 @@ class FrontSettings:
     model: str  # the id /v1/models lists
     api_key: str | None = None
     max_body_bytes: int = 1 << 20
+    docs: bool = True  # /docs (Swagger UI); /openapi.json is always served
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
     return JSONResponse(error_body(status, message, param, code), status_code=status)
+
+
+ERRORS = {status: {"model": ErrorResponse, "description": what} for status, what in (
+    (400, "a field is wrong (`error.param` names it)"), (401, "no valid API key"), (404, "unknown model"),
+    (413, "the body is over the limit"), (429, "the waiting queue is full (Retry-After)"),
+    (503, "the model is not ready, is draining, or the inference server failed"))}
+# any other status (an unknown path, a wrong method, a bug of ours) is an error object too; saying so
+# also keeps FastAPI from documenting a 422 that this front never sends (its validation errors are 400)
+ERRORS["default"] = {"model": ErrorResponse, "description": "any other error"}
+
+
+def _replies(whole: type, chunk: type) -> dict:
+    """OpenAPI responses of a completion endpoint: the reply, or with `stream: true` its chunks as SSE."""
+    stream = {"schema": {"type": "string", "description": f"Server-Sent Events: `data: <{chunk.__name__}>` "
+                                                          "per chunk, then `data: [DONE]`"}}
+    return {200: {"model": whole, "content": {"text/event-stream": stream}}, **ERRORS}
+
+
+class _Guard:
+    """ASGI middleware in front of /v1/: the API key (before any of the body is read) and the body
+    limit (refused at the declared length, else when the bytes read pass it)."""
+
+    def __init__(self, app, settings: FrontSettings):
+        self.app, self.settings = app, settings
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        key = self.settings.api_key
+        if key is not None and not hmac.compare_digest(headers.get("authorization", "").encode(),
+                                                       f"Bearer {key}".encode()):
+            return await _error(401, "invalid or missing API key (Authorization: Bearer KEY)")(scope, receive, send)
+        limit = self.settings.max_body_bytes
+        too_large = f"the request body is over {limit} bytes"
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            return await _error(413, too_large)(scope, receive, send)
+        read = 0
+
+        async def limited():
+            nonlocal read
+            message = await receive()
+            read += len(message.get("body", b""))
+            if read > limit:  # FastAPI passes an HTTPException from reading the body through as it is
+                raise HTTPException(413, too_large)
+            return message
+
+        await self.app(scope, limited, send)
 
 
 def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
@@ -42,7 +110,9 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         yield
         await triton.close()  # open keep-alive connections would hold Triton's shutdown for its whole timeout
 
-    app = FastAPI(title="dflash-trt", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app = FastAPI(title="dflash-trt", summary="OpenAI-compatible DFlash speculative decoding",
+                  docs_url="/docs" if settings.docs else None, redoc_url=None, lifespan=lifespan)
+    app.add_middleware(_Guard, settings=settings)
 
     @app.exception_handler(RequestError)
     async def refused(request, err: RequestError):
@@ -51,79 +121,67 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
             response.headers["Retry-After"] = "1"
         return response
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, err: RequestValidationError):
+        refusal = protocol.refusal(list(err.errors()), err.body)
+        return _error(refusal.status, refusal.message, refusal.param)
+
     @app.exception_handler(UpstreamError)
     async def upstream(request, err: UpstreamError):
         return _error(503, f"the inference server failed: {err}", code="upstream_error")
 
-    @app.exception_handler(HTTPException)
-    async def http_error(request, err: HTTPException):  # unknown paths (404), wrong methods (405)
-        return _error(err.status_code, str(err.detail))
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, err: StarletteHTTPException):  # unknown paths (404), wrong methods (405), 413
+        response = _error(err.status_code, str(err.detail))
+        response.headers.update(err.headers or {})  # a 405's Allow
+        return response
 
     @app.exception_handler(Exception)
     async def bug(request, err: Exception):  # a bug of ours: still an error object, and the server lives on
         return _error(500, f"internal error: {type(err).__name__}: {err}", code="internal_error")
 
-    def authorize(request: Request) -> None:
-        if settings.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        if not hmac.compare_digest(header.encode(), f"Bearer {settings.api_key}".encode()):
-            raise RequestError(None, "invalid or missing API key (Authorization: Bearer KEY)", 401)
-
-    async def body(request: Request) -> bytes:
-        """The body, refused with 413 past the limit before it is all read."""
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > settings.max_body_bytes:
-            raise RequestError(None, f"the request body is over {settings.max_body_bytes} bytes", 413)
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > settings.max_body_bytes:
-                raise RequestError(None, f"the request body is over {settings.max_body_bytes} bytes", 413)
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    @app.get("/health")
+    @app.get("/health", response_model=Health, responses={503: ERRORS[503]})
     async def health():
+        """200 once the model serves; 503 before that and while it drains (load balancers: route elsewhere)."""
         if await triton.ready():
-            return Response(status_code=200)
-        return _error(503, "the model is not ready", code="not_ready")
+            return Health(status="ready")
+        return _error(503, "the model is not ready (starting, or draining)", code="not_ready")
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses={503: ERRORS[503]})
     async def metrics():
+        """Prometheus text: the engine's vLLM-named metrics and Triton's own."""
         try:
             text = await triton.metrics()
         except Exception as err:  # the metrics port is down: say so, never a 500
             return _error(503, f"metrics are unavailable: {err}", code="upstream_error")
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models")
-    async def models(request: Request):
-        authorize(request)
-        card = {"id": settings.model, "object": "model", "created": 0, "owned_by": "dflash-trt"}
-        return {"object": "list", "data": [card]}
+    @app.get("/v1/models", response_model=ModelList, responses={401: ERRORS[401]})
+    async def models():
+        return ModelList(object="list", data=[ModelCard(id=settings.model, object="model", created=0,
+                                                        owned_by="dflash-trt")])
 
-    async def complete(request: Request, kind: type[protocol._Sampling]):
-        authorize(request)
-        parsed = protocol.parse(await body(request), kind)
+    async def complete(request: Request, parsed: protocol._Sampling):
+        parsed.check_sampling()
         if parsed.model != settings.model:
             return _error(404, f"model '{parsed.model}' does not exist; this server serves '{settings.model}'",
                           "model", "model_not_found")
         inputs = parsed.triton_inputs()
-        reply = Reply(chat=kind is protocol.ChatRequest, model=settings.model, with_meta_info=parsed.return_meta_info)
-        pieces = _renamed(triton.generate(inputs), "messages" if reply.chat else "prompt")
+        chat = isinstance(parsed, protocol.ChatRequest)
+        reply = Reply(chat=chat, model=settings.model, with_meta_info=parsed.return_meta_info)
+        pieces = _renamed(triton.generate(inputs), "messages" if chat else "prompt")
         if not parsed.stream:
             return await _whole(request, reply, pieces)
         first = await anext(pieces)  # refusals (prompt too long, ...) come first: a 4xx, not a broken stream
-        return StreamingResponse(_events(reply, first, pieces, parsed.include_usage), media_type="text/event-stream")
+        return EventSourceResponse(_events(reply, first, pieces, parsed.include_usage), sep="\n")
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        return await complete(request, protocol.ChatRequest)
+    @app.post("/v1/chat/completions", response_model=None, responses=_replies(ChatCompletion, ChatCompletionChunk))
+    async def chat(request: Request, body: protocol.ChatRequest):
+        return await complete(request, body)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await complete(request, protocol.CompletionRequest)
+    @app.post("/v1/completions", response_model=None, responses=_replies(Completion, Completion))
+    async def completions(request: Request, body: protocol.CompletionRequest):
+        return await complete(request, body)
 
     return app
 
@@ -162,24 +220,28 @@ async def _whole(request: Request, reply: Reply, pieces: AsyncIterator[Piece]) -
 
 
 async def _events(reply: Reply, first: Piece, pieces: AsyncIterator[Piece], include_usage: bool):
-    """SSE: the role, content deltas, the finish reason, usage if asked, [DONE]. Starlette cancels
-    this generator when the client disconnects; `pieces` is then closed, and Triton cancels."""
+    """SSE data: the role, content deltas, the finish reason, usage if asked, [DONE]. sse-starlette
+    cancels this generator when the client disconnects; `pieces` is then closed, and Triton cancels."""
+
+    def event(data: dict | str) -> dict:
+        return {"data": data if isinstance(data, str) else json.dumps(data)}
+
     try:
         if reply.chat:
-            yield sse(reply.chunk(None, role=True))
+            yield event(reply.chunk(None, role=True))
         piece = first
         while True:
             if piece.text:
-                yield sse(reply.chunk(piece.text))
+                yield event(reply.chunk(piece.text))
             if piece.finish_reason is not None:
-                yield sse(reply.chunk(None, piece.finish_reason))
+                yield event(reply.chunk(None, piece.finish_reason))
                 if include_usage:
-                    yield sse(reply.usage_chunk(piece.usage))
+                    yield event(reply.usage_chunk(piece.usage))
                 break
             piece = await anext(pieces)
-        yield sse("[DONE]")
+        yield event("[DONE]")
     except (RequestError, UpstreamError) as err:  # mid-stream: the status line has gone already
         status = err.status if isinstance(err, RequestError) else 503
-        yield sse(error_body(status, str(err), getattr(err, "param", None)))
+        yield event(error_body(status, str(err), getattr(err, "param", None)))
     finally:
         await pieces.aclose()

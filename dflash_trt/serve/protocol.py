@@ -8,11 +8,12 @@ several prompts) are refused, never silently dropped.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
 
 from dflash_trt.serve.requests import RequestError, sampling_params
+from dflash_trt.spec.sampling import RANGES
 
 
 class ContentPart(BaseModel):
@@ -37,23 +38,56 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+def _integral(value: Any) -> Any:
+    """JSON has one number type: 16.0 and 1.6e1 are the integer 16 (as JSON Schema's "integer" says);
+    any other float stays a float, which an integer field refuses."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# an integer field of a request body (strict otherwise: "16" or true is not an integer)
+JsonInt = Annotated[int, BeforeValidator(_integral)]
+# a stop string: SamplingParams refuses empty ones; the schema says so
+StopString = Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})]
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return any("\ud800" <= ch <= "\udfff" for ch in value)
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
+
+
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     model: str
-    # types only: their values are checked by SamplingParams itself (`check_sampling`), as everywhere
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    # Types only: their values are checked by SamplingParams itself (`check_sampling`), as everywhere;
+    # the schema publishes its ranges (top_k -1 is "none", mapped to 0 in requests.sampling_params).
+    max_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["max_tokens"])
+    temperature: float | None = Field(None, json_schema_extra=RANGES["temperature"])
+    top_p: float | None = Field(None, json_schema_extra=RANGES["top_p"])
+    top_k: JsonInt | None = Field(None, json_schema_extra={**RANGES["top_k"], "minimum": -1})
+    # SamplingParams takes [0, 2**64); the schema promises JSON's exact integers, which clients can send
+    seed: JsonInt | None = Field(None, json_schema_extra={"minimum": 0, "maximum": 2**53 - 1})
+    stop: StopString | list[StopString] | None = None
+    n: JsonInt = Field(1, ge=1, le=1, description="one choice per request")
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: Literal[False] | None = None
     # SGLang's extension, which the DFlash authors' benchmark client sends: the reply then carries
     # `meta_info` with the verify steps and the mean acceptance length
     return_meta_info: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        """JSON's \\ud800-style escapes decode to lone surrogates, which are not text: refused here, before
+        they could reach the tokenizer or a reply."""
+        if _has_lone_surrogate(data):
+            raise ValueError("a string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not text")
+        return data
 
     def sampling(self, max_tokens: int | None) -> dict:
         """The Triton model's sampling_parameters (None: its default)."""
@@ -72,7 +106,7 @@ class _Sampling(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["max_tokens"])
     # extra variables for the chat template (vLLM's and SGLang's field), e.g. {"enable_thinking": false}
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -95,10 +129,10 @@ class ChatRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = 16  # OpenAI's default for completions
+    prompt: str | list[JsonInt] | list[str] | list[list[JsonInt]]
+    max_tokens: JsonInt | None = Field(16, json_schema_extra=RANGES["max_tokens"])  # OpenAI's default for completions
     echo: Literal[False] | None = None
-    best_of: int | None = Field(None, ge=1, le=1)
+    best_of: JsonInt | None = Field(None, ge=1, le=1, json_schema_extra={"minimum": 1, "maximum": 1})
 
     def triton_inputs(self) -> dict:
         prompt = self.prompt
@@ -113,25 +147,34 @@ class CompletionRequest(_Sampling):
 
 
 def parse(body: bytes, kind: type[_Sampling]) -> _Sampling:
-    """Request body -> the request, or a RequestError naming the first bad field."""
+    """Request body -> the request, or a RequestError naming the first bad field (as the front's typed
+    endpoints refuse it: FastAPI validates the decoded JSON the same way, then `refusal`)."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise RequestError(None, "the request body is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise RequestError(None, "the request body must be a JSON object")
     try:
-        request = kind.model_validate_json(body)
+        request = kind.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        if first["type"] == "json_invalid":  # what json.loads let through (a lone surrogate escape, ...)
-            raise RequestError(None, f"the request body is not valid JSON: {first['msg']}") from None
-        loc = [str(part) for part in first["loc"]]
-        # a union reports one error per member type; its first path element after the field is the type
-        param = _param(loc, data)
-        raise RequestError(param, f"{param}: {first['msg']}" if param else first["msg"]) from None
+        raise refusal(err.errors(), data) from None
     request.check_sampling()
     return request
+
+
+def refusal(errors: list[dict], data: Any) -> RequestError:
+    """pydantic's (or FastAPI's) validation errors of a request body `data` -> one RequestError naming
+    the first bad field by its JSON path."""
+    first = errors[0]
+    loc = [str(part) for part in first["loc"]]
+    if loc[:1] == ["body"]:  # FastAPI's locations start at the body
+        loc = loc[1:]
+    if first["type"] == "json_invalid":
+        return RequestError(None, "the request body is not valid JSON")
+    if not isinstance(data, dict):
+        return RequestError(None, "the request body must be a JSON object")
+    # a union reports one error per member type; its first path element after the field is the type
+    param = _param(loc, data)
+    return RequestError(param, f"{param}: {first['msg']}" if param else first["msg"])
 
 
 def _param(loc: list[str], data: dict) -> str:

@@ -1,10 +1,25 @@
-"""OpenAI response bodies, stream chunks, Server-Sent Events and error objects (pure functions)."""
+"""OpenAI response bodies, stream chunks and error objects, built from the models of openai_models.py."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
+
+from dflash_trt.serve.openai_models import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+    ErrorDetail,
+    ErrorResponse,
+    MetaInfo,
+    Usage,
+    dump,
+)
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
@@ -13,32 +28,27 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return dump(ErrorResponse(error=ErrorDetail(message=message, type=kind, param=param, code=code)))
 
 
-def sse(data: dict | str) -> bytes:
-    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode()
-
-
-def usage(info: dict | None) -> dict:
+def usage(info: dict | None) -> Usage:
     """Triton's usage JSON -> OpenAI usage, plus acceptance: per verify step (bench/server.py reads
     `acceptance_lengths`) and the mean, as dflash-trt extensions."""
     info = info or {}
     prompt, completion = info.get("prompt_tokens", 0), info.get("completion_tokens", 0)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "acceptance_lengths": info.get("acceptance_lengths", []),
-            "mean_acceptance_length": info.get("mean_acceptance_length")}
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 acceptance_lengths=info.get("acceptance_lengths", []),
+                 mean_acceptance_length=info.get("mean_acceptance_length"))
 
 
-def meta_info(info: dict | None) -> dict:
+def meta_info(info: dict | None) -> MetaInfo:
     """SGLang's `meta_info` for a reply (what the DFlash authors' benchmark client reads): verify steps
     that drafted (`spec_verify_ct`) and the mean acceptance length τ per such step, bonus token
     included (`spec_accept_length`; absent when nothing was drafted)."""
     info = info or {}
-    out = {"completion_tokens": info.get("completion_tokens", 0), "spec_verify_ct": info.get("num_drafts", 0)}
-    if info.get("mean_acceptance_length") is not None:
-        out["spec_accept_length"] = info["mean_acceptance_length"]
-    return out
+    accept = info.get("mean_acceptance_length")
+    return MetaInfo(completion_tokens=info.get("completion_tokens", 0), spec_verify_ct=info.get("num_drafts", 0),
+                    **({} if accept is None else {"spec_accept_length": accept}))
 
 
 class Reply:
@@ -49,26 +59,29 @@ class Reply:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
-    def _object(self, kind: str, choices: list, extra: dict | None = None) -> dict:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices,
-                **(extra or {})}
+    def _head(self) -> dict:
+        return {"id": self.id, "created": self.created, "model": self.model}
 
     def whole(self, text: str, finish_reason: str | None, info: dict | None) -> dict:
         extra = {"usage": usage(info), **({"meta_info": meta_info(info)} if self.with_meta_info else {})}
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish_reason}
-            return self._object("chat.completion", [choice], extra)
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return self._object("text_completion", [choice], extra)
+            choice = ChatChoice(index=0, message=AssistantMessage(role="assistant", content=text), logprobs=None,
+                                finish_reason=finish_reason)
+            return dump(ChatCompletion(object="chat.completion", choices=[choice], **self._head(), **extra))
+        choice = CompletionChoice(index=0, text=text, logprobs=None, finish_reason=finish_reason)
+        return dump(Completion(object="text_completion", choices=[choice], **self._head(), **extra))
 
     def chunk(self, text: str | None, finish_reason: str | None = None, role: bool = False) -> dict:
         if self.chat:
-            delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            return self._object("chat.completion.chunk", [choice])
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-        return self._object("text_completion", [choice])
+            delta = (ChatDelta(role="assistant", content="") if role
+                     else ChatDelta() if text is None else ChatDelta(content=text))
+            choice = ChatChunkChoice(index=0, delta=delta, logprobs=None, finish_reason=finish_reason)
+            return dump(ChatCompletionChunk(object="chat.completion.chunk", choices=[choice], **self._head()))
+        choice = CompletionChoice(index=0, text=text or "", logprobs=None, finish_reason=finish_reason)
+        return dump(Completion(object="text_completion", choices=[choice], **self._head()))
 
     def usage_chunk(self, info: dict | None) -> dict:
-        return self._object("chat.completion.chunk" if self.chat else "text_completion", [], {"usage": usage(info)})
+        if self.chat:
+            return dump(ChatCompletionChunk(object="chat.completion.chunk", choices=[], usage=usage(info),
+                                            **self._head()))
+        return dump(Completion(object="text_completion", choices=[], usage=usage(info), **self._head()))

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
+from httpx_sse import aconnect_sse
 
 from dflash_trt.serve.config import TRITON_MODEL
 from dflash_trt.serve.requests import RequestError
@@ -58,14 +59,13 @@ class TritonClient:
     async def generate(self, inputs: dict) -> AsyncIterator[Piece]:
         """The request's pieces as they come; leaving the loop early closes the connection (cancels it)."""
         try:
-            async with self.http.stream("POST", f"/v2/models/{TRITON_MODEL}/generate_stream",
-                                        json={**inputs, "stream": True}) as response:
+            async with aconnect_sse(self.http, "POST", f"/v2/models/{TRITON_MODEL}/generate_stream",
+                                    json={**inputs, "stream": True}) as events:
+                response = events.response
                 if response.status_code != 200:  # a refusal before the first event (JSON, or one SSE event)
                     raise _refusal((await response.aread()).decode(errors="replace"))
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = json.loads(line[5:])
+                async for event in events.aiter_sse():
+                    data = event.json()
                     if "error" in data:  # errors after the first event arrive under HTTP 200
                         raise _error(data["error"])
                     piece = _piece(data)

@@ -9,6 +9,20 @@ import torch
 from dflash_trt.errors import DFlashError
 
 
+# Each numeric field's range as JSON Schema keywords: what SamplingParams enforces, and what the OpenAI
+# front publishes in its schema (serve/protocol.py); one definition for both.
+# The integer bounds fit the core's int64 fields and are exact in a JSON double.
+RANGES = {"max_tokens": {"minimum": 1, "maximum": 2**31 - 1}, "temperature": {"minimum": 0},
+          "top_p": {"exclusiveMinimum": 0, "maximum": 1}, "top_k": {"minimum": 0, "maximum": 2**31 - 1}}
+SEED_RANGE = {"minimum": 0, "maximum": 2**64 - 1}  # the core keys its RNG with 64 bits
+
+
+def in_range(value, field: str) -> bool:
+    rule = RANGES[field]
+    return (value >= rule.get("minimum", value) and value <= rule.get("maximum", value)
+            and ("exclusiveMinimum" not in rule or value > rule["exclusiveMinimum"]))
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """What to sample and when to stop. temperature == 0 means greedy (argmax)."""
@@ -43,16 +57,16 @@ class SamplingParams:
         if not isinstance(stop_ids, (list, tuple)) or not all(map(integer, stop_ids)):
             raise bad("stop_token_ids", "a list of integers", self.stop_token_ids)
         object.__setattr__(self, "stop_token_ids", tuple(stop_ids))
-        if not integer(self.max_tokens) or self.max_tokens < 1:
-            raise bad("max_tokens", "an integer >= 1", self.max_tokens)
-        if not number(self.temperature) or not self.temperature >= 0:
+        if not integer(self.max_tokens) or not in_range(self.max_tokens, "max_tokens"):
+            raise bad("max_tokens", "an integer in [1, 2**31)", self.max_tokens)
+        if not number(self.temperature) or not in_range(self.temperature, "temperature"):
             raise bad("temperature", ">= 0", self.temperature)
-        if not number(self.top_p) or not 0 < self.top_p <= 1:
+        if not number(self.top_p) or not in_range(self.top_p, "top_p"):
             raise bad("top_p", "in (0, 1]", self.top_p)
-        if not integer(self.top_k) or self.top_k < 0:
-            raise bad("top_k", "an integer >= 0", self.top_k)
-        if self.seed is not None and not integer(self.seed):
-            raise bad("seed", "an integer or None", self.seed)
+        if not integer(self.top_k) or not in_range(self.top_k, "top_k"):
+            raise bad("top_k", "an integer in [0, 2**31)", self.top_k)
+        if self.seed is not None and not (integer(self.seed) and 0 <= self.seed <= SEED_RANGE["maximum"]):
+            raise bad("seed", "an integer in [0, 2**64) or None", self.seed)
         if not isinstance(self.ignore_eos, bool):
             raise bad("ignore_eos", "a bool", self.ignore_eos)
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 from fastapi.testclient import TestClient
+from httpx_sse import connect_sse
 
 from dflash_trt.serve.openai_api import FrontSettings, create_app
 from dflash_trt.serve.requests import RequestError
@@ -56,8 +57,10 @@ def chat(**fields):
     return {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **fields}
 
 
-def events(response):
-    return [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+def events(front, path, body):
+    """(the response, the data of each Server-Sent Event) of a streamed request, read by httpx-sse."""
+    with connect_sse(front, "POST", path, json=body) as source:
+        return source.response, [event.data for event in source.iter_sse()]
 
 
 def test_chat_whole(front):
@@ -72,9 +75,8 @@ def test_chat_whole(front):
 
 
 def test_chat_stream(front):
-    with front.stream("POST", "/v1/chat/completions", json=chat(stream=True, stream_options={"include_usage": True})) as r:
-        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        data = events(r)
+    r, data = events(front, "/v1/chat/completions", chat(stream=True, stream_options={"include_usage": True}))
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     assert data[-1] == "[DONE]"
     chunks = [json.loads(d) for d in data[:-1]]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -87,8 +89,7 @@ def test_chat_stream(front):
 def test_completion_whole_and_stream(front):
     whole = front.post("/v1/completions", json={"model": "tiny", "prompt": "x"}).json()
     assert whole["object"] == "text_completion" and whole["choices"][0]["text"] == "abc"
-    with front.stream("POST", "/v1/completions", json={"model": "tiny", "prompt": [1, 2], "stream": True}) as r:
-        data = events(r)
+    _, data = events(front, "/v1/completions", {"model": "tiny", "prompt": [1, 2], "stream": True})
     assert "".join(json.loads(d)["choices"][0]["text"] for d in data[:-1]) == "abc"
     assert front.triton.requests[-1]["input_ids"] == [1, 2]
 

@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import need_triton, start_server
 
@@ -181,6 +183,25 @@ def test_fuzzed_bodies_never_get_a_5xx(server):
             response = http.post(server.root + path, content=raw, headers={"content-type": "application/json"})
             assert response.status_code < 500, (raw, response.text)
     assert httpx.get(f"{server.root}/health", timeout=10).status_code == 200
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_schemathesis_finds_no_5xx_or_undocumented_reply_on_the_real_server(server):
+    """Bounded: a dozen generated requests per operation (most refused: the model name is random)."""
+    schema = schemathesis.openapi.from_url(f"{server.root}/openapi.json")
+    for found in schema.get_all_operations():
+        operation = found.ok()
+
+        @given(case=operation.as_strategy())
+        @settings(max_examples=12, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        def check(case):
+            case.call_and_validate(timeout=60)
+
+        check()
+
+
+def test_the_real_server_is_healthy_after_schema_fuzzing(server):
+    assert httpx.get(f"{server.root}/health", timeout=10).json() == {"status": "ready"}
 
 
 def test_metrics_move_by_a_requests_amounts(server, client):

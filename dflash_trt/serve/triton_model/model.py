@@ -78,6 +78,8 @@ class TritonPythonModel:
             _refuse(sender, RequestError(None, str(err), err.status))
         except DFlashError as err:  # the engine's own refusals (ids outside the vocabulary, ...)
             _refuse(sender, RequestError("prompt", str(err)))
+        except Exception as err:  # a bug of ours: the request still gets its one final answer, never a hang
+            _refuse(sender, RequestError(None, f"internal error: {type(err).__name__}: {err}", 500))
 
     def _prompt_ids(self, request) -> list:
         """text_input (raw text), messages (chat JSON, through the chat template) or input_ids."""

@@ -1,0 +1,126 @@
+"""OpenAI response bodies as pydantic models: what the front returns and what /openapi.json says it
+returns (requests are in protocol.py). Replies are built from these models and dumped with
+`exclude_unset`, so a field is in the JSON exactly when the reply set it (a chunk's delta carries only
+what changed, while `logprobs: null` is always there, as in OpenAI's objects)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    acceptance_lengths: list[int] = Field(
+        default_factory=list, description="dflash-trt: tokens committed per verify step that drafted (τ per step)")
+    mean_acceptance_length: float | None = Field(None, description="dflash-trt: the mean of acceptance_lengths")
+
+
+class MetaInfo(BaseModel):
+    """SGLang's `meta_info` (`return_meta_info: true`), which the DFlash authors' benchmark client reads."""
+
+    completion_tokens: int
+    spec_verify_ct: int = Field(description="verify steps that drafted")
+    spec_accept_length: float | None = Field(None, description="mean tokens committed per such step; absent "
+                                                                "when nothing was drafted")
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    meta_info: MetaInfo | None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One Server-Sent Event of a streamed chat reply; the last (with stream_options.include_usage)
+    has no choices and the usage."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class Completion(BaseModel):
+    """A completion reply, or one Server-Sent Event of a streamed one (then usage only on the last,
+    with stream_options.include_usage)."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    meta_info: MetaInfo | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: Literal["ready"]
+
+
+def dump(model: BaseModel) -> dict:
+    """The JSON object of a reply: the fields it set, nothing else."""
+    return model.model_dump(mode="json", exclude_unset=True)
