@@ -20,7 +20,8 @@ cd "$(dirname "$0")/.."
 CARRY=build/gpu-carry
 # Imported when pytest collects the suite (the serving front, export's graph inspection) and absent from
 # the GPU image, which has PyTorch, transformers, onnx, onnxruntime and pytest.
-CARRIED_PACKAGES=(polygraphy fastapi starlette pydantic pydantic_core annotated-types typing-inspection opentelemetry-api)
+CARRIED_PACKAGES=(polygraphy fastapi starlette pydantic pydantic_core annotated-types typing-inspection opentelemetry-api
+  sse-starlette httpx-sse)
 
 if [ "${1:-}" = "--prepare" ]; then
   set -e

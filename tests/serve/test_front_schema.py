@@ -4,10 +4,11 @@ a body of its documented shape; never a 5xx. The real server gets the same check
 test_serve_end_to_end.py."""
 
 import pytest
-import schemathesis
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, settings
 from test_front import FakeTriton
+
+schemathesis = pytest.importorskip("schemathesis")  # a test dependency (.[test]); the GPU image lacks it
+from hypothesis import HealthCheck, settings  # noqa: E402  (schemathesis brings hypothesis)
 
 from dflash_trt.serve.openai_api import FrontSettings, create_app
 

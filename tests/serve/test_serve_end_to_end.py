@@ -9,8 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import schemathesis
-from hypothesis import HealthCheck, given, settings
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import need_triton, start_server
 
@@ -188,6 +186,9 @@ def test_fuzzed_bodies_never_get_a_5xx(server):
 @pytest.mark.filterwarnings("ignore")
 def test_schemathesis_finds_no_5xx_or_undocumented_reply_on_the_real_server(server):
     """Bounded: a dozen generated requests per operation (most refused: the model name is random)."""
+    schemathesis = pytest.importorskip("schemathesis")  # a test dependency (.[test]); the GPU image lacks it
+    from hypothesis import HealthCheck, given, settings
+
     schema = schemathesis.openapi.from_url(f"{server.root}/openapi.json")
     for found in schema.get_all_operations():
         operation = found.ok()
