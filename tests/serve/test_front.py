@@ -136,19 +136,6 @@ def test_api_key():
     assert front.get("/health").status_code == 200  # probes need no key
 
 
-def test_fuzzed_bodies_never_get_a_5xx(front):
-    from fuzz_bodies import bodies
-
-    statuses = []
-    for path, raw in bodies("tiny", 400, seed=1):
-        response = front.post(path, content=raw, headers={"content-type": "application/json"})
-        statuses.append(response.status_code)
-        assert response.status_code < 500, (raw, response.text)
-        if response.status_code >= 400:
-            assert response.json()["error"]["message"]
-    assert statuses.count(200) > 10 and statuses.count(400) > 100  # both sides were exercised
-
-
 def test_a_full_queue_is_a_429_with_retry_after(front):
     body = {"model": "tiny", "messages": [{"role": "user", "content": "busy"}]}
     response = front.post("/v1/chat/completions", json=body)
