@@ -140,12 +140,18 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
     async def bug(request, err: Exception):  # a bug of ours: still an error object, and the server lives on
         return _error(500, f"internal error: {type(err).__name__}: {err}", code="internal_error")
 
+    served = False  # the model has been ready: a 503 after that is a drain, before it a start
+
     @app.get("/health", response_model=Health, responses={503: ERRORS[503]})
     async def health():
-        """200 once the model serves; 503 before that and while it drains (load balancers: route elsewhere)."""
+        """200 once the model serves; 503 before that (`error.code` "starting") and while it drains
+        ("draining"): load balancers route elsewhere."""
+        nonlocal served
         if await triton.ready():
+            served = True
             return Health(status="ready")
-        return _error(503, "the model is not ready (starting, or draining)", code="not_ready")
+        state = "draining" if served else "starting"
+        return _error(503, f"the model is not ready: {state}", code=state)
 
     @app.get("/metrics", response_class=PlainTextResponse, responses={503: ERRORS[503]})
     async def metrics():

@@ -19,6 +19,7 @@ class FakeTriton:
     def __init__(self):
         self.requests = []
         self.closed = 0
+        self.is_ready = True
 
     async def generate(self, inputs):
         self.requests.append(inputs)
@@ -36,7 +37,7 @@ class FakeTriton:
             self.closed += 1
 
     async def ready(self):
-        return True
+        return self.is_ready
 
     async def metrics(self):
         return "vllm:num_requests_running 0\n"
@@ -120,6 +121,19 @@ def test_bad_requests_get_openai_errors(front, path, kwargs, status, param):
     assert response.status_code == status
     error = response.json()["error"]
     assert error["param"] == param and error["message"] and error["type"]
+
+
+def test_health_says_starting_before_the_model_serves_and_draining_after():
+    triton = FakeTriton()
+    front = TestClient(create_app(FrontSettings("tiny"), triton))
+    triton.is_ready = False
+    starting = front.get("/health")
+    triton.is_ready = True
+    assert front.get("/health").json() == {"status": "ready"}
+    triton.is_ready = False
+    draining = front.get("/health")
+    assert (starting.status_code, starting.json()["error"]["code"]) == (503, "starting")
+    assert (draining.status_code, draining.json()["error"]["code"]) == (503, "draining")
 
 
 def test_unknown_paths_and_methods_are_json(front):
