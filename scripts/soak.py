@@ -176,6 +176,9 @@ def main() -> None:
         idle, after = running(server.root), rss_mib(pids)
     finally:
         server.stop()
+        log = Path(args.json).with_suffix(".log") if args.json else None
+        if log is not None:  # the servers' own output: why, if something died
+            log.write_text("\n".join(server.output) + "\n")
 
     counts = {kind: sum(o.kind == kind for o in outcomes) for kind in ("completed", "left", "refused", "5xx", "lost")}
     greedy = [o for o in outcomes if o.kind == "completed" and "temperature" not in o.params]
