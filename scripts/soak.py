@@ -176,9 +176,6 @@ def main() -> None:
         idle, after = running(server.root), rss_mib(pids)
     finally:
         server.stop()
-        log = Path(args.json).with_suffix(".log") if args.json else None
-        if log is not None:  # the servers' own output: why, if something died
-            log.write_text("\n".join(server.output) + "\n")
 
     counts = {kind: sum(o.kind == kind for o in outcomes) for kind in ("completed", "left", "refused", "5xx", "lost")}
     greedy = [o for o in outcomes if o.kind == "completed" and "temperature" not in o.params]
@@ -206,6 +203,8 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
     ok = counts["lost"] == 0 and counts["5xx"] == 0 and not mismatches and idle == 0
+    if not ok:  # what serve printed, beside the record (tritonserver's own log dies with its workdir)
+        print("\n".join(server.output[-50:]), file=sys.stderr)
     sys.exit(0 if ok else 1)
 
 
