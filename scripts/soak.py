@@ -115,22 +115,27 @@ async def soak(url: str, model: str, prompts: list[str], clients: int, seconds: 
     return outcomes
 
 
-def rss_mib(pids: list[int]) -> float:
-    """Resident memory of these processes and their children, MiB (from /proc)."""
-    seen, total, stack = set(), 0, list(pids)
+def rss_by_process(pids: list[int]) -> dict[str, float]:
+    """Resident memory of these processes and their children by process name, MiB (from /proc)."""
+    seen, found, stack = set(), {}, list(pids)
     while stack:
         pid = stack.pop()
         if pid in seen:
             continue
         seen.add(pid)
         try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
+            status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                          if ":" in line)
+            name = status["Name"].strip()
+            found[name] = round(found.get(name, 0) + int(status.get("VmRSS", "0 kB").split()[0]) / 1024, 1)
             stack += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             continue
-    return round(total / 1024, 1)
+    return found
+
+
+def rss_mib(pids: list[int]) -> float:
+    return round(sum(rss_by_process(pids).values()), 1)
 
 
 def running(root: str) -> float:
@@ -163,7 +168,7 @@ def main() -> None:
     server = start_server([str(bundle), "--max-batch", str(args.max_batch)])
     try:
         pids = [server.process.pid]
-        before = rss_mib(pids)
+        before, before_by = rss_mib(pids), rss_by_process(pids)
         began = time.perf_counter()
         memory: list[float] = []
         outcomes = asyncio.run(soak(server.url, server.model, prompts, args.clients, args.seconds, args.seed, pids,
@@ -173,7 +178,7 @@ def main() -> None:
             if running(server.root) == 0:
                 break
             time.sleep(1)
-        idle, after = running(server.root), rss_mib(pids)
+        idle, after, after_by = running(server.root), rss_mib(pids), rss_by_process(pids)
     finally:
         server.stop()
 
@@ -197,6 +202,7 @@ def main() -> None:
         "output_chars": sum(len(o.text) for o in outcomes), "wall_s": round(wall, 1),
         "chunks_per_s": round((len(gaps) + len(ttft)) / wall, 1),
         "running_after": idle, "rss_mib_before": before, "rss_mib_during": memory, "rss_mib_after": after,
+        "rss_mib_by_process": {"before": before_by, "after": after_by},
         "errors": sorted({o.error for o in outcomes if o.error})[:10],
     }
     print(json.dumps({k: v for k, v in record.items() if k != "errors"}, indent=1))
