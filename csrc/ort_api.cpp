@@ -62,6 +62,10 @@ Session Runtime::open(const std::string& path, int64_t threads) const {
   // The three sessions take turns; idle workers left spinning after one Run steal the cores the
   // next session needs (the Python backend measured 2x on 2 cores: op_library.session_options).
   check(api_->AddSessionConfigEntry(raw, "session.force_spinning_stop", "1"), "setting session options");
+  // A memory pattern is planned and kept per input shape, and ours change every step: disabled, a
+  // batch of 32 varied requests x 16 rounds grew the process by 58 MiB instead of 141 MiB, at the
+  // same speed. (Without the arena too: 58 MiB, but 17% slower.)
+  check(api_->DisableMemPattern(raw), "disabling memory patterns");
   OrtSession* session = nullptr;
   check(api_->CreateSession(env_.get(), path.c_str(), raw, &session), "loading " + path);
   return Session(session, api_->ReleaseSession);
