@@ -8,6 +8,8 @@ namespace dflash {
 
 namespace {
 
+constexpr int64_t kContextBucket = 64;  // draft context lengths a GPU's block pass is shaped for
+
 void positive(const std::string& who, int64_t value, const char* name) {
   if (value < 1) throw Error(who + ": " + name + " must be >= 1, got " + std::to_string(value));
 }
@@ -518,6 +520,10 @@ std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>
   const int64_t m = int64_t(rows.size()), B = block_size;
   int64_t ctx = 1;
   for (int64_t row : rows) ctx = std::max(ctx, rows_[row].drafted);
+  // On a GPU the length is rounded up to a bucket, so the block pass's shapes recur from step to step
+  // (its CUDA graph replays; a TensorRT profile stays warm). Rows past each length are masked, and
+  // the padding holds zeros or earlier context rows, all finite: no token changes.
+  if (!device_.is_host()) ctx = std::min(c.capacity, (ctx + kContextBucket - 1) / kContextBucket * kContextBucket);
   const int64_t slot_size = c.draft_kv_heads * c.capacity * c.draft_head_dim;
   const size_t element = dtype_size(dtype_);
   for (size_t k = 0; k < context_.size(); ++k) {
