@@ -76,8 +76,13 @@ def main():
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="Stop string (repeatable); cut from the output.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, metrics) instead of streaming.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
+              help="--backend torch: where its models run (default: cuda when PyTorch sees a GPU, else cpu).")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
+              help="--backend torch: its models' dtype (default: bfloat16 on a GPU, float32 on the CPU).")
 @user_errors
-def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop, as_json):
+def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop, as_json,
+             device, dtype):
     """Generate a reply to PROMPT, streaming it, then print the acceptance summary."""
     from dflash_trt.runtime.llm import AUTO, LLM, resolve_backend
     from dflash_trt.spec.metrics import summary_line
@@ -87,10 +92,15 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop
     )
     if bundle:
+        if device or dtype:
+            raise DFlashError("--device and --dtype place the torch backend's models; a bundle runs as it was exported")
         llm = LLM.from_bundle(bundle, block_size=block_size)
     else:
         draft = draft or AUTO
-        llm = LLM(target=target, draft=draft, backend=resolve_backend(backend, target, draft), block_size=block_size)
+        if (device or dtype) and backend == AUTO:  # only the torch backend places models
+            backend = "torch"
+        llm = LLM(target=target, draft=draft, backend=resolve_backend(backend, target, draft), block_size=block_size,
+                  device=device, dtype=dtype)
     if speculative and not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{target}': pass --draft DIR or --no-speculative")
     if as_json:

@@ -155,3 +155,15 @@ def test_generate_defaults_to_a_slots_bundle_on_the_onnxruntime_executor(tiny_pa
     assert read_bundle(bundle, verify_hashes=False)["flavour"] == "slots"
     expected = LLM(str(target), str(draft)).generate("hello", SamplingParams(max_tokens=10))[0]
     assert json.loads(result.stdout)["token_ids"] == expected.token_ids
+
+
+def test_generate_places_the_torch_models_where_asked(tiny_pairs, tmp_path):
+    """--device / --dtype pick the torch backend under auto; float16 on the CPU decodes (the slot
+    executor's buffers in the models' dtype); a bundle refuses them in one line."""
+    target, draft = map(str, tiny_pairs["llama"])
+    result = CliRunner().invoke(main, ["generate", "--target", target, "--draft", draft, "--device", "cpu",
+                                       "--dtype", "float16", "--max-tokens", "6", "--json", "hello"])
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.stdout)["token_ids"]) == 6
+    bad = CliRunner().invoke(main, ["generate", "--bundle", str(tmp_path), "--device", "cpu", "hello"])
+    assert bad.exit_code != 0 and "--device and --dtype place the torch backend's models" in bad.output
