@@ -49,6 +49,7 @@ class FrontSettings:
     api_key: str | None = None
     max_body_bytes: int = 1 << 20
     docs: bool = True  # /docs (Swagger UI); /openapi.json is always served
+    drain_s: float = 60  # on shutdown, how long an in-flight stream may go on to its end
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -179,7 +180,9 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         if not parsed.stream:
             return await _whole(request, reply, pieces)
         first = await anext(pieces)  # refusals (prompt too long, ...) come first: a 4xx, not a broken stream
-        return EventSourceResponse(_events(reply, first, pieces, parsed.include_usage), sep="\n")
+        # sse-starlette ends its streams when the server begins to stop; a drain lets them finish
+        return EventSourceResponse(_events(reply, first, pieces, parsed.include_usage), sep="\n",
+                                   shutdown_grace_period=settings.drain_s)
 
     @app.post("/v1/chat/completions", response_model=None, responses=_replies(ChatCompletion, ChatCompletionChunk))
     async def chat(request: Request, body: protocol.ChatRequest):

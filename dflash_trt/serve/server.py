@@ -73,7 +73,8 @@ def serve(config: ServeConfig, say: Callable[[str], None] = print) -> None:
         triton = start_triton(repository, workdir, install, exit_timeout_s=DRAIN_S)
         triton.wait_ready(READY_S)
         client = TritonClient(triton.url, triton.metrics_url)
-        app = create_app(FrontSettings(config.served_name, config.api_key, config.max_body_bytes, config.docs), client)
+        app = create_app(FrontSettings(config.served_name, config.api_key, config.max_body_bytes, config.docs,
+                                       drain_s=DRAIN_S), client)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=DRAIN_S))
         host, port = sock.getsockname()[:2]
         say(f"serving '{config.served_name}' at http://{host}:{port}/v1 (Triton at {triton.url})")

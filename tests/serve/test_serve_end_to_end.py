@@ -268,7 +268,7 @@ def test_a_non_streaming_client_that_leaves_is_cancelled(server):
 
 
 def test_sigterm_drains_then_stops_both_processes(server):
-    body = {"model": server.model, "messages": [{"role": "user", "content": "last one"}], "max_tokens": 60,
+    body = {"model": server.model, "messages": [{"role": "user", "content": "last one"}], "max_tokens": 300,
             "stream": True}
     children = server.children()
     assert children, "tritonserver is not a child of serve"
