@@ -8,7 +8,6 @@
 
 namespace dflash {
 
-namespace {
 void check_drafts(const int64_t* drafts, int64_t num_drafts, int64_t vocab) {
   DFLASH_INVARIANT(num_drafts >= 0 && vocab > 0);
   for (int64_t j = 0; j < num_drafts; ++j)
@@ -17,7 +16,6 @@ void check_drafts(const int64_t* drafts, int64_t num_drafts, int64_t vocab) {
                   " is outside the target vocabulary of " + std::to_string(vocab) +
                   "; the drafter and target vocabularies disagree");
 }
-}  // namespace
 
 Acceptance accept_greedy(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab) {
   check_drafts(drafts, num_drafts, vocab);

@@ -18,6 +18,10 @@ namespace dflash {
 
 using Acceptance = Verdict;  // drafts kept (0..num_drafts) and the target's token after them
 
+// One line (dflash::Error) for a draft outside the target's vocabulary: the pair disagrees. Every
+// decision checks its drafts here first, on the host, wherever the rules then run.
+void check_drafts(const int64_t* drafts, int64_t num_drafts, int64_t vocab);
+
 // Longest prefix of drafts equal to the target's argmax. logits [num_drafts + 1, vocab].
 Acceptance accept_greedy(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab);
 

@@ -339,11 +339,7 @@ void SlotExecutor::decide_run(const std::vector<int64_t>& rows, const std::vecto
     row.position = s.position;
     if (decision.blocks) {
       const std::vector<int64_t>& block = (*decision.blocks)[i];
-      for (size_t j = 1; j < block.size(); ++j)
-        if (block[j] < 0 || block[j] >= V)
-          throw Error("draft token " + std::to_string(block[j]) + " at block slot " + std::to_string(j) +
-                      " is outside the target vocabulary of " + std::to_string(V) +
-                      "; the drafter and target vocabularies disagree");
+      check_drafts(block.data() + 1, int64_t(block.size()) - 1, V);
       row.num_drafts = int64_t(block.size()) - 1;
       row.drafts = int64_t(decide_drafts_.host.size());
       decide_drafts_.host.insert(decide_drafts_.host.end(), block.begin() + 1, block.end());

@@ -99,7 +99,6 @@ class SlotBundle:
     before any request); each engine makes its executor, which allocates the KV slots, from that
     manifest."""
 
-    batched_only = True
     cuda_driver = "libcuda.so.1"  # the CUDA driver library the TensorRT executor loads
 
     def __init__(self, root: str | Path):

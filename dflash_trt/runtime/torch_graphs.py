@@ -85,9 +85,9 @@ class TorchGraph:
     executor would capture around its enqueue. A run that cannot be captured (a host sync inside)
     stays eager for those bindings."""
 
-    def __init__(self, name: str, module: torch.nn.Module, inputs: list[str], outputs: list[str],
-                 device: torch.device, stream, graphed: bool = False, stats: Counter | None = None):
-        self.name, self.module, self.inputs, self.outputs = name, module, inputs, outputs
+    def __init__(self, module: torch.nn.Module, inputs: list[str], outputs: list[str], device: torch.device,
+                 stream, graphed: bool = False, stats: Counter | None = None):
+        self.module, self.inputs, self.outputs = module, inputs, outputs
         self.device, self.stream, self.graphed = device, stream, graphed
         self.stats = Counter() if stats is None else stats
         self._views: dict[tuple, torch.Tensor] = {}
@@ -219,7 +219,7 @@ class TorchGraphs:
 
     def open(self, name: str) -> TorchGraph:
         spec = self.specs[name]
-        return TorchGraph(name, self.modules[name].eval(), [io["name"] for io in spec["inputs"]],
+        return TorchGraph(self.modules[name].eval(), [io["name"] for io in spec["inputs"]],
                           [io["name"] for io in spec["outputs"]], self.device, self.stream, self.graphed[name],
                           self.stats)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 from dflash_trt.serve.requests import RequestError, sampling_params
 from dflash_trt.spec.sampling import RANGES
@@ -146,24 +146,9 @@ class CompletionRequest(_Sampling):
         return {key: prompt, "sampling_parameters": json.dumps(self.sampling(self.max_tokens))}
 
 
-def parse(body: bytes, kind: type[_Sampling]) -> _Sampling:
-    """Request body -> the request, or a RequestError naming the first bad field (as the front's typed
-    endpoints refuse it: FastAPI validates the decoded JSON the same way, then `refusal`)."""
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise RequestError(None, "the request body is not valid JSON") from None
-    try:
-        request = kind.model_validate(data)
-    except ValidationError as err:
-        raise refusal(err.errors(), data) from None
-    request.check_sampling()
-    return request
-
-
 def refusal(errors: list[dict], data: Any) -> RequestError:
-    """pydantic's (or FastAPI's) validation errors of a request body `data` -> one RequestError naming
-    the first bad field by its JSON path."""
+    """The validation errors FastAPI reports for a request body `data` (the front's handler) -> one
+    RequestError naming the first bad field by its JSON path."""
     first = errors[0]
     loc = [str(part) for part in first["loc"]]
     if loc[:1] == ["body"]:  # FastAPI's locations start at the body

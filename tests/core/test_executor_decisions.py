@@ -44,7 +44,7 @@ class LogitsGraphs:
         assert name == "target"
         inputs = ["input_ids", "cache_lengths", "query_lengths", "logits_index", "cache_key_0", "cache_value_0"]
         outputs = ["logits", "features", "cache_key_out_0", "cache_value_out_0"]
-        return TorchGraph(name, self.target, inputs, outputs, self.device, self.stream)
+        return TorchGraph(self.target, inputs, outputs, self.device, self.stream)
 
 
 def executor(core, graphs):

@@ -72,8 +72,7 @@ def test_every_phase_equals_the_onnxruntime_executors_on_the_same_pair(pair):
         assert torch_drafts == ort_drafts
         close(both("verify_logits", rows, [[t, *d] for t, d in zip(bonus, ort_drafts, strict=True)]))
         both("commit", rows, kept)
-        assert [e.committed(r) for r in rows for e in executors[:1]] == [e2.committed(r) for r in rows
-                                                                           for e2 in executors[1:]]
+        assert [executors[0].committed(r) for r in rows] == [executors[1].committed(r) for r in rows]
 
 
 def test_a_target_without_a_drafter_decodes_plainly_as_autoregressive(tmp_path):

@@ -3,8 +3,9 @@
 import json
 
 import pytest
+from body_parsing import parse
 
-from dflash_trt.serve.protocol import ChatRequest, CompletionRequest, parse
+from dflash_trt.serve.protocol import ChatRequest, CompletionRequest
 from dflash_trt.serve.requests import RequestError
 
 

@@ -57,10 +57,12 @@ def test_error_travels_as_json():
 def test_one_validator_refuses_alike_through_the_api_the_cli_triton_and_the_openai_front(field, value, rule):
     """SamplingParams' own check is the only one: each entry point says the same line about the field."""
     from click.testing import CliRunner
+    from fastapi.testclient import TestClient
+    from test_front import FakeTriton
 
     from dflash_trt import DFlashError, SamplingParams
     from dflash_trt.cli import main
-    from dflash_trt.serve.protocol import ChatRequest, parse
+    from dflash_trt.serve.openai_api import FrontSettings, create_app
 
     line = f"{field} must be {rule}, got {value!r}"
     with pytest.raises(DFlashError) as api:
@@ -70,10 +72,11 @@ def test_one_validator_refuses_alike_through_the_api_the_cli_triton_and_the_open
     assert cli.exit_code == 2 and f"SamplingParams.{line}" in cli.stderr
     with pytest.raises(RequestError) as triton:
         parse_sampling(json.dumps({field: value}), 4, 64)
-    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], field: value}).encode()
-    with pytest.raises(RequestError) as front:
-        parse(body, ChatRequest)
-    assert triton.value == front.value == RequestError(field, line)
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], field: value}
+    front = TestClient(create_app(FrontSettings("m"), FakeTriton())).post("/v1/chat/completions", json=body)
+    error = front.json()["error"]
+    assert triton.value == RequestError(error["param"], error["message"]) == RequestError(field, line)
+    assert front.status_code == 400
 
 
 def test_chat_template_kwargs_are_a_json_object_of_template_variables():
