@@ -20,7 +20,9 @@ DRAFT_HELP = "DFlash drafter directory (z-lab HF format). Default: the drafter s
 
 
 def user_errors(command):
-    """A DFlashError becomes one 'Error: ...' line and exit status 2, never a traceback."""
+    """A DFlashError becomes one 'Error: ...' line and exit status 2, never a traceback; so does an
+    OSError about a named file (a path the user gave that cannot be read or written, a full disk),
+    wherever it surfaces."""
 
     @wraps(command)
     def run(*args, **kwargs):
@@ -28,6 +30,10 @@ def user_errors(command):
             return command(*args, **kwargs)
         except DFlashError as err:
             raise UserError(str(err)) from None
+        except OSError as err:
+            if err.filename is None or err.strerror is None:
+                raise
+            raise UserError(f"{err.filename}: {err.strerror}") from None
 
     return run
 
@@ -143,6 +149,9 @@ def export(target, draft, out, flavour, capacity, dtype, force, check):
     if out.exists() and not force:
         raise DFlashError(f"{out} already exists; pass --force to replace it")
     from dflash_trt.export.bundle import export_bundle
+    from dflash_trt.export.staging import check_output_dir
+
+    check_output_dir(out)
 
     pair = _load_pair(target, draft, flavour, DTYPES[dtype], check, capacity)
     with tqdm(total=5, desc="export", unit="step") as bar:
@@ -258,6 +267,7 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
     from dflash_trt.engines.config import BuildConfig, parse_compute_capabilities
     from dflash_trt.export.bundle import SLOT_FLAVOURS, export_bundle
     from dflash_trt.export.manifest import read_bundle
+    from dflash_trt.export.staging import check_output_dir
     from dflash_trt.runtime.engine import DEFAULT_MAX_BATCH
 
     if source is not None and (target or draft):
@@ -281,6 +291,7 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
         raise DFlashError("build needs -o/--output DIR for the engine bundle (or --dry-run to only see the plan)")
     if out.exists() and not force:
         raise DFlashError(f"{out} already exists; pass --force to replace it")
+    check_output_dir(out)
     if source is not None:  # refusals before any engine is built, or any weights load
         check_source(read_bundle(source), config, str(source))
     else:
@@ -291,7 +302,6 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
     with tqdm(total=4 + (5 if source is None else 0), desc=f"build ({config.engine})", unit="step") as bar:
         try:
             if source is None:
-                out.parent.mkdir(parents=True, exist_ok=True)
                 exported = Path(tempfile.mkdtemp(prefix=f".{out.name}-onnx-", dir=out.parent))
                 source = export_bundle(*pair, exported / "bundle", flavour=flavour, dtype=config.dtype or "float32",
                                        progress=_progress(bar), capacity=capacity)

@@ -199,7 +199,7 @@ class OracleDraftBlock(torch.nn.Module):
             for j, token in enumerate(self.sequence[start:start + block - 1]):
                 corrupt = float(torch.rand((), generator=self.rng)) < self.corrupt
                 tokens[i, j] = int(torch.randint(self.vocab, (), generator=self.rng)) if corrupt else token
-        return torch.zeros(m, block - 1, self.vocab), tokens
+        return tokens
 
 
 # Targets of each kind the slot executors run, as make_target / export_tiny_slots_bundle arguments.

@@ -62,6 +62,44 @@ def test_user_errors_are_one_line(pair_args, args, message):
     assert sum(line.startswith("Error") for line in result.stderr.splitlines()) == 1
 
 
+def one_error_line(result, message: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and "Traceback" not in result.output
+    assert sum(line.startswith("Error") for line in result.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_a_corrupt_target_checkpoint_is_one_line(tiny_pairs, tmp_path, damage):
+    import shutil
+
+    target, draft = tiny_pairs["llama"]
+    broken = shutil.copytree(target, tmp_path / "target")
+    weights = broken / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(b"\xff" * 64 if damage == "garbage" else data[: len(data) // 2])
+    for command in (["generate", "--backend", "torch"], ["export", "-o", str(tmp_path / "out")]):
+        result = CliRunner().invoke(main, [command[0], "--target", str(broken), "--draft", str(draft), *command[1:],
+                                           *(["x"] if command[0] == "generate" else [])])
+        one_error_line(result, f"{weights}: not a readable safetensors file")
+
+
+@pytest.mark.parametrize("where", ["/proc/forbidden/x", "a-file/x"])
+def test_export_to_a_place_that_cannot_be_written_is_one_line_before_loading(tiny_pairs, tmp_path, monkeypatch, where):
+    from dflash_trt.models import checkpoints
+
+    def never(*args, **kwargs):
+        raise AssertionError("weights loaded before the output was checked")
+
+    monkeypatch.setattr(checkpoints, "load_target", never)
+    (tmp_path / "a-file").write_text("")
+    out = where if where.startswith("/") else str(tmp_path / where)
+    target, draft = tiny_pairs["llama"]
+    for command in ("export", "build"):
+        result = CliRunner().invoke(main, [command, "--target", str(target), "--draft", str(draft), "-o", out,
+                                           *(["--engine", "onnxruntime"] if command == "build" else [])])
+        one_error_line(result, f"cannot write {out}")
+
+
 @pytest.mark.parametrize(
     "command", [[], ["generate"], ["train-drafter"], ["export"], ["inspect"], ["bench"], ["bench-report"], ["pack-corpus"], ["draft-vocab"]]
 )

@@ -29,6 +29,8 @@ from dflash_trt.export.hybrid_graphs import (
 )
 from dflash_trt.export.hybrid_slot_graphs import HybridSlotTargetGraph, hybrid_slot_target_spec
 from dflash_trt.export.manifest import DTYPES, FLAVOURS, FORMAT_VERSION, MANIFEST, file_hashes
+from dflash_trt.export.moe import use_onnxruntime_moe
+from dflash_trt.export.moe_ops import register_moe_symbolic
 from dflash_trt.export.op_library import onnxruntime_refusal, op_library
 from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph
 from dflash_trt.export.plugin_ops import DOMAIN, OP_VERSION, register_symbolics
@@ -74,7 +76,6 @@ def _graph_specs(target: TargetModel, drafter: DFlashDrafter, dtype: str = "floa
     d_kv = [d.arch.num_key_value_heads, d.arch.head_dim or d.hidden_size // d.arch.num_attention_heads]
     features = len(d.target_layer_ids) * target.hidden_size
     vocab = target.vocab_size
-    draft_vocab = _draft_vocab_size(target, drafter)
     hybrid = target.is_stateful
     if flavour in SLOT_FLAVOURS:
         own = slot_target_io(target, features, dtype, capacity)
@@ -95,7 +96,7 @@ def _graph_specs(target: TargetModel, drafter: DFlashDrafter, dtype: str = "floa
         "draft_block": {
             "inputs": [_io("block_ids", "int64", ["batch", "block"]), _io("context_lengths", "int64", ["batch"])]
             + [_io(n, dtype, ["batch", d_kv[0], "context", d_kv[1]]) for n in kv_names("context", dl)],
-            "outputs": [_io("draft_logits", "float32", ["batch", "block-1", draft_vocab]), _io("draft_tokens", "int64", ["batch", "block-1"])],
+            "outputs": [_io("draft_tokens", "int64", ["batch", "block-1"])],
         },
     }
 
@@ -198,6 +199,7 @@ def _export_graph(module: torch.nn.Module, spec: dict, path: Path, check: bool, 
         register_symbolics(OPSET)
     if slots == "slots":
         register_slot_symbolics(OPSET)
+        register_moe_symbolic(OPSET)
     elif slots == "slots-trt":
         register_slot_trt_symbolics(OPSET, decomposed=hybrid)
     domains = {**({DOMAIN: OP_VERSION} if plugin or hybrid else {}),
@@ -319,6 +321,8 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
         "draft_context": PluginDraftContextGraph(drafter) if plugin else DraftContextGraph(drafter),
         "draft_block": PluginDraftBlockGraph(drafter, target) if plugin else DraftBlockGraph(drafter, target),
     }
+    if flavour == "slots":  # the onnxruntime flavour: its own MoE kernel (export/moe.py)
+        use_onnxruntime_moe(modules["target"])
     checks = {}
     with staged_directory(out) as tmp:
         with _parameters_in(list(modules.values()), getattr(torch, dtype)):

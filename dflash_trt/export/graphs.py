@@ -4,9 +4,10 @@
                         -> logits [b, s - logits_from, V], features [b, s, taps*H], present K/V per layer
     draft_context.onnx  features [b, n, taps*H], positions [b, n] -> context K/V per draft layer
     draft_block.onnx    block_ids [b, B], context_lengths [b], context K/V per draft layer
-                        -> draft_logits [b, B-1, V'], draft_tokens [b, B-1]
+                        -> draft_tokens [b, B-1] (target ids)
 
-V' is the drafter's draft vocabulary size (the target's V without one); draft_tokens are target ids.
+The block pass returns token ids only: its logits (over the drafter's draft vocabulary, or the
+target's) end in the graph's ArgMax, so no runtime ever allocates or moves a block of them.
 
 K/V tensors are [b, kv_heads, tokens, head_dim], K after RoPE. Caches grow by concatenation
 (present = past ++ new) and rows are valid up to their length: `past_lengths` / `context_lengths`
@@ -25,9 +26,15 @@ from dflash_trt.export.moe import export_mlp
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.target import HYBRID_RECURRENT, TargetModel
 
-# qwen3_moe: its sparse MoE MLPs trace through moe.DenseRoutedMoE (all experts, dense routing);
+# qwen3_moe: its sparse MoE MLPs trace through moe.RoutedMoE (the experts the tokens picked);
 # the hybrid families (Gated DeltaNet + gated attention) through hybrid_graphs.HybridTargetGraph
 EXPORTABLE_TARGETS = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe"}) | HYBRID_RECURRENT
+
+
+def in_tap_order(tapped: dict[int, torch.Tensor], taps: tuple[int, ...]) -> list[torch.Tensor]:
+    """Each tapped layer's hidden states in the drafter's `target_layer_ids` order, a repeated layer
+    repeated: the drafter's fc reads len(taps) * H columns in that order."""
+    return [tapped[k] for k in taps]
 
 
 def export_refusal(model_type: str) -> str | None:
@@ -106,7 +113,7 @@ class TargetGraph(nn.Module):
         positions = past_lengths[:, None] + torch.arange(s, device=input_ids.device)[None]  # [b, s]
         cos, sin = self.model.rotary_emb(x, positions)
         diff, causal = causal_mask(positions, past_lengths, past[0].shape[2])
-        features, present = [], []
+        features, present = {}, []
         for index, layer in enumerate(self.model.layers):
             window = _layer_window(self.config, index)
             mask = causal if window is None else causal & (diff < window)
@@ -114,11 +121,11 @@ class TargetGraph(nn.Module):
                                 mask[:, None])
             present += kv
             if index in self.taps:
-                features.append(self.model.norm(x) if index in self.normed_taps else x)
+                features[index] = self.model.norm(x) if index in self.normed_taps else x
         # A prefill needs only the last position's logits: skip the LM head (the largest matmul) elsewhere.
         x = x.narrow(1, logits_from, s - logits_from)
         logits = self.lm_head(self.model.norm(x)).float()
-        return (logits, torch.cat(features, dim=-1), *present)
+        return (logits, torch.cat(in_tap_order(features, self.taps), dim=-1), *present)
 
     @staticmethod
     def _layer(layer, mlp, x, cos, sin, past_k, past_v, mask):
@@ -153,7 +160,7 @@ class DraftContextGraph(nn.Module):
 class DraftBlockGraph(nn.Module):
     """The non-causal block pass: [bonus, MASK...] over the cached context -> B-1 draft tokens."""
 
-    float_logits = True
+    keep_logits = False  # (tokens, logits) for the export's numerics check; exported: tokens only
 
     def __init__(self, drafter: DFlashDrafter, target: TargetModel, head: nn.Module | None = None):
         super().__init__()
@@ -174,5 +181,4 @@ class DraftBlockGraph(nn.Module):
             visible[:, None, None, :],
         )
         logits, tokens = self.head(hidden[:, 1:])  # slot 0 is the bonus, not a draft
-        # draft_logits is float32 in every export; a runtime that reads only the tokens skips the cast
-        return (logits.float() if self.float_logits else logits), tokens
+        return (tokens, logits) if self.keep_logits else tokens

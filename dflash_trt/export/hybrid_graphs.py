@@ -25,7 +25,7 @@ from torch import nn
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.delta_rule import gated_delta_rule, gated_delta_rule_at
-from dflash_trt.export.graphs import causal_mask
+from dflash_trt.export.graphs import causal_mask, in_tap_order
 from dflash_trt.export.moe import export_mlp
 from dflash_trt.models.target import TargetModel
 
@@ -176,7 +176,7 @@ class HybridTargetGraph(nn.Module):
         positions = past_lengths[:, None] + torch.arange(s, device=input_ids.device)[None]  # [b, s]
         cos, sin = self.model.rotary_emb(x, positions)
         mask = causal_mask(positions, past_lengths, caches[0].shape[2])[1][:, None]
-        features, present, new_states = [], [], []
+        features, present, new_states = {}, [], []
         for index, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)
             if index in kv:
@@ -188,10 +188,10 @@ class HybridTargetGraph(nn.Module):
             x = x + out
             x = x + self.mlps[index](layer.post_attention_layernorm(x))
             if index in self.taps:
-                features.append(self.model.norm(x) if index in self.normed_taps else x)
+                features[index] = self.model.norm(x) if index in self.normed_taps else x
         x = x.narrow(1, logits_from, s - logits_from)
         logits = self.lm_head(self.model.norm(x)).float()
-        return (logits, torch.cat(features, dim=-1), *present, *new_states)
+        return (logits, torch.cat(in_tap_order(features, self.taps), dim=-1), *present, *new_states)
 
     def prefill_caches(self, ids: torch.Tensor) -> list[torch.Tensor]:
         """The caches a prefill of `ids` [b, s] leaves, as the next call's inputs (K/V, then each

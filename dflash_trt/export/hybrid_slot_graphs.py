@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from dflash_trt.export.graphs import in_tap_order
 from dflash_trt.export.hybrid_graphs import (
     HybridTargetGraph,
     gated_qk,
@@ -78,7 +79,7 @@ class HybridSlotTargetGraph(HybridTargetGraph):
         positions = cache_lengths[:, None] + torch.arange(s, device=input_ids.device)[None]  # [b, s]
         cos, sin = self.model.rotary_emb(x, positions)
         valid = (torch.arange(s, device=input_ids.device)[None] < query_lengths[:, None])[:, :, None]
-        features, written, new_states = [], [], []
+        features, written, new_states = {}, [], []
         for index, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)
             if index in kv:
@@ -91,10 +92,10 @@ class HybridSlotTargetGraph(HybridTargetGraph):
             x = x + torch.where(valid, out, 0.0)
             x = x + self.mlps[index](layer.post_attention_layernorm(x))
             if index in self.taps:
-                features.append(self.model.norm(x) if index in self.normed_taps else x)
+                features[index] = self.model.norm(x) if index in self.normed_taps else x
         x = x.gather(1, logits_index[:, :, None].expand(-1, -1, x.shape[-1]))
         logits = self.lm_head(self.model.norm(x)).float()
-        return (logits, tapped(features, valid), *written, *new_states)
+        return (logits, tapped(in_tap_order(features, self.taps), valid), *written, *new_states)
 
     def example_inputs(self, spec: dict, vocab_size: int) -> tuple[torch.Tensor, ...]:
         """Ragged rows for the export trace and check, as slot_graphs.slot_example_inputs: 3 rows with

@@ -1,13 +1,21 @@
 """Export-time mixture-of-experts MLP: HF's sparse MoE blocks (Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE)
-as static-shape tensor ops that trace to one ONNX graph for every batch and length.
+as graphs that read only the experts the tokens route to, for every batch and length.
 
-HF's block loops over the experts some token picked and gathers those tokens (shapes that depend
-on the routing), which a trace cannot capture. Here every expert runs on every token and a dense
-[tokens, experts] routing matrix, zero outside each token's top-k, weighs their outputs: the same
-result as HF's up to round-off, with static shapes. This costs ALL experts' compute and weight
-reads on every token (experts / top-k times a sparse MoE's: 16x for 128 experts, top 8). Gathering
-each token's k experts (a grouped GEMM) or a MoE plugin op is future work; this form is the
-portable reference such a kernel must match.
+HF's block loops over the experts some token picked and gathers each one's tokens: a Python loop
+whose trip count and shapes depend on the routing, which a trace cannot capture. Two exact forms:
+
+- `slots` (the onnxruntime flavour): one `com.microsoft::MoE` node per layer (moe_ops.py),
+  onnxruntime's own grouped kernel: each token through its own top-k experts only.
+- Every other flavour, in standard ops (moe_routing.py) (TensorRT and TensorRT-RTX parse them): find the experts the
+  call's tokens picked (`used`: U = min(tokens x top-k, E) ids, a TopK over a [E] picked mask;
+  where tokens share experts, unpicked ones fill the rest at zero weight), gather those experts'
+  weights, and run every token of the call through each of them, weighing each (token, expert)
+  pair by the token's routing probability (zero where the token did not pick it). Weight reads
+  scale with U, not E: a decode step reads top-k experts, a 16-token verify at most 16 x top-k. The
+  compute is tokens x U expert MLPs where HF's is tokens x top-k: the right trade while a step is
+  bound by the weights it reads (decode and verify on a GPU).
+
+Both equal HF's block up to round-off; tests hold them to it and to a dense all-experts oracle.
 """
 
 from __future__ import annotations
@@ -16,17 +24,22 @@ import torch
 from torch import nn
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.export.moe_ops import onnxruntime_moe
+from dflash_trt.export.moe_routing import routed_experts
 
 
 def is_sparse_moe(mlp: nn.Module) -> bool:
     return hasattr(mlp, "gate") and hasattr(mlp, "experts") and hasattr(mlp.experts, "gate_up_proj")
 
 
-class DenseRoutedMoE(nn.Module):
-    """The same computation as HF's sparse MoE block, over all experts at once.
+class RoutedMoE(nn.Module):
+    """The same computation as HF's sparse MoE block over the experts the call's tokens picked.
+    `onnxruntime_op`: trace it as onnxruntime's MoE kernel (the `slots` flavour) instead.
 
     Holds the HF block (its parameters, not copies): the user's model is unchanged and the bundle's
     dtype cast reaches these weights as it reaches the attention's."""
+
+    onnxruntime_op = False
 
     def __init__(self, block: nn.Module):
         super().__init__()
@@ -41,39 +54,20 @@ class DenseRoutedMoE(nn.Module):
         # Qwen3.5-MoE's router has no flag: it always renormalises the top-k probabilities
         self.norm_topk_prob = getattr(block.gate, "norm_topk_prob", True)
 
-    def routing(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, H] -> [T, E]: each token's top-k probabilities (renormalised if the config says
-        so), zero elsewhere. The selection is a top-k scattered into place, never a `probs >= k-th
-        value` threshold (which would take every expert tied at the k-th place): exactly k experts,
-        and in PyTorch exactly torch.topk's, so this module equals HF's block even on ties. In the
-        graph it is ONNX TopK, which takes the lowest index among equal values; torch.topk on CPU
-        has no such rule (measured: top-2 of [.1, .3, .3, .3] is [2, 3]), so on a bit-exact tie at the
-        k-th place the graph may route to another expert of equal weight than HF eager does."""
-        logits = nn.functional.linear(x, self.block.gate.weight)  # [T, E]
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
-        top, index = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
-        if self.norm_topk_prob:
-            top = top / top.sum(dim=-1, keepdim=True)
-        # scattered in float32 (ONNX opset 17's ConstantOfShape has no bfloat16), then cast as HF casts
-        return torch.zeros_like(probs).scatter(1, index, top).to(logits.dtype)
-
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         shape = hidden.shape
         x = hidden.reshape(-1, shape[-1])  # [T, H]
-        weights = self.routing(x)[:, :, None]  # [T, E, 1]
+        router_logits = nn.functional.linear(x, self.block.gate.weight)  # [T, E]
         experts = self.block.experts
-        e, two_i, h = experts.gate_up_proj.shape
-        # one GEMM for every expert's gate and up: [T, H] x [H, E*2I] -> [T, E, 2I]
-        gate_up = (x @ experts.gate_up_proj.reshape(e * two_i, h).t()).view(-1, e, two_i)
-        gate, up = gate_up.chunk(2, dim=-1)
-        act = experts.act_fn(gate) * up  # [T, E, I]
-        # Weigh before the down projection (linear, so equal to HF's weigh-after up to round-off).
-        # `where`, not a product alone: an expert the token did not pick may overflow in half
-        # precision, and inf * 0 would put NaN where HF never computed anything.
-        act = torch.where(weights != 0, act * weights, 0.0)
-        # one GEMM sums over experts: [T, E*I] x [E*I, H]; down_proj is [E, H, I]
-        down = experts.down_proj.permute(1, 0, 2).reshape(h, -1)
-        out = act.reshape(x.shape[0], -1) @ down.t()  # [T, H]
+        if self.onnxruntime_op:
+            if type(experts.act_fn).__name__ not in ("SiLU", "SiLUActivation"):
+                raise DFlashError(f"export: onnxruntime's MoE kernel gates with SiLU; these experts use "
+                                  f"{type(experts.act_fn).__name__}")
+            out = onnxruntime_moe(x, router_logits, experts.gate_up_proj, experts.down_proj, self.top_k,
+                                  self.norm_topk_prob)
+        else:
+            out = routed_experts(x, router_logits, experts.gate_up_proj, experts.down_proj, experts.act_fn,
+                                 self.top_k, self.norm_topk_prob)
         if hasattr(self.block, "shared_expert"):  # Qwen3-Next / Qwen3.5-MoE: an always-on expert, gated
             out = out + torch.sigmoid(self.block.shared_expert_gate(x)) * self.block.shared_expert(x)
         return out.reshape(shape)
@@ -81,4 +75,11 @@ class DenseRoutedMoE(nn.Module):
 
 def export_mlp(mlp: nn.Module) -> nn.Module:
     """The module to trace in place of a decoder layer's MLP: dense MLPs as they are."""
-    return DenseRoutedMoE(mlp) if is_sparse_moe(mlp) else mlp
+    return RoutedMoE(mlp) if is_sparse_moe(mlp) else mlp
+
+
+def use_onnxruntime_moe(graph: nn.Module) -> None:
+    """Every routed MoE layer of `graph` traces as onnxruntime's MoE kernel (the `slots` flavour)."""
+    for module in graph.modules():
+        if isinstance(module, RoutedMoE):
+            module.onnxruntime_op = True

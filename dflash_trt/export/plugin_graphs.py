@@ -39,6 +39,8 @@ class PluginDraftContextGraph(nn.Module):
 
 
 class PluginDraftBlockGraph(nn.Module):
+    keep_logits = False  # as DraftBlockGraph's
+
     def __init__(self, drafter: DFlashDrafter, target: TargetModel):
         super().__init__()
         check_plugin_drafter(drafter)
@@ -64,4 +66,4 @@ class PluginDraftBlockGraph(nn.Module):
             x = x + attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         logits, tokens = self.head(d.norm(x)[:, 1:])
-        return logits.float(), tokens
+        return (tokens, logits) if self.keep_logits else tokens

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dflash_trt.export.graphs import TargetGraph, _layer_window, project_qkv
+from dflash_trt.export.graphs import TargetGraph, _layer_window, in_tap_order, project_qkv
 from dflash_trt.export.slot_ops import slot_attention
 
 CONTRACT = 2
@@ -59,17 +59,17 @@ class SlotTargetGraph(TargetGraph):
         # onnxruntime leaves GQA's padding rows unspecified (arena memory: any bits, NaN included), and
         # a padding row that attends nothing can grow past float16 in models with massive activations.
         valid = (torch.arange(s, device=input_ids.device)[None] < query_lengths[:, None])[:, :, None]
-        features, written = [], []
+        features, written = {}, []
         for index, layer in enumerate(self.model.layers):
             x, kv = self._slot_layer(layer, self.mlps[index], x, cos, sin, caches[2 * index], caches[2 * index + 1],
                                      cache_lengths, query_lengths, valid, _layer_window(self.config, index) or 0)
             written += kv
             if index in self.taps:
-                features.append(self.model.norm(x) if index in self.normed_taps else x)
+                features[index] = self.model.norm(x) if index in self.normed_taps else x
         # Only the asked rows reach the LM head (the largest matmul): [q-1] for a prefill, all for a verify.
         x = x.gather(1, logits_index[:, :, None].expand(-1, -1, x.shape[-1]))
         logits = self.lm_head(self.model.norm(x)).float()
-        return (logits, tapped(features, valid), *written)
+        return (logits, tapped(in_tap_order(features, self.taps), valid), *written)
 
     def _slot_layer(self, layer, mlp, x, cos, sin, key_cache, value_cache, cache_lengths, query_lengths, valid, window):
         attn = layer.self_attn

@@ -8,13 +8,19 @@ cannot do — and `Comparator.compare_accuracy` checks it against the PyTorch mo
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.op_library import session_options
+
+if TYPE_CHECKING:
+    import onnx
 
 # How close onnxruntime must come to PyTorch, by bundle dtype: an element passes within `rtol` of
 # its own value, or within `atol` plus `atol_rms` x the RMS of its output.
@@ -43,6 +49,7 @@ def check_graph(graph: Path, module: torch.nn.Module, inputs: tuple[torch.Tensor
     (a TOLERANCES entry). `aliases` (output -> input) runs the graph as contract 2's runtime does,
     each such output bound to its input's buffer: onnxruntime's GroupQueryAttention writes only the
     new rows there, and leaves a separate output's rows past the lengths unspecified."""
+    import onnx
     import onnxruntime as ort
     from polygraphy.backend.onnxrt import OnnxrtRunner
     from polygraphy.comparator import Comparator, IterationResult
@@ -50,11 +57,18 @@ def check_graph(graph: Path, module: torch.nn.Module, inputs: tuple[torch.Tensor
     from polygraphy.logger import G_LOGGER
 
     G_LOGGER.module_severity = G_LOGGER.ERROR  # its per-output report would bury our progress bar
-    with torch.no_grad():
+    block_pass = hasattr(module, "keep_logits")
+    with torch.no_grad(), _logits_kept(module):
         outputs = module.eval()(*inputs)
+    if isinstance(outputs, torch.Tensor):
+        outputs = (outputs,)
+    source = str(graph)
+    if block_pass:  # compare the logits the graph's ArgMax picks from, not only its ids
+        model, logits = with_block_logits(onnx.load(str(graph)))
+        source, output_names = model.SerializeToString(), [*output_names, logits]
     goldens = IterationResult({n: t.numpy() for n, t in zip(output_names, outputs, strict=True)}, runner_name="pytorch")
     compare = SimpleCompareFunc(atol={n: _atol(g, tolerance) for n, g in goldens.items()}, rtol=tolerance["rtol"])
-    session = ort.InferenceSession(str(graph), session_options(plugin), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(source, session_options(plugin), providers=["CPUExecutionProvider"])
     feed = {n: t.numpy() for n, t in zip(input_names, inputs, strict=True)}
     if aliases:
         from polygraphy.comparator import RunResults
@@ -72,6 +86,30 @@ def check_graph(graph: Path, module: torch.nn.Module, inputs: tuple[torch.Tensor
         beyond = ", ".join(f"{k}={v}" for k, v in tolerance.items())
         raise DFlashError(f"polygraphy: {graph.name} on onnxruntime differs from PyTorch beyond {beyond}")
     return "passed"
+
+
+@contextmanager
+def _logits_kept(module: torch.nn.Module) -> Iterator[None]:
+    """A draft block module returns (tokens, logits) inside, tokens only outside (as exported)."""
+    if not hasattr(module, "keep_logits"):
+        yield
+        return
+    module.keep_logits = True
+    try:
+        yield
+    finally:
+        module.keep_logits = False
+
+
+def with_block_logits(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    """The draft block graph returns token ids only; this adds the logits its one ArgMax picks from
+    as a second output (in place) -> (model, that output's name). For checks of its numerics."""
+    import onnx
+
+    (argmax,) = [n for n in model.graph.node if n.op_type == "ArgMax"]
+    dtype = next(i.type.tensor_type.elem_type for i in model.graph.input if i.name.startswith("context_key"))
+    model.graph.output.append(onnx.helper.make_tensor_value_info(argmax.input[0], dtype, None))
+    return model, argmax.input[0]
 
 
 def _run_in_place(session, feed: dict[str, np.ndarray], aliases: dict[str, str]) -> dict[str, np.ndarray]:

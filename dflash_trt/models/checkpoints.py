@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerBase
 
@@ -23,7 +24,15 @@ VISION_LANGUAGE = frozenset({"qwen3_5", "qwen3_5_moe"})
 
 
 def safetensors_files(path: Path, what: str) -> list[Path]:
+    """The directory's *.safetensors files, each header read (not its tensors): a corrupt or
+    truncated file is refused here in one line, before any loader meets it."""
     files = sorted(path.glob("*.safetensors"))
+    for file in files:
+        try:
+            with safe_open(file, framework="pt"):
+                pass
+        except (OSError, SafetensorError) as err:
+            raise DFlashError(f"{file}: not a readable safetensors file ({str(err).splitlines()[0]})") from None
     if files:
         return files
     pickled = [p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]

@@ -137,6 +137,8 @@ class TorchGraph:
 
     def _forward(self, what: str, inputs: dict, outputs: dict) -> None:
         results = self.module(*(self._view(*inputs[name]) for name in self.inputs))
+        if isinstance(results, torch.Tensor):  # a graph with one output (draft_block)
+            results = (results,)
         for name, result in zip(self.outputs, results, strict=True):
             if name not in outputs:
                 continue  # an output the executor does not read
@@ -196,14 +198,13 @@ class TorchGraphs:
         taps = tuple(llm.drafter.config.target_layer_ids) if llm.has_drafter else ()
         target = (HybridSlotTargetGraph if llm.target.is_stateful else SlotTargetGraph)(llm.target, taps)
         target.attend = InPlaceSlotAttention()
-        # the models' own MLPs: a sparse MoE block runs only the experts its tokens pick (the exporters
-        # trace a dense static-shape twin, export/moe.py, which would run every expert here)
+        # the models' own MLPs: a sparse MoE block runs each token through its own top-k experts (the
+        # exported form, export/moe.py, runs every token through every expert any token picked)
         target.mlps = torch.nn.ModuleList(layer.mlp for layer in target.model.layers)
         self.modules = {"target": target}
         if llm.has_drafter:
             self.modules["draft_context"] = DraftContextGraph(llm.drafter)
             self.modules["draft_block"] = DraftBlockGraph(llm.drafter, llm.target, llm.draft_head)
-            self.modules["draft_block"].float_logits = False  # the executor reads draft_tokens only
         self.specs, self.device, self.stream = specs, device, None
         self.stats = Counter() if stats is None else stats  # CUDA graphs: captured, replayed, eager runs
         graphed = CUDA_GRAPHS and device.type == "cuda"

@@ -231,7 +231,8 @@ def test_cli_inspect_describes_the_bundle_and_its_checks(bundles, tmp_path):
     assert "input  block_ids int64[batch, block]" in result.stdout
     assert "drafts from 264 token ids" in result.stdout  # the whole vocabulary
     result = CliRunner().invoke(main, ["inspect", str(bundles["llama"][0])])  # a drafter with a draft vocabulary
-    assert "drafts from 89 token ids" in result.stdout and "output draft_logits float32[batch, block-1, 89]" in result.stdout
+    assert "drafts from 89 token ids" in result.stdout and "output draft_tokens int64[batch, block-1]" in result.stdout
+    assert "draft_logits" not in result.stdout
     broken = _broken_copy(bundles, tmp_path, _corrupt)
     result = CliRunner().invoke(main, ["inspect", str(broken)])
     assert result.exit_code == 2 and "does not match its hash" in result.output

@@ -18,6 +18,7 @@ from dflash_trt.export.bundle import export_bundle
 from dflash_trt.export.graphs import kv_names
 from dflash_trt.export.manifest import MANIFEST, read_bundle
 from dflash_trt.models.checkpoints import load_drafter, load_target
+from block_logits import run_with_logits
 
 # float16 graphs against the float32 bundle's, both on onnxruntime. float16 keeps 11 significant
 # bits (~5e-4 relative per rounding) and the error compounds over the tiny models' 4 target and 2
@@ -74,8 +75,8 @@ def test_float16_graphs_compute_what_the_float32_graphs_do(bundles, half_bundles
             "context_lengths": np.array([7, 2])}
     feed |= {n: torch.randn(2, arch.num_key_value_heads, 7, arch.head_dim, generator=g).numpy()
              for n in kv_names("context", drafter.config.num_layers)}
-    assert_close(run(half, "draft_block", halved(feed)), run(full, "draft_block", feed),
-                 ["draft_logits", "draft_tokens"])
+    assert_close(run_with_logits(half / "draft_block.onnx", halved(feed)),
+                 run_with_logits(full / "draft_block.onnx", feed), ["block logits (bundle dtype)", "draft_tokens"])
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -96,7 +97,7 @@ def test_the_manifest_records_the_dtype_and_each_graph_io_in_it(half_bundles):
         manifest = read_bundle(path)
         assert manifest["dtype"] == dtype
         io = {x["name"]: x["dtype"] for g in manifest["graphs"].values() for x in g["inputs"] + g["outputs"]}
-        assert io["logits"] == io["draft_logits"] == "float32"
+        assert io["logits"] == "float32" and "draft_logits" not in io  # the block pass returns ids only
         assert {io[n] for n in ("input_ids", "past_lengths", "block_ids", "positions", "draft_tokens")} == {"int64"}
         assert {t for n, t in io.items() if "_key_" in n or "_value_" in n or n == "features"} == {dtype}
         # the graph files agree (polygraphy inspect checked their I/O at export), weights included

@@ -1,0 +1,81 @@
+"""DFlash2's two drafter parts. The block pass, the target side and KV injection are DFlash's; DFlash2
+adds, per draft layer, a grouped dynamic causal convolution around the attention and around the
+MLP, and after the head a candidate selector that makes neighbouring drafts agree.
+
+Convolution: over the block's own positions only (position 0, the anchor, reads zero padding: the
+taps never reach the context or a previous block). Output position t is
+    sum over taps o < K of (base[o] + dynamic[t, o, group]) * x[t - o]
+with a learned per-channel base kernel and a per-position correction projected from the hidden
+state, one value per group of `group_size` channels. One module holds both uses: the correction
+for the sublayer's input and for its output are projected together from the sublayer's input.
+
+Selector: each drafted position keeps its `top_k` candidates by logit (the unary score); walking
+from the anchor token, each position picks the candidate maximising unary + the low-rank pairwise
+score  <predecessor_codebook[previous pick] * projected hidden, successor_codebook[candidate]>.
+
+Parameter names are the published checkpoints': `layers.N.attention_conv.base_kernel`,
+`.kernel_projection.weight`, `layers.N.mlp_conv.*`, and `candidate_selector.predecessor_codebook`,
+`.successor_codebook` (bare tensors), `.hidden_projection.weight`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class GroupedDynamicConv(nn.Module):
+    def __init__(self, hidden_size: int, kernel_size: int, group_size: int):
+        super().__init__()
+        self.kernel_size, self.group_size = kernel_size, group_size
+        self.groups = hidden_size // group_size
+        base = torch.zeros(2, kernel_size, hidden_size)
+        base[:, 0] = 1.0  # an untrained conv passes its input through
+        self.base_kernel = nn.Parameter(base)
+        self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * self.groups, bias=False)
+
+    def convolve(self, x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        """x [b, n, H], dynamic [b, n, K, G], base [K, H] -> [b, n, H], causal over the n positions."""
+        b, n, _ = x.shape
+        channels = x.view(b, n, self.groups, self.group_size)
+        out = torch.zeros_like(channels)
+        for tap in range(self.kernel_size):
+            shifted = F.pad(channels, (0, 0, 0, 0, tap, 0)).narrow(1, 0, n) if tap else channels
+            out = out + base[tap].view(self.groups, self.group_size).to(x.dtype) * shifted
+            out = out + dynamic[:, :, tap, :, None] * shifted
+        return out.view(b, n, -1)
+
+    def around(self, sublayer: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """conv_after(sublayer(conv_before(x))), both corrections projected from x."""
+        dynamic = self.kernel_projection(x).view(*x.shape[:-1], 2, self.kernel_size, self.groups)
+        y = sublayer(self.convolve(x, dynamic[..., 0, :, :], self.base_kernel[0]))
+        return self.convolve(y, dynamic[..., 1, :, :], self.base_kernel[1])
+
+
+class CandidateSelector(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int, rank: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.predecessor_codebook = nn.Parameter(torch.randn(vocab_size, rank) * 0.02)
+        self.successor_codebook = nn.Parameter(torch.randn(vocab_size, rank) * 0.02)
+        self.hidden_projection = nn.Linear(hidden_size, rank, bias=False)
+
+    def forward(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor,
+                token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden [b, n, H] and logits [b, n, V'] of the drafted positions, anchor [b] (the block's
+        first token) -> the greedy path [b, n] of target ids. `token_ids` maps a draft vocabulary's
+        columns to target ids (the codebooks are indexed by target id)."""
+        unary, columns = torch.topk(logits, self.top_k, dim=-1)  # [b, n, k]
+        candidates = columns if token_ids is None else token_ids[columns]
+        projected = self.hidden_projection(hidden)  # [b, n, r]
+        successors = F.embedding(candidates, self.successor_codebook)  # [b, n, k, r]
+        previous, path = anchor, []
+        for position in range(hidden.shape[1]):
+            query = F.embedding(previous, self.predecessor_codebook) * projected[:, position]  # [b, r]
+            scores = unary[:, position] + (successors[:, position] @ query[:, :, None])[..., 0]  # [b, k]
+            previous = candidates[:, position].gather(-1, scores.argmax(dim=-1, keepdim=True))[:, 0]
+            path.append(previous)
+        return torch.stack(path, dim=1)
