@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from dflash_trt.engines.config import BuildConfig
 from dflash_trt.errors import DFlashError
-from dflash_trt.export.graphs import export_refusal
+from dflash_trt.export.graphs import draft_export_refusal, export_refusal
 from dflash_trt.models.draft_config import DraftConfig
 
 GIB = 1024**3
@@ -107,7 +107,10 @@ def drafter_parameters(draft: DraftConfig) -> int:
     """The drafter's own weights (it borrows the target's embeddings and LM head)."""
     arch, h = draft.arch, draft.hidden_size
     layer = _attention(arch, "qwen3") + _mlp(h, arch.intermediate_size) + 2 * h
-    return len(draft.target_layer_ids) * h * h + 2 * h + draft.num_layers * layer  # fc, hidden_norm + norm, layers
+    if draft.method == "dflash2":  # two convolutions per layer: base kernels and their projection
+        layer += 2 * (2 * draft.conv_kernel_size * h + h * 2 * draft.conv_kernel_size * (h // draft.conv_group_size))
+    selector = 0 if draft.method == "dflash" else (2 * draft.vocab_size + h) * draft.selector_rank  # codebooks, projection
+    return len(draft.target_layer_ids) * h * h + 2 * h + draft.num_layers * layer + selector  # fc, norms, layers
 
 
 def kv_bytes_per_token(config, dtype: str) -> int:
@@ -139,6 +142,7 @@ class Plan:
     target: str
     model_type: str
     draft: str | None
+    draft_method: str | None  # DraftConfig.describe()
     engine: str
     flavour: str
     dtype: str
@@ -176,7 +180,8 @@ def make_plan(target: str, config, draft: str | None, draft_config: DraftConfig 
     kinds = layer_kinds(config)
     tied = getattr(config, "tie_word_embeddings", False)
     return Plan(
-        target=target, model_type=config.model_type, draft=draft, engine=engine, flavour=flavour, dtype=dtype,
+        target=target, model_type=config.model_type, draft=draft,
+        draft_method=draft_config.describe() if draft_config else None, engine=engine, flavour=flavour, dtype=dtype,
         max_batch=max_batch, max_seq_len=max_seq_len,
         block_size=block_size or (draft_config.block_size if draft_config else 1),
         parameters=target_parameters(config),
@@ -207,7 +212,8 @@ def plan_pair(target: str, draft: str | None, config: BuildConfig, flavour: str,
     dtype = config.dtype or "float32"
     return make_plan(target, target_config, None if draft is None else str(draft), draft_config, config.engine,
                      flavour, dtype, config.max_batch, config.max_seq_len, config.block_size,
-                     export_refusal(target_config.model_type), gpu_memory_gib)
+                     export_refusal(target_config.model_type) or (draft_config and draft_export_refusal(draft_config)),
+                     gpu_memory_gib)
 
 
 def _count(n: int) -> str:
@@ -231,7 +237,8 @@ def render(plan: Plan) -> str:
     lines = [
         f"plan (dry run: nothing downloaded beyond config.json, nothing written): target {plan.target} "
         f"({plan.model_type}: {layers['attention']} attention + {layers['linear']} linear-attention layers, "
-        f"{layers['moe']} MoE), drafter {plan.draft or 'none given'}",
+        f"{layers['moe']} MoE), drafter {plan.draft or 'none given'}"
+        f"{f' ({plan.draft_method})' if plan.draft_method else ''}",
         f"graphs: {', '.join(g + '.onnx' for g in GRAPHS)} ({plan.flavour} flavour, {d}) -> "
         f"{len(GRAPHS)} {plan.engine} engines; max batch {plan.max_batch}, max seq len {plan.max_seq_len}, "
         f"block {plan.block_size}",

@@ -20,7 +20,14 @@ import torch
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.delta_rule import register_delta_rule_symbolic
 from dflash_trt.export.delta_rule_loop import lower_gated_delta_rule
-from dflash_trt.export.graphs import DraftBlockGraph, DraftContextGraph, TargetGraph, export_refusal, kv_names
+from dflash_trt.export.graphs import (
+    DraftBlockGraph,
+    DraftContextGraph,
+    TargetGraph,
+    draft_export_refusal,
+    export_refusal,
+    kv_names,
+)
 from dflash_trt.export.half_attention import register_half_attention
 from dflash_trt.export.hybrid_graphs import (
     HybridTargetGraph,
@@ -310,7 +317,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
     d = drafter.config
     hybrid = target.is_stateful
     plugin, slots = flavour == "plugin", flavour in SLOT_FLAVOURS
-    refusal = export_refusal(target.model_type)
+    refusal = export_refusal(target.model_type) or draft_export_refusal(drafter.config)
     if refusal:
         raise DFlashError(refusal)
     specs = _graph_specs(target, drafter, dtype, flavour, capacity)

@@ -17,6 +17,8 @@ from dflash_trt.models.target import TargetModel
 
 
 def check_plugin_drafter(drafter: DFlashDrafter) -> None:
+    if drafter.config.method == "dflash2":
+        raise DFlashError("plugin flavour: no dflash:: op runs DFlash2's in-block convolutions yet")
     if drafter.config.arch.attention_bias:
         raise DFlashError("plugin flavour: dflash::InjectKV v1 has no projection bias; export with --flavour portable")
 

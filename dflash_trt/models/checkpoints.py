@@ -170,6 +170,22 @@ def resolve_draft(spec: str | Path) -> Path:
     return Path(local)
 
 
+BARE_CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
+DFLASH2_WEIGHTS = (".attention_conv.", ".mlp_conv.", "candidate_selector.")
+
+
+def _check_method(path: Path, config: DraftConfig, state: dict) -> None:
+    """A config that claims one method over the other's weights, refused in one line naming why."""
+    parts = next((name for name in sorted(state) if any(p in f".{name}" for p in DFLASH2_WEIGHTS)), None)
+    if config.method == "dflash" and parts is not None:
+        raise DFlashError(f"{path}: the weights are a DFlash2 drafter's ({parts}) but config.json has no "
+                          f"conv_kernel_size / selector fields (a DFlash config)")
+    if config.method == "dflash2" and parts is None:
+        raise DFlashError(f"{path}: config.json describes a DFlash2 drafter (conv_kernel_size "
+                          f"{config.conv_kernel_size}) but the weights have no convolutions or candidate selector "
+                          f"(a DFlash checkpoint)")
+
+
 def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32) -> DFlashDrafter:
     path = resolve_draft(path)
     if not path.is_dir():
@@ -179,6 +195,10 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32) -> DFlash
     state: dict[str, torch.Tensor] = {}
     for file in safetensors_files(path, "drafter"):
         state.update(load_file(file))
+    # published DFlash2 checkpoints store the selector's codebooks bare; the authors' module as .weight
+    state = {name.removesuffix(".weight") if name.startswith(BARE_CODEBOOKS) else name: tensor
+             for name, tensor in state.items()}
+    _check_method(path, config, state)
     expected = set(drafter.state_dict())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:

@@ -14,6 +14,8 @@ from dflash_trt.errors import DFlashError
 # DFlash-specific fields may sit at the top level (older z-lab revisions) or inside
 # `dflash_config` (newer ones); SGLang and the reference accept both, so do we.
 DFLASH_FIELDS = ("block_size", "target_layer_ids", "mask_token_id", "num_target_layers")
+# A DFlash2 drafter (models/dflash2.py) states all four, where the DFlash fields may sit
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
@@ -42,6 +44,24 @@ class DraftConfig:
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
     is_causal: bool | None = None  # None: sliding layers causal, full layers not (reference rule)
+    # DFlash2: taps of the in-block convolutions and their channel group; the candidate selector's
+    # pairwise rank and candidates per position. All None for a DFlash (v1) drafter.
+    conv_kernel_size: int | None = None
+    conv_group_size: int | None = None
+    selector_rank: int | None = None
+    selector_top_k: int | None = None
+
+    @property
+    def method(self) -> str:
+        """"dflash2" when the drafter has DFlash2's convolutions and candidate selector, else "dflash"."""
+        return "dflash" if self.conv_kernel_size is None else "dflash2"
+
+    def describe(self) -> str:
+        """The method in words, for plans and refusals."""
+        if self.method == "dflash":
+            return "DFlash"
+        return (f"DFlash2 (conv {self.conv_kernel_size} taps per {self.conv_group_size} channels, "
+                f"selector top-{self.selector_top_k} rank {self.selector_rank})")
 
     @property
     def hidden_size(self) -> int:
@@ -86,6 +106,14 @@ class DraftConfig:
             if num_target_layers is None:
                 raise DFlashError(f"{where}: drafter config needs target_layer_ids or num_target_layers")
             layer_ids = default_target_layer_ids(int(num_target_layers), arch.num_hidden_layers)
+        v2 = {name: field(name) for name in DFLASH2_FIELDS}
+        stated = [name for name, value in v2.items() if value is not None]
+        if stated and len(stated) < len(DFLASH2_FIELDS):
+            missing = next(name for name in DFLASH2_FIELDS if v2[name] is None)
+            raise DFlashError(f"{where}: a DFlash2 drafter config needs {missing} beside {stated[0]}")
+        if not stated and "DFlash2DraftModel" in (raw.get("architectures") or []):
+            raise DFlashError(f"{where}: architectures says DFlash2DraftModel but the config has no "
+                              f"{DFLASH2_FIELDS[0]} (nor any DFlash2 field)")
         config = cls(
             arch=arch,
             block_size=int(field("block_size", 16)),
@@ -97,6 +125,7 @@ class DraftConfig:
             output_multiplier=float(field("output_multiplier", 1.0)),
             final_logit_softcapping=field("final_logit_softcapping"),
             is_causal=field("is_causal", field("causal")),
+            **{name: None if value is None else int(value) for name, value in v2.items()},
         )
         config.check(where)
         return config
@@ -120,16 +149,29 @@ class DraftConfig:
             raise DFlashError(f"{where}: target_layer_ids is empty")
         if self.arch.num_attention_heads % self.arch.num_key_value_heads:
             raise DFlashError(f"{where}: num_attention_heads must be a multiple of num_key_value_heads")
+        if self.method == "dflash2":
+            for name in DFLASH2_FIELDS:
+                if getattr(self, name) < 1:
+                    raise DFlashError(f"{where}: {name} is {getattr(self, name)}; it must be at least 1")
+            if self.hidden_size % self.conv_group_size:
+                raise DFlashError(f"{where}: conv_group_size {self.conv_group_size} does not divide hidden_size "
+                                  f"{self.hidden_size}")
+            if self.vocab_size is None:
+                raise DFlashError(f"{where}: a DFlash2 drafter needs vocab_size (its selector's codebooks have a "
+                                  f"row per token)")
 
     def to_dict(self) -> dict[str, Any]:
         """The z-lab layout: Qwen3 fields at top level, DFlash fields inside `dflash_config`."""
         raw = self.arch.to_dict()
-        raw["architectures"] = ["DFlashDraftModel"]
+        raw["architectures"] = ["DFlash2DraftModel" if self.method == "dflash2" else "DFlashDraftModel"]
         raw["dflash_config"] = {
             "block_size": self.block_size,
             "target_layer_ids": list(self.target_layer_ids),
             "mask_token_id": self.mask_token_id,
+            **{name: getattr(self, name) for name in DFLASH2_FIELDS if getattr(self, name) is not None},
         }
+        if self.vocab_size is not None:
+            raw["vocab_size"] = self.vocab_size
         raw["block_size"] = self.block_size  # older readers look at the top level only
         if self.num_target_layers is not None:
             raw["num_target_layers"] = self.num_target_layers

@@ -82,9 +82,10 @@ class DraftHead(nn.Module):
     """
 
     def __init__(self, lm_head: nn.Module, token_ids: torch.Tensor | None, multiplier: float = 1.0,
-                 softcap: float | None = None):
+                 softcap: float | None = None, selector: nn.Module | None = None):
         super().__init__()
         self.multiplier, self.softcap = multiplier, softcap
+        self.selector = selector  # DFlash2 (models/dflash2.py): tokens walked from the block's anchor
         if token_ids is None:
             self.proj = lm_head  # the target's own module: an export shares its (tied) weight
             self.token_ids = None
@@ -102,7 +103,13 @@ class DraftHead(nn.Module):
     def size(self) -> int:
         return self.proj.weight.shape[0]
 
-    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, hidden: torch.Tensor, anchor: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`anchor` [b]: the token before the first row of each batch row (the block's first token),
+        which a DFlash2 selector walks from; unused otherwise."""
         logits = scale_logits(self.proj(hidden), self.multiplier, self.softcap)
+        if self.selector is not None:
+            if anchor is None:
+                raise DFlashError("a DFlash2 draft head needs the block's anchor token")
+            return logits, self.selector(hidden, logits, anchor, self.token_ids)
         best = logits.argmax(dim=-1)
         return logits, best if self.token_ids is None else self.token_ids[best]

@@ -4,6 +4,7 @@ The forward pass is split the way engines split it (research/dflash.md §1.8):
 
     inject_context(features, positions)  -> per-layer context K/V   (fc -> hidden_norm -> k/v proj)
     block_hidden(block_embeds, ...)      -> normed block hidden     (B queries over context + block)
+    head(lm_head)(hidden, anchor)        -> draft logits and tokens (DFlash2: its selector's path)
 
 Context features enter every layer only as keys and values; they never pass through the draft
 MLPs or norms, so their K/V are computed once per committed token and cached.
@@ -21,6 +22,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
     rotate_half,
 )
 
+from dflash_trt.models.dflash2 import CandidateSelector, GroupedDynamicConv
 from dflash_trt.models.draft_config import DraftConfig
 from dflash_trt.models.draft_vocab import DraftHead
 
@@ -108,10 +110,18 @@ class DraftLayer(nn.Module):
         self.mlp = Qwen3MLP(arch)
         self.input_layernorm = Qwen3RMSNorm(arch.hidden_size, eps=arch.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(arch.hidden_size, eps=arch.rms_norm_eps)
+        if config.method == "dflash2":  # convolutions over the block around both sublayers
+            self.attention_conv = GroupedDynamicConv(arch.hidden_size, config.conv_kernel_size, config.conv_group_size)
+            self.mlp_conv = GroupedDynamicConv(arch.hidden_size, config.conv_kernel_size, config.conv_group_size)
 
     def forward(self, x, cos, sin, context: LayerKV, mask) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, context, mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        def attend(h):
+            return self.self_attn(h, cos, sin, context, mask)
+
+        h = self.input_layernorm(x)
+        h = x + (self.attention_conv.around(attend, h) if hasattr(self, "attention_conv") else attend(h))
+        m = self.post_attention_layernorm(h)
+        return h + (self.mlp_conv.around(self.mlp, m) if hasattr(self, "mlp_conv") else self.mlp(m))
 
 
 class DFlashDrafter(nn.Module):
@@ -130,6 +140,9 @@ class DFlashDrafter(nn.Module):
         # Token ids it may propose (models/draft_vocab.py); None: the whole vocabulary. Not a
         # buffer: z-lab's state dict has no such entry, so it travels in its own file.
         self.draft_vocab: torch.Tensor | None = None
+        if config.method == "dflash2":
+            self.candidate_selector = CandidateSelector(config.vocab_size, arch.hidden_size, config.selector_rank,
+                                                        config.selector_top_k)
 
     def rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary(like, positions)
@@ -172,4 +185,5 @@ class DFlashDrafter(nn.Module):
     def head(self, lm_head: nn.Module) -> DraftHead:
         """The output layer over the target's LM head (the drafter has none of its own),
         restricted to `draft_vocab` when the drafter has one."""
-        return DraftHead(lm_head, self.draft_vocab, self.config.output_multiplier, self.config.final_logit_softcapping)
+        return DraftHead(lm_head, self.draft_vocab, self.config.output_multiplier, self.config.final_logit_softcapping,
+                         getattr(self, "candidate_selector", None))

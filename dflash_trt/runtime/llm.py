@@ -21,11 +21,15 @@ AUTO = "auto"  # draft=AUTO: the drafter shipped for the target alias, if there 
 def resolve_backend(backend: str, target: str, draft: str | None) -> str:
     """backend AUTO -> "onnxruntime" (a slots bundle exported once into the user cache, on the C++
     executor: the fastest CPU path) when the pair has a drafter, else "torch" (plain decoding of a
-    target alone); any other name as given."""
+    target alone, or a DFlash2 drafter); any other name as given."""
+    from dflash_trt.models.checkpoints import read_draft_config
+
     if backend != AUTO:
         return backend
     if draft == AUTO:
         return "torch" if embedded.default_drafter(target) is None else "onnxruntime"
+    if draft is not None and Path(draft).is_dir() and read_draft_config(draft).method == "dflash2":
+        return "torch"  # the exported graphs have no DFlash2 block pass yet (export refuses them)
     return "torch" if draft is None else "onnxruntime"
 
 

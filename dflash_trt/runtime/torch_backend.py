@@ -68,6 +68,9 @@ class TorchDraftSession:
         # row still goes through the head: CPU GEMMs are much slower for odd row counts (measured
         # on SmolLM2's head: 7 rows 31.6 ms, 8 rows 15.8 ms), and B is 4 on a CPU by default;
         # 4 rows take SkinnyLinear's product (runtime/skinny.py), as 3 would.
+        if self.head.selector is not None:  # DFlash2: the selector walks from the bonus over the drafts only
+            _, tokens = self.head(hidden[:, 1:], block[:, 0])
+            return tokens[0].tolist()
         _, tokens = self.head(hidden)
         return tokens[0, 1:].tolist()
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from dflash_trt.errors import DFlashError
 from dflash_trt.models.draft_vocab import scale_logits
 from dflash_trt.models.drafter import DFlashDrafter
 
@@ -132,6 +133,8 @@ def block_logits(
     `head_rows` [V', H]: the LM head's rows for the ids the caller scores (the labels must all be
     among them). On CPU the 49k-row LM head otherwise costs more than the whole drafter.
     """
+    if drafter.config.method == "dflash2":  # packed blocks would leak into each other through its convolutions
+        raise DFlashError("training a DFlash2 drafter is not supported (train-drafter packs blocks); train DFlash ones")
     features = batch.features
     b, ctx_len = features.shape[:2]
     device = features.device

@@ -149,6 +149,9 @@ def check_init_drafter(path: str, want: DraftConfig) -> None:
     """Refuse, before any work, a start drafter whose shape or DFlash contract (taps, block size,
     MASK id) differs from what this run trains. Reads config.json only."""
     have = DraftConfig.from_dir(resolve_draft(path))
+    if have.method != want.method:  # train-drafter trains DFlash drafters (DFlash2 packs no blocks)
+        raise DFlashError(f"{path}: cannot start from this drafter: it is {have.describe()}, this run trains "
+                          f"{want.describe()}")
     for name in ("num_layers", "hidden_size", "block_size", "target_layer_ids", "mask_token_id"):
         if getattr(want, name) != getattr(have, name):
             raise DFlashError(

@@ -1,7 +1,6 @@
 """The C++ dflash ops on onnxruntime against their PyTorch twins: random inputs, several shapes."""
 
 import numpy as np
-import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper
