@@ -178,10 +178,10 @@ def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: 
     draft = resolve_draft(draft)
     check_flavour(flavour, check, dtype, capacity)  # before loading weights: a missing op library fails in seconds
     check_pair(target, draft)  # from configs, before any weights load
-    from dflash_trt.export.graphs import draft_export_refusal, export_refusal
-    from dflash_trt.models.checkpoints import read_draft_config, read_target_config
+    from dflash_trt.export.graphs import export_refusal
+    from dflash_trt.models.checkpoints import read_target_config
 
-    refusal = export_refusal(read_target_config(target)[1].model_type) or draft_export_refusal(read_draft_config(draft))
+    refusal = export_refusal(read_target_config(target)[1].model_type)
     if refusal:
         raise DFlashError(refusal)
     drafter = load_drafter(draft)

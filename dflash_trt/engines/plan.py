@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from dflash_trt.engines.config import BuildConfig
 from dflash_trt.errors import DFlashError
-from dflash_trt.export.graphs import draft_export_refusal, export_refusal
+from dflash_trt.export.graphs import export_refusal
 from dflash_trt.models.draft_config import DraftConfig
 
 GIB = 1024**3
@@ -212,8 +212,7 @@ def plan_pair(target: str, draft: str | None, config: BuildConfig, flavour: str,
     dtype = config.dtype or "float32"
     return make_plan(target, target_config, None if draft is None else str(draft), draft_config, config.engine,
                      flavour, dtype, config.max_batch, config.max_seq_len, config.block_size,
-                     export_refusal(target_config.model_type) or (draft_config and draft_export_refusal(draft_config)),
-                     gpu_memory_gib)
+                     export_refusal(target_config.model_type), gpu_memory_gib)
 
 
 def _count(n: int) -> str:

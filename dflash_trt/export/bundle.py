@@ -24,7 +24,6 @@ from dflash_trt.export.graphs import (
     DraftBlockGraph,
     DraftContextGraph,
     TargetGraph,
-    draft_export_refusal,
     export_refusal,
     kv_names,
 )
@@ -138,6 +137,8 @@ def model_sections(target: TargetModel, drafter: DFlashDrafter | None, tokenizer
             "num_key_value_heads": d.arch.num_key_value_heads,
             "head_dim": d.arch.head_dim or d.hidden_size // d.arch.num_attention_heads,
             "draft_vocab_size": _draft_vocab_size(target, drafter),
+            # DFlash2's block pass walks its selector over at most block_size - 1 drafts (models/dflash2.py)
+            "method": d.method,
         }
     return sections
 
@@ -317,7 +318,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
     d = drafter.config
     hybrid = target.is_stateful
     plugin, slots = flavour == "plugin", flavour in SLOT_FLAVOURS
-    refusal = export_refusal(target.model_type) or draft_export_refusal(drafter.config)
+    refusal = export_refusal(target.model_type)
     if refusal:
         raise DFlashError(refusal)
     specs = _graph_specs(target, drafter, dtype, flavour, capacity)

@@ -37,14 +37,6 @@ def in_tap_order(tapped: dict[int, torch.Tensor], taps: tuple[int, ...]) -> list
     return [tapped[k] for k in taps]
 
 
-def draft_export_refusal(config) -> str | None:
-    """Why a drafter has no exported graphs yet (one line), or None: from its DraftConfig alone."""
-    if config.method == "dflash2":
-        return ("export: DFlash2 drafters (in-block convolutions, candidate selector) have no ONNX graphs yet; "
-                "run the pair with --backend torch")
-    return None
-
-
 def export_refusal(model_type: str) -> str | None:
     """Why a target family has no exported graphs yet (one line), or None: checked from config.json
     before any weights load, and by `build --dry-run` in its plan."""

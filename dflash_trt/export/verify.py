@@ -102,14 +102,16 @@ def _logits_kept(module: torch.nn.Module) -> Iterator[None]:
 
 
 def with_block_logits(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
-    """The draft block graph returns token ids only; this adds the logits its one ArgMax picks from
-    as a second output (in place) -> (model, that output's name). For checks of its numerics."""
+    """The draft block graph returns token ids only; this adds the logits its head picks from (the
+    input of its one ArgMax, or for a DFlash2 drafter of the selector's one TopK) as a second output
+    (in place) -> (model, that output's name). For checks of its numerics."""
     import onnx
 
-    (argmax,) = [n for n in model.graph.node if n.op_type == "ArgMax"]
+    picks = [n for n in model.graph.node if n.op_type == "TopK"] or [n for n in model.graph.node if n.op_type == "ArgMax"]
+    (pick,) = picks
     dtype = next(i.type.tensor_type.elem_type for i in model.graph.input if i.name.startswith("context_key"))
-    model.graph.output.append(onnx.helper.make_tensor_value_info(argmax.input[0], dtype, None))
-    return model, argmax.input[0]
+    model.graph.output.append(onnx.helper.make_tensor_value_info(pick.input[0], dtype, None))
+    return model, pick.input[0]
 
 
 def _run_in_place(session, feed: dict[str, np.ndarray], aliases: dict[str, str]) -> dict[str, np.ndarray]:

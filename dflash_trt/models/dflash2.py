@@ -56,9 +56,13 @@ class GroupedDynamicConv(nn.Module):
 
 
 class CandidateSelector(nn.Module):
-    def __init__(self, vocab_size: int, hidden_size: int, rank: int, top_k: int):
+    """`max_drafts`: the most positions a traced graph walks (its block pass drafts up to the
+    drafter's block size - 1): the walk is sequential, so a trace unrolls it over that many
+    positions (zero padding past the block's own) and keeps the first ones, for every block size."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, rank: int, top_k: int, max_drafts: int):
         super().__init__()
-        self.top_k = top_k
+        self.top_k, self.max_drafts = top_k, max_drafts
         self.predecessor_codebook = nn.Parameter(torch.randn(vocab_size, rank) * 0.02)
         self.successor_codebook = nn.Parameter(torch.randn(vocab_size, rank) * 0.02)
         self.hidden_projection = nn.Linear(hidden_size, rank, bias=False)
@@ -68,14 +72,21 @@ class CandidateSelector(nn.Module):
         """hidden [b, n, H] and logits [b, n, V'] of the drafted positions, anchor [b] (the block's
         first token) -> the greedy path [b, n] of target ids. `token_ids` maps a draft vocabulary's
         columns to target ids (the codebooks are indexed by target id)."""
+        n = hidden.shape[1]
         unary, columns = torch.topk(logits, self.top_k, dim=-1)  # [b, n, k]
         candidates = columns if token_ids is None else token_ids[columns]
         projected = self.hidden_projection(hidden)  # [b, n, r]
-        successors = F.embedding(candidates, self.successor_codebook)  # [b, n, k, r]
+        steps = n
+        if torch.jit.is_tracing():  # static: max_drafts positions, the block's own first
+            steps = self.max_drafts
+            unary, candidates, projected = (
+                torch.cat([t, torch.zeros_like(t.narrow(1, 0, 1)).expand(-1, steps, *t.shape[2:])], dim=1)
+                .narrow(1, 0, steps) for t in (unary, candidates, projected))
+        successors = F.embedding(candidates, self.successor_codebook)  # [b, steps, k, r]
         previous, path = anchor, []
-        for position in range(hidden.shape[1]):
+        for position in range(steps):
             query = F.embedding(previous, self.predecessor_codebook) * projected[:, position]  # [b, r]
             scores = unary[:, position] + (successors[:, position] @ query[:, :, None])[..., 0]  # [b, k]
             previous = candidates[:, position].gather(-1, scores.argmax(dim=-1, keepdim=True))[:, 0]
             path.append(previous)
-        return torch.stack(path, dim=1)
+        return torch.stack(path, dim=1).narrow(1, 0, n)

@@ -142,7 +142,7 @@ class DFlashDrafter(nn.Module):
         self.draft_vocab: torch.Tensor | None = None
         if config.method == "dflash2":
             self.candidate_selector = CandidateSelector(config.vocab_size, arch.hidden_size, config.selector_rank,
-                                                        config.selector_top_k)
+                                                        config.selector_top_k, config.block_size - 1)
 
     def rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary(like, positions)

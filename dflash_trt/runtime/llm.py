@@ -21,15 +21,11 @@ AUTO = "auto"  # draft=AUTO: the drafter shipped for the target alias, if there 
 def resolve_backend(backend: str, target: str, draft: str | None) -> str:
     """backend AUTO -> "onnxruntime" (a slots bundle exported once into the user cache, on the C++
     executor: the fastest CPU path) when the pair has a drafter, else "torch" (plain decoding of a
-    target alone, or a DFlash2 drafter); any other name as given."""
-    from dflash_trt.models.checkpoints import read_draft_config
-
+    target alone); any other name as given."""
     if backend != AUTO:
         return backend
     if draft == AUTO:
         return "torch" if embedded.default_drafter(target) is None else "onnxruntime"
-    if draft is not None and Path(draft).is_dir() and read_draft_config(draft).method == "dflash2":
-        return "torch"  # the exported graphs have no DFlash2 block pass yet (export refuses them)
     return "torch" if draft is None else "onnxruntime"
 
 
@@ -195,6 +191,9 @@ class LLM:
         # engines bound the block; an exported bundle, the drafter's training
         self.max_block_size = block_size or manifest.get("block_size", manifest["draft"]["block_size"])
         self.adaptive = block_size is None
+        if manifest["draft"].get("method") == "dflash2" and self.max_block_size > manifest["draft"]["block_size"]:
+            raise DFlashError(f"block_size {self.max_block_size} is larger than this DFlash2 drafter's block "
+                              f"({manifest['draft']['block_size']}): its graph walks the selector over that many")
         if self.block_size > manifest.get("block_size", self.block_size):
             raise DFlashError(f"block_size {self.block_size} is larger than the engines were built for "
                               f"({manifest['block_size']}): rebuild with --block-size")

@@ -18,7 +18,6 @@ from dflash_trt.errors import DFlashError
 from dflash_trt.models.checkpoints import load_drafter, load_target
 from dflash_trt.models.dflash2 import GroupedDynamicConv
 from dflash_trt.models.draft_config import DraftConfig
-from dflash_trt.runtime.llm import resolve_backend
 
 reference = pytest.importorskip("dflash.model", reason="test oracle: pip install --no-deps dflash==0.1.0")
 
@@ -158,7 +157,6 @@ def test_the_convolution_never_reads_across_the_block_boundary(pair):
 def test_greedy_equals_hf_and_the_authors_loop_step_for_step(pair, monkeypatch):
     monkeypatch.setattr(reference, "_cuda_time", time.perf_counter)  # its stats timer syncs CUDA
     target_dir, draft_dir, model = pair
-    assert resolve_backend("auto", str(target_dir), str(draft_dir)) == "torch"  # no exported DFlash2 graphs yet
     llm = LLM(str(target_dir), str(draft_dir), block_size=4)
     target, _ = load_target(str(target_dir))
     prompt = [17, 3, 250, 99, 4, 4, 61]
@@ -172,11 +170,72 @@ def test_greedy_equals_hf_and_the_authors_loop_step_for_step(pair, monkeypatch):
     assert ours.metrics.acceptance_lengths[:n] == stats.acceptance_lengths[:n]
 
 
-def test_export_refuses_a_dflash2_drafter_in_one_line_before_loading(pair, tmp_path):
+@pytest.fixture(scope="module")
+def bundles(pair, tmp_path_factory):
+    """flavour -> the DFlash2 pair exported with the polygraphy check (graph vs PyTorch)."""
+    from dflash_trt.export.bundle import export_bundle
+
     target_dir, draft_dir, _ = pair
-    result = CliRunner().invoke(main, ["export", "--target", str(target_dir), "--draft", str(draft_dir),
-                                       "-o", str(tmp_path / "out")])
-    assert result.exit_code == 2 and "DFlash2 drafters" in result.stderr and "Traceback" not in result.output
+    root = tmp_path_factory.mktemp("dflash2-bundles")
+    target, tokenizer = load_target(str(target_dir))
+    drafter = load_drafter(draft_dir)
+    return {flavour: export_bundle(target, drafter, tokenizer, root / flavour, flavour=flavour, check=True,
+                                   capacity=64 if flavour == "slots-trt" else None)
+            for flavour in ("slots", "portable", "slots-trt")}
+
+
+def test_every_flavour_exports_the_block_pass_and_the_selector_walk(bundles):
+    from dflash_trt.export.manifest import read_bundle
+
+    for flavour, bundle in bundles.items():
+        manifest = read_bundle(bundle)
+        assert manifest["draft"]["method"] == "dflash2", flavour
+        assert manifest["checks"]["polygraphy_vs_pytorch"]["draft_block"] == "passed", flavour
+        outputs = [o["name"] for o in manifest["graphs"]["draft_block"]["outputs"]]
+        assert outputs == ["draft_tokens"]
+
+
+@pytest.mark.parametrize("block", [2, 3, 4])
+def test_the_slots_bundle_decodes_greedy_as_ar_with_the_torch_backends_drafts(pair, bundles, block):
+    """Every block size up to the drafter's: the graph walks the selector over the block's drafts
+    (unrolled for the drafter's block, the first B-1 kept), so acceptance equals the torch backend's."""
+    target_dir, draft_dir, _ = pair
+    ours = LLM.from_bundle(bundles["slots"], block_size=block, max_batch=2, capacity=64)
+    torch_llm = LLM(str(target_dir), str(draft_dir), block_size=block)
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    for prompt in ([17, 3, 250, 99, 4, 4, 61], [5, 6, 7]):
+        got = ours.generate(prompt, params)[0]
+        want = torch_llm.generate(prompt, params)[0]
+        assert got.token_ids == torch_llm.generate(prompt, params, speculative=False)[0].token_ids
+        assert got.metrics.acceptance_lengths == want.metrics.acceptance_lengths
+
+
+def test_a_seeded_sampled_request_gives_the_same_tokens_on_both_backends(pair, bundles):
+    """T>0: the drafts are the selector's greedy path and the executor's sample-then-compare rule
+    decides, with the request's own random stream, wherever it runs."""
+    target_dir, draft_dir, _ = pair
+    params = SamplingParams(max_tokens=16, ignore_eos=True, temperature=0.8, top_p=0.9, seed=7)
+    ours = LLM.from_bundle(bundles["slots"], block_size=4, max_batch=2, capacity=64)
+    torch_llm = LLM(str(target_dir), str(draft_dir), block_size=4)
+    prompts = [[17, 3, 250, 99], [5, 6, 7]]
+    got = [o.token_ids for o in ours.generate(prompts, params)]
+    assert got == [o.token_ids for o in torch_llm.generate(prompts, params)]
+    assert got[1] == ours.generate(prompts[1], params)[0].token_ids  # alone = in a batch
+
+
+def test_a_block_beyond_the_drafters_is_refused_at_load(bundles):
+    with pytest.raises(DFlashError, match="larger than this DFlash2 drafter's block"):
+        LLM.from_bundle(bundles["slots"], block_size=5, max_batch=1, capacity=64)
+
+
+def test_tensorrt_rtx_builds_the_dflash2_draft_block(bundles, tmp_path):
+    pytest.importorskip("tensorrt_rtx", reason="needs the tensorrt-rtx wheel")
+    from dflash_trt.engines.build import build_engines
+    from dflash_trt.engines.config import BuildConfig
+
+    build_engines(bundles["portable"], tmp_path / "e", BuildConfig(engine="tensorrt-rtx", compute_capabilities=("12.0",),
+                                                                   max_seq_len=128))
+    assert (tmp_path / "e" / "draft_block.engine").stat().st_size > 10_000
 
 
 def test_the_dry_run_names_the_method_counts_its_weights_and_says_export_waits(pair):
@@ -188,4 +247,4 @@ def test_the_dry_run_names_the_method_counts_its_weights_and_says_export_waits(p
     result = CliRunner().invoke(main, ["build", "--dry-run", "--target", str(target_dir), "--draft", str(draft_dir)])
     assert result.exit_code == 0, result.output
     assert "(DFlash2 (conv 2 taps per 16 channels, selector top-4 rank 8))" in result.stdout
-    assert "export: DFlash2 drafters (in-block convolutions, candidate selector) have no ONNX graphs yet" in result.stdout
+    assert "export: supported" in result.stdout
