@@ -38,6 +38,8 @@ struct Driver {
   decltype(&::cuMemcpy2DAsync_v2) copy_2d;
   decltype(&::cuMemcpyHtoDAsync_v2) htod;
   decltype(&::cuMemcpyDtoHAsync_v2) dtoh;
+  decltype(&::cuMemHostAlloc) host_alloc;
+  decltype(&::cuMemFreeHost) host_free;
   decltype(&::cuMemsetD8Async) memset;
   decltype(&::cuGetErrorString) error_string;
   decltype(&::cuModuleLoadData) module_load;
@@ -75,6 +77,8 @@ struct Driver {
     get(d->copy_2d, "cuMemcpy2DAsync_v2");
     get(d->htod, "cuMemcpyHtoDAsync_v2");
     get(d->dtoh, "cuMemcpyDtoHAsync_v2");
+    get(d->host_alloc, "cuMemHostAlloc");
+    get(d->host_free, "cuMemFreeHost");
     get(d->memset, "cuMemsetD8Async");
     get(d->error_string, "cuGetErrorString");
     get(d->module_load, "cuModuleLoadData");
@@ -168,6 +172,24 @@ void CudaDevice::upload(void* dst, const void* src, size_t bytes) {
 void CudaDevice::download(void* dst, const void* src, size_t bytes) {
   bind();
   if (bytes) check(driver_->dtoh(dst, CUdeviceptr(src), bytes, stream_), "copying from the device");
+}
+
+void* CudaDevice::host_allocate(size_t bytes) {
+  bind();
+  void* p = nullptr;
+  check(driver_->host_alloc(&p, bytes ? bytes : 1, 0), "allocating page-locked host memory");
+  return p;
+}
+
+void CudaDevice::host_free(void* p) noexcept {
+  if (!p) return;
+  try {
+    bind();
+  } catch (const Error&) {
+    return;  // as free(): no context on this thread at process teardown
+  }
+  driver_->synchronize(stream_);  // no queued copy may still read or write it
+  driver_->host_free(p);
 }
 
 void CudaDevice::zero(void* dst, size_t bytes) {

@@ -35,6 +35,8 @@ class CudaDevice final : public Device {
                  size_t rows) override;
   void upload(void* dst, const void* src, size_t bytes) override;
   void download(void* dst, const void* src, size_t bytes) override;
+  void* host_allocate(size_t bytes) override;  // page-locked (cuMemHostAlloc)
+  void host_free(void* p) noexcept override;
   void zero(void* dst, size_t bytes) override;
   void synchronize() override;
   bool decides() const override;  // where setup.py built decide_kernel.cu (nvcc found)

@@ -56,6 +56,10 @@ class Device {
                          size_t rows) = 0;
   virtual void upload(void* dst, const void* src, size_t bytes) = 0;    // host -> device
   virtual void download(void* dst, const void* src, size_t bytes) = 0;  // device -> host
+  // Host memory for the arrays that cross (Staged): page-locked on a GPU, where a copy from pageable
+  // memory would be staged by the driver through its own buffer and block the host; plain elsewhere.
+  virtual void* host_allocate(size_t bytes) { return std::malloc(bytes); }
+  virtual void host_free(void* p) noexcept { std::free(p); }
   virtual void zero(void* dst, size_t bytes) = 0;
   virtual void synchronize() = 0;
   // Whether `decide` runs here: a GPU decides the rows of a phase where their logits are (decide.h's
@@ -133,16 +137,34 @@ class Buffer {
   size_t count_ = 0;
 };
 
-// A host array a graph reads (upload before the run) or writes (download after it). On a host
-// device the graph uses the array itself, so neither moves a byte. T is the element type, or char
-// for raw bytes of `dtype` (features, in the bundle's dtype).
+// std::vector's allocator over a device's host memory (Device::host_allocate).
+template <typename T>
+struct HostAllocator {
+  using value_type = T;
+  Device* device;
+  explicit HostAllocator(Device& d) : device(&d) {}
+  template <typename U>
+  HostAllocator(const HostAllocator<U>& other) : device(other.device) {}
+  T* allocate(size_t n) {
+    void* p = device->host_allocate(n * sizeof(T));
+    if (!p) throw Error("out of host memory allocating " + std::to_string(n * sizeof(T)) + " staging bytes");
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) noexcept { device->host_free(p); }
+  bool operator==(const HostAllocator& other) const { return device == other.device; }
+  bool operator!=(const HostAllocator& other) const { return device != other.device; }
+};
+
+// A host array a graph reads (upload before the run) or writes (download after it), in the device's
+// host memory (pinned on a GPU). On a host device the graph uses the array itself, so neither moves
+// a byte. T is the element type, or char for raw bytes of `dtype` (features, in the bundle's dtype).
 template <typename T>
 class Staged {
  public:
-  Staged(Device& device, DType dtype) : device_(&device), mirror_(device, dtype) {
+  Staged(Device& device, DType dtype) : host(HostAllocator<T>(device)), device_(&device), mirror_(device, dtype) {
     DFLASH_INVARIANT(sizeof(T) == dtype_size(dtype) || sizeof(T) == 1);
   }
-  std::vector<T> host;
+  std::vector<T, HostAllocator<T>> host;
 
   void* device_data() { return device_data(host.size()); }
   // The device array for `count` elements of T: a graph may fill it and the device read it without the

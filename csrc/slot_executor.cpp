@@ -52,8 +52,8 @@ void check_layer_split(const std::string& who, const std::vector<int64_t>& atten
                   " of attention_layers and linear_layers (each layer must be in exactly one)");
 }
 
-template <typename T>
-void fill(std::vector<T>& buffer, size_t size, T value) {
+template <typename T, typename A>
+void fill(std::vector<T, A>& buffer, size_t size, T value) {
   buffer.assign(size, value);  // grows once, then reuses the allocation
 }
 

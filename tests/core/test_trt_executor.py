@@ -187,6 +187,18 @@ def test_the_executor_frees_every_device_buffer_it_made(core, ort, fakes, pair):
     assert live() == before
 
 
+def test_every_copy_across_the_host_boundary_uses_page_locked_host_memory(core, ort, fakes, pair):
+    """The staging arrays come from cuMemHostAlloc: an async copy from pageable memory would be
+    staged by the driver and block the host (the fake driver counts copies outside pinned memory)."""
+    bundle, engines, *_ = pair
+    unpinned = ctypes.CDLL(str(fakes[1])).fake_cuda_unpinned_copies
+    unpinned.restype = ctypes.c_long
+    before = unpinned()
+    executor = core.TrtExecutor(trt_config(ort, fakes, bundle, engines))
+    decode_on(core, executor, PROMPTS[:2], 4)
+    assert executor.host_bytes > 0 and unpinned() == before
+
+
 def test_shapes_outside_every_optimization_profile_are_refused_in_one_line(core, ort, fakes, pair, tmp_path):
     bundle, *_ = pair
     engines = fake_engines(bundle, tmp_path, ort.onnxruntime_library(), max_batch=2)  # engines for 2 rows

@@ -4,13 +4,16 @@
 // (csrc/decide_kernel.cu) runs its rules compiled for the host (csrc/decide.h), one row per block
 // with the kernel's own argument layout: what it proves is the executor's side of the launch (which
 // rows, offsets, drafts and keys it hands the kernel), not the kernel on a GPU. Memory calls need a current context on the calling
-// thread, as the real driver's do. fake_cuda_live() counts live allocations, so a
-// test can see that an executor frees every buffer it made.
+// thread, as the real driver's do. fake_cuda_live() counts live allocations (device and pinned host),
+// so a test can see that an executor frees every buffer it made; fake_cuda_unpinned_copies() counts
+// host <-> device copies whose host side is not page-locked memory from cuMemHostAlloc.
 #include <cuda.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "decide.h"
 
@@ -18,6 +21,18 @@
 
 namespace {
 std::atomic<long> live{0};
+// Page-locked host ranges (cuMemHostAlloc) and copies to or from host memory outside them: the
+// executor stages everything that crosses in pinned memory, so a test expects none.
+std::mutex pinned_lock;
+std::map<const char*, size_t> pinned;
+std::atomic<long> unpinned_copies{0};
+bool is_pinned(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> hold(pinned_lock);
+  auto at = pinned.upper_bound(static_cast<const char*>(p));
+  if (at == pinned.begin()) return false;
+  --at;
+  return static_cast<const char*>(p) + bytes <= at->first + at->second;
+}
 // Like the real driver, memory calls act on the calling thread's current context: none, none work.
 thread_local CUcontext current = nullptr;
 }
@@ -26,6 +41,7 @@ thread_local CUcontext current = nullptr;
   if (!current) return CUDA_ERROR_INVALID_CONTEXT
 
 EXPORT long fake_cuda_live() { return live.load(); }
+EXPORT long fake_cuda_unpinned_copies() { return unpinned_copies.load(); }
 EXPORT CUresult cuInit(unsigned int) { return CUDA_SUCCESS; }
 EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
   *device = ordinal;
@@ -82,13 +98,34 @@ EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* copy, CUstream) {
                  copy->WidthInBytes);
   return CUDA_SUCCESS;
 }
+EXPORT CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned int) {
+  NEEDS_CONTEXT;
+  *p = std::malloc(bytes);
+  if (!*p) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::lock_guard<std::mutex> hold(pinned_lock);
+  pinned[static_cast<const char*>(*p)] = bytes;
+  ++live;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemFreeHost(void* p) {
+  NEEDS_CONTEXT;
+  {
+    std::lock_guard<std::mutex> hold(pinned_lock);
+    if (!pinned.erase(static_cast<const char*>(p))) return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::free(p);
+  --live;
+  return CUDA_SUCCESS;
+}
 EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, CUstream) {
   NEEDS_CONTEXT;
+  if (!is_pinned(src, bytes)) ++unpinned_copies;
   std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, CUstream) {
   NEEDS_CONTEXT;
+  if (!is_pinned(dst, bytes)) ++unpinned_copies;
   std::memcpy(dst, reinterpret_cast<void*>(src), bytes);
   return CUDA_SUCCESS;
 }
