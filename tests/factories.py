@@ -151,6 +151,26 @@ def make_drafter(path: Path, seed: int = 0, draft_vocab: list[int] | None = None
     return path
 
 
+DFLASH2_TINY = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)
+
+
+def make_dflash2_drafter(path: Path, seed: int = 0, vocab_size: int = 264, **config) -> Path:
+    """A random DFlash2 drafter (in-block convolutions, candidate selector; models/dflash2.py) in the
+    published layout, every weight drawn. Its parity with the authors' module is
+    tests/models/test_dflash2.py's; this one feeds executor tests."""
+    raw = draft_config_dict(**config)
+    raw["dflash_config"].update(DFLASH2_TINY)
+    raw["architectures"], raw["vocab_size"] = ["DFlash2DraftModel"], vocab_size
+    torch.manual_seed(seed)
+    drafter = DFlashDrafter(DraftConfig.from_dict(raw))
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    save_drafter(drafter, path, dtype=torch.float32, vocab_source="test")
+    (path / "config.json").write_text(json.dumps(raw, indent=2))
+    return path
+
+
 class OracleDraftSession:
     """Test double for the drafter: proposes the target's own greedy continuation, corrupting
     each slot with probability `corrupt`, so a test can drive full, partial and zero acceptance

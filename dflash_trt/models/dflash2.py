@@ -41,11 +41,11 @@ class GroupedDynamicConv(nn.Module):
         """x [b, n, H], dynamic [b, n, K, G], base [K, H] -> [b, n, H], causal over the n positions."""
         b, n, _ = x.shape
         channels = x.view(b, n, self.groups, self.group_size)
-        out = torch.zeros_like(channels)
-        for tap in range(self.kernel_size):
-            shifted = F.pad(channels, (0, 0, 0, 0, tap, 0)).narrow(1, 0, n) if tap else channels
-            out = out + base[tap].view(self.groups, self.group_size).to(x.dtype) * shifted
-            out = out + dynamic[:, :, tap, :, None] * shifted
+        taps = base.view(self.kernel_size, self.groups, self.group_size).to(x.dtype) + dynamic[..., None]
+        out = taps[:, :, 0] * channels  # [b, n, G, gs]
+        for tap in range(1, self.kernel_size):
+            shifted = F.pad(channels, (0, 0, 0, 0, tap, 0)).narrow(1, 0, n)
+            out = out + taps[:, :, tap] * shifted
         return out.view(b, n, -1)
 
     def around(self, sublayer: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -82,11 +82,17 @@ class CandidateSelector(nn.Module):
             unary, candidates, projected = (
                 torch.cat([t, torch.zeros_like(t.narrow(1, 0, 1)).expand(-1, steps, *t.shape[2:])], dim=1)
                 .narrow(1, 0, steps) for t in (unary, candidates, projected))
-        successors = F.embedding(candidates, self.successor_codebook)  # [b, steps, k, r]
-        previous, path = anchor, []
-        for position in range(steps):
-            query = F.embedding(previous, self.predecessor_codebook) * projected[:, position]  # [b, r]
-            scores = unary[:, position] + (successors[:, position] @ query[:, :, None])[..., 0]  # [b, k]
-            previous = candidates[:, position].gather(-1, scores.argmax(dim=-1, keepdim=True))[:, 0]
-            path.append(previous)
-        return torch.stack(path, dim=1).narrow(1, 0, n)
+        # The pairwise score of candidate j after candidate i of the position before is
+        # <predecessor[i], projected * successor[j]>: every position's [k, k] table in one product,
+        # so the walk itself only picks a row and its best column.
+        weighted = F.embedding(candidates, self.successor_codebook) * projected[:, :, None, :]  # [b, s, k, r]
+        first = (weighted[:, 0] @ F.embedding(anchor, self.predecessor_codebook)[:, :, None])[..., 0]  # [b, k]
+        before = F.embedding(candidates[:, :-1], self.predecessor_codebook)  # [b, s-1, k, r]
+        pairwise = before @ weighted[:, 1:].transpose(-1, -2)  # [b, s-1, k before, k here]
+        pick = (unary[:, 0] + first).argmax(dim=-1, keepdim=True)  # [b, 1]
+        path = [pick]
+        for position in range(1, steps):
+            row = pairwise[:, position - 1].gather(1, pick[:, :, None].expand(-1, 1, self.top_k))[:, 0]  # [b, k]
+            pick = (unary[:, position] + row).argmax(dim=-1, keepdim=True)
+            path.append(pick)
+        return candidates.gather(-1, torch.stack(path, dim=1)).squeeze(-1).narrow(1, 0, n)

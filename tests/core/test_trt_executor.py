@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from factories import make_drafter, make_target
+from factories import make_dflash2_drafter, make_drafter, make_target
 from scheduler_checks import decode_on, python_loop
 
 from dflash_trt.engines.profiles import input_ranges, profile_dims
@@ -133,6 +133,25 @@ def test_greedy_on_the_tensorrt_executor_equals_autoregressive_and_the_onnxrunti
     if block > 1:
         steps = [a for row in ours[1] for a in row]
         assert max(steps) >= 1 and min(steps) == 0  # accepted and rejected drafts: commit kept every kind
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5_text"])
+def test_a_dflash2_drafter_on_the_tensorrt_executor_drafts_and_decodes_as_the_python_loop(core, ort, fakes, family,
+                                                                                         tmp_path):
+    """The slots-trt draft_block of a DFlash2 drafter (convolutions, the selector walk unrolled over its
+    block) on the TensorRT executor: the Python reference loop's tokens and acceptance, at B=3 and 4."""
+    target_dir = make_target(tmp_path / "target", family, seed=5, tokenizer=False, vocab_size=6)
+    draft_dir = make_dflash2_drafter(tmp_path / "draft", seed=5, vocab_size=6, block_size=4, target_layer_ids=[1, 2],
+                                     mask_token_id=5)
+    target, drafter = load_target(str(target_dir))[0], load_drafter(draft_dir)
+    assert drafter.config.method == "dflash2"
+    bundle = export_bundle(target, drafter, None, tmp_path / "bundle", flavour="slots-trt", capacity=64, check=False)
+    engines = fake_engines(bundle, tmp_path / "engines", ort.onnxruntime_library())
+    for block in (3, 4):
+        ours = decode_on(core, core.TrtExecutor(trt_config(ort, fakes, bundle, engines)), PROMPTS[:3], block)
+        for prompt, tokens, accepted in zip(PROMPTS, *ours, strict=False):
+            ref_tokens, ref_accepted = python_loop(target, drafter, prompt, 12, block)
+            assert tokens == ref_tokens and accepted == ref_accepted[: len(accepted)]
 
 
 def test_chunked_prefill_on_the_tensorrt_executor_equals_whole_prompts(core, ort, fakes, pair):
