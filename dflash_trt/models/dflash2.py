@@ -28,6 +28,9 @@ from torch.nn import functional as F
 
 
 class GroupedDynamicConv(nn.Module):
+    """Written for few graph nodes: no reshapes of the hidden state (a group's correction reaches its
+    channels through a one-hot [G, H] product), and shifts by slices of constant bounds."""
+
     def __init__(self, hidden_size: int, kernel_size: int, group_size: int):
         super().__init__()
         self.kernel_size, self.group_size = kernel_size, group_size
@@ -36,23 +39,27 @@ class GroupedDynamicConv(nn.Module):
         base[:, 0] = 1.0  # an untrained conv passes its input through
         self.base_kernel = nn.Parameter(base)
         self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * self.groups, bias=False)
+        spread = torch.zeros(self.groups, hidden_size)
+        for group in range(self.groups):
+            spread[group, group * group_size:(group + 1) * group_size] = 1.0
+        self.register_buffer("spread", spread, persistent=False)  # group -> its channels
 
-    def convolve(self, x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-        """x [b, n, H], dynamic [b, n, K, G], base [K, H] -> [b, n, H], causal over the n positions."""
-        b, n, _ = x.shape
-        channels = x.view(b, n, self.groups, self.group_size)
-        taps = base.view(self.kernel_size, self.groups, self.group_size).to(x.dtype) + dynamic[..., None]
-        out = taps[:, :, 0] * channels  # [b, n, G, gs]
+    def convolve(self, x: torch.Tensor, dynamic: list[torch.Tensor], base: torch.Tensor) -> torch.Tensor:
+        """x [b, n, H], dynamic: per tap [b, n, G], base [K, H] -> [b, n, H], causal over the n positions."""
+        spread = self.spread.to(x.dtype)
+        out = (base[0].to(x.dtype) + dynamic[0] @ spread) * x
         for tap in range(1, self.kernel_size):
-            shifted = F.pad(channels, (0, 0, 0, 0, tap, 0)).narrow(1, 0, n)
-            out = out + taps[:, :, tap] * shifted
-        return out.view(b, n, -1)
+            shifted = torch.cat([x[:, :tap] * 0, x[:, :-tap]], dim=1)  # x[t - tap], zero before the block
+            out = out + (base[tap].to(x.dtype) + dynamic[tap] @ spread) * shifted
+        return out
 
     def around(self, sublayer: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """conv_after(sublayer(conv_before(x))), both corrections projected from x."""
-        dynamic = self.kernel_projection(x).view(*x.shape[:-1], 2, self.kernel_size, self.groups)
-        y = sublayer(self.convolve(x, dynamic[..., 0, :, :], self.base_kernel[0]))
-        return self.convolve(y, dynamic[..., 1, :, :], self.base_kernel[1])
+        # the projection's columns are [side, tap, group]: one [b, n, G] chunk per (side, tap)
+        chunks = self.kernel_projection(x).split(self.groups, dim=-1)
+        k = self.kernel_size
+        y = sublayer(self.convolve(x, chunks[:k], self.base_kernel[0]))
+        return self.convolve(y, chunks[k:], self.base_kernel[1])
 
 
 class CandidateSelector(nn.Module):
@@ -89,10 +96,14 @@ class CandidateSelector(nn.Module):
         first = (weighted[:, 0] @ F.embedding(anchor, self.predecessor_codebook)[:, :, None])[..., 0]  # [b, k]
         before = F.embedding(candidates[:, :-1], self.predecessor_codebook)  # [b, s-1, k, r]
         pairwise = before @ weighted[:, 1:].transpose(-1, -2)  # [b, s-1, k before, k here]
-        pick = (unary[:, 0] + first).argmax(dim=-1, keepdim=True)  # [b, 1]
+        # row `pick` of a position's table, as columns pick * k + j of its flattened [k * k]
+        tables = pairwise.flatten(2).unbind(1)  # per position after the first: [b, k * k]
+        columns = torch.arange(self.top_k, device=hidden.device)
+        scores = unary.unbind(1)  # per position: [b, k]
+        pick = (scores[0] + first).argmax(dim=-1, keepdim=True)  # [b, 1]
         path = [pick]
         for position in range(1, steps):
-            row = pairwise[:, position - 1].gather(1, pick[:, :, None].expand(-1, 1, self.top_k))[:, 0]  # [b, k]
-            pick = (unary[:, position] + row).argmax(dim=-1, keepdim=True)
+            row = tables[position - 1].gather(1, pick * self.top_k + columns)  # [b, k]
+            pick = (scores[position] + row).argmax(dim=-1, keepdim=True)
             path.append(pick)
         return candidates.gather(-1, torch.stack(path, dim=1)).squeeze(-1).narrow(1, 0, n)
