@@ -46,6 +46,7 @@ from dflash_trt.export.slot_trt_ops import OPSET as TRT_OPSET
 from dflash_trt.export.slot_trt_ops import finish_opset24, register_slot_trt_symbolics
 from dflash_trt.export.staging import staged_directory
 from dflash_trt.export.verify import TOLERANCES, check_graph, inspect_graph
+from dflash_trt.export.weights import WeightsAsInputs, attach_weights, module_weights
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.target import TargetModel, eos_token_ids
 
@@ -216,19 +217,22 @@ def _export_graph(module: torch.nn.Module, spec: dict, path: Path, check: bool, 
         # The TorchScript exporter is deprecated in favour of torch.export, but it traces these
         # flat-I/O modules with symbolic dims reliably; revisit when the dynamo path handles HF RoPE.
         warnings.simplefilter("ignore")
+        # the weights go in as graph inputs and are streamed to disk after (export/weights.py)
+        weights = module_weights(module)
         torch.onnx.export(
-            module.eval(), inputs, str(path), input_names=[i["name"] for i in spec["inputs"]],
+            WeightsAsInputs(module.eval(), len(inputs)), (*inputs, *weights.values()), str(path),
+            input_names=[i["name"] for i in spec["inputs"]] + list(weights),
             output_names=[o["name"] for o in spec["outputs"]], dynamic_axes=_dynamic_axes(spec),
             opset_version=OPSET, dynamo=False, custom_opsets=domains,
         )
     model = onnx.load(str(path))
+    attach_weights(model, weights, path.with_name(path.name + ".data"), EXTERNAL_DATA_THRESHOLD)
     if hybrid and not plugin:  # the linear layers' recurrences as standard-op Loops (delta_rule_loop.py)
         lower_gated_delta_rule(model, DOMAIN)
     if slots == "slots-trt":
         model = finish_opset24(model)
     _declare_io_shapes(model, spec)
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=path.name + ".data", size_threshold=EXTERNAL_DATA_THRESHOLD)
+    onnx.save_model(model, str(path))  # the graph; its weights are already in <graph>.onnx.data
     # full_check runs ONNX shape inference, which knows nothing of the dflash ops (it passes
     # com.microsoft::GroupQueryAttention, whose outputs keep the declared shapes).
     onnx.checker.check_model(str(path), full_check=not plugin)

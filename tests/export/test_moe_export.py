@@ -77,10 +77,16 @@ def highest_index_topk(values, k, dim=-1):
 
 
 def expert_weight_readers(model: onnx.ModelProto, experts: int) -> set[str]:
-    """The op types that read an expert weight tensor ([E, ...] with E = `experts`) directly."""
-    weights = {t.name for t in model.graph.initializer if len(t.dims) == 3 and t.dims[0] == experts}
-    assert weights, "no expert weights found"
-    return {n.op_type for n in model.graph.node if weights & set(n.input)}
+    """The op types that read an expert weight tensor ([E, ...] with E = `experts`), looking through
+    the layout-only ops (Reshape, Transpose) that onnxruntime folds into the weight at load."""
+    names = {t.name for t in model.graph.initializer if len(t.dims) == 3 and t.dims[0] == experts}
+    assert names, "no expert weights found"
+    readers = set()
+    while names:
+        consumers = [n for n in model.graph.node if names & set(n.input)]
+        readers |= {n.op_type for n in consumers if n.op_type not in ("Reshape", "Transpose")}
+        names = {n.output[0] for n in consumers if n.op_type in ("Reshape", "Transpose")}
+    return readers
 
 
 @pytest.mark.parametrize("family, config", [("qwen3_moe", {}), ("qwen3_moe", {"norm_topk_prob": True}),
