@@ -167,6 +167,8 @@ def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: 
                capacity: int | None = None):
     """Check the pair from its configs, then load it -> (target model, drafter, tokenizer). Everything a
     user can get wrong is refused here, before any progress bar starts (export, build)."""
+    import torch
+
     from dflash_trt.export.bundle import check_flavour
     from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, load_tokenizer, resolve_draft
     from dflash_trt.models.embedded import default_drafter
@@ -178,14 +180,18 @@ def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: 
     draft = resolve_draft(draft)
     check_flavour(flavour, check, dtype, capacity)  # before loading weights: a missing op library fails in seconds
     check_pair(target, draft)  # from configs, before any weights load
+    from dflash_trt.engines.plan import export_memory_refusal
     from dflash_trt.export.graphs import export_refusal
-    from dflash_trt.models.checkpoints import read_target_config
+    from dflash_trt.models.checkpoints import read_draft_config, read_target_config
 
-    refusal = export_refusal(read_target_config(target)[1].model_type)
+    target_config = read_target_config(target)[1]
+    refusal = export_refusal(target_config.model_type) or export_memory_refusal(target_config, read_draft_config(draft),
+                                                                                  dtype)
     if refusal:
         raise DFlashError(refusal)
     drafter = load_drafter(draft)
-    target_model, tokenizer = load_target(target)
+    # in the bundle's dtype from the start: a float32 copy of a bfloat16 checkpoint would double the memory
+    target_model, tokenizer = load_target(target, dtype=getattr(torch, dtype))
     validate_pair(target_model, drafter.config, tokenizer, load_tokenizer(str(draft)))
     return target_model, drafter, tokenizer
 

@@ -15,6 +15,7 @@ of 1 GiB plus 10 % covers activations, workspace and the CUDA context.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from dflash_trt.engines.config import BuildConfig
@@ -24,6 +25,11 @@ from dflash_trt.models.draft_config import DraftConfig
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+# An export's peak RSS over the weights it holds (the target and drafter, in the bundle's dtype), and
+# its seconds per GB of them on our 2-core VM: measured by scripts/real_width_bench.py at Qwen3.5-35B-A3B's
+# widths (docs/bench/real-width-qwen3.5-35b-a3b.json; float16 taken as bfloat16).
+EXPORT_PEAK_PER_WEIGHT_BYTE = {"float32": 1.22, "float16": 1.27, "bfloat16": 1.27}
+EXPORT_SECONDS_PER_GB = {"float32": 2.1, "float16": 3.2, "bfloat16": 3.2}
 SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 MARGIN_BYTES = GIB
 MARGIN_FRACTION = 0.10
@@ -174,6 +180,27 @@ class Plan:
         return total, int(MARGIN_BYTES + MARGIN_FRACTION * total)
 
 
+def export_peak_bytes(parameters: int, dtype: str) -> float:
+    """The memory an export of `parameters` weights (target and drafter) in `dtype` peaks at."""
+    return parameters * DTYPE_BYTES[dtype] * EXPORT_PEAK_PER_WEIGHT_BYTE[dtype]
+
+
+def machine_memory() -> int:
+    """This machine's physical memory, in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def export_memory_refusal(config, draft: DraftConfig | None, dtype: str) -> str | None:
+    """One line when exporting this pair would need more memory than the machine has, else None:
+    from the two configs, before any weights load."""
+    parameters = target_parameters(config)["total"] + (drafter_parameters(draft) if draft else 0)
+    need, have = export_peak_bytes(parameters, dtype), machine_memory()
+    if need <= have:
+        return None
+    return (f"export: the {SHORT[dtype]} weights ({_bytes(parameters * DTYPE_BYTES[dtype])}) need about "
+            f"{_bytes(need)} of memory to export, and this machine has {_bytes(have)}")
+
+
 def make_plan(target: str, config, draft: str | None, draft_config: DraftConfig | None, engine: str, flavour: str,
               dtype: str, max_batch: int, max_seq_len: int, block_size: int | None,
               export_refusal: str | None, gpu_memory_gib: float | None) -> Plan:
@@ -261,6 +288,12 @@ def render(plan: Plan) -> str:
                  + (f", conv + recurrent states {_bytes(plan.states)}, states at {plan.block_size} verify positions "
                     f"{_bytes(plan.states * plan.block_size)}" if plan.states else "")
                  + f"; total {_bytes(plan.per_request)}")
+    held = (p["total"] + plan.draft_parameters) * DTYPE_BYTES[plan.dtype]
+    peak, have = export_peak_bytes(p["total"] + plan.draft_parameters, plan.dtype), machine_memory()
+    lines.append(f"export ({d}): peak memory about {_bytes(peak)} ({EXPORT_PEAK_PER_WEIGHT_BYTE[plan.dtype]:g}x the "
+                 f"{_bytes(held)} of weights it holds, measured), about {held / 1e9 * EXPORT_SECONDS_PER_GB[plan.dtype]:.0f} s "
+                 f"on a 2-core VM; this machine has {_bytes(have)}: "
+                 + ("fits" if peak <= have else f"does NOT fit (short by {_bytes(peak - have)})"))
     total, margin = plan.needed
     need = f"needs {_bytes(total)} (weights + {plan.max_batch} x request) + margin {_bytes(margin)} = {_bytes(total + margin)}"
     if plan.gpu_memory_gib is None:

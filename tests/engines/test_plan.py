@@ -239,3 +239,30 @@ def test_a_published_drafter_size_comes_out():
     """Qwen3-4B-DFlash-b16 is ~1.07 GB in bf16 (research/dflash.md)."""
     draft = DraftConfig.from_dir(ZLAB / "drafters" / "Qwen3-4B-DFlash-b16")
     assert abs(drafter_parameters(draft) * 2 - 1.07e9) < 0.01e9
+
+
+def test_the_plan_states_the_exports_peak_memory_and_export_refuses_a_pair_too_big_for_the_machine(
+        config_only_pair, tiny_pairs, tmp_path, monkeypatch):
+    """The estimate: the weights the export holds times the measured peak ratio; an export that would
+    not fit this machine's memory is refused in one line before any weights load."""
+    import dflash_trt.engines.plan as plan
+    import dflash_trt.models.checkpoints as checkpoints
+
+    targets, draft = config_only_pair
+    config = Qwen3MoeConfig.from_pretrained(targets["moe"])
+    held = target_parameters(config)["total"] + plan.drafter_parameters(plan.DraftConfig.from_dir(draft))
+    result = CliRunner().invoke(main, ["build", "--target", str(targets["moe"]), "--draft", str(draft), "--dry-run",
+                                       "--engine", "onnxruntime", "--dtype", "bf16"])
+    assert result.exit_code == 0, result.output
+    peak = plan._bytes(held * 2 * plan.EXPORT_PEAK_PER_WEIGHT_BYTE["bfloat16"])
+    assert f"export (bf16): peak memory about {peak} (1.27x the {plan._bytes(held * 2)} of weights it holds" in result.stdout
+    assert ": fits" in result.stdout
+    monkeypatch.setattr(plan, "machine_memory", lambda: 1024)
+    monkeypatch.setattr(checkpoints, "load_target", lambda *a, **k: pytest.fail("weights loaded before the refusal"))
+    target, tiny_draft = tiny_pairs["qwen3"]
+    for command in (["export"], ["build", "--engine", "onnxruntime"]):
+        result = CliRunner().invoke(main, [*command, "--target", str(target), "--draft", str(tiny_draft),
+                                           "-o", str(tmp_path / "out")])
+        assert result.exit_code == 2 and not (tmp_path / "out").exists()
+        (line,) = result.output.strip().splitlines()
+        assert line.startswith("Error: export: the fp32 weights (") and "this machine has 1.00 KiB" in line
