@@ -193,29 +193,26 @@ def test_steps_may_run_on_another_thread_than_the_one_that_made_the_executor(cor
     assert result["out"] == decode_on(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS[:2], 4)
 
 
-def test_the_executor_frees_every_device_buffer_it_made(core, ort, fakes, pair):
+def fake_counter(fakes, name: str):
+    counter = getattr(ctypes.CDLL(str(fakes[1])), name)
+    counter.restype = ctypes.c_long
+    return counter
+
+
+def test_the_executor_frees_every_device_buffer_and_copies_through_page_locked_memory(core, ort, fakes, pair):
+    """Every buffer it made (device and pinned host) is freed with it; every array that crosses the
+    host boundary is in cuMemHostAlloc memory (a copy from pageable memory would be staged by the
+    driver and block the host; the fake driver counts those)."""
     bundle, engines, *_ = pair
-    live = ctypes.CDLL(str(fakes[1])).fake_cuda_live
-    live.restype = ctypes.c_long
-    before = live()
+    live, unpinned = fake_counter(fakes, "fake_cuda_live"), fake_counter(fakes, "fake_cuda_unpinned_copies")
+    before, copies_before = live(), unpinned()
     executor = core.TrtExecutor(trt_config(ort, fakes, bundle, engines))
     decode_on(core, executor, PROMPTS[:2], 4)
     assert live() > before
+    assert executor.host_bytes > 0 and unpinned() == copies_before
     del executor
     gc.collect()
     assert live() == before
-
-
-def test_every_copy_across_the_host_boundary_uses_page_locked_host_memory(core, ort, fakes, pair):
-    """The staging arrays come from cuMemHostAlloc: an async copy from pageable memory would be
-    staged by the driver and block the host (the fake driver counts copies outside pinned memory)."""
-    bundle, engines, *_ = pair
-    unpinned = ctypes.CDLL(str(fakes[1])).fake_cuda_unpinned_copies
-    unpinned.restype = ctypes.c_long
-    before = unpinned()
-    executor = core.TrtExecutor(trt_config(ort, fakes, bundle, engines))
-    decode_on(core, executor, PROMPTS[:2], 4)
-    assert executor.host_bytes > 0 and unpinned() == before
 
 
 def test_shapes_outside_every_optimization_profile_are_refused_in_one_line(core, ort, fakes, pair, tmp_path):
