@@ -39,14 +39,16 @@ class GroupedDynamicConv(nn.Module):
         base[:, 0] = 1.0  # an untrained conv passes its input through
         self.base_kernel = nn.Parameter(base)
         self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * self.groups, bias=False)
-        spread = torch.zeros(self.groups, hidden_size)
-        for group in range(self.groups):
-            spread[group, group * group_size:(group + 1) * group_size] = 1.0
-        self.register_buffer("spread", spread, persistent=False)  # group -> its channels
+
+    def spread(self, like: torch.Tensor) -> torch.Tensor:
+        """[G, H]: 1 where channel h is in group g. Computed, not stored: a graph gets a few ops that
+        onnxruntime folds at load, not a [G, H] constant per use inside the graph file."""
+        group_of = torch.arange(self.groups * self.group_size, device=like.device) // self.group_size
+        return (group_of[None, :] == torch.arange(self.groups, device=like.device)[:, None]).to(like.dtype)
 
     def convolve(self, x: torch.Tensor, dynamic: list[torch.Tensor], base: torch.Tensor) -> torch.Tensor:
         """x [b, n, H], dynamic: per tap [b, n, G], base [K, H] -> [b, n, H], causal over the n positions."""
-        spread = self.spread.to(x.dtype)
+        spread = self.spread(x)
         out = (base[0].to(x.dtype) + dynamic[0] @ spread) * x
         for tap in range(1, self.kernel_size):
             shifted = torch.cat([x[:, :tap] * 0, x[:, :-tap]], dim=1)  # x[t - tap], zero before the block
