@@ -5,13 +5,13 @@ shape inference evaluates the transposes and reshapes applied to them (measured:
 weights for a 2 GB target). `WeightsAsInputs` hands the exporter the same tensors as graph inputs
 instead, named by their state-dict keys: the trace still runs the module's own forward on them, and
 nothing copies them. `attach_weights` then turns those inputs into initializers, streaming each
-tensor's bytes into `<graph>.onnx.data`. Transposes and reshapes of weights stay in the graph, as
-nodes over initializers: onnxruntime folds them when a session loads the graph, TensorRT when it
-builds an engine.
+tensor's bytes into `<graph>.onnx.data`, with the transposes and reshapes the trace applied to them
+folded in one tensor at a time (the graph reads as a constant-folding exporter's would).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -48,19 +48,56 @@ class WeightsAsInputs(nn.Module):
         return self.held[0](*args[: self.inputs])
 
 
+def _attribute(node: onnx.NodeProto, name: str, default):
+    found = [a for a in node.attribute if a.name == name]
+    return onnx.helper.get_attribute_value(found[0]) if found else default
+
+
+def _fold_layouts(model: onnx.ModelProto, sources: dict[str, Callable[[], torch.Tensor]]) -> None:
+    """Transpose and Reshape nodes over weights (what the trace leaves where the exporter would have
+    constant-folded) become weights themselves: `sources` gains a lazy tensor per folded output, the
+    nodes go. Lazy, so each is materialised only when written, one at a time."""
+    constants = {n.output[0]: onnx.numpy_helper.to_array(_attribute(n, "value", None))
+                 for n in model.graph.node if n.op_type == "Constant" and _attribute(n, "value", None) is not None}
+    folded = []
+    for node in model.graph.node:  # in topological order: a chain folds front to back
+        source = sources.get(node.input[0]) if node.input else None
+        if source is None:
+            continue
+        if node.op_type == "Transpose":
+            perm = _attribute(node, "perm", None)
+            sources[node.output[0]] = (lambda s, perm: lambda: (t := s()).permute(perm or range(t.dim() - 1, -1, -1)))(
+                source, perm)
+        elif node.op_type == "Reshape" and node.input[1] in constants and not _attribute(node, "allowzero", 0):
+            shape = [int(d) for d in constants[node.input[1]]]
+            sources[node.output[0]] = (lambda s, shape: lambda: (t := s()).reshape(
+                [t.shape[i] if d == 0 else d for i, d in enumerate(shape)]))(source, shape)
+        else:
+            continue
+        folded.append(node)
+    for node in folded:
+        model.graph.node.remove(node)
+
+
 def attach_weights(model: onnx.ModelProto, weights: dict[str, torch.Tensor], data: Path, threshold: int) -> None:
     """Graph inputs named after `weights`' keys -> initializers: tensors of at least `threshold`
     bytes written to the file `data` (beside the graph; referenced by its name), smaller ones
-    inline. The model is changed in place; nothing is written when no tensor is that large."""
-    named = weights
-    weights = [value.name for value in model.graph.input if value.name in named]
+    inline. Layout ops over weights are folded into them first (_fold_layouts), so the graph reads
+    as a constant-folding exporter's would. The model is changed in place; no data file is left
+    when no tensor is that large."""
+    sources = {value.name: (lambda t: lambda: t.detach())(weights[value.name])
+               for value in model.graph.input if value.name in weights}
+    _fold_layouts(model, sources)
+    read = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
     offset = 0
     with open(data, "wb") as out:
-        for name in weights:
-            tensor = named[name].detach()
+        for name, source in sources.items():
+            if name not in read:
+                continue  # only ever read through a folded layout op
+            tensor = source().contiguous().cpu()
             if tensor.dtype not in ONNX_TYPES:
                 raise TypeError(f"{name}: no ONNX type for {tensor.dtype}")
-            raw = tensor.contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+            raw = tensor.reshape(-1).view(torch.uint8).numpy()
             proto = onnx.TensorProto(name=name, dims=list(tensor.shape), data_type=ONNX_TYPES[tensor.dtype])
             if raw.nbytes < threshold:
                 proto.raw_data = raw.tobytes()
@@ -74,8 +111,9 @@ def attach_weights(model: onnx.ModelProto, weights: dict[str, torch.Tensor], dat
                     proto.external_data.add(key=key, value=value)
                 offset += raw.nbytes
             model.graph.initializer.append(proto)
+            del tensor, raw  # one weight's copy at a time
     if offset == 0:
         data.unlink()
-    kept = [value for value in model.graph.input if value.name not in named]
+    kept = [value for value in model.graph.input if value.name not in weights]
     del model.graph.input[:]
     model.graph.input.extend(kept)
