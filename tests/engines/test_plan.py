@@ -255,7 +255,7 @@ def test_the_plan_states_the_exports_peak_memory_and_export_refuses_a_pair_too_b
                                        "--engine", "onnxruntime", "--dtype", "bf16"])
     assert result.exit_code == 0, result.output
     peak = plan._bytes(held * 2 * plan.EXPORT_PEAK_PER_WEIGHT_BYTE["bfloat16"])
-    assert f"export (bf16): peak memory about {peak} (1.27x the {plan._bytes(held * 2)} of weights it holds" in result.stdout
+    assert f"export (bf16): peak memory about {peak} ({plan.EXPORT_PEAK_PER_WEIGHT_BYTE['bfloat16']:g}x the {plan._bytes(held * 2)} of weights it holds" in result.stdout
     assert ": fits" in result.stdout
     monkeypatch.setattr(plan, "machine_memory", lambda: 1024)
     monkeypatch.setattr(checkpoints, "load_target", lambda *a, **k: pytest.fail("weights loaded before the refusal"))
