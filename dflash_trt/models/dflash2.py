@@ -100,12 +100,12 @@ class CandidateSelector(nn.Module):
         pairwise = before @ weighted[:, 1:].transpose(-1, -2)  # [b, s-1, k before, k here]
         # row `pick` of a position's table, as columns pick * k + j of its flattened [k * k]
         tables = pairwise.flatten(2).unbind(1)  # per position after the first: [b, k * k]
-        columns = torch.arange(self.top_k, device=hidden.device)
+        offsets = torch.arange(self.top_k, device=hidden.device)
         scores = unary.unbind(1)  # per position: [b, k]
         pick = (scores[0] + first).argmax(dim=-1, keepdim=True)  # [b, 1]
         path = [pick]
         for position in range(1, steps):
-            row = tables[position - 1].gather(1, pick * self.top_k + columns)  # [b, k]
+            row = tables[position - 1].gather(1, pick * self.top_k + offsets)  # [b, k]
             pick = (scores[position] + row).argmax(dim=-1, keepdim=True)
             path.append(pick)
         return candidates.gather(-1, torch.stack(path, dim=1)).squeeze(-1).narrow(1, 0, n)
