@@ -64,10 +64,12 @@ def target_config(family: str, vocab_size: int = 264, layers: int = 4, **extra):
         return LlamaConfig(**common, tie_word_embeddings=True)
     if family == "qwen3":
         return Qwen3Config(**common)
+    # the MoE families: 4 experts, top 2 unless `extra` says otherwise; the hybrid ones with a gated shared expert
+    moe = {name: common.pop(name, value) for name, value in (("num_experts", 4), ("num_experts_per_tok", 2),
+                                                             ("moe_intermediate_size", 32))}
     if family == "qwen3_moe":
-        return Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
-    # the hybrid MoE families: 4 experts, top 2, and a gated shared expert
-    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+        return Qwen3MoeConfig(**common, **moe)
+    moe["shared_expert_intermediate_size"] = common.pop("shared_expert_intermediate_size", 32)
     if family == "qwen3_next":
         from transformers import Qwen3NextConfig
 

@@ -2,9 +2,10 @@
 oracle, and tiny random Qwen3-MoE targets exported in both target flavours against the HF model on
 onnxruntime.
 
-Two targets: the shared tiny pair's (4 experts, top 2, no renormalisation) and one with
+Three targets: the shared tiny pair's (4 experts, top 2, no renormalisation), one with
 renormalised top-k, a dense-MLP layer (mlp_only_layers) and a 3-token sliding window on every
-layer (Qwen3-MoE has no layer_types: one window for all layers, as HF's attention applies it).
+layer (Qwen3-MoE has no layer_types: one window for all layers, as HF's attention applies it), and
+one with 32 experts, top 4, whose steps pick a subset of the experts.
 """
 
 import numpy as np
@@ -27,7 +28,9 @@ from dflash_trt.models.checkpoints import load_drafter, load_target
 
 ATOL = 1e-4  # float32 on one CPU: reduction-order round-off (the 4x-scaled tiny weights give logits ~1e2)
 MOE_TARGETS = {"moe": {}, "moe-norm-window": {"norm_topk_prob": True, "mlp_only_layers": [1],
-                                               "use_sliding_window": True, "sliding_window": 3}}
+                                               "use_sliding_window": True, "sliding_window": 3},
+               # a step's tokens pick fewer experts than there are: the graphs read a subset
+               "moe-32-top4": {"num_experts": 32, "num_experts_per_tok": 4, "norm_topk_prob": True}}
 
 
 @pytest.fixture(scope="module")
