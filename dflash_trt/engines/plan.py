@@ -26,10 +26,10 @@ from dflash_trt.models.draft_config import DraftConfig
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # An export's peak RSS over the weights it holds (the target and drafter, in the bundle's dtype), and
-# its seconds per GB of them on our 2-core VM: measured by scripts/real_width_bench.py at Qwen3.5-35B-A3B's
-# widths (docs/bench/real-width-qwen3.5-35b-a3b.json; float16 taken as bfloat16).
-EXPORT_PEAK_PER_WEIGHT_BYTE = {"float32": 1.24, "float16": 1.30, "bfloat16": 1.30}
-EXPORT_SECONDS_PER_GB = {"float32": 2.9, "float16": 4.0, "bfloat16": 4.0}
+# its seconds per GB of them on our 2-core VM: the larger of the two measured by scripts/real_width_bench.py
+# at Qwen3.5-35B-A3B's and Qwen3-30B-A3B's widths (docs/bench/real-width-*.json; float16 taken as bfloat16).
+EXPORT_PEAK_PER_WEIGHT_BYTE = {"float32": 1.27, "float16": 1.33, "bfloat16": 1.33}
+EXPORT_SECONDS_PER_GB = {"float32": 2.9, "float16": 5.4, "bfloat16": 5.4}
 SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 MARGIN_BYTES = GIB
 MARGIN_FRACTION = 0.10
