@@ -232,3 +232,22 @@ def test_float16_moe_bundles_pass_their_checks_and_decode_like_themselves(tiny_p
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     for prompt in ["hello there", [5, 6, 7]]:
         assert llm.generate(prompt, params)[0].token_ids == llm.generate(prompt, params, speculative=False)[0].token_ids
+
+
+def test_a_hybrid_moe_target_with_32_experts_top_4_decodes_as_autoregressive_in_both_flavours(tmp_path):
+    """Qwen3.5-MoE (Gated DeltaNet layers, always-renormalised router, gated shared expert) whose steps
+    read a subset of its experts: each flavour passes its check against PyTorch, and greedy DFlash on
+    the slots bundle commits what greedy autoregressive decoding of the HF model does."""
+    target_dir = make_target(tmp_path / "target", "qwen3_5_moe_text", seed=4, num_experts=32, num_experts_per_tok=4)
+    draft_dir = make_drafter(tmp_path / "draft", seed=4, block_size=4, target_layer_ids=[1, 2])
+    target, tokenizer = load_target(str(target_dir))
+    drafter = load_drafter(draft_dir)
+    for flavour in ("portable", "slots"):
+        bundle = export_bundle(target, drafter, tokenizer, tmp_path / flavour, flavour=flavour, check=True)
+        checks = read_bundle(bundle)["checks"]["polygraphy_vs_pytorch"]
+        assert [checks[g] for g in ("target", "draft_context", "draft_block")] == ["passed"] * 3
+    ours = LLM.from_bundle(tmp_path / "slots", block_size=4, max_batch=2, capacity=64)
+    torch_llm = LLM(str(target_dir), str(draft_dir), block_size=4)
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    for prompt in ["hello there", [5, 6, 7]]:
+        assert ours.generate(prompt, params)[0].token_ids == torch_llm.generate(prompt, params, speculative=False)[0].token_ids
