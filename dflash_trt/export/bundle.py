@@ -20,13 +20,7 @@ import torch
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.delta_rule import register_delta_rule_symbolic
 from dflash_trt.export.delta_rule_loop import lower_gated_delta_rule
-from dflash_trt.export.graphs import (
-    DraftBlockGraph,
-    DraftContextGraph,
-    TargetGraph,
-    export_refusal,
-    kv_names,
-)
+from dflash_trt.export.graphs import DraftBlockGraph, DraftContextGraph, TargetGraph, export_refusal, kv_names
 from dflash_trt.export.half_attention import register_half_attention
 from dflash_trt.export.hybrid_graphs import (
     HybridTargetGraph,

@@ -60,9 +60,6 @@ class RoutedMoE(nn.Module):
         router_logits = nn.functional.linear(x, self.block.gate.weight)  # [T, E]
         experts = self.block.experts
         if self.onnxruntime_op:
-            if type(experts.act_fn).__name__ not in ("SiLU", "SiLUActivation"):
-                raise DFlashError(f"export: onnxruntime's MoE kernel gates with SiLU; these experts use "
-                                  f"{type(experts.act_fn).__name__}")
             out = onnxruntime_moe(x, router_logits, experts.gate_up_proj, experts.down_proj, self.top_k,
                                   self.norm_topk_prob)
         else:
@@ -79,7 +76,11 @@ def export_mlp(mlp: nn.Module) -> nn.Module:
 
 
 def use_onnxruntime_moe(graph: nn.Module) -> None:
-    """Every routed MoE layer of `graph` traces as onnxruntime's MoE kernel (the `slots` flavour)."""
+    """Every routed MoE layer of `graph` traces as onnxruntime's MoE kernel (the `slots` flavour);
+    one line, before any trace, for experts the kernel cannot run."""
     for module in graph.modules():
         if isinstance(module, RoutedMoE):
+            act = type(module.block.experts.act_fn).__name__
+            if act not in ("SiLU", "SiLUActivation"):
+                raise DFlashError(f"export: onnxruntime's MoE kernel gates with SiLU; these experts use {act}")
             module.onnxruntime_op = True

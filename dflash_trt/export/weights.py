@@ -53,6 +53,20 @@ def _attribute(node: onnx.NodeProto, name: str, default):
     return onnx.helper.get_attribute_value(found[0]) if found else default
 
 
+def _transposed(source: Callable[[], torch.Tensor], perm: list[int] | None) -> Callable[[], torch.Tensor]:
+    def tensor() -> torch.Tensor:
+        t = source()
+        return t.permute(perm or list(range(t.dim() - 1, -1, -1)))  # ONNX's default: reverse the axes
+    return tensor
+
+
+def _reshaped(source: Callable[[], torch.Tensor], shape: list[int]) -> Callable[[], torch.Tensor]:
+    def tensor() -> torch.Tensor:
+        t = source()
+        return t.reshape([t.shape[i] if d == 0 else d for i, d in enumerate(shape)])  # ONNX's 0: keep that axis
+    return tensor
+
+
 def _fold_layouts(model: onnx.ModelProto, sources: dict[str, Callable[[], torch.Tensor]]) -> None:
     """Transpose and Reshape nodes over weights (what the trace leaves where the exporter would have
     constant-folded) become weights themselves: `sources` gains a lazy tensor per folded output, the
@@ -65,13 +79,9 @@ def _fold_layouts(model: onnx.ModelProto, sources: dict[str, Callable[[], torch.
         if source is None:
             continue
         if node.op_type == "Transpose":
-            perm = _attribute(node, "perm", None)
-            sources[node.output[0]] = (lambda s, perm: lambda: (t := s()).permute(perm or range(t.dim() - 1, -1, -1)))(
-                source, perm)
+            sources[node.output[0]] = _transposed(source, _attribute(node, "perm", None))
         elif node.op_type == "Reshape" and node.input[1] in constants and not _attribute(node, "allowzero", 0):
-            shape = [int(d) for d in constants[node.input[1]]]
-            sources[node.output[0]] = (lambda s, shape: lambda: (t := s()).reshape(
-                [t.shape[i] if d == 0 else d for i, d in enumerate(shape)]))(source, shape)
+            sources[node.output[0]] = _reshaped(source, [int(d) for d in constants[node.input[1]]])
         else:
             continue
         folded.append(node)
@@ -85,8 +95,7 @@ def attach_weights(model: onnx.ModelProto, weights: dict[str, torch.Tensor], dat
     inline. Layout ops over weights are folded into them first (_fold_layouts), so the graph reads
     as a constant-folding exporter's would. The model is changed in place; no data file is left
     when no tensor is that large."""
-    sources = {value.name: (lambda t: lambda: t.detach())(weights[value.name])
-               for value in model.graph.input if value.name in weights}
+    sources = {value.name: weights[value.name].detach for value in model.graph.input if value.name in weights}
     _fold_layouts(model, sources)
     read = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
     offset = 0
