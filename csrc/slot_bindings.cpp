@@ -51,6 +51,7 @@ void bind_slot_executors(py::module_& m) {
           .def_readwrite("threads", &Config::threads)
           .def_readwrite("max_batch", &Config::max_batch)
           .def_readwrite("capacity", &Config::capacity)
+          .def_readwrite("min_query_tokens", &Config::min_query_tokens)
           .def_readwrite("target_layers", &Config::target_layers)
           .def_readwrite("target_kv_heads", &Config::target_kv_heads)
           .def_readwrite("target_head_dim", &Config::target_head_dim)

@@ -75,6 +75,7 @@ void SlotExecutorConfig::validate(const std::string& who) const {
     if (path->empty()) throw Error(who + ": no " + name + " path given");
   positive(who, max_batch, "max_batch");
   positive(who, capacity, "capacity");
+  positive(who, min_query_tokens, "min_query_tokens");
   positive(who, target_layers, "target_layers");
   positive(who, target_kv_heads, "target_kv_heads");
   positive(who, target_head_dim, "target_head_dim");
@@ -139,7 +140,7 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
   recurrent_out_names_ = state_names("recurrent_states", config_.linear_layers);
 
   const SlotExecutorConfig& c = config_;
-  const size_t target_slots = c.max_batch * c.target_kv_heads * c.capacity * c.target_head_dim;
+  const size_t target_slots = c.max_batch * c.target_kv_heads * slot_positions() * c.target_head_dim;
   const size_t draft_slots = c.max_batch * c.draft_kv_heads * c.capacity * c.draft_head_dim;
   target_kv_ = buffers(device_, dtype_, 2 * c.attention_layers.size(), target_slots);
   draft_kv_ = buffers(device_, dtype_, 2 * c.draft_layers, draft_slots);
@@ -166,19 +167,20 @@ SlotExecutor::Row& SlotExecutor::state(int64_t row) {
 // -- the target ---------------------------------------------------------------------------------
 
 // Groups of rows whose slot range can run as one batch: every slot in the range, in the phase or
-// idle, keeps its writes inside the slot (cache length + s <= C, s = the group's longest input).
+// idle, keeps its writes inside the slot (cache length + s <= slot positions, s = the group's longest
+// fed input).
 // Usually one group; a row near its capacity beside a long input gets a Run of its own.
 std::vector<std::vector<size_t>> SlotExecutor::target_groups(const std::vector<int64_t>& rows,
                                                              const std::vector<std::vector<int64_t>>& tokens) const {
   auto fits = [&](int64_t lo, int64_t hi, int64_t s) {
     for (int64_t slot = lo; slot <= hi; ++slot)
-      if (rows_[slot].committed + s > config_.capacity) return false;
+      if (rows_[slot].committed + s > slot_positions()) return false;
     return true;
   };
   std::vector<std::vector<size_t>> groups;
   int64_t s = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
-    const int64_t len = int64_t(tokens[i].size());
+    const int64_t len = fed(int64_t(tokens[i].size()));
     if (!groups.empty() && fits(rows[groups.back().front()], rows[i], std::max(s, len))) {
       groups.back().push_back(i);
       s = std::max(s, len);
@@ -207,9 +209,13 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
   run_ = -1;
   for (const std::vector<size_t>& group : target_groups(rows, tokens)) {
     const int64_t lo = rows[group.front()], n = rows[group.back()] - lo + 1;
-    int64_t s = 0;
-    for (size_t i : group) s = std::max(s, int64_t(tokens[i].size()));
-    const int64_t r = last_only ? 1 : s;
+    int64_t s = 0, longest = 0;
+    for (size_t i : group) {
+      s = std::max(s, fed(int64_t(tokens[i].size())));
+      longest = std::max(longest, int64_t(tokens[i].size()));
+    }
+    // logits rows per row: the padding's are never read
+    const int64_t r = last_only ? 1 : longest;
     // Idle rows (slots of the range not in this phase) feed nothing and are not written: query
     // length 0 at their own committed length, so even a scratch write would land past what counts.
     fill(ids_.host, n * s, int64_t(0));
@@ -220,7 +226,8 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
     for (size_t i : group) {
       const int64_t j = rows[i] - lo, len = int64_t(tokens[i].size());
       std::copy(tokens[i].begin(), tokens[i].end(), ids_.host.begin() + j * s);
-      query_lengths_.host[j] = len;
+      std::fill(ids_.host.begin() + j * s + len, ids_.host.begin() + j * s + fed(len), tokens[i].back());
+      query_lengths_.host[j] = fed(len);
       for (int64_t k = 0; k < r; ++k) logits_index_.host[j * r + k] = last_only ? len - 1 : k;
     }
     // decided on the device, the logits never reach the host: no host array for them
@@ -258,10 +265,10 @@ void SlotExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r,
   g.input("cache_lengths", {cache_lengths_.device_data(), DType::int64, {n}});
   g.input("query_lengths", {query_lengths_.device_data(), DType::int64, {n}});
   g.input("logits_index", {logits_index_.device_data(), DType::int64, {n, r}});
-  const int64_t slot_size = c.target_kv_heads * c.capacity * c.target_head_dim;
+  const int64_t slot_size = c.target_kv_heads * slot_positions() * c.target_head_dim;
   for (size_t k = 0; k < target_kv_.size(); ++k) {
     const TensorRef cache{target_kv_[k].at(lo * slot_size), dtype_,
-                          {n, c.target_kv_heads, c.capacity, c.target_head_dim}};
+                          {n, c.target_kv_heads, slot_positions(), c.target_head_dim}};
     g.input(target_cache_in_[k], cache);
     g.output(target_cache_out_[k], cache);  // the same memory: written in place
   }

@@ -30,6 +30,7 @@
 // verdicts are downloaded; on the host, the rules run over the logits in place.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -51,6 +52,12 @@ struct SlotExecutorConfig {
   int64_t threads = 0;  // onnxruntime: intra-op threads per session; 0: its default
   int64_t max_batch = 8;
   int64_t capacity = 2048;  // C: tokens per slot in every cache
+  // Rows fed per target step at least: a shorter input is padded (repeating its last token) to this
+  // many query rows, whose extra K/V lands past what the row commits. onnxruntime's attention and
+  // matmuls take another code path for a single query row; at 2 every step, plain or a verify, runs
+  // the same kernels, so a verified block's logits are bit-identical to decoding its tokens one by
+  // one (int8-quantized activations otherwise turn that path's last-bit differences into other tokens).
+  int64_t min_query_tokens = 1;
   // target: every layer index is in attention_layers (a K/V slot cache) or linear_layers (hybrid
   // targets' Gated DeltaNet: a conv and a recurrent state per slot), both ascending
   int64_t target_layers = 0, target_kv_heads = 0, target_head_dim = 0;
@@ -165,6 +172,10 @@ class SlotExecutor : public Executor {
   void set_states(int64_t row, const std::vector<const char*>& conv, const std::vector<const char*>& recurrent);
   std::vector<std::vector<size_t>> target_groups(const std::vector<int64_t>& rows,
                                                  const std::vector<std::vector<int64_t>>& tokens) const;
+  // Query rows a target Run feeds for an input of `len` tokens (min_query_tokens pads short ones).
+  int64_t fed(int64_t len) const { return std::max(len, config_.min_query_tokens); }
+  // Positions per target cache slot: the capacity plus room for the padding of a full row's last step.
+  int64_t slot_positions() const { return config_.capacity + config_.min_query_tokens - 1; }
   // The draft_context graph over the current Run's features [n, s, F] (positions after each range
   // row's committed prefix) -> the Run's context outputs.
   void inject_run(int64_t lo, int64_t n, int64_t s);

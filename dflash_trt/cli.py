@@ -12,11 +12,13 @@ from pathlib import Path
 import click
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.export.manifest import DTYPES, read_bundle
+from dflash_trt.export.manifest import DTYPES, QUANTS, read_bundle
 from dflash_trt.models.embedded import DEFAULT_TARGET
 
 TARGET_HELP = f"HF checkpoint directory, hub id, or alias (default: {DEFAULT_TARGET}, embedded)."
 DRAFT_HELP = "DFlash drafter directory (z-lab HF format). Default: the drafter shipped for the target."
+QUANT_HELP = ("int4: the target's matmul weights in 4 bits (onnxruntime's MatMulNBits, blocks of 32, no calibration; "
+              "slots flavour, fp32). Greedy output equals the quantized target's own greedy output.")
 
 
 def user_errors(command):
@@ -86,9 +88,11 @@ def main():
               help="--backend torch: where its models run (default: cuda when PyTorch sees a GPU, else cpu).")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
               help="--backend torch: its models' dtype (default: bfloat16 on a GPU, float32 on the CPU).")
+@click.option("--quant", type=click.Choice(QUANTS), default=None,
+              help="--backend onnxruntime (auto picks it): " + QUANT_HELP)
 @user_errors
 def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop, as_json,
-             device, dtype):
+             device, dtype, quant):
     """Generate a reply to PROMPT, streaming it, then print the acceptance summary."""
     from dflash_trt.runtime.llm import AUTO, LLM, resolve_backend
     from dflash_trt.spec.metrics import summary_line
@@ -98,15 +102,15 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop
     )
     if bundle:
-        if device or dtype:
-            raise DFlashError("--device and --dtype place the torch backend's models; a bundle runs as it was exported")
+        if device or dtype or quant:
+            raise DFlashError("--device, --dtype and --quant choose how --target is run; a bundle runs as it was exported")
         llm = LLM.from_bundle(bundle, block_size=block_size)
     else:
         draft = draft or AUTO
         if (device or dtype) and backend == AUTO:  # only the torch backend places models
             backend = "torch"
         llm = LLM(target=target, draft=draft, backend=resolve_backend(backend, target, draft), block_size=block_size,
-                  device=device, dtype=dtype)
+                  device=device, dtype=dtype, quant=quant)
     if speculative and not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{target}': pass --draft DIR or --no-speculative")
     if as_json:
@@ -137,12 +141,13 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
               help="slots-trt only (and required there): the KV slots' size in tokens, static in the graphs.")
 @click.option("--dtype", type=click.Choice(list(DTYPES)), default="fp32", show_default=True,
               help="Precision of the graphs' weights, K/V caches and features (logits stay fp32).")
+@click.option("--quant", type=click.Choice(QUANTS), default=None, help=QUANT_HELP)
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Compare each graph on onnxruntime with PyTorch (polygraphy run --onnxrt); "
                    "graphs onnxruntime cannot run (bf16; plugin with fp16) are skipped and recorded.")
 @user_errors
-def export(target, draft, out, flavour, capacity, dtype, force, check):
+def export(target, draft, out, flavour, capacity, dtype, quant, force, check):
     """Export target and drafter to an ONNX bundle (target, draft_context, draft_block graphs + bundle.json)."""
     from tqdm import tqdm
 
@@ -153,10 +158,10 @@ def export(target, draft, out, flavour, capacity, dtype, force, check):
 
     check_output_dir(out)
 
-    pair = _load_pair(target, draft, flavour, DTYPES[dtype], check, capacity)
+    pair = _load_pair(target, draft, flavour, DTYPES[dtype], check, capacity, quant)
     with tqdm(total=5, desc="export", unit="step") as bar:
         path = export_bundle(*pair, out, flavour=flavour, dtype=DTYPES[dtype], force=force, check=check,
-                             progress=_progress(bar), capacity=capacity)
+                             progress=_progress(bar), capacity=capacity, quant=quant)
     for graph, verdict in (read_bundle(path, verify_hashes=False)["checks"]["polygraphy_vs_pytorch"] or {}).items():
         if str(verdict).startswith("skipped"):  # recorded in bundle.json; said here so it is not missed
             click.echo(f"{graph}.onnx: onnxruntime check {verdict}", err=True)
@@ -164,7 +169,7 @@ def export(target, draft, out, flavour, capacity, dtype, force, check):
 
 
 def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: bool = True,
-               capacity: int | None = None):
+               capacity: int | None = None, quant: str | None = None):
     """Check the pair from its configs, then load it -> (target model, drafter, tokenizer). Everything a
     user can get wrong is refused here, before any progress bar starts (export, build)."""
     import torch
@@ -184,9 +189,12 @@ def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: 
     from dflash_trt.export.graphs import export_refusal
     from dflash_trt.models.checkpoints import read_draft_config, read_target_config
 
+    from dflash_trt.export.quantize import quant_refusal
+
     target_config = read_target_config(target)[1]
-    refusal = export_refusal(target_config.model_type) or export_memory_refusal(target_config, read_draft_config(draft),
-                                                                                  dtype)
+    refusal = (export_refusal(target_config.model_type)
+               or quant_refusal(quant, flavour, dtype, bool(getattr(target_config, "num_experts", 0)))
+               or export_memory_refusal(target_config, read_draft_config(draft), dtype))
     if refusal:
         raise DFlashError(refusal)
     drafter = load_drafter(draft)
@@ -354,6 +362,10 @@ def inspect(bundle, no_verify):
                f"format {manifest['format_version']}, graph contract {manifest.get('contract', 1)}"
                f"{_capacity_text(manifest)}{'' if no_verify else ', all file hashes match'}")
     click.echo(f"target: {t['model_type']}, {t['num_layers']} layers, hidden {t['hidden_size']}, vocab {t['vocab_size']}")
+    if "quant" in manifest:
+        q = manifest["quant"]
+        click.echo(f"  weights {q['weights']}: {q['quantized_matmuls']} matmuls by {q['method']}, blocks of "
+                   f"{q['block_size']}; activations {q['activations']}; {q['float_matmuls']} float matmuls left")
     if "linear_attention" in t:  # a hybrid target: which layers carry states instead of K/V
         linear = [i for i, kind in enumerate(t["layer_types"]) if kind == "linear_attention"]
         la = t["linear_attention"]

@@ -250,7 +250,7 @@ def tiny_slots_pair(root: Path, kind: str, export: bool = True) -> tuple[Path | 
 
 
 def export_tiny_slots_bundle(path: Path, family: str = "qwen3", dtype: str = "float32", seed: int = 0,
-                             check: bool = False, **target_config) -> Path:
+                             check: bool = False, quant: str | None = None, **target_config) -> Path:
     """A tiny random (target, drafter) pair under `path`, exported as a `slots` bundle (graph
     contract 2) to path / "bundle"; returns that directory. `target_config` goes to the target's
     config (e.g. use_sliding_window=True, sliding_window=3, max_window_layers=2 for qwen3)."""
@@ -262,7 +262,7 @@ def export_tiny_slots_bundle(path: Path, family: str = "qwen3", dtype: str = "fl
     draft_dir = make_drafter(path / f"{family}-draft", seed=seed, block_size=4, target_layer_ids=[1, 2])
     target, tokenizer = load_target(str(target_dir))
     return export_bundle(target, load_drafter(draft_dir), tokenizer, path / "bundle", flavour="slots", check=check,
-                         dtype=dtype)
+                         dtype=dtype, quant=quant)
 
 
 # Qwen3.5 as published: a vision-language checkpoint (Qwen3_5[Moe]ForConditionalGeneration weights,

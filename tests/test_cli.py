@@ -204,4 +204,4 @@ def test_generate_places_the_torch_models_where_asked(tiny_pairs, tmp_path):
     assert result.exit_code == 0, result.output
     assert len(json.loads(result.stdout)["token_ids"]) == 6
     bad = CliRunner().invoke(main, ["generate", "--bundle", str(tmp_path), "--device", "cpu", "hello"])
-    assert bad.exit_code != 0 and "--device and --dtype place the torch backend's models" in bad.output
+    assert bad.exit_code != 0 and "--device, --dtype and --quant choose how --target is run" in bad.output

@@ -29,11 +29,12 @@ from dflash_trt.export.hybrid_graphs import (
 )
 from dflash_trt.export.hybrid_slot_graphs import HybridSlotTargetGraph, hybrid_slot_target_spec
 from dflash_trt.export.manifest import DTYPES, FLAVOURS, FORMAT_VERSION, MANIFEST, file_hashes
-from dflash_trt.export.moe import use_onnxruntime_moe
+from dflash_trt.export.moe import is_sparse_moe, use_onnxruntime_moe
 from dflash_trt.export.moe_ops import register_moe_symbolic
 from dflash_trt.export.op_library import onnxruntime_refusal, op_library
 from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph
 from dflash_trt.export.plugin_ops import DOMAIN, OP_VERSION, register_symbolics
+from dflash_trt.export.quantize import quant_refusal, quantize_int4
 from dflash_trt.export.slot_graphs import CONTRACT, SlotTargetGraph, slot_example_inputs, slot_target_spec
 from dflash_trt.export.slot_ops import ORT_DOMAIN, ORT_DOMAIN_VERSION, register_slot_symbolics
 from dflash_trt.export.slot_trt_ops import OPSET as TRT_OPSET
@@ -305,11 +306,15 @@ def check_flavour(flavour: str, check: bool = True, dtype: str = "float32", capa
 
 def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: Path, flavour: str = "portable",
                   force: bool = False, check: bool = True, progress: Callable[[str], None] = lambda step: None,
-                  dtype: str = "float32", capacity: int | None = None) -> Path:
+                  dtype: str = "float32", capacity: int | None = None, quant: str | None = None) -> Path:
     """Write the bundle with weights, K/V caches and features in `dtype` (float32, float16, bfloat16);
     `progress` is called after each of its steps (3 graphs, tokenizer, manifest). `capacity`: the
-    static KV slot size in tokens of a slots-trt target (that flavour only, and required there)."""
+    static KV slot size in tokens of a slots-trt target (that flavour only, and required there).
+    `quant` (int4): the target's weights quantized after its graph is checked (export/quantize.py)."""
     check_flavour(flavour, check, dtype, capacity)
+    refusal = quant_refusal(quant, flavour, dtype, any(is_sparse_moe(m) for m in target.model.modules()))
+    if refusal:
+        raise DFlashError(refusal)
     out = Path(out)
     if out.exists() and not force:
         raise DFlashError(f"{out} already exists; pass --force to replace it")
@@ -337,6 +342,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
                                              plugin and (name != "target" or hybrid), target.vocab_size, dtype,
                                              flavour if slots and name == "target" else None)
                 progress(f"{name}.onnx")
+        quantized = quantize_int4(tmp / "target.onnx", EXTERNAL_DATA_THRESHOLD) if quant else None
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         progress("tokenizer")
@@ -345,6 +351,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
             "contract": CONTRACT if slots else 1,  # graph I/O contract; bundles without the key are 1
             "flavour": flavour,
             "dtype": dtype,
+            **({"quant": quantized} if quantized else {}),  # the target's weights; absent: all in `dtype`
             "opset": OPSET,
             # slots-trt: the target graph alone is at opset 24 (TensorScatter), with a static capacity
             **({"target_opset": TRT_OPSET, "capacity": capacity} if flavour == "slots-trt" else {}),

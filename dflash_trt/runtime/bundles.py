@@ -22,22 +22,26 @@ def _fingerprint(path: Path) -> list:
     return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
 
 
-def bundle_key(target: str, draft: str, flavour: str = "slots", capacity: int | None = None) -> str:
+def bundle_key(target: str, draft: str, flavour: str = "slots", capacity: int | None = None,
+               quant: str | None = None) -> str:
     target_dir = Path(resolve_target(target))
     identity = {
         "format": FORMAT_VERSION,
         "flavour": flavour,
         "capacity": capacity,
+        **({"quant": quant} if quant else {}),
         "target": _fingerprint(target_dir) if target_dir.is_dir() else target,
         "draft": _fingerprint(Path(draft)),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def cached_bundle(target: str, draft: str, flavour: str = "slots", capacity: int | None = None) -> Path:
+def cached_bundle(target: str, draft: str, flavour: str = "slots", capacity: int | None = None,
+                  quant: str | None = None) -> Path:
     """The pair's bundle of `flavour` (slots: for the C++ onnxruntime executor; slots-trt, with its
-    static `capacity`: for TensorRT engines), exported at first use."""
-    out = embedded.cache_root() / "bundles" / bundle_key(target, draft, flavour, capacity)
+    static `capacity`: for TensorRT engines), its target's weights quantized as `quant` names
+    (export/quantize.py), exported at first use."""
+    out = embedded.cache_root() / "bundles" / bundle_key(target, draft, flavour, capacity, quant)
     if (out / "bundle.json").is_file():
         return out
     from dflash_trt.export.bundle import export_bundle
@@ -48,7 +52,8 @@ def cached_bundle(target: str, draft: str, flavour: str = "slots", capacity: int
     target_model, tokenizer = load_target(target)
     drafter = load_drafter(draft)
     validate_pair(target_model, drafter.config, tokenizer, load_tokenizer(draft))
-    return export_bundle(target_model, drafter, tokenizer, out, flavour=flavour, force=True, capacity=capacity)
+    return export_bundle(target_model, drafter, tokenizer, out, flavour=flavour, force=True, capacity=capacity,
+                         quant=quant)
 
 
 def cached_engines(target: str, draft: str, capacity: int, max_batch: int) -> Path:

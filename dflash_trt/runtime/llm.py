@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.export.manifest import QUANTS
 from dflash_trt.models import embedded
 from dflash_trt.models.chat import encode_prompt
 from dflash_trt.models.tokenizers import TextStream, load_tokenizer
@@ -75,11 +76,16 @@ class LLM:
         prefill_chunk: int = 0,
         device: str | None = None,
         dtype: str | None = None,
+        quant: str | None = None,
     ):
         """`device` and `dtype` place the torch backend's models: "cuda" when PyTorch sees a GPU, else
-        "cpu"; bfloat16 on a GPU, float32 on the CPU. A bundle's backend runs the bundle's own."""
+        "cpu"; bfloat16 on a GPU, float32 on the CPU. A bundle's backend runs the bundle's own.
+        `quant` ("int4", backend onnxruntime): the target's weights in 4 bits (export/quantize.py)."""
         if backend not in BACKENDS:
             raise DFlashError(f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}")
+        if quant is not None and (quant not in QUANTS or backend != "onnxruntime"):
+            raise DFlashError(f"quant must be one of {', '.join(QUANTS)}, on backend onnxruntime (a quantized slots "
+                              f"bundle); got quant={quant!r} on backend '{backend}'")
         _check_block_size(block_size)
         self._batching(max_batch, capacity, prefill_chunk)
         # PyTorch model code is imported here, on the torch path only: from_bundle never loads it.
@@ -105,7 +111,7 @@ class LLM:
             from dflash_trt.runtime.bundles import cached_bundle, cached_engines
 
             if backend == "onnxruntime":
-                bundle = cached_bundle(target, draft)
+                bundle = cached_bundle(target, draft, quant=quant)
             else:
                 bundle = cached_engines(target, draft, capacity, max_batch)
             self._load_bundle(bundle, block_size, max_batch)

@@ -156,7 +156,12 @@ class SlotBundle:
         """The `_core.ExecutorConfig` for `max_batch` slots of `capacity` tokens."""
         self.check_limits(max_batch, capacity)
         paths = {name: str(self.root / graph["file"]) for name, graph in self.manifest["graphs"].items()}
-        return slot_config(self.manifest, paths, self.library, max_batch, capacity, threads, self.cuda_driver)
+        config = slot_config(self.manifest, paths, self.library, max_batch, capacity, threads, self.cuda_driver)
+        if "quant" in self.manifest and self.kind != "tensorrt":
+            # int8 activations turn the one-query path's last-bit differences into other tokens:
+            # every step feeds two rows, so a verify equals decoding one token at a time bit for bit
+            config.min_query_tokens = 2
+        return config
 
     def executor(self, max_batch: int, capacity: int, threads: int | None = None):
         config = self.config(max_batch, capacity, threads)
