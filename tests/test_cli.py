@@ -205,3 +205,41 @@ def test_generate_places_the_torch_models_where_asked(tiny_pairs, tmp_path):
     assert len(json.loads(result.stdout)["token_ids"]) == 6
     bad = CliRunner().invoke(main, ["generate", "--bundle", str(tmp_path), "--device", "cpu", "hello"])
     assert bad.exit_code != 0 and "--device, --dtype and --quant choose how --target is run" in bad.output
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    (["--flavour", "slots-trt", "--capacity", "64"], "only the slots flavour"),
+    (["--dtype", "fp16"], "quantizes a float32 export"),
+])
+def test_export_quant_the_bundle_cannot_hold_is_one_line_before_loading(tiny_pairs, tmp_path, monkeypatch, options,
+                                                                         says):
+    from dflash_trt.models import checkpoints
+
+    def never(*args, **kwargs):
+        raise AssertionError("weights loaded before --quant was checked")
+
+    monkeypatch.setattr(checkpoints, "load_target", never)
+    target, draft = tiny_pairs["llama"]
+    result = CliRunner().invoke(main, ["export", "--target", str(target), "--draft", str(draft), "-o",
+                                       str(tmp_path / "out"), "--quant", "int4", *options])
+    one_error_line(result, says)
+
+
+def test_generate_quant_is_for_the_onnxruntime_backend(tiny_pairs):
+    target, draft = tiny_pairs["llama"]
+    result = CliRunner().invoke(main, ["generate", "--target", str(target), "--draft", str(draft), "--backend", "torch",
+                                       "--quant", "int4", "hello"])
+    one_error_line(result, "quant must be one of int4, on backend onnxruntime")
+
+
+def test_export_quant_int4_writes_a_bundle_inspect_describes_and_generate_runs(tiny_pairs, tmp_path):
+    target, draft = tiny_pairs["llama"]
+    out = tmp_path / "int4"
+    result = CliRunner().invoke(main, ["export", "--target", str(target), "--draft", str(draft), "-o", str(out),
+                                       "--quant", "int4"])
+    assert result.exit_code == 0, result.output
+    shown = CliRunner().invoke(main, ["inspect", str(out)])
+    assert shown.exit_code == 0 and "weights int4: 29 matmuls by onnxruntime MatMulNBitsQuantizer" in shown.output
+    ran = CliRunner().invoke(main, ["generate", "--bundle", str(out), "--max-tokens", "5", "--json", "hello"])
+    assert ran.exit_code == 0, ran.output
+    assert len(json.loads(ran.stdout)["token_ids"]) == 5

@@ -182,3 +182,18 @@ def test_a_moe_target_is_refused_for_int4(tmp_path):
     drafter = load_drafter(make_drafter(tmp_path / "d", block_size=4, target_layer_ids=[1, 2]))
     with pytest.raises(DFlashError, match="experts in float"):
         export_bundle(target, drafter, tokenizer, tmp_path / "out", flavour="slots", check=False, quant="int4")
+
+
+def test_the_dry_run_estimates_the_int4_targets_weights(int4):
+    """build --dry-run's int4 figure against the bytes the export wrote (every initializer, packed
+    weights and scales included); RoPE tables and other small constants are not estimated."""
+    from dflash_trt.engines.config import BuildConfig
+    from dflash_trt.engines.plan import plan_pair
+
+    bundle, _, target_dir = int4["dense"]
+    graph = onnx.load(str(bundle / "target.onnx"))
+    written = sum(onnx.numpy_helper.to_array(init).nbytes for init in graph.graph.initializer)
+    draft_dir = target_dir.parent / "qwen3-draft"
+    estimate, _ = plan_pair(str(target_dir), str(draft_dir), BuildConfig(engine="onnxruntime"), "slots",
+                            None).int4_target_bytes()
+    assert abs(estimate - written) / written < 0.02, (estimate, written)
