@@ -17,8 +17,9 @@ from dflash_trt.models.embedded import DEFAULT_TARGET
 
 TARGET_HELP = f"HF checkpoint directory, hub id, or alias (default: {DEFAULT_TARGET}, embedded)."
 DRAFT_HELP = "DFlash drafter directory (z-lab HF format). Default: the drafter shipped for the target."
-QUANT_HELP = ("int4: the target's matmul weights in 4 bits (onnxruntime's MatMulNBits, blocks of 32, no calibration; "
-              "slots flavour, fp32). Greedy output equals the quantized target's own greedy output.")
+QUANT_HELP = ("int4: the target's matmul weights in 4 bits, blocks of 32, round to nearest (fp32 exports): "
+              "onnxruntime's MatMulNBits for --flavour slots, int4 DequantizeLinear (TensorRT's weight-only INT4) "
+              "for slots-trt. Greedy output equals the quantized target's own greedy output.")
 
 
 def user_errors(command):

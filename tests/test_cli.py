@@ -208,7 +208,7 @@ def test_generate_places_the_torch_models_where_asked(tiny_pairs, tmp_path):
 
 
 @pytest.mark.parametrize(("options", "says"), [
-    (["--flavour", "slots-trt", "--capacity", "64"], "only the slots flavour"),
+    (["--flavour", "portable"], "--flavour portable has no quantized form yet"),
     (["--dtype", "fp16"], "quantizes a float32 export"),
 ])
 def test_export_quant_the_bundle_cannot_hold_is_one_line_before_loading(tiny_pairs, tmp_path, monkeypatch, options,

@@ -342,7 +342,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
                                              plugin and (name != "target" or hybrid), target.vocab_size, dtype,
                                              flavour if slots and name == "target" else None)
                 progress(f"{name}.onnx")
-        quantized = quantize_int4(tmp / "target.onnx", EXTERNAL_DATA_THRESHOLD) if quant else None
+        quantized = quantize_int4(tmp / "target.onnx", flavour, EXTERNAL_DATA_THRESHOLD) if quant else None
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         progress("tokenizer")

@@ -1,12 +1,18 @@
 """Weight-only quantization of an exported target graph (`export --quant`).
 
 int4 is onnxruntime's own quantizer (`MatMulNBitsQuantizer`): every MatMul whose weight is an
-initializer becomes one `com.microsoft::MatMulNBits` with 4-bit weights in blocks of 32 along the
-input dimension, one float scale per block (symmetric, round to nearest: no calibration data).
-`accuracy_level` 4 quantizes each activation block to int8 inside the kernel, onnxruntime's fast
-CPU path. The embedding lookup, norms and attention stay in the bundle's dtype; the drafter is not
-quantized. Greedy DFlash stays lossless against the quantized target because every target step
-runs the same kernels (the runtime feeds two query rows at least: `ExecutorConfig.min_query_tokens`).
+initializer gets 4-bit weights in blocks of 32 along the input dimension with one float scale per
+block (symmetric, round to nearest: no calibration data), in the form the flavour's runtime reads:
+
+- slots (onnxruntime): one `com.microsoft::MatMulNBits` per matmul; `accuracy_level` 4 quantizes each
+  activation block to int8 inside the kernel, onnxruntime's fast CPU path. Greedy DFlash stays
+  lossless against the quantized target because every target step runs the same kernels (the
+  runtime feeds two query rows at least: `ExecutorConfig.min_query_tokens`).
+- slots-trt (TensorRT): standard ONNX, a blocked int4 `DequantizeLinear` (opset 21+; the graph is at
+  24) into each MatMul, TensorRT's INT4 weight-only form (symmetric, as its dequantize layer requires);
+  activations stay float.
+
+The embedding lookup, norms and attention stay in the bundle's dtype; the drafter is not quantized.
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ from dflash_trt.export.manifest import QUANTS
 
 INT4 = {"block_size": 32, "symmetric": True, "accuracy_level": 4}
 _QUANTIZER_LOG = "onnxruntime.quantization.matmul_nbits_quantizer"
+FORMS = {  # flavour -> how its graphs carry int4 weights
+    "slots": "com.microsoft.MatMulNBits",
+    "slots-trt": "DequantizeLinear (int4, blocked) into MatMul",
+}
 
 
 def quant_refusal(quant: str | None, flavour: str, dtype: str, moe: bool) -> str | None:
@@ -30,14 +40,13 @@ def quant_refusal(quant: str | None, flavour: str, dtype: str, moe: bool) -> str
         return None
     if quant not in QUANTS:
         return f"unknown --quant '{quant}'; choose one of {', '.join(QUANTS)}"
-    if flavour != "slots":
-        return (f"--quant {quant} writes onnxruntime's MatMulNBits kernel, which only the slots flavour runs; "
-                f"--flavour {flavour} has no quantized form yet")
+    if flavour not in FORMS:
+        return (f"--quant {quant} is written for --flavour slots (onnxruntime's MatMulNBits) and slots-trt "
+                f"(int4 DequantizeLinear for TensorRT); --flavour {flavour} has no quantized form yet")
     if dtype != "float32":
         return f"--quant {quant} quantizes a float32 export (its activations stay float32); drop --dtype {dtype}"
     if moe:
-        return (f"--quant {quant} leaves a MoE target's experts in float (onnxruntime's MoE kernel takes them "
-                f"unquantized): not supported yet")
+        return f"--quant {quant} would leave a MoE target's experts in float: not supported yet"
     return None
 
 
@@ -53,14 +62,17 @@ def _quiet(name: str):
         logger.setLevel(level)
 
 
-def quantize_int4(path: Path, external_threshold: int) -> dict:
-    """Rewrite the graph at `path` (weights in `<path>.data`) with int4 weights in place; -> the
-    manifest's record of what was quantized."""
+def quantize_int4(path: Path, flavour: str, external_threshold: int) -> dict:
+    """Rewrite the `flavour` graph at `path` (weights in `<path>.data`) with int4 weights in place;
+    -> the manifest's record of what was quantized."""
+    from onnxruntime.quantization import QuantFormat
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
     model = onnx.load(str(path))  # with its weights: the quantizer reads and replaces them
+    kernel = flavour == "slots"
     config = DefaultWeightOnlyQuantConfig(block_size=INT4["block_size"], is_symmetric=INT4["symmetric"],
-                                          accuracy_level=INT4["accuracy_level"])
+                                          accuracy_level=INT4["accuracy_level"] if kernel else None,
+                                          quant_format=QuantFormat.QOperator if kernel else QuantFormat.QDQ)
     quantizer = MatMulNBitsQuantizer(model, algo_config=config)
     with _quiet(_QUANTIZER_LOG):
         quantizer.process()
@@ -71,12 +83,15 @@ def quantize_int4(path: Path, external_threshold: int) -> dict:
     onnx.save_model(quantized, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=data.name, size_threshold=external_threshold)
     data.chmod(path.stat().st_mode & 0o777)  # onnx writes it private; the bundle's other files are not
+    onnx.checker.check_model(str(path))
+    quantized_matmuls = ops["MatMulNBits"] if kernel else ops["DequantizeLinear"]
     return {
         "weights": "int4",
         "method": "onnxruntime MatMulNBitsQuantizer (round to nearest, no calibration)",
+        "form": FORMS[flavour],
         "block_size": INT4["block_size"],
         "symmetric": INT4["symmetric"],
-        "activations": "int8 per block inside MatMulNBits (accuracy_level 4)",
-        "quantized_matmuls": ops["MatMulNBits"],
-        "float_matmuls": ops["MatMul"],
+        "activations": "int8 per block inside MatMulNBits (accuracy_level 4)" if kernel else "float (weight-only)",
+        "quantized_matmuls": quantized_matmuls,
+        "float_matmuls": ops["MatMul"] - (0 if kernel else quantized_matmuls),
     }

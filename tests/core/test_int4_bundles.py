@@ -1,7 +1,9 @@
-"""int4 slots bundles (export --quant int4, export/quantize.py): every weight matmul of the target
+"""int4 bundles (export --quant int4, export/quantize.py). slots: every weight matmul of the target
 graph is onnxruntime's 4-bit MatMulNBits; a verified block's logits are bit-identical to decoding its
 tokens one step at a time with two query rows (what the runtime's min_query_tokens feeds), so greedy
-DFlash on the C++ executor equals the quantized target's own greedy decoding, request for request."""
+DFlash on the C++ executor equals the quantized target's own greedy decoding, request for request.
+slots-trt: blocked int4 DequantizeLinear into each matmul (TensorRT's weight-only INT4), which
+onnxruntime runs too."""
 
 import json
 
@@ -163,8 +165,8 @@ def test_a_full_slot_decodes_its_last_token_within_the_slot(core, ort, int4):
 
 
 @pytest.mark.parametrize(("kwargs", "says"), [
-    (dict(flavour="slots-trt", capacity=64), "only the slots flavour"),
-    (dict(flavour="portable"), "only the slots flavour"),
+    (dict(flavour="portable"), "--flavour portable has no quantized form yet"),
+    (dict(flavour="plugin"), "--flavour plugin has no quantized form yet"),
     (dict(flavour="slots", dtype="float16"), "quantizes a float32 export"),
     (dict(flavour="slots", quant="int8"), "unknown --quant"),
 ])
@@ -180,7 +182,7 @@ def test_a_quantization_the_export_cannot_write_is_one_line_before_any_graph(tmp
 def test_a_moe_target_is_refused_for_int4(tmp_path):
     target, tokenizer = load_target(str(make_target(tmp_path / "t", "qwen3_moe")))
     drafter = load_drafter(make_drafter(tmp_path / "d", block_size=4, target_layer_ids=[1, 2]))
-    with pytest.raises(DFlashError, match="experts in float"):
+    with pytest.raises(DFlashError, match="experts in float: not supported yet"):
         export_bundle(target, drafter, tokenizer, tmp_path / "out", flavour="slots", check=False, quant="int4")
 
 
@@ -197,3 +199,38 @@ def test_the_dry_run_estimates_the_int4_targets_weights(int4):
     estimate, _ = plan_pair(str(target_dir), str(draft_dir), BuildConfig(engine="onnxruntime"), "slots",
                             None).int4_target_bytes()
     assert abs(estimate - written) / written < 0.02, (estimate, written)
+
+
+@pytest.fixture(scope="module")
+def trt_int4(tmp_path_factory):
+    root = tmp_path_factory.mktemp("slots-trt")
+    target, tokenizer = load_target(str(make_target(root / "t", "qwen3")))
+    drafter = load_drafter(make_drafter(root / "d", block_size=4, target_layer_ids=[1, 2]))
+    return export_bundle(target, drafter, tokenizer, root / "b", flavour="slots-trt", capacity=64, check=False,
+                         quant="int4")
+
+
+def test_slots_trt_weights_are_blocked_int4_dequantize_linear(trt_int4):
+    graph = onnx.load(str(trt_int4 / "target.onnx"), load_external_data=False)
+    weights = {init.name: init for init in graph.graph.initializer}
+    dequantized = [n for n in graph.graph.node if n.op_type == "DequantizeLinear"]
+    assert len(dequantized) == 7 * 4 + 1
+    consumers = {i: n.op_type for n in graph.graph.node for i in n.input}
+    for node in dequantized:
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attributes == {"axis": 0, "block_size": 32}
+        assert weights[node.input[0]].data_type == onnx.TensorProto.INT4
+        assert len(node.input) == 2  # no zero point: symmetric, as TensorRT's dequantize layer requires
+        assert consumers[node.output[0]] == "MatMul"
+    assert "MatMulNBits" not in {n.op_type for n in graph.graph.node}
+    record = json.loads((trt_int4 / "bundle.json").read_text())["quant"]
+    assert record["form"] == "DequantizeLinear (int4, blocked) into MatMul" and record["float_matmuls"] == 0
+    assert record["activations"] == "float (weight-only)"
+
+
+def test_slots_trt_int4_decodes_greedy_dflash_equal_to_its_plain_decoding_on_onnxruntime(core, ort, trt_int4):
+    assert ort.executor_config(trt_int4, 3, 64).min_query_tokens == 1  # its caches are static: no spare position
+    work = [(0, [5, 6, 7], 12), (1, [9, 10, 11, 12], 10), (2, [20], 14)]
+    plain, _ = _drive(core, _scheduler(core, ort, trt_int4, 1, 1)[0], [(0, p, m) for _, p, m in work])
+    tokens, _ = _drive(core, _scheduler(core, ort, trt_int4, 3, 4)[0], work)
+    assert tokens == plain
