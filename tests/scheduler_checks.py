@@ -98,3 +98,19 @@ def python_loop(target, drafter, prompt, max_tokens, block_size):
             break
     return tokens[:max_tokens], accepted
 
+
+def drive_scheduler(core, sched, work):
+    """Add each request at its arrival step (later when every slot is taken); step until all finish
+    -> {index: output tokens}, {index: metrics}."""
+    waiting, ids, tokens, metrics, step = list(enumerate(work)), {}, {}, {}, 0
+    while waiting or sched.has_work:
+        while waiting and waiting[0][1][0] <= step and sched.num_live < sched.slots.num_slots:
+            index, (_, prompt, max_tokens) = waiting.pop(0)
+            ids[sched.add_request(prompt, core.RequestParams(max_tokens=max_tokens, ignore_eos=True))] = index
+            tokens[index] = []
+        for out in sched.step():
+            tokens[ids[out["request"]]] += out["new_tokens"]
+            metrics[ids[out["request"]]] = out["metrics"]
+        step += 1
+        assert step < 2000, "the scheduler does not finish"
+    return tokens, metrics

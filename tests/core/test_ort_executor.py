@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 from factories import export_tiny_slots_bundle, make_drafter, make_target
-from scheduler_checks import decode_together, python_loop
+from scheduler_checks import decode_together, drive_scheduler, python_loop
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.bundle import export_bundle
@@ -79,23 +79,6 @@ def workload(top, count, seed):
     return work
 
 
-def drive(core, sched, work):
-    """Add each request at its arrival step (later when every slot is taken); step until all finish
-    -> {index: output tokens}, {index: metrics}."""
-    waiting, ids, tokens, metrics, step = list(enumerate(work)), {}, {}, {}, 0
-    while waiting or sched.has_work:
-        while waiting and waiting[0][1][0] <= step and sched.num_live < sched.slots.num_slots:
-            index, (_, prompt, max_tokens) = waiting.pop(0)
-            ids[sched.add_request(prompt, core.RequestParams(max_tokens=max_tokens, ignore_eos=True))] = index
-            tokens[index] = []
-        for out in sched.step():
-            tokens[ids[out["request"]]] += out["new_tokens"]
-            metrics[ids[out["request"]]] = out["metrics"]
-        step += 1
-        assert step < 2000, "the scheduler does not finish"
-    return tokens, metrics
-
-
 @pytest.mark.parametrize("block_size", [1, 4])
 @pytest.mark.parametrize("concurrency", [1, 3, 8])
 @pytest.mark.parametrize("name", ["qwen3", "small_vocab"])
@@ -103,7 +86,7 @@ def test_greedy_equals_each_requests_autoregressive_output(core, ort, pairs, nam
     pair = pairs[name]
     work = workload(pair[3], 8 if concurrency > 1 else 3, seed=concurrency)
     sched, executor = scheduler(core, ort, pair, concurrency, block_size=block_size)
-    tokens, metrics = drive(core, sched, work)
+    tokens, metrics = drive_scheduler(core, sched, work)
     for index, (_, prompt, max_tokens) in enumerate(work):
         assert tokens[index] == reference(pair, prompt, max_tokens)[0], (prompt, max_tokens)
     assert sched.slots.num_free == concurrency
