@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.moe import export_mlp
@@ -70,8 +69,15 @@ def project_qkv(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     k = attn.k_proj(h).view(b, s, -1, d)
     if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
         q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-    return q, k, attn.v_proj(h)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    return q * cos + rotate_half(q, d) * sin, k * cos + rotate_half(k, d) * sin, attn.v_proj(h)
+
+
+def rotate_half(x: torch.Tensor, d: int) -> torch.Tensor:
+    """HF's rotate_half with the halves' size a constant: exported as two Slices, not the Shape /
+    Gather / Div chain that x.shape[-1] // 2 costs in every layer's graph."""
+    return torch.cat((-x[..., d // 2 :], x[..., : d // 2]), dim=-1)
 
 
 def causal_mask(positions: torch.Tensor, past_lengths: torch.Tensor, p: int):
