@@ -17,9 +17,10 @@ from dflash_trt.models.embedded import DEFAULT_TARGET
 
 TARGET_HELP = f"HF checkpoint directory, hub id, or alias (default: {DEFAULT_TARGET}, embedded)."
 DRAFT_HELP = "DFlash drafter directory (z-lab HF format). Default: the drafter shipped for the target."
-QUANT_HELP = ("int4: the target's matmul weights in 4 bits, blocks of 32, round to nearest (fp32 exports): "
+QUANT_HELP = ("The target's matmul weights (fp32 exports). int4: 4 bits, blocks of 32, round to nearest: "
               "onnxruntime's MatMulNBits for --flavour slots, int4 DequantizeLinear (TensorRT's weight-only INT4) "
-              "for slots-trt. Greedy output equals the quantized target's own greedy output.")
+              "for slots-trt. fp8 (slots-trt: TensorRT's FP8 GEMMs): weights and their inputs in float8 e4m3, "
+              "calibrated on text the target writes. Greedy output equals the quantized target's own.")
 
 
 def user_errors(command):
@@ -90,7 +91,7 @@ def main():
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
               help="--backend torch: its models' dtype (default: bfloat16 on a GPU, float32 on the CPU).")
 @click.option("--quant", type=click.Choice(QUANTS), default=None,
-              help="--backend onnxruntime (auto picks it): " + QUANT_HELP)
+              help="--backend onnxruntime (auto picks it; int4) or tensorrt: " + QUANT_HELP)
 @user_errors
 def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop, as_json,
              device, dtype, quant):
@@ -260,6 +261,7 @@ def _engine_default(compute_capability: str | None) -> str:
                    "dflash:: ops (contract-1 engines, not run by the runtime).")
 @click.option("--capacity", type=int, default=None,
               help="When exporting --flavour slots-trt (and required there): the KV slots' size in tokens.")
+@click.option("--quant", type=click.Choice(QUANTS), default=None, help="When exporting: " + QUANT_HELP)
 @click.option("--max-batch", type=int, default=None,
               help="Largest batch the engines accept [default: 8 for slots / slots-trt graphs (batched), else 1].")
 @click.option("--max-seq-len", type=int, default=2048, show_default=True, help="Longest sequence (prompt + output).")
@@ -270,8 +272,8 @@ def _engine_default(compute_capability: str | None) -> str:
                    "K/V and recurrent-state bytes, fit in --gpu-memory); download, export and write nothing.")
 @click.option("--gpu-memory", type=float, default=None, help="With --dry-run: GPU memory in GiB the plan must fit.")
 @user_errors
-def build(target, draft, source, out, engine, compute_capability, dtype, flavour, capacity, max_batch, max_seq_len,
-          block_size, force, dry_run, gpu_memory):
+def build(target, draft, source, out, engine, compute_capability, dtype, flavour, capacity, quant, max_batch,
+          max_seq_len, block_size, force, dry_run, gpu_memory):
     """Build engines from a (target, drafter) pair or an ONNX bundle: one engine per graph, with
     optimization profiles for the prefill and the B-token steps, and engine.json."""
     import tempfile
@@ -289,6 +291,8 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
         raise DFlashError("pass either --bundle or --target/--draft, not both")
     if source is not None and capacity is not None:
         raise DFlashError("--capacity is for exporting --target/--draft; a --bundle keeps the capacity it was exported with")
+    if source is not None and quant is not None:
+        raise DFlashError("--quant is for exporting --target/--draft; a --bundle keeps the weights it was exported with")
     engine = engine or _engine_default(compute_capability)
     if source is None and flavour is None:  # what the runtime's C++ executors run, where one can
         flavour = {"onnxruntime": "slots", "tensorrt": "slots-trt"}.get(engine, "portable")
@@ -312,14 +316,14 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
     else:
         check_graphs(flavour, config.dtype or "float32", config, "--target/--draft")
     pair = None if source is not None else _load_pair(target or DEFAULT_TARGET, draft, flavour, config.dtype or "float32",
-                                                       capacity=capacity)
+                                                       capacity=capacity, quant=quant)
     exported = None
     with tqdm(total=4 + (5 if source is None else 0), desc=f"build ({config.engine})", unit="step") as bar:
         try:
             if source is None:
                 exported = Path(tempfile.mkdtemp(prefix=f".{out.name}-onnx-", dir=out.parent))
                 source = export_bundle(*pair, exported / "bundle", flavour=flavour, dtype=config.dtype or "float32",
-                                       progress=_progress(bar), capacity=capacity)
+                                       progress=_progress(bar), capacity=capacity, quant=quant)
             manifest = build_engines(source, out, config, command=invoked_command(), progress=_progress(bar))
         finally:
             if exported is not None:
@@ -341,7 +345,10 @@ def _dry_run(target, draft, source, config, flavour: str, dry_run: bool, gpu_mem
 
 def _capacity_text(manifest: dict) -> str:
     """", KV capacity N (static)" for graphs that fix it (slots-trt), else ""."""
-    return f", KV capacity {manifest['capacity']} (static)" if manifest.get("capacity") else ""
+    if not manifest.get("capacity"):
+        return ""
+    spare = manifest.get("min_query_tokens", 1) - 1
+    return f", KV capacity {manifest['capacity']} (static{f', + {spare} spare' if spare else ''})"
 
 
 @main.command()
@@ -365,8 +372,11 @@ def inspect(bundle, no_verify):
     click.echo(f"target: {t['model_type']}, {t['num_layers']} layers, hidden {t['hidden_size']}, vocab {t['vocab_size']}")
     if "quant" in manifest:
         q = manifest["quant"]
-        click.echo(f"  weights {q['weights']}: {q['quantized_matmuls']} matmuls by {q['method']}, blocks of "
-                   f"{q['block_size']}; activations {q['activations']}; {q['float_matmuls']} float matmuls left")
+        blocks = f", blocks of {q['block_size']}" if "block_size" in q else ""
+        click.echo(f"  weights {q['weights']}: {q['quantized_matmuls']} matmuls as {q['form']}{blocks}, by {q['method']}; "
+                   f"activations {q['activations']}; {q['float_matmuls']} float matmuls left"
+                   + (f"; every step feeds {manifest['min_query_tokens']} query rows at least"
+                      if "min_query_tokens" in manifest else ""))
     if "linear_attention" in t:  # a hybrid target: which layers carry states instead of K/V
         linear = [i for i, kind in enumerate(t["layer_types"]) if kind == "linear_attention"]
         la = t["linear_attention"]

@@ -229,7 +229,7 @@ def test_generate_quant_is_for_the_onnxruntime_backend(tiny_pairs):
     target, draft = tiny_pairs["llama"]
     result = CliRunner().invoke(main, ["generate", "--target", str(target), "--draft", str(draft), "--backend", "torch",
                                        "--quant", "int4", "hello"])
-    one_error_line(result, "quant must be one of int4, on backend onnxruntime")
+    one_error_line(result, "quant must be int4 (backend onnxruntime or tensorrt) or fp8 (backend tensorrt)")
 
 
 def test_export_quant_int4_writes_a_bundle_inspect_describes_and_generate_runs(tiny_pairs, tmp_path):
@@ -239,7 +239,12 @@ def test_export_quant_int4_writes_a_bundle_inspect_describes_and_generate_runs(t
                                        "--quant", "int4"])
     assert result.exit_code == 0, result.output
     shown = CliRunner().invoke(main, ["inspect", str(out)])
-    assert shown.exit_code == 0 and "weights int4: 29 matmuls by onnxruntime MatMulNBitsQuantizer" in shown.output
+    assert shown.exit_code == 0 and "weights int4: 29 matmuls as com.microsoft.MatMulNBits, blocks of 32, by onnxruntime MatMulNBitsQuantizer" in shown.output
     ran = CliRunner().invoke(main, ["generate", "--bundle", str(out), "--max-tokens", "5", "--json", "hello"])
     assert ran.exit_code == 0, ran.output
     assert len(json.loads(ran.stdout)["token_ids"]) == 5
+
+
+def test_build_quant_is_for_exporting_not_for_a_bundle(tmp_path):
+    result = CliRunner().invoke(main, ["build", "--bundle", str(tmp_path), "-o", str(tmp_path / "e"), "--quant", "fp8"])
+    one_error_line(result, "--quant is for exporting --target/--draft")

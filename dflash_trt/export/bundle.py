@@ -34,7 +34,8 @@ from dflash_trt.export.moe_ops import register_moe_symbolic
 from dflash_trt.export.op_library import onnxruntime_refusal, op_library
 from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph
 from dflash_trt.export.plugin_ops import DOMAIN, OP_VERSION, register_symbolics
-from dflash_trt.export.quantize import quant_refusal, quantize_int4
+from dflash_trt.export.quantize import (calibration_feeds, min_query_tokens, quant_refusal, quantize_fp8,
+                                        quantize_int4)
 from dflash_trt.export.slot_graphs import CONTRACT, SlotTargetGraph, slot_example_inputs, slot_target_spec
 from dflash_trt.export.slot_ops import ORT_DOMAIN, ORT_DOMAIN_VERSION, register_slot_symbolics
 from dflash_trt.export.slot_trt_ops import OPSET as TRT_OPSET
@@ -310,7 +311,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
     """Write the bundle with weights, K/V caches and features in `dtype` (float32, float16, bfloat16);
     `progress` is called after each of its steps (3 graphs, tokenizer, manifest). `capacity`: the
     static KV slot size in tokens of a slots-trt target (that flavour only, and required there).
-    `quant` (int4): the target's weights quantized after its graph is checked (export/quantize.py)."""
+    `quant` (int4, fp8): the target's weights quantized after its graph is checked (export/quantize.py)."""
     check_flavour(flavour, check, dtype, capacity)
     refusal = quant_refusal(quant, flavour, dtype, any(is_sparse_moe(m) for m in target.model.modules()))
     if refusal:
@@ -324,7 +325,9 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
     refusal = export_refusal(target.model_type)
     if refusal:
         raise DFlashError(refusal)
-    specs = _graph_specs(target, drafter, dtype, flavour, capacity)
+    # quantized activations need two query rows per step, and static caches a spare position for it
+    rows = min_query_tokens(quant, flavour)
+    specs = _graph_specs(target, drafter, dtype, flavour, None if capacity is None else capacity + rows - 1)
     target_graph = {(False, False): TargetGraph, (False, True): HybridTargetGraph,
                     (True, False): SlotTargetGraph, (True, True): HybridSlotTargetGraph}[slots, hybrid]
     modules = {
@@ -342,7 +345,12 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
                                              plugin and (name != "target" or hybrid), target.vocab_size, dtype,
                                              flavour if slots and name == "target" else None)
                 progress(f"{name}.onnx")
-        quantized = quantize_int4(tmp / "target.onnx", flavour, EXTERNAL_DATA_THRESHOLD) if quant else None
+        quantized = None
+        if quant == "int4":
+            quantized = quantize_int4(tmp / "target.onnx", flavour, EXTERNAL_DATA_THRESHOLD)
+        elif quant == "fp8":
+            feeds = calibration_feeds(target, tokenizer, specs["target"]["inputs"])
+            quantized = quantize_fp8(tmp / "target.onnx", feeds, EXTERNAL_DATA_THRESHOLD)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         progress("tokenizer")
@@ -352,6 +360,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
             "flavour": flavour,
             "dtype": dtype,
             **({"quant": quantized} if quantized else {}),  # the target's weights; absent: all in `dtype`
+            **({"min_query_tokens": rows} if rows > 1 else {}),  # ExecutorConfig.min_query_tokens
             "opset": OPSET,
             # slots-trt: the target graph alone is at opset 24 (TensorScatter), with a static capacity
             **({"target_opset": TRT_OPSET, "capacity": capacity} if flavour == "slots-trt" else {}),

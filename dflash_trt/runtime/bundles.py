@@ -56,7 +56,7 @@ def cached_bundle(target: str, draft: str, flavour: str = "slots", capacity: int
                          quant=quant)
 
 
-def cached_engines(target: str, draft: str, capacity: int, max_batch: int) -> Path:
+def cached_engines(target: str, draft: str, capacity: int, max_batch: int, quant: str | None = None) -> Path:
     """`LLM(..., backend="tensorrt")` from checkpoints: TensorRT engines for this GPU and the C++
     TensorRT executor, built once from a cached slots-trt bundle of KV slots of `capacity` tokens, for
     up to `max_batch` rows, into the user cache (keyed by the bundle, the rows and the GPU's compute
@@ -68,14 +68,14 @@ def cached_engines(target: str, draft: str, capacity: int, max_batch: int) -> Pa
     if gpu is None:
         raise DFlashError("backend 'tensorrt' runs TensorRT engines on an NVIDIA GPU, and none is visible here: "
                           "use backend 'onnxruntime' or 'torch'")
-    key = bundle_key(target, draft, "slots-trt", capacity)
+    key = bundle_key(target, draft, "slots-trt", capacity, quant)
     out = embedded.cache_root() / "engines" / f"{key}-b{max_batch}-sm{gpu.replace('.', '')}"
     if (out / "engine.json").is_file():
         return out
     from dflash_trt.engines.build import build_engines
     from dflash_trt.engines.config import BuildConfig
 
-    source = cached_bundle(target, draft, "slots-trt", capacity)
+    source = cached_bundle(target, draft, "slots-trt", capacity, quant)
     build_engines(source, out, BuildConfig(engine="tensorrt", max_batch=max_batch, max_seq_len=capacity,
                                                  force=True))
     return out

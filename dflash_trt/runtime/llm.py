@@ -80,12 +80,13 @@ class LLM:
     ):
         """`device` and `dtype` place the torch backend's models: "cuda" when PyTorch sees a GPU, else
         "cpu"; bfloat16 on a GPU, float32 on the CPU. A bundle's backend runs the bundle's own.
-        `quant` ("int4", backend onnxruntime): the target's weights in 4 bits (export/quantize.py)."""
+        `quant`: the target's weights quantized (export/quantize.py): "int4" on backend onnxruntime or
+        tensorrt, "fp8" on tensorrt (FP8 GEMMs)."""
         if backend not in BACKENDS:
             raise DFlashError(f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}")
-        if quant is not None and (quant not in QUANTS or backend != "onnxruntime"):
-            raise DFlashError(f"quant must be one of {', '.join(QUANTS)}, on backend onnxruntime (a quantized slots "
-                              f"bundle); got quant={quant!r} on backend '{backend}'")
+        if quant is not None and (quant not in QUANTS or backend == "torch" or (quant, backend) == ("fp8", "onnxruntime")):
+            raise DFlashError(f"quant must be int4 (backend onnxruntime or tensorrt) or fp8 (backend tensorrt); "
+                              f"got quant={quant!r} on backend '{backend}'")
         _check_block_size(block_size)
         self._batching(max_batch, capacity, prefill_chunk)
         # PyTorch model code is imported here, on the torch path only: from_bundle never loads it.
@@ -113,7 +114,7 @@ class LLM:
             if backend == "onnxruntime":
                 bundle = cached_bundle(target, draft, quant=quant)
             else:
-                bundle = cached_engines(target, draft, capacity, max_batch)
+                bundle = cached_engines(target, draft, capacity, max_batch, quant)
             self._load_bundle(bundle, block_size, max_batch)
             return
         self.backend = "torch"

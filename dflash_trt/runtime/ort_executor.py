@@ -157,11 +157,9 @@ class SlotBundle:
         self.check_limits(max_batch, capacity)
         paths = {name: str(self.root / graph["file"]) for name, graph in self.manifest["graphs"].items()}
         config = slot_config(self.manifest, paths, self.library, max_batch, capacity, threads, self.cuda_driver)
-        if "quant" in self.manifest and self.manifest["flavour"] == "slots":  # onnxruntime's MatMulNBits
-            # int8 activations turn the one-query path's last-bit differences into other tokens:
-            # every step feeds two rows, so a verify equals decoding one token at a time bit for bit
-            # (the spare cache position this needs exists where the graphs size the caches at run time)
-            config.min_query_tokens = 2
+        # a bundle with quantized activations (export/quantize.py): every step feeds two query rows,
+        # so a verify equals decoding one token at a time bit for bit
+        config.min_query_tokens = self.manifest.get("min_query_tokens", 1)
         return config
 
     def executor(self, max_batch: int, capacity: int, threads: int | None = None):

@@ -83,25 +83,28 @@ def test_a_bfloat16_hybrid_bundle_builds_as_a_strongly_typed_engine(hybrid_bundl
     assert target_io["conv_state_0"] == target_io["features"] == "BF16" and target_io["recurrent_state_0"] == "FLOAT"
 
 
-def test_an_int4_slots_trt_target_builds_for_sm120_with_its_weights_kept_in_4_bits(tmp_path):
-    """TensorRT-RTX parses the blocked int4 DequantizeLinear (export --quant int4, slots-trt) as INT4
-    weight-only: the target engine is smaller than the float32 one by most of the float weights."""
+@pytest.mark.parametrize(("quant", "capabilities", "saved"), [("int4", ("12.0",), 0.6), ("fp8", ("12.0",), 0.45), ("fp8", ("8.9",), 0.45)])
+def test_a_quantized_slots_trt_target_builds_with_its_weights_kept_small(tmp_path, quant, capabilities, saved):
+    """TensorRT-RTX parses export --quant's slots-trt forms (int4: blocked DequantizeLinear, INT4
+    weight-only; fp8: float8 Q/DQ, FP8 GEMMs from compute capability 8.9) and keeps the weights
+    quantized: the target engine is smaller than the float32 one by most of what the weights saved."""
     from factories import make_drafter, make_target
 
     from dflash_trt.export.bundle import export_bundle
     from dflash_trt.models.checkpoints import load_drafter, load_target
 
-    wide = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    wide = dict(hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=4, head_dim=64)
     target, tokenizer = load_target(str(make_target(tmp_path / "t", "qwen3", **wide)))
-    drafter = load_drafter(make_drafter(tmp_path / "d", block_size=4, target_layer_ids=[1, 2], hidden_size=256))
+    drafter = load_drafter(make_drafter(tmp_path / "d", block_size=4, target_layer_ids=[1, 2], hidden_size=512))
     sizes = {}
-    for quant in (None, "int4"):
-        bundle = export_bundle(target, drafter, tokenizer, tmp_path / f"b-{quant}", flavour="slots-trt", capacity=64,
-                               check=False, quant=quant)
-        out = tmp_path / f"rtx-{quant}"
-        build_engines(bundle, out, BuildConfig(engine="tensorrt-rtx", compute_capabilities=("12.0",), max_seq_len=64))
+    for kind in (None, quant):
+        bundle = export_bundle(target, drafter, tokenizer, tmp_path / f"b-{kind}", flavour="slots-trt", capacity=64,
+                               check=False, quant=kind)
+        out = tmp_path / f"rtx-{kind}"
+        build_engines(bundle, out, BuildConfig(engine="tensorrt-rtx", compute_capabilities=capabilities,
+                                               max_seq_len=64))
         manifest = read_engine_bundle(out)
-        sizes[quant] = manifest["engines"]["target"]["bytes"]
-        assert manifest["source"].get("quant", {}).get("weights") == quant
+        sizes[kind] = manifest["engines"]["target"]["bytes"]
+        assert manifest["source"].get("quant", {}).get("weights") == kind
     float_weights = (tmp_path / "b-None" / "target.onnx.data").stat().st_size
-    assert sizes[None] - sizes["int4"] > 0.6 * float_weights, (sizes, float_weights)
+    assert sizes[None] - sizes[quant] > saved * float_weights, (sizes, float_weights)
