@@ -21,6 +21,8 @@ QUANT_HELP = ("The target's matmul weights (fp32 exports). int4: 4 bits, blocks 
               "onnxruntime's MatMulNBits for --flavour slots, int4 DequantizeLinear (TensorRT's weight-only INT4) "
               "for slots-trt. fp8 (slots-trt: TensorRT's FP8 GEMMs): weights and their inputs in float8 e4m3, "
               "calibrated on text the target writes. Greedy output equals the quantized target's own.")
+DRAFT_QUANT_HELP = ("int4: the drafter's matmul weights in 4 bits as --quant int4 writes them (slots, slots-trt; fp32). "
+                    "Drafts are verified, so output is unchanged; drafting costs less, acceptance may drop.")
 
 
 def user_errors(command):
@@ -92,9 +94,10 @@ def main():
               help="--backend torch: its models' dtype (default: bfloat16 on a GPU, float32 on the CPU).")
 @click.option("--quant", type=click.Choice(QUANTS), default=None,
               help="--backend onnxruntime (auto picks it; int4) or tensorrt: " + QUANT_HELP)
+@click.option("--draft-quant", type=click.Choice(["int4"]), default=None, help=DRAFT_QUANT_HELP)
 @user_errors
 def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop, as_json,
-             device, dtype, quant):
+             device, dtype, quant, draft_quant):
     """Generate a reply to PROMPT, streaming it, then print the acceptance summary."""
     from dflash_trt.runtime.llm import AUTO, LLM, resolve_backend
     from dflash_trt.spec.metrics import summary_line
@@ -104,15 +107,16 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop
     )
     if bundle:
-        if device or dtype or quant:
-            raise DFlashError("--device, --dtype and --quant choose how --target is run; a bundle runs as it was exported")
+        if device or dtype or quant or draft_quant:
+            raise DFlashError("--device, --dtype, --quant and --draft-quant choose how --target is run; a bundle runs "
+                              "as it was exported")
         llm = LLM.from_bundle(bundle, block_size=block_size)
     else:
         draft = draft or AUTO
         if (device or dtype) and backend == AUTO:  # only the torch backend places models
             backend = "torch"
         llm = LLM(target=target, draft=draft, backend=resolve_backend(backend, target, draft), block_size=block_size,
-                  device=device, dtype=dtype, quant=quant)
+                  device=device, dtype=dtype, quant=quant, draft_quant=draft_quant)
     if speculative and not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{target}': pass --draft DIR or --no-speculative")
     if as_json:
@@ -144,12 +148,13 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
 @click.option("--dtype", type=click.Choice(list(DTYPES)), default="fp32", show_default=True,
               help="Precision of the graphs' weights, K/V caches and features (logits stay fp32).")
 @click.option("--quant", type=click.Choice(QUANTS), default=None, help=QUANT_HELP)
+@click.option("--draft-quant", type=click.Choice(["int4"]), default=None, help=DRAFT_QUANT_HELP)
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Compare each graph on onnxruntime with PyTorch (polygraphy run --onnxrt); "
                    "graphs onnxruntime cannot run (bf16; plugin with fp16) are skipped and recorded.")
 @user_errors
-def export(target, draft, out, flavour, capacity, dtype, quant, force, check):
+def export(target, draft, out, flavour, capacity, dtype, quant, draft_quant, force, check):
     """Export target and drafter to an ONNX bundle (target, draft_context, draft_block graphs + bundle.json)."""
     from tqdm import tqdm
 
@@ -160,10 +165,10 @@ def export(target, draft, out, flavour, capacity, dtype, quant, force, check):
 
     check_output_dir(out)
 
-    pair = _load_pair(target, draft, flavour, DTYPES[dtype], check, capacity, quant)
+    pair = _load_pair(target, draft, flavour, DTYPES[dtype], check, capacity, quant, draft_quant)
     with tqdm(total=5, desc="export", unit="step") as bar:
         path = export_bundle(*pair, out, flavour=flavour, dtype=DTYPES[dtype], force=force, check=check,
-                             progress=_progress(bar), capacity=capacity, quant=quant)
+                             progress=_progress(bar), capacity=capacity, quant=quant, draft_quant=draft_quant)
     for graph, verdict in (read_bundle(path, verify_hashes=False)["checks"]["polygraphy_vs_pytorch"] or {}).items():
         if str(verdict).startswith("skipped"):  # recorded in bundle.json; said here so it is not missed
             click.echo(f"{graph}.onnx: onnxruntime check {verdict}", err=True)
@@ -171,7 +176,7 @@ def export(target, draft, out, flavour, capacity, dtype, quant, force, check):
 
 
 def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: bool = True,
-               capacity: int | None = None, quant: str | None = None):
+               capacity: int | None = None, quant: str | None = None, draft_quant: str | None = None):
     """Check the pair from its configs, then load it -> (target model, drafter, tokenizer). Everything a
     user can get wrong is refused here, before any progress bar starts (export, build)."""
     import torch
@@ -191,11 +196,12 @@ def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: 
     from dflash_trt.export.graphs import export_refusal
     from dflash_trt.models.checkpoints import read_draft_config, read_target_config
 
-    from dflash_trt.export.quantize import quant_refusal
+    from dflash_trt.export.quantize import draft_quant_refusal, quant_refusal
 
     target_config = read_target_config(target)[1]
     refusal = (export_refusal(target_config.model_type)
                or quant_refusal(quant, flavour, dtype, bool(getattr(target_config, "num_experts", 0)))
+               or draft_quant_refusal(draft_quant, flavour, dtype)
                or export_memory_refusal(target_config, read_draft_config(draft), dtype))
     if refusal:
         raise DFlashError(refusal)
@@ -262,6 +268,7 @@ def _engine_default(compute_capability: str | None) -> str:
 @click.option("--capacity", type=int, default=None,
               help="When exporting --flavour slots-trt (and required there): the KV slots' size in tokens.")
 @click.option("--quant", type=click.Choice(QUANTS), default=None, help="When exporting: " + QUANT_HELP)
+@click.option("--draft-quant", type=click.Choice(["int4"]), default=None, help="When exporting: " + DRAFT_QUANT_HELP)
 @click.option("--max-batch", type=int, default=None,
               help="Largest batch the engines accept [default: 8 for slots / slots-trt graphs (batched), else 1].")
 @click.option("--max-seq-len", type=int, default=2048, show_default=True, help="Longest sequence (prompt + output).")
@@ -272,8 +279,8 @@ def _engine_default(compute_capability: str | None) -> str:
                    "K/V and recurrent-state bytes, fit in --gpu-memory); download, export and write nothing.")
 @click.option("--gpu-memory", type=float, default=None, help="With --dry-run: GPU memory in GiB the plan must fit.")
 @user_errors
-def build(target, draft, source, out, engine, compute_capability, dtype, flavour, capacity, quant, max_batch,
-          max_seq_len, block_size, force, dry_run, gpu_memory):
+def build(target, draft, source, out, engine, compute_capability, dtype, flavour, capacity, quant, draft_quant,
+          max_batch, max_seq_len, block_size, force, dry_run, gpu_memory):
     """Build engines from a (target, drafter) pair or an ONNX bundle: one engine per graph, with
     optimization profiles for the prefill and the B-token steps, and engine.json."""
     import tempfile
@@ -291,8 +298,9 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
         raise DFlashError("pass either --bundle or --target/--draft, not both")
     if source is not None and capacity is not None:
         raise DFlashError("--capacity is for exporting --target/--draft; a --bundle keeps the capacity it was exported with")
-    if source is not None and quant is not None:
-        raise DFlashError("--quant is for exporting --target/--draft; a --bundle keeps the weights it was exported with")
+    if source is not None and (quant or draft_quant):
+        raise DFlashError("--quant and --draft-quant are for exporting --target/--draft; a --bundle keeps the weights "
+                          "it was exported with")
     engine = engine or _engine_default(compute_capability)
     if source is None and flavour is None:  # what the runtime's C++ executors run, where one can
         flavour = {"onnxruntime": "slots", "tensorrt": "slots-trt"}.get(engine, "portable")
@@ -316,14 +324,15 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
     else:
         check_graphs(flavour, config.dtype or "float32", config, "--target/--draft")
     pair = None if source is not None else _load_pair(target or DEFAULT_TARGET, draft, flavour, config.dtype or "float32",
-                                                       capacity=capacity, quant=quant)
+                                                       capacity=capacity, quant=quant, draft_quant=draft_quant)
     exported = None
     with tqdm(total=4 + (5 if source is None else 0), desc=f"build ({config.engine})", unit="step") as bar:
         try:
             if source is None:
                 exported = Path(tempfile.mkdtemp(prefix=f".{out.name}-onnx-", dir=out.parent))
                 source = export_bundle(*pair, exported / "bundle", flavour=flavour, dtype=config.dtype or "float32",
-                                       progress=_progress(bar), capacity=capacity, quant=quant)
+                                       progress=_progress(bar), capacity=capacity, quant=quant,
+                                       draft_quant=draft_quant)
             manifest = build_engines(source, out, config, command=invoked_command(), progress=_progress(bar))
         finally:
             if exported is not None:
@@ -385,6 +394,10 @@ def inspect(bundle, no_verify):
                    f"full attention on the other {t['num_layers'] - len(linear)}")
     click.echo(f"draft: {d['num_layers']} layers, block size {d['block_size']}, taps {d['target_layer_ids']}, "
                f"mask id {d['mask_token_id']}, drafts from {d.get('draft_vocab_size', t['vocab_size'])} token ids")
+    if "draft_quant" in manifest:
+        q = manifest["draft_quant"]
+        click.echo(f"  weights {q['weights']}: draft_block's {q['quantized_matmuls']} matmuls as {q['form']} (and "
+                   f"draft_context's)")
     for graph in manifest["graphs"].values():
         click.echo(f"{graph['file']}:")
         for kind in ("inputs", "outputs"):

@@ -1,5 +1,6 @@
-"""The embedded pair with an int4 target (export --quant int4) against its float32 bundle and
-llama.cpp's plain decoding of the Q4_1 GGUF the target ships as, in one run; then what int4 costs.
+"""The embedded pair with an int4 target (export --quant int4; with and without --draft-quant int4)
+against its float32 bundle and llama.cpp's plain decoding of the Q4_1 GGUF the target ships as, in
+one run; then what int4 costs.
 
 Speed: the first N HumanEval prompts (chat template, the same token ids for every system), greedy,
 one request at a time, `--rounds` rounds back to back, median per system. Decode tok/s = (tokens - 1)
@@ -117,15 +118,15 @@ def main() -> None:
 
     target = embedded.DEFAULT_TARGET
     draft = str(embedded.default_drafter(target))
-    bundles = {"float32": cached_bundle(target, draft), "int4": cached_bundle(target, draft, quant="int4")}
+    bundles = {"float32": cached_bundle(target, draft), "int4": cached_bundle(target, draft, quant="int4"),
+               "int4 + int4 drafter": cached_bundle(target, draft, quant="int4", draft_quant="int4")}
     tokenizer = LLM.from_bundle(bundles["float32"]).tokenizer
     prompts = load_prompts("humaneval", args.num_prompts)
     prompt_ids = [encode_prompt(tokenizer, p) for p in prompts]
 
     rounds = []
     for _ in range(args.rounds):
-        rounds.append({"float32": ours(bundles["float32"], prompts, args.max_tokens),
-                       "int4": ours(bundles["int4"], prompts, args.max_tokens),
+        rounds.append({**{name: ours(bundle, prompts, args.max_tokens) for name, bundle in bundles.items()},
                        "llama.cpp Q4_1": llama_cpp(prompt_ids, args.max_tokens)})
     speed = {}
     for system in rounds[0]:
@@ -145,16 +146,19 @@ def main() -> None:
     quality = {}
     replies = {name: ours(bundle, held_out, args.max_tokens) for name, bundle in bundles.items()}
     for name, bundle in bundles.items():
-        scored = [lp for ids, reply in zip(held_ids, replies["float32"]["tokens"], strict=True)
-                  for lp in reply_logprobs(bundle, ids, reply)]
-        quality[name] = {"perplexity_of_float32_replies": float(np.exp(-np.mean(scored))),
-                         "tau_dflash_b4": replies[name]["dflash_b4_tau"],
+        quality[name] = {"tau_dflash_b4": replies[name]["dflash_b4_tau"],
                          "dflash_b4_equal_to_plain": replies[name]["dflash_b4_equal_to_plain"]}
+        if name in ("float32", "int4"):  # the third holds the int4 target too
+            scored = [lp for ids, reply in zip(held_ids, replies["float32"]["tokens"], strict=True)
+                      for lp in reply_logprobs(bundle, ids, reply)]
+            quality[name]["perplexity_of_float32_replies"] = float(np.exp(-np.mean(scored)))
     quality["int4"]["agreement_with_float32"] = agreement(replies["int4"]["tokens"], replies["float32"]["tokens"])
 
-    sizes = {name: sum(f.stat().st_size for f in bundle.glob("target.onnx*")) for name, bundle in bundles.items()}
+    sizes = {name: {graph: sum(f.stat().st_size for f in bundle.glob(f"{graph}.onnx*"))
+                    for graph in ("target", "draft_context", "draft_block")} for name, bundle in bundles.items()}
     record = {
-        "what": "embedded SmolLM2-135M + shipped drafter: int4 target (export --quant int4) vs float32 vs llama.cpp Q4_1",
+        "what": "embedded SmolLM2-135M + shipped drafter: int4 target (export --quant int4, optionally --draft-quant "
+                "int4) vs float32 vs llama.cpp Q4_1",
         "command": "python scripts/int4_bench.py " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out" and v is not None),
         "machine": {"cpus": 2, "platform": platform.platform(), "onnxruntime": metadata.version("onnxruntime")},
@@ -165,7 +169,7 @@ def main() -> None:
                                f"{args.quality_prompts // 2}, greedy, <= {args.max_tokens} tokens",
                     "note": "the float32 target is the packaged Q4_1 GGUF dequantized (embedded.py)",
                     **quality},
-        "target_onnx_bytes": sizes,
+        "graph_bytes": sizes,
     }
     text = json.dumps(record, indent=2)
     print(text)

@@ -247,4 +247,4 @@ def test_export_quant_int4_writes_a_bundle_inspect_describes_and_generate_runs(t
 
 def test_build_quant_is_for_exporting_not_for_a_bundle(tmp_path):
     result = CliRunner().invoke(main, ["build", "--bundle", str(tmp_path), "-o", str(tmp_path / "e"), "--quant", "fp8"])
-    one_error_line(result, "--quant is for exporting --target/--draft")
+    one_error_line(result, "--quant and --draft-quant are for exporting --target/--draft")

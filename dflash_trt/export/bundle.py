@@ -34,8 +34,8 @@ from dflash_trt.export.moe_ops import register_moe_symbolic
 from dflash_trt.export.op_library import onnxruntime_refusal, op_library
 from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph
 from dflash_trt.export.plugin_ops import DOMAIN, OP_VERSION, register_symbolics
-from dflash_trt.export.quantize import (calibration_feeds, min_query_tokens, quant_refusal, quantize_fp8,
-                                        quantize_int4)
+from dflash_trt.export.quantize import (calibration_feeds, draft_quant_refusal, min_query_tokens, quant_refusal,
+                                        quantize_fp8, quantize_int4)
 from dflash_trt.export.slot_graphs import CONTRACT, SlotTargetGraph, slot_example_inputs, slot_target_spec
 from dflash_trt.export.slot_ops import ORT_DOMAIN, ORT_DOMAIN_VERSION, register_slot_symbolics
 from dflash_trt.export.slot_trt_ops import OPSET as TRT_OPSET
@@ -307,13 +307,16 @@ def check_flavour(flavour: str, check: bool = True, dtype: str = "float32", capa
 
 def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: Path, flavour: str = "portable",
                   force: bool = False, check: bool = True, progress: Callable[[str], None] = lambda step: None,
-                  dtype: str = "float32", capacity: int | None = None, quant: str | None = None) -> Path:
+                  dtype: str = "float32", capacity: int | None = None, quant: str | None = None,
+                  draft_quant: str | None = None) -> Path:
     """Write the bundle with weights, K/V caches and features in `dtype` (float32, float16, bfloat16);
     `progress` is called after each of its steps (3 graphs, tokenizer, manifest). `capacity`: the
     static KV slot size in tokens of a slots-trt target (that flavour only, and required there).
-    `quant` (int4, fp8): the target's weights quantized after its graph is checked (export/quantize.py)."""
+    `quant` (int4, fp8): the target's weights quantized after its graph is checked (export/quantize.py);
+    `draft_quant` (int4): the drafter's (its drafts are verified: lossless whatever their numerics)."""
     check_flavour(flavour, check, dtype, capacity)
-    refusal = quant_refusal(quant, flavour, dtype, any(is_sparse_moe(m) for m in target.model.modules()))
+    refusal = (quant_refusal(quant, flavour, dtype, any(is_sparse_moe(m) for m in target.model.modules()))
+               or draft_quant_refusal(draft_quant, flavour, dtype))
     if refusal:
         raise DFlashError(refusal)
     out = Path(out)
@@ -351,6 +354,9 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
         elif quant == "fp8":
             feeds = calibration_feeds(target, tokenizer, specs["target"]["inputs"])
             quantized = quantize_fp8(tmp / "target.onnx", feeds, EXTERNAL_DATA_THRESHOLD)
+        draft_quantized = None
+        for graph in ("draft_context", "draft_block") if draft_quant else ():
+            draft_quantized = quantize_int4(tmp / f"{graph}.onnx", flavour, EXTERNAL_DATA_THRESHOLD)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         progress("tokenizer")
@@ -360,6 +366,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
             "flavour": flavour,
             "dtype": dtype,
             **({"quant": quantized} if quantized else {}),  # the target's weights; absent: all in `dtype`
+            **({"draft_quant": draft_quantized} if draft_quantized else {}),  # the drafter's (draft_block's record)
             **({"min_query_tokens": rows} if rows > 1 else {}),  # ExecutorConfig.min_query_tokens
             "opset": OPSET,
             # slots-trt: the target graph alone is at opset 24 (TensorScatter), with a static capacity

@@ -73,6 +73,18 @@ def quant_refusal(quant: str | None, flavour: str, dtype: str, moe: bool) -> str
     return None
 
 
+def draft_quant_refusal(draft_quant: str | None, flavour: str, dtype: str) -> str | None:
+    """One line for a drafter quantization this export cannot write (int4 only), before any work."""
+    if draft_quant is None:
+        return None
+    if draft_quant != "int4":
+        return f"--draft-quant takes int4 only, not '{draft_quant}'"
+    if flavour not in FORMS or dtype != "float32":
+        return (f"--draft-quant int4 is written for float32 --flavour slots and slots-trt exports, not a {dtype} "
+                f"{flavour} one")
+    return None
+
+
 @contextmanager
 def _quiet(name: str | None, level: int = logging.WARNING):
     """onnxruntime's quantizers log every node they visit, and print their calibration's progress."""

@@ -23,13 +23,14 @@ def _fingerprint(path: Path) -> list:
 
 
 def bundle_key(target: str, draft: str, flavour: str = "slots", capacity: int | None = None,
-               quant: str | None = None) -> str:
+               quant: str | None = None, draft_quant: str | None = None) -> str:
     target_dir = Path(resolve_target(target))
     identity = {
         "format": FORMAT_VERSION,
         "flavour": flavour,
         "capacity": capacity,
         **({"quant": quant} if quant else {}),
+        **({"draft_quant": draft_quant} if draft_quant else {}),
         "target": _fingerprint(target_dir) if target_dir.is_dir() else target,
         "draft": _fingerprint(Path(draft)),
     }
@@ -37,11 +38,11 @@ def bundle_key(target: str, draft: str, flavour: str = "slots", capacity: int | 
 
 
 def cached_bundle(target: str, draft: str, flavour: str = "slots", capacity: int | None = None,
-                  quant: str | None = None) -> Path:
+                  quant: str | None = None, draft_quant: str | None = None) -> Path:
     """The pair's bundle of `flavour` (slots: for the C++ onnxruntime executor; slots-trt, with its
-    static `capacity`: for TensorRT engines), its target's weights quantized as `quant` names
-    (export/quantize.py), exported at first use."""
-    out = embedded.cache_root() / "bundles" / bundle_key(target, draft, flavour, capacity, quant)
+    static `capacity`: for TensorRT engines), its target's and drafter's weights quantized as `quant`
+    and `draft_quant` name (export/quantize.py), exported at first use."""
+    out = embedded.cache_root() / "bundles" / bundle_key(target, draft, flavour, capacity, quant, draft_quant)
     if (out / "bundle.json").is_file():
         return out
     from dflash_trt.export.bundle import export_bundle
@@ -53,10 +54,11 @@ def cached_bundle(target: str, draft: str, flavour: str = "slots", capacity: int
     drafter = load_drafter(draft)
     validate_pair(target_model, drafter.config, tokenizer, load_tokenizer(draft))
     return export_bundle(target_model, drafter, tokenizer, out, flavour=flavour, force=True, capacity=capacity,
-                         quant=quant)
+                         quant=quant, draft_quant=draft_quant)
 
 
-def cached_engines(target: str, draft: str, capacity: int, max_batch: int, quant: str | None = None) -> Path:
+def cached_engines(target: str, draft: str, capacity: int, max_batch: int, quant: str | None = None,
+                   draft_quant: str | None = None) -> Path:
     """`LLM(..., backend="tensorrt")` from checkpoints: TensorRT engines for this GPU and the C++
     TensorRT executor, built once from a cached slots-trt bundle of KV slots of `capacity` tokens, for
     up to `max_batch` rows, into the user cache (keyed by the bundle, the rows and the GPU's compute
@@ -68,14 +70,14 @@ def cached_engines(target: str, draft: str, capacity: int, max_batch: int, quant
     if gpu is None:
         raise DFlashError("backend 'tensorrt' runs TensorRT engines on an NVIDIA GPU, and none is visible here: "
                           "use backend 'onnxruntime' or 'torch'")
-    key = bundle_key(target, draft, "slots-trt", capacity, quant)
+    key = bundle_key(target, draft, "slots-trt", capacity, quant, draft_quant)
     out = embedded.cache_root() / "engines" / f"{key}-b{max_batch}-sm{gpu.replace('.', '')}"
     if (out / "engine.json").is_file():
         return out
     from dflash_trt.engines.build import build_engines
     from dflash_trt.engines.config import BuildConfig
 
-    source = cached_bundle(target, draft, "slots-trt", capacity, quant)
+    source = cached_bundle(target, draft, "slots-trt", capacity, quant, draft_quant)
     build_engines(source, out, BuildConfig(engine="tensorrt", max_batch=max_batch, max_seq_len=capacity,
                                                  force=True))
     return out

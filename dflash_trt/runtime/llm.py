@@ -77,16 +77,20 @@ class LLM:
         device: str | None = None,
         dtype: str | None = None,
         quant: str | None = None,
+        draft_quant: str | None = None,
     ):
         """`device` and `dtype` place the torch backend's models: "cuda" when PyTorch sees a GPU, else
         "cpu"; bfloat16 on a GPU, float32 on the CPU. A bundle's backend runs the bundle's own.
         `quant`: the target's weights quantized (export/quantize.py): "int4" on backend onnxruntime or
-        tensorrt, "fp8" on tensorrt (FP8 GEMMs)."""
+        tensorrt, "fp8" on tensorrt (FP8 GEMMs); `draft_quant` ("int4", the same backends): the drafter's."""
         if backend not in BACKENDS:
             raise DFlashError(f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}")
         if quant is not None and (quant not in QUANTS or backend == "torch" or (quant, backend) == ("fp8", "onnxruntime")):
             raise DFlashError(f"quant must be int4 (backend onnxruntime or tensorrt) or fp8 (backend tensorrt); "
                               f"got quant={quant!r} on backend '{backend}'")
+        if draft_quant is not None and (draft_quant != "int4" or backend == "torch"):
+            raise DFlashError(f"draft_quant must be int4, on backend onnxruntime or tensorrt; got "
+                              f"draft_quant={draft_quant!r} on backend '{backend}'")
         _check_block_size(block_size)
         self._batching(max_batch, capacity, prefill_chunk)
         # PyTorch model code is imported here, on the torch path only: from_bundle never loads it.
@@ -112,9 +116,9 @@ class LLM:
             from dflash_trt.runtime.bundles import cached_bundle, cached_engines
 
             if backend == "onnxruntime":
-                bundle = cached_bundle(target, draft, quant=quant)
+                bundle = cached_bundle(target, draft, quant=quant, draft_quant=draft_quant)
             else:
-                bundle = cached_engines(target, draft, capacity, max_batch, quant)
+                bundle = cached_engines(target, draft, capacity, max_batch, quant, draft_quant)
             self._load_bundle(bundle, block_size, max_batch)
             return
         self.backend = "torch"

@@ -289,3 +289,31 @@ def test_fp8_is_refused_for_the_onnxruntime_flavour_in_one_line(tmp_path):
     drafter = load_drafter(make_drafter(tmp_path / "d", block_size=4, target_layer_ids=[1, 2]))
     with pytest.raises(DFlashError, match="--quant fp8 is for TensorRT's FP8 GEMMs"):
         export_bundle(target, drafter, tokenizer, tmp_path / "out", flavour="slots", check=False, quant="fp8")
+
+
+def test_an_int4_drafter_leaves_the_target_alone_and_the_output_unchanged(core, ort, int4, tmp_path):
+    """--draft-quant int4: the draft graphs' matmuls in 4 bits, the target graph byte for byte the int4
+    bundle's; drafts are verified, so greedy output still equals the target's own."""
+    target_dir = int4["dense"][2]
+    target, tokenizer = load_target(str(target_dir))
+    drafter = load_drafter(target_dir.parent / "qwen3-draft")
+    bundle = export_bundle(target, drafter, tokenizer, tmp_path / "b", flavour="slots", check=False, quant="int4",
+                           draft_quant="int4")
+    for graph in ("draft_context", "draft_block"):
+        model = onnx.load(str(bundle / f"{graph}.onnx"), load_external_data=False)
+        weights = _weights(model)
+        assert "MatMulNBits" in {n.op_type for n in model.graph.node}
+        assert not [n for n in model.graph.node if n.op_type == "MatMul" and set(n.input) & weights]
+    assert (bundle / "target.onnx.data").read_bytes() == (int4["dense"][0] / "target.onnx.data").read_bytes()
+    assert json.loads((bundle / "bundle.json").read_text())["draft_quant"]["weights"] == "int4"
+    work = [(0, [5, 6, 7], 12), (1, [9, 10, 11, 12], 10), (2, [20], 14)]
+    plain, _ = drive_scheduler(core, _scheduler(core, ort, int4["dense"][0], 1, 1)[0], [(0, p, m) for _, p, m in work])
+    tokens, _ = drive_scheduler(core, _scheduler(core, ort, bundle, 3, 4)[0], work)
+    assert tokens == plain
+
+
+def test_a_drafter_quantization_the_export_cannot_write_is_one_line(tmp_path):
+    target, tokenizer = load_target(str(make_target(tmp_path / "t", "qwen3")))
+    drafter = load_drafter(make_drafter(tmp_path / "d", block_size=4, target_layer_ids=[1, 2]))
+    with pytest.raises(DFlashError, match="--draft-quant int4 is written for float32 --flavour slots and slots-trt"):
+        export_bundle(target, drafter, tokenizer, tmp_path / "out", flavour="portable", check=False, draft_quant="int4")
