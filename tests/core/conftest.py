@@ -16,6 +16,16 @@ def core():
 
 
 @pytest.fixture(scope="session")
+def ort(core):
+    """dflash_trt.runtime.ort_executor, where the core has its onnxruntime executor."""
+    if not core.HAS_ORT_EXECUTOR:
+        pytest.skip("dflash_trt._core was built without the onnxruntime executor (see csrc/README.md, Build)")
+    from dflash_trt.runtime import ort_executor
+
+    return ort_executor
+
+
+@pytest.fixture(scope="session")
 def engine_module(core):
     from dflash_trt.runtime import engine
 

@@ -19,15 +19,6 @@ from dflash_trt.runtime.torch_backend import TorchTargetSession
 
 
 @pytest.fixture(scope="module")
-def ort(core):
-    if not core.HAS_ORT_EXECUTOR:
-        pytest.skip("dflash_trt._core was built without the onnxruntime executor (see csrc/README.md, Build)")
-    from dflash_trt.runtime import ort_executor
-
-    return ort_executor
-
-
-@pytest.fixture(scope="module")
 def pairs(ort, tmp_path_factory):
     """name -> (slots bundle, TargetModel, DFlashDrafter, prompt token range)."""
     root = tmp_path_factory.mktemp("slots")

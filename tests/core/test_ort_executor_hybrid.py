@@ -20,15 +20,6 @@ FAMILIES = ["qwen3_5_text", "qwen3_next"]
 PROMPTS = ["abc", [5, 6, 7], "hello there", [1] * 9, "x", [3, 1, 4, 1, 5, 9, 2, 6]]
 
 
-@pytest.fixture(scope="module")
-def ort(core):
-    if not core.HAS_ORT_EXECUTOR:
-        pytest.skip("dflash_trt._core was built without the onnxruntime executor (see csrc/README.md, Build)")
-    from dflash_trt.runtime import ort_executor
-
-    return ort_executor
-
-
 @pytest.fixture(scope="module", params=FAMILIES)
 def hybrid(ort, request, tmp_path_factory):
     """(slots bundle, torch LLM over the same pair) for a tiny byte-tokenizer hybrid target."""

@@ -23,15 +23,6 @@ KINDS = {"dense": {}, "sliding-window": dict(use_sliding_window=True, sliding_wi
 
 
 @pytest.fixture(scope="module")
-def ort(core):
-    if not core.HAS_ORT_EXECUTOR:
-        pytest.skip("dflash_trt._core was built without the onnxruntime executor (see csrc/README.md, Build)")
-    from dflash_trt.runtime import ort_executor
-
-    return ort_executor
-
-
-@pytest.fixture(scope="module")
 def int4(tmp_path_factory):
     """kind -> (int4 slots bundle, its float twin, the target dir)."""
     made = {}
@@ -155,6 +146,8 @@ def test_a_full_slot_decodes_its_last_token_within_the_slot(core, ort, int4):
     (dict(flavour="plugin"), "--flavour plugin has no quantized form yet"),
     (dict(flavour="slots", dtype="float16"), "quantizes a float32 export"),
     (dict(flavour="slots", quant="int8"), "unknown --quant"),
+    (dict(flavour="slots", quant="fp8"), "--quant fp8 is for TensorRT's FP8 GEMMs"),
+    (dict(flavour="portable", quant=None, draft_quant="int4"), "--draft-quant int4 is written for float32 --flavour slots"),
 ])
 def test_a_quantization_the_export_cannot_write_is_one_line_before_any_graph(tmp_path, kwargs, says):
     target, tokenizer = load_target(str(make_target(tmp_path / "t", "qwen3")))
@@ -284,13 +277,6 @@ def test_fp8_greedy_dflash_equals_its_plain_decoding_on_onnxruntime(core, ort, t
     assert tokens == plain
 
 
-def test_fp8_is_refused_for_the_onnxruntime_flavour_in_one_line(tmp_path):
-    target, tokenizer = load_target(str(make_target(tmp_path / "t", "qwen3")))
-    drafter = load_drafter(make_drafter(tmp_path / "d", block_size=4, target_layer_ids=[1, 2]))
-    with pytest.raises(DFlashError, match="--quant fp8 is for TensorRT's FP8 GEMMs"):
-        export_bundle(target, drafter, tokenizer, tmp_path / "out", flavour="slots", check=False, quant="fp8")
-
-
 def test_an_int4_drafter_leaves_the_target_alone_and_the_output_unchanged(core, ort, int4, tmp_path):
     """--draft-quant int4: the draft graphs' matmuls in 4 bits, the target graph byte for byte the int4
     bundle's; drafts are verified, so greedy output still equals the target's own."""
@@ -310,10 +296,3 @@ def test_an_int4_drafter_leaves_the_target_alone_and_the_output_unchanged(core, 
     plain, _ = drive_scheduler(core, _scheduler(core, ort, int4["dense"][0], 1, 1)[0], [(0, p, m) for _, p, m in work])
     tokens, _ = drive_scheduler(core, _scheduler(core, ort, bundle, 3, 4)[0], work)
     assert tokens == plain
-
-
-def test_a_drafter_quantization_the_export_cannot_write_is_one_line(tmp_path):
-    target, tokenizer = load_target(str(make_target(tmp_path / "t", "qwen3")))
-    drafter = load_drafter(make_drafter(tmp_path / "d", block_size=4, target_layer_ids=[1, 2]))
-    with pytest.raises(DFlashError, match="--draft-quant int4 is written for float32 --flavour slots and slots-trt"):
-        export_bundle(target, drafter, tokenizer, tmp_path / "out", flavour="portable", check=False, draft_quant="int4")

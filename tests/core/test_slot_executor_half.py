@@ -17,15 +17,6 @@ PROMPTS = [[1, 2, 3], [4, 0, 2, 2, 1, 3, 0], [2], [3, 3, 1, 0, 4]]
 HALF_ATOL = 3e-2
 
 
-@pytest.fixture(scope="module")
-def ort(core):
-    if not core.HAS_ORT_EXECUTOR:
-        pytest.skip("dflash_trt._core was built without the onnxruntime executor (see csrc/README.md, Build)")
-    from dflash_trt.runtime import ort_executor
-
-    return ort_executor
-
-
 @pytest.fixture(scope="module", params=["qwen3", "qwen3_5_text"])
 def half(ort, request, tmp_path_factory):
     """(float16 slots bundle, float32 TargetModel) over 6 tokens (MASK is 5): greedy drafts are often
