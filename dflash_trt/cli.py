@@ -17,10 +17,9 @@ from dflash_trt.models.embedded import DEFAULT_TARGET
 
 TARGET_HELP = f"HF checkpoint directory, hub id, or alias (default: {DEFAULT_TARGET}, embedded)."
 DRAFT_HELP = "DFlash drafter directory (z-lab HF format). Default: the drafter shipped for the target."
-QUANT_HELP = ("The target's matmul weights (fp32 exports). int4: 4 bits, blocks of 32, round to nearest: "
+QUANT_HELP = ("int4: the target's matmul weights in 4 bits, blocks of 32, round to nearest (fp32 exports): "
               "onnxruntime's MatMulNBits for --flavour slots, int4 DequantizeLinear (TensorRT's weight-only INT4) "
-              "for slots-trt. fp8 (slots-trt: TensorRT's FP8 GEMMs): weights and their inputs in float8 e4m3, "
-              "calibrated on text the target writes. Greedy output equals the quantized target's own.")
+              "for slots-trt. Greedy output equals the quantized target's own greedy output.")
 DRAFT_QUANT_HELP = ("int4: the drafter's matmul weights in 4 bits as --quant int4 writes them (slots, slots-trt; fp32). "
                     "Drafts are verified, so output is unchanged; drafting costs less, acceptance may drop.")
 
@@ -93,7 +92,7 @@ def main():
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
               help="--backend torch: its models' dtype (default: bfloat16 on a GPU, float32 on the CPU).")
 @click.option("--quant", type=click.Choice(QUANTS), default=None,
-              help="--backend onnxruntime (auto picks it; int4) or tensorrt: " + QUANT_HELP)
+              help="--backend onnxruntime (auto picks it) or tensorrt: " + QUANT_HELP)
 @click.option("--draft-quant", type=click.Choice(["int4"]), default=None, help=DRAFT_QUANT_HELP)
 @user_errors
 def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop, as_json,
@@ -354,10 +353,7 @@ def _dry_run(target, draft, source, config, flavour: str, dry_run: bool, gpu_mem
 
 def _capacity_text(manifest: dict) -> str:
     """", KV capacity N (static)" for graphs that fix it (slots-trt), else ""."""
-    if not manifest.get("capacity"):
-        return ""
-    spare = manifest.get("min_query_tokens", 1) - 1
-    return f", KV capacity {manifest['capacity']} (static{f', + {spare} spare' if spare else ''})"
+    return f", KV capacity {manifest['capacity']} (static)" if manifest.get("capacity") else ""
 
 
 @main.command()

@@ -204,7 +204,7 @@ def test_generate_places_the_torch_models_where_asked(tiny_pairs, tmp_path):
     assert result.exit_code == 0, result.output
     assert len(json.loads(result.stdout)["token_ids"]) == 6
     bad = CliRunner().invoke(main, ["generate", "--bundle", str(tmp_path), "--device", "cpu", "hello"])
-    assert bad.exit_code != 0 and "--device, --dtype and --quant choose how --target is run" in bad.output
+    assert bad.exit_code != 0 and "--device, --dtype, --quant and --draft-quant choose how --target is run" in bad.output
 
 
 @pytest.mark.parametrize(("options", "says"), [
@@ -229,7 +229,7 @@ def test_generate_quant_is_for_the_onnxruntime_backend(tiny_pairs):
     target, draft = tiny_pairs["llama"]
     result = CliRunner().invoke(main, ["generate", "--target", str(target), "--draft", str(draft), "--backend", "torch",
                                        "--quant", "int4", "hello"])
-    one_error_line(result, "quant must be int4 (backend onnxruntime or tensorrt) or fp8 (backend tensorrt)")
+    one_error_line(result, "quant must be one of int4, on backend onnxruntime or tensorrt")
 
 
 def test_export_quant_int4_writes_a_bundle_inspect_describes_and_generate_runs(tiny_pairs, tmp_path):
@@ -246,5 +246,5 @@ def test_export_quant_int4_writes_a_bundle_inspect_describes_and_generate_runs(t
 
 
 def test_build_quant_is_for_exporting_not_for_a_bundle(tmp_path):
-    result = CliRunner().invoke(main, ["build", "--bundle", str(tmp_path), "-o", str(tmp_path / "e"), "--quant", "fp8"])
+    result = CliRunner().invoke(main, ["build", "--bundle", str(tmp_path), "-o", str(tmp_path / "e"), "--quant", "int4"])
     one_error_line(result, "--quant and --draft-quant are for exporting --target/--draft")

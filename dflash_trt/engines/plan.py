@@ -168,15 +168,15 @@ class Plan:
     def weight_bytes(self, dtype: str) -> int:
         return (self.parameters["total"] + self.draft_parameters + self.borrowed) * DTYPE_BYTES[dtype]
 
-    def quantized_target_bytes(self) -> tuple[int, int, int]:
-        """target.onnx's weights (export --quant int4, --quant fp8, float32) -> bytes: every matmul
-        weight (a tied LM head is its own transposed copy in the graph) in 4 bits with a float32 scale
-        per 32, or in 8 bits (export/quantize.py); the embedding lookup and norms stay float32."""
+    def int4_target_bytes(self) -> tuple[int, int]:
+        """target.onnx's weights (export --quant int4, float32) -> bytes: every matmul weight (a tied
+        LM head is its own transposed copy in the graph) in 4 bits with a float32 scale per 32
+        (export/quantize.py); the embedding lookup and norms stay float32."""
         p = self.parameters
         lm_head = p["lm head"] or p["embeddings"]
         matmuls = p["attention"] + p["linear attention"] + p["mlp"] + p["shared experts"] + lm_head
         floats = (p["total"] + lm_head - p["lm head"] - matmuls) * 4
-        return int(matmuls * (0.5 + 4 / 32)) + floats, matmuls + floats, matmuls * 4 + floats
+        return int(matmuls * (0.5 + 4 / 32)) + floats, matmuls * 4 + floats
 
     @property
     def per_request(self) -> int:
@@ -293,11 +293,9 @@ def render(plan: Plan) -> str:
                      f"draft_block also holds {_count(plan.borrowed)} of the target's embeddings and LM head)")
     lines.append("weights of the three graphs:  " + "  ".join(f"{SHORT[t]} {_bytes(plan.weight_bytes(t))}" for t in DTYPE_BYTES))
     if plan.flavour in ("slots", "slots-trt") and not p["moe experts"]:
-        int4, fp8, fp32 = plan.quantized_target_bytes()
+        int4, fp32 = plan.int4_target_bytes()
         lines.append(f"target.onnx with export --quant int4 (4-bit matmul weights, a float32 scale per 32; embeddings "
-                     f"and norms float32): about {_bytes(int4)}"
-                     + (f"; --quant fp8 (8-bit matmul weights): about {_bytes(fp8)}" if plan.flavour == "slots-trt" else "")
-                     + f" (float32: {_bytes(fp32)})")
+                     f"and norms float32): about {_bytes(int4)} (float32: {_bytes(fp32)})")
     lines.append(f"K/V per token ({d}): target {_bytes(plan.kv_per_token)}, drafter {_bytes(plan.draft_kv_per_token)}")
     lines.append(f"per request at {plan.max_seq_len} tokens: K/V "
                  f"{_bytes((plan.kv_per_token + plan.draft_kv_per_token) * plan.max_seq_len)}"

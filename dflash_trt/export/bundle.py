@@ -34,8 +34,7 @@ from dflash_trt.export.moe_ops import register_moe_symbolic
 from dflash_trt.export.op_library import onnxruntime_refusal, op_library
 from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph
 from dflash_trt.export.plugin_ops import DOMAIN, OP_VERSION, register_symbolics
-from dflash_trt.export.quantize import (calibration_feeds, draft_quant_refusal, min_query_tokens, quant_refusal,
-                                        quantize_fp8, quantize_int4)
+from dflash_trt.export.quantize import draft_quant_refusal, min_query_tokens, quant_refusal, quantize_int4
 from dflash_trt.export.slot_graphs import CONTRACT, SlotTargetGraph, slot_example_inputs, slot_target_spec
 from dflash_trt.export.slot_ops import ORT_DOMAIN, ORT_DOMAIN_VERSION, register_slot_symbolics
 from dflash_trt.export.slot_trt_ops import OPSET as TRT_OPSET
@@ -312,7 +311,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
     """Write the bundle with weights, K/V caches and features in `dtype` (float32, float16, bfloat16);
     `progress` is called after each of its steps (3 graphs, tokenizer, manifest). `capacity`: the
     static KV slot size in tokens of a slots-trt target (that flavour only, and required there).
-    `quant` (int4, fp8): the target's weights quantized after its graph is checked (export/quantize.py);
+    `quant` (int4): the target's weights quantized after its graph is checked (export/quantize.py);
     `draft_quant` (int4): the drafter's (its drafts are verified: lossless whatever their numerics)."""
     check_flavour(flavour, check, dtype, capacity)
     refusal = (quant_refusal(quant, flavour, dtype, any(is_sparse_moe(m) for m in target.model.modules()))
@@ -328,9 +327,8 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
     refusal = export_refusal(target.model_type)
     if refusal:
         raise DFlashError(refusal)
-    # quantized activations need two query rows per step, and static caches a spare position for it
-    rows = min_query_tokens(quant, flavour)
-    specs = _graph_specs(target, drafter, dtype, flavour, None if capacity is None else capacity + rows - 1)
+    rows = min_query_tokens(quant, flavour)  # quantized activations need two query rows per step
+    specs = _graph_specs(target, drafter, dtype, flavour, capacity)
     target_graph = {(False, False): TargetGraph, (False, True): HybridTargetGraph,
                     (True, False): SlotTargetGraph, (True, True): HybridSlotTargetGraph}[slots, hybrid]
     modules = {
@@ -348,12 +346,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
                                              plugin and (name != "target" or hybrid), target.vocab_size, dtype,
                                              flavour if slots and name == "target" else None)
                 progress(f"{name}.onnx")
-        quantized = None
-        if quant == "int4":
-            quantized = quantize_int4(tmp / "target.onnx", flavour, EXTERNAL_DATA_THRESHOLD)
-        elif quant == "fp8":
-            feeds = calibration_feeds(target, tokenizer, specs["target"]["inputs"])
-            quantized = quantize_fp8(tmp / "target.onnx", feeds, EXTERNAL_DATA_THRESHOLD)
+        quantized = quantize_int4(tmp / "target.onnx", flavour, EXTERNAL_DATA_THRESHOLD) if quant else None
         draft_quantized = None
         for graph in ("draft_context", "draft_block") if draft_quant else ():
             draft_quantized = quantize_int4(tmp / f"{graph}.onnx", flavour, EXTERNAL_DATA_THRESHOLD)

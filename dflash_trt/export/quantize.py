@@ -12,14 +12,8 @@ block (symmetric, round to nearest: no calibration data), in the form the flavou
   24) into each MatMul, TensorRT's INT4 weight-only form (symmetric, as its dequantize layer requires);
   activations stay float.
 
-fp8 (slots-trt: TensorRT's FP8 GEMMs, compute capability 8.9+) is onnxruntime's static quantizer:
-QuantizeLinear / DequantizeLinear in float8 e4m3 on every weight matmul's weight and input, one
-scale per tensor, the activations' scales calibrated on text the target writes itself (greedy
-continuations of a few neutral openings: never a benchmark set).
-
-Where activations are quantized (int4 on onnxruntime, fp8), a verified block equals one-token steps
-only when every step feeds two query rows at least (see `min_query_tokens`): the bundle records it
-and, where the graphs fix the capacity (slots-trt), they hold the one spare position it needs.
+Where activations are quantized (int4 on onnxruntime), a verified block equals one-token steps only
+when every step feeds two query rows at least (see `min_query_tokens`): the bundle records it.
 
 The embedding lookup, norms and attention stay in the bundle's dtype; the drafter is not quantized.
 """
@@ -44,14 +38,10 @@ FORMS = {  # flavour -> how its graphs carry int4 weights
 }
 
 
-# the openings the target continues into its own fp8 calibration text
-CALIBRATION_OPENINGS = ("The", "def ", "Once upon a time", "1.", "In this")
-
-
 def min_query_tokens(quant: str | None, flavour: str) -> int:
     """Query rows every target step of the bundle must feed (ExecutorConfig.min_query_tokens): 2 where
     activations are quantized, whose rounding turns one-row kernels' last-bit differences into tokens."""
-    return 2 if quant == "fp8" or (quant == "int4" and flavour == "slots") else 1
+    return 2 if quant == "int4" and flavour == "slots" else 1
 
 
 def quant_refusal(quant: str | None, flavour: str, dtype: str, moe: bool) -> str | None:
@@ -60,9 +50,6 @@ def quant_refusal(quant: str | None, flavour: str, dtype: str, moe: bool) -> str
         return None
     if quant not in QUANTS:
         return f"unknown --quant '{quant}'; choose one of {', '.join(QUANTS)}"
-    if quant == "fp8" and flavour != "slots-trt":
-        return (f"--quant fp8 is for TensorRT's FP8 GEMMs (--flavour slots-trt, GPUs of compute capability 8.9+); "
-                f"onnxruntime's CPU kernels have none: use --quant int4 for --flavour {flavour}")
     if flavour not in FORMS:
         return (f"--quant {quant} is written for --flavour slots (onnxruntime's MatMulNBits) and slots-trt "
                 f"(int4 DequantizeLinear for TensorRT); --flavour {flavour} has no quantized form yet")
@@ -87,7 +74,7 @@ def draft_quant_refusal(draft_quant: str | None, flavour: str, dtype: str) -> st
 
 @contextmanager
 def _quiet(name: str | None, level: int = logging.WARNING):
-    """onnxruntime's quantizers log every node they visit, and print their calibration's progress."""
+    """onnxruntime's quantizer logs every node it visits."""
     logger = logging.getLogger(name)
     saved = logger.level
     logger.setLevel(level)
@@ -130,75 +117,4 @@ def quantize_int4(path: Path, flavour: str, external_threshold: int) -> dict:
         "activations": "int8 per block inside MatMulNBits (accuracy_level 4)" if kernel else "float (weight-only)",
         "quantized_matmuls": quantized_matmuls,
         "float_matmuls": ops["MatMul"] - (0 if kernel else quantized_matmuls),
-    }
-
-def calibration_feeds(target, tokenizer, inputs: list[dict], length: int = 48) -> list[dict]:
-    """Prefill feeds of the slots target graph (I/O `inputs` as the manifest declares them, batch 1,
-    empty caches and states) over text the target writes itself from CALIBRATION_OPENINGS."""
-    import numpy as np
-    import torch
-
-    if tokenizer is not None:
-        seeds = [tokenizer(text, add_special_tokens=False)["input_ids"] or [0] for text in CALIBRATION_OPENINGS]
-    else:
-        seeds = [[i % target.vocab_size] for i in range(1, len(CALIBRATION_OPENINGS) + 1)]
-    written = []
-    for seed in seeds:
-        with torch.no_grad():
-            written.append(target.model.generate(torch.tensor([seed]), max_new_tokens=length, min_new_tokens=length,
-                                                 do_sample=False, pad_token_id=0)[0].tolist())
-    n = min(len(ids) for ids in written)  # one length: the calibrator stacks each tensor's values
-    feeds = []
-    for ids in (ids[:n] for ids in written):
-        feed = {"input_ids": np.asarray([ids], np.int64), "cache_lengths": np.zeros(1, np.int64),
-                "query_lengths": np.asarray([n], np.int64), "logits_index": np.asarray([[n - 1]], np.int64)}
-        for spec in inputs:
-            if spec["name"] not in feed:  # caches and linear-attention states: empty
-                shape = [1 if dim == "batch" else dim for dim in spec["shape"]]
-                feed[spec["name"]] = np.zeros(shape, spec["dtype"])
-        feeds.append(feed)
-    return feeds
-
-
-def quantize_fp8(path: Path, feeds: list[dict], external_threshold: int) -> dict:
-    """Rewrite the slots-trt graph at `path` with float8 Q/DQ on every weight matmul, the activations'
-    scales calibrated on `feeds`; -> the manifest's record."""
-    import tempfile
-
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
-                                          quantize_static)
-
-    class Feeds(CalibrationDataReader):
-        def __init__(self):
-            self.remaining = iter(feeds)
-
-        def get_next(self):
-            return next(self.remaining, None)
-
-    # the root logger: the static quantizer advises pre-processing (shape inference), which the export did
-    with tempfile.TemporaryDirectory(dir=path.parent) as scratch, _quiet(None, logging.ERROR):
-        staged = Path(scratch) / path.name
-        quantize_static(str(path), str(staged), Feeds(), quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul"],
-                        activation_type=QuantType.QFLOAT8E4M3FN, weight_type=QuantType.QFLOAT8E4M3FN,
-                        calibrate_method=CalibrationMethod.Distribution, use_external_data_format=True,
-                        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
-        quantized = onnx.load(str(staged))
-    data = path.with_name(path.name + ".data")
-    data.unlink()
-    onnx.save_model(quantized, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data.name, size_threshold=external_threshold)
-    data.chmod(path.stat().st_mode & 0o777)
-    onnx.checker.check_model(str(path))
-    dequantized = {out for node in quantized.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
-    matmuls = [node for node in quantized.graph.node if node.op_type == "MatMul"]
-    ops = Counter(node.op_type for node in quantized.graph.node)
-    return {
-        "weights": "fp8",
-        "method": f"onnxruntime quantize_static (float8 e4m3, per-tensor scales; activations calibrated on "
-                  f"{len(feeds)} sequences the target generated)",
-        "form": "QuantizeLinear / DequantizeLinear (float8 e4m3) on each weight matmul's weight and input",
-        "activations": "float8 e4m3 at each weight matmul's input",
-        "quantized_matmuls": sum(node.input[1] in dequantized for node in matmuls),
-        "float_matmuls": sum(node.input[1] not in dequantized for node in matmuls),
-        "quantize_nodes": ops["QuantizeLinear"],
     }

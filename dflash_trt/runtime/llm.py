@@ -81,12 +81,12 @@ class LLM:
     ):
         """`device` and `dtype` place the torch backend's models: "cuda" when PyTorch sees a GPU, else
         "cpu"; bfloat16 on a GPU, float32 on the CPU. A bundle's backend runs the bundle's own.
-        `quant`: the target's weights quantized (export/quantize.py): "int4" on backend onnxruntime or
-        tensorrt, "fp8" on tensorrt (FP8 GEMMs); `draft_quant` ("int4", the same backends): the drafter's."""
+        `quant` ("int4", backend onnxruntime or tensorrt): the target's weights in 4 bits
+        (export/quantize.py); `draft_quant` ("int4", the same backends): the drafter's."""
         if backend not in BACKENDS:
             raise DFlashError(f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}")
-        if quant is not None and (quant not in QUANTS or backend == "torch" or (quant, backend) == ("fp8", "onnxruntime")):
-            raise DFlashError(f"quant must be int4 (backend onnxruntime or tensorrt) or fp8 (backend tensorrt); "
+        if quant is not None and (quant not in QUANTS or backend == "torch"):
+            raise DFlashError(f"quant must be one of {', '.join(QUANTS)}, on backend onnxruntime or tensorrt; "
                               f"got quant={quant!r} on backend '{backend}'")
         if draft_quant is not None and (draft_quant != "int4" or backend == "torch"):
             raise DFlashError(f"draft_quant must be int4, on backend onnxruntime or tensorrt; got "

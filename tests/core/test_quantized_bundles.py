@@ -3,8 +3,7 @@ graph is onnxruntime's 4-bit MatMulNBits; a verified block's logits are bit-iden
 tokens one step at a time with two query rows (what the runtime's min_query_tokens feeds), so greedy
 DFlash on the C++ executor equals the quantized target's own greedy decoding, request for request.
 slots-trt: blocked int4 DequantizeLinear into each matmul (TensorRT's weight-only INT4), which
-onnxruntime runs too. fp8 (slots-trt): float8 Q/DQ on each weight matmul's weight and input, calibrated
-on text the target writes; its static caches hold the spare position two-row steps need."""
+onnxruntime runs too."""
 
 import json
 
@@ -146,7 +145,6 @@ def test_a_full_slot_decodes_its_last_token_within_the_slot(core, ort, int4):
     (dict(flavour="plugin"), "--flavour plugin has no quantized form yet"),
     (dict(flavour="slots", dtype="float16"), "quantizes a float32 export"),
     (dict(flavour="slots", quant="int8"), "unknown --quant"),
-    (dict(flavour="slots", quant="fp8"), "--quant fp8 is for TensorRT's FP8 GEMMs"),
     (dict(flavour="portable", quant=None, draft_quant="int4"), "--draft-quant int4 is written for float32 --flavour slots"),
 ])
 def test_a_quantization_the_export_cannot_write_is_one_line_before_any_graph(tmp_path, kwargs, says):
@@ -175,8 +173,8 @@ def test_the_dry_run_estimates_the_int4_targets_weights(int4):
     graph = onnx.load(str(bundle / "target.onnx"))
     written = sum(onnx.numpy_helper.to_array(init).nbytes for init in graph.graph.initializer)
     draft_dir = target_dir.parent / "qwen3-draft"
-    estimate, _, _ = plan_pair(str(target_dir), str(draft_dir), BuildConfig(engine="onnxruntime"), "slots",
-                               None).quantized_target_bytes()
+    estimate, _ = plan_pair(str(target_dir), str(draft_dir), BuildConfig(engine="onnxruntime"), "slots",
+                            None).int4_target_bytes()
     assert abs(estimate - written) / written < 0.02, (estimate, written)
 
 
@@ -212,68 +210,6 @@ def test_slots_trt_int4_decodes_greedy_dflash_equal_to_its_plain_decoding_on_onn
     work = [(0, [5, 6, 7], 12), (1, [9, 10, 11, 12], 10), (2, [20], 14)]
     plain, _ = drive_scheduler(core, _scheduler(core, ort, trt_int4, 1, 1)[0], [(0, p, m) for _, p, m in work])
     tokens, _ = drive_scheduler(core, _scheduler(core, ort, trt_int4, 3, 4)[0], work)
-    assert tokens == plain
-
-
-@pytest.fixture(scope="module")
-def trt_fp8(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fp8")
-    target_dir = make_target(root / "t", "qwen3")
-    target, tokenizer = load_target(str(target_dir))
-    drafter = load_drafter(make_drafter(root / "d", block_size=4, target_layer_ids=[1, 2]))
-    bundle = export_bundle(target, drafter, tokenizer, root / "b", flavour="slots-trt", capacity=64, check=False,
-                           quant="fp8")
-    return bundle, target
-
-
-def test_fp8_quantizes_every_weight_matmul_and_its_input_per_tensor(trt_fp8):
-    bundle, _ = trt_fp8
-    graph = onnx.load(str(bundle / "target.onnx"), load_external_data=False)
-    weights = {init.name: init for init in graph.graph.initializer}
-    made = {out: node for node in graph.graph.node for out in node.output}
-    matmuls = [n for n in graph.graph.node if n.op_type == "MatMul"]
-    assert len(matmuls) == 7 * 4 + 1
-    for node in matmuls:
-        for side in node.input:  # activation and weight alike: DequantizeLinear of float8 with one scale
-            dequantize = made[side]
-            assert dequantize.op_type == "DequantizeLinear"
-            scale, zero_point = (weights[name] for name in dequantize.input[1:3])
-            assert list(scale.dims) == [] and zero_point.data_type == onnx.TensorProto.FLOAT8E4M3FN
-        assert made[made[node.input[0]].input[0]].op_type == "QuantizeLinear"  # the input is quantized at run time
-        assert weights[made[node.input[1]].input[0]].data_type == onnx.TensorProto.FLOAT8E4M3FN
-    manifest = json.loads((bundle / "bundle.json").read_text())
-    assert manifest["quant"]["weights"] == "fp8" and manifest["quant"]["quantized_matmuls"] == 29
-    # two query rows per step, and the static caches hold the spare position they need
-    assert manifest["min_query_tokens"] == 2 and manifest["capacity"] == 64
-    assert manifest["graphs"]["target"]["inputs"][4]["shape"][2] == 65
-
-
-def test_fp8_calibration_text_is_the_targets_own_greedy_continuation(trt_fp8):
-    import torch
-
-    from dflash_trt.export.quantize import calibration_feeds
-
-    bundle, target = trt_fp8
-    inputs = json.loads((bundle / "bundle.json").read_text())["graphs"]["target"]["inputs"]
-    for feed in calibration_feeds(target, None, inputs, length=8):
-        ids = feed["input_ids"][0]
-        with torch.no_grad():
-            logits = target.model(torch.tensor([ids])).logits[0]
-        assert (logits[:-1].argmax(-1).numpy()[-8:] == ids[1:][-8:]).all()
-        assert feed["cache_key_0"].shape == (1, 2, 65, 16) and not feed["cache_key_0"].any()
-
-
-@pytest.mark.parametrize("concurrency", [1, 3, 8])
-def test_fp8_greedy_dflash_equals_its_plain_decoding_on_onnxruntime(core, ort, trt_fp8, concurrency):
-    bundle, _ = trt_fp8
-    assert ort.executor_config(bundle, 2, 64).min_query_tokens == 2
-    rng = np.random.default_rng(concurrency)
-    work, step = [], 0
-    for _ in range(8 if concurrency > 1 else 3):
-        work.append((step, rng.integers(0, 263, int(rng.integers(1, 20))).tolist(), int(rng.integers(3, 20))))
-        step += int(rng.integers(0, 3))
-    plain, _ = drive_scheduler(core, _scheduler(core, ort, bundle, 1, 1)[0], [(0, p, m) for _, p, m in work])
-    tokens, _ = drive_scheduler(core, _scheduler(core, ort, bundle, concurrency, 4)[0], work)
     assert tokens == plain
 
 

@@ -316,20 +316,3 @@ def test_each_executor_counts_the_bytes_it_moves_across_the_host_boundary(core, 
     target = 8 * (n * s + n + n + n * s + n * s)  # ids, lengths, logits_index; the drafter's positions
     decision = n * 72 + (1 + n * (s - 1)) * 8 + n * 16  # DecideRow (9 words), drafts (+1 pad), Verdict (2 words)
     assert trt.host_bytes - before == target + decision
-
-
-def test_an_fp8_bundle_on_the_tensorrt_executor_feeds_two_rows_into_its_spare_position(core, ort, fakes, tmp_path):
-    """export --quant fp8: the executor binds caches of capacity + 1 (the engines' static shape) and
-    feeds two query rows per step; greedy DFlash equals plain decoding and the onnxruntime executor's."""
-    target_dir = make_target(tmp_path / "target", "qwen3", seed=5, tokenizer=False, vocab_size=6)
-    draft_dir = make_drafter(tmp_path / "draft", seed=5, block_size=4, target_layer_ids=[1, 2], mask_token_id=5)
-    bundle = export_bundle(load_target(str(target_dir))[0], load_drafter(draft_dir), None, tmp_path / "bundle",
-                           flavour="slots-trt", capacity=64, check=False, quant="fp8")
-    engines = fake_engines(bundle, tmp_path / "engines", ort.onnxruntime_library())
-    config = trt_config(ort, fakes, bundle, engines)
-    assert config.min_query_tokens == 2
-    plain = decode_on(core, core.TrtExecutor(config), PROMPTS[:3], 1)[0]
-    ours = decode_on(core, core.TrtExecutor(trt_config(ort, fakes, bundle, engines)), PROMPTS[:3], 4)
-    assert ours[0] == plain
-    assert ours == decode_on(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS[:3], 4)
-    assert max(a for row in ours[1] for a in row) >= 1  # drafts were accepted
