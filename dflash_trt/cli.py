@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.export.manifest import DTYPES, QUANTS, read_bundle
+from dflash_trt.export.manifest import DRAFT_QUANTS, DTYPES, QUANTS, read_bundle
 from dflash_trt.models.embedded import DEFAULT_TARGET
 
 TARGET_HELP = f"HF checkpoint directory, hub id, or alias (default: {DEFAULT_TARGET}, embedded)."
@@ -93,7 +93,7 @@ def main():
               help="--backend torch: its models' dtype (default: bfloat16 on a GPU, float32 on the CPU).")
 @click.option("--quant", type=click.Choice(QUANTS), default=None,
               help="--backend onnxruntime (auto picks it) or tensorrt: " + QUANT_HELP)
-@click.option("--draft-quant", type=click.Choice(["int4"]), default=None, help=DRAFT_QUANT_HELP)
+@click.option("--draft-quant", type=click.Choice(DRAFT_QUANTS), default=None, help=DRAFT_QUANT_HELP)
 @user_errors
 def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop, as_json,
              device, dtype, quant, draft_quant):
@@ -147,7 +147,7 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
 @click.option("--dtype", type=click.Choice(list(DTYPES)), default="fp32", show_default=True,
               help="Precision of the graphs' weights, K/V caches and features (logits stay fp32).")
 @click.option("--quant", type=click.Choice(QUANTS), default=None, help=QUANT_HELP)
-@click.option("--draft-quant", type=click.Choice(["int4"]), default=None, help=DRAFT_QUANT_HELP)
+@click.option("--draft-quant", type=click.Choice(DRAFT_QUANTS), default=None, help=DRAFT_QUANT_HELP)
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Compare each graph on onnxruntime with PyTorch (polygraphy run --onnxrt); "
@@ -267,7 +267,7 @@ def _engine_default(compute_capability: str | None) -> str:
 @click.option("--capacity", type=int, default=None,
               help="When exporting --flavour slots-trt (and required there): the KV slots' size in tokens.")
 @click.option("--quant", type=click.Choice(QUANTS), default=None, help="When exporting: " + QUANT_HELP)
-@click.option("--draft-quant", type=click.Choice(["int4"]), default=None, help="When exporting: " + DRAFT_QUANT_HELP)
+@click.option("--draft-quant", type=click.Choice(DRAFT_QUANTS), default=None, help="When exporting: " + DRAFT_QUANT_HELP)
 @click.option("--max-batch", type=int, default=None,
               help="Largest batch the engines accept [default: 8 for slots / slots-trt graphs (batched), else 1].")
 @click.option("--max-seq-len", type=int, default=2048, show_default=True, help="Longest sequence (prompt + output).")

@@ -111,7 +111,7 @@ def build_engines(source: Path, out: Path, config: BuildConfig, command: str | N
             "plugin_library": plugin,
             "source": {"bundle_sha256": sha256(source / MANIFEST),
                        **{k: manifest[k] for k in ("contract", "flavour", "opset", "target_opset", "capacity", "quant",
-                                                   "min_query_tokens", "custom_ops", "graphs", "target", "draft",
+                                                   "draft_quant", "min_query_tokens", "custom_ops", "graphs", "target", "draft",
                                                    "versions")
                           if k in manifest}},
             "command": command,

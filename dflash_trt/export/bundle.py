@@ -347,9 +347,10 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
                                              flavour if slots and name == "target" else None)
                 progress(f"{name}.onnx")
         quantized = quantize_int4(tmp / "target.onnx", flavour, EXTERNAL_DATA_THRESHOLD) if quant else None
-        draft_quantized = None
-        for graph in ("draft_context", "draft_block") if draft_quant else ():
-            draft_quantized = quantize_int4(tmp / f"{graph}.onnx", flavour, EXTERNAL_DATA_THRESHOLD)
+        draft_quantized = None  # recorded: draft_block's (draft_context's is its few K/V projections)
+        if draft_quant:
+            quantize_int4(tmp / "draft_context.onnx", flavour, EXTERNAL_DATA_THRESHOLD)
+            draft_quantized = quantize_int4(tmp / "draft_block.onnx", flavour, EXTERNAL_DATA_THRESHOLD)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         progress("tokenizer")
@@ -359,7 +360,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
             "flavour": flavour,
             "dtype": dtype,
             **({"quant": quantized} if quantized else {}),  # the target's weights; absent: all in `dtype`
-            **({"draft_quant": draft_quantized} if draft_quantized else {}),  # the drafter's (draft_block's record)
+            **({"draft_quant": draft_quantized} if draft_quantized else {}),  # the drafter's
             **({"min_query_tokens": rows} if rows > 1 else {}),  # ExecutorConfig.min_query_tokens
             "opset": OPSET,
             # slots-trt: the target graph alone is at opset 24 (TensorScatter), with a static capacity

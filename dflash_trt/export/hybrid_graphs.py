@@ -25,7 +25,7 @@ from torch import nn
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.delta_rule import gated_delta_rule, gated_delta_rule_at
-from dflash_trt.export.graphs import causal_mask, in_tap_order
+from dflash_trt.export.graphs import causal_mask, in_tap_order, rotate_half
 from dflash_trt.export.moe import export_mlp
 from dflash_trt.models.target import TargetModel
 
@@ -51,9 +51,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     """RoPE on the first cos.shape[-1] dims of each head (partial rotary), the rest passed through."""
     r = cos.shape[-1]
     x_rot, x_pass = x[..., :r], x[..., r:]
-    half = r // 2
-    rotated = torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1)
-    return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
+    return torch.cat([x_rot * cos + rotate_half(x_rot, r) * sin, x_pass], dim=-1)
 
 
 def gated_qk(attn, h, cos, sin):

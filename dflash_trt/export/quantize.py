@@ -20,15 +20,14 @@ The embedding lookup, norms and attention stay in the bundle's dtype; the drafte
 
 from __future__ import annotations
 
-import io
 import logging
 from collections import Counter
-from contextlib import contextmanager, redirect_stdout
+from contextlib import contextmanager
 from pathlib import Path
 
 import onnx
 
-from dflash_trt.export.manifest import QUANTS
+from dflash_trt.export.manifest import DRAFT_QUANTS, QUANTS
 
 INT4 = {"block_size": 32, "symmetric": True, "accuracy_level": 4}
 _QUANTIZER_LOG = "onnxruntime.quantization.matmul_nbits_quantizer"
@@ -64,8 +63,8 @@ def draft_quant_refusal(draft_quant: str | None, flavour: str, dtype: str) -> st
     """One line for a drafter quantization this export cannot write (int4 only), before any work."""
     if draft_quant is None:
         return None
-    if draft_quant != "int4":
-        return f"--draft-quant takes int4 only, not '{draft_quant}'"
+    if draft_quant not in DRAFT_QUANTS:
+        return f"unknown --draft-quant '{draft_quant}'; choose one of {', '.join(DRAFT_QUANTS)}"
     if flavour not in FORMS or dtype != "float32":
         return (f"--draft-quant int4 is written for float32 --flavour slots and slots-trt exports, not a {dtype} "
                 f"{flavour} one")
@@ -73,14 +72,13 @@ def draft_quant_refusal(draft_quant: str | None, flavour: str, dtype: str) -> st
 
 
 @contextmanager
-def _quiet(name: str | None, level: int = logging.WARNING):
-    """onnxruntime's quantizer logs every node it visits."""
+def _quiet(name: str):
+    """onnxruntime's quantizer logs every node it visits at INFO."""
     logger = logging.getLogger(name)
     saved = logger.level
-    logger.setLevel(level)
+    logger.setLevel(logging.WARNING)
     try:
-        with redirect_stdout(io.StringIO()):
-            yield
+        yield
     finally:
         logger.setLevel(saved)
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.export.manifest import QUANTS
+from dflash_trt.export.manifest import DRAFT_QUANTS, QUANTS
 from dflash_trt.models import embedded
 from dflash_trt.models.chat import encode_prompt
 from dflash_trt.models.tokenizers import TextStream, load_tokenizer
@@ -88,9 +88,9 @@ class LLM:
         if quant is not None and (quant not in QUANTS or backend == "torch"):
             raise DFlashError(f"quant must be one of {', '.join(QUANTS)}, on backend onnxruntime or tensorrt; "
                               f"got quant={quant!r} on backend '{backend}'")
-        if draft_quant is not None and (draft_quant != "int4" or backend == "torch"):
-            raise DFlashError(f"draft_quant must be int4, on backend onnxruntime or tensorrt; got "
-                              f"draft_quant={draft_quant!r} on backend '{backend}'")
+        if draft_quant is not None and (draft_quant not in DRAFT_QUANTS or backend == "torch"):
+            raise DFlashError(f"draft_quant must be one of {', '.join(DRAFT_QUANTS)}, on backend onnxruntime or "
+                              f"tensorrt; got draft_quant={draft_quant!r} on backend '{backend}'")
         _check_block_size(block_size)
         self._batching(max_batch, capacity, prefill_chunk)
         # PyTorch model code is imported here, on the torch path only: from_bundle never loads it.

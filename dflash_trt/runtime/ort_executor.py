@@ -69,6 +69,9 @@ def slot_config(manifest: dict, paths: dict[str, str], library: str, max_batch: 
     config.dtype = manifest["dtype"]
     config.threads = threads or 0
     config.max_batch, config.capacity = max_batch, capacity
+    # a bundle with quantized activations (export/quantize.py): every step feeds two query rows, so a
+    # verify equals decoding one token at a time bit for bit
+    config.min_query_tokens = manifest.get("min_query_tokens", 1)
     config.target_layers = target["num_layers"]
     # hybrid targets: Gated DeltaNet layers keep conv / recurrent states, the others a K/V cache
     types = target.get("layer_types") or ["full_attention"] * target["num_layers"]
@@ -156,11 +159,7 @@ class SlotBundle:
         """The `_core.ExecutorConfig` for `max_batch` slots of `capacity` tokens."""
         self.check_limits(max_batch, capacity)
         paths = {name: str(self.root / graph["file"]) for name, graph in self.manifest["graphs"].items()}
-        config = slot_config(self.manifest, paths, self.library, max_batch, capacity, threads, self.cuda_driver)
-        # a bundle with quantized activations (export/quantize.py): every step feeds two query rows,
-        # so a verify equals decoding one token at a time bit for bit
-        config.min_query_tokens = self.manifest.get("min_query_tokens", 1)
-        return config
+        return slot_config(self.manifest, paths, self.library, max_batch, capacity, threads, self.cuda_driver)
 
     def executor(self, max_batch: int, capacity: int, threads: int | None = None):
         config = self.config(max_batch, capacity, threads)
