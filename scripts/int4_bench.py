@@ -34,7 +34,6 @@ from dflash_trt.bench.offline import run_offline
 from dflash_trt.models import embedded
 from dflash_trt.models.chat import encode_prompt
 from dflash_trt.runtime.bundles import cached_bundle
-from dflash_trt.runtime.engine_bundles import bundle_capacity
 from dflash_trt.runtime.ort_executor import ort_executor
 
 
@@ -86,21 +85,17 @@ def llama_cpp(prompt_ids: list[list[int]], max_tokens: int) -> dict:
     return {"plain": tokens / seconds, "tokens": outputs, "version": metadata.version("llama-cpp-python")}
 
 
-def score_reply(bundle: Path, prompt_ids: list[int], reply: list[int]) -> tuple[list[float], int]:
-    """Under the bundle's target, from its executor's logits: log p(reply[k] | prompt, reply[:k]) for
-    each k, and the first k where its greedy choice is not reply[k] (len(reply) if none): where its own
-    greedy reply would part from this one (its verify rows equal its one-token steps bit for bit)."""
-    capacity = bundle_capacity(bundle) or len(prompt_ids) + len(reply) + 2
-    executor = ort_executor(bundle, max_batch=1, capacity=capacity)
+def reply_logprobs(bundle: Path, prompt_ids: list[int], reply: list[int]) -> list[float]:
+    """log p(reply[k] | prompt, reply[:k]) under the bundle's target, from its executor's logits."""
+    executor = ort_executor(bundle, max_batch=1, capacity=len(prompt_ids) + len(reply) + 2)
     rows = executor.prefill_logits([0], [prompt_ids])[0].astype(np.float64)  # [1, vocab] each
     if len(reply) > 1:
         rows = np.concatenate([rows, executor.verify_logits([0], [reply[:-1]])[0].astype(np.float64)])
-    logprobs = []
+    out = []
     for row, token in zip(rows, reply, strict=True):
         top = row.max()
-        logprobs.append(float(row[token] - top - np.log(np.exp(row - top).sum())))
-    parts = [k for k, (row, token) in enumerate(zip(rows, reply, strict=True)) if row.argmax() != token]
-    return logprobs, parts[0] if parts else len(reply)
+        out.append(float(row[token] - top - np.log(np.exp(row - top).sum())))
+    return out
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
@@ -153,14 +148,10 @@ def main() -> None:
     for name, bundle in bundles.items():
         quality[name] = {"tau_dflash_b4": replies[name]["dflash_b4_tau"],
                          "dflash_b4_equal_to_plain": replies[name]["dflash_b4_equal_to_plain"]}
-    scored = {name: bundle for name, bundle in bundles.items() if name != "int4 + int4 drafter"}  # its target: int4's
-    for name, bundle in scored.items():
-        scores = [score_reply(bundle, ids, reply) for ids, reply in zip(held_ids, replies["float32"]["tokens"],
-                                                                         strict=True)]
-        quality.setdefault(name, {})["perplexity_of_float32_replies"] = float(
-            np.exp(-np.mean([lp for logprobs, _ in scores for lp in logprobs])))
-        quality[name]["fraction_of_float32_reply_before_its_greedy_choice_differs"] = statistics.mean(
-            part / len(reply) for (_, part), reply in zip(scores, replies["float32"]["tokens"], strict=True))
+        if name in ("float32", "int4"):  # the third holds the int4 target too
+            scored = [lp for ids, reply in zip(held_ids, replies["float32"]["tokens"], strict=True)
+                      for lp in reply_logprobs(bundle, ids, reply)]
+            quality[name]["perplexity_of_float32_replies"] = float(np.exp(-np.mean(scored)))
     quality["int4"]["agreement_with_float32"] = agreement(replies["int4"]["tokens"], replies["float32"]["tokens"])
 
     sizes = {name: {graph: sum(f.stat().st_size for f in bundle.glob(f"{graph}.onnx*"))
