@@ -191,7 +191,7 @@ def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: 
     draft = resolve_draft(draft)
     check_flavour(flavour, check, dtype, capacity)  # before loading weights: a missing op library fails in seconds
     check_pair(target, draft)  # from configs, before any weights load
-    from dflash_trt.engines.plan import export_memory_refusal
+    from dflash_trt.engines.plan import export_memory_refusal, moe_layers
     from dflash_trt.export.graphs import export_refusal
     from dflash_trt.models.checkpoints import read_draft_config, read_target_config
 
@@ -199,7 +199,7 @@ def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: 
 
     target_config = read_target_config(target)[1]
     refusal = (export_refusal(target_config.model_type)
-               or quant_refusal(quant, flavour, dtype, bool(getattr(target_config, "num_experts", 0)))
+               or quant_refusal(quant, flavour, dtype, moe_layers(target_config) > 0)
                or draft_quant_refusal(draft_quant, flavour, dtype)
                or export_memory_refusal(target_config, read_draft_config(draft), dtype))
     if refusal:
@@ -377,8 +377,8 @@ def inspect(bundle, no_verify):
     click.echo(f"target: {t['model_type']}, {t['num_layers']} layers, hidden {t['hidden_size']}, vocab {t['vocab_size']}")
     if "quant" in manifest:
         q = manifest["quant"]
-        blocks = f", blocks of {q['block_size']}" if "block_size" in q else ""
-        click.echo(f"  weights {q['weights']}: {q['quantized_matmuls']} matmuls as {q['form']}{blocks}, by {q['method']}; "
+        click.echo(f"  weights {q['weights']}: {q['quantized_matmuls']} matmuls as {q['form']}, blocks of "
+                   f"{q['block_size']}, by {q['method']}; "
                    f"activations {q['activations']}; {q['float_matmuls']} float matmuls left"
                    + (f"; every step feeds {manifest['min_query_tokens']} query rows at least"
                       if "min_query_tokens" in manifest else ""))

@@ -76,6 +76,11 @@ def _sparse(config, layer: int) -> bool:
             and (layer + 1) % (getattr(config, "decoder_sparse_step", 1) or 1) == 0)
 
 
+def moe_layers(config) -> int:
+    """How many of the target's layers hold a sparse MoE block (from its config)."""
+    return sum(_sparse(config, i) for i in range(config.num_hidden_layers))
+
+
 def _mlp(h: int, inner: int, bias: bool = False) -> int:
     return 3 * h * inner + (2 * inner + h if bias else 0)
 
@@ -228,7 +233,7 @@ def make_plan(target: str, config, draft: str | None, draft_config: DraftConfig 
         draft_kv_per_token=draft_kv_bytes_per_token(draft_config, dtype) if draft_config else 0,
         states=state_bytes_per_request(config, dtype),
         layers={"attention": kinds.count("attention"), "linear": kinds.count("linear"),
-                "moe": sum(_sparse(config, i) for i in range(len(kinds)))},
+                "moe": moe_layers(config)},
         export_refusal=export_refusal, gpu_memory_gib=gpu_memory_gib,
     )
 
