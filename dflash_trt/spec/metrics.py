@@ -95,9 +95,8 @@ def summary_line(metrics: RequestMetrics) -> str:
     text = f"{metrics.output_tokens} tokens"
     if speed:
         text += f", {speed:.1f} tok/s decode"
-    if metrics.mean_acceptance_length is not None:
-        text += (
-            f", mean acceptance length {metrics.mean_acceptance_length:.2f} "
-            f"over {metrics.num_drafts} steps (B={metrics.block_size})"
-        )
+    if metrics.block_size:  # speculative; adaptive blocks may have verified plain steps only (no drafts: "-")
+        tau = metrics.mean_acceptance_length
+        text += (f", mean acceptance length {'-' if tau is None else f'{tau:.2f}'} "
+                 f"over {metrics.num_drafts} steps (B={metrics.block_size})")
     return text
