@@ -83,11 +83,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--eager", action="store_true", help="no CUDA graphs (what capture saves)")
     parser.add_argument("--json")
     args = parser.parse_args()
 
+    from dflash_trt.runtime import torch_graphs
     from dflash_trt.runtime.native import native_core
     from dflash_trt.runtime.torch_graphs import torch_executor
+
+    torch_graphs.CUDA_GRAPHS = not args.eager
 
     core = native_core()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -136,7 +140,8 @@ def main() -> None:
                         "ms": round((time.perf_counter() - began) * 1e3, 3),
                         "host_bytes_per_call": executor.host_bytes - before})
     scale = preset["full_layers"] / args.layers
-    print(f"{args.preset}-shaped, {args.layers} of {preset['full_layers']} layers, {args.dtype} on {args.device}, "
+    mode = "eager" if args.eager or device.type != "cuda" else "CUDA graphs"
+    print(f"{args.preset}-shaped, {args.layers} of {preset['full_layers']} layers, {args.dtype} on {args.device} ({mode}), "
           f"{args.cached} cached; ms per call (x{scale:.1f} for the full depth, roughly: the LM head does not scale)")
     print("| phase | rows | B | ms | host bytes per call |")
     print("|---|---|---|---|---|")
@@ -145,7 +150,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "shape": preset, "layers": args.layers, "dtype": args.dtype,
-                       "device": args.device, "cached": args.cached, "repeat": args.repeat, "results": results},
+                       "device": args.device, "graphs": mode == "CUDA graphs", "cached": args.cached, "repeat": args.repeat, "results": results},
                       f, indent=2)
 
 

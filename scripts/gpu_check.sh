@@ -109,6 +109,8 @@ step step_bench 240 "$python" scripts/gpu_step_bench.py --json "$work/step_bench
 step pytest_gpu 300 "$python" -m pytest -m gpu tests -q -p no:cacheprovider --continue-on-collection-errors \
   --junitxml "$work/pytest.xml"
 step executor_bench 240 "$python" scripts/executor_step_bench.py --json "$work/executor_bench.json"
+step executor_bench_eager 120 "$python" scripts/executor_step_bench.py --eager --rows 1,8 \
+  --json "$work/executor_bench_eager.json"
 
 "$python" scripts/gpu_record.py "$work" --commit "$commit" -o "$out" --peak-tflops "$peak_tflops" 2>&1 |
   tee -a "$log"

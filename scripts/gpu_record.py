@@ -6,7 +6,7 @@ Prints the record's summary; exits 1 when a step failed or a parity line or gpu 
     python3 scripts/gpu_record.py WORK_DIR --commit SHA [-o OUT_DIR] [--peak-tflops 989]
 
 WORK_DIR holds what gpu_check.sh wrote: smi.csv, steps.tsv, kernel_parity.log, kernel_bench.json,
-pytest.xml, step_bench.json, executor_bench.json (a step that did not run leaves its file out and says so in
+pytest.xml, step_bench.json, executor_bench.json, executor_bench_eager.json (a step that did not run leaves its file out and says so in
 steps.tsv).
 """
 
@@ -95,7 +95,8 @@ def build_record(work: Path, commit: str, peak_tflops: float) -> dict:
                "kernel_bench": ("kernel_bench.json", lambda p: read_kernel_bench(p, peak_tflops)),
                "pytest_gpu": ("pytest.xml", read_pytest),
                "step_bench": ("step_bench.json", lambda p: json.loads(p.read_text())),
-               "executor_bench": ("executor_bench.json", lambda p: json.loads(p.read_text()))}
+               "executor_bench": ("executor_bench.json", lambda p: json.loads(p.read_text())),
+               "executor_bench_eager": ("executor_bench_eager.json", lambda p: json.loads(p.read_text()))}
     for key, (name, read) in readers.items():
         if (work / name).is_file():
             record[key] = read(work / name)
