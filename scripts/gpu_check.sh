@@ -82,6 +82,8 @@ step() {
   return $status
 }
 
+# the scripts import dflash_trt from the tree (pytest finds it from its rootdir)
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if compgen -G "$CARRY/wheels/*.whl" >/dev/null; then
   step carried_wheels 120 "$python" -m pip install --quiet --no-index --no-deps --no-compile --upgrade \
     --target "$work/site" "$CARRY"/wheels/*.whl

@@ -47,6 +47,14 @@ def linear_attention_shapes(config) -> dict[str, int]:
     }
 
 
+def text_rope(rotary: nn.Module, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin at positions [b, s]. Qwen3.5's RoPE is multimodal: it takes a (3, b, s) grid, every row the
+    text position here; some transformers releases index it as 3-D and reject the [b, s] form."""
+    if hasattr(rotary, "mrope_section"):
+        positions = positions[None].expand(3, -1, -1)
+    return rotary(x, positions)
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE on the first cos.shape[-1] dims of each head (partial rotary), the rest passed through."""
     r = cos.shape[-1]
@@ -172,7 +180,7 @@ class HybridTargetGraph(nn.Module):
         kv, states = self.by_layer(caches)
         x = self.model.embed_tokens(input_ids)
         positions = past_lengths[:, None] + torch.arange(s, device=input_ids.device)[None]  # [b, s]
-        cos, sin = self.model.rotary_emb(x, positions)
+        cos, sin = text_rope(self.model.rotary_emb, x, positions)
         mask = causal_mask(positions, past_lengths, caches[0].shape[2])[1][:, None]
         features, present, new_states = {}, [], []
         for index, layer in enumerate(self.model.layers):

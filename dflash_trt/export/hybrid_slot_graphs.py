@@ -26,6 +26,7 @@ from dflash_trt.export.hybrid_graphs import (
     layer_indices,
     linear_attention_at,
     linear_attention_shapes,
+    text_rope,
 )
 from dflash_trt.export.slot_graphs import example_capacity, tapped
 from dflash_trt.export.slot_ops import slot_attention
@@ -77,7 +78,7 @@ class HybridSlotTargetGraph(HybridTargetGraph):
         kv, states = self.by_layer(caches)
         x = self.model.embed_tokens(input_ids)
         positions = cache_lengths[:, None] + torch.arange(s, device=input_ids.device)[None]  # [b, s]
-        cos, sin = self.model.rotary_emb(x, positions)
+        cos, sin = text_rope(self.model.rotary_emb, x, positions)
         valid = (torch.arange(s, device=input_ids.device)[None] < query_lengths[:, None])[:, :, None]
         features, written, new_states = {}, [], []
         for index, layer in enumerate(self.model.layers):
