@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import Counter
 
 import torch
 
@@ -60,16 +61,40 @@ class RandomPair:
         torch.manual_seed(1)
         self.drafter = DFlashDrafter(DraftConfig.from_dict(raw)).to(device=device, dtype=dtype).eval()
         self.draft_head = self.drafter.head(self.target.lm_head)
+        self.graph_stats = Counter()  # the torch graphs' CUDA graph counts: captured, replayed, eager
 
 
 def timed(call, repeat: int, sync) -> float:
     call()  # warm-up (and the first call's allocations)
+    call()  # a CUDA graph is captured the second time its bindings recur: not inside the timing
     sync()
     began = time.perf_counter()
     for _ in range(repeat):
         call()
     sync()
     return (time.perf_counter() - began) / repeat * 1e3
+
+
+def profile_verify(executor, block: int, repeat: int, device: torch.device, sync) -> None:
+    """torch.profiler over `repeat` 1-row verifies of `block` tokens (each rolled back): where a step's
+    time goes, host side and device side."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from dflash_trt.runtime.native import native_core
+
+    greedy = native_core().RowSampling()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync()
+    with profile(activities=activities) as prof:
+        for _ in range(repeat):
+            executor.verify([0], [[1] * block], [greedy])
+            executor.commit([0], [0])
+        sync()
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(f"profile: {repeat} verifies of 1 row x {block} tokens")
+    print(prof.key_averages().table(sort_by=sort, row_limit=15, max_name_column_width=60))
+    if device.type == "cuda":
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
 
 
 def main() -> None:
@@ -84,6 +109,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (what capture saves)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile a 1-row verify of the largest block (torch.profiler: top ops)")
     parser.add_argument("--json")
     args = parser.parse_args()
 
@@ -113,12 +140,13 @@ def main() -> None:
         executor.prefill(rows, prompts, [greedy] * n)  # every row at --cached tokens
 
         def measure(name, block, call, committed):
-            bytes_before = executor.host_bytes
+            bytes_before, graphs_before = executor.host_bytes, Counter(pair.graph_stats)
             ms = timed(call, args.repeat, sync)
-            per_call = (executor.host_bytes - bytes_before) / (args.repeat + 1)
+            per_call = (executor.host_bytes - bytes_before) / (args.repeat + 2)
             assert all(executor.committed(r) == committed for r in rows)
             results.append({"phase": name, "rows": n, "block": block, "ms": round(ms, 3),
-                            "host_bytes_per_call": int(per_call)})
+                            "host_bytes_per_call": int(per_call),
+                            "graph_runs": dict(Counter(pair.graph_stats) - graphs_before)})
 
         for block in blocks:
             ids = [[1] * block for _ in rows]
@@ -143,10 +171,13 @@ def main() -> None:
     mode = "eager" if args.eager or device.type != "cuda" else "CUDA graphs"
     print(f"{args.preset}-shaped, {args.layers} of {preset['full_layers']} layers, {args.dtype} on {args.device} ({mode}), "
           f"{args.cached} cached; ms per call (x{scale:.1f} for the full depth, roughly: the LM head does not scale)")
-    print("| phase | rows | B | ms | host bytes per call |")
-    print("|---|---|---|---|---|")
+    print("| phase | rows | B | ms | host bytes per call | graph runs |")
+    print("|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['phase']} | {r['rows']} | {r['block']} | {r['ms']} | {r['host_bytes_per_call']} |")
+        runs = " ".join(f"{k} {v}" for k, v in sorted(r.get("graph_runs", {}).items()))
+        print(f"| {r['phase']} | {r['rows']} | {r['block']} | {r['ms']} | {r['host_bytes_per_call']} | {runs} |")
+    if args.profile:
+        profile_verify(executor, max(blocks), args.repeat, device, sync)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "shape": preset, "layers": args.layers, "dtype": args.dtype,

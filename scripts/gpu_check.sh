@@ -110,7 +110,7 @@ step build_core 300 "$python" setup.py -q build_ext --inplace -j "$(nproc)"
 step step_bench 240 "$python" scripts/gpu_step_bench.py --json "$work/step_bench.json"
 step pytest_gpu 300 "$python" -m pytest -m gpu tests -q -p no:cacheprovider --continue-on-collection-errors \
   --junitxml "$work/pytest.xml"
-step executor_bench 240 "$python" scripts/executor_step_bench.py --json "$work/executor_bench.json"
+step executor_bench 240 "$python" scripts/executor_step_bench.py --profile --json "$work/executor_bench.json"
 step executor_bench_eager 120 "$python" scripts/executor_step_bench.py --eager --rows 1,8 \
   --json "$work/executor_bench_eager.json"
 
