@@ -210,20 +210,26 @@ bool CudaDevice::decides() const {
 #endif
 }
 
-void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count,
+void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
                         const int64_t* drafts, float* probs, int32_t* order, Verdict* out) {
 #ifdef DFLASH_WITH_DEVICE_DECIDE
   bind();
   if (!module_) {  // once: the driver picks this GPU's SM from the fatbin (or JIT-compiles its PTX)
     check(driver_->module_load(&module_, kDecideKernelFatbin), "loading the decision kernel");
+    check(driver_->function(&argmax_, module_, "dflash_argmax_positions"), "finding the argmax kernel");
     check(driver_->function(&decide_, module_, "dflash_decide_rows"), "finding the decision kernel");
   }
   if (count == 0) return;
+  void* argmax_args[] = {&logits, &vocab, &rows, &order};
+  check(driver_->launch(argmax_, unsigned(count), unsigned(positions), 1, kArgmaxThreads, 1, 1, 0, stream_,
+                        argmax_args, nullptr),
+        "launching the argmax kernel");
   void* args[] = {&logits, &vocab, &rows, &drafts, &probs, &order, &out};
-  check(driver_->launch(decide_, unsigned(count), 1, 1, kDecideThreads, 1, 1, 0, stream_, args, nullptr),
+  check(driver_->launch(decide_, unsigned(count), 1, 1, 1, 1, 1, 0, stream_, args, nullptr),
         "launching the decision kernel");
 #else
-  (void)logits, (void)vocab, (void)rows, (void)count, (void)drafts, (void)probs, (void)order, (void)out;
+  (void)logits, (void)vocab, (void)rows, (void)count, (void)positions, (void)drafts, (void)probs, (void)order,
+      (void)out;
   DFLASH_INVARIANT(false);  // decides() is false: the executor decides on the host
 #endif
 }

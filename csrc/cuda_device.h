@@ -40,11 +40,11 @@ class CudaDevice final : public Device {
   void zero(void* dst, size_t bytes) override;
   void synchronize() override;
   bool decides() const override;  // where setup.py built decide_kernel.cu (nvcc found)
-  void decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, const int64_t* drafts,
-              float* probs, int32_t* order, Verdict* out) override;
+  void decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
+              const int64_t* drafts, float* probs, int32_t* order, Verdict* out) override;
   CUstream stream() const { return stream_; }
 
-  static constexpr unsigned kDecideThreads = 256;  // decide_kernel.cu's block size
+  static constexpr unsigned kArgmaxThreads = 256;  // decide_kernel.cu's kThreads
 
  private:
   void check(CUresult result, const char* what) const;
@@ -53,7 +53,8 @@ class CudaDevice final : public Device {
   std::shared_ptr<const Driver> driver_;
   CUcontext context_ = nullptr;
   CUstream stream_ = nullptr;
-  CUmodule module_ = nullptr;  // the decision kernel's, loaded at the first decide
+  CUmodule module_ = nullptr;  // the decision kernels', loaded at the first decide
+  CUfunction argmax_ = nullptr;
   CUfunction decide_ = nullptr;
 };
 

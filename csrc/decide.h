@@ -201,4 +201,11 @@ DFLASH_HD inline Verdict verdict_rows(const int64_t* drafts, int64_t num_drafts,
   }
 }
 
+// A greedy verify row's decision from its positions' argmaxes (the GPU takes them in parallel first):
+// the same prefix rule as verdict_rows.
+DFLASH_HD inline Verdict greedy_verdict(const int64_t* drafts, int64_t num_drafts, const int32_t* argmaxes) {
+  for (int64_t j = 0;; ++j)
+    if (j == num_drafts || argmaxes[j] != drafts[j]) return {j, argmaxes[j]};
+}
+
 }  // namespace dflash

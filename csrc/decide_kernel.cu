@@ -4,6 +4,10 @@
 // (cuda_device.cpp): nothing links to the CUDA runtime. Greedy rows (the common case) take each
 // position's argmax with every thread of the block; T>0 rows run decide.h's row functions on one
 // thread (correct first: the draws, the top-k selection and the top-p sort are not parallel yet).
+//
+// Two kernels, launched in order on one stream: dflash_argmax_positions takes every greedy row's
+// argmaxes, one block per (row, position), into the `order` scratch; dflash_decide_rows then decides
+// each row (a greedy row reads its argmaxes, a sampled row runs decide.h's rules).
 #include "decide.h"
 
 namespace {
@@ -47,27 +51,28 @@ __device__ int64_t block_argmax(const float* row, int64_t vocab, float* values, 
 
 }  // namespace
 
-// rows[b] over logits [*, vocab] -> out[b]. Scratch per row: probs and order [vocab] at b * vocab.
-// Launch: grid = number of rows, block = kThreads.
+// The argmax of each greedy row's positions 0..num_drafts -> order[b * vocab + j].
+// Launch: grid = (number of rows, the most positions a row has), block = kThreads.
 extern "C" __global__ void __launch_bounds__(kThreads)
-    dflash_decide_rows(const float* logits, int64_t vocab, const dflash::DecideRow* rows, const int64_t* drafts,
-                       float* probs, int32_t* order, dflash::Verdict* out) {
+    dflash_argmax_positions(const float* logits, int64_t vocab, const dflash::DecideRow* rows, int32_t* order) {
   __shared__ float values[kThreads];
   __shared__ int64_t indices[kThreads];
   const dflash::DecideRow row = rows[blockIdx.x];
-  const float* first = logits + row.first * vocab;
+  const int64_t j = blockIdx.y;
+  if (!row.sampling.greedy() || j > row.num_drafts) return;  // the same for the whole block
+  const int64_t token = block_argmax(logits + (row.first + j) * vocab, vocab, values, indices);
+  if (threadIdx.x == 0) order[blockIdx.x * vocab + j] = int32_t(token);
+}
+
+// rows[b] over logits [*, vocab] -> out[b]. Scratch per row: probs and order [vocab] at b * vocab (a
+// greedy row's argmaxes there, from dflash_argmax_positions). Launch: grid = number of rows, one thread.
+extern "C" __global__ void dflash_decide_rows(const float* logits, int64_t vocab, const dflash::DecideRow* rows, const int64_t* drafts,
+                       float* probs, int32_t* order, dflash::Verdict* out) {
+  const dflash::DecideRow row = rows[blockIdx.x];
   const int64_t* mine = drafts + row.drafts;
-  if (!row.sampling.greedy()) {
-    if (threadIdx.x == 0)
-      out[blockIdx.x] = dflash::verdict_rows(mine, row.num_drafts, first, vocab, row.sampling, row.stream,
-                                             row.position, probs + blockIdx.x * vocab, order + blockIdx.x * vocab);
-    return;
-  }
-  for (int64_t j = 0;; ++j) {  // the same prefix rule as verdict_rows, each argmax by the whole block
-    const int64_t token = block_argmax(first + j * vocab, vocab, values, indices);
-    if (j == row.num_drafts || token != mine[j]) {
-      if (threadIdx.x == 0) out[blockIdx.x] = {j, token};
-      return;
-    }
-  }
+  int32_t* scratch = order + blockIdx.x * vocab;
+  out[blockIdx.x] = row.sampling.greedy()
+                        ? dflash::greedy_verdict(mine, row.num_drafts, scratch)
+                        : dflash::verdict_rows(mine, row.num_drafts, logits + row.first * vocab, vocab, row.sampling,
+                                               row.stream, row.position, probs + blockIdx.x * vocab, scratch);
 }

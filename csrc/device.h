@@ -66,10 +66,12 @@ class Device {
   // rules as a kernel), so only verdicts cross to the host. False: the executor downloads logits.
   virtual bool decides() const { return false; }
   // rows[0..count) over logits [*, vocab] -> out[0..count); every pointer is this device's memory,
-  // probs and order scratch [count, vocab]. Ordered after the calls before it, like a copy.
-  virtual void decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, const int64_t* drafts,
-                      float* probs, int32_t* order, Verdict* out) {
-    (void)logits, (void)vocab, (void)rows, (void)count, (void)drafts, (void)probs, (void)order, (void)out;
+  // probs and order scratch [count, vocab]; `positions`: the most logits rows a row decides (its
+  // drafts + 1, at most vocab). Ordered after the calls before it, like a copy.
+  virtual void decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
+                      const int64_t* drafts, float* probs, int32_t* order, Verdict* out) {
+    (void)logits, (void)vocab, (void)rows, (void)count, (void)positions, (void)drafts, (void)probs, (void)order,
+        (void)out;
     DFLASH_INVARIANT(false);
   }
 

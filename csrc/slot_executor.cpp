@@ -333,6 +333,7 @@ std::vector<int64_t> SlotExecutor::prefill(const std::vector<int64_t>& rows,
 void SlotExecutor::decide_run(const std::vector<int64_t>& rows, const std::vector<size_t>& group, int64_t lo,
                               int64_t n, int64_t r, const Decision& decision) {
   const int64_t V = config_.vocab, count = int64_t(group.size());
+  int64_t positions = 1;  // the most logits rows one row decides
   decide_rows_.host.resize(count * sizeof(DecideRow));
   decide_drafts_.host.assign(1, 0);  // never empty: its device mirror is always a valid pointer
   for (int64_t k = 0; k < count; ++k) {
@@ -348,6 +349,7 @@ void SlotExecutor::decide_run(const std::vector<int64_t>& rows, const std::vecto
       const std::vector<int64_t>& block = (*decision.blocks)[i];
       check_drafts(block.data() + 1, int64_t(block.size()) - 1, V);
       row.num_drafts = int64_t(block.size()) - 1;
+      positions = std::max(positions, row.num_drafts + 1);
       row.drafts = int64_t(decide_drafts_.host.size());
       decide_drafts_.host.insert(decide_drafts_.host.end(), block.begin() + 1, block.end());
     }
@@ -358,8 +360,9 @@ void SlotExecutor::decide_run(const std::vector<int64_t>& rows, const std::vecto
   decide_order_.reserve(count * V);
   decide_rows_.upload();
   decide_drafts_.upload();
+  DFLASH_INVARIANT(positions <= V);  // a greedy row's argmaxes go in its `order` scratch [V]
   device_.decide(static_cast<const float*>(logits_.device_data(n * r * V)), V,
-                 reinterpret_cast<const DecideRow*>(decide_rows_.device_data()), count,
+                 reinterpret_cast<const DecideRow*>(decide_rows_.device_data()), count, positions,
                  static_cast<const int64_t*>(decide_drafts_.device_data()), reinterpret_cast<float*>(decide_probs_.at(0)),
                  reinterpret_cast<int32_t*>(decide_order_.at(0)), reinterpret_cast<Verdict*>(verdicts_.device_data()));
   verdicts_.download();

@@ -1,9 +1,11 @@
 // A fake CUDA driver (libcuda.so.1) for the C++ TensorRT executor's tests on a CPU: the calls
 // csrc/cuda_device.cpp resolves, over host memory ("device" pointers are host pointers), each copy done
-// at once (the one stream is then trivially ordered). Launching the decision kernel
-// (csrc/decide_kernel.cu) runs its rules compiled for the host (csrc/decide.h), one row per block
-// with the kernel's own argument layout: what it proves is the executor's side of the launch (which
-// rows, offsets, drafts and keys it hands the kernel), not the kernel on a GPU. Memory calls need a current context on the calling
+// at once (the one stream is then trivially ordered). Launching the decision kernels
+// (csrc/decide_kernel.cu: the greedy rows' argmaxes, then each row's decision) runs their rules compiled
+// for the host (csrc/decide.h) with the kernels' own argument layouts and grids: what it proves is the
+// executor's side of the launches (which rows, offsets, positions, drafts and keys it hands them; a
+// greedy row's decision reads only what the argmax launch wrote), not the kernels on a GPU. Memory
+// calls need a current context on the calling
 // thread, as the real driver's do. fake_cuda_live() counts live allocations (device and pinned host),
 // so a test can see that an executor frees every buffer it made; fake_cuda_unpinned_copies() counts
 // host <-> device copies whose host side is not page-locked memory from cuMemHostAlloc.
@@ -140,7 +142,8 @@ EXPORT CUresult cuGetErrorString(CUresult, const char** message) {
 }
 
 namespace {
-int module_image;  // the one module: whatever image is loaded, its only function is the decision kernel
+int module_image;  // the one module: whatever image is loaded, its functions are the decision kernels
+int argmax_function;
 int decide_function;
 }  // namespace
 
@@ -152,16 +155,32 @@ EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
 }
 EXPORT CUresult cuModuleUnload(CUmodule) { return CUDA_SUCCESS; }
 EXPORT CUresult cuModuleGetFunction(CUfunction* function, CUmodule, const char* name) {
-  if (std::strcmp(name, "dflash_decide_rows") != 0) return CUDA_ERROR_NOT_FOUND;
-  *function = reinterpret_cast<CUfunction>(&decide_function);
+  if (std::strcmp(name, "dflash_argmax_positions") == 0)
+    *function = reinterpret_cast<CUfunction>(&argmax_function);
+  else if (std::strcmp(name, "dflash_decide_rows") == 0)
+    *function = reinterpret_cast<CUfunction>(&decide_function);
+  else
+    return CUDA_ERROR_NOT_FOUND;
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned,
                                unsigned, unsigned, unsigned, CUstream, void** args, void**) {
   NEEDS_CONTEXT;
-  if (function != reinterpret_cast<CUfunction>(&decide_function) || grid_y != 1 || grid_z != 1)
-    return CUDA_ERROR_INVALID_VALUE;
-  // dflash_decide_rows(logits, vocab, rows, drafts, probs, order, out)
+  if (grid_z != 1) return CUDA_ERROR_INVALID_VALUE;
+  if (function == reinterpret_cast<CUfunction>(&argmax_function)) {
+    // dflash_argmax_positions(logits, vocab, rows, order): block (b, j) -> order[b * vocab + j]
+    const float* logits = *static_cast<const float**>(args[0]);
+    const int64_t vocab = *static_cast<int64_t*>(args[1]);
+    const dflash::DecideRow* rows = *static_cast<const dflash::DecideRow**>(args[2]);
+    int32_t* order = *static_cast<int32_t**>(args[3]);
+    for (unsigned b = 0; b < grid_x; ++b)
+      for (unsigned j = 0; j < grid_y; ++j)
+        if (rows[b].sampling.greedy() && j <= rows[b].num_drafts)
+          order[b * vocab + j] = int32_t(dflash::argmax_row(logits + (rows[b].first + j) * vocab, vocab));
+    return CUDA_SUCCESS;
+  }
+  if (function != reinterpret_cast<CUfunction>(&decide_function) || grid_y != 1) return CUDA_ERROR_INVALID_VALUE;
+  // dflash_decide_rows(logits, vocab, rows, drafts, probs, order, out): a greedy row reads its argmaxes
   const float* logits = *static_cast<const float**>(args[0]);
   const int64_t vocab = *static_cast<int64_t*>(args[1]);
   const dflash::DecideRow* rows = *static_cast<const dflash::DecideRow**>(args[2]);
@@ -171,8 +190,10 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
   dflash::Verdict* out = *static_cast<dflash::Verdict**>(args[6]);
   for (unsigned b = 0; b < grid_x; ++b) {
     const dflash::DecideRow& row = rows[b];
-    out[b] = dflash::verdict_rows(drafts + row.drafts, row.num_drafts, logits + row.first * vocab, vocab,
-                                  row.sampling, row.stream, row.position, probs + b * vocab, order + b * vocab);
+    out[b] = row.sampling.greedy()
+                 ? dflash::greedy_verdict(drafts + row.drafts, row.num_drafts, order + b * vocab)
+                 : dflash::verdict_rows(drafts + row.drafts, row.num_drafts, logits + row.first * vocab, vocab,
+                                        row.sampling, row.stream, row.position, probs + b * vocab, order + b * vocab);
   }
   return CUDA_SUCCESS;
 }
