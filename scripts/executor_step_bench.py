@@ -129,6 +129,7 @@ def main() -> None:
     executor = torch_executor(pair, max(rows_list), capacity)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     greedy = core.RowSampling()
+    sampled = [core.RowSampling(core.SamplingParams(temperature=0.8, top_p=0.95, seed=1))]
     vocab = preset["vocab_size"] - 2
     results = []
     for n in rows_list:
@@ -155,6 +156,13 @@ def main() -> None:
                 executor.verify(rows, ids, [greedy] * n)
                 executor.commit(rows, [0] * n)  # roll back: the length stays at --cached
             measure("verify", block, verify, args.cached)
+            if block == max(blocks) and n == rows_list[0]:
+                # a sampled verify (what a chat request at temperature > 0 runs): the decision's cost
+                # beside the greedy one's, on the same logits
+                def sampled_verify(ids=ids):
+                    executor.verify(rows, ids, sampled * n)
+                    executor.commit(rows, [0] * n)
+                measure("verify T=0.8 top-p 0.95", block, sampled_verify, args.cached)
             if block > 1:
                 measure("draft", block, lambda block=block: executor.draft(rows, [1] * n, block), args.cached)
         chunk = [[2] * args.chunk for _ in rows]

@@ -100,7 +100,40 @@ def build_record(work: Path, commit: str, peak_tflops: float) -> dict:
     for key, (name, read) in readers.items():
         if (work / name).is_file():
             record[key] = read(work / name)
+    projected = projected_speedups(record)
+    if projected:
+        record["projected_speedup"] = projected
     return record
+
+
+# The DFlash authors' published figures for Qwen3-8B-DFlash-b16 (B=16, T=0, HF backend on a B200, concurrency
+# 1): (dataset, acceptance length tau, their measured speedup). tau counts the bonus token: tokens per step.
+PUBLISHED = (("Alpaca", 3.16, 2.27), ("HumanEval", 6.55, 5.20), ("MATH500", 7.87, 6.17))
+
+
+def projected_speedups(record: dict, block: int = 16) -> list[dict]:
+    """DFlash's speedup over plain decoding from the measured step costs and the published tau: a step
+    (draft + verify of `block`) yields tau tokens where a plain step yields one. Two depths: our executor
+    as measured (a few of the model's layers), and the full model (the PyTorch floor's projected target
+    steps, step_bench, plus our executor's draft, whose one-layer drafter does not grow with the target)."""
+    bench = record.get("executor_bench")
+    if not bench:
+        return []
+    cost = {(r["phase"], r["rows"], r["block"]): r["ms"] for r in bench["results"]}
+    floor = {(s["rows"], s["new"]): s["projected_full_ms"] for s in record.get("step_bench", {}).get("steps", [])}
+    found = []
+    for rows in sorted({r for (_, r, _) in cost}):
+        draft = cost.get(("draft", rows, block))
+        depths = [(f"{bench['layers']} of {bench['shape']['full_layers']} layers, our executor",
+                   cost.get(("verify", rows, 1)), cost.get(("verify", rows, block))),
+                  ("full depth: PyTorch floor's target + our draft", floor.get((rows, 1)), floor.get((rows, block)))]
+        for depth, plain, verify in depths:
+            if None in (plain, verify, draft):
+                continue
+            step = verify + draft
+            found.append({"rows": rows, "block": block, "depth": depth, "plain_ms": plain, "step_ms": round(step, 3),
+                          "speedup": {name: round(tau * plain / step, 2) for name, tau, _ in PUBLISHED}})
+    return found
 
 
 def problems(record: dict) -> list[str]:
@@ -131,6 +164,13 @@ def main() -> int:
     for row in record.get("kernel_bench", {}).get("rows", []):
         print(f"  {row['op']:<15} {row['shape']:<24} {row['time_us']:9.2f} us  {row['x_bandwidth_floor']:7.2f}x "
               f"bandwidth floor  {row['x_floor']:7.2f}x roofline")
+    if record.get("projected_speedup"):
+        published = ", ".join(f"{name} {x}x (tau {tau})" for name, tau, x in PUBLISHED)
+        print(f"  projected DFlash speedup at B=16 from the published tau; the authors measured {published} at "
+              "concurrency 1 on a B200:")
+    for p in record.get("projected_speedup", []):
+        gains = ", ".join(f"{name} {x}x" for name, x in p["speedup"].items())
+        print(f"    {p['rows']:>2} rows, {p['depth']}: plain {p['plain_ms']} ms, step {p['step_ms']} ms -> {gains}")
     found = problems(record)
     for line in found:
         print(f"problem: {line}")

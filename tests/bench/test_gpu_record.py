@@ -83,3 +83,15 @@ def test_the_command_passes_when_everything_did(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "problem" not in done.stdout
+
+
+def test_the_projected_speedup_is_tau_plain_steps_per_draft_and_verify():
+    record = {"executor_bench": {"layers": 4, "shape": {"full_layers": 36}, "results": [
+        {"phase": "verify", "rows": 1, "block": 1, "ms": 2.0}, {"phase": "verify", "rows": 1, "block": 16, "ms": 2.5},
+        {"phase": "draft", "rows": 1, "block": 16, "ms": 0.5}, {"phase": "verify", "rows": 8, "block": 1, "ms": 3.0}]},
+        "step_bench": {"steps": [{"rows": 1, "new": 1, "projected_full_ms": 6.0},
+                                 {"rows": 1, "new": 16, "projected_full_ms": 7.5}]}}
+    measured, full = gpu_record.projected_speedups(record)  # 8 rows: no verify of 16 or draft measured
+    # HumanEval's tau 6.55: 6.55 tokens per (2.5 + 0.5) ms against one per 2.0 ms
+    assert (measured["rows"], measured["step_ms"], measured["speedup"]["HumanEval"]) == (1, 3.0, round(6.55 * 2 / 3, 2))
+    assert (full["plain_ms"], full["step_ms"], full["speedup"]["Alpaca"]) == (6.0, 8.0, round(3.16 * 6 / 8, 2))
