@@ -98,7 +98,7 @@ def main():
 def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop, as_json,
              device, dtype, quant, draft_quant):
     """Generate a reply to PROMPT, streaming it, then print the acceptance summary."""
-    from dflash_trt.runtime.llm import AUTO, LLM, resolve_backend
+    from dflash_trt.runtime.llm import AUTO, LLM
     from dflash_trt.spec.metrics import summary_line
     from dflash_trt.spec.sampling import SamplingParams
 
@@ -111,11 +111,8 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
                               "as it was exported")
         llm = LLM.from_bundle(bundle, block_size=block_size)
     else:
-        draft = draft or AUTO
-        if (device or dtype) and backend == AUTO:  # only the torch backend places models
-            backend = "torch"
-        llm = LLM(target=target, draft=draft, backend=resolve_backend(backend, target, draft), block_size=block_size,
-                  device=device, dtype=dtype, quant=quant, draft_quant=draft_quant)
+        llm = LLM(target=target, draft=draft or AUTO, backend=backend, block_size=block_size, device=device,
+                  dtype=dtype, quant=quant, draft_quant=draft_quant)
     if speculative and not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{target}': pass --draft DIR or --no-speculative")
     if as_json:

@@ -22,7 +22,7 @@ def test_generate_streams_text_and_prints_the_summary(pair_args, tiny_pairs):
     assert result.exit_code == 0, result.output
     assert "mean acceptance length" in result.stderr and "B=4" in result.stderr
     target, draft = tiny_pairs["llama"]
-    expected = LLM(str(target), str(draft)).generate("hello", SamplingParams(max_tokens=12))[0]
+    expected = LLM(str(target), str(draft), backend="torch").generate("hello", SamplingParams(max_tokens=12))[0]
     assert len(expected.token_ids) == 12 and expected.text
     assert result.stdout == expected.text + "\n"  # the streamed pieces add up to the reply
 
@@ -34,7 +34,7 @@ def test_generate_json_matches_the_api(pair_args, tiny_pairs):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     target, draft = tiny_pairs["llama"]
-    expected = LLM(str(target), str(draft)).generate("hello", SamplingParams(max_tokens=10))[0]
+    expected = LLM(str(target), str(draft), backend="torch").generate("hello", SamplingParams(max_tokens=10))[0]
     assert data["token_ids"] == expected.token_ids and data["metrics"]["block_size"] == 4
 
 
@@ -191,7 +191,7 @@ def test_generate_defaults_to_a_slots_bundle_on_the_onnxruntime_executor(tiny_pa
     assert result.exit_code == 0, result.output
     (bundle,) = (tmp_path / "dflash-trt" / "bundles").iterdir()
     assert read_bundle(bundle, verify_hashes=False)["flavour"] == "slots"
-    expected = LLM(str(target), str(draft)).generate("hello", SamplingParams(max_tokens=10))[0]
+    expected = LLM(str(target), str(draft), backend="torch").generate("hello", SamplingParams(max_tokens=10))[0]
     assert json.loads(result.stdout)["token_ids"] == expected.token_ids
 
 

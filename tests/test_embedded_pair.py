@@ -26,7 +26,7 @@ TOLERANCE = 0.06  # greedy is deterministic; one accepted token more or less mov
 def llm():
     from dflash_trt import LLM
 
-    return LLM()  # the embedded default pair
+    return LLM(backend="torch")  # the embedded default pair
 
 
 def test_greedy_speculative_equals_autoregressive(llm):

@@ -120,7 +120,7 @@ def run_offline_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) ->
     from dflash_trt.bench.offline import run_offline
     from dflash_trt.models import embedded
     from dflash_trt.runtime.engine_bundles import bundle_capacity
-    from dflash_trt.runtime.llm import AUTO, LLM, resolve_backend
+    from dflash_trt.runtime.llm import AUTO, LLM
     from dflash_trt.spec.sampling import SamplingParams
 
     if config.bundle:
@@ -128,8 +128,7 @@ def run_offline_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) ->
         llm = LLM.from_bundle(config.bundle, capacity=bundle_capacity(config.bundle) or 2 * config.max_tokens + 2048)
     else:
         target, draft = config.target or embedded.DEFAULT_TARGET, config.draft or AUTO
-        llm = LLM(target=target, draft=draft, backend=resolve_backend(config.backend or AUTO, target, draft),
-                  capacity=2 * config.max_tokens + 2048)
+        llm = LLM(target=target, draft=draft, backend=config.backend or AUTO, capacity=2 * config.max_tokens + 2048)
     if not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{config.target}': pass --draft DIR")
 

@@ -19,12 +19,22 @@ BACKENDS = ("torch", "onnxruntime", "tensorrt")
 AUTO = "auto"  # draft=AUTO: the drafter shipped for the target alias, if there is one; backend=AUTO: below
 
 
-def resolve_backend(backend: str, target: str, draft: str | None) -> str:
-    """backend AUTO -> "onnxruntime" (a slots bundle exported once into the user cache, on the C++
-    executor: the fastest CPU path) when the pair has a drafter, else "torch" (plain decoding of a
-    target alone); any other name as given."""
+def resolve_backend(backend: str, target: str, draft: str | None, device: str | None = None,
+                    dtype: str | None = None, quantized: bool = False) -> str:
+    """backend AUTO -> the fastest path this machine has for the pair: "onnxruntime" for quantized
+    weights (the int4 graphs run there); "torch" where a model placement is asked for (device, dtype)
+    or PyTorch sees a GPU (the export's graphs in PyTorch on CUDA behind the C++ slot executor, with
+    CUDA graphs); else "onnxruntime" for a pair with a drafter (a slots bundle exported once into the
+    user cache, on the C++ executor: the fastest CPU path) and "torch" for a target alone. Any other
+    name as given."""
     if backend != AUTO:
         return backend
+    if quantized:
+        return "onnxruntime"
+    import torch
+
+    if device is not None or dtype is not None or torch.cuda.is_available():
+        return "torch"
     if draft == AUTO:
         return "torch" if embedded.default_drafter(target) is None else "onnxruntime"
     return "torch" if draft is None else "onnxruntime"
@@ -69,7 +79,7 @@ class LLM:
         self,
         target: str = embedded.DEFAULT_TARGET,
         draft: str | None = AUTO,
-        backend: str = "torch",
+        backend: str = AUTO,
         block_size: int | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         capacity: int = DEFAULT_CAPACITY,
@@ -82,7 +92,9 @@ class LLM:
         """`device` and `dtype` place the torch backend's models: "cuda" when PyTorch sees a GPU, else
         "cpu"; bfloat16 on a GPU, float32 on the CPU. A bundle's backend runs the bundle's own.
         `quant` ("int4", backend onnxruntime or tensorrt): the target's weights in 4 bits
-        (export/quantize.py); `draft_quant` ("int4", the same backends): the drafter's."""
+        (export/quantize.py); `draft_quant` ("int4", the same backends): the drafter's. `backend` "auto":
+        resolve_backend's choice."""
+        backend = resolve_backend(backend, target, draft, device, dtype, quant is not None or draft_quant is not None)
         if backend not in BACKENDS:
             raise DFlashError(f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}")
         if quant is not None and (quant not in QUANTS or backend == "torch"):

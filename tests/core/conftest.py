@@ -36,6 +36,6 @@ def engine_module(core):
 def llms(tiny_pairs, small_vocab_pair):
     from dflash_trt import LLM
 
-    made = {family: LLM(*map(str, tiny_pairs[family])) for family in ("llama", "qwen3")}
-    made["small_vocab"] = LLM(*map(str, small_vocab_pair))  # drafts often accepted: acceptance is exercised
+    made = {family: LLM(*map(str, tiny_pairs[family]), backend="torch") for family in ("llama", "qwen3")}
+    made["small_vocab"] = LLM(*map(str, small_vocab_pair), backend="torch")  # drafts often accepted
     return made

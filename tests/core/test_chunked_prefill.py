@@ -73,7 +73,7 @@ def slots_pairs(core, tmp_path_factory):
     for family in ("qwen3", "qwen3_5_text"):
         root = tmp_path_factory.mktemp(f"chunked-{family}")
         bundle = export_tiny_slots_bundle(root, family=family)
-        made[family] = (bundle, LLM(str(root / family), str(root / f"{family}-draft")))
+        made[family] = (bundle, LLM(str(root / family), str(root / f"{family}-draft"), backend="torch"))
     return made
 
 

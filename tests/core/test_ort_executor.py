@@ -203,7 +203,7 @@ def test_the_embedded_pair_runs_on_the_cpp_executor(core, ort, tmp_path):
     per step equal the Python loop's on the torch models, two requests batched."""
     from dflash_trt import LLM
 
-    llm = LLM()  # the embedded default pair
+    llm = LLM(backend="torch")  # the embedded default pair
     bundle = export_bundle(
         llm.target, llm.drafter, llm.tokenizer, tmp_path / "bundle", flavour="slots", check=False
     )

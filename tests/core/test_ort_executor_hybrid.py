@@ -26,7 +26,7 @@ def hybrid(ort, request, tmp_path_factory):
     family = request.param
     root = tmp_path_factory.mktemp(family)
     bundle = export_tiny_slots_bundle(root, family=family)
-    return bundle, LLM(str(root / family), str(root / f"{family}-draft"), block_size=4)
+    return bundle, LLM(str(root / family), str(root / f"{family}-draft"), block_size=4, backend="torch")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -17,7 +17,7 @@ def pair(core, request, tmp_path_factory):
     if not core.HAS_ORT_EXECUTOR:
         pytest.skip("dflash_trt._core was built without the onnxruntime executor (see csrc/README.md, Build)")
     bundle, target, draft = tiny_slots_pair(tmp_path_factory.mktemp(request.param), request.param)
-    return bundle, LLM(target, draft, block_size=4)
+    return bundle, LLM(target, draft, block_size=4, backend="torch")
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "torch"])

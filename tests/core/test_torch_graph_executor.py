@@ -46,7 +46,7 @@ def pair(core, request, tmp_path_factory):
     if not core.HAS_ORT_EXECUTOR:
         pytest.skip("dflash_trt._core was built without the onnxruntime executor (see csrc/README.md, Build)")
     bundle, target, draft = tiny_slots_pair(tmp_path_factory.mktemp(request.param), request.param)
-    return bundle, LLM(target, draft, block_size=4)
+    return bundle, LLM(target, draft, block_size=4, backend="torch")
 
 
 def test_every_phase_equals_the_onnxruntime_executors_on_the_same_pair(pair):
@@ -76,7 +76,7 @@ def test_every_phase_equals_the_onnxruntime_executors_on_the_same_pair(pair):
 
 
 def test_a_target_without_a_drafter_decodes_plainly_as_autoregressive(tmp_path):
-    llm = LLM(str(make_target(tmp_path / "qwen3", "qwen3")), draft=None)
+    llm = LLM(str(make_target(tmp_path / "qwen3", "qwen3")), draft=None, backend="torch")
     work = workload(llm.vocab_size, 4, seed=5)
     runner = BatchRunner(llm, max_batch=2, capacity=64)
     requests = [runner.add(prompt, params) for _, prompt, params in work]

@@ -35,7 +35,7 @@ def run(llm, work, concurrency, speculative=True):
 
 @pytest.mark.parametrize("concurrency", [1, 8])
 def test_greedy_on_cuda_equals_autoregressive_decoding(pair_dirs, concurrency):
-    llm = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32")
+    llm = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
     assert llm.target.device.type == "cuda"
     work = workload(llm.vocab_size, 8, seed=concurrency)
     for tokens, (_, prompt, params) in zip(run(llm, work, concurrency), work, strict=True):
@@ -43,8 +43,8 @@ def test_greedy_on_cuda_equals_autoregressive_decoding(pair_dirs, concurrency):
 
 
 def test_seeded_sampling_on_cuda_gives_the_cpu_executors_tokens(pair_dirs):
-    cuda = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32")
-    cpu = LLM(*pair_dirs, block_size=4, device="cpu")
+    cuda = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
+    cpu = LLM(*pair_dirs, block_size=4, device="cpu", backend="torch")
     work = [(0, prompt, SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=i, ignore_eos=True))
             for i, (_, prompt, _) in enumerate(workload(cpu.vocab_size, 4, seed=7))]
     assert run(cuda, work, 4) == run(cpu, work, 4)
@@ -52,7 +52,7 @@ def test_seeded_sampling_on_cuda_gives_the_cpu_executors_tokens(pair_dirs):
 
 def test_bfloat16_on_cuda_decodes_and_frees_its_slots(pair_dirs):
     free_before = torch.cuda.mem_get_info()[0]
-    llm = LLM(*pair_dirs, block_size=4, device="cuda")
+    llm = LLM(*pair_dirs, block_size=4, device="cuda", backend="torch")
     assert llm.dtype == torch.bfloat16
     work = workload(llm.vocab_size, 4, seed=3)
     assert all(run(llm, work, 4))
@@ -68,11 +68,11 @@ def test_cuda_graphs_replay_what_eager_decoding_gives(pair_dirs, monkeypatch):
 
     if "moe" in pair_dirs[0]:
         pytest.skip("a sparse MoE target routes on the host: only its drafter is captured")
-    graphed = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32")
+    graphed = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
     work = workload(graphed.vocab_size, 8, seed=11)
     tokens = run(graphed, work, 4)
     assert graphed.graph_stats["captured"] > 0 and graphed.graph_stats["replayed"] > 0, graphed.graph_stats
     monkeypatch.setattr(torch_graphs, "CUDA_GRAPHS", False)
-    eager = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32")
+    eager = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
     assert run(eager, work, 4) == tokens
     assert eager.graph_stats["captured"] == 0

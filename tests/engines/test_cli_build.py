@@ -23,9 +23,10 @@ def test_build_from_a_pair_exports_then_builds_and_the_bundle_decodes_like_the_p
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     result = CliRunner().invoke(main, ["generate", "--bundle", str(out), "--max-tokens", "16", "--json", "hi"])
     assert result.exit_code == 0, result.output
-    expected = LLM(target, draft).generate("hi", SamplingParams(max_tokens=16))[0]
+    expected = LLM(target, draft, backend="torch").generate("hi", SamplingParams(max_tokens=16))[0]
     assert json.loads(result.stdout)["token_ids"] == expected.token_ids
-    assert LLM.from_bundle(out).generate([3, 4], params)[0].token_ids == LLM(target, draft).generate([3, 4], params)[0].token_ids
+    torch_llm = LLM(target, draft, backend="torch")
+    assert LLM.from_bundle(out).generate([3, 4], params)[0].token_ids == torch_llm.generate([3, 4], params)[0].token_ids
 
 
 def test_build_exports_slots_trt_with_its_capacity_and_the_bundle_runs_batched(tiny_pairs, tmp_path):
@@ -46,7 +47,8 @@ def test_build_exports_slots_trt_with_its_capacity_and_the_bundle_runs_batched(t
     llm = LLM.from_bundle(out)
     assert llm.capacity == 64
     params = SamplingParams(max_tokens=8, ignore_eos=True)
-    assert llm.generate([3, 4], params)[0].token_ids == LLM(target, draft).generate([3, 4], params)[0].token_ids
+    torch_llm = LLM(target, draft, backend="torch")
+    assert llm.generate([3, 4], params)[0].token_ids == torch_llm.generate([3, 4], params)[0].token_ids
 
 
 def test_inspect_describes_an_engine_bundle(bundles, tmp_path):

@@ -29,12 +29,14 @@ def same_as_torch(path, torch_llm, prompts, block):
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 @pytest.mark.parametrize("block", [2, 16])
 def test_greedy_portable_graphs_equal_torch_and_autoregressive(bundles, tiny_pairs, family, block):
-    same_as_torch(bundles[family][0], LLM(*map(str, tiny_pairs[family])), ["hello there", [5, 6, 7]], block)
+    same_as_torch(bundles[family][0], LLM(*map(str, tiny_pairs[family]), backend="torch"), ["hello there", [5, 6, 7]],
+                  block)
 
 
 @pytest.mark.parametrize("block", [4, 16])
 def test_greedy_plugin_graphs_equal_torch(plugin_bundle, tiny_pairs, block):
-    same_as_torch(plugin_bundle[0], LLM(*map(str, tiny_pairs["qwen3"])), ["hello there", [9, 8, 7, 6]], block)
+    same_as_torch(plugin_bundle[0], LLM(*map(str, tiny_pairs["qwen3"]), backend="torch"), ["hello there", [9, 8, 7, 6]],
+                  block)
 
 
 def test_plugin_graphs_with_a_draft_vocabulary_equal_torch(tiny_pairs, tmp_path):
@@ -47,7 +49,7 @@ def test_plugin_graphs_with_a_draft_vocabulary_equal_torch(tiny_pairs, tmp_path)
     drafter = load_drafter(draft_dir)
     assert drafter.draft_vocab is not None
     path = export_bundle(target, drafter, tokenizer, tmp_path / "b", flavour="plugin", check=True)
-    same_as_torch(path, LLM(str(target_dir), str(draft_dir)), ["hello there", [9, 8, 7, 6]], 4)
+    same_as_torch(path, LLM(str(target_dir), str(draft_dir), backend="torch"), ["hello there", [9, 8, 7, 6]], 4)
 
 
 def test_a_drafter_tapping_the_last_layer_decodes_as_on_torch(tiny_pairs, tmp_path):
@@ -64,7 +66,7 @@ def test_a_drafter_tapping_the_last_layer_decodes_as_on_torch(tiny_pairs, tmp_pa
     _, ours = OrtTargetSession(OrtBundle(path)).prefill(prompt)
     _, ref = target.forward(prompt, target.new_cache(), (1, last))
     np.testing.assert_allclose(ours.numpy(), ref.numpy(), atol=1e-4, rtol=0)
-    same_as_torch(path, LLM(str(target_dir), str(draft_dir)), [[9, 8, 7, 6]], 4)
+    same_as_torch(path, LLM(str(target_dir), str(draft_dir), backend="torch"), [[9, 8, 7, 6]], 4)
 
 
 @pytest.mark.parametrize("pair", ["llama", "qwen3", "small-vocab"])

@@ -108,7 +108,7 @@ def test_rollback_after_every_acceptance_length_restores_the_plain_decode_state(
 @pytest.fixture(scope="module")
 def llms(hybrids):
     """family -> (the portable bundle's onnxruntime sessions, LLM on the HF checkpoints through torch)."""
-    return {family: (OrtBundle(bundle), LLM(str(target_dir), str(draft_dir)))
+    return {family: (OrtBundle(bundle), LLM(str(target_dir), str(draft_dir), backend="torch"))
             for family, (target_dir, draft_dir, bundle, _) in hybrids.items()}
 
 
@@ -175,4 +175,5 @@ def test_the_cli_exports_a_qwen3_5_vl_checkpoint_inspects_and_runs_it(tmp_path):
     assert "Gated DeltaNet layers [0, 2] (conv 128 x 3, recurrent state 4 x 16 x 16 float32)" in shown
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     ours = LLM.from_bundle(out).generate([5, 6, 7], params)[0].token_ids
-    assert ours == LLM(str(target), str(draft)).generate([5, 6, 7], params, speculative=False)[0].token_ids
+    torch_llm = LLM(str(target), str(draft), backend="torch")
+    assert ours == torch_llm.generate([5, 6, 7], params, speculative=False)[0].token_ids

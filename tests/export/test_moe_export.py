@@ -174,7 +174,7 @@ def test_portable_target_graph_matches_hf_on_ragged_rows(moe_bundles, name, firs
 def test_greedy_dflash_on_onnxruntime_equals_autoregressive_torch(moe_bundles, name, block):
     target_dir, draft_dir, _, slots, *_ = moe_bundles[name]
     ours = LLM.from_bundle(slots, block_size=block, max_batch=2, capacity=64)
-    torch_llm = LLM(str(target_dir), str(draft_dir), block_size=block)
+    torch_llm = LLM(str(target_dir), str(draft_dir), block_size=block, backend="torch")
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     for prompt in ["hello there", [5, 6, 7]]:
         got = ours.generate(prompt, params)[0]
@@ -247,7 +247,7 @@ def test_a_hybrid_moe_target_with_32_experts_top_4_decodes_as_autoregressive_in_
         checks = read_bundle(bundle)["checks"]["polygraphy_vs_pytorch"]
         assert [checks[g] for g in ("target", "draft_context", "draft_block")] == ["passed"] * 3
     ours = LLM.from_bundle(tmp_path / "slots", block_size=4, max_batch=2, capacity=64)
-    torch_llm = LLM(str(target_dir), str(draft_dir), block_size=4)
+    torch_llm = LLM(str(target_dir), str(draft_dir), block_size=4, backend="torch")
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     for prompt in ["hello there", [5, 6, 7]]:
         assert ours.generate(prompt, params)[0].token_ids == torch_llm.generate(prompt, params, speculative=False)[0].token_ids

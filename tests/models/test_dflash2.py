@@ -157,7 +157,7 @@ def test_the_convolution_never_reads_across_the_block_boundary(pair):
 def test_greedy_equals_hf_and_the_authors_loop_step_for_step(pair, monkeypatch):
     monkeypatch.setattr(reference, "_cuda_time", time.perf_counter)  # its stats timer syncs CUDA
     target_dir, draft_dir, model = pair
-    llm = LLM(str(target_dir), str(draft_dir), block_size=4)
+    llm = LLM(str(target_dir), str(draft_dir), block_size=4, backend="torch")
     target, _ = load_target(str(target_dir))
     prompt = [17, 3, 250, 99, 4, 4, 61]
     with torch.no_grad():
@@ -201,7 +201,7 @@ def test_the_slots_bundle_decodes_greedy_as_ar_with_the_torch_backends_drafts(pa
     (unrolled for the drafter's block, the first B-1 kept), so acceptance equals the torch backend's."""
     target_dir, draft_dir, _ = pair
     ours = LLM.from_bundle(bundles["slots"], block_size=block, max_batch=2, capacity=64)
-    torch_llm = LLM(str(target_dir), str(draft_dir), block_size=block)
+    torch_llm = LLM(str(target_dir), str(draft_dir), block_size=block, backend="torch")
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     for prompt in ([17, 3, 250, 99, 4, 4, 61], [5, 6, 7]):
         got = ours.generate(prompt, params)[0]
@@ -216,7 +216,7 @@ def test_a_seeded_sampled_request_gives_the_same_tokens_on_both_backends(pair, b
     target_dir, draft_dir, _ = pair
     params = SamplingParams(max_tokens=16, ignore_eos=True, temperature=0.8, top_p=0.9, seed=7)
     ours = LLM.from_bundle(bundles["slots"], block_size=4, max_batch=2, capacity=64)
-    torch_llm = LLM(str(target_dir), str(draft_dir), block_size=4)
+    torch_llm = LLM(str(target_dir), str(draft_dir), block_size=4, backend="torch")
     prompts = [[17, 3, 250, 99], [5, 6, 7]]
     got = [o.token_ids for o in ours.generate(prompts, params)]
     assert got == [o.token_ids for o in torch_llm.generate(prompts, params)]

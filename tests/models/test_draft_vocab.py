@@ -103,9 +103,9 @@ def test_a_pair_whose_draft_vocabulary_leaves_the_targets_is_refused_before_load
 def test_both_backends_report_how_many_ids_the_drafter_may_propose(tiny_pairs, slots_bundles):
     from dflash_trt import LLM
 
-    assert LLM(*map(str, tiny_pairs["llama"])).draft_vocab_size == 89  # its list
+    assert LLM(*map(str, tiny_pairs["llama"]), backend="torch").draft_vocab_size == 89  # its list
     assert LLM.from_bundle(slots_bundles["llama"]).draft_vocab_size == 89
-    assert LLM(*map(str, tiny_pairs["qwen3"])).draft_vocab_size == 264  # no list: the target's vocabulary
+    assert LLM(*map(str, tiny_pairs["qwen3"]), backend="torch").draft_vocab_size == 264  # no list: the target's
 
 
 def test_adding_or_changing_a_draft_vocabulary_gives_a_fresh_cached_bundle(tiny_pairs, tmp_path):

@@ -125,7 +125,7 @@ def test_llm_and_cli_refuse_a_wrong_pair_before_loading_weights(tiny_pairs, tmp_
     target_dir = str(tiny_pairs["qwen3"][0])
     draft = make_drafter(tmp_path / "wrong", **change)
     with pytest.raises(DFlashError, match=message):
-        LLM(target=target_dir, draft=str(draft))
+        LLM(target=target_dir, draft=str(draft), backend="torch")
     for command in (["generate", "--target", target_dir, "--draft", str(draft), "hi"],
                     ["export", "--target", target_dir, "--draft", str(draft), "-o", str(tmp_path / "out")],
                     ["build", "--target", target_dir, "--draft", str(draft), "-o", str(tmp_path / "out"),
@@ -159,7 +159,7 @@ def test_a_drafter_hub_id_is_fetched_once_with_safe_patterns(tiny_pairs, tmp_pat
         return str(local)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
-    llm = LLM(target=str(tiny_pairs["qwen3"][0]), draft="z-lab/tiny-dflash")
+    llm = LLM(target=str(tiny_pairs["qwen3"][0]), draft="z-lab/tiny-dflash", backend="torch")
     assert llm.drafter is not None and llm.block_size == 4
     assert len(calls) == 1 and calls[0][0] == "z-lab/tiny-dflash"
     assert not any(p.endswith((".bin", ".pt", ".py")) for p in calls[0][1])  # never pickles or code
@@ -169,5 +169,5 @@ def test_a_drafter_hub_id_is_fetched_once_with_safe_patterns(tiny_pairs, tmp_pat
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     with pytest.raises(DFlashError, match="not fetched from the hub .We couldn't connect") as err:
-        LLM(target=str(tiny_pairs["qwen3"][0]), draft="z-lab/missing")
+        LLM(target=str(tiny_pairs["qwen3"][0]), draft="z-lab/missing", backend="torch")
     assert "\n" not in str(err.value)

@@ -159,7 +159,7 @@ def vl_greedy(path, prompt, n):
 
 @pytest.mark.parametrize("family", list(TEXT_TYPES))
 def test_speculative_greedy_on_a_vl_target_equals_autoregressive(vl_targets, drafter, family):
-    llm = LLM(str(vl_targets[family]), str(drafter), block_size=4)
+    llm = LLM(str(vl_targets[family]), str(drafter), block_size=4, backend="torch")
     assert llm.backend == "torch" and llm.target.model_type == TEXT_TYPES[family]
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     prompt = IDS[:7]

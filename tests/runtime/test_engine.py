@@ -21,7 +21,7 @@ PROMPTS = [[5, 6, 7], "abc", [1] * 9, "zz top", [3, 1, 4, 1, 5, 9, 2, 6], "x", [
 @pytest.fixture(scope="module")
 def llm(tiny_pairs):
     target, draft = tiny_pairs["qwen3"]
-    return LLM(str(target), str(draft), max_batch=3)
+    return LLM(str(target), str(draft), max_batch=3, backend="torch")
 
 
 def alone(llm, prompt, params, speculative=True):

@@ -52,5 +52,5 @@ def test_an_implementation_other_than_sdpa_is_left_alone(tiny_pairs):
 
 
 def test_the_torch_runtime_runs_its_target_with_grouped_attention(tiny_pairs):
-    llm = LLM(*map(str, tiny_pairs["qwen3"]))
+    llm = LLM(*map(str, tiny_pairs["qwen3"]), backend="torch")
     assert llm.target.model.config._attn_implementation == NAME

@@ -13,7 +13,7 @@ from dflash_trt.spec.sampling import target_probs
 def llm(tiny_pairs):
     target, draft = tiny_pairs["qwen3"]
     # pinned: a random drafter is almost never accepted, so the adaptive default would decode plainly
-    return LLM(str(target), str(draft), block_size=4)
+    return LLM(str(target), str(draft), block_size=4, backend="torch")
 
 
 def test_string_prompts_get_the_chat_template(llm):
@@ -77,11 +77,11 @@ def test_bad_construction_is_refused(tiny_pairs, kwargs, message):
 def test_the_verify_block_defaults_to_the_drafters_but_at_most_four_on_a_cpu(tiny_pairs, tmp_path):
     target, _ = tiny_pairs["qwen3"]
     wide = make_drafter(tmp_path / "wide", seed=3, block_size=8, target_layer_ids=[1, 2])
-    assert LLM(str(target), str(wide)).block_size == 4
-    assert LLM(str(target), str(wide), block_size=8).block_size == 8
-    assert LLM(str(target), str(tiny_pairs["qwen3"][1])).block_size == 4  # a drafter trained at 4 keeps it
+    assert LLM(str(target), str(wide), backend="torch").block_size == 4
+    assert LLM(str(target), str(wide), block_size=8, backend="torch").block_size == 8
+    assert LLM(str(target), str(tiny_pairs["qwen3"][1]), backend="torch").block_size == 4  # trained at 4: kept
     narrow = make_drafter(tmp_path / "narrow", seed=3, block_size=3, target_layer_ids=[1, 2])
-    assert LLM(str(target), str(narrow)).block_size == 3
+    assert LLM(str(target), str(narrow), backend="torch").block_size == 3
 
 
 def test_bad_requests_are_refused_before_any_work(llm, tiny_pairs):
@@ -91,7 +91,7 @@ def test_bad_requests_are_refused_before_any_work(llm, tiny_pairs):
         llm.generate(["fine", [1, 999]])
     with pytest.raises(DFlashError, match="no prompts"):
         llm.generate([])
-    no_draft = LLM(str(tiny_pairs["qwen3"][0]), draft=None)
+    no_draft = LLM(str(tiny_pairs["qwen3"][0]), draft=None, backend="torch")
     with pytest.raises(DFlashError, match="needs a drafter"):
         no_draft.generate("x", speculative=True)
     assert no_draft.generate("x", SamplingParams(max_tokens=2), speculative=False)[0].token_ids
@@ -99,7 +99,7 @@ def test_bad_requests_are_refused_before_any_work(llm, tiny_pairs):
 
 def test_stop_strings_need_a_tokenizer(tmp_path):
     target = make_target(tmp_path / "t", "llama", tokenizer=False)
-    llm = LLM(str(target), str(make_drafter(tmp_path / "d")))
+    llm = LLM(str(target), str(make_drafter(tmp_path / "d")), backend="torch")
     with pytest.raises(DFlashError, match="stop strings need a tokenizer"):
         llm.generate([1, 2], SamplingParams(stop=["x"]))
     with pytest.raises(DFlashError, match="pass prompts as lists of token ids"):
@@ -113,7 +113,7 @@ def test_sampled_speculative_output_follows_the_target_distribution(tmp_path, dr
     propose only 3 of the 8 ids (a draft vocabulary)."""
     target = make_target(tmp_path / "t", "qwen3", vocab_size=8, tokenizer=False, seed=3)
     draft = make_drafter(tmp_path / "d", mask_token_id=7, seed=4, draft_vocab=draft_vocab)
-    llm = LLM(str(target), str(draft), block_size=4)  # pinned: adaptive steps might never draft
+    llm = LLM(str(target), str(draft), block_size=4, backend="torch")  # pinned: adaptive steps might never draft
     # 3 tokens: the core verifies the second with one draft (a last token alone would verify no draft)
     params = dict(temperature=1.5, top_k=6, max_tokens=3, ignore_eos=True)
     prompt = [1, 2, 3]
@@ -139,8 +139,10 @@ def test_sampled_speculative_output_follows_the_target_distribution(tmp_path, dr
         assert llm.draft_head.size == len(draft_vocab)  # the restricted head was in use
 
 
-def test_the_auto_backend_is_onnxruntime_for_a_pair_and_torch_for_a_target_alone(tiny_pairs):
+def test_the_auto_backend_is_onnxruntime_for_a_pair_on_the_cpu_and_torch_for_a_target_alone(tiny_pairs, monkeypatch):
     from dflash_trt.runtime.llm import AUTO, resolve_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
     target, draft = map(str, tiny_pairs["qwen3"])
     assert resolve_backend(AUTO, target, draft) == "onnxruntime"
@@ -148,3 +150,19 @@ def test_the_auto_backend_is_onnxruntime_for_a_pair_and_torch_for_a_target_alone
     assert resolve_backend(AUTO, target, AUTO) == "torch"  # no drafter ships for a local checkpoint
     assert resolve_backend(AUTO, "smollm2-135m", AUTO) == "onnxruntime"  # the embedded pair's shipped drafter
     assert resolve_backend("torch", target, draft) == "torch"
+    # a placement asked for is the torch backend's; int4 weights run on onnxruntime
+    assert resolve_backend(AUTO, target, draft, device="cpu") == "torch"
+    assert resolve_backend(AUTO, target, draft, dtype="float16") == "torch"
+    assert resolve_backend(AUTO, target, draft, quantized=True) == "onnxruntime"
+    # where PyTorch sees a GPU: the torch graphs on CUDA (the GPU path this build has without TensorRT)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_backend(AUTO, target, draft) == "torch"
+    assert resolve_backend(AUTO, target, draft, quantized=True) == "onnxruntime"
+    assert resolve_backend("onnxruntime", target, draft) == "onnxruntime"
+
+
+def test_llm_resolves_the_auto_backend_itself(tiny_pairs, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    target, _ = map(str, tiny_pairs["qwen3"])
+    assert LLM(target, draft=None).backend == "torch"  # a target alone
+    assert LLM(target, draft=None, device="cpu", dtype="float16").backend == "torch"

@@ -21,7 +21,7 @@ SEEDED = SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, top_k=20, see
 @pytest.fixture(scope="module")
 def llm(tiny_pairs):
     target, draft = tiny_pairs["llama"]
-    return LLM(str(target), str(draft), block_size=4, max_batch=4)
+    return LLM(str(target), str(draft), block_size=4, max_batch=4, backend="torch")
 
 
 def test_plain_and_speculative_requests_share_one_runner_and_its_slots(llm):

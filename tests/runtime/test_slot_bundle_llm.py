@@ -19,7 +19,7 @@ PROMPTS = ["abc", [5, 6, 7], "hello there", [1] * 9, "x", [3, 1, 4, 1, 5, 9, 2, 
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("slots")
     bundle = export_tiny_slots_bundle(root)
-    return bundle, LLM(str(root / "qwen3"), str(root / "qwen3-draft"), block_size=4)
+    return bundle, LLM(str(root / "qwen3"), str(root / "qwen3-draft"), block_size=4, backend="torch")
 
 
 @pytest.mark.parametrize("speculative", [True, False])
@@ -66,7 +66,7 @@ def test_llm_with_backend_onnxruntime_exports_a_slots_bundle_once_and_reuses_it(
     assert (bundle / "bundle.json").stat().st_mtime_ns == stamp  # reused, not re-exported
     assert first._bundle.manifest["flavour"] == "slots"
     params = SamplingParams(max_tokens=12, ignore_eos=True)
-    want = reference_output(LLM(target, draft, block_size=4), "yo", params, speculative=True)
+    want = reference_output(LLM(target, draft, block_size=4, backend="torch"), "yo", params, speculative=True)
     assert first.generate("yo", params)[0].token_ids == second.generate("yo", params)[0].token_ids == want.token_ids
 
 

@@ -31,7 +31,7 @@ def test_chat_equals_offline_and_reports_acceptance(server):
     from dflash_trt import LLM, SamplingParams
 
     prompt = "Write a Python function that adds two numbers."
-    expected = LLM().generate(prompt, SamplingParams(max_tokens=32))[0]
+    expected = LLM(backend="torch").generate(prompt, SamplingParams(max_tokens=32))[0]
     client = OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=300)
     reply = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": prompt}],
                                            max_tokens=32, temperature=0)

@@ -17,7 +17,7 @@ PROMPTS = ["hello there", [17, 3, 250, 99, 4, 4, 61]]
 
 @pytest.fixture(scope="module")
 def llms(tiny_pairs):
-    return {family: LLM(str(t), str(d)) for family, (t, d) in tiny_pairs.items()}
+    return {family: LLM(str(t), str(d), backend="torch") for family, (t, d) in tiny_pairs.items()}
 
 
 def run(llm, prompt, params, speculative, block_size=None):

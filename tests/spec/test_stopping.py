@@ -54,7 +54,7 @@ def test_length_and_stop_tokens_without_text():
 
 
 def test_the_streamed_text_is_the_tokenizers_decode(tiny_pairs):
-    llm = LLM(str(tiny_pairs["qwen3"][0]), None)
+    llm = LLM(str(tiny_pairs["qwen3"][0]), None, backend="torch")
     ids = llm.tokenizer.encode("Hello, wörld! 🙂 def f(x):\n    return x")
     stream = TextStream(llm.tokenizer)
     assert "".join(stream.step(t) for t in ids) == llm.tokenizer.decode(ids, skip_special_tokens=True)
@@ -64,7 +64,7 @@ def test_a_long_output_with_a_stop_string_costs_the_same_per_token(tiny_pairs, m
     # Counted, not timed: the text grows by one tokenizer step per token, never by decoding all ids
     # again, and a stop string is searched for only in the newest token's text and the
     # (longest stop - 1) characters before it.
-    llm = LLM(str(tiny_pairs["qwen3"][0]), None, max_batch=1)
+    llm = LLM(str(tiny_pairs["qwen3"][0]), None, max_batch=1, backend="torch")
     pieces, searched = [], []
     real_step, real_find = TextStream.step, StopChecker._find_stop_string
 

@@ -28,15 +28,13 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {key: value["string_value"] for key, value in config["parameters"].items()}
         from dflash_trt.runtime.engine import Engine
-        from dflash_trt.runtime.llm import AUTO, LLM, resolve_backend
+        from dflash_trt.runtime.llm import AUTO, LLM
 
         capacity = int(params["capacity"]) if params["capacity"] else None
         if params["bundle"]:
             self.llm = LLM.from_bundle(params["bundle"], capacity=capacity)  # None: the bundle's own, else 4096
         else:
-            draft = params["draft"] or AUTO
-            backend = resolve_backend(params.get("backend") or AUTO, params["target"], draft)
-            self.llm = LLM(params["target"], draft, backend=backend)
+            self.llm = LLM(params["target"], params["draft"] or AUTO, backend=params.get("backend") or AUTO)
         self.engine = Engine(self.llm, max_batch=int(params["max_batch"]), capacity=capacity or self.llm.capacity,
                              block_size=int(params["block_size"]) if params["block_size"] else None,
                              prefill_chunk=int(params.get("prefill_chunk") or 0),
