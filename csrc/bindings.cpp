@@ -128,16 +128,16 @@ PYBIND11_MODULE(_core, m) {
       py::arg("logits"), py::arg("params"), "logits [rows, vocab] float32 -> probs [rows, vocab].");
 
   m.def(
-      "heap_sort_order",
+      "device_sort_order",
       [](const std::vector<float>& probs) {
         std::vector<int32_t> order(probs.size());
         for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
-        decide_detail::heap_sort_by_probability(order.data(), int64_t(order.size()), probs.data());
+        decide_detail::bitonic_sort<HostThreads>(order.data(), int64_t(order.size()), probs.data());
         return order;
       },
       py::arg("probs"),
-      "The decision kernel's sort (decide.h's heap sort) run on the host: token ids by probability descending, "
-      "ties by id ascending.");
+      "The decision kernel's sort (decide.h's bitonic sort) run on the host: token ids by probability "
+      "descending, ties by id ascending.");
   m.def(
       "accept_greedy",
       [](const std::vector<int64_t>& drafts, const FloatArray& logits) {

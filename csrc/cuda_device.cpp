@@ -221,11 +221,11 @@ void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* row
   }
   if (count == 0) return;
   void* argmax_args[] = {&logits, &vocab, &rows, &order};
-  check(driver_->launch(argmax_, unsigned(count), unsigned(positions), 1, kArgmaxThreads, 1, 1, 0, stream_,
+  check(driver_->launch(argmax_, unsigned(count), unsigned(positions), 1, kDecideThreads, 1, 1, 0, stream_,
                         argmax_args, nullptr),
         "launching the argmax kernel");
   void* args[] = {&logits, &vocab, &rows, &drafts, &probs, &order, &out};
-  check(driver_->launch(decide_, unsigned(count), 1, 1, 1, 1, 1, 0, stream_, args, nullptr),
+  check(driver_->launch(decide_, unsigned(count), 1, 1, kDecideThreads, 1, 1, 0, stream_, args, nullptr),
         "launching the decision kernel");
 #else
   (void)logits, (void)vocab, (void)rows, (void)count, (void)positions, (void)drafts, (void)probs, (void)order,

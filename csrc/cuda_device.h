@@ -44,7 +44,7 @@ class CudaDevice final : public Device {
               const int64_t* drafts, float* probs, int32_t* order, Verdict* out) override;
   CUstream stream() const { return stream_; }
 
-  static constexpr unsigned kArgmaxThreads = 512;  // decide_kernel.cu's kThreads
+  static constexpr unsigned kDecideThreads = 512;  // decide_kernel.cu's kThreads (both kernels)
 
  private:
   void check(CUresult result, const char* what) const;

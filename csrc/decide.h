@@ -1,14 +1,18 @@
 // decide.h: the acceptance and sampling rules over one row's logits, written once for the host and
 // the device (hd.h). The host executors call them through sampling.cpp / acceptance.cpp; the GPU
-// kernel (decide_kernel.cu) runs the same functions, one CUDA block per row, so a GPU executor
+// kernels (decide_kernel.cu) run the same functions with a CUDA block's threads, so a GPU executor
 // decides a row's tokens where its logits are and only (accepted, next) reach the host.
 //
-// Every function works in caller-owned scratch (no allocation, no exception: the callers check their
-// inputs first). Two primitives differ by target, each computing a uniquely defined result: sorting
-// token ids by (probability descending, id ascending), a total order, and the k-th largest score
-// (with multiplicity). The rest is the same arithmetic in the same order, so host and device give
-// the same tokens on the same logits, save where the device's expf rounds a probability one ulp
-// apart from the host's and the uniform falls inside that ulp (about 1e-7 per draw).
+// A sampled row's work is written once against a `Threads` policy: HostThreads (one thread, the host)
+// or decide_kernel.cu's BlockThreads (a block, __syncthreads, shared-memory atomics). Every step has a
+// uniquely defined result whatever the thread count: the k-th largest score and the nucleus's
+// candidates by radix passes over the scores' bits, the candidates' order (probability descending,
+// id ascending: a total order) by a sort, and every double sum over the same fixed partition of the
+// vocabulary (kChunks contiguous chunks, each summed in index order, then the chunks in order). So
+// host and device give the same tokens on the same logits, save where the device's expf rounds a
+// probability one ulp apart from the host's and the uniform falls inside that ulp (about 1e-7 a draw).
+//
+// Work happens in caller-owned scratch (no allocation, no exception: the callers check their inputs).
 #pragma once
 
 #include <cstdint>
@@ -20,7 +24,6 @@
 #ifndef __CUDA_ARCH__
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #endif
 
 namespace dflash {
@@ -41,6 +44,36 @@ struct DecideRow {
   uint32_t position = 0;   // the sequence position of the first token decided
 };
 
+constexpr int kChunks = 512;      // the fixed partition of a row for its double sums
+constexpr int kMaxThreads = 512;  // the most threads a Threads policy may have
+
+// What a sampled row's threads share (a CUDA block's shared memory; the host's stack).
+struct RowShared {
+  unsigned counts[256];
+  float masses[256];
+  float partial[kMaxThreads];
+  double chunk[kChunks];
+  uint32_t prefix;
+  int64_t remaining;
+  float remaining_mass, top, last_p, scale;
+  unsigned found;
+  int64_t kept, last, token;
+};
+
+// One thread: the host.
+struct HostThreads {
+  DFLASH_HD static int id() { return 0; }
+  DFLASH_HD static int count() { return 1; }
+  DFLASH_HD static void sync() {}
+  DFLASH_HD static unsigned add(unsigned* at, unsigned value) {
+    const unsigned old = *at;
+    *at += value;
+    return old;
+  }
+  DFLASH_HD static void add(float* at, float value) { *at += value; }
+  static void sort(int32_t* order, int64_t n, const float* p);  // std::sort by `before` (below)
+};
+
 namespace decide_detail {
 
 DFLASH_HD inline bool is_nan(float x) { return x != x; }
@@ -56,55 +89,136 @@ DFLASH_HD inline float exp_of(float x) {
 // The total order of a sort by probability: higher first, equal probabilities by token id.
 DFLASH_HD inline bool before(const float* p, int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); }
 
-DFLASH_HD inline void sift_down(int32_t* order, int64_t root, int64_t n, const float* p) {
-  // a heap whose root is the *last* in `before` order, so popping roots fills the array from the back
-  for (;;) {
-    int64_t child = 2 * root + 1;
-    if (child >= n) return;
-    if (child + 1 < n && before(p, order[child], order[child + 1])) ++child;  // the later child
-    if (!before(p, order[root], order[child])) return;
-    const int32_t t = order[root];
-    order[root] = order[child];
-    order[child] = t;
-    root = child;
+// A float's bits as an unsigned key that orders as the float does (-inf lowest, +inf highest).
+DFLASH_HD inline uint32_t order_key(float x) {
+  uint32_t u;
+  __builtin_memcpy(&u, &x, sizeof u);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+DFLASH_HD inline float from_order_key(uint32_t key) {
+  const uint32_t u = (key & 0x80000000u) ? (key & 0x7fffffffu) : ~key;
+  float x;
+  __builtin_memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+DFLASH_HD inline int64_t chunk_start(int64_t vocab, int c) { return vocab * c / kChunks; }
+
+// Radix passes over the keys of values[0..vocab), 8 bits at a time from the top: the key whose
+// `weight` (count or probability mass) from the top reaches `need`, with multiplicity. Weighted by
+// count (mass false) it is the need-th largest value; by mass, the smallest value v such that the
+// values >= v weigh at least `need` (as float sums: only used with a margin).
+template <class Threads>
+DFLASH_HD float radix_select(const float* values, int64_t vocab, double need, bool mass, RowShared& s) {
+  if (Threads::id() == 0) {
+    s.prefix = 0;
+    s.remaining = int64_t(need);
+    s.remaining_mass = float(need);
+  }
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = Threads::id(); b < 256; b += Threads::count()) {
+      s.counts[b] = 0;
+      s.masses[b] = 0.0f;
+    }
+    Threads::sync();
+    const uint32_t high = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+    for (int64_t i = Threads::id(); i < vocab; i += Threads::count()) {
+      const uint32_t key = order_key(values[i]);
+      if ((key & high) != (s.prefix & high)) continue;
+      const unsigned bin = (key >> shift) & 255u;
+      if (mass)
+        Threads::add(&s.masses[bin], values[i]);
+      else
+        Threads::add(&s.counts[bin], 1u);
+    }
+    Threads::sync();
+    if (Threads::id() == 0) {
+      int bin = 255;
+      if (mass) {
+        float above = 0.0f;
+        for (; bin > 0 && !(above + s.masses[bin] >= s.remaining_mass); --bin) above += s.masses[bin];
+        s.remaining_mass -= above;
+      } else {
+        int64_t above = 0;
+        for (; bin > 0 && !(above + int64_t(s.counts[bin]) >= s.remaining); --bin) above += s.counts[bin];
+        s.remaining -= above;
+      }
+      s.prefix |= uint32_t(bin) << shift;
+    }
+    Threads::sync();
+  }
+  return from_order_key(s.prefix);
+}
+
+// The largest of values[0..vocab) (NaNs aside), shared by every thread.
+template <class Threads>
+DFLASH_HD float row_max(const float* values, int64_t vocab, RowShared& s) {
+  float top = -__builtin_huge_valf();
+  for (int64_t i = Threads::id(); i < vocab; i += Threads::count()) top = values[i] > top ? values[i] : top;
+  s.partial[Threads::id()] = top;
+  Threads::sync();
+  if (Threads::id() == 0) {
+    for (int t = 1; t < Threads::count(); ++t) top = s.partial[t] > top ? s.partial[t] : top;
+    s.top = top;
+  }
+  Threads::sync();
+  return s.top;
+}
+
+// s.chunk[c] = the sum of p over chunk c in index order (double), each chunk by one thread.
+template <class Threads>
+DFLASH_HD void chunk_sums(const float* p, int64_t vocab, RowShared& s) {
+  for (int c = Threads::id(); c < kChunks; c += Threads::count()) {
+    double sum = 0.0;
+    for (int64_t i = chunk_start(vocab, c), end = chunk_start(vocab, c + 1); i < end; ++i) sum += p[i];
+    s.chunk[c] = sum;
+  }
+  Threads::sync();
+}
+
+DFLASH_HD inline double chunks_total(const RowShared& s) {
+  double total = 0.0;
+  for (int c = 0; c < kChunks; ++c) total += s.chunk[c];
+  return total;
+}
+
+// order[0..n) sorted by `before` over p: the flip form of bitonic sort (every comparator puts the
+// earlier at the lower index), so positions past n act as "last" padding and are never touched.
+template <class Threads>
+DFLASH_HD void bitonic_sort(int32_t* order, int64_t n, const float* p) {
+  int64_t size = 1;
+  while (size < n) size <<= 1;
+  for (int64_t k = 2; k <= size; k <<= 1) {
+    for (int64_t half = k / 2; half > 0; half >>= 1) {
+      for (int64_t t = Threads::id(); t < size / 2; t += Threads::count()) {
+        const int64_t i = (t / half) * 2 * half + (t % half);
+        const int64_t j = half == k / 2 ? (i ^ (k - 1)) : i + half;  // the flip, then half-cleaners
+        if (j < n && before(p, order[j], order[i])) {
+          const int32_t swap = order[i];
+          order[i] = order[j];
+          order[j] = swap;
+        }
+      }
+      Threads::sync();
+    }
   }
 }
 
-// order[0..n) sorted by `before` over p by heap sort: the device's sort (no allocation, one thread),
-// compiled for the host too so that tests hold it to the total order where no GPU runs.
-DFLASH_HD inline void heap_sort_by_probability(int32_t* order, int64_t n, const float* p) {
-  for (int64_t i = n / 2 - 1; i >= 0; --i) sift_down(order, i, n, p);
-  for (int64_t end = n - 1; end > 0; --end) {
-    const int32_t t = order[0];
-    order[0] = order[end];
-    order[end] = t;
-    sift_down(order, 0, end, p);
+// The nucleus over candidates order[0..n) sorted by `before`, in the oracle's arithmetic: cumsum
+// accumulated in double and stored as float32, the token's own mass subtracted in float32, compared
+// with top_p rounded to float32; the first always stays. Returns how many stay; their mass in *kept.
+DFLASH_HD inline int64_t nucleus(const float* p, const int32_t* order, int64_t n, float threshold, double* kept) {
+  double running = 0.0, mass = 0.0;
+  int64_t stay = 0;
+  for (; stay < n; ++stay) {
+    const float q = p[order[stay]];
+    running += q;
+    if (!(float(running) - q < threshold)) break;
+    mass += q;
   }
-}
-
-// order[0..n) sorted by `before` over p.
-DFLASH_HD inline void sort_by_probability(int32_t* order, int64_t n, const float* p) {
-#ifdef __CUDA_ARCH__
-  heap_sort_by_probability(order, n, p);
-#else
-  std::sort(order, order + n, [p](int32_t a, int32_t b) { return before(p, a, b); });
-#endif
-}
-
-// The k-th largest of scores[0..vocab) counted with multiplicity (1 <= k <= vocab); `order` is scratch.
-DFLASH_HD inline float kth_largest(const float* scores, int64_t vocab, int64_t k, int32_t* order) {
-#ifdef __CUDA_ARCH__
-  for (int64_t i = 0; i < vocab; ++i) order[i] = int32_t(i);
-  sort_by_probability(order, vocab, scores);
-  return scores[order[k - 1]];
-#else
-  // order's memory holds floats here: the same size per element
-  static_assert(sizeof(float) == sizeof(int32_t), "scratch reuse");
-  float* copy = reinterpret_cast<float*>(order);
-  std::copy(scores, scores + vocab, copy);
-  std::nth_element(copy, copy + (k - 1), copy + vocab, std::greater<float>());
-  return copy[k - 1];
-#endif
+  *kept = mass;
+  return stay;
 }
 
 }  // namespace decide_detail
@@ -121,91 +235,158 @@ DFLASH_HD inline int64_t argmax_row(const float* row, int64_t vocab) {
 
 // probs = softmax(logits / T) cut to the top-k, then to the top-p nucleus, renormalised (sampling.h
 // states the rules). Needs temperature > 0. Scratch: `order` [vocab].
-DFLASH_HD inline void probs_row(const float* logits, int64_t vocab, const SamplingParams& params, float* probs,
-                                int32_t* order) {
+template <class Threads>
+DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingParams& params, float* probs,
+                            int32_t* order, RowShared& s) {
   using namespace decide_detail;
   // scores = logits / T in float32, as the oracle divides a float tensor by a Python float
   const float temperature = float(params.temperature);
-  for (int64_t i = 0; i < vocab; ++i) probs[i] = logits[i] / temperature;
+  for (int64_t i = Threads::id(); i < vocab; i += Threads::count()) probs[i] = logits[i] / temperature;
+  Threads::sync();
   if (params.top_k > 0 && params.top_k < vocab) {  // keep every score >= the k-th largest (ties stay)
-    const float kth = kth_largest(probs, vocab, params.top_k, order);
-    for (int64_t i = 0; i < vocab; ++i)
+    const float kth = radix_select<Threads>(probs, vocab, double(params.top_k), false, s);
+    for (int64_t i = Threads::id(); i < vocab; i += Threads::count())
       if (probs[i] < kth) probs[i] = -__builtin_huge_valf();
+    Threads::sync();
   }
-  float top = probs[0];
-  for (int64_t i = 1; i < vocab; ++i) top = probs[i] > top ? probs[i] : top;
-  double total = 0.0;
-  for (int64_t i = 0; i < vocab; ++i) {
-    probs[i] = exp_of(probs[i] - top);
-    total += probs[i];
+  const float top = row_max<Threads>(probs, vocab, s);
+  for (int c = Threads::id(); c < kChunks; c += Threads::count()) {  // exp and its sum, chunk by chunk
+    double sum = 0.0;
+    for (int64_t i = chunk_start(vocab, c), end = chunk_start(vocab, c + 1); i < end; ++i) {
+      probs[i] = exp_of(probs[i] - top);
+      sum += probs[i];
+    }
+    s.chunk[c] = sum;
   }
-  const float inv = float(1.0 / total);
-  for (int64_t i = 0; i < vocab; ++i) probs[i] *= inv;
+  Threads::sync();
+  const float inv = float(1.0 / chunks_total(s));
+  for (int64_t i = Threads::id(); i < vocab; i += Threads::count()) probs[i] *= inv;
+  Threads::sync();
   if (params.top_p >= 1.0) return;
-  for (int64_t i = 0; i < vocab; ++i) order[i] = int32_t(i);
-  sort_by_probability(order, vocab, probs);
-  // The oracle's arithmetic: cumsum accumulated in double and stored as float32, the token's own
-  // mass subtracted in float32, compared with top_p rounded to float32. The first always stays.
-  const float threshold = float(params.top_p);
-  double running = 0.0, kept_mass = 0.0;
-  int64_t kept = 0;
-  for (; kept < vocab; ++kept) {
-    const float p = probs[order[kept]];
-    running += p;
-    const float mass_before = float(running) - p;
-    if (!(mass_before < threshold)) break;
-    kept_mass += p;
+  // The nucleus lies among the most probable tokens: the candidates are those >= the smallest value
+  // whose top mass reaches top_p plus a margin far above float error (all tokens when that passes 1),
+  // so sorting the candidates orders exactly the prefix a sort of the whole row would.
+  const double need = params.top_p + 1e-3;
+  const float floor = need >= 1.0 ? 0.0f : radix_select<Threads>(probs, vocab, need, true, s);
+  if (Threads::id() == 0) s.found = 0;
+  Threads::sync();
+  for (int64_t i = Threads::id(); i < vocab; i += Threads::count())
+    if (probs[i] >= floor) order[Threads::add(&s.found, 1u)] = int32_t(i);
+  Threads::sync();
+  const int64_t candidates = s.found;
+  Threads::sort(order, candidates, probs);
+  if (Threads::id() == 0) {
+    double kept_mass = 0.0;
+    s.kept = nucleus(probs, order, candidates, float(params.top_p), &kept_mass);
+    s.last = order[s.kept - 1];
+    s.last_p = probs[s.last];
+    s.scale = float(1.0 / kept_mass);
   }
-  for (int64_t j = kept; j < vocab; ++j) probs[order[j]] = 0.0f;
-  const float scale = float(1.0 / kept_mass);
-  for (int64_t j = 0; j < kept; ++j) probs[order[j]] *= scale;
+  Threads::sync();
+  // a token stays iff it is not after the last kept one in the sort's order
+  const float last_p = s.last_p, scale = s.scale;
+  const int64_t last = s.last;
+  for (int64_t i = Threads::id(); i < vocab; i += Threads::count())
+    probs[i] = (probs[i] > last_p || (probs[i] == last_p && i <= last)) ? probs[i] * scale : 0.0f;
+  Threads::sync();
 }
 
 // Inverse-CDF draw with uniform u in [0, 1) from a probability row (need not be exactly normalised:
 // u is scaled by the row's own total, so float rounding cannot run off the end); never a token of
-// probability 0. The row must have positive total.
-DFLASH_HD inline int64_t draw_row(const float* probs, int64_t vocab, double u) {
-  double total = 0.0;
-  for (int64_t i = 0; i < vocab; ++i) total += probs[i];
-  const double target = u * total;
-  double running = 0.0;
-  int64_t last = -1;
-  for (int64_t i = 0; i < vocab; ++i) {
-    if (probs[i] <= 0.0f) continue;
-    running += probs[i];
-    last = i;
-    if (running > target) return i;
+// probability 0. The row must have positive total. Sums run over the fixed chunks: the chunk where
+// the running total passes u * total is found from the chunks' sums, then walked token by token.
+template <class Threads>
+DFLASH_HD int64_t draw_row_by(const float* probs, int64_t vocab, double u, RowShared& s) {
+  using namespace decide_detail;
+  chunk_sums<Threads>(probs, vocab, s);
+  if (Threads::id() == 0) {
+    const double target = u * chunks_total(s);
+    double before_chunk = 0.0;
+    int64_t token = -1;
+    for (int c = 0; c < kChunks && token < 0; ++c) {
+      if (before_chunk + s.chunk[c] > target) {
+        double running = before_chunk;
+        for (int64_t i = chunk_start(vocab, c), end = chunk_start(vocab, c + 1); i < end; ++i) {
+          if (probs[i] <= 0.0f) continue;
+          running += probs[i];
+          token = i;
+          if (running > target) break;
+        }
+      }
+      before_chunk += s.chunk[c];
+    }
+    for (int64_t i = vocab - 1; token < 0 && i >= 0; --i)  // rounding: no chunk passed the target
+      if (probs[i] > 0.0f) token = i;
+    s.token = token;
   }
-  return last;
+  Threads::sync();
+  const int64_t token = s.token;
+  Threads::sync();  // s.token is rewritten by the next draw
+  return token;
 }
 
-// The target's token at `position` from one logits row: argmax, or a draw (scratch: probs, order [vocab]).
-DFLASH_HD inline int64_t sample_row(const float* logits, int64_t vocab, const SamplingParams& params,
-                                    uint64_t stream, uint32_t position, float* probs, int32_t* order) {
-  if (params.greedy()) return argmax_row(logits, vocab);
-  probs_row(logits, vocab, params, probs, order);
-  return draw_row(probs, vocab, uniform(params.seed, stream, position, kCategoricalDraw));
+// The target's token at `position` from one logits row at temperature > 0 (scratch: probs, order [vocab]).
+template <class Threads>
+DFLASH_HD int64_t sample_row_by(const float* logits, int64_t vocab, const SamplingParams& params, uint64_t stream,
+                                uint32_t position, float* probs, int32_t* order, RowShared& s) {
+  probs_row_by<Threads>(logits, vocab, params, probs, order, s);
+  return draw_row_by<Threads>(probs, vocab, uniform(params.seed, stream, position, kCategoricalDraw), s);
 }
 
 // A verify block's decision over logits [num_drafts + 1, vocab] (acceptance.h states the rules:
 // greedy prefix match, or sample-then-compare): drafts are kept while each equals the target's own
 // token at its position; `next` is the target's token at the first position not kept. Drafts must
 // be inside the vocabulary (the callers check).
-DFLASH_HD inline Verdict verdict_rows(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,
-                                      const SamplingParams& params, uint64_t stream, uint32_t position, float* probs,
-                                      int32_t* order) {
+template <class Threads>
+DFLASH_HD Verdict verdict_rows_by(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,
+                                  const SamplingParams& params, uint64_t stream, uint32_t position, float* probs,
+                                  int32_t* order, RowShared& s) {
   for (int64_t j = 0;; ++j) {  // returns at j == num_drafts (the bonus) at the latest
     const int64_t token =
-        sample_row(logits + j * vocab, vocab, params, stream, position + uint32_t(j), probs, order);
+        params.greedy() ? argmax_row(logits + j * vocab, vocab)
+                        : sample_row_by<Threads>(logits + j * vocab, vocab, params, stream, position + uint32_t(j),
+                                                 probs, order, s);
     if (j == num_drafts || token != drafts[j]) return {j, token};
   }
 }
 
 // A greedy verify row's decision from its positions' argmaxes (the GPU takes them in parallel first):
-// the same prefix rule as verdict_rows.
+// the same prefix rule as verdict_rows_by.
 DFLASH_HD inline Verdict greedy_verdict(const int64_t* drafts, int64_t num_drafts, const int32_t* argmaxes) {
   for (int64_t j = 0;; ++j)
     if (j == num_drafts || argmaxes[j] != drafts[j]) return {j, argmaxes[j]};
 }
+
+#ifndef __CUDA_ARCH__
+inline void HostThreads::sort(int32_t* order, int64_t n, const float* p) {
+  std::sort(order, order + n, [p](int32_t a, int32_t b) { return decide_detail::before(p, a, b); });
+}
+
+// The host's entry points: one thread, shared state on the stack.
+inline void probs_row(const float* logits, int64_t vocab, const SamplingParams& params, float* probs,
+                      int32_t* order) {
+  RowShared s;
+  probs_row_by<HostThreads>(logits, vocab, params, probs, order, s);
+}
+
+inline int64_t draw_row(const float* probs, int64_t vocab, double u) {
+  RowShared s;
+  return draw_row_by<HostThreads>(probs, vocab, u, s);
+}
+
+inline int64_t sample_row(const float* logits, int64_t vocab, const SamplingParams& params, uint64_t stream,
+                          uint32_t position, float* probs, int32_t* order) {
+  if (params.greedy()) return argmax_row(logits, vocab);
+  RowShared s;
+  return sample_row_by<HostThreads>(logits, vocab, params, stream, position, probs, order, s);
+}
+
+inline Verdict verdict_rows(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,
+                            const SamplingParams& params, uint64_t stream, uint32_t position, float* probs,
+                            int32_t* order) {
+  RowShared s;
+  return verdict_rows_by<HostThreads>(drafts, num_drafts, logits, vocab, params, stream, position, probs, order, s);
+}
+#endif
 
 }  // namespace dflash

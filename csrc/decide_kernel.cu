@@ -1,18 +1,30 @@
 // decide_kernel.cu: decide.h's rules as a CUDA kernel, one block per row, over logits in GPU memory.
 //
 // Built by setup.py with nvcc into a fatbin that the core embeds and loads through the CUDA driver
-// (cuda_device.cpp): nothing links to the CUDA runtime. Greedy rows (the common case) take each
-// position's argmax with a block of its own; T>0 rows run decide.h's row functions on one thread
-// (correct first: the draws, the top-k selection and the top-p sort are not parallel yet).
+// (cuda_device.cpp): nothing links to the CUDA runtime.
 //
 // Two kernels, launched in order on one stream: dflash_argmax_positions takes every greedy row's
 // argmaxes, one block per (row, position), into the `order` scratch; dflash_decide_rows then decides
-// each row (a greedy row reads its argmaxes, a sampled row runs decide.h's rules).
+// each row with a block: a greedy row's first thread walks its argmaxes, a sampled row's threads run
+// decide.h's rules together (BlockThreads), position after position until a draft is rejected.
 #include "decide.h"
 
 namespace {
 
 constexpr int kThreads = 512;
+static_assert(kThreads <= dflash::kMaxThreads, "RowShared.partial holds a value per thread");
+
+// decide.h's Threads policy for a CUDA block.
+struct BlockThreads {
+  __device__ static int id() { return threadIdx.x; }
+  __device__ static int count() { return blockDim.x; }
+  __device__ static void sync() { __syncthreads(); }
+  __device__ static unsigned add(unsigned* at, unsigned value) { return atomicAdd(at, value); }
+  __device__ static void add(float* at, float value) { atomicAdd(at, value); }
+  __device__ static void sort(int32_t* order, int64_t n, const float* p) {
+    dflash::decide_detail::bitonic_sort<BlockThreads>(order, n, p);
+  }
+};
 
 // (value, index) a beats b under torch.argmax: a NaN beats any number, then the larger value, then the
 // smaller index; index -1 is "nothing yet".
@@ -81,14 +93,21 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 }
 
 // rows[b] over logits [*, vocab] -> out[b]. Scratch per row: probs and order [vocab] at b * vocab (a
-// greedy row's argmaxes there, from dflash_argmax_positions). Launch: grid = number of rows, one thread.
-extern "C" __global__ void dflash_decide_rows(const float* logits, int64_t vocab, const dflash::DecideRow* rows, const int64_t* drafts,
+// greedy row's argmaxes there, from dflash_argmax_positions). Launch: grid = number of rows, block =
+// kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads)
+    dflash_decide_rows(const float* logits, int64_t vocab, const dflash::DecideRow* rows, const int64_t* drafts,
                        float* probs, int32_t* order, dflash::Verdict* out) {
+  __shared__ dflash::RowShared shared;
   const dflash::DecideRow row = rows[blockIdx.x];
   const int64_t* mine = drafts + row.drafts;
   int32_t* scratch = order + blockIdx.x * vocab;
-  out[blockIdx.x] = row.sampling.greedy()
-                        ? dflash::greedy_verdict(mine, row.num_drafts, scratch)
-                        : dflash::verdict_rows(mine, row.num_drafts, logits + row.first * vocab, vocab, row.sampling,
-                                               row.stream, row.position, probs + blockIdx.x * vocab, scratch);
+  if (row.sampling.greedy()) {
+    if (threadIdx.x == 0) out[blockIdx.x] = dflash::greedy_verdict(mine, row.num_drafts, scratch);
+    return;
+  }
+  const dflash::Verdict verdict = dflash::verdict_rows_by<BlockThreads>(
+      mine, row.num_drafts, logits + row.first * vocab, vocab, row.sampling, row.stream, row.position,
+      probs + blockIdx.x * vocab, scratch, shared);
+  if (threadIdx.x == 0) out[blockIdx.x] = verdict;
 }

@@ -83,9 +83,10 @@ def test_target_probs_refuses_greedy_params_and_bad_shapes(core):
         core.target_probs(np.zeros(4, np.float32), core.SamplingParams(temperature=1.0))
 
 
-@pytest.mark.parametrize("size", [1, 2, 3, 7, 64, 1000])
-def test_the_decision_kernels_heap_sort_orders_by_probability_then_token_id(core, size):
-    # decide.h's device sort, compiled for the host: probabilities on a coarse grid, so ties are many
+@pytest.mark.parametrize("size", [0, 1, 2, 3, 7, 64, 100, 1000, 4097])
+def test_the_decision_kernels_sort_orders_by_probability_then_token_id(core, size):
+    # decide.h's device sort (bitonic, sizes not powers of two too), compiled for the host: probabilities
+    # on a coarse grid, so ties are many
     probs = np.round(np.random.default_rng(size).random(size) * 8) / 8
     want = sorted(range(size), key=lambda i: (-probs[i], i))
-    assert core.heap_sort_order(probs.astype(np.float32).tolist()) == want
+    assert core.device_sort_order(probs.astype(np.float32).tolist()) == want
