@@ -14,6 +14,7 @@
 #include "cost_model.h"
 #include "decide.h"
 #include "errors.h"
+#include "host_block.h"
 #include "executor.h"
 #include "metrics.h"
 #include "rng.h"
@@ -138,6 +139,51 @@ PYBIND11_MODULE(_core, m) {
       py::arg("probs"),
       "The decision kernel's sort (decide.h's bitonic sort) run on the host: token ids by probability "
       "descending, ties by id ascending.");
+  // The decision kernel's block code on `threads` host threads (host_block.h): tests compare it with the
+  // host entry points above, so the block algorithm is checked where no GPU runs.
+  auto block_threads = [](int threads) {
+    if (threads < 1 || threads > kMaxThreads)
+      throw Error("threads must be in [1, " + std::to_string(kMaxThreads) + "], got " + std::to_string(threads));
+  };
+  m.def(
+      "block_probs",
+      [block_threads](const FloatArray& logits, const SamplingParams& params, int threads) {
+        block_threads(threads);
+        params.validate();
+        if (params.greedy()) throw Error("block_probs needs temperature > 0");
+        int64_t vocab = 0;
+        const float* in = rows_of(logits, 1, &vocab);
+        FloatArray probs({py::ssize_t(vocab)});
+        std::vector<int32_t> order(vocab);
+        RowShared shared;
+        HostBlock::run(threads, [&] {
+          probs_row_by<HostBlock>(in, vocab, params, probs.mutable_data(), order.data(), shared);
+        });
+        return probs;
+      },
+      py::arg("logits"), py::arg("params"), py::arg("threads"), "logits [1, vocab] -> probs [vocab].");
+  m.def(
+      "block_accept",
+      [block_threads](const std::vector<int64_t>& drafts, const FloatArray& logits, const SamplingParams& params,
+                      uint64_t request, uint32_t position, int threads) {
+        block_threads(threads);
+        params.validate();
+        int64_t vocab = 0;
+        const float* rows = rows_of(logits, int64_t(drafts.size()) + 1, &vocab);
+        check_drafts(drafts.data(), int64_t(drafts.size()), vocab);
+        std::vector<float> probs(vocab);
+        std::vector<int32_t> order(vocab);
+        RowShared shared;
+        Verdict verdict;
+        HostBlock::run(threads, [&] {
+          const Verdict mine = verdict_rows_by<HostBlock>(drafts.data(), int64_t(drafts.size()), rows, vocab, params,
+                                                          request, position, probs.data(), order.data(), shared);
+          if (HostBlock::id() == 0) verdict = mine;
+        });
+        return py::make_tuple(verdict.accepted, verdict.next);
+      },
+      py::arg("drafts"), py::arg("logits"), py::arg("params"), py::arg("request"), py::arg("position"),
+      py::arg("threads"), "accept's decision by the block code on `threads` host threads.");
   m.def(
       "accept_greedy",
       [](const std::vector<int64_t>& drafts, const FloatArray& logits) {

@@ -1,0 +1,57 @@
+"""The decision kernel's block code (csrc/decide.h with a CUDA block's threads) run on host threads
+(csrc/host_block.h: barriers for __syncthreads, atomics for shared-memory atomics, the bitonic sort the
+kernel uses): with any thread count it gives the host entry points' probabilities and tokens. This proves
+the block algorithm and its barriers on a CPU, not the CUDA build (the GPU check's `gpu` tests do that)."""
+
+import numpy as np
+import pytest
+
+PARAMS = [dict(temperature=1.0), dict(temperature=0.7, top_k=5), dict(temperature=1.0, top_k=40),
+          dict(temperature=0.8, top_p=0.9), dict(temperature=1.3, top_k=100, top_p=0.5),
+          dict(temperature=10.0, top_p=0.95),  # nearly flat: the nucleus holds most of the row
+          dict(temperature=1.0, top_p=1e-4), dict(temperature=0.9, top_k=8, top_p=0.85)]
+
+
+def rows(seed, vocab, count=3):
+    """Peaked rows, and rows on a 0.25 grid (exact ties, the maximum tied too)."""
+    rng = np.random.default_rng(seed)
+    peaked = rng.standard_cauchy((count, vocab)).astype(np.float32)
+    tied = np.round(rng.normal(0.0, 2.0, (count, vocab)) * 4) / 4
+    tied[:, 3] = tied[:, 7] = tied.max(axis=1)
+    return np.concatenate([peaked, tied.astype(np.float32)])
+
+
+@pytest.mark.parametrize("threads", [1, 3, 32, 64])
+@pytest.mark.parametrize("params", PARAMS, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_the_block_code_gives_the_hosts_probabilities_on_any_thread_count(core, params, threads):
+    sampling = core.SamplingParams(**params)
+    for vocab in (8, 1000, 1537):
+        for row in rows(vocab, vocab):
+            got = core.block_probs(row[None], sampling, threads)
+            assert np.array_equal(got, core.target_probs(row[None], sampling)[0])
+
+
+@pytest.mark.parametrize("threads", [1, 7, 64])
+@pytest.mark.parametrize("params", PARAMS[:6], ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_the_block_code_decides_what_the_host_decides(core, params, threads):
+    logits = rows(threads, 700, count=2)  # 4 rows: three drafts and the bonus
+    sampling = core.SamplingParams(seed=5, **params)
+    for request in range(6):
+        # drafts that are the host's own picks, then not: verdicts of every length occur
+        picks = [core.sample(logits[j], sampling, request, 30 + j) for j in range(3)]
+        drafts = [p if (j + request) % 4 else (p + 1) % 700 for j, p in enumerate(picks)]
+        want = core.accept(drafts, logits, sampling, request, 30)
+        assert core.block_accept(drafts, logits, sampling, request, 30, threads) == tuple(want)
+
+
+def test_the_block_comparison_can_fail(core):
+    row = rows(0, 300)[3]  # a tied row: a wide nucleus
+    assert not np.array_equal(core.block_probs(row[None], core.SamplingParams(temperature=1.0, top_p=0.5), 8),
+                              core.target_probs(row[None], core.SamplingParams(temperature=1.0, top_p=0.9))[0])
+
+
+def test_a_thread_count_past_the_blocks_is_one_line(core):
+    from dflash_trt.errors import DFlashError
+
+    with pytest.raises(DFlashError, match=r"threads must be in \[1, 512\]"):
+        core.block_probs(np.zeros((1, 4), np.float32), core.SamplingParams(temperature=1.0), 513)
