@@ -114,3 +114,33 @@ def drive_scheduler(core, sched, work):
         step += 1
         assert step < 2000, "the scheduler does not finish"
     return tokens, metrics
+
+
+def check_draft_kernels(llm, monkeypatch, mode) -> None:
+    """With runtime/torch_graphs.DRAFT_KERNELS at `mode` the draft graphs run as dflash:: ops: phase by
+    phase they draft what the standard graphs draft, and greedy output equals autoregressive decoding."""
+    from dflash_trt.runtime import torch_graphs
+    from dflash_trt.runtime.cuda_ops import KERNEL_OPS
+    from dflash_trt.runtime.engine import BatchRunner
+
+    monkeypatch.setattr(torch_graphs, "DRAFT_KERNELS", False)
+    standard = llm.executor(2, 64)
+    monkeypatch.setattr(torch_graphs, "DRAFT_KERNELS", mode)
+    kernels = llm.executor(2, 64)
+    assert llm.draft_kernels == KERNEL_OPS
+    for executor in (standard, kernels):
+        executor.prefill_logits([0, 1], [[3, 1, 4, 1, 5, 9, 2], [2, 7, 1]])
+    for bonus, kept in (([7, 11], [2, 0]), ([4, 5], [3, 1])):
+        drafts = [executor.draft([0, 1], bonus, 4) for executor in (standard, kernels)]
+        assert drafts[0] == drafts[1]
+        for executor in (standard, kernels):
+            executor.verify_logits([0, 1], [[t, *d] for t, d in zip(bonus, drafts[0], strict=True)])
+            executor.commit([0, 1], kept)
+    work = workload(llm.vocab_size, 4, seed=9)
+    runner = BatchRunner(llm, max_batch=3, capacity=64, block_size=4)
+    requests = [runner.add(prompt, params) for _, prompt, params in work]
+    while runner.has_work:
+        runner.step()
+    assert llm.draft_kernels == KERNEL_OPS
+    for request, (_, prompt, params) in zip(requests, work, strict=True):
+        assert request.token_ids == reference_output(llm, prompt, params).token_ids

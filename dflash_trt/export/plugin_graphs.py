@@ -43,12 +43,12 @@ class PluginDraftContextGraph(nn.Module):
 class PluginDraftBlockGraph(nn.Module):
     keep_logits = False  # as DraftBlockGraph's
 
-    def __init__(self, drafter: DFlashDrafter, target: TargetModel):
+    def __init__(self, drafter: DFlashDrafter, target: TargetModel, head: nn.Module | None = None):
         super().__init__()
         check_plugin_drafter(drafter)
         self.drafter = drafter
         self.embed_tokens = target.model.get_input_embeddings()
-        self.head = drafter.head(target.lm_head)
+        self.head = head if head is not None else drafter.head(target.lm_head)  # as DraftBlockGraph's
 
     def forward(self, block_ids: torch.Tensor, context_lengths: torch.Tensor, *context: torch.Tensor):
         d = self.drafter

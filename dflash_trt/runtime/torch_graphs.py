@@ -35,6 +35,10 @@ _VIEWS_KEPT = 512  # views made from addresses, reused across runs (the buffers 
 GRAPHED_TOKENS = 16  # runs of at most this many new tokens per row are CUDA-graphed (not prefill chunks)
 GRAPHS_KEPT = 64  # captured graphs per graph and device, each with its own memory pool
 CUDA_GRAPHS = True  # capture on a GPU (tests compare against eager by turning it off)
+# The draft graphs as the plugin flavour writes them (dflash:: ops for KV injection and block attention):
+# "auto" on a GPU where our CUDA kernels register (runtime/cuda_ops.py), so decoding runs them; True
+# also elsewhere, on the ops' PyTorch reference bodies (tests); False never.
+DRAFT_KERNELS: bool | str = "auto"
 
 
 class InPlaceSlotAttention:
@@ -176,6 +180,23 @@ class TorchGraph:
         return True
 
 
+def _draft_kernels(drafter, device: torch.device) -> bool:
+    """Whether the draft graphs run as dflash:: ops (DRAFT_KERNELS): only for a drafter the ops cover."""
+    from dflash_trt.export.plugin_graphs import check_plugin_drafter
+
+    if DRAFT_KERNELS is False:
+        return False
+    try:
+        check_plugin_drafter(drafter)  # DFlash2 and biased projections have no dflash:: op yet
+    except DFlashError:
+        return False
+    if DRAFT_KERNELS is True:
+        return True
+    from dflash_trt.runtime.cuda_ops import register_cuda_kernels
+
+    return device.type == "cuda" and register_cuda_kernels()
+
+
 def _cuda_view(address: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
     class Memory:  # the CUDA array interface (v3) of executor memory; no stream: the caller orders it
         __cuda_array_interface__ = {"shape": tuple(shape), "typestr": _TYPESTR[dtype], "data": (address, False),
@@ -202,9 +223,18 @@ class TorchGraphs:
         # exported form, export/moe.py, runs every token through every expert any token picked)
         target.mlps = torch.nn.ModuleList(layer.mlp for layer in target.model.layers)
         self.modules = {"target": target}
+        self.draft_kernels: tuple[str, ...] = ()  # the dflash:: ops the draft graphs run
         if llm.has_drafter:
-            self.modules["draft_context"] = DraftContextGraph(llm.drafter)
-            self.modules["draft_block"] = DraftBlockGraph(llm.drafter, llm.target, llm.draft_head)
+            if _draft_kernels(llm.drafter, device):
+                from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph
+                from dflash_trt.runtime.cuda_ops import KERNEL_OPS
+
+                self.modules["draft_context"] = PluginDraftContextGraph(llm.drafter)
+                self.modules["draft_block"] = PluginDraftBlockGraph(llm.drafter, llm.target, llm.draft_head)
+                self.draft_kernels = KERNEL_OPS
+            else:
+                self.modules["draft_context"] = DraftContextGraph(llm.drafter)
+                self.modules["draft_block"] = DraftBlockGraph(llm.drafter, llm.target, llm.draft_head)
         self.specs, self.device, self.stream = specs, device, None
         self.stats = Counter() if stats is None else stats  # CUDA graphs: captured, replayed, eager runs
         graphed = CUDA_GRAPHS and device.type == "cuda"
@@ -249,5 +279,6 @@ def torch_executor(llm, max_batch: int, capacity: int):
     if device.type == "cuda" and not core.HAS_CUDA_DEVICE:
         raise DFlashError("dflash_trt._core was built without the CUDA headers: reinstall where the CUDA toolkit "
                           "is (bash scripts/setup.sh) to run the torch backend on a GPU")
-    return core.PyGraphExecutor(config, TorchGraphs(llm, specs, device, getattr(llm, "graph_stats", None)),
-                                device.type)
+    graphs = TorchGraphs(llm, specs, device, getattr(llm, "graph_stats", None))
+    llm.draft_kernels = graphs.draft_kernels  # which dflash:: ops the draft graphs run (none: standard ops)
+    return core.PyGraphExecutor(config, graphs, device.type)

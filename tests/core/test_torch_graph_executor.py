@@ -13,7 +13,7 @@ import pytest
 import torch
 from factories import SLOT_KINDS, make_target, tiny_slots_pair
 from reference import reference_output
-from scheduler_checks import workload
+from scheduler_checks import check_draft_kernels, workload
 
 from dflash_trt import LLM
 from dflash_trt.errors import DFlashError
@@ -98,3 +98,13 @@ def test_a_device_it_cannot_use_is_refused_in_one_line(pair, core):
         graphs = torch_graphs.TorchGraphs(llm, torch_graphs.graph_specs(llm, "float32"), torch.device("cpu"))
         with pytest.raises(DFlashError, match=r"the torch graph executor needs an NVIDIA GPU and its driver"):
             core.PyGraphExecutor(config, graphs, "cuda")
+
+
+
+def test_the_plugin_flavours_draft_graphs_fit_the_slot_executor(pair, monkeypatch):
+    """The draft graphs as dflash:: ops (what a GPU runs through our kernels, runtime/cuda_ops.py), here
+    on the ops' PyTorch reference bodies: the standard graphs' drafts, and greedy = autoregressive."""
+    _, llm = pair
+    llm.executor(1, 64)
+    assert llm.draft_kernels == ()  # on the CPU "auto" keeps the standard graphs
+    check_draft_kernels(llm, monkeypatch, True)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from factories import tiny_slots_pair
 from reference import reference_output
-from scheduler_checks import workload
+from scheduler_checks import check_draft_kernels, workload
 
 from dflash_trt import LLM, SamplingParams
 from dflash_trt.runtime.engine import BatchRunner
@@ -40,6 +40,16 @@ def test_greedy_on_cuda_equals_autoregressive_decoding(pair_dirs, concurrency):
     work = workload(llm.vocab_size, 8, seed=concurrency)
     for tokens, (_, prompt, params) in zip(run(llm, work, concurrency), work, strict=True):
         assert tokens == reference_output(llm, prompt, params).token_ids
+
+
+def test_the_draft_graphs_run_our_kernels_on_cuda(pair_dirs, monkeypatch):
+    """InjectKV and BlockAttention (libdflash_trt_plugins.so, built by scripts/gpu_check.sh) inside decoding."""
+    from dflash_trt.runtime.cuda_ops import LIBRARY
+
+    if not LIBRARY.is_file():
+        pytest.skip(f"{LIBRARY.name} not built (bash scripts/build_plugins.sh)")
+    llm = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
+    check_draft_kernels(llm, monkeypatch, "auto")
 
 
 def test_seeded_sampling_on_cuda_gives_the_cpu_executors_tokens(pair_dirs):

@@ -1,0 +1,88 @@
+"""Our CUDA kernels as the CUDA implementations of the `dflash::` torch custom ops (export/plugin_ops.py),
+so that on a GPU the torch backend's draft graphs run the kernels TensorRT runs as plugins: InjectKV for
+the draft context, BlockAttention for the draft block. The kernels come from the plugin library
+(`dflash_trt/_ops/libdflash_trt_plugins.so`, scripts/build_plugins.sh) through its C entry points
+(plugins/common/kernel_api.cpp); each call launches on PyTorch's current stream, so it is ordered with
+the rest of the graph and captured into a CUDA graph like any other kernel.
+
+Without a GPU or the library nothing is registered and the ops keep their PyTorch reference bodies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from dflash_trt.errors import DFlashError
+
+LIBRARY = Path(__file__).resolve().parent.parent / "_ops" / "libdflash_trt_plugins.so"
+KERNEL_OPS = ("InjectKV", "BlockAttention")
+_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_I64, _F32, _I32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_int32, ctypes.c_void_p
+
+
+def _bind(library: ctypes.CDLL) -> None:
+    library.dflash_block_attention_workspace.restype = ctypes.c_size_t
+    library.dflash_block_attention_workspace.argtypes = [_I64] * 6
+    library.dflash_block_attention.restype = ctypes.c_char_p
+    library.dflash_block_attention.argtypes = [_I64] * 6 + [_I32] + [_PTR] * 6 + [_F32, _I32, _I64, _PTR, _PTR, _PTR]
+    library.dflash_inject_kv_workspace.restype = ctypes.c_size_t
+    library.dflash_inject_kv_workspace.argtypes = [_I64] * 5
+    library.dflash_inject_kv.restype = ctypes.c_char_p
+    library.dflash_inject_kv.argtypes = [_I64] * 5 + [_I32] + [_PTR] * 6 + [_F32, _PTR, _PTR, _PTR, _PTR]
+
+
+def _check(what: str, failure: bytes | None) -> None:
+    if failure is not None:
+        raise DFlashError(f"dflash::{what} kernel: {failure.decode()}")
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+@functools.cache
+def register_cuda_kernels() -> bool:
+    """Registers the kernels for the ops' CUDA dispatch, once; False where there is no GPU or no library
+    (the ops then run their reference bodies)."""
+    if not torch.cuda.is_available() or not LIBRARY.is_file():
+        return False
+    library = ctypes.CDLL(str(LIBRARY))
+    _bind(library)
+
+    @torch.library.register_kernel("dflash::inject_kv", "cuda")
+    def _(hidden, k_weight, v_weight, k_norm_weight, cos, sin, num_kv_heads: int, eps: float):
+        b, n, width = hidden.shape
+        d = cos.shape[-1]
+        args = [hidden, k_weight, v_weight, k_norm_weight, cos.expand(b, n, d), sin.expand(b, n, d)]
+        hidden, k_weight, v_weight, k_norm_weight, cos, sin = (t.to(hidden.dtype).contiguous() for t in args)
+        k_out = hidden.new_empty(b, num_kv_heads, n, d)
+        v_out = torch.empty_like(k_out)
+        workspace = torch.empty(library.dflash_inject_kv_workspace(b, n, width, num_kv_heads, d), dtype=torch.uint8,
+                                device=hidden.device)
+        _check("InjectKV", library.dflash_inject_kv(
+            b, n, width, num_kv_heads, d, _DTYPES[hidden.dtype], *map(_ptr, (hidden, k_weight, v_weight,
+                                                                            k_norm_weight, cos, sin)),
+            eps, _ptr(workspace), _ptr(k_out), _ptr(v_out), torch.cuda.current_stream().cuda_stream))
+        return k_out, v_out
+
+    @torch.library.register_kernel("dflash::block_attention", "cuda")
+    def _(q, k_context, v_context, k_block, v_block, context_lengths, scale: float, causal: int, window: int):
+        b, heads, n, d = q.shape
+        kv, c = k_block.shape[1], k_context.shape[2]
+        q, k_context, v_context, k_block, v_block = (t.to(q.dtype).contiguous()
+                                                     for t in (q, k_context, v_context, k_block, v_block))
+        lengths = context_lengths.to(torch.int64).contiguous()
+        out = torch.empty_like(q)
+        workspace = torch.empty(library.dflash_block_attention_workspace(b, heads, kv, n, c, d), dtype=torch.uint8,
+                                device=q.device)
+        _check("BlockAttention", library.dflash_block_attention(
+            b, heads, kv, n, c, d, _DTYPES[q.dtype], *map(_ptr, (q, k_context, v_context, k_block, v_block,
+                                                                 lengths)),
+            scale, causal, window, _ptr(workspace), _ptr(out), torch.cuda.current_stream().cuda_stream))
+        return out
+
+    return True
