@@ -41,6 +41,19 @@ CUDA_GRAPHS = True  # capture on a GPU (tests compare against eager by turning i
 DRAFT_KERNELS: bool | str = "auto"
 
 
+SPAN_BUCKET = 128  # on a GPU, eager attention spans a multiple of this many keys
+
+
+def attention_span(longest: int, capacity: int, cuda: bool) -> int:
+    """How many cache slots an eager run attends over: the longest row's, rounded up on a GPU to a
+    multiple of SPAN_BUCKET (masked), so that the attention's shapes recur from step to step: cuDNN's
+    attention builds a plan per new shape (about 9 ms each on an H200), which a span growing by a token
+    every step would pay every step in eager runs (prefill chunks, sparse MoE targets)."""
+    if cuda:
+        longest = -(-longest // SPAN_BUCKET) * SPAN_BUCKET
+    return max(1, min(longest, capacity))
+
+
 class InPlaceSlotAttention:
     """dflash::slot_attention (export/slot_ops.py, the reference) for running, not exporting: the
     valid new K/V rows go into `key_cache` / `value_cache` in place and are returned as those same
@@ -64,7 +77,7 @@ class InPlaceSlotAttention:
         if query.is_cuda and torch.cuda.is_current_stream_capturing():
             span = key_cache.shape[2]  # a CUDA graph replays with other lengths: the whole capacity, masked
         else:
-            span = max(int((cache_lengths + query_lengths).max()), 1)
+            span = attention_span(int((cache_lengths + query_lengths).max()), key_cache.shape[2], query.is_cuda)
         slot = torch.arange(span, device=query.device)
         diff = at[:, :, None] - slot[None, None]  # [b, s, span]
         visible = diff >= 0

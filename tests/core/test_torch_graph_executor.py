@@ -108,3 +108,11 @@ def test_the_plugin_flavours_draft_graphs_fit_the_slot_executor(pair, monkeypatc
     llm.executor(1, 64)
     assert llm.draft_kernels == ()  # on the CPU "auto" keeps the standard graphs
     check_draft_kernels(llm, monkeypatch, True)
+
+
+def test_eager_attention_spans_recur_on_a_gpu_and_are_exact_on_the_cpu():
+    from dflash_trt.runtime.torch_graphs import SPAN_BUCKET, attention_span
+
+    assert [attention_span(n, 1000, cuda=False) for n in (0, 1, 129, 1000)] == [1, 1, 129, 1000]
+    assert [attention_span(n, 1000, cuda=True) for n in (1, SPAN_BUCKET, SPAN_BUCKET + 1, 999)] == [
+        SPAN_BUCKET, SPAN_BUCKET, 2 * SPAN_BUCKET, 1000]  # never past the capacity
