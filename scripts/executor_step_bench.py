@@ -1,6 +1,7 @@
 """What our runtime's phases cost at a real model's widths: the C++ slot executor over the torch
 graphs (runtime/torch_graphs.py) on a random-weight Qwen3-8B-shaped target with a few of its layers
-and a one-layer DFlash drafter of its width, on the GPU (the CUDA device: real driver, the decision
+(or a sparse MoE flagship's: Qwen3.5-35B-A3B, hybrid, or Qwen3-30B-A3B, as scripts/real_width_bench.py
+shapes them) and a one-layer DFlash drafter of its width, on the GPU (the CUDA device: real driver, the decision
 kernel) or the CPU. Unlike scripts/gpu_step_bench.py (a floor in plain PyTorch), this is the code a
 request runs: staging, graph runs, device decisions, commits.
 
@@ -9,7 +10,7 @@ block B, verify of B tokens: B=1 is a plain decoding step), --repeat times after
 every row's cache at --cached tokens (verify is committed with kept 0, so the length stays), and
 reads the executor's host-boundary accounting per call. Prints a table; --json writes it.
 
-    python3 scripts/executor_step_bench.py [--preset qwen3-8b|tiny] [--layers 4] [--rows 1,8,32]
+    python3 scripts/executor_step_bench.py [--preset qwen3-8b|qwen3.5-35b-a3b|...] [--layers 4] [--rows 1,8,32]
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import time
 from collections import Counter
 
 import torch
+from real_width_bench import PRESETS as MOE_PRESETS
+from real_width_bench import random_drafter, random_target
 
 PRESETS = {
     "qwen3-8b": dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
@@ -30,12 +33,23 @@ PRESETS = {
 
 
 class RandomPair:
-    """What runtime/torch_graphs.torch_executor reads of an LLM, over random weights."""
+    """What runtime/torch_graphs.torch_executor reads of an LLM, over random weights: a dense Qwen3 of
+    PRESETS, or a sparse MoE target of scripts/real_width_bench.py's presets (hybrid for Qwen3.5)."""
 
     tokenizer = None
     has_drafter = True
 
-    def __init__(self, preset: dict, layers: int, device: torch.device, dtype: torch.dtype):
+    def __init__(self, preset: str, layers: int, device: torch.device, dtype: torch.dtype):
+        if preset in MOE_PRESETS:
+            self.target = random_target(MOE_PRESETS[preset], layers, dtype, device)
+            self.drafter = random_drafter(MOE_PRESETS[preset], layers, dtype, device)
+        else:
+            self.target, self.drafter = self.dense(PRESETS[preset], layers, device, dtype)
+        self.draft_head = self.drafter.head(self.target.lm_head)
+        self.graph_stats = Counter()  # the torch graphs' CUDA graph counts: captured, replayed, eager
+
+    @staticmethod
+    def dense(preset: dict, layers: int, device: torch.device, dtype: torch.dtype):
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
         from dflash_trt.models.draft_config import DraftConfig
@@ -52,16 +66,14 @@ class RandomPair:
             for p in model.parameters():
                 p.normal_(0.0, 0.02)
         model.model.rotary_emb = type(model.model.rotary_emb)(config).to(device)  # its buffers, computed
-        self.target = TargetModel(model.eval())
         raw = dict(shape, num_hidden_layers=1, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=40960,
                    architectures=["DFlashDraftModel"], model_type="qwen3",
                    dflash_config=dict(block_size=16, mask_token_id=shape["vocab_size"] - 1,
                                       target_layer_ids=[0, layers - 1]))
         raw.pop("vocab_size")
         torch.manual_seed(1)
-        self.drafter = DFlashDrafter(DraftConfig.from_dict(raw)).to(device=device, dtype=dtype).eval()
-        self.draft_head = self.drafter.head(self.target.lm_head)
-        self.graph_stats = Counter()  # the torch graphs' CUDA graph counts: captured, replayed, eager
+        drafter = DFlashDrafter(DraftConfig.from_dict(raw)).to(device=device, dtype=dtype).eval()
+        return TargetModel(model.eval()), drafter
 
 
 def timed(call, repeat: int, sync) -> float:
@@ -99,7 +111,7 @@ def profile_verify(executor, block: int, repeat: int, device: torch.device, sync
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=list(PRESETS), default="qwen3-8b")
+    parser.add_argument("--preset", choices=[*PRESETS, *MOE_PRESETS], default="qwen3-8b")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--rows", default="1,8,32")
     parser.add_argument("--blocks", default="1,4,8,16")
@@ -122,9 +134,10 @@ def main() -> None:
 
     core = native_core()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    preset = PRESETS[args.preset]
+    preset = PRESETS[args.preset] if args.preset in PRESETS else dict(MOE_PRESETS[args.preset]["config"],
+                                                                      full_layers=MOE_PRESETS[args.preset]["full_layers"])
     rows_list, blocks = [int(r) for r in args.rows.split(",")], [int(b) for b in args.blocks.split(",")]
-    pair = RandomPair(preset, args.layers, device, dtype)
+    pair = RandomPair(args.preset, args.layers, device, dtype)
     capacity = args.cached + args.chunk + max(blocks) + 8
     executor = torch_executor(pair, max(rows_list), capacity)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

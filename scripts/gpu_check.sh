@@ -113,6 +113,8 @@ step pytest_gpu 300 "$python" -m pytest -m gpu tests -q -p no:cacheprovider --co
 step executor_bench 240 "$python" scripts/executor_step_bench.py --profile --json "$work/executor_bench.json"
 step executor_bench_eager 120 "$python" scripts/executor_step_bench.py --eager --rows 1,8 \
   --json "$work/executor_bench_eager.json"
+step executor_bench_moe 180 "$python" scripts/executor_step_bench.py --preset qwen3.5-35b-a3b --rows 1,8 \
+  --blocks 1,16 --chunk 256 --json "$work/executor_bench_moe.json"
 
 "$python" scripts/gpu_record.py "$work" --commit "$commit" -o "$out" --peak-tflops "$peak_tflops" 2>&1 |
   tee -a "$log"

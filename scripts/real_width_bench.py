@@ -38,11 +38,18 @@ PRESETS = {
         config=dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
                     num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, intermediate_size=6144,
                     norm_topk_prob=True, tie_word_embeddings=False)),
+    # the same layer kinds at a tiny width (tests)
+    "tiny-qwen3.5-moe": dict(
+        model_type="qwen3_5_moe_text", full_layers=4, pattern=["linear_attention"] * 3 + ["full_attention"],
+        config=dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
+                    linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                    linear_num_key_heads=2, linear_num_value_heads=4, num_experts=8, num_experts_per_tok=2,
+                    moe_intermediate_size=32, shared_expert_intermediate_size=32, tie_word_embeddings=False)),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def random_target(preset: dict, layers: int, dtype: torch.dtype):
+def random_target(preset: dict, layers: int, dtype: torch.dtype, device: str | torch.device = "cpu"):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from dflash_trt.models.target import TargetModel
@@ -53,16 +60,16 @@ def random_target(preset: dict, layers: int, dtype: torch.dtype):
                                   rms_norm_eps=1e-6, **extra)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    model = model.to_empty(device="cpu").to(dtype)  # random weights, drawn in place: one copy in memory
+    model = model.to_empty(device=device).to(dtype)  # random weights, drawn in place: one copy in memory
     torch.manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.02)
-    model.model.rotary_emb = type(model.model.rotary_emb)(config)  # its buffers, computed
+    model.model.rotary_emb = type(model.model.rotary_emb)(config).to(device)  # its buffers, computed
     return TargetModel(model.eval())
 
 
-def random_drafter(preset: dict, layers: int, dtype: torch.dtype):
+def random_drafter(preset: dict, layers: int, dtype: torch.dtype, device: str | torch.device = "cpu"):
     from dflash_trt.models.draft_config import DraftConfig
     from dflash_trt.models.drafter import DFlashDrafter
 
@@ -73,7 +80,7 @@ def random_drafter(preset: dict, layers: int, dtype: torch.dtype):
                architectures=["DFlashDraftModel"], model_type="qwen3",
                dflash_config=dict(block_size=16, mask_token_id=c["vocab_size"] - 1, target_layer_ids=[0, layers - 1]))
     torch.manual_seed(1)
-    return DFlashDrafter(DraftConfig.from_dict(raw)).to(dtype).eval()
+    return DFlashDrafter(DraftConfig.from_dict(raw)).to(device=device, dtype=dtype).eval()
 
 
 def export_once(preset_name: str, layers: int, dtype: str, out: Path) -> dict:

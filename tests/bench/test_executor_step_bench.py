@@ -1,5 +1,5 @@
-"""scripts/executor_step_bench.py (the GPU check's step costs through our executor) at its tiny preset
-on the CPU: it runs every phase on the real executor and writes a record of each; the timings are
+"""scripts/executor_step_bench.py (the GPU check's step costs through our executor) at its tiny presets
+(a dense Qwen3, a hybrid sparse-MoE Qwen3.5) on the CPU: it runs every phase on the real executor and writes a record of each; the timings are
 not checked (benchmarks print them)."""
 
 from __future__ import annotations
@@ -9,12 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).parents[2] / "scripts" / "executor_step_bench.py"
 
 
-def test_the_bench_runs_every_phase_through_the_executor_and_records_it(tmp_path):
+@pytest.mark.parametrize("preset, layers", [("tiny", 2), ("tiny-qwen3.5-moe", 4)])  # dense; hybrid sparse MoE
+def test_the_bench_runs_every_phase_through_the_executor_and_records_it(tmp_path, preset, layers):
     out = tmp_path / "executor_bench.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--preset", "tiny", "--layers", "2", "--rows", "1,3",
+    done = subprocess.run([sys.executable, str(SCRIPT), "--preset", preset, "--layers", str(layers), "--rows", "1,3",
                            "--blocks", "1,4", "--chunk", "8", "--cached", "16", "--repeat", "2", "--device", "cpu",
                            "--dtype", "float32", "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
