@@ -147,7 +147,7 @@ PYBIND11_MODULE(_core, m) {
   };
   m.def(
       "block_probs",
-      [block_threads](const FloatArray& logits, const SamplingParams& params, int threads) {
+      [block_threads](const FloatArray& logits, const SamplingParams& params, int threads, double margin) {
         block_threads(threads);
         params.validate();
         if (params.greedy()) throw Error("block_probs needs temperature > 0");
@@ -157,11 +157,12 @@ PYBIND11_MODULE(_core, m) {
         std::vector<int32_t> order(vocab);
         RowShared shared;
         HostBlock::run(threads, [&] {
-          probs_row_by<HostBlock>(in, vocab, params, probs.mutable_data(), order.data(), shared);
+          probs_row_by<HostBlock>(in, vocab, params, probs.mutable_data(), order.data(), shared, margin);
         });
         return probs;
       },
-      py::arg("logits"), py::arg("params"), py::arg("threads"), "logits [1, vocab] -> probs [vocab].");
+      py::arg("logits"), py::arg("params"), py::arg("threads"), py::arg("margin") = kNucleusMargin,
+      "logits [1, vocab] -> probs [vocab]; `margin`: the nucleus candidates' mass past top_p (tests).");
   m.def(
       "block_accept",
       [block_threads](const std::vector<int64_t>& drafts, const FloatArray& logits, const SamplingParams& params,

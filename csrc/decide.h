@@ -45,17 +45,19 @@ struct DecideRow {
 };
 
 constexpr int kChunks = 512;      // the fixed partition of a row for its double sums
+constexpr double kNucleusMargin = 1e-3;  // the nucleus's candidates weigh top_p + this (probs_row_by)
 constexpr int kMaxThreads = 512;  // the most threads a Threads policy may have
 
 // What a sampled row's threads share (a CUDA block's shared memory; the host's stack).
 struct RowShared {
   unsigned counts[256];
-  float masses[256];
+  double masses[256];
   float partial[kMaxThreads];
   double chunk[kChunks];
   uint32_t prefix;
   int64_t remaining;
-  float remaining_mass, top, last_p, scale;
+  double remaining_mass;
+  float top, last_p, scale;
   unsigned found;
   int64_t kept, last, token;
 };
@@ -70,7 +72,7 @@ struct HostThreads {
     *at += value;
     return old;
   }
-  DFLASH_HD static void add(float* at, float value) { *at += value; }
+  DFLASH_HD static void add(double* at, double value) { *at += value; }
   static void sort(int32_t* order, int64_t n, const float* p);  // std::sort by `before` (below)
 };
 
@@ -108,13 +110,14 @@ DFLASH_HD inline int64_t chunk_start(int64_t vocab, int c) { return vocab * c / 
 // Radix passes over the keys of values[0..vocab), 8 bits at a time from the top: the key whose
 // `weight` (count or probability mass) from the top reaches `need`, with multiplicity. Weighted by
 // count (mass false) it is the need-th largest value; by mass, the smallest value v such that the
-// values >= v weigh at least `need` (as float sums: only used with a margin).
+// values >= v weigh at least `need` (double sums whose order varies with the threads: used with a margin,
+// and the caller checks the outcome).
 template <class Threads>
 DFLASH_HD float radix_select(const float* values, int64_t vocab, double need, bool mass, RowShared& s) {
   if (Threads::id() == 0) {
     s.prefix = 0;
     s.remaining = int64_t(need);
-    s.remaining_mass = float(need);
+    s.remaining_mass = need;
   }
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int b = Threads::id(); b < 256; b += Threads::count()) {
@@ -136,7 +139,7 @@ DFLASH_HD float radix_select(const float* values, int64_t vocab, double need, bo
     if (Threads::id() == 0) {
       int bin = 255;
       if (mass) {
-        float above = 0.0f;
+        double above = 0.0;
         for (; bin > 0 && !(above + s.masses[bin] >= s.remaining_mass); --bin) above += s.masses[bin];
         s.remaining_mass -= above;
       } else {
@@ -237,7 +240,7 @@ DFLASH_HD inline int64_t argmax_row(const float* row, int64_t vocab) {
 // states the rules). Needs temperature > 0. Scratch: `order` [vocab].
 template <class Threads>
 DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingParams& params, float* probs,
-                            int32_t* order, RowShared& s) {
+                            int32_t* order, RowShared& s, double margin = kNucleusMargin) {
   using namespace decide_detail;
   // scores = logits / T in float32, as the oracle divides a float tensor by a Python float
   const float temperature = float(params.temperature);
@@ -264,25 +267,30 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
   Threads::sync();
   if (params.top_p >= 1.0) return;
   // The nucleus lies among the most probable tokens: the candidates are those >= the smallest value
-  // whose top mass reaches top_p plus a margin far above float error (all tokens when that passes 1),
-  // so sorting the candidates orders exactly the prefix a sort of the whole row would.
-  const double need = params.top_p + 1e-3;
-  const float floor = need >= 1.0 ? 0.0f : radix_select<Threads>(probs, vocab, need, true, s);
-  if (Threads::id() == 0) s.found = 0;
-  Threads::sync();
-  for (int64_t i = Threads::id(); i < vocab; i += Threads::count())
-    if (probs[i] >= floor) order[Threads::add(&s.found, 1u)] = int32_t(i);
-  Threads::sync();
-  const int64_t candidates = s.found;
-  Threads::sort(order, candidates, probs);
-  if (Threads::id() == 0) {
-    double kept_mass = 0.0;
-    s.kept = nucleus(probs, order, candidates, float(params.top_p), &kept_mass);
-    s.last = order[s.kept - 1];
-    s.last_p = probs[s.last];
-    s.scale = float(1.0 / kept_mass);
+  // whose top mass reaches top_p plus a margin far above rounding (all tokens when that passes 1), so
+  // sorting the candidates orders exactly the prefix a sort of the whole row would. Should the nucleus
+  // still take every candidate (it never ended among them), it is taken again over the whole row.
+  const double need = params.top_p + margin;
+  for (float floor = need >= 1.0 ? 0.0f : radix_select<Threads>(probs, vocab, need, true, s);;) {
+    if (Threads::id() == 0) s.found = 0;
+    Threads::sync();
+    for (int64_t i = Threads::id(); i < vocab; i += Threads::count())
+      if (probs[i] >= floor) order[Threads::add(&s.found, 1u)] = int32_t(i);
+    Threads::sync();
+    const int64_t candidates = s.found;
+    Threads::sort(order, candidates, probs);
+    if (Threads::id() == 0) {
+      double kept_mass = 0.0;
+      s.kept = nucleus(probs, order, candidates, float(params.top_p), &kept_mass);
+      s.last = order[s.kept - 1];
+      s.last_p = probs[s.last];
+      s.scale = float(1.0 / kept_mass);
+    }
+    Threads::sync();
+    if (s.kept < candidates || floor == 0.0f) break;
+    floor = 0.0f;
+    Threads::sync();  // every thread has read s.kept before the next pass resets s.found
   }
-  Threads::sync();
   // a token stays iff it is not after the last kept one in the sort's order
   const float last_p = s.last_p, scale = s.scale;
   const int64_t last = s.last;

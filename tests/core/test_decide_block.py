@@ -44,6 +44,15 @@ def test_the_block_code_decides_what_the_host_decides(core, params, threads):
         assert core.block_accept(drafts, logits, sampling, request, 30, threads) == tuple(want)
 
 
+@pytest.mark.parametrize("threads", [1, 16])
+def test_a_candidate_set_that_misses_the_nucleus_falls_back_to_the_whole_row(core, threads):
+    # a negative margin picks candidates lighter than top_p: the nucleus never ends among them
+    sampling = core.SamplingParams(temperature=1.0, top_p=0.9)
+    for row in rows(3, 500):
+        want = core.target_probs(row[None], sampling)[0]
+        assert np.array_equal(core.block_probs(row[None], sampling, threads, margin=-0.5), want)
+
+
 def test_the_block_comparison_can_fail(core):
     row = rows(0, 300)[3]  # a tied row: a wide nucleus
     assert not np.array_equal(core.block_probs(row[None], core.SamplingParams(temperature=1.0, top_p=0.5), 8),
