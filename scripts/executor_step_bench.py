@@ -121,6 +121,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (what capture saves)")
+    parser.add_argument("--draft-kernels", choices=["auto", "off"], default="auto",
+                        help="auto: on a GPU the draft graphs run our InjectKV/BlockAttention kernels where the "
+                             "plugin library is built (runtime/cuda_ops.py); off: the standard graphs")
     parser.add_argument("--profile", action="store_true",
                         help="also profile a 1-row verify of the largest block (torch.profiler: top ops)")
     parser.add_argument("--json")
@@ -131,6 +134,7 @@ def main() -> None:
     from dflash_trt.runtime.torch_graphs import torch_executor
 
     torch_graphs.CUDA_GRAPHS = not args.eager
+    torch_graphs.DRAFT_KERNELS = "auto" if args.draft_kernels == "auto" else False
 
     core = native_core()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -190,6 +194,8 @@ def main() -> None:
                         "host_bytes_per_call": executor.host_bytes - before})
     scale = preset["full_layers"] / args.layers
     mode = "eager" if args.eager or device.type != "cuda" else "CUDA graphs"
+    if pair.draft_kernels:
+        mode += ", draft kernels " + "/".join(pair.draft_kernels)
     print(f"{args.preset}-shaped, {args.layers} of {preset['full_layers']} layers, {args.dtype} on {args.device} ({mode}), "
           f"{args.cached} cached; ms per call (x{scale:.1f} for the full depth, roughly: the LM head does not scale)")
     print("| phase | rows | B | ms | host bytes per call | graph runs |")
@@ -202,7 +208,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "shape": preset, "layers": args.layers, "dtype": args.dtype,
-                       "device": args.device, "graphs": mode == "CUDA graphs", "cached": args.cached, "repeat": args.repeat, "results": results},
+                       "device": args.device, "graphs": mode.startswith("CUDA graphs"),
+                       "draft_kernels": list(pair.draft_kernels), "cached": args.cached, "repeat": args.repeat, "results": results},
                       f, indent=2)
 
 

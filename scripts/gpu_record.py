@@ -6,8 +6,8 @@ Prints the record's summary; exits 1 when a step failed or a parity line or gpu 
     python3 scripts/gpu_record.py WORK_DIR --commit SHA [-o OUT_DIR] [--peak-tflops 989]
 
 WORK_DIR holds what gpu_check.sh wrote: smi.csv, steps.tsv, kernel_parity.log, kernel_bench.json,
-pytest.xml, step_bench.json, executor_bench.json, executor_bench_eager.json, executor_bench_moe.json (a
-step that did not run leaves its file out and says so in steps.tsv).
+pytest.xml, step_bench.json and the executor_bench*.json of each run (a step that did not run leaves its
+file out and says so in steps.tsv).
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def build_record(work: Path, commit: str, peak_tflops: float) -> dict:
                "step_bench": ("step_bench.json", lambda p: json.loads(p.read_text())),
                "executor_bench": ("executor_bench.json", lambda p: json.loads(p.read_text())),
                "executor_bench_eager": ("executor_bench_eager.json", lambda p: json.loads(p.read_text())),
-               "executor_bench_moe": ("executor_bench_moe.json", lambda p: json.loads(p.read_text()))}
+               "executor_bench_moe": ("executor_bench_moe.json", lambda p: json.loads(p.read_text())),
+               "executor_bench_kernels": ("executor_bench_kernels.json", lambda p: json.loads(p.read_text()))}
     for key, (name, read) in readers.items():
         if (work / name).is_file():
             record[key] = read(work / name)
