@@ -1,0 +1,39 @@
+"""The plugin library's C entry points for the torch backend's custom ops (plugins/common/kernel_api.cpp)
+through runtime/cuda_ops.py's ctypes bindings, on the calls that answer without a GPU: workspace sizes
+and refusals, which fix the argument order the bindings declare. The kernels themselves run in
+`pytest -m gpu` (tests/core/test_torch_graph_executor_gpu.py)."""
+
+import ctypes
+
+import pytest
+
+from dflash_trt.runtime import cuda_ops
+
+if not cuda_ops.LIBRARY.is_file():
+    pytest.skip("TensorRT plugin library not built (bash scripts/build_plugins.sh; needs nvcc)",
+                allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def library():
+    lib = ctypes.CDLL(str(cuda_ops.LIBRARY))
+    cuda_ops._bind(lib)
+    return lib
+
+
+def test_workspace_sizes_follow_the_kernels_plans(library):
+    # BlockAttention: min(64 splits x rows, 1024 blocks x 16 rows) x (d + 2) floats; rows = b x heads x n
+    assert library.dflash_block_attention_workspace(1, 32, 8, 16, 4096, 128) == 16384 * 130 * 4
+    assert library.dflash_block_attention_workspace(1, 2, 1, 3, 10, 8) == 64 * 6 * 10 * 4
+    # InjectKV: min(rows per launch, splits x b x n) x 2 x kv x d floats
+    assert library.dflash_inject_kv_workspace(0, 5, 64, 2, 16) == 0
+
+
+def test_bad_calls_are_refused_in_one_line_before_any_launch(library):
+    null = [None] * 6
+    assert library.dflash_block_attention(1, 4, 2, 4, 8, 16, 7, *null, 1.0, 0, 0, None, None, None) == (
+        b"dtype must be 0 (float32), 1 (float16) or 2 (bfloat16)")
+    assert library.dflash_block_attention(1, 3, 2, 4, 8, 16, 0, *null, 1.0, 0, 0, None, None, None) == (
+        b"heads must be a multiple of kv_heads >= 1")
+    assert b"head_dim must be even" in library.dflash_inject_kv(1, 4, 64, 2, 15, 0, *null, 1e-6, None, None, None,
+                                                                 None)
