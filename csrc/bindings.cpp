@@ -57,6 +57,18 @@ py::dict output_dict(const RequestOutput& o) {
   py::dict d;
   d["request"] = o.request;
   d["new_tokens"] = o.new_tokens;
+  // per new token [(token, logprob), ...]: its own first, then the top ones (none asked: no key)
+  if (!o.new_logprobs.empty()) {
+    const size_t per_token = o.new_logprobs.size() / o.new_tokens.size();
+    py::list tokens;
+    for (size_t k = 0; k < o.new_tokens.size(); ++k) {
+      py::list entries;
+      for (size_t e = k * per_token; e < (k + 1) * per_token; ++e)
+        entries.append(py::make_tuple(o.new_logprobs[e].token, o.new_logprobs[e].logprob));
+      tokens.append(entries);
+    }
+    d["new_logprobs"] = tokens;
+  }
   d["num_tokens"] = o.num_tokens;
   d["finish_reason"] = o.finish == Finish::kNone ? py::object(py::none()) : py::object(py::str(finish_name(o.finish)));
   py::dict metrics = to_dict(o.metrics);
@@ -105,17 +117,18 @@ PYBIND11_MODULE(_core, m) {
   m.attr("CATEGORICAL_DRAW") = uint32_t(kCategoricalDraw);
 
   py::class_<SamplingParams>(m, "SamplingParams")
-      .def(py::init([](double temperature, int64_t top_k, double top_p, uint64_t seed) {
-             SamplingParams p{temperature, top_k, top_p, seed};
+      .def(py::init([](double temperature, int64_t top_k, double top_p, uint64_t seed, int32_t logprobs) {
+             SamplingParams p{temperature, top_k, top_p, seed, logprobs};
              p.validate();
              return p;
            }),
            py::kw_only(), py::arg("temperature") = 0.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0,
-           py::arg("seed") = 0)
+           py::arg("seed") = 0, py::arg("logprobs") = -1)
       .def_readonly("temperature", &SamplingParams::temperature)
       .def_readonly("top_k", &SamplingParams::top_k)
       .def_readonly("top_p", &SamplingParams::top_p)
-      .def_readonly("seed", &SamplingParams::seed);
+      .def_readonly("seed", &SamplingParams::seed)
+      .def_readonly("logprobs", &SamplingParams::logprobs);
 
   m.def(
       "target_probs",
@@ -163,6 +176,42 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("logits"), py::arg("params"), py::arg("threads"), py::arg("margin") = kNucleusMargin,
       "logits [1, vocab] -> probs [vocab]; `margin`: the nucleus candidates' mass past top_p (tests).");
+  auto logprob_list = [](const std::vector<TokenLogprob>& entries) {
+    py::list out;
+    for (const TokenLogprob& e : entries) out.append(py::make_tuple(e.token, e.logprob));
+    return out;
+  };
+  m.def(
+      "logprobs",
+      [logprob_list](const FloatArray& logits, int64_t token, int32_t top) {
+        int64_t vocab = 0;
+        const float* row = rows_of(logits, 1, &vocab);
+        if (token < 0 || token >= vocab || top < 0 || top > kMaxLogprobs)
+          throw Error("logprobs needs a token in [0, vocab) and top in [0, " + std::to_string(kMaxLogprobs) + "]");
+        std::vector<TokenLogprob> out(1 + top);
+        std::vector<int32_t> order(vocab);
+        logprobs_row(row, vocab, token, top, out.data(), order.data());
+        return logprob_list(out);
+      },
+      py::arg("logits"), py::arg("token"), py::arg("top"),
+      "logits [1, vocab] -> [(token, logprob), then the top ones]: the executors' logprobs rule.");
+  m.def(
+      "block_logprobs",
+      [block_threads, logprob_list](const FloatArray& logits, int64_t token, int32_t top, int threads) {
+        block_threads(threads);
+        int64_t vocab = 0;
+        const float* row = rows_of(logits, 1, &vocab);
+        if (token < 0 || token >= vocab || top < 0 || top > kMaxLogprobs)
+          throw Error("block_logprobs needs a token in [0, vocab) and top in [0, " + std::to_string(kMaxLogprobs) +
+                      "]");
+        std::vector<TokenLogprob> out(1 + top);
+        std::vector<int32_t> order(vocab);
+        RowShared shared;
+        HostBlock::run(threads, [&] { logprobs_row_by<HostBlock>(row, vocab, token, top, out.data(), order.data(), shared); });
+        return logprob_list(out);
+      },
+      py::arg("logits"), py::arg("token"), py::arg("top"), py::arg("threads"),
+      "logprobs by the block code on `threads` host threads.");
   m.def(
       "block_accept",
       [block_threads](const std::vector<int64_t>& drafts, const FloatArray& logits, const SamplingParams& params,
@@ -292,9 +341,10 @@ PYBIND11_MODULE(_core, m) {
   py::class_<RequestParams>(m, "RequestParams")
       .def(py::init([](int64_t max_tokens, double temperature, int64_t top_k, double top_p, py::object seed,
                        std::vector<int64_t> stop_token_ids, std::vector<int64_t> eos_token_ids, bool ignore_eos,
-                       int64_t max_block) {
+                       int64_t max_block, int32_t logprobs) {
              RequestParams p;
-             p.sampling = SamplingParams{temperature, top_k, top_p, seed.is_none() ? 0 : seed.cast<uint64_t>()};
+             p.sampling = SamplingParams{temperature, top_k, top_p, seed.is_none() ? 0 : seed.cast<uint64_t>(),
+                                         logprobs};
              p.sampling.validate();
              p.seeded = !seed.is_none();
              p.max_tokens = max_tokens;
@@ -307,7 +357,7 @@ PYBIND11_MODULE(_core, m) {
            py::kw_only(), py::arg("max_tokens") = 256, py::arg("temperature") = 0.0, py::arg("top_k") = 0,
            py::arg("top_p") = 1.0, py::arg("seed") = py::none(), py::arg("stop_token_ids") = std::vector<int64_t>{},
            py::arg("eos_token_ids") = std::vector<int64_t>{}, py::arg("ignore_eos") = false,
-           py::arg("max_block") = 0)
+           py::arg("max_block") = 0, py::arg("logprobs") = -1)
       .def_readonly("max_tokens", &RequestParams::max_tokens)
       .def_readonly("max_block", &RequestParams::max_block)
       .def_readonly("seeded", &RequestParams::seeded);

@@ -211,7 +211,7 @@ bool CudaDevice::decides() const {
 }
 
 void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
-                        const int64_t* drafts, float* probs, int32_t* order, Verdict* out) {
+                        const int64_t* drafts, float* probs, int32_t* order, Verdict* out, TokenLogprob* logprobs) {
 #ifdef DFLASH_WITH_DEVICE_DECIDE
   bind();
   if (!module_) {  // once: the driver picks this GPU's SM from the fatbin (or JIT-compiles its PTX)
@@ -224,12 +224,12 @@ void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* row
   check(driver_->launch(argmax_, unsigned(count), unsigned(positions), 1, kDecideThreads, 1, 1, 0, stream_,
                         argmax_args, nullptr),
         "launching the argmax kernel");
-  void* args[] = {&logits, &vocab, &rows, &drafts, &probs, &order, &out};
+  void* args[] = {&logits, &vocab, &rows, &drafts, &probs, &order, &out, &positions, &logprobs};
   check(driver_->launch(decide_, unsigned(count), 1, 1, kDecideThreads, 1, 1, 0, stream_, args, nullptr),
         "launching the decision kernel");
 #else
   (void)logits, (void)vocab, (void)rows, (void)count, (void)positions, (void)drafts, (void)probs, (void)order,
-      (void)out;
+      (void)out, (void)logprobs;
   DFLASH_INVARIANT(false);  // decides() is false: the executor decides on the host
 #endif
 }

@@ -41,7 +41,7 @@ class CudaDevice final : public Device {
   void synchronize() override;
   bool decides() const override;  // where setup.py built decide_kernel.cu (nvcc found)
   void decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
-              const int64_t* drafts, float* probs, int32_t* order, Verdict* out) override;
+              const int64_t* drafts, float* probs, int32_t* order, Verdict* out, TokenLogprob* logprobs) override;
   CUstream stream() const { return stream_; }
 
   static constexpr unsigned kDecideThreads = 512;  // decide_kernel.cu's kThreads (both kernels)

@@ -34,6 +34,12 @@ struct Verdict {
   int64_t next = -1;
 };
 
+// One entry of a decided token's log-probabilities (SamplingParams::logprobs).
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+};
+
 // One row of a GPU decision (decide_kernel.cu), as the executor uploads it.
 struct DecideRow {
   int64_t first = 0;       // its first logits row
@@ -85,6 +91,14 @@ DFLASH_HD inline float exp_of(float x) {
   return expf(x);
 #else
   return std::exp(x);
+#endif
+}
+
+DFLASH_HD inline double log_of(double x) {
+#ifdef __CUDA_ARCH__
+  return log(x);
+#else
+  return std::log(x);
 #endif
 }
 
@@ -358,6 +372,39 @@ DFLASH_HD Verdict verdict_rows_by(const int64_t* drafts, int64_t num_drafts, con
   }
 }
 
+// The log-probabilities of `token` and of the `top` most probable tokens under one row of raw logits
+// (log_softmax: the model's own distribution, before temperature and the cuts, as vLLM reports by
+// default) -> out[0] (the token), out[1..top] (by logit descending, ties by id). Scratch: order [vocab].
+template <class Threads>
+DFLASH_HD void logprobs_row_by(const float* logits, int64_t vocab, int64_t token, int32_t top, TokenLogprob* out,
+                               int32_t* order, RowShared& s) {
+  using namespace decide_detail;
+  const float high = row_max<Threads>(logits, vocab, s);
+  for (int c = Threads::id(); c < kChunks; c += Threads::count()) {
+    double sum = 0.0;
+    for (int64_t i = chunk_start(vocab, c), end = chunk_start(vocab, c + 1); i < end; ++i)
+      sum += exp_of(logits[i] - high);
+    s.chunk[c] = sum;
+  }
+  Threads::sync();
+  const double normaliser = double(high) + log_of(chunks_total(s));
+  if (top > vocab) top = int32_t(vocab);
+  if (top > 0) {
+    const float kth = radix_select<Threads>(logits, vocab, double(top), false, s);
+    if (Threads::id() == 0) s.found = 0;
+    Threads::sync();
+    for (int64_t i = Threads::id(); i < vocab; i += Threads::count())
+      if (logits[i] >= kth) order[Threads::add(&s.found, 1u)] = int32_t(i);
+    Threads::sync();
+    Threads::sort(order, int64_t(s.found), logits);
+  }
+  if (Threads::id() == 0) {
+    out[0] = {int32_t(token), float(double(logits[token]) - normaliser)};
+    for (int32_t j = 0; j < top; ++j) out[1 + j] = {order[j], float(double(logits[order[j]]) - normaliser)};
+  }
+  Threads::sync();  // order and s are rewritten by what follows
+}
+
 // A greedy verify row's decision from its positions' argmaxes (the GPU takes them in parallel first):
 // the same prefix rule as verdict_rows_by.
 DFLASH_HD inline Verdict greedy_verdict(const int64_t* drafts, int64_t num_drafts, const int32_t* argmaxes) {
@@ -387,6 +434,12 @@ inline int64_t sample_row(const float* logits, int64_t vocab, const SamplingPara
   if (params.greedy()) return argmax_row(logits, vocab);
   RowShared s;
   return sample_row_by<HostThreads>(logits, vocab, params, stream, position, probs, order, s);
+}
+
+inline void logprobs_row(const float* logits, int64_t vocab, int64_t token, int32_t top, TokenLogprob* out,
+                         int32_t* order) {
+  RowShared s;
+  logprobs_row_by<HostThreads>(logits, vocab, token, top, out, order, s);
 }
 
 inline Verdict verdict_rows(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,

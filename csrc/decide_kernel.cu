@@ -93,21 +93,33 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 }
 
 // rows[b] over logits [*, vocab] -> out[b]. Scratch per row: probs and order [vocab] at b * vocab (a
-// greedy row's argmaxes there, from dflash_argmax_positions). Launch: grid = number of rows, block =
-// kThreads.
+// greedy row's argmaxes there, from dflash_argmax_positions). logprobs (null: no row asks): a row with
+// SamplingParams::logprobs >= 0 gets its decided tokens' entries at [b, j, 0..] of [rows, positions, 1 +
+// kMaxLogprobs]. Launch: grid = number of rows, block = kThreads.
 extern "C" __global__ void __launch_bounds__(kThreads)
     dflash_decide_rows(const float* logits, int64_t vocab, const dflash::DecideRow* rows, const int64_t* drafts,
-                       float* probs, int32_t* order, dflash::Verdict* out) {
+                       float* probs, int32_t* order, dflash::Verdict* out, int64_t positions,
+                       dflash::TokenLogprob* logprobs) {
   __shared__ dflash::RowShared shared;
+  __shared__ dflash::Verdict decided;
   const dflash::DecideRow row = rows[blockIdx.x];
   const int64_t* mine = drafts + row.drafts;
+  const float* first = logits + row.first * vocab;
   int32_t* scratch = order + blockIdx.x * vocab;
   if (row.sampling.greedy()) {
-    if (threadIdx.x == 0) out[blockIdx.x] = dflash::greedy_verdict(mine, row.num_drafts, scratch);
-    return;
+    if (threadIdx.x == 0) decided = dflash::greedy_verdict(mine, row.num_drafts, scratch);
+  } else {
+    const dflash::Verdict verdict = dflash::verdict_rows_by<BlockThreads>(
+        mine, row.num_drafts, first, vocab, row.sampling, row.stream, row.position, probs + blockIdx.x * vocab,
+        scratch, shared);
+    if (threadIdx.x == 0) decided = verdict;
   }
-  const dflash::Verdict verdict = dflash::verdict_rows_by<BlockThreads>(
-      mine, row.num_drafts, logits + row.first * vocab, vocab, row.sampling, row.stream, row.position,
-      probs + blockIdx.x * vocab, scratch, shared);
-  if (threadIdx.x == 0) out[blockIdx.x] = verdict;
+  __syncthreads();
+  if (threadIdx.x == 0) out[blockIdx.x] = decided;
+  const int32_t top = row.sampling.logprobs;
+  if (logprobs == nullptr || top < 0) return;  // the same for the whole block
+  constexpr int64_t per_token = 1 + dflash::kMaxLogprobs;
+  for (int64_t j = 0; j <= decided.accepted; ++j)
+    dflash::logprobs_row_by<BlockThreads>(first + j * vocab, vocab, j < decided.accepted ? mine[j] : decided.next,
+                                          top, logprobs + (blockIdx.x * positions + j) * per_token, scratch, shared);
 }

@@ -67,11 +67,13 @@ class Device {
   virtual bool decides() const { return false; }
   // rows[0..count) over logits [*, vocab] -> out[0..count); every pointer is this device's memory,
   // probs and order scratch [count, vocab]; `positions`: the most logits rows a row decides (its
-  // drafts + 1, at most vocab). Ordered after the calls before it, like a copy.
+  // drafts + 1, at most vocab); logprobs (null: no row asks) [count, positions, 1 + kMaxLogprobs]: a row
+  // that asks gets its decided tokens' entries (decide.h's logprobs_row_by). Ordered after the calls
+  // before it, like a copy.
   virtual void decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
-                      const int64_t* drafts, float* probs, int32_t* order, Verdict* out) {
+                      const int64_t* drafts, float* probs, int32_t* order, Verdict* out, TokenLogprob* logprobs) {
     (void)logits, (void)vocab, (void)rows, (void)count, (void)positions, (void)drafts, (void)probs, (void)order,
-        (void)out;
+        (void)out, (void)logprobs;
     DFLASH_INVARIANT(false);
   }
 

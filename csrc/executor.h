@@ -47,6 +47,17 @@ inline Verdict host_verdict(const std::vector<int64_t>& block, const float* logi
                               s.position);
   return {a.accepted, a.next};
 }
+// The logprobs entries of `decided` tokens, token j from logits row j [*, vocab], when asked (else none).
+inline std::vector<TokenLogprob> host_logprobs(const std::vector<int64_t>& decided, const float* logits,
+                                               int64_t vocab, const RowSampling& s) {
+  const int32_t top = s.sampling.logprobs;
+  if (top < 0) return {};
+  std::vector<TokenLogprob> out(decided.size() * (1 + top));
+  std::vector<int32_t> order(vocab);
+  for (size_t j = 0; j < decided.size(); ++j)
+    logprobs_row(logits + j * vocab, vocab, decided[j], top, out.data() + j * (1 + top), order.data());
+  return out;
+}
 
 class Executor {
  public:
@@ -74,6 +85,10 @@ class Executor {
   virtual void commit(const std::vector<int64_t>& rows, const std::vector<int64_t>& kept) = 0;
   // The row's request finished or was aborted: drop its state; the slot may be reused at once.
   virtual void release(int64_t row) = 0;
+  // The log-probabilities of the tokens the last prefill or verify decided for its i-th row, when that
+  // row's SamplingParams::logprobs n >= 0: 1 + n TokenLogprobs per decided token (decide.h; a prefill:
+  // its token; a verify: the kept drafts, then `next`); else empty.
+  virtual const std::vector<TokenLogprob>& logprobs(size_t i) const = 0;
 };
 
 }  // namespace dflash

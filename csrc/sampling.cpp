@@ -15,6 +15,9 @@ void SamplingParams::validate() const {
   if (!(top_p > 0.0 && top_p <= 1.0))
     throw Error("SamplingParams.top_p must be in (0, 1], got " + std::to_string(top_p));
   if (top_k < 0) throw Error("SamplingParams.top_k must be an integer >= 0, got " + std::to_string(top_k));
+  if (logprobs < -1 || logprobs > kMaxLogprobs)
+    throw Error("SamplingParams.logprobs must be -1 (none) or in [0, " + std::to_string(kMaxLogprobs) + "], got " +
+                std::to_string(logprobs));
 }
 
 void target_probs(const float* logits, int64_t rows, int64_t vocab, const SamplingParams& params, float* probs) {

@@ -12,11 +12,16 @@
 
 namespace dflash {
 
+constexpr int32_t kMaxLogprobs = 20;  // OpenAI's top_logprobs bound
+
 struct SamplingParams {
   double temperature = 0.0;  // 0: greedy (argmax), no randomness drawn
   int64_t top_k = 0;         // 0: no top-k cut
   double top_p = 1.0;        // 1: no nucleus cut
   uint64_t seed = 0;
+  // -1: none; n in [0, kMaxLogprobs]: each decided token's log-probability under the target's raw
+  // logits (log_softmax, before temperature and the cuts) and the n most probable tokens' (decide.h)
+  int32_t logprobs = -1;
 
   DFLASH_HD bool greedy() const { return temperature == 0.0; }
   // Throws dflash::Error (one line) on values SamplingParams in Python would refuse.

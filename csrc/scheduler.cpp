@@ -169,6 +169,7 @@ void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOu
     r.prompt_done += int64_t(chunks[i].size());
     if (r.prompt_done < int64_t(r.prompt.size())) continue;  // more chunks in the next steps
     r.prefilled = true;
+    r.logprobs = executor_.logprobs(i);
     emit_tokens(r, {first[i]}, out);
   }
 }
@@ -255,11 +256,13 @@ std::vector<Verdict> Scheduler::verify(const std::vector<Request*>& rows) {
   if (verdicts.size() != rows.size())
     throw Error("executor verify returned " + std::to_string(verdicts.size()) + " verdicts for " +
                 std::to_string(rows.size()) + " rows; expected one per row");
-  for (size_t i = 0; i < rows.size(); ++i)
+  for (size_t i = 0; i < rows.size(); ++i) {
     if (verdicts[i].accepted < 0 || verdicts[i].accepted >= int64_t(blocks[i].size()) || verdicts[i].next < 0)
       throw Error("executor verify kept " + std::to_string(verdicts[i].accepted) + " drafts of " +
                   std::to_string(blocks[i].size() - 1) + " (next token " + std::to_string(verdicts[i].next) +
                   ") for slot " + std::to_string(rows[i]->slot));
+    rows[i]->logprobs = executor_.logprobs(i);
+  }
   return verdicts;
 }
 
@@ -300,9 +303,18 @@ void Scheduler::emit_tokens(Request& r, const std::vector<int64_t>& tokens, std:
   o.request = r.id;
   const RequestParams& p = r.params;
   // One token at a time, as spec/stopping.py: tokens after a stop in the same step are dropped.
-  for (int64_t token : tokens) {
+  const int32_t top = p.sampling.logprobs;
+  if (top >= 0 && r.logprobs.size() != tokens.size() * size_t(1 + top))
+    throw Error("executor returned " + std::to_string(r.logprobs.size()) + " logprob entries for " +
+                std::to_string(tokens.size()) + " tokens of slot " + std::to_string(r.slot) + "; expected " +
+                std::to_string(tokens.size() * size_t(1 + top)));
+  for (size_t k = 0; k < tokens.size(); ++k) {
+    const int64_t token = tokens[k];
     r.tokens.push_back(token);
     o.new_tokens.push_back(token);
+    if (top >= 0)
+      o.new_logprobs.insert(o.new_logprobs.end(), r.logprobs.begin() + k * (1 + top),
+                            r.logprobs.begin() + (k + 1) * (1 + top));
     const bool stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end() ||
                          (!p.ignore_eos &&
                           std::find(p.eos_token_ids.begin(), p.eos_token_ids.end(), token) != p.eos_token_ids.end());

@@ -59,6 +59,8 @@ const char* finish_name(Finish f);  // "", "stop", "length", "abort"
 struct RequestOutput {
   int64_t request = -1;
   std::vector<int64_t> new_tokens;
+  // SamplingParams::logprobs n >= 0: 1 + n entries per new token (its own, then the top n); else empty
+  std::vector<TokenLogprob> new_logprobs;
   int64_t num_tokens = 0;  // output tokens so far, these included
   Finish finish = Finish::kNone;
   SpecMetrics metrics;
@@ -125,6 +127,7 @@ class Scheduler {
     std::vector<int64_t> drafts;
     int64_t accepted = 0;
     int64_t next = -1;  // the target's token after the accepted drafts
+    std::vector<TokenLogprob> logprobs;  // the executor's entries for the tokens this step decided
   };
 
   // The phases of step(), in order.
@@ -138,6 +141,7 @@ class Scheduler {
   void commit(const std::vector<Request*>& rows);
   void emit(const std::vector<Request*>& rows, std::vector<RequestOutput>& out);
   // Append tokens one at a time through the stop rule; finishing frees the slot.
+  // `r.logprobs` holds the tokens' entries when the request asked for them.
   void emit_tokens(Request& r, const std::vector<int64_t>& tokens, std::vector<RequestOutput>& out);
 
   void finish(Request& r, Finish why);  // frees the slot (if any) and the executor's row

@@ -96,7 +96,15 @@ void bind_slot_executors(py::module_& m) {
           },
           py::arg("rows"), py::arg("blocks"), "-> logits [len(block), vocab] per row")
       .def("commit", &SlotExecutor::commit, py::arg("rows"), py::arg("kept"))
-      .def("release", &SlotExecutor::release, py::arg("row"));
+      .def("release", &SlotExecutor::release, py::arg("row"))
+      .def(
+          "logprobs",
+          [](const SlotExecutor& e, size_t i) {
+            py::list out;
+            for (const dflash::TokenLogprob& t : e.logprobs(i)) out.append(py::make_tuple(t.token, t.logprob));
+            return out;
+          },
+          py::arg("i"), "The last prefill's or verify's logprob entries for its i-th row: [(token, logprob)].");
 
   m.attr("HAS_CUDA_DEVICE") = dflash::has_cuda_device();
 #ifdef DFLASH_WITH_DEVICE_DECIDE

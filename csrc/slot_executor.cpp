@@ -121,6 +121,7 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
       logits_(device_, DType::float32),
       decide_rows_(device_, DType::int64),
       verdicts_(device_, DType::int64),
+      decide_logprobs_(device_, DType::int64),
       decide_drafts_(device_, DType::int64),
       decide_probs_(device_, DType::float32),
       decide_order_(device_, DType::float32),
@@ -323,9 +324,15 @@ std::vector<int64_t> SlotExecutor::prefill(const std::vector<int64_t>& rows,
   DFLASH_INVARIANT(sampling.size() == rows.size());
   std::vector<int64_t> out(rows.size());
   std::vector<Verdict> verdicts(rows.size());
-  const Decision on_device{sampling, nullptr, verdicts};
+  logprobs_.assign(rows.size(), {});
+  const Decision on_device{sampling, nullptr, verdicts, logprobs_};
   prefill_rows(rows, prompts, device_.decides() ? &on_device : nullptr, [&](size_t i, const float* logits) {
-    out[i] = logits ? host_sample(logits, config_.vocab, sampling[i]) : verdicts[i].next;
+    if (!logits) {
+      out[i] = verdicts[i].next;
+      return;
+    }
+    out[i] = host_sample(logits, config_.vocab, sampling[i]);
+    logprobs_[i] = host_logprobs({out[i]}, logits, config_.vocab, sampling[i]);
   });
   return out;
 }
@@ -356,6 +363,10 @@ void SlotExecutor::decide_run(const std::vector<int64_t>& rows, const std::vecto
     std::memcpy(decide_rows_.host.data() + k * sizeof(DecideRow), &row, sizeof(DecideRow));
   }
   verdicts_.host.resize(count * sizeof(Verdict));
+  bool asked = false;  // logprobs: each row's slot holds `positions` tokens' 1 + kMaxLogprobs entries
+  for (size_t i : group) asked = asked || decision.sampling[i].sampling.logprobs >= 0;
+  const int64_t per_token = 1 + kMaxLogprobs;
+  decide_logprobs_.host.resize(asked ? count * positions * per_token * sizeof(TokenLogprob) : 0);
   decide_probs_.reserve(count * V);
   decide_order_.reserve(count * V);
   decide_rows_.upload();
@@ -364,11 +375,22 @@ void SlotExecutor::decide_run(const std::vector<int64_t>& rows, const std::vecto
   device_.decide(static_cast<const float*>(logits_.device_data(n * r * V)), V,
                  reinterpret_cast<const DecideRow*>(decide_rows_.device_data()), count, positions,
                  static_cast<const int64_t*>(decide_drafts_.device_data()), reinterpret_cast<float*>(decide_probs_.at(0)),
-                 reinterpret_cast<int32_t*>(decide_order_.at(0)), reinterpret_cast<Verdict*>(verdicts_.device_data()));
+                 reinterpret_cast<int32_t*>(decide_order_.at(0)), reinterpret_cast<Verdict*>(verdicts_.device_data()),
+                 asked ? reinterpret_cast<TokenLogprob*>(decide_logprobs_.device_data()) : nullptr);
   verdicts_.download();
+  if (asked) decide_logprobs_.download();
   device_.synchronize();
-  for (int64_t k = 0; k < count; ++k)
-    std::memcpy(&decision.out[group[k]], verdicts_.host.data() + k * sizeof(Verdict), sizeof(Verdict));
+  for (int64_t k = 0; k < count; ++k) {
+    const size_t i = group[k];
+    Verdict& verdict = decision.out[i];
+    std::memcpy(&verdict, verdicts_.host.data() + k * sizeof(Verdict), sizeof(Verdict));
+    const int32_t top = decision.sampling[i].sampling.logprobs;
+    if (top < 0) continue;
+    const auto* entries = reinterpret_cast<const TokenLogprob*>(decide_logprobs_.host.data()) + k * positions * per_token;
+    std::vector<TokenLogprob>& mine = decision.logprobs[i];
+    for (int64_t j = 0; j <= verdict.accepted; ++j)
+      mine.insert(mine.end(), entries + j * per_token, entries + j * per_token + 1 + top);
+  }
 }
 
 std::vector<LogitsRows> SlotExecutor::prefill_logits(const std::vector<int64_t>& rows,
@@ -410,9 +432,14 @@ std::vector<Verdict> SlotExecutor::verify(const std::vector<int64_t>& rows,
                                           const std::vector<RowSampling>& sampling) {
   DFLASH_INVARIANT(sampling.size() == rows.size());
   std::vector<Verdict> out(rows.size());
-  const Decision on_device{sampling, &blocks, out};
+  logprobs_.assign(rows.size(), {});
+  const Decision on_device{sampling, &blocks, out, logprobs_};
   verify_rows(rows, blocks, device_.decides() ? &on_device : nullptr, [&](size_t i, const float* logits) {
-    if (logits) out[i] = host_verdict(blocks[i], logits, config_.vocab, sampling[i]);
+    if (!logits) return;
+    out[i] = host_verdict(blocks[i], logits, config_.vocab, sampling[i]);
+    std::vector<int64_t> decided(blocks[i].begin() + 1, blocks[i].begin() + 1 + out[i].accepted);
+    decided.push_back(out[i].next);
+    logprobs_[i] = host_logprobs(decided, logits, config_.vocab, sampling[i]);
   });
   return out;
 }

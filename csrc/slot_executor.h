@@ -107,6 +107,7 @@ class SlotExecutor : public Executor {
                                         const std::vector<std::vector<int64_t>>& blocks);
   void commit(const std::vector<int64_t>& rows, const std::vector<int64_t>& kept) override;
   void release(int64_t row) override;
+  const std::vector<TokenLogprob>& logprobs(size_t i) const override { return logprobs_.at(i); }
 
   const SlotExecutorConfig& config() const { return config_; }
   std::string backend_version() const { return backend_->version(); }
@@ -129,6 +130,7 @@ class SlotExecutor : public Executor {
     const std::vector<RowSampling>& sampling;
     const std::vector<std::vector<int64_t>>* blocks;
     std::vector<Verdict>& out;
+    std::vector<std::vector<TokenLogprob>>& logprobs;
   };
   void prefill_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& prompts,
                     const Decision* decision, const LogitsSink& sink);
@@ -205,7 +207,8 @@ class SlotExecutor : public Executor {
   Staged<int64_t> ids_, cache_lengths_, query_lengths_, logits_index_, positions_, lengths_, tokens_;
   Staged<float> logits_;
   // a device decision's rows (DecideRow bytes), drafts, verdicts (Verdict bytes) and scratch
-  Staged<char> decide_rows_, verdicts_;
+  Staged<char> decide_rows_, verdicts_, decide_logprobs_;  // logprobs: [rows, positions, 1 + kMaxLogprobs]
+  std::vector<std::vector<TokenLogprob>> logprobs_;        // the last prefill's or verify's, per row
   Staged<int64_t> decide_drafts_;
   Buffer decide_probs_, decide_order_;  // [rows, V] float32 each (order holds int32 ids)
   Buffer features_;                 // the target's tapped features [n, s, F], the drafter's input

@@ -60,6 +60,7 @@ class _Request:
     core_id: int | None = None
     finish_reason: str | None = None
     core_metrics: dict = field(default_factory=dict)  # the core's counters and clocks as last seen
+    logprobs: list = field(default_factory=list)  # per output token [(token, logprob), ...] from the core
 
     @property
     def token_ids(self) -> list[int]:
@@ -145,7 +146,8 @@ class BatchRunner:
         request.core_id = self.scheduler.add_request(request.ids, native_core().RequestParams(
             max_tokens=params.max_tokens, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
             seed=params.seed, stop_token_ids=list(params.stop_token_ids), eos_token_ids=list(self.llm.eos_token_ids),
-            ignore_eos=params.ignore_eos, max_block=0 if request.speculative else 1))  # queued for a slot
+            ignore_eos=params.ignore_eos, max_block=0 if request.speculative else 1,
+            logprobs=-1 if params.logprobs is None else params.logprobs))  # queued for a slot
         self.live[request.core_id] = request
         self.counters["prompt_tokens_total"] += len(request.ids)
         self._read_counts()
@@ -198,6 +200,7 @@ class BatchRunner:
         if new and request.first_token is None:
             request.first_token = time.perf_counter()
         stopped = request.stop.add(new) if new else False
+        request.logprobs.extend(out.get("new_logprobs", ()))
         self._count(request, out["metrics"])
         if finish is not None or stopped:
             if finish is None:  # a stop string the core cannot see: free its slot now (its "abort" is skipped)
@@ -235,9 +238,11 @@ class BatchRunner:
         """A snapshot of the request's output, with its metrics up to now."""
         request.clock()
         m = request.metrics
+        tokens = list(request.stop.token_ids)
+        logprobs = None if request.params.logprobs is None else [dict(e) for e in request.logprobs[:len(tokens)]]
         return RequestOutput(prompt=request.prompt, prompt_token_ids=list(request.ids), text=request.stop.text,
-                             token_ids=list(request.stop.token_ids), finish_reason=request.finish_reason,
-                             metrics=replace(m, acceptance_lengths=list(m.acceptance_lengths)))
+                             token_ids=tokens, finish_reason=request.finish_reason,
+                             metrics=replace(m, acceptance_lengths=list(m.acceptance_lengths)), logprobs=logprobs)
 
     def core_stats(self) -> dict:
         """The scheduler's books: requests running and waiting, and the adaptive bookkeeping (the block

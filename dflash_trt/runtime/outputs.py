@@ -17,3 +17,6 @@ class RequestOutput:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # None while streaming; then "stop", "length" or "abort"
     metrics: RequestMetrics | None = None
+    # SamplingParams.logprobs n: per output token {token id: log-probability}, the token's own first,
+    # then the n most probable (by logit, ties by id); None when not asked
+    logprobs: list[dict[int, float]] | None = None

@@ -13,7 +13,8 @@ from dflash_trt.errors import DFlashError
 # front publishes in its schema (serve/protocol.py); one definition for both.
 # The integer bounds fit the core's int64 fields and are exact in a JSON double.
 RANGES = {"max_tokens": {"minimum": 1, "maximum": 2**31 - 1}, "temperature": {"minimum": 0},
-          "top_p": {"exclusiveMinimum": 0, "maximum": 1}, "top_k": {"minimum": 0, "maximum": 2**31 - 1}}
+          "top_p": {"exclusiveMinimum": 0, "maximum": 1}, "top_k": {"minimum": 0, "maximum": 2**31 - 1},
+          "logprobs": {"minimum": 0, "maximum": 20}}
 SEED_RANGE = {"minimum": 0, "maximum": 2**64 - 1}  # the core keys its RNG with 64 bits
 
 
@@ -35,6 +36,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings: excluded from the text
     stop_token_ids: tuple[int, ...] = ()  # extra stop tokens besides EOS
     ignore_eos: bool = False
+    # None: no log-probabilities; n: each output token's and the n most probable tokens' log-probability
+    # under the target's raw logits (log_softmax before temperature and the cuts, as vLLM reports)
+    logprobs: int | None = None
 
     def __post_init__(self):
         # The one check of sampling values: the Python API, the CLI, the Triton model and the OpenAI
@@ -69,6 +73,8 @@ class SamplingParams:
             raise bad("seed", "an integer in [0, 2**64) or None", self.seed)
         if not isinstance(self.ignore_eos, bool):
             raise bad("ignore_eos", "a bool", self.ignore_eos)
+        if self.logprobs is not None and not (integer(self.logprobs) and in_range(self.logprobs, "logprobs")):
+            raise bad("logprobs", "an integer in [0, 20] or None", self.logprobs)
 
     @property
     def greedy(self) -> bool:

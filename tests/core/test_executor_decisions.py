@@ -119,3 +119,30 @@ def test_decisions_over_a_real_vocabulary_equal_the_host_rules(core, params, dev
     graphs.target.table = torch.from_numpy(logits).to(device)
     got = ex.verify(rows, blocks, sampling)
     assert got == [tuple(core.accept(blocks[i][1:], logits[i], sampling[i].sampling, i, 50 + i)) for i in rows]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("params", [dict(), dict(temperature=0.8, top_p=0.9)], ids=["greedy", "sampled"])
+def test_logprobs_are_decided_with_the_tokens_as_the_host_rule_gives_them(core, params, device):
+    """Each decided token's entries (its own, then the top 3), from the decision's logits rows."""
+    graphs = LogitsGraphs(device)
+    ex = executor(core, graphs)
+    logits = tied_logits(5)
+    sampling = [core.RowSampling(core.SamplingParams(seed=i, logprobs=3, **params), stream=i, position=9)
+                for i in range(ROWS)]
+    graphs.target.table = torch.from_numpy(logits[:, :1].copy()).to(device)
+    rows = list(range(ROWS))
+    first = ex.prefill(rows, [[1, 2, 3]] * ROWS, sampling)
+    def same(got, want):  # ids exactly; values within the device's expf rounding
+        assert [t for t, _ in got] == [t for t, _ in want]
+        np.testing.assert_allclose([v for _, v in got], [v for _, v in want], rtol=0, atol=1e-5)
+
+    for i in rows:
+        same(ex.logprobs(i), core.logprobs(logits[i, :1], first[i], 3))
+    blocks = [[first[i], *(int(np.argmax(logits[i, j])) if (i + j) % 3 else 0 for j in range(BLOCK - 1))]
+              for i in rows]
+    graphs.target.table = torch.from_numpy(logits).to(device)
+    verdicts = ex.verify(rows, blocks, sampling)
+    for i, (accepted, next_token) in enumerate(verdicts):
+        decided = blocks[i][1:1 + accepted] + [next_token]
+        same(ex.logprobs(i), [e for j, t in enumerate(decided) for e in core.logprobs(logits[i, j:j + 1], t, 3)])

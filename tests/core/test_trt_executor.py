@@ -291,6 +291,14 @@ def test_dflash_trt_build_then_llm_from_bundle_runs_on_the_tensorrt_executor(ort
     got, want = ours.generate(PROMPTS, params), theirs.generate(PROMPTS, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert [o.token_ids for o in got] == [o.token_ids for o in ours.generate(PROMPTS, params, speculative=False)]
+    # logprobs come from the device decision's buffer (the fake driver runs the kernel's rules on the host)
+    params = SamplingParams(max_tokens=10, ignore_eos=True, logprobs=2, temperature=0.8, seed=4)
+    got, want = ours.generate(PROMPTS, params), theirs.generate(PROMPTS, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for g, w in zip(got, want, strict=True):
+        assert [list(e) for e in g.logprobs] == [list(e) for e in w.logprobs]
+        assert np.allclose([v for e in g.logprobs for v in e.values()], [v for e in w.logprobs for v in e.values()],
+                           atol=1e-5)
 
 
 def test_each_executor_counts_the_bytes_it_moves_across_the_host_boundary(core, ort, fakes, pair):
@@ -314,5 +322,5 @@ def test_each_executor_counts_the_bytes_it_moves_across_the_host_boundary(core, 
     trt.verify([0, 1], blocks, [core.RowSampling(), core.RowSampling()])
     n, s = 2, 4
     target = 8 * (n * s + n + n + n * s + n * s)  # ids, lengths, logits_index; the drafter's positions
-    decision = n * 72 + (1 + n * (s - 1)) * 8 + n * 16  # DecideRow (9 words), drafts (+1 pad), Verdict (2 words)
+    decision = n * 80 + (1 + n * (s - 1)) * 8 + n * 16  # DecideRow (10 words), drafts (+1 pad), Verdict (2 words)
     assert trt.host_bytes - before == target + decision

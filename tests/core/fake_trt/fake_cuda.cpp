@@ -180,7 +180,8 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
     return CUDA_SUCCESS;
   }
   if (function != reinterpret_cast<CUfunction>(&decide_function) || grid_y != 1) return CUDA_ERROR_INVALID_VALUE;
-  // dflash_decide_rows(logits, vocab, rows, drafts, probs, order, out): a greedy row reads its argmaxes
+  // dflash_decide_rows(logits, vocab, rows, drafts, probs, order, out, positions, logprobs): a greedy row
+  // reads its argmaxes; a row asking for logprobs gets its decided tokens' entries
   const float* logits = *static_cast<const float**>(args[0]);
   const int64_t vocab = *static_cast<int64_t*>(args[1]);
   const dflash::DecideRow* rows = *static_cast<const dflash::DecideRow**>(args[2]);
@@ -188,12 +189,21 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
   float* probs = *static_cast<float**>(args[4]);
   int32_t* order = *static_cast<int32_t**>(args[5]);
   dflash::Verdict* out = *static_cast<dflash::Verdict**>(args[6]);
+  const int64_t positions = *static_cast<int64_t*>(args[7]);
+  dflash::TokenLogprob* logprobs = *static_cast<dflash::TokenLogprob**>(args[8]);
   for (unsigned b = 0; b < grid_x; ++b) {
     const dflash::DecideRow& row = rows[b];
+    const int64_t* mine = drafts + row.drafts;
+    const float* first = logits + row.first * vocab;
     out[b] = row.sampling.greedy()
-                 ? dflash::greedy_verdict(drafts + row.drafts, row.num_drafts, order + b * vocab)
-                 : dflash::verdict_rows(drafts + row.drafts, row.num_drafts, logits + row.first * vocab, vocab,
-                                        row.sampling, row.stream, row.position, probs + b * vocab, order + b * vocab);
+                 ? dflash::greedy_verdict(mine, row.num_drafts, order + b * vocab)
+                 : dflash::verdict_rows(mine, row.num_drafts, first, vocab, row.sampling, row.stream, row.position,
+                                        probs + b * vocab, order + b * vocab);
+    if (logprobs == nullptr || row.sampling.logprobs < 0) continue;
+    for (int64_t j = 0; j <= out[b].accepted; ++j)
+      dflash::logprobs_row(first + j * vocab, vocab, j < out[b].accepted ? mine[j] : out[b].next,
+                           row.sampling.logprobs, logprobs + (b * positions + j) * (1 + dflash::kMaxLogprobs),
+                           order + b * vocab);
   }
   return CUDA_SUCCESS;
 }
