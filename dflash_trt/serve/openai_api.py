@@ -175,7 +175,8 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
                           "model", "model_not_found")
         inputs = parsed.triton_inputs()
         chat = isinstance(parsed, protocol.ChatRequest)
-        reply = Reply(chat=chat, model=settings.model, with_meta_info=parsed.return_meta_info)
+        reply = Reply(chat=chat, model=settings.model, with_meta_info=parsed.return_meta_info,
+                      logprobs=parsed.logprob_count() is not None)
         pieces = _renamed(triton.generate(inputs), "messages" if chat else "prompt")
         if not parsed.stream:
             return await _whole(request, reply, pieces)
@@ -212,11 +213,12 @@ async def _whole(request: Request, reply: Reply, pieces: AsyncIterator[Piece]) -
     """Collect the reply; if the client leaves first, stop (closing the Triton stream cancels it)."""
 
     async def collect():
-        text, last = [], None
+        text, logprobs, last = [], [], None
         async for piece in pieces:
             text.append(piece.text)
+            logprobs += piece.logprobs or []
             last = piece
-        return "".join(text), last
+        return "".join(text), (logprobs if reply.logprobs else None), last
 
     task = asyncio.ensure_future(collect())
     while not task.done():
@@ -224,8 +226,8 @@ async def _whole(request: Request, reply: Reply, pieces: AsyncIterator[Piece]) -
         if not task.done() and await request.is_disconnected():
             task.cancel()
             return Response(status_code=499)  # nobody reads it
-    text, last = task.result()
-    return JSONResponse(reply.whole(text, last.finish_reason, last.usage))
+    text, logprobs, last = task.result()
+    return JSONResponse(reply.whole(text, last.finish_reason, last.usage, logprobs))
 
 
 async def _events(reply: Reply, first: Piece, pieces: AsyncIterator[Piece], include_usage: bool):
@@ -238,10 +240,11 @@ async def _events(reply: Reply, first: Piece, pieces: AsyncIterator[Piece], incl
     try:
         if reply.chat:
             yield event(reply.chunk(None, role=True))
-        piece = first
+        piece, sent = first, 0  # sent: the text so far, where a completion's token offsets count from
         while True:
-            if piece.text:
-                yield event(reply.chunk(piece.text))
+            if piece.text or piece.logprobs:
+                yield event(reply.chunk(piece.text, logprobs=piece.logprobs, offset=sent))
+                sent += len(piece.text)
             if piece.finish_reason is not None:
                 yield event(reply.chunk(None, piece.finish_reason))
                 if include_usage:

@@ -28,6 +28,31 @@ class MetaInfo(BaseModel):
                                                                 "when nothing was drafted")
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = Field(description="the token's UTF-8 bytes")
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(description="the most probable tokens at this position (top_logprobs)")
+
+
+class ChatLogprobs(BaseModel):
+    """Log-probabilities under the model's raw logits (before temperature, top-k and top-p)."""
+
+    content: list[TokenLogprob] | None
+
+
+class CompletionLogprobs(BaseModel):
+    """The legacy completions form: per token its text, log-probability, the top ones and its offset."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str
@@ -36,7 +61,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None
 
 
@@ -58,7 +83,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None
 
 
@@ -77,7 +102,7 @@ class ChatCompletionChunk(BaseModel):
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
 
 

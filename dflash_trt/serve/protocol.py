@@ -1,8 +1,8 @@
 """OpenAI request bodies: pydantic models, parsed strictly, every refusal naming its field.
 
 Fields OpenAI clients send that change nothing here (user, presence_penalty, ...) are accepted and
-ignored; fields that would change the reply in a way we cannot honour (n > 1, echo, logprobs,
-several prompts) are refused, never silently dropped.
+ignored; fields that would change the reply in a way we cannot honour (n > 1, echo, several prompts)
+are refused, never silently dropped.
 """
 
 from __future__ import annotations
@@ -75,7 +75,6 @@ class _Sampling(BaseModel):
     n: JsonInt = Field(1, ge=1, le=1, description="one choice per request")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: Literal[False] | None = None
     # SGLang's extension, which the DFlash authors' benchmark client sends: the reply then carries
     # `meta_info` with the verify steps and the mean acceptance length
     return_meta_info: bool = False
@@ -89,10 +88,14 @@ class _Sampling(BaseModel):
             raise ValueError("a string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not text")
         return data
 
+    def logprob_count(self) -> int | None:
+        """How many top tokens' log-probabilities each output token carries (None: no logprobs)."""
+        return None
+
     def sampling(self, max_tokens: int | None) -> dict:
         """The Triton model's sampling_parameters (None: its default)."""
         values = {"max_tokens": max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                  "top_k": self.top_k, "seed": self.seed, "stop": self.stop}
+                  "top_k": self.top_k, "seed": self.seed, "stop": self.stop, "logprobs": self.logprob_count()}
         return {k: v for k, v in values.items() if v is not None}
 
     def check_sampling(self) -> None:
@@ -105,13 +108,29 @@ class _Sampling(BaseModel):
 
 
 class ChatRequest(_Sampling):
+    # top_logprobs (when not null) needs logprobs: true, as OpenAI's API says; the schema says so too
+    model_config = ConfigDict(**_Sampling.model_config, json_schema_extra={
+        "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
+        "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}})
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["max_tokens"])
     # extra variables for the chat template (vLLM's and SGLang's field), e.g. {"enable_thinking": false}
     chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: JsonInt | None = Field(None, json_schema_extra=RANGES["logprobs"])
+
+    def logprob_count(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise RequestError("top_logprobs", "top_logprobs needs logprobs: true")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def check_sampling(self) -> None:
-        super().check_sampling()
+        try:
+            super().check_sampling()
+        except RequestError as err:  # the chat API names the count top_logprobs
+            if err.param != "logprobs":
+                raise
+            raise RequestError("top_logprobs", err.message.replace("logprobs", "top_logprobs", 1)) from None
         if self.max_completion_tokens is not None:
             try:
                 sampling_params({"max_tokens": self.max_completion_tokens})
@@ -133,6 +152,10 @@ class CompletionRequest(_Sampling):
     max_tokens: JsonInt | None = Field(16, json_schema_extra=RANGES["max_tokens"])  # OpenAI's default for completions
     echo: Literal[False] | None = None
     best_of: JsonInt | None = Field(None, ge=1, le=1, json_schema_extra={"minimum": 1, "maximum": 1})
+    logprobs: JsonInt | None = Field(None, json_schema_extra=RANGES["logprobs"])
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
     def triton_inputs(self) -> dict:
         prompt = self.prompt

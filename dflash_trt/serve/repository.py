@@ -31,7 +31,8 @@ output [
   {{ name: "text_output", data_type: TYPE_STRING, dims: [ 1 ] }},
   {{ name: "token_ids", data_type: TYPE_INT64, dims: [ -1 ] }},
   {{ name: "finish_reason", data_type: TYPE_STRING, dims: [ 1 ] }},
-  {{ name: "usage", data_type: TYPE_STRING, dims: [ 1 ] }}
+  {{ name: "usage", data_type: TYPE_STRING, dims: [ 1 ] }},
+  {{ name: "logprobs", data_type: TYPE_STRING, dims: [ 1 ] }}
 ]
 instance_group [ {{ count: 1, kind: KIND_CPU }} ]
 {parameters}

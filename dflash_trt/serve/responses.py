@@ -12,11 +12,15 @@ from dflash_trt.serve.openai_models import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatDelta,
+    ChatLogprobs,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     ErrorDetail,
     ErrorResponse,
     MetaInfo,
+    TokenLogprob,
+    TopLogprob,
     Usage,
     dump,
 )
@@ -51,33 +55,61 @@ def meta_info(info: dict | None) -> MetaInfo:
                     **({} if accept is None else {"spec_accept_length": accept}))
 
 
+def chat_logprobs(entries: list | None) -> ChatLogprobs | None:
+    """The Triton model's [text, logprob, [[text, logprob], ...]] per token -> OpenAI's chat form."""
+    if entries is None:
+        return None
+
+    def top(text: str, logprob: float) -> TopLogprob:
+        return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode()))
+
+    return ChatLogprobs(content=[TokenLogprob(**top(text, logprob).model_dump(), top_logprobs=[top(*t) for t in tops])
+                                 for text, logprob, tops in entries])
+
+
+def completion_logprobs(entries: list | None, offset: int = 0) -> CompletionLogprobs | None:
+    """The same -> the legacy completions form; text offsets count from `offset` (the text sent before)."""
+    if entries is None:
+        return None
+    offsets, at = [], offset
+    for text, _, _ in entries:
+        offsets.append(at)
+        at += len(text)
+    return CompletionLogprobs(tokens=[e[0] for e in entries], token_logprobs=[e[1] for e in entries],
+                              top_logprobs=[dict((t, lp) for t, lp in e[2]) for e in entries], text_offset=offsets)
+
+
 class Reply:
     """One request's identity and the shapes of its chat or completion objects."""
 
-    def __init__(self, chat: bool, model: str, with_meta_info: bool = False):
-        self.chat, self.model, self.with_meta_info = chat, model, with_meta_info
+    def __init__(self, chat: bool, model: str, with_meta_info: bool = False, logprobs: bool = False):
+        self.chat, self.model, self.with_meta_info, self.logprobs = chat, model, with_meta_info, logprobs
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
     def _head(self) -> dict:
         return {"id": self.id, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, finish_reason: str | None, info: dict | None) -> dict:
+    def whole(self, text: str, finish_reason: str | None, info: dict | None, logprobs: list | None = None) -> dict:
         extra = {"usage": usage(info), **({"meta_info": meta_info(info)} if self.with_meta_info else {})}
         if self.chat:
-            choice = ChatChoice(index=0, message=AssistantMessage(role="assistant", content=text), logprobs=None,
-                                finish_reason=finish_reason)
+            choice = ChatChoice(index=0, message=AssistantMessage(role="assistant", content=text),
+                                logprobs=chat_logprobs(logprobs), finish_reason=finish_reason)
             return dump(ChatCompletion(object="chat.completion", choices=[choice], **self._head(), **extra))
-        choice = CompletionChoice(index=0, text=text, logprobs=None, finish_reason=finish_reason)
+        choice = CompletionChoice(index=0, text=text, logprobs=completion_logprobs(logprobs),
+                                  finish_reason=finish_reason)
         return dump(Completion(object="text_completion", choices=[choice], **self._head(), **extra))
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, role: bool = False) -> dict:
+    def chunk(self, text: str | None, finish_reason: str | None = None, role: bool = False,
+              logprobs: list | None = None, offset: int = 0) -> dict:
         if self.chat:
             delta = (ChatDelta(role="assistant", content="") if role
                      else ChatDelta() if text is None else ChatDelta(content=text))
-            choice = ChatChunkChoice(index=0, delta=delta, logprobs=None, finish_reason=finish_reason)
+            choice = ChatChunkChoice(index=0, delta=delta, logprobs=chat_logprobs(logprobs),
+                                     finish_reason=finish_reason)
             return dump(ChatCompletionChunk(object="chat.completion.chunk", choices=[choice], **self._head()))
-        choice = CompletionChoice(index=0, text=text or "", logprobs=None, finish_reason=finish_reason)
+        choice = CompletionChoice(index=0, text=text or "", logprobs=completion_logprobs(logprobs, offset),
+                                  finish_reason=finish_reason)
         return dump(Completion(object="text_completion", choices=[choice], **self._head()))
 
     def usage_chunk(self, info: dict | None) -> dict:

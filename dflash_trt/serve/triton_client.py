@@ -28,6 +28,7 @@ class Piece:
     token_ids: list[int]
     finish_reason: str | None
     usage: dict | None
+    logprobs: list | None = None  # per token [text, logprob, [[text, logprob] of the top ones]], when asked
 
 
 def _error(message: str) -> Exception:
@@ -46,7 +47,8 @@ def _piece(data: dict) -> Piece:
     ids = data.get("token_ids", [])
     return Piece(text=data.get("text_output", ""), token_ids=ids if isinstance(ids, list) else [ids],
                  finish_reason=data.get("finish_reason") or None,
-                 usage=json.loads(data["usage"]) if data.get("usage") else None)
+                 usage=json.loads(data["usage"]) if data.get("usage") else None,
+                 logprobs=json.loads(data["logprobs"]) if data.get("logprobs") else None)
 
 
 class TritonClient:

@@ -57,7 +57,9 @@ def test_completion_prompts(prompt, key, value):
     (chat(max_tokens=2.5), "max_tokens"),
     (chat(n=2), "n"),
     (chat(stream="yes"), "stream"),
-    (chat(logprobs=True), "logprobs"),
+    (chat(logprobs="yes"), "logprobs"),
+    (chat(logprobs=True, top_logprobs=21), "top_logprobs"),
+    (chat(top_logprobs=2), "top_logprobs"),  # without logprobs: true
     (chat(seed="1"), "seed"),
     (chat(stop=[1]), "stop"),
 ])

@@ -131,6 +131,37 @@ def test_completion_of_token_ids_equals_offline(server, client, offline):
     assert reply.choices[0].text == expected.text and reply.usage.completion_tokens == len(expected.token_ids)
 
 
+def test_logprobs_equal_offline(server, client, offline):
+    """OpenAI's chat and legacy completion logprobs: each token's and the top ones' log-probability, the
+    values LLM.generate gives (the target's raw logits), whole and streamed."""
+    expected = offline.generate(PROMPTS[1], SamplingParams(max_tokens=10, logprobs=2))[0]
+    text = offline.tokenizer.decode
+    want = [(text([t]), e[t], sorted(e.items(), key=lambda x: -x[1])[:2])
+            for t, e in zip(expected.token_ids, expected.logprobs, strict=True)]
+    reply = chat(client, server, PROMPTS[1], max_tokens=10, temperature=0, logprobs=True, top_logprobs=2)
+    content = reply.choices[0].logprobs.content
+    assert [(c.token, c.bytes) for c in content] == [(w[0], list(w[0].encode())) for w in want]
+    for c, (_, logprob, tops) in zip(content, want, strict=True):
+        assert c.logprob == pytest.approx(logprob, abs=1e-6)
+        assert [(top.token, top.logprob) for top in c.top_logprobs] == [(text([t]), pytest.approx(v, abs=1e-6))
+                                                                          for t, v in tops]
+    streamed_tokens = [c.token for chunk in chat(client, server, PROMPTS[1], max_tokens=10, temperature=0,
+                                                 logprobs=True, stream=True)
+                       for choice in chunk.choices if choice.logprobs for c in choice.logprobs.content]
+    assert streamed_tokens == [w[0] for w in want]
+    assert chat(client, server, PROMPTS[1], max_tokens=4).choices[0].logprobs is None  # not asked, not sent
+    legacy = client.completions.create(model=server.model, prompt=PROMPTS[1], max_tokens=6, temperature=0,
+                                       logprobs=1).choices[0].logprobs
+    assert legacy.tokens == [text([t]) for t in legacy_ids(offline, PROMPTS[1], 6)]
+    assert legacy.text_offset == [sum(len(t) for t in legacy.tokens[:k]) for k in range(len(legacy.tokens))]
+    assert all(len(top) == 1 for top in legacy.top_logprobs) and all(lp <= 0 for lp in legacy.token_logprobs)
+
+
+def legacy_ids(offline, prompt, max_tokens):
+    ids = offline.tokenizer(prompt)["input_ids"]
+    return offline.generate(ids, SamplingParams(max_tokens=max_tokens))[0].token_ids
+
+
 def test_streamed_equals_whole(server, client):
     for prompt in PROMPTS[:4]:
         for kwargs in ({"temperature": 0}, {"temperature": 0.8, "top_p": 0.9, "seed": 7, "extra_body": {"top_k": 20}},
@@ -160,6 +191,10 @@ def test_concurrent_streams_equal_sequential_replies(server, client):
     ({"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "temperature"),
     ({"model": "MODEL", "messages": "x"}, 400, "messages"),
     ({"model": "MODEL", "prompt": [10**9]}, 400, "prompt"),  # a token id outside the vocabulary
+    ({"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
+    ({"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, 400,
+     "top_logprobs"),
+    ({"model": "MODEL", "prompt": "x", "logprobs": -1}, 400, "logprobs"),
 ])
 def test_bad_requests_get_4xx_errors(server, body, status, param):
     path = "/completions" if isinstance(body, dict) and "prompt" in body else "/chat/completions"

@@ -64,7 +64,7 @@ class TritonPythonModel:
             ids = self._prompt_ids(request)
             sampling = _string(request, "sampling_parameters")
             params = parse_sampling(sampling, len(ids), self.engine.capacity)
-            responder = _Responder(self, sender, _bool(request, "stream"), params.stop)
+            responder = _Responder(self, sender, _bool(request, "stream"), params, self.llm.tokenizer)
             with self.lock:  # the engine may answer before add_request returns
                 rid = self.engine.add_request(ids, params, on_output=responder)
                 if not responder.done:
@@ -125,9 +125,10 @@ class TritonPythonModel:
 class _Responder:
     """on_output for one request: deltas while streaming, one response otherwise; FINAL on the last."""
 
-    def __init__(self, model, sender, stream: bool, stops):
+    def __init__(self, model, sender, stream: bool, params, tokenizer):
         self.model, self.sender, self.stream = model, sender, stream
-        self.deltas = DeltaStream(tuple(stops))
+        self.deltas = DeltaStream(tuple(params.stop))
+        self.top, self.tokenizer = params.logprobs, tokenizer
         self.rid = None
         self.done = False
         self.cancelled = False
@@ -157,11 +158,19 @@ class _Responder:
             self.model._finished(self, out)
             self._send(out, final)
 
+    def _logprobs(self, out, start: int, count: int) -> str:
+        """The JSON of the new tokens' logprobs ("" when not asked)."""
+        if self.top is None or not count:
+            return ""
+        text = (lambda t: self.tokenizer.decode([t])) if self.tokenizer is not None else str
+        return json.dumps([_token_logprobs(e, self.top, text) for e in out.logprobs[start:start + count]])
+
     def _send(self, out, final: bool) -> None:
         if final and self.cancelled:  # nobody reads it; Triton still needs the FINAL flag
             cancelled = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
             self.sender.send(pb_utils.InferenceResponse(error=cancelled), flags=FINAL)
             return
+        sent = self.deltas.tokens if self.stream else 0
         if self.stream:
             text, ids = self.deltas.next(out.text, out.token_ids, final)
         else:
@@ -174,6 +183,7 @@ class _Responder:
             pb_utils.Tensor("token_ids", np.array(ids, dtype=np.int64)),
             pb_utils.Tensor("finish_reason", np.array([(out.finish_reason or "").encode()], dtype=np.object_)),
             pb_utils.Tensor("usage", np.array([usage.encode()], dtype=np.object_)),
+            pb_utils.Tensor("logprobs", np.array([self._logprobs(out, sent, len(ids)).encode()], dtype=np.object_)),
         ]
         self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
 
@@ -181,6 +191,13 @@ class _Responder:
 def _refuse(sender, error: RequestError) -> None:
     """The request's one and final response: its refusal, as JSON in the Triton error message."""
     sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error.to_json())), flags=FINAL)
+
+
+def _token_logprobs(entries: dict, top: int, text) -> list:
+    """One output token's {id: logprob} (its own first, then the top ones) -> [text, logprob, [[text,
+    logprob] of the `top` most probable]]."""
+    (token, logprob), ranked = next(iter(entries.items())), sorted(entries.items(), key=lambda e: -e[1])[:top]
+    return [text(token), logprob, [[text(t), lp] for t, lp in ranked]]
 
 
 def _usage(out) -> str:
