@@ -112,12 +112,12 @@ step pytest_gpu 300 "$python" -m pytest -m gpu tests -q -p no:cacheprovider --co
   --junitxml "$work/pytest.xml"
 step executor_bench 240 "$python" scripts/executor_step_bench.py --profile --draft-kernels off \
   --json "$work/executor_bench.json"
-step executor_bench_kernels 120 "$python" scripts/executor_step_bench.py --rows 1,8 --blocks 4,16 \
+step executor_bench_kernels 120 "$python" scripts/executor_step_bench.py --rows 1,8 --blocks 4,16 --repeat 5 \
   --json "$work/executor_bench_kernels.json"
 step executor_bench_eager 120 "$python" scripts/executor_step_bench.py --eager --draft-kernels off --rows 1,8 \
   --json "$work/executor_bench_eager.json"
 step executor_bench_moe 180 "$python" scripts/executor_step_bench.py --preset qwen3.5-35b-a3b --draft-kernels off \
-  --rows 1,8 --blocks 1,16 --chunk 256 --json "$work/executor_bench_moe.json"
+  --rows 1,8 --blocks 1,16 --chunk 256 --cached 512 --repeat 5 --json "$work/executor_bench_moe.json"
 
 "$python" scripts/gpu_record.py "$work" --commit "$commit" -o "$out" --peak-tflops "$peak_tflops" 2>&1 |
   tee -a "$log"
