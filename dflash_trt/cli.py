@@ -58,6 +58,11 @@ class RecordingGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
+AUTO_BACKEND_HELP = ("auto: torch on CUDA where PyTorch sees a GPU; on the CPU onnxruntime (a slots bundle exported "
+                     "once into the user cache, on the C++ executor: the fastest CPU path) when there is a drafter, "
+                     "else torch.")
+
+
 def invoked_command() -> str:
     return shlex.join(["dflash-trt", *click.get_current_context().meta["argv"]])
 
@@ -73,8 +78,7 @@ def main():
 @click.option("--target", default=DEFAULT_TARGET, show_default=True, help=TARGET_HELP)
 @click.option("--draft", default=None, help=DRAFT_HELP)
 @click.option("--backend", type=click.Choice(["auto", "torch", "onnxruntime", "tensorrt"]), default="auto",
-              show_default=True, help="auto: onnxruntime (a slots bundle exported once into the user cache, on the C++ "
-                                      "executor: the fastest CPU path) when there is a drafter, else torch.")
+              show_default=True, help=AUTO_BACKEND_HELP)
 @click.option("--bundle", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Run what export or build wrote instead of --target/--draft: an ONNX bundle or onnxruntime "
                    "engines on onnxruntime, TensorRT engines on the GPU.")
@@ -87,6 +91,9 @@ def main():
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="Stop string (repeatable); cut from the output.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, metrics) instead of streaming.")
+@click.option("--logprobs", type=int, default=None,
+              help="With --json: each token's log-probability and the N most probable tokens' (the target's raw "
+                   "logits), as [[token id, logprob], ...] per token, the token's own first.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
               help="--backend torch: where its models run (default: cuda when PyTorch sees a GPU, else cpu).")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
@@ -96,14 +103,16 @@ def main():
 @click.option("--draft-quant", type=click.Choice(DRAFT_QUANTS), default=None, help=DRAFT_QUANT_HELP)
 @user_errors
 def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop, as_json,
-             device, dtype, quant, draft_quant):
+             logprobs, device, dtype, quant, draft_quant):
     """Generate a reply to PROMPT, streaming it, then print the acceptance summary."""
     from dflash_trt.runtime.llm import AUTO, LLM
     from dflash_trt.spec.metrics import summary_line
     from dflash_trt.spec.sampling import SamplingParams
 
+    if logprobs is not None and not as_json:
+        raise DFlashError("--logprobs goes with --json (the streamed text has nowhere to put them)")
     params = SamplingParams(
-        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop, logprobs=logprobs
     )
     if bundle:
         if device or dtype or quant or draft_quant:
@@ -117,8 +126,10 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
         raise DFlashError(f"no drafter for target '{target}': pass --draft DIR or --no-speculative")
     if as_json:
         out = llm.generate(prompt, params, speculative=speculative)[0]
+        extra = {} if out.logprobs is None else {"logprobs": [[list(e) for e in entries.items()]
+                                                               for entries in out.logprobs]}
         click.echo(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
-                               "metrics": out.metrics.to_dict()}))
+                               "metrics": out.metrics.to_dict(), **extra}))
         return
     shown = 0
     for out in llm.stream(prompt, params, speculative=speculative):
@@ -583,8 +594,7 @@ def pack_corpus(src, dst):
               help="Prefill at most this many prompt tokens per step, so a long prompt does not stall the running "
                    "streams (0: whole prompts).")
 @click.option("--backend", type=click.Choice(["auto", "torch", "onnxruntime"]), default="auto", show_default=True,
-              help="For --target/--draft: auto is onnxruntime (a slots bundle exported once into the user cache, "
-                   "on the C++ executor) when there is a drafter, else torch.")
+              help="For --target/--draft. " + AUTO_BACKEND_HELP)
 @click.option("--max-waiting", type=int, default=-1, show_default=True,
               help="Requests that may wait for a slot; one more is refused with 429 and Retry-After (-1: no cap).")
 @click.option("--docs/--no-docs", default=True, show_default=True,
@@ -610,9 +620,8 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
 @click.argument("bundle", required=False, type=click.Path(path_type=Path, file_okay=False))
 @click.option("--target", default=None, help=TARGET_HELP + " Offline mode.")
 @click.option("--draft", default=None, help=DRAFT_HELP)
-@click.option("--backend", default=None, help="Offline backend: auto (default: onnxruntime when there is a drafter, else torch), "
-                   "torch, onnxruntime, tensorrt; a bundle DIR runs on its own "
-                   "(onnxruntime, or tensorrt for TensorRT engines).")
+@click.option("--backend", default=None, help="Offline backend: auto (the default), torch, onnxruntime, tensorrt; a "
+                   "bundle DIR runs on its own (onnxruntime, or tensorrt for TensorRT engines). " + AUTO_BACKEND_HELP)
 @click.option("--base-url", default=None, help="Benchmark an OpenAI-compatible server instead (e.g. http://127.0.0.1:8000/v1).")
 @click.option("--baseline-url", default=None, help="Server mode: an autoregressive server to compare against.")
 @click.option("--model", default=None, help="Server mode: model name (default: the server's first).")

@@ -36,6 +36,16 @@ def test_generate_json_matches_the_api(pair_args, tiny_pairs):
     target, draft = tiny_pairs["llama"]
     expected = LLM(str(target), str(draft), backend="torch").generate("hello", SamplingParams(max_tokens=10))[0]
     assert data["token_ids"] == expected.token_ids and data["metrics"]["block_size"] == 4
+    assert "logprobs" not in data
+    asked = CliRunner().invoke(main, ["generate", *pair_args, "--max-tokens", "10", "--json", "--logprobs", "2",
+                                      "hello"])
+    assert asked.exit_code == 0, asked.output
+    want = LLM(str(target), str(draft), backend="torch").generate("hello", SamplingParams(max_tokens=10, logprobs=2))[0]
+    got = json.loads(asked.stdout)["logprobs"]
+    assert [[t for t, _ in entries] for entries in got] == [list(e) for e in want.logprobs]
+    assert all(abs(lp - e[t]) < 1e-5 for entries, e in zip(got, want.logprobs, strict=True) for t, lp in entries)
+    refused = CliRunner().invoke(main, ["generate", *pair_args, "--logprobs", "2", "hello"])
+    assert refused.exit_code != 0 and "--logprobs goes with --json" in refused.output
 
 
 def test_no_speculative_runs_without_a_drafter(tiny_pairs):
