@@ -49,10 +49,13 @@ class PyGraph final : public Graph {
   }
 
  private:
+  // name -> (address, dtype name, shape tuple), in name order (a std::map's): hashable as it comes, so a
+  // Python graph keys its CUDA graphs on the items without sorting or converting them per run.
   static py::dict as_dict(const std::map<std::string, TensorRef>& bound) {
     py::dict out;
     for (const auto& [name, t] : bound)
-      out[py::str(name)] = py::make_tuple(reinterpret_cast<uintptr_t>(t.data), dtype_name(t.dtype), t.shape);
+      out[py::str(name)] = py::make_tuple(reinterpret_cast<uintptr_t>(t.data), dtype_name(t.dtype),
+                                          py::tuple(py::cast(t.shape)));
     return out;
   }
   py::object graph_;

@@ -94,7 +94,7 @@ class InPlaceSlotAttention:
 
 class TorchGraph:
     """One module as the slot executor's graph: `run(what, inputs, outputs)` with each binding
-    name -> (address, dtype name, shape) in the executor's device memory.
+    name -> (address, dtype name, shape tuple) in the executor's device memory.
 
     On a GPU (`graphed`), a run of at most GRAPHED_TOKENS new tokens per row (decode, verify, draft
     steps) is captured as a CUDA graph the second time its bindings (addresses, dtypes, shapes) recur,
@@ -111,8 +111,8 @@ class TorchGraph:
         self._graphs: dict[tuple, torch.cuda.CUDAGraph | None] = {}  # None: eager (could not capture)
         self._seen: Counter = Counter()
 
-    def _view(self, address: int, dtype: str, shape: list[int]) -> torch.Tensor:
-        key = (address, dtype, tuple(shape))
+    def _view(self, address: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+        key = (address, dtype, shape)
         found = self._views.get(key)
         if found is not None:
             return found
@@ -173,8 +173,7 @@ class TorchGraph:
         first = inputs[self.inputs[0]][2]  # input_ids / features / block_ids: [rows, tokens, ...]
         if len(first) < 2 or first[1] > GRAPHED_TOKENS:
             return None
-        return tuple(sorted((name, *binding[:2], tuple(binding[2])) for name, binding in
-                            (*inputs.items(), *outputs.items())))
+        return tuple(inputs.items()), tuple(outputs.items())  # (address, dtype, shape tuple) per name, in name order
 
     def _capture(self, key: tuple, what: str, inputs: dict, outputs: dict) -> bool:
         if sum(graph is not None for graph in self._graphs.values()) >= GRAPHS_KEPT:

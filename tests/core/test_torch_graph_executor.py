@@ -116,3 +116,19 @@ def test_eager_attention_spans_recur_on_a_gpu_and_are_exact_on_the_cpu():
     assert [attention_span(n, 1000, cuda=False) for n in (0, 1, 129, 1000)] == [1, 1, 129, 1000]
     assert [attention_span(n, 1000, cuda=True) for n in (1, SPAN_BUCKET, SPAN_BUCKET + 1, 999)] == [
         SPAN_BUCKET, SPAN_BUCKET, 2 * SPAN_BUCKET, 1000]  # never past the capacity
+
+
+def test_a_cuda_graph_is_keyed_on_every_binding_and_only_for_decode_sized_runs():
+    """TorchGraph's capture key (the replay is only valid for the same addresses, dtypes and shapes), as
+    the executor hands bindings over: name -> (address, dtype, shape tuple) in name order."""
+    from dflash_trt.runtime.torch_graphs import GRAPHED_TOKENS, TorchGraph
+
+    graph = TorchGraph(torch.nn.Identity(), ["input_ids", "x"], ["y"], torch.device("cpu"), None, graphed=True)
+    inputs = {"input_ids": (64, "int64", (2, 4)), "x": (128, "float32", (2, 4, 8))}
+    outputs = {"y": (256, "float32", (2, 4, 8))}
+    key = graph._graph_key(inputs, outputs)
+    assert key == graph._graph_key(dict(inputs), dict(outputs)) and hash(key) == hash(graph._graph_key(inputs, outputs))
+    for changed in ({"x": (192, "float32", (2, 4, 8))}, {"x": (128, "bfloat16", (2, 4, 8))},
+                    {"x": (128, "float32", (3, 4, 8))}):
+        assert graph._graph_key({**inputs, **changed}, outputs) != key
+    assert graph._graph_key({**inputs, "input_ids": (64, "int64", (2, GRAPHED_TOKENS + 1))}, outputs) is None
