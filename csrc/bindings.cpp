@@ -181,13 +181,17 @@ PYBIND11_MODULE(_core, m) {
     for (const TokenLogprob& e : entries) out.append(py::make_tuple(e.token, e.logprob));
     return out;
   };
+  auto logprob_row = [](const FloatArray& logits, int64_t token, int32_t top, int64_t* vocab) {
+    const float* row = rows_of(logits, 1, vocab);
+    if (token < 0 || token >= *vocab || top < 0 || top > kMaxLogprobs)
+      throw Error("logprobs needs a token in [0, vocab) and top in [0, " + std::to_string(kMaxLogprobs) + "]");
+    return row;
+  };
   m.def(
       "logprobs",
-      [logprob_list](const FloatArray& logits, int64_t token, int32_t top) {
+      [logprob_list, logprob_row](const FloatArray& logits, int64_t token, int32_t top) {
         int64_t vocab = 0;
-        const float* row = rows_of(logits, 1, &vocab);
-        if (token < 0 || token >= vocab || top < 0 || top > kMaxLogprobs)
-          throw Error("logprobs needs a token in [0, vocab) and top in [0, " + std::to_string(kMaxLogprobs) + "]");
+        const float* row = logprob_row(logits, token, top, &vocab);
         std::vector<TokenLogprob> out(1 + top);
         std::vector<int32_t> order(vocab);
         logprobs_row(row, vocab, token, top, out.data(), order.data());
@@ -197,17 +201,15 @@ PYBIND11_MODULE(_core, m) {
       "logits [1, vocab] -> [(token, logprob), then the top ones]: the executors' logprobs rule.");
   m.def(
       "block_logprobs",
-      [block_threads, logprob_list](const FloatArray& logits, int64_t token, int32_t top, int threads) {
+      [block_threads, logprob_list, logprob_row](const FloatArray& logits, int64_t token, int32_t top, int threads) {
         block_threads(threads);
         int64_t vocab = 0;
-        const float* row = rows_of(logits, 1, &vocab);
-        if (token < 0 || token >= vocab || top < 0 || top > kMaxLogprobs)
-          throw Error("block_logprobs needs a token in [0, vocab) and top in [0, " + std::to_string(kMaxLogprobs) +
-                      "]");
+        const float* row = logprob_row(logits, token, top, &vocab);
         std::vector<TokenLogprob> out(1 + top);
         std::vector<int32_t> order(vocab);
         RowShared shared;
-        HostBlock::run(threads, [&] { logprobs_row_by<HostBlock>(row, vocab, token, top, out.data(), order.data(), shared); });
+        HostBlock::run(threads,
+                       [&] { logprobs_row_by<HostBlock>(row, vocab, token, top, out.data(), order.data(), shared); });
         return logprob_list(out);
       },
       py::arg("logits"), py::arg("token"), py::arg("top"), py::arg("threads"),

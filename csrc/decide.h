@@ -238,6 +238,19 @@ DFLASH_HD inline int64_t nucleus(const float* p, const int32_t* order, int64_t n
   return stay;
 }
 
+// order[0..n) = the tokens whose value is >= floor, sorted by `before` over values; returns n.
+template <class Threads>
+DFLASH_HD int64_t sorted_from(const float* values, int64_t vocab, float floor, int32_t* order, RowShared& s) {
+  if (Threads::id() == 0) s.found = 0;
+  Threads::sync();
+  for (int64_t i = Threads::id(); i < vocab; i += Threads::count())
+    if (values[i] >= floor) order[Threads::add(&s.found, 1u)] = int32_t(i);
+  Threads::sync();
+  const int64_t n = s.found;
+  Threads::sort(order, n, values);
+  return n;
+}
+
 }  // namespace decide_detail
 
 // First token index of the maximum; a NaN counts as the maximum (torch.argmax's rules).
@@ -286,13 +299,7 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
   // still take every candidate (it never ended among them), it is taken again over the whole row.
   const double need = params.top_p + margin;
   for (float floor = need >= 1.0 ? 0.0f : radix_select<Threads>(probs, vocab, need, true, s);;) {
-    if (Threads::id() == 0) s.found = 0;
-    Threads::sync();
-    for (int64_t i = Threads::id(); i < vocab; i += Threads::count())
-      if (probs[i] >= floor) order[Threads::add(&s.found, 1u)] = int32_t(i);
-    Threads::sync();
-    const int64_t candidates = s.found;
-    Threads::sort(order, candidates, probs);
+    const int64_t candidates = sorted_from<Threads>(probs, vocab, floor, order, s);
     if (Threads::id() == 0) {
       double kept_mass = 0.0;
       s.kept = nucleus(probs, order, candidates, float(params.top_p), &kept_mass);
@@ -389,14 +396,9 @@ DFLASH_HD void logprobs_row_by(const float* logits, int64_t vocab, int64_t token
   Threads::sync();
   const double normaliser = double(high) + log_of(chunks_total(s));
   if (top > vocab) top = int32_t(vocab);
-  if (top > 0) {
+  if (top > 0) {  // the top ones: every logit >= the top-th largest, sorted
     const float kth = radix_select<Threads>(logits, vocab, double(top), false, s);
-    if (Threads::id() == 0) s.found = 0;
-    Threads::sync();
-    for (int64_t i = Threads::id(); i < vocab; i += Threads::count())
-      if (logits[i] >= kth) order[Threads::add(&s.found, 1u)] = int32_t(i);
-    Threads::sync();
-    Threads::sort(order, int64_t(s.found), logits);
+    sorted_from<Threads>(logits, vocab, kth, order, s);
   }
   if (Threads::id() == 0) {
     out[0] = {int32_t(token), float(double(logits[token]) - normaliser)};

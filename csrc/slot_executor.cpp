@@ -437,6 +437,7 @@ std::vector<Verdict> SlotExecutor::verify(const std::vector<int64_t>& rows,
   verify_rows(rows, blocks, device_.decides() ? &on_device : nullptr, [&](size_t i, const float* logits) {
     if (!logits) return;
     out[i] = host_verdict(blocks[i], logits, config_.vocab, sampling[i]);
+    if (sampling[i].sampling.logprobs < 0) return;  // not asked: no list of decided tokens per step
     std::vector<int64_t> decided(blocks[i].begin() + 1, blocks[i].begin() + 1 + out[i].accepted);
     decided.push_back(out[i].next);
     logprobs_[i] = host_logprobs(decided, logits, config_.vocab, sampling[i]);

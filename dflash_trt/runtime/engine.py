@@ -60,7 +60,7 @@ class _Request:
     core_id: int | None = None
     finish_reason: str | None = None
     core_metrics: dict = field(default_factory=dict)  # the core's counters and clocks as last seen
-    logprobs: list = field(default_factory=list)  # per output token [(token, logprob), ...] from the core
+    logprobs: list = field(default_factory=list)  # per output token {token: logprob}, its own first
 
     @property
     def token_ids(self) -> list[int]:
@@ -200,7 +200,7 @@ class BatchRunner:
         if new and request.first_token is None:
             request.first_token = time.perf_counter()
         stopped = request.stop.add(new) if new else False
-        request.logprobs.extend(out.get("new_logprobs", ()))
+        request.logprobs.extend(dict(entries) for entries in out.get("new_logprobs", ()))
         self._count(request, out["metrics"])
         if finish is not None or stopped:
             if finish is None:  # a stop string the core cannot see: free its slot now (its "abort" is skipped)
@@ -239,7 +239,7 @@ class BatchRunner:
         request.clock()
         m = request.metrics
         tokens = list(request.stop.token_ids)
-        logprobs = None if request.params.logprobs is None else [dict(e) for e in request.logprobs[:len(tokens)]]
+        logprobs = None if request.params.logprobs is None else request.logprobs[:len(tokens)]
         return RequestOutput(prompt=request.prompt, prompt_token_ids=list(request.ids), text=request.stop.text,
                              token_ids=tokens, finish_reason=request.finish_reason,
                              metrics=replace(m, acceptance_lengths=list(m.acceptance_lengths)), logprobs=logprobs)
