@@ -216,15 +216,16 @@ void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* row
   bind();
   if (!module_) {  // once: the driver picks this GPU's SM from the fatbin (or JIT-compiles its PTX)
     check(driver_->module_load(&module_, kDecideKernelFatbin), "loading the decision kernel");
-    check(driver_->function(&argmax_, module_, "dflash_argmax_positions"), "finding the argmax kernel");
+    check(driver_->function(&tokens_, module_, "dflash_target_tokens"), "finding the target-token kernel");
     check(driver_->function(&decide_, module_, "dflash_decide_rows"), "finding the decision kernel");
   }
   if (count == 0) return;
-  void* argmax_args[] = {&logits, &vocab, &rows, &order};
-  check(driver_->launch(argmax_, unsigned(count), unsigned(positions), 1, kDecideThreads, 1, 1, 0, stream_,
-                        argmax_args, nullptr),
-        "launching the argmax kernel");
-  void* args[] = {&logits, &vocab, &rows, &drafts, &probs, &order, &out, &positions, &logprobs};
+  int32_t* tokens = order + count * positions * vocab;  // the scratch's tail (device.h)
+  void* token_args[] = {&logits, &vocab, &rows, &probs, &order, &tokens};
+  check(driver_->launch(tokens_, unsigned(count), unsigned(positions), 1, kDecideThreads, 1, 1, 0, stream_,
+                        token_args, nullptr),
+        "launching the target-token kernel");
+  void* args[] = {&logits, &vocab, &rows, &drafts, &tokens, &order, &out, &positions, &logprobs};
   check(driver_->launch(decide_, unsigned(count), 1, 1, kDecideThreads, 1, 1, 0, stream_, args, nullptr),
         "launching the decision kernel");
 #else

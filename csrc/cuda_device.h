@@ -54,7 +54,7 @@ class CudaDevice final : public Device {
   CUcontext context_ = nullptr;
   CUstream stream_ = nullptr;
   CUmodule module_ = nullptr;  // the decision kernels', loaded at the first decide
-  CUfunction argmax_ = nullptr;
+  CUfunction tokens_ = nullptr;
   CUfunction decide_ = nullptr;
 };
 

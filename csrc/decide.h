@@ -63,9 +63,11 @@ struct RowShared {
   uint32_t prefix;
   int64_t remaining;
   double remaining_mass;
+  uint32_t stops[kChunks];
   float top, last_p, scale;
   unsigned found;
   int64_t kept, last, token;
+  double kept_mass;
 };
 
 // One thread: the host.
@@ -140,15 +142,34 @@ DFLASH_HD float radix_select(const float* values, int64_t vocab, double need, bo
     }
     Threads::sync();
     const uint32_t high = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+    // A thread adds a run of its values that share a bin at once: a near-flat row puts nearly every
+    // value in one bin, and one shared-memory atomic per value serialised the whole block on it.
+    unsigned run_bin = 256, run_count = 0;
+    double run_mass = 0.0;
+    auto flush = [&] {
+      if (run_bin < 256) {
+        if (mass)
+          Threads::add(&s.masses[run_bin], run_mass);
+        else
+          Threads::add(&s.counts[run_bin], run_count);
+      }
+      run_count = 0;
+      run_mass = 0.0;
+    };
     for (int64_t i = Threads::id(); i < vocab; i += Threads::count()) {
       const uint32_t key = order_key(values[i]);
       if ((key & high) != (s.prefix & high)) continue;
       const unsigned bin = (key >> shift) & 255u;
+      if (bin != run_bin) {
+        flush();
+        run_bin = bin;
+      }
       if (mass)
-        Threads::add(&s.masses[bin], values[i]);
+        run_mass += values[i];
       else
-        Threads::add(&s.counts[bin], 1u);
+        ++run_count;
     }
+    flush();
     Threads::sync();
     if (Threads::id() == 0) {
       int bin = 255;
@@ -222,29 +243,62 @@ DFLASH_HD void bitonic_sort(int32_t* order, int64_t n, const float* p) {
   }
 }
 
-// The nucleus over candidates order[0..n) sorted by `before`, in the oracle's arithmetic: cumsum
-// accumulated in double and stored as float32, the token's own mass subtracted in float32, compared
-// with top_p rounded to float32; the first always stays. Returns how many stay; their mass in *kept.
-DFLASH_HD inline int64_t nucleus(const float* p, const int32_t* order, int64_t n, float threshold, double* kept) {
-  double running = 0.0, mass = 0.0;
-  int64_t stay = 0;
-  for (; stay < n; ++stay) {
-    const float q = p[order[stay]];
-    running += q;
-    if (!(float(running) - q < threshold)) break;
-    mass += q;
+// The nucleus's end among candidates order[0..n) sorted by `before`, after tokens of mass `base` that
+// stay whatever their order, in the oracle's arithmetic: cumsum accumulated in double and stored as
+// float32, the token's own mass subtracted in float32, compared with top_p rounded to float32; the
+// first token of the row always stays. Returns how many candidates stay; s.kept_mass = base + theirs.
+// The walk is split into kChunks fixed pieces of [0, n), each walked by one thread from its prefix, so
+// every thread count computes the same sums (one thread walking a near-flat row's 150k candidates
+// took milliseconds on a GPU).
+template <class Threads>
+DFLASH_HD int64_t nucleus_by(const float* p, const int32_t* order, int64_t n, double base, float threshold,
+                             RowShared& s) {
+  for (int c = Threads::id(); c < kChunks; c += Threads::count()) {
+    double sum = 0.0;
+    for (int64_t i = chunk_start(n, c), end = chunk_start(n, c + 1); i < end; ++i) sum += p[order[i]];
+    s.chunk[c] = sum;
   }
-  *kept = mass;
-  return stay;
+  Threads::sync();
+  if (Threads::id() == 0) {  // each chunk's sum -> the running total before it
+    double running = base;
+    for (int c = 0; c < kChunks; ++c) {
+      const double here = s.chunk[c];
+      s.chunk[c] = running;
+      running += here;
+    }
+  }
+  Threads::sync();
+  for (int c = Threads::id(); c < kChunks; c += Threads::count()) {  // -> the mass kept and where it ends
+    double running = s.chunk[c], kept = running;
+    int64_t i = chunk_start(n, c);
+    for (const int64_t end = chunk_start(n, c + 1); i < end; ++i) {
+      const float q = p[order[i]];
+      running += q;
+      if (!(float(running) - q < threshold)) break;
+      kept = running;
+    }
+    s.chunk[c] = kept;
+    s.stops[c] = uint32_t(i);
+  }
+  Threads::sync();
+  if (Threads::id() == 0) {
+    int c = 0;
+    while (c < kChunks - 1 && int64_t(s.stops[c]) == chunk_start(n, c + 1)) ++c;
+    s.kept = s.stops[c];
+    s.kept_mass = s.chunk[c];
+  }
+  Threads::sync();
+  return s.kept;
 }
 
-// order[0..n) = the tokens whose value is >= floor, sorted by `before` over values; returns n.
+// order[0..n) = the tokens whose value is in [floor, ceiling], sorted by `before` over values; returns n.
 template <class Threads>
-DFLASH_HD int64_t sorted_from(const float* values, int64_t vocab, float floor, int32_t* order, RowShared& s) {
+DFLASH_HD int64_t sorted_between(const float* values, int64_t vocab, float floor, float ceiling, int32_t* order,
+                                 RowShared& s) {
   if (Threads::id() == 0) s.found = 0;
   Threads::sync();
   for (int64_t i = Threads::id(); i < vocab; i += Threads::count())
-    if (values[i] >= floor) order[Threads::add(&s.found, 1u)] = int32_t(i);
+    if (values[i] >= floor && values[i] <= ceiling) order[Threads::add(&s.found, 1u)] = int32_t(i);
   Threads::sync();
   const int64_t n = s.found;
   Threads::sort(order, n, values);
@@ -293,24 +347,39 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
   for (int64_t i = Threads::id(); i < vocab; i += Threads::count()) probs[i] *= inv;
   Threads::sync();
   if (params.top_p >= 1.0) return;
-  // The nucleus lies among the most probable tokens: the candidates are those >= the smallest value
-  // whose top mass reaches top_p plus a margin far above rounding (all tokens when that passes 1), so
-  // sorting the candidates orders exactly the prefix a sort of the whole row would. Should the nucleus
-  // still take every candidate (it never ended among them), it is taken again over the whole row.
-  const double need = params.top_p + margin;
-  for (float floor = need >= 1.0 ? 0.0f : radix_select<Threads>(probs, vocab, need, true, s);;) {
-    const int64_t candidates = sorted_from<Threads>(probs, vocab, floor, order, s);
-    if (Threads::id() == 0) {
-      double kept_mass = 0.0;
-      s.kept = nucleus(probs, order, candidates, float(params.top_p), &kept_mass);
-      s.last = order[s.kept - 1];
-      s.last_p = probs[s.last];
-      s.scale = float(1.0 / kept_mass);
+  // The nucleus is a prefix of the row sorted by `before`, and only its end needs the sort. Tokens
+  // above `ceiling` (where the top mass is still short of top_p by the margin) all stay, whatever
+  // their order: their mass is summed over the fixed chunks. The end lies among the candidates from
+  // `floor` (where the top mass passes top_p by the margin) to the ceiling: sorted, and walked on from
+  // that mass. The margin is far above the radix passes' rounding; with none (or a negative one, in
+  // tests) there is no ceiling. Should the walk still take every candidate (it never ended among
+  // them), it goes on over every token up to the ceiling.
+  const double need_ceiling = params.top_p - margin, need_floor = params.top_p + margin;
+  const float ceiling = need_ceiling > 0.0 && need_ceiling < need_floor
+                            ? radix_select<Threads>(probs, vocab, need_ceiling, true, s)
+                            : __builtin_huge_valf();
+  for (int c = Threads::id(); c < kChunks; c += Threads::count()) {
+    double sum = 0.0;
+    for (int64_t i = chunk_start(vocab, c), end = chunk_start(vocab, c + 1); i < end; ++i)
+      if (probs[i] > ceiling) sum += probs[i];
+    s.chunk[c] = sum;
+  }
+  Threads::sync();
+  const double above = chunks_total(s);
+  Threads::sync();  // every thread has read s.chunk before the walk rewrites it
+  for (float floor = need_floor >= 1.0 ? 0.0f : radix_select<Threads>(probs, vocab, need_floor, true, s);;) {
+    const int64_t candidates = sorted_between<Threads>(probs, vocab, floor, ceiling, order, s);
+    const int64_t kept = nucleus_by<Threads>(probs, order, candidates, above, float(params.top_p), s);
+    if (kept < candidates || floor == 0.0f) {
+      if (Threads::id() == 0) {
+        s.last = order[kept - 1];
+        s.last_p = probs[s.last];
+        s.scale = float(1.0 / s.kept_mass);
+      }
+      Threads::sync();
+      break;
     }
-    Threads::sync();
-    if (s.kept < candidates || floor == 0.0f) break;
     floor = 0.0f;
-    Threads::sync();  // every thread has read s.kept before the next pass resets s.found
   }
   // a token stays iff it is not after the last kept one in the sort's order
   const float last_p = s.last_p, scale = s.scale;
@@ -398,7 +467,7 @@ DFLASH_HD void logprobs_row_by(const float* logits, int64_t vocab, int64_t token
   if (top > vocab) top = int32_t(vocab);
   if (top > 0) {  // the top ones: every logit >= the top-th largest, sorted
     const float kth = radix_select<Threads>(logits, vocab, double(top), false, s);
-    sorted_from<Threads>(logits, vocab, kth, order, s);
+    sorted_between<Threads>(logits, vocab, kth, __builtin_huge_valf(), order, s);
   }
   if (Threads::id() == 0) {
     out[0] = {int32_t(token), float(double(logits[token]) - normaliser)};
@@ -407,11 +476,11 @@ DFLASH_HD void logprobs_row_by(const float* logits, int64_t vocab, int64_t token
   Threads::sync();  // order and s are rewritten by what follows
 }
 
-// A greedy verify row's decision from its positions' argmaxes (the GPU takes them in parallel first):
-// the same prefix rule as verdict_rows_by.
-DFLASH_HD inline Verdict greedy_verdict(const int64_t* drafts, int64_t num_drafts, const int32_t* argmaxes) {
+// A verify row's decision from the target's own token at each of its positions (the GPU takes them
+// all in parallel first): the same prefix rule as verdict_rows_by.
+DFLASH_HD inline Verdict verdict_from_tokens(const int64_t* drafts, int64_t num_drafts, const int32_t* tokens) {
   for (int64_t j = 0;; ++j)
-    if (j == num_drafts || argmaxes[j] != drafts[j]) return {j, argmaxes[j]};
+    if (j == num_drafts || tokens[j] != drafts[j]) return {j, tokens[j]};
 }
 
 #ifndef __CUDA_ARCH__

@@ -1,12 +1,14 @@
-// decide_kernel.cu: decide.h's rules as a CUDA kernel, one block per row, over logits in GPU memory.
+// decide_kernel.cu: decide.h's rules as CUDA kernels over logits in GPU memory.
 //
 // Built by setup.py with nvcc into a fatbin that the core embeds and loads through the CUDA driver
 // (cuda_device.cpp): nothing links to the CUDA runtime.
 //
-// Two kernels, launched in order on one stream: dflash_argmax_positions takes every greedy row's
-// argmaxes, one block per (row, position), into the `order` scratch; dflash_decide_rows then decides
-// each row with a block: a greedy row's first thread walks its argmaxes, a sampled row's threads run
-// decide.h's rules together (BlockThreads), position after position until a draft is rejected.
+// Two kernels, launched in order on one stream: dflash_target_tokens takes the target's own token at
+// every (row, position), one block each: a greedy row's argmax, a sampled row's draw (decide.h's rules
+// run by the block's threads together, BlockThreads). Sample-then-compare draws each position from its
+// own counter-based uniform, so the positions past a rejected draft cost time, never tokens.
+// dflash_decide_rows then walks each row's drafts against those tokens and, where asked, takes the
+// decided tokens' log-probabilities.
 #include "decide.h"
 
 namespace {
@@ -79,46 +81,50 @@ __device__ int64_t block_argmax(const float* __restrict__ row, int64_t vocab, fl
 
 }  // namespace
 
-// The argmax of each greedy row's positions 0..num_drafts -> order[b * vocab + j].
-// Launch: grid = (number of rows, the most positions a row has), block = kThreads.
+// The target's token at each row's positions 0..num_drafts -> tokens[b * positions + j]. Scratch for a
+// sampled row's position: probs and order [vocab] at (b * positions + j) * vocab.
+// Launch: grid = (number of rows, positions: the most a row has), block = kThreads.
 extern "C" __global__ void __launch_bounds__(kThreads)
-    dflash_argmax_positions(const float* logits, int64_t vocab, const dflash::DecideRow* rows, int32_t* order) {
+    dflash_target_tokens(const float* logits, int64_t vocab, const dflash::DecideRow* rows, float* probs,
+                         int32_t* order, int32_t* tokens) {
   __shared__ float values[kThreads];
   __shared__ int64_t indices[kThreads];
+  __shared__ dflash::RowShared shared;
   const dflash::DecideRow row = rows[blockIdx.x];
-  const int64_t j = blockIdx.y;
-  if (!row.sampling.greedy() || j > row.num_drafts) return;  // the same for the whole block
-  const int64_t token = block_argmax(logits + (row.first + j) * vocab, vocab, values, indices);
-  if (threadIdx.x == 0) order[blockIdx.x * vocab + j] = int32_t(token);
+  const int64_t j = blockIdx.y, at = blockIdx.x * int64_t(gridDim.y) + j;
+  if (j > row.num_drafts) return;  // the same for the whole block
+  const float* logits_row = logits + (row.first + j) * vocab;
+  const int64_t token =
+      row.sampling.greedy()
+          ? block_argmax(logits_row, vocab, values, indices)
+          : dflash::sample_row_by<BlockThreads>(logits_row, vocab, row.sampling, row.stream,
+                                                row.position + uint32_t(j), probs + at * vocab, order + at * vocab,
+                                                shared);
+  if (threadIdx.x == 0) tokens[at] = int32_t(token);
 }
 
-// rows[b] over logits [*, vocab] -> out[b]. Scratch per row: probs and order [vocab] at b * vocab (a
-// greedy row's argmaxes there, from dflash_argmax_positions). logprobs (null: no row asks): a row with
-// SamplingParams::logprobs >= 0 gets its decided tokens' entries at [b, j, 0..] of [rows, positions, 1 +
-// kMaxLogprobs]. Launch: grid = number of rows, block = kThreads.
+// rows[b] over logits [*, vocab] -> out[b], from their target tokens (dflash_target_tokens). logprobs
+// (null: no row asks): a row with SamplingParams::logprobs >= 0 gets its decided tokens' entries at
+// [b, j, 0..] of [rows, positions, 1 + kMaxLogprobs], with order [vocab] at b * positions * vocab as
+// scratch. Launch: grid = number of rows, block = kThreads.
 extern "C" __global__ void __launch_bounds__(kThreads)
     dflash_decide_rows(const float* logits, int64_t vocab, const dflash::DecideRow* rows, const int64_t* drafts,
-                       float* probs, int32_t* order, dflash::Verdict* out, int64_t positions,
+                       const int32_t* tokens, int32_t* order, dflash::Verdict* out, int64_t positions,
                        dflash::TokenLogprob* logprobs) {
   __shared__ dflash::RowShared shared;
   __shared__ dflash::Verdict decided;
   const dflash::DecideRow row = rows[blockIdx.x];
   const int64_t* mine = drafts + row.drafts;
-  const float* first = logits + row.first * vocab;
-  int32_t* scratch = order + blockIdx.x * vocab;
-  if (row.sampling.greedy()) {
-    if (threadIdx.x == 0) decided = dflash::greedy_verdict(mine, row.num_drafts, scratch);
-  } else {
-    const dflash::Verdict verdict = dflash::verdict_rows_by<BlockThreads>(
-        mine, row.num_drafts, first, vocab, row.sampling, row.stream, row.position, probs + blockIdx.x * vocab,
-        scratch, shared);
-    if (threadIdx.x == 0) decided = verdict;
+  if (threadIdx.x == 0) {
+    decided = dflash::verdict_from_tokens(mine, row.num_drafts, tokens + blockIdx.x * positions);
+    out[blockIdx.x] = decided;
   }
   __syncthreads();
-  if (threadIdx.x == 0) out[blockIdx.x] = decided;
   const int32_t top = row.sampling.logprobs;
   if (logprobs == nullptr || top < 0) return;  // the same for the whole block
   constexpr int64_t per_token = 1 + dflash::kMaxLogprobs;
+  const float* first = logits + row.first * vocab;
+  int32_t* scratch = order + blockIdx.x * positions * vocab;
   for (int64_t j = 0; j <= decided.accepted; ++j)
     dflash::logprobs_row_by<BlockThreads>(first + j * vocab, vocab, j < decided.accepted ? mine[j] : decided.next,
                                           top, logprobs + (blockIdx.x * positions + j) * per_token, scratch, shared);

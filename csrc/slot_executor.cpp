@@ -367,11 +367,12 @@ void SlotExecutor::decide_run(const std::vector<int64_t>& rows, const std::vecto
   for (size_t i : group) asked = asked || decision.sampling[i].sampling.logprobs >= 0;
   const int64_t per_token = 1 + kMaxLogprobs;
   decide_logprobs_.host.resize(asked ? count * positions * per_token * sizeof(TokenLogprob) : 0);
-  decide_probs_.reserve(count * V);
-  decide_order_.reserve(count * V);
+  bool sampled = false;  // a greedy row needs no probs scratch
+  for (size_t i : group) sampled = sampled || !decision.sampling[i].sampling.greedy();
+  decide_probs_.reserve(sampled ? count * positions * V : 1);
+  decide_order_.reserve(count * positions * (V + 1));
   decide_rows_.upload();
   decide_drafts_.upload();
-  DFLASH_INVARIANT(positions <= V);  // a greedy row's argmaxes go in its `order` scratch [V]
   device_.decide(static_cast<const float*>(logits_.device_data(n * r * V)), V,
                  reinterpret_cast<const DecideRow*>(decide_rows_.device_data()), count, positions,
                  static_cast<const int64_t*>(decide_drafts_.device_data()), reinterpret_cast<float*>(decide_probs_.at(0)),

@@ -46,10 +46,23 @@ def test_the_block_code_decides_what_the_host_decides(core, params, threads):
 
 @pytest.mark.parametrize("threads", [1, 16])
 def test_a_candidate_set_that_misses_the_nucleus_falls_back_to_the_whole_row(core, threads):
-    # a negative margin picks candidates lighter than top_p: the nucleus never ends among them
+    # a negative margin picks candidates lighter than top_p and no tokens that stay whatever their
+    # order: the nucleus never ends among the candidates, and the walk goes on over the whole row
     sampling = core.SamplingParams(temperature=1.0, top_p=0.9)
     for row in rows(3, 500):
         want = core.target_probs(row[None], sampling)[0]
+        assert np.array_equal(core.block_probs(row[None], sampling, threads, margin=-0.5), want)
+
+
+@pytest.mark.parametrize("threads", [1, 16])
+def test_a_nucleus_of_thousands_walked_in_chunks_ends_where_the_hosts_does(core, threads):
+    # near-flat rows: with no margin the walk runs over ~9,000 sorted tokens, split across the fixed
+    # chunks; the host's default path sums the sure part first and sorts only the tokens near the end
+    sampling = core.SamplingParams(temperature=50.0, top_p=0.9)
+    flat = np.random.default_rng(11).normal(0.0, 1.0, (3, 10_000)).astype(np.float32)
+    for row in flat:
+        want = core.target_probs(row[None], sampling)[0]
+        assert 8_000 < np.count_nonzero(want) < 10_000
         assert np.array_equal(core.block_probs(row[None], sampling, threads, margin=-0.5), want)
 
 

@@ -1,12 +1,11 @@
 // A fake CUDA driver (libcuda.so.1) for the C++ TensorRT executor's tests on a CPU: the calls
 // csrc/cuda_device.cpp resolves, over host memory ("device" pointers are host pointers), each copy done
 // at once (the one stream is then trivially ordered). Launching the decision kernels
-// (csrc/decide_kernel.cu: the greedy rows' argmaxes, then each row's decision) runs their rules compiled
-// for the host (csrc/decide.h) with the kernels' own argument layouts and grids: what it proves is the
-// executor's side of the launches (which rows, offsets, positions, drafts and keys it hands them; a
-// greedy row's decision reads only what the argmax launch wrote), not the kernels on a GPU. Memory
-// calls need a current context on the calling
-// thread, as the real driver's do. fake_cuda_live() counts live allocations (device and pinned host),
+// (csrc/decide_kernel.cu: the target's token at every (row, position), then each row's decision) runs
+// their rules compiled for the host (csrc/decide.h) with the kernels' own argument layouts and grids:
+// what it proves is the executor's side of the launches (which rows, offsets, positions, drafts, keys
+// and scratch it hands them; a row's decision reads only what the token launch wrote), not the kernels
+// on a GPU. Memory calls need a current context on the calling thread, as the real driver's do. fake_cuda_live() counts live allocations (device and pinned host),
 // so a test can see that an executor frees every buffer it made; fake_cuda_unpinned_copies() counts
 // host <-> device copies whose host side is not page-locked memory from cuMemHostAlloc.
 #include <cuda.h>
@@ -143,7 +142,7 @@ EXPORT CUresult cuGetErrorString(CUresult, const char** message) {
 
 namespace {
 int module_image;  // the one module: whatever image is loaded, its functions are the decision kernels
-int argmax_function;
+int tokens_function;
 int decide_function;
 }  // namespace
 
@@ -155,8 +154,8 @@ EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
 }
 EXPORT CUresult cuModuleUnload(CUmodule) { return CUDA_SUCCESS; }
 EXPORT CUresult cuModuleGetFunction(CUfunction* function, CUmodule, const char* name) {
-  if (std::strcmp(name, "dflash_argmax_positions") == 0)
-    *function = reinterpret_cast<CUfunction>(&argmax_function);
+  if (std::strcmp(name, "dflash_target_tokens") == 0)
+    *function = reinterpret_cast<CUfunction>(&tokens_function);
   else if (std::strcmp(name, "dflash_decide_rows") == 0)
     *function = reinterpret_cast<CUfunction>(&decide_function);
   else
@@ -167,26 +166,32 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
                                unsigned, unsigned, unsigned, CUstream, void** args, void**) {
   NEEDS_CONTEXT;
   if (grid_z != 1) return CUDA_ERROR_INVALID_VALUE;
-  if (function == reinterpret_cast<CUfunction>(&argmax_function)) {
-    // dflash_argmax_positions(logits, vocab, rows, order): block (b, j) -> order[b * vocab + j]
+  if (function == reinterpret_cast<CUfunction>(&tokens_function)) {
+    // dflash_target_tokens(logits, vocab, rows, probs, order, tokens): block (b, j) -> tokens[b * grid_y + j]
     const float* logits = *static_cast<const float**>(args[0]);
     const int64_t vocab = *static_cast<int64_t*>(args[1]);
     const dflash::DecideRow* rows = *static_cast<const dflash::DecideRow**>(args[2]);
-    int32_t* order = *static_cast<int32_t**>(args[3]);
+    float* probs = *static_cast<float**>(args[3]);
+    int32_t* order = *static_cast<int32_t**>(args[4]);
+    int32_t* tokens = *static_cast<int32_t**>(args[5]);
     for (unsigned b = 0; b < grid_x; ++b)
-      for (unsigned j = 0; j < grid_y; ++j)
-        if (rows[b].sampling.greedy() && j <= rows[b].num_drafts)
-          order[b * vocab + j] = int32_t(dflash::argmax_row(logits + (rows[b].first + j) * vocab, vocab));
+      for (unsigned j = 0; j < grid_y; ++j) {
+        const dflash::DecideRow& row = rows[b];
+        if (j > row.num_drafts) continue;
+        const int64_t at = b * int64_t(grid_y) + j;
+        tokens[at] = int32_t(dflash::sample_row(logits + (row.first + j) * vocab, vocab, row.sampling, row.stream,
+                                                row.position + j, probs + at * vocab, order + at * vocab));
+      }
     return CUDA_SUCCESS;
   }
   if (function != reinterpret_cast<CUfunction>(&decide_function) || grid_y != 1) return CUDA_ERROR_INVALID_VALUE;
-  // dflash_decide_rows(logits, vocab, rows, drafts, probs, order, out, positions, logprobs): a greedy row
-  // reads its argmaxes; a row asking for logprobs gets its decided tokens' entries
+  // dflash_decide_rows(logits, vocab, rows, drafts, tokens, order, out, positions, logprobs): a row reads
+  // its target tokens; a row asking for logprobs gets its decided tokens' entries
   const float* logits = *static_cast<const float**>(args[0]);
   const int64_t vocab = *static_cast<int64_t*>(args[1]);
   const dflash::DecideRow* rows = *static_cast<const dflash::DecideRow**>(args[2]);
   const int64_t* drafts = *static_cast<const int64_t**>(args[3]);
-  float* probs = *static_cast<float**>(args[4]);
+  const int32_t* tokens = *static_cast<const int32_t**>(args[4]);
   int32_t* order = *static_cast<int32_t**>(args[5]);
   dflash::Verdict* out = *static_cast<dflash::Verdict**>(args[6]);
   const int64_t positions = *static_cast<int64_t*>(args[7]);
@@ -195,15 +200,12 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
     const dflash::DecideRow& row = rows[b];
     const int64_t* mine = drafts + row.drafts;
     const float* first = logits + row.first * vocab;
-    out[b] = row.sampling.greedy()
-                 ? dflash::greedy_verdict(mine, row.num_drafts, order + b * vocab)
-                 : dflash::verdict_rows(mine, row.num_drafts, first, vocab, row.sampling, row.stream, row.position,
-                                        probs + b * vocab, order + b * vocab);
+    out[b] = dflash::verdict_from_tokens(mine, row.num_drafts, tokens + b * positions);
     if (logprobs == nullptr || row.sampling.logprobs < 0) continue;
     for (int64_t j = 0; j <= out[b].accepted; ++j)
       dflash::logprobs_row(first + j * vocab, vocab, j < out[b].accepted ? mine[j] : out[b].next,
                            row.sampling.logprobs, logprobs + (b * positions + j) * (1 + dflash::kMaxLogprobs),
-                           order + b * vocab);
+                           order + b * positions * vocab);
   }
   return CUDA_SUCCESS;
 }
