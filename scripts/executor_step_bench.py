@@ -87,14 +87,15 @@ def timed(call, repeat: int, sync) -> float:
     return (time.perf_counter() - began) / repeat * 1e3
 
 
-def profile_verify(executor, block: int, repeat: int, device: torch.device, sync) -> None:
-    """torch.profiler over `repeat` 1-row verifies of `block` tokens (each rolled back): where a step's
-    time goes, host side and device side."""
+def profile_verify(executor, block: int, repeat: int, device: torch.device, sync, sampling=None,
+                   label: str = "greedy") -> None:
+    """torch.profiler over `repeat` 1-row verifies of `block` tokens (each rolled back) deciding by
+    `sampling` (default greedy): where a step's time goes, host side and device side."""
     from torch.profiler import ProfilerActivity, profile
 
     from dflash_trt.runtime.native import native_core
 
-    greedy = native_core().RowSampling()
+    greedy = sampling or native_core().RowSampling()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sync()
     with profile(activities=activities) as prof:
@@ -103,7 +104,7 @@ def profile_verify(executor, block: int, repeat: int, device: torch.device, sync
             executor.commit([0], [0])
         sync()
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    print(f"profile: {repeat} verifies of 1 row x {block} tokens")
+    print(f"profile: {repeat} {label} verifies of 1 row x {block} tokens")
     print(prof.key_averages().table(sort_by=sort, row_limit=15, max_name_column_width=60))
     if device.type == "cuda":
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
@@ -147,6 +148,7 @@ def main() -> None:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     greedy = core.RowSampling()
     sampled = [core.RowSampling(core.SamplingParams(temperature=0.8, top_p=0.95, seed=1))]
+    plain_t = [core.RowSampling(core.SamplingParams(temperature=0.8, seed=1))]
     vocab = preset["vocab_size"] - 2
     results = []
     for n in rows_list:
@@ -174,12 +176,13 @@ def main() -> None:
                 executor.commit(rows, [0] * n)  # roll back: the length stays at --cached
             measure("verify", block, verify, args.cached)
             if block == max(blocks) and n == rows_list[0]:
-                # a sampled verify (what a chat request at temperature > 0 runs): the decision's cost
-                # beside the greedy one's, on the same logits
-                def sampled_verify(ids=ids):
-                    executor.verify(rows, ids, sampled * n)
-                    executor.commit(rows, [0] * n)
-                measure("verify T=0.8 top-p 0.95", block, sampled_verify, args.cached)
+                # sampled verifies (what a chat request at temperature > 0 runs): the decision's cost
+                # beside the greedy one's, on the same logits, with and without the nucleus
+                for label, sampling in (("verify T=0.8 top-p 0.95", sampled), ("verify T=0.8", plain_t)):
+                    def sampled_verify(ids=ids, sampling=sampling):
+                        executor.verify(rows, ids, sampling * n)
+                        executor.commit(rows, [0] * n)
+                    measure(label, block, sampled_verify, args.cached)
             if block > 1:
                 measure("draft", block, lambda block=block: executor.draft(rows, [1] * n, block), args.cached)
         chunk = [[2] * args.chunk for _ in rows]
@@ -205,6 +208,7 @@ def main() -> None:
         print(f"| {r['phase']} | {r['rows']} | {r['block']} | {r['ms']} | {r['host_bytes_per_call']} | {runs} |")
     if args.profile:
         profile_verify(executor, max(blocks), args.repeat, device, sync)
+        profile_verify(executor, max(blocks), args.repeat, device, sync, sampled[0], "T=0.8 top-p 0.95")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "shape": preset, "layers": args.layers, "dtype": args.dtype,
