@@ -123,6 +123,28 @@ DFLASH_HD inline float from_order_key(uint32_t key) {
 
 DFLASH_HD inline int64_t chunk_start(int64_t vocab, int c) { return vocab * c / kChunks; }
 
+// A block alone over a 152k-token row is bound by memory latency, not bandwidth: a loop that waits on
+// each load took ~90 us a pass on an H200. So a thread's loads are issued kLoadsInFlight at a time.
+constexpr int kLoadsInFlight = 8;
+
+// body(i, values[i]) for this thread's strided share of [0, n) (i = id, id + count, ... in order),
+// the values loaded kLoadsInFlight at a time before the body runs on them.
+template <class Threads, class Body>
+DFLASH_HD void strided(const float* values, int64_t n, Body body) {
+  const int64_t stride = Threads::count();
+  for (int64_t base = Threads::id(); base < n; base += stride * kLoadsInFlight) {
+    float loaded[kLoadsInFlight];
+    DFLASH_UNROLL(8)
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const int64_t i = base + u * stride;
+      loaded[u] = i < n ? values[i] : 0.0f;
+    }
+    DFLASH_UNROLL(8)
+    for (int u = 0; u < kLoadsInFlight; ++u)
+      if (base + u * stride < n) body(base + u * stride, loaded[u]);
+  }
+}
+
 // Radix passes over the keys of values[0..vocab), 8 bits at a time from the top: the key whose
 // `weight` (count or probability mass) from the top reaches `need`, with multiplicity. Weighted by
 // count (mass false) it is the need-th largest value; by mass, the smallest value v such that the
@@ -156,19 +178,20 @@ DFLASH_HD float radix_select(const float* values, int64_t vocab, double need, bo
       run_count = 0;
       run_mass = 0.0;
     };
-    for (int64_t i = Threads::id(); i < vocab; i += Threads::count()) {
-      const uint32_t key = order_key(values[i]);
-      if ((key & high) != (s.prefix & high)) continue;
+    const uint32_t prefix = s.prefix & high;
+    strided<Threads>(values, vocab, [&](int64_t, float value) {
+      const uint32_t key = order_key(value);
+      if ((key & high) != prefix) return;
       const unsigned bin = (key >> shift) & 255u;
       if (bin != run_bin) {
         flush();
         run_bin = bin;
       }
       if (mass)
-        run_mass += values[i];
+        run_mass += value;
       else
         ++run_count;
-    }
+    });
     flush();
     Threads::sync();
     if (Threads::id() == 0) {
@@ -193,7 +216,7 @@ DFLASH_HD float radix_select(const float* values, int64_t vocab, double need, bo
 template <class Threads>
 DFLASH_HD float row_max(const float* values, int64_t vocab, RowShared& s) {
   float top = -__builtin_huge_valf();
-  for (int64_t i = Threads::id(); i < vocab; i += Threads::count()) top = values[i] > top ? values[i] : top;
+  strided<Threads>(values, vocab, [&](int64_t, float value) { top = value > top ? value : top; });
   s.partial[Threads::id()] = top;
   Threads::sync();
   if (Threads::id() == 0) {
@@ -209,6 +232,7 @@ template <class Threads>
 DFLASH_HD void chunk_sums(const float* p, int64_t vocab, RowShared& s) {
   for (int c = Threads::id(); c < kChunks; c += Threads::count()) {
     double sum = 0.0;
+    DFLASH_UNROLL(8)
     for (int64_t i = chunk_start(vocab, c), end = chunk_start(vocab, c + 1); i < end; ++i) sum += p[i];
     s.chunk[c] = sum;
   }
@@ -255,6 +279,7 @@ DFLASH_HD int64_t nucleus_by(const float* p, const int32_t* order, int64_t n, do
                              RowShared& s) {
   for (int c = Threads::id(); c < kChunks; c += Threads::count()) {
     double sum = 0.0;
+    DFLASH_UNROLL(8)
     for (int64_t i = chunk_start(n, c), end = chunk_start(n, c + 1); i < end; ++i) sum += p[order[i]];
     s.chunk[c] = sum;
   }
@@ -297,8 +322,9 @@ DFLASH_HD int64_t sorted_between(const float* values, int64_t vocab, float floor
                                  RowShared& s) {
   if (Threads::id() == 0) s.found = 0;
   Threads::sync();
-  for (int64_t i = Threads::id(); i < vocab; i += Threads::count())
-    if (values[i] >= floor && values[i] <= ceiling) order[Threads::add(&s.found, 1u)] = int32_t(i);
+  strided<Threads>(values, vocab, [&](int64_t i, float value) {
+    if (value >= floor && value <= ceiling) order[Threads::add(&s.found, 1u)] = int32_t(i);
+  });
   Threads::sync();
   const int64_t n = s.found;
   Threads::sort(order, n, values);
@@ -325,17 +351,19 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
   using namespace decide_detail;
   // scores = logits / T in float32, as the oracle divides a float tensor by a Python float
   const float temperature = float(params.temperature);
-  for (int64_t i = Threads::id(); i < vocab; i += Threads::count()) probs[i] = logits[i] / temperature;
+  strided<Threads>(logits, vocab, [&](int64_t i, float logit) { probs[i] = logit / temperature; });
   Threads::sync();
   if (params.top_k > 0 && params.top_k < vocab) {  // keep every score >= the k-th largest (ties stay)
     const float kth = radix_select<Threads>(probs, vocab, double(params.top_k), false, s);
-    for (int64_t i = Threads::id(); i < vocab; i += Threads::count())
-      if (probs[i] < kth) probs[i] = -__builtin_huge_valf();
+    strided<Threads>(probs, vocab, [&](int64_t i, float score) {
+      if (score < kth) probs[i] = -__builtin_huge_valf();
+    });
     Threads::sync();
   }
   const float top = row_max<Threads>(probs, vocab, s);
   for (int c = Threads::id(); c < kChunks; c += Threads::count()) {  // exp and its sum, chunk by chunk
     double sum = 0.0;
+    DFLASH_UNROLL(8)
     for (int64_t i = chunk_start(vocab, c), end = chunk_start(vocab, c + 1); i < end; ++i) {
       probs[i] = exp_of(probs[i] - top);
       sum += probs[i];
@@ -344,7 +372,7 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
   }
   Threads::sync();
   const float inv = float(1.0 / chunks_total(s));
-  for (int64_t i = Threads::id(); i < vocab; i += Threads::count()) probs[i] *= inv;
+  strided<Threads>(probs, vocab, [&](int64_t i, float p) { probs[i] = p * inv; });
   Threads::sync();
   if (params.top_p >= 1.0) return;
   // The nucleus is a prefix of the row sorted by `before`, and only its end needs the sort. Tokens
@@ -360,8 +388,9 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
                             : __builtin_huge_valf();
   for (int c = Threads::id(); c < kChunks; c += Threads::count()) {
     double sum = 0.0;
+    DFLASH_UNROLL(8)
     for (int64_t i = chunk_start(vocab, c), end = chunk_start(vocab, c + 1); i < end; ++i)
-      if (probs[i] > ceiling) sum += probs[i];
+      sum += probs[i] > ceiling ? probs[i] : 0.0f;
     s.chunk[c] = sum;
   }
   Threads::sync();
@@ -384,8 +413,9 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
   // a token stays iff it is not after the last kept one in the sort's order
   const float last_p = s.last_p, scale = s.scale;
   const int64_t last = s.last;
-  for (int64_t i = Threads::id(); i < vocab; i += Threads::count())
-    probs[i] = (probs[i] > last_p || (probs[i] == last_p && i <= last)) ? probs[i] * scale : 0.0f;
+  strided<Threads>(probs, vocab, [&](int64_t i, float p) {
+    probs[i] = (p > last_p || (p == last_p && i <= last)) ? p * scale : 0.0f;
+  });
   Threads::sync();
 }
 
@@ -458,6 +488,7 @@ DFLASH_HD void logprobs_row_by(const float* logits, int64_t vocab, int64_t token
   const float high = row_max<Threads>(logits, vocab, s);
   for (int c = Threads::id(); c < kChunks; c += Threads::count()) {
     double sum = 0.0;
+    DFLASH_UNROLL(8)
     for (int64_t i = chunk_start(vocab, c), end = chunk_start(vocab, c + 1); i < end; ++i)
       sum += exp_of(logits[i] - high);
     s.chunk[c] = sum;

@@ -7,3 +7,12 @@
 #else
 #define DFLASH_HD
 #endif
+
+// DFLASH_UNROLL(n): unroll the next loop n times on the device, so a thread issues n iterations'
+// independent loads before it waits on the first (the host compiler decides for itself).
+#ifdef __CUDA_ARCH__
+#define DFLASH_PRAGMA(x) _Pragma(#x)
+#define DFLASH_UNROLL(n) DFLASH_PRAGMA(unroll n)
+#else
+#define DFLASH_UNROLL(n)
+#endif
