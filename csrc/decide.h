@@ -4,13 +4,16 @@
 // decides a row's tokens where its logits are and only (accepted, next) reach the host.
 //
 // A sampled row's work is written once against a `Threads` policy: HostThreads (one thread, the host)
-// or decide_kernel.cu's BlockThreads (a block, __syncthreads, shared-memory atomics). Every step has a
-// uniquely defined result whatever the thread count: the k-th largest score and the nucleus's
-// candidates by radix passes over the scores' bits, the candidates' order (probability descending,
-// id ascending: a total order) by a sort, and every double sum over the same fixed partition of the
-// vocabulary (kChunks contiguous chunks, each summed in index order, then the chunks in order). So
-// host and device give the same tokens on the same logits, save where the device's expf rounds a
-// probability one ulp apart from the host's and the uniform falls inside that ulp (about 1e-7 a draw).
+// or decide_kernel.cu's BlockThreads (a block, __syncthreads, shared-memory atomics). Every step's
+// result is fixed whatever the thread count: the k-th largest score by radix passes over the scores'
+// bits; the nucleus's end by sorting (probability descending, id ascending: a total order) only the
+// tokens near it, which radix passes over the probabilities find; and every double sum over a fixed
+// partition (kChunks contiguous chunks of the vocabulary or of the sorted candidates, each summed in
+// index order, then the chunks in order). So host and device give the same tokens on the same logits,
+// save where the device's expf rounds a probability one ulp apart from the host's and the uniform
+// falls inside that ulp (about 1e-7 a draw), and where the nucleus's cumulative mass lands within a
+// double's rounding of top_p (the tokens sure to stay are summed apart from the walk, and which tokens
+// count as sure rests on approximate radix sums: far rarer still).
 //
 // Work happens in caller-owned scratch (no allocation, no exception: the callers check their inputs).
 #pragma once
@@ -57,7 +60,7 @@ constexpr int kMaxThreads = 512;  // the most threads a Threads policy may have
 // What a sampled row's threads share (a CUDA block's shared memory; the host's stack).
 struct RowShared {
   unsigned counts[256];
-  double masses[256];
+  unsigned masses[256];  // fixed point: kMassScale
   float partial[kMaxThreads];
   double chunk[kChunks];
   uint32_t prefix;
@@ -80,7 +83,6 @@ struct HostThreads {
     *at += value;
     return old;
   }
-  DFLASH_HD static void add(double* at, double value) { *at += value; }
   static void sort(int32_t* order, int64_t n, const float* p);  // std::sort by `before` (below)
 };
 
@@ -145,11 +147,17 @@ DFLASH_HD void strided(const float* values, int64_t n, Body body) {
   }
 }
 
+// A bin's probability mass in the radix passes: a 32-bit fixed-point count, so that threads add to it
+// with the GPU's native shared-memory integer atomics (a double's is a compare-and-swap loop, and a
+// near-flat row's values crowd a few bins). Each add rounds by at most 2^-32, so a pass over a
+// vocabulary of n tokens is off by at most n * 2^-32 (4e-5 at 152k): far inside kNucleusMargin.
+constexpr double kMassScale = 2147483648.0;  // 2^31: a whole row's mass (<= 1) fits in 32 bits
+
 // Radix passes over the keys of values[0..vocab), 8 bits at a time from the top: the key whose
 // `weight` (count or probability mass) from the top reaches `need`, with multiplicity. Weighted by
-// count (mass false) it is the need-th largest value; by mass, the smallest value v such that the
-// values >= v weigh at least `need` (double sums whose order varies with the threads: used with a margin,
-// and the caller checks the outcome).
+// count (mass false) it is the need-th largest value; by mass (values: probabilities summing to about
+// 1), the smallest value v such that the values >= v weigh at least `need`, to within the fixed-point
+// rounding above (used with a margin, and the caller checks the outcome).
 template <class Threads>
 DFLASH_HD float radix_select(const float* values, int64_t vocab, double need, bool mass, RowShared& s) {
   if (Threads::id() == 0) {
@@ -160,7 +168,7 @@ DFLASH_HD float radix_select(const float* values, int64_t vocab, double need, bo
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int b = Threads::id(); b < 256; b += Threads::count()) {
       s.counts[b] = 0;
-      s.masses[b] = 0.0f;
+      s.masses[b] = 0;
     }
     Threads::sync();
     const uint32_t high = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
@@ -171,7 +179,7 @@ DFLASH_HD float radix_select(const float* values, int64_t vocab, double need, bo
     auto flush = [&] {
       if (run_bin < 256) {
         if (mass)
-          Threads::add(&s.masses[run_bin], run_mass);
+          Threads::add(&s.masses[run_bin], unsigned(run_mass * kMassScale + 0.5));
         else
           Threads::add(&s.counts[run_bin], run_count);
       }
@@ -198,7 +206,8 @@ DFLASH_HD float radix_select(const float* values, int64_t vocab, double need, bo
       int bin = 255;
       if (mass) {
         double above = 0.0;
-        for (; bin > 0 && !(above + s.masses[bin] >= s.remaining_mass); --bin) above += s.masses[bin];
+        for (; bin > 0 && !(above + s.masses[bin] / kMassScale >= s.remaining_mass); --bin)
+          above += s.masses[bin] / kMassScale;
         s.remaining_mass -= above;
       } else {
         int64_t above = 0;

@@ -22,7 +22,6 @@ struct BlockThreads {
   __device__ static int count() { return blockDim.x; }
   __device__ static void sync() { __syncthreads(); }
   __device__ static unsigned add(unsigned* at, unsigned value) { return atomicAdd(at, value); }
-  __device__ static void add(double* at, double value) { atomicAdd(at, value); }
   __device__ static void sort(int32_t* order, int64_t n, const float* p) {
     dflash::decide_detail::bitonic_sort<BlockThreads>(order, n, p);
   }

@@ -7,7 +7,6 @@
 #include <pthread.h>
 
 #include <cstdint>
-#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -20,16 +19,6 @@ struct HostBlock {
   static int count() { return count_; }
   static void sync() { pthread_barrier_wait(&barrier_); }  // a full memory barrier, as __syncthreads
   static unsigned add(unsigned* at, unsigned value) { return __atomic_fetch_add(at, value, __ATOMIC_SEQ_CST); }
-  static void add(double* at, double value) {
-    uint64_t seen = __atomic_load_n(reinterpret_cast<uint64_t*>(at), __ATOMIC_SEQ_CST), next;
-    do {
-      double sum;
-      std::memcpy(&sum, &seen, sizeof sum);
-      sum += value;
-      std::memcpy(&next, &sum, sizeof next);
-    } while (!__atomic_compare_exchange_n(reinterpret_cast<uint64_t*>(at), &seen, next, false, __ATOMIC_SEQ_CST,
-                                          __ATOMIC_SEQ_CST));
-  }
   static void sort(int32_t* order, int64_t n, const float* p) { decide_detail::bitonic_sort<HostBlock>(order, n, p); }
 
   // Runs body() on `threads` threads at once (1..kMaxThreads), as one block; one block at a time.
