@@ -28,9 +28,13 @@ def picked_experts(routing: torch.Tensor, top_k: int) -> torch.Tensor:
     ids holding every expert some token picked (more picks than that cannot happen), padded with
     unpicked ones where tokens share experts; their routing weights are zero, so they add nothing.
     A TopK over a [E] picked mask with K from the input's shape, not NonZero: TensorRT-RTX's ONNX
-    parser has no NonZero (it asks for a plugin it does not ship)."""
-    shape = torch._shape_as_tensor(routing)
-    count = torch.minimum(shape[0] * top_k, shape[1])
+    parser has no NonZero (it asks for a plugin it does not ship). Run, not traced, K is a Python int:
+    a tensor K would be read back to the host, a sync that a CUDA graph capture refuses."""
+    if torch.jit.is_tracing():
+        shape = torch._shape_as_tensor(routing)
+        count = torch.minimum(shape[0] * top_k, shape[1])
+    else:
+        count = min(routing.shape[0] * top_k, routing.shape[1])
     _, used = torch.topk((routing != 0).any(dim=0).float(), count)
     return used
 

@@ -11,8 +11,9 @@ share every matrix multiply of a phase, as on the other executors.
 Two parts run as a runtime runs them, not as the exporters trace them: slot attention in place
 (`InPlaceSlotAttention`: the new K/V rows are written into the executor's cache buffers themselves
 and each run attends over the longest row's keys, not the whole capacity; the exported graphs'
-reference op returns new caches, which would copy them every step), and sparse MoE blocks as the
-model defines them (only the picked experts run; the export's static-shape twin runs all of them).
+reference op returns new caches, which would copy them every step), and, on the CPU, sparse MoE blocks
+as the model defines them (each token through its own top-k experts; on a GPU the export's fixed-shape
+form, which CUDA graphs can capture: ROUTED_MOE).
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ CUDA_GRAPHS = True  # capture on a GPU (tests compare against eager by turning i
 # "auto" on a GPU where our CUDA kernels register (runtime/cuda_ops.py), so decoding runs them; True
 # also elsewhere, on the ops' PyTorch reference bodies (tests); False never.
 DRAFT_KERNELS: bool | str = "auto"
+# A sparse MoE block as the export writes it (export/moe.py: the experts the call's tokens picked, every
+# token through each, in fixed shapes): "auto" on a GPU, where HF's own block (a loop over the picked
+# experts, decided on the host) would stop every step at a host sync and keep its target out of CUDA
+# graphs, and where the extra compute is cheap beside the weights read; True also elsewhere (tests);
+# False never. On the CPU HF's block computes only each token's own top-k.
+ROUTED_MOE: bool | str = "auto"
 
 
 SPAN_BUCKET = 128  # on a GPU, eager attention spans a multiple of this many keys
@@ -48,7 +55,7 @@ def attention_span(longest: int, capacity: int, cuda: bool) -> int:
     """How many cache slots an eager run attends over: the longest row's, rounded up on a GPU to a
     multiple of SPAN_BUCKET (masked), so that the attention's shapes recur from step to step: cuDNN's
     attention builds a plan per new shape (about 9 ms each on an H200), which a span growing by a token
-    every step would pay every step in eager runs (prefill chunks, sparse MoE targets)."""
+    every step would pay every step in eager runs (prefill chunks)."""
     if cuda:
         longest = -(-longest // SPAN_BUCKET) * SPAN_BUCKET
     return max(1, min(longest, capacity))
@@ -225,15 +232,15 @@ class TorchGraphs:
     def __init__(self, llm, specs: dict[str, dict], device: torch.device, stats: Counter | None = None):
         from dflash_trt.export.graphs import DraftBlockGraph, DraftContextGraph
         from dflash_trt.export.hybrid_slot_graphs import HybridSlotTargetGraph
-        from dflash_trt.export.moe import is_sparse_moe
+        from dflash_trt.export.moe import export_mlp, is_sparse_moe
         from dflash_trt.export.slot_graphs import SlotTargetGraph
 
         taps = tuple(llm.drafter.config.target_layer_ids) if llm.has_drafter else ()
         target = (HybridSlotTargetGraph if llm.target.is_stateful else SlotTargetGraph)(llm.target, taps)
         target.attend = InPlaceSlotAttention()
-        # the models' own MLPs: a sparse MoE block runs each token through its own top-k experts (the
-        # exported form, export/moe.py, runs every token through every expert any token picked)
-        target.mlps = torch.nn.ModuleList(layer.mlp for layer in target.model.layers)
+        routed = ROUTED_MOE is True or (ROUTED_MOE == "auto" and device.type == "cuda")
+        target.mlps = torch.nn.ModuleList(export_mlp(layer.mlp) if routed else layer.mlp
+                                          for layer in target.model.layers)
         self.modules = {"target": target}
         self.draft_kernels: tuple[str, ...] = ()  # the dflash:: ops the draft graphs run
         if llm.has_drafter:
@@ -250,7 +257,7 @@ class TorchGraphs:
         self.specs, self.device, self.stream = specs, device, None
         self.stats = Counter() if stats is None else stats  # CUDA graphs: captured, replayed, eager runs
         graphed = CUDA_GRAPHS and device.type == "cuda"
-        # a sparse MoE block routes on the host (which experts to run): its target is not captured
+        # HF's sparse MoE block routes on the host (which experts to run): such a target is not captured
         self.graphed = {"target": graphed and not any(is_sparse_moe(m) for m in target.mlps),
                         "draft_context": graphed, "draft_block": graphed}
 

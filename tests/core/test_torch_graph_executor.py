@@ -132,3 +132,29 @@ def test_a_cuda_graph_is_keyed_on_every_binding_and_only_for_decode_sized_runs()
                     {"x": (128, "float32", (3, 4, 8))}):
         assert graph._graph_key({**inputs, **changed}, outputs) != key
     assert graph._graph_key({**inputs, "input_ids": (64, "int64", (2, GRAPHED_TOKENS + 1))}, outputs) is None
+
+
+@pytest.mark.parametrize("kind", ["moe", "hybrid-moe"])
+def test_sparse_moe_blocks_in_the_exported_form_decode_as_autoregressive(kind, tmp_path, monkeypatch):
+    """torch_graphs.ROUTED_MOE: on a GPU a sparse MoE block runs as the export writes it (fixed shapes and
+    no host sync, so its target is CUDA-graphed); forced here on the CPU, decoding is still greedy =
+    autoregressive (HF's own blocks), and the exported form is what ran."""
+    from dflash_trt.export.moe import RoutedMoE
+    from dflash_trt.runtime import torch_graphs
+
+    calls = []
+    forward = RoutedMoE.forward
+    monkeypatch.setattr(RoutedMoE, "forward", lambda self, hidden: calls.append(1) or forward(self, hidden))
+    monkeypatch.setattr(torch_graphs, "ROUTED_MOE", True)
+    _, target, draft = tiny_slots_pair(tmp_path, kind, export=False)
+    llm = LLM(target, draft, block_size=4, backend="torch")
+    work = workload(llm.vocab_size, 6, seed=2)
+    runner = BatchRunner(llm, max_batch=3, capacity=64, block_size=4)
+    requests = [runner.add(prompt, params) for _, prompt, params in work]
+    while runner.has_work:
+        runner.step()
+    assert calls, "the exported MoE form ran"
+    calls.clear()
+    for request, (_, prompt, params) in zip(requests, work, strict=True):
+        assert request.token_ids == reference_output(llm, prompt, params).token_ids
+    assert not calls, "the oracle is HF's own block"
