@@ -122,9 +122,10 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (what capture saves)")
-    parser.add_argument("--draft-kernels", choices=["auto", "off"], default="auto",
-                        help="auto: on a GPU the draft graphs run our InjectKV/BlockAttention kernels where the "
-                             "plugin library is built (runtime/cuda_ops.py); off: the standard graphs")
+    parser.add_argument("--kernels", choices=["auto", "off"], default="auto",
+                        help="auto: on a GPU the draft graphs run our InjectKV/BlockAttention kernels and a hybrid "
+                             "target our GatedDeltaRule where the plugin library is built (runtime/cuda_ops.py); "
+                             "off: standard graphs and the recurrence's PyTorch body")
     parser.add_argument("--profile", action="store_true",
                         help="also profile a 1-row verify of the largest block (torch.profiler: top ops)")
     parser.add_argument("--json")
@@ -135,7 +136,8 @@ def main() -> None:
     from dflash_trt.runtime.torch_graphs import torch_executor
 
     torch_graphs.CUDA_GRAPHS = not args.eager
-    torch_graphs.DRAFT_KERNELS = "auto" if args.draft_kernels == "auto" else False
+    torch_graphs.DRAFT_KERNELS = "auto" if args.kernels == "auto" else False
+    torch_graphs.TARGET_KERNELS = args.kernels == "auto"
 
     core = native_core()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -175,7 +177,7 @@ def main() -> None:
                 executor.verify(rows, ids, [greedy] * n)
                 executor.commit(rows, [0] * n)  # roll back: the length stays at --cached
             measure("verify", block, verify, args.cached)
-            if block == max(blocks) and n == rows_list[0]:
+            if block == max(blocks):
                 # sampled verifies (what a chat request at temperature > 0 runs): the decision's cost
                 # beside the greedy one's, on the same logits, with and without the nucleus
                 for label, sampling in (("verify T=0.8 top-p 0.95", sampled), ("verify T=0.8", plain_t)):
@@ -199,6 +201,8 @@ def main() -> None:
     mode = "eager" if args.eager or device.type != "cuda" else "CUDA graphs"
     if pair.draft_kernels:
         mode += ", draft kernels " + "/".join(pair.draft_kernels)
+    if pair.target_kernels:
+        mode += ", target kernels " + "/".join(pair.target_kernels)
     print(f"{args.preset}-shaped, {args.layers} of {preset['full_layers']} layers, {args.dtype} on {args.device} ({mode}), "
           f"{args.cached} cached; ms per call (x{scale:.1f} for the full depth, roughly: the LM head does not scale)")
     print("| phase | rows | B | ms | host bytes per call | graph runs |")
@@ -213,7 +217,8 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "shape": preset, "layers": args.layers, "dtype": args.dtype,
                        "device": args.device, "graphs": mode.startswith("CUDA graphs"),
-                       "draft_kernels": list(pair.draft_kernels), "cached": args.cached, "repeat": args.repeat, "results": results},
+                       "draft_kernels": list(pair.draft_kernels),
+                       "target_kernels": list(pair.target_kernels), "cached": args.cached, "repeat": args.repeat, "results": results},
                       f, indent=2)
 
 

@@ -110,14 +110,16 @@ step build_core 300 "$python" setup.py -q build_ext --inplace -j "$(nproc)"
 step step_bench 240 "$python" scripts/gpu_step_bench.py --json "$work/step_bench.json"
 step pytest_gpu 300 "$python" -m pytest -m gpu tests -q -p no:cacheprovider --continue-on-collection-errors \
   --junitxml "$work/pytest.xml"
-step executor_bench 240 "$python" scripts/executor_step_bench.py --profile --draft-kernels off \
+step executor_bench 240 "$python" scripts/executor_step_bench.py --profile --kernels off \
   --json "$work/executor_bench.json"
 step executor_bench_kernels 120 "$python" scripts/executor_step_bench.py --rows 1,8 --blocks 4,16 --repeat 5 \
   --json "$work/executor_bench_kernels.json"
-step executor_bench_eager 120 "$python" scripts/executor_step_bench.py --eager --draft-kernels off --rows 1,8 \
+step executor_bench_eager 120 "$python" scripts/executor_step_bench.py --eager --kernels off --rows 1,8 \
   --json "$work/executor_bench_eager.json"
-step executor_bench_moe 180 "$python" scripts/executor_step_bench.py --preset qwen3.5-35b-a3b --draft-kernels off \
+step executor_bench_moe 180 "$python" scripts/executor_step_bench.py --preset qwen3.5-35b-a3b --kernels off \
   --rows 1,8 --blocks 1,16 --chunk 256 --cached 512 --repeat 5 --json "$work/executor_bench_moe.json"
+step executor_bench_moe_kernels 180 "$python" scripts/executor_step_bench.py --preset qwen3.5-35b-a3b \
+  --rows 1,8 --blocks 1,16 --chunk 256 --cached 512 --repeat 5 --json "$work/executor_bench_moe_kernels.json"
 
 "$python" scripts/gpu_record.py "$work" --commit "$commit" -o "$out" --peak-tflops "$peak_tflops" 2>&1 |
   tee -a "$log"

@@ -98,6 +98,7 @@ def build_record(work: Path, commit: str, peak_tflops: float) -> dict:
                "executor_bench": ("executor_bench.json", lambda p: json.loads(p.read_text())),
                "executor_bench_eager": ("executor_bench_eager.json", lambda p: json.loads(p.read_text())),
                "executor_bench_moe": ("executor_bench_moe.json", lambda p: json.loads(p.read_text())),
+               "executor_bench_moe_kernels": ("executor_bench_moe_kernels.json", lambda p: json.loads(p.read_text())),
                "executor_bench_kernels": ("executor_bench_kernels.json", lambda p: json.loads(p.read_text()))}
     for key, (name, read) in readers.items():
         if (work / name).is_file():

@@ -1,6 +1,7 @@
-"""Our CUDA kernels as the CUDA implementations of the `dflash::` torch custom ops (export/plugin_ops.py),
-so that on a GPU the torch backend's draft graphs run the kernels TensorRT runs as plugins: InjectKV for
-the draft context, BlockAttention for the draft block. The kernels come from the plugin library
+"""Our CUDA kernels as the CUDA implementations of the `dflash::` torch custom ops (export/plugin_ops.py,
+export/delta_rule.py), so that on a GPU the torch backend runs the kernels TensorRT runs as plugins:
+InjectKV for the draft context, BlockAttention for the draft block, GatedDeltaRule for a hybrid target's
+linear-attention layers. The kernels come from the plugin library
 (`dflash_trt/_ops/libdflash_trt_plugins.so`, scripts/build_plugins.sh) through its C entry points
 (plugins/common/kernel_api.cpp); each call launches on PyTorch's current stream, so it is ordered with
 the rest of the graph and captured into a CUDA graph like any other kernel.
@@ -19,7 +20,8 @@ import torch
 from dflash_trt.errors import DFlashError
 
 LIBRARY = Path(__file__).resolve().parent.parent / "_ops" / "libdflash_trt_plugins.so"
-KERNEL_OPS = ("InjectKV", "BlockAttention")
+KERNEL_OPS = ("InjectKV", "BlockAttention")  # the draft graphs'
+TARGET_KERNEL_OPS = ("GatedDeltaRule",)  # a hybrid target's
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _I64, _F32, _I32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_int32, ctypes.c_void_p
 
@@ -33,6 +35,8 @@ def _bind(library: ctypes.CDLL) -> None:
     library.dflash_inject_kv_workspace.argtypes = [_I64] * 5
     library.dflash_inject_kv.restype = ctypes.c_char_p
     library.dflash_inject_kv.argtypes = [_I64] * 5 + [_I32] + [_PTR] * 6 + [_F32, _PTR, _PTR, _PTR, _PTR]
+    library.dflash_gated_delta_rule.restype = ctypes.c_char_p
+    library.dflash_gated_delta_rule.argtypes = [_I64] * 6 + [_I32] + [_PTR] * 6 + [_I64, _PTR, _PTR, _PTR]
 
 
 def _check(what: str, failure: bytes | None) -> None:
@@ -45,13 +49,48 @@ def _ptr(t: torch.Tensor) -> int:
 
 
 @functools.cache
-def register_cuda_kernels() -> bool:
-    """Registers the kernels for the ops' CUDA dispatch, once; False where there is no GPU or no library
-    (the ops then run their reference bodies)."""
+def _library() -> ctypes.CDLL | None:
+    """The plugin library with its entry points declared; None where there is no GPU or no library."""
     if not torch.cuda.is_available() or not LIBRARY.is_file():
-        return False
+        return None
     library = ctypes.CDLL(str(LIBRARY))
     _bind(library)
+    return library
+
+
+@functools.cache
+def register_target_kernels() -> bool:
+    """Registers GatedDeltaRule for `dflash::delta_rule_at`'s CUDA dispatch (what a hybrid slot target
+    graph calls), once, for the whole process; False where there is no GPU or no library (the op then runs
+    its reference body)."""
+    library = _library()
+    if library is None:
+        return False
+
+    @torch.library.register_kernel("dflash::delta_rule_at", "cuda")
+    def _(query, key, value, g, beta, state, positions):
+        b, s, hk, dk = query.shape
+        hv, dv = value.shape[2], value.shape[3]
+        query, key, beta = (t.to(value.dtype).contiguous() for t in (query, key, beta))
+        value, g, state = value.contiguous(), g.float().contiguous(), state.float().contiguous()
+        out = torch.empty_like(value)
+        every = torch.empty(b, s, hv, dk, dv, dtype=torch.float32, device=value.device)  # states_from 0
+        _check("GatedDeltaRule", library.dflash_gated_delta_rule(
+            b, s, hk, hv, dk, dv, _DTYPES[value.dtype], *map(_ptr, (query, key, value, g, beta, state)), 0,
+            _ptr(out), _ptr(every), torch.cuda.current_stream().cuda_stream))
+        index = positions[:, :, None, None, None].expand(-1, -1, hv, dk, dv)
+        return out, every.gather(1, index)
+
+    return True
+
+
+@functools.cache
+def register_cuda_kernels() -> bool:
+    """Registers the draft graphs' kernels for the ops' CUDA dispatch, once; False where there is no GPU
+    or no library (the ops then run their reference bodies)."""
+    library = _library()
+    if library is None:
+        return False
 
     @torch.library.register_kernel("dflash::inject_kv", "cuda")
     def _(hidden, k_weight, v_weight, k_norm_weight, cos, sin, num_kv_heads: int, eps: float):

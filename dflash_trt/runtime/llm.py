@@ -137,6 +137,7 @@ class LLM:
         self.device, self.dtype = torch_placement(device, dtype)
         self.graph_stats = Counter()  # the torch graphs' runs on a GPU: CUDA graphs captured, replayed, eager
         self.draft_kernels: tuple[str, ...] = ()  # dflash:: ops its draft graphs run (set by torch_executor)
+        self.target_kernels: tuple[str, ...] = ()  # and its target graph (GatedDeltaRule on a GPU)
         self.target, self.tokenizer = load_target(target, self.dtype)
         self.target.model.to(self.device)
         self.drafter = None

@@ -40,6 +40,10 @@ CUDA_GRAPHS = True  # capture on a GPU (tests compare against eager by turning i
 # "auto" on a GPU where our CUDA kernels register (runtime/cuda_ops.py), so decoding runs them; True
 # also elsewhere, on the ops' PyTorch reference bodies (tests); False never.
 DRAFT_KERNELS: bool | str = "auto"
+# A hybrid target's Gated DeltaNet recurrence on a GPU: True, our GatedDeltaRule kernel where the plugin
+# library is built (registered for the whole process: runtime/cuda_ops.py); False, the op's PyTorch body
+# (a loop of small kernels per token).
+TARGET_KERNELS = True
 # A sparse MoE block as the export writes it (export/moe.py: the experts the call's tokens picked, every
 # token through each, in fixed shapes): "auto" on a GPU, where HF's own block (a loop over the picked
 # experts, decided on the host) would stop every step at a host sync and keep its target out of CUDA
@@ -243,6 +247,11 @@ class TorchGraphs:
                                           for layer in target.model.layers)
         self.modules = {"target": target}
         self.draft_kernels: tuple[str, ...] = ()  # the dflash:: ops the draft graphs run
+        self.target_kernels: tuple[str, ...] = ()  # and the target graph
+        if llm.target.is_stateful and TARGET_KERNELS and device.type == "cuda":
+            from dflash_trt.runtime.cuda_ops import TARGET_KERNEL_OPS, register_target_kernels
+
+            self.target_kernels = TARGET_KERNEL_OPS if register_target_kernels() else ()
         if llm.has_drafter:
             if _draft_kernels(llm.drafter, device):
                 from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph
@@ -300,4 +309,5 @@ def torch_executor(llm, max_batch: int, capacity: int):
                           "is (bash scripts/setup.sh) to run the torch backend on a GPU")
     graphs = TorchGraphs(llm, specs, device, getattr(llm, "graph_stats", None))
     llm.draft_kernels = graphs.draft_kernels  # which dflash:: ops the draft graphs run (none: standard ops)
+    llm.target_kernels = graphs.target_kernels
     return core.PyGraphExecutor(config, graphs, device.type)

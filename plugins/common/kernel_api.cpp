@@ -1,11 +1,13 @@
 // C entry points of the dflash CUDA kernels over raw device pointers, for callers that are not TensorRT:
 // the torch backend registers them as the CUDA implementations of its dflash:: custom ops
-// (dflash_trt/runtime/cuda_ops.py), so the kernels TensorRT runs as plugins also run inside decoding.
+// (dflash_trt/runtime/cuda_ops.py), so the kernels TensorRT runs as plugins also run inside decoding:
+// InjectKV and BlockAttention in the draft graphs, GatedDeltaRule in a hybrid target's.
 // Each returns nullptr on success, else one line saying why (a shape the kernel refuses, a CUDA error);
 // the launches are asynchronous on `stream` (a CUstream / cudaStream_t).
 #include <cuda_runtime_api.h>
 
 #include "block_attention/block_attention_kernel.h"
+#include "gated_delta_rule/gated_delta_rule_kernel.h"
 #include "inject_kv/inject_kv_kernel.h"
 
 #define DFLASH_EXPORT extern "C" __attribute__((visibility("default")))
@@ -57,4 +59,21 @@ DFLASH_EXPORT const char* dflash_inject_kv(int64_t batch, int64_t tokens, int64_
   return launched(dflash::inject_kv_launch(shape, dflash::DType(dtype), hidden_states, k_weight, v_weight, k_norm,
                                            cos, sin, epsilon, workspace, k_out, v_out,
                                            static_cast<cudaStream_t>(stream)));
+}
+
+// query, key [b, s, Hk, Dk], value [b, s, Hv, Dv], beta [b, s, Hv] of `dtype`; g [b, s, Hv] and
+// initial_state [b, Hv, Dk, Dv] float32; out [b, s, Hv, Dv] of `dtype`, states [b, s - states_from, Hv, Dk,
+// Dv] float32 (plugins/gated_delta_rule/README.md).
+DFLASH_EXPORT const char* dflash_gated_delta_rule(int64_t batch, int64_t tokens, int64_t key_heads,
+                                                  int64_t value_heads, int64_t key_dim, int64_t value_dim,
+                                                  int32_t dtype, const void* query, const void* key,
+                                                  const void* value, const float* g, const void* beta,
+                                                  const float* initial_state, int64_t states_from, void* out,
+                                                  float* states, void* stream) {
+  const dflash::GatedDeltaRuleShape shape{batch, tokens, key_heads, value_heads, key_dim, value_dim};
+  if (!known(dtype)) return "dtype must be 0 (float32), 1 (float16) or 2 (bfloat16)";
+  if (const char* why = dflash::gated_delta_rule_unsupported(shape, states_from)) return why;
+  return launched(dflash::gated_delta_rule_launch(shape, dflash::DType(dtype), query, key, value, g, beta,
+                                                  initial_state, states_from, out, states,
+                                                  static_cast<cudaStream_t>(stream)));
 }

@@ -84,3 +84,38 @@ def test_cuda_graphs_replay_what_eager_decoding_gives(pair_dirs, monkeypatch):
     eager = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
     assert run(eager, work, 4) == tokens
     assert eager.graph_stats["captured"] == 0
+
+
+def test_a_hybrid_target_decodes_through_our_gated_delta_rule_kernel(pair_dirs):
+    from dflash_trt.runtime.cuda_ops import LIBRARY
+
+    if not LIBRARY.is_file():
+        pytest.skip(f"{LIBRARY.name} not built (bash scripts/build_plugins.sh)")
+    llm = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
+    llm.executor(1, 64)
+    assert llm.target_kernels == (("GatedDeltaRule",) if llm.target.is_stateful else ())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gated_delta_rule_kernel_equals_the_ops_reference_body(dtype):
+    """dflash::delta_rule_at on CUDA (our kernel, runtime/cuda_ops.py) against the op's PyTorch body on the
+    same inputs: ragged kept positions, grouped key heads."""
+    from dflash_trt.export.delta_rule import delta_rule_scan_at
+    from dflash_trt.runtime.cuda_ops import LIBRARY, register_target_kernels
+
+    if not LIBRARY.is_file():
+        pytest.skip(f"{LIBRARY.name} not built (bash scripts/build_plugins.sh)")
+    assert register_target_kernels()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    b, s, hk, hv, dk, dv = 3, 17, 2, 4, 32, 24
+    query, key = (torch.randn(b, s, hk, dk, device="cuda", generator=g).to(dtype) for _ in range(2))
+    value = torch.randn(b, s, hv, dv, device="cuda", generator=g).to(dtype)
+    gate = -torch.rand(b, s, hv, device="cuda", generator=g)
+    beta = torch.rand(b, s, hv, device="cuda", generator=g).to(dtype)
+    state = torch.randn(b, hv, dk, dv, device="cuda", generator=g)
+    positions = torch.tensor([[0, 5, 16], [3, 3, 9], [16, 1, 0]], device="cuda")
+    out, states = torch.ops.dflash.delta_rule_at(query, key, value, gate, beta, state, positions)
+    want_out, want_states = delta_rule_scan_at(query, key, value, gate, beta, state, positions)
+    tolerance = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out, want_out, **tolerance)
+    torch.testing.assert_close(states, want_states, rtol=1e-4, atol=1e-4)

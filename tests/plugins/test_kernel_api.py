@@ -37,3 +37,16 @@ def test_bad_calls_are_refused_in_one_line_before_any_launch(library):
         b"heads must be a multiple of kv_heads >= 1")
     assert b"head_dim must be even" in library.dflash_inject_kv(1, 4, 64, 2, 15, 0, *null, 1e-6, None, None, None,
                                                                  None)
+
+
+def test_the_gated_delta_rule_entry_refuses_before_any_launch(library):
+    # (b, s, Hk, Hv, Dk, Dv, dtype, q, k, v, g, beta, state, states_from, out, states, stream)
+    null = [None] * 6
+    assert library.dflash_gated_delta_rule(1, 4, 2, 4, 8, 8, 3, *null, 0, None, None, None) == (
+        b"dtype must be 0 (float32), 1 (float16) or 2 (bfloat16)")
+    assert library.dflash_gated_delta_rule(1, 4, 2, 4, 8, 8, 0, *null, 4, None, None, None) == (
+        b"states_from must be in [0, tokens - 1]")
+    assert library.dflash_gated_delta_rule(1, 4, 2, 3, 8, 8, 0, *null, 0, None, None, None) == (
+        b"value_heads must be a multiple of key_heads >= 1")
+    assert library.dflash_gated_delta_rule(1, 4, 2, 4, 257, 8, 0, *null, 0, None, None, None) == (
+        b"key_dim must be in [1, 256]")
