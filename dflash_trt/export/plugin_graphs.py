@@ -17,8 +17,6 @@ from dflash_trt.models.target import TargetModel
 
 
 def check_plugin_drafter(drafter: DFlashDrafter) -> None:
-    if drafter.config.method == "dflash2":
-        raise DFlashError("plugin flavour: no dflash:: op runs DFlash2's in-block convolutions yet")
     if drafter.config.arch.attention_bias:
         raise DFlashError("plugin flavour: dflash::InjectKV v1 has no projection bias; export with --flavour portable")
 
@@ -58,14 +56,20 @@ class PluginDraftBlockGraph(nn.Module):
         cos, sin = d.rope(positions, x)
         for index, layer in enumerate(d.layers):
             attn = layer.self_attn
+
+            def attend(h, attn=attn, index=index):
+                q = attn.q_norm(attn.q_proj(h).view(b, n, attn.heads, attn.head_dim)).transpose(1, 2)
+                q = apply_rope(q, cos, sin)
+                k_block, v_block = _inject(attn, h, cos, sin)  # the block's own K/V: same math as injection
+                out = block_attention(q, context[2 * index], context[2 * index + 1], k_block, v_block,
+                                      context_lengths, attn.head_dim**-0.5, int(d.config.layer_is_causal(index)),
+                                      d.config.layer_window(index) or 0)
+                return attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+            # DFlash2's in-block convolutions wrap each sublayer in standard ops (models/dflash2.py)
             h = layer.input_layernorm(x)
-            q = attn.q_norm(attn.q_proj(h).view(b, n, attn.heads, attn.head_dim)).transpose(1, 2)
-            q = apply_rope(q, cos, sin)
-            k_block, v_block = _inject(attn, h, cos, sin)  # the block's own K/V: same math as injection
-            out = block_attention(q, context[2 * index], context[2 * index + 1], k_block, v_block, context_lengths,
-                                  attn.head_dim**-0.5, int(d.config.layer_is_causal(index)),
-                                  d.config.layer_window(index) or 0)
-            x = x + attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        logits, tokens = self.head(d.norm(x)[:, 1:])
+            x = x + (layer.attention_conv.around(attend, h) if hasattr(layer, "attention_conv") else attend(h))
+            m = layer.post_attention_layernorm(x)
+            x = x + (layer.mlp_conv.around(layer.mlp, m) if hasattr(layer, "mlp_conv") else layer.mlp(m))
+        logits, tokens = self.head(d.norm(x)[:, 1:], block_ids[:, 0])  # slot 0 is the bonus: the selector's anchor
         return (tokens, logits) if self.keep_logits else tokens

@@ -210,7 +210,7 @@ def _draft_kernels(drafter, device: torch.device) -> bool:
     if DRAFT_KERNELS is False:
         return False
     try:
-        check_plugin_drafter(drafter)  # DFlash2 and biased projections have no dflash:: op yet
+        check_plugin_drafter(drafter)  # biased projections have no dflash:: op yet
     except DFlashError:
         return False
     if DRAFT_KERNELS is True:

@@ -11,7 +11,7 @@ import ctypes.util
 import numpy as np
 import pytest
 import torch
-from factories import SLOT_KINDS, make_target, tiny_slots_pair
+from factories import SLOT_KINDS, make_dflash2_drafter, make_target, tiny_slots_pair
 from reference import reference_output
 from scheduler_checks import check_draft_kernels, workload
 
@@ -107,6 +107,16 @@ def test_the_plugin_flavours_draft_graphs_fit_the_slot_executor(pair, monkeypatc
     _, llm = pair
     llm.executor(1, 64)
     assert llm.draft_kernels == ()  # on the CPU "auto" keeps the standard graphs
+    check_draft_kernels(llm, monkeypatch, True)
+
+
+def test_the_plugin_flavours_draft_graphs_run_a_dflash2_drafter(tmp_path, monkeypatch):
+    """DFlash2's in-block convolutions around the dflash:: ops and its selector walk after them: on the
+    ops' PyTorch reference bodies, the standard graphs' drafts, and greedy = autoregressive."""
+    target = make_target(tmp_path / "qwen3", "qwen3")
+    draft = make_dflash2_drafter(tmp_path / "draft", seed=3, block_size=4, target_layer_ids=[1, 2])
+    llm = LLM(str(target), str(draft), block_size=4, backend="torch")
+    assert llm.drafter.config.method == "dflash2"
     check_draft_kernels(llm, monkeypatch, True)
 
 

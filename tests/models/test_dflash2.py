@@ -181,7 +181,7 @@ def bundles(pair, tmp_path_factory):
     drafter = load_drafter(draft_dir)
     return {flavour: export_bundle(target, drafter, tokenizer, root / flavour, flavour=flavour, check=True,
                                    capacity=64 if flavour == "slots-trt" else None)
-            for flavour in ("slots", "portable", "slots-trt")}
+            for flavour in ("slots", "portable", "slots-trt", "plugin")}
 
 
 def test_every_flavour_exports_the_block_pass_and_the_selector_walk(bundles):
