@@ -44,13 +44,19 @@ def routed_experts(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.
     """x [T, H], router logits [T, E], gate_up [E, 2I, H] ([gate; up]), down [E, H, I] -> [T, H]:
     the routed experts' weighted sum, in standard ops over the experts the tokens picked."""
     routing = route(router_logits, top_k, normalize)  # [T, E]
-    used = picked_experts(routing, top_k)  # [U]
-    weights = routing.index_select(1, used).t()[:, :, None]  # [U, T, 1]
-    projected = x[None] @ gate_up.index_select(0, used).transpose(1, 2)  # [U, T, 2I]
+    if not torch.jit.is_tracing() and routing.shape[0] * top_k >= routing.shape[1]:
+        # run, with picks enough to reach every expert: all of them, their weights read where they
+        # are (gathering U = E experts would copy every expert's weights on each call)
+        weights = routing.t()[:, :, None]  # [E, T, 1]
+    else:
+        used = picked_experts(routing, top_k)  # [U]
+        weights = routing.index_select(1, used).t()[:, :, None]  # [U, T, 1]
+        gate_up, down = gate_up.index_select(0, used), down.index_select(0, used)
+    projected = x[None] @ gate_up.transpose(1, 2)  # [U, T, 2I]
     gate, up = projected.chunk(2, dim=-1)
     act = act_fn(gate) * up  # [U, T, I]
     # Weigh before the down projection (linear, so equal to HF's weigh-after up to round-off).
     # `where`, not a product alone: an expert the token did not pick may overflow in half
     # precision, and inf * 0 would put NaN where HF never computed anything.
     act = torch.where(weights != 0, act * weights, 0.0)
-    return (act @ down.index_select(0, used).transpose(1, 2)).sum(dim=0)  # [U, T, H] -> [T, H]
+    return (act @ down.transpose(1, 2)).sum(dim=0)  # [U, T, H] -> [T, H]
