@@ -218,6 +218,7 @@ void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* row
     check(driver_->module_load(&module_, kDecideKernelFatbin), "loading the decision kernel");
     check(driver_->function(&tokens_, module_, "dflash_target_tokens"), "finding the target-token kernel");
     check(driver_->function(&decide_, module_, "dflash_decide_rows"), "finding the decision kernel");
+    check(driver_->function(&logprobs_, module_, "dflash_decided_logprobs"), "finding the logprobs kernel");
   }
   if (count == 0) return;
   int32_t* tokens = order + count * positions * vocab;  // the scratch's tail (device.h)
@@ -225,9 +226,14 @@ void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* row
   check(driver_->launch(tokens_, unsigned(count), unsigned(positions), 1, kDecideThreads, 1, 1, 0, stream_,
                         token_args, nullptr),
         "launching the target-token kernel");
-  void* args[] = {&logits, &vocab, &rows, &drafts, &tokens, &order, &out, &positions, &logprobs};
-  check(driver_->launch(decide_, unsigned(count), 1, 1, kDecideThreads, 1, 1, 0, stream_, args, nullptr),
+  void* args[] = {&rows, &drafts, &tokens, &out, &positions};
+  check(driver_->launch(decide_, unsigned(count), 1, 1, 1, 1, 1, 0, stream_, args, nullptr),
         "launching the decision kernel");
+  if (logprobs == nullptr) return;
+  void* logprob_args[] = {&logits, &vocab, &rows, &drafts, &out, &order, &logprobs};
+  check(driver_->launch(logprobs_, unsigned(count), unsigned(positions), 1, kDecideThreads, 1, 1, 0, stream_,
+                        logprob_args, nullptr),
+        "launching the logprobs kernel");
 #else
   (void)logits, (void)vocab, (void)rows, (void)count, (void)positions, (void)drafts, (void)probs, (void)order,
       (void)out, (void)logprobs;

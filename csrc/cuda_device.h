@@ -44,7 +44,7 @@ class CudaDevice final : public Device {
               const int64_t* drafts, float* probs, int32_t* order, Verdict* out, TokenLogprob* logprobs) override;
   CUstream stream() const { return stream_; }
 
-  static constexpr unsigned kDecideThreads = 512;  // decide_kernel.cu's kThreads (both kernels)
+  static constexpr unsigned kDecideThreads = 512;  // decide_kernel.cu's kThreads (its block-wide kernels)
 
  private:
   void check(CUresult result, const char* what) const;
@@ -56,6 +56,7 @@ class CudaDevice final : public Device {
   CUmodule module_ = nullptr;  // the decision kernels', loaded at the first decide
   CUfunction tokens_ = nullptr;
   CUfunction decide_ = nullptr;
+  CUfunction logprobs_ = nullptr;
 };
 
 }  // namespace dflash

@@ -7,8 +7,8 @@
 // every (row, position), one block each: a greedy row's argmax, a sampled row's draw (decide.h's rules
 // run by the block's threads together, BlockThreads). Sample-then-compare draws each position from its
 // own counter-based uniform, so the positions past a rejected draft cost time, never tokens.
-// dflash_decide_rows then walks each row's drafts against those tokens and, where asked, takes the
-// decided tokens' log-probabilities.
+// dflash_decide_rows then walks each row's drafts against those tokens, and dflash_decided_logprobs
+// takes the decided tokens' log-probabilities where a row asks, one block per (row, position) again.
 #include "decide.h"
 
 namespace {
@@ -102,29 +102,27 @@ extern "C" __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) tokens[at] = int32_t(token);
 }
 
-// rows[b] over logits [*, vocab] -> out[b], from their target tokens (dflash_target_tokens). logprobs
-// (null: no row asks): a row with SamplingParams::logprobs >= 0 gets its decided tokens' entries at
-// [b, j, 0..] of [rows, positions, 1 + kMaxLogprobs], with order [vocab] at b * positions * vocab as
-// scratch. Launch: grid = number of rows, block = kThreads.
-extern "C" __global__ void __launch_bounds__(kThreads)
-    dflash_decide_rows(const float* logits, int64_t vocab, const dflash::DecideRow* rows, const int64_t* drafts,
-                       const int32_t* tokens, int32_t* order, dflash::Verdict* out, int64_t positions,
-                       dflash::TokenLogprob* logprobs) {
-  __shared__ dflash::RowShared shared;
-  __shared__ dflash::Verdict decided;
+// rows[b] -> out[b], from their target tokens (dflash_target_tokens): the drafts kept while each equals
+// the target's token there. Launch: grid = number of rows, block = 1 thread.
+extern "C" __global__ void dflash_decide_rows(const dflash::DecideRow* rows, const int64_t* drafts,
+                                              const int32_t* tokens, dflash::Verdict* out, int64_t positions) {
   const dflash::DecideRow row = rows[blockIdx.x];
-  const int64_t* mine = drafts + row.drafts;
-  if (threadIdx.x == 0) {
-    decided = dflash::verdict_from_tokens(mine, row.num_drafts, tokens + blockIdx.x * positions);
-    out[blockIdx.x] = decided;
-  }
-  __syncthreads();
-  const int32_t top = row.sampling.logprobs;
-  if (logprobs == nullptr || top < 0) return;  // the same for the whole block
-  constexpr int64_t per_token = 1 + dflash::kMaxLogprobs;
-  const float* first = logits + row.first * vocab;
-  int32_t* scratch = order + blockIdx.x * positions * vocab;
-  for (int64_t j = 0; j <= decided.accepted; ++j)
-    dflash::logprobs_row_by<BlockThreads>(first + j * vocab, vocab, j < decided.accepted ? mine[j] : decided.next,
-                                          top, logprobs + (blockIdx.x * positions + j) * per_token, scratch, shared);
+  out[blockIdx.x] = dflash::verdict_from_tokens(drafts + row.drafts, row.num_drafts, tokens + blockIdx.x * positions);
+}
+
+// The log-probabilities of each decided token (dflash_decide_rows's verdicts: the kept drafts, then
+// `next`) of the rows with SamplingParams::logprobs >= 0, at [b, j, 0..] of [rows, positions, 1 +
+// kMaxLogprobs], with order [vocab] at (b * positions + j) * vocab as scratch.
+// Launch: grid = (number of rows, positions), block = kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads)
+    dflash_decided_logprobs(const float* logits, int64_t vocab, const dflash::DecideRow* rows, const int64_t* drafts,
+                            const dflash::Verdict* verdicts, int32_t* order, dflash::TokenLogprob* logprobs) {
+  __shared__ dflash::RowShared shared;
+  const dflash::DecideRow row = rows[blockIdx.x];
+  const dflash::Verdict verdict = verdicts[blockIdx.x];
+  const int64_t j = blockIdx.y, at = blockIdx.x * int64_t(gridDim.y) + j;
+  if (row.sampling.logprobs < 0 || j > verdict.accepted) return;  // the same for the whole block
+  const int64_t token = j < verdict.accepted ? drafts[row.drafts + j] : verdict.next;
+  dflash::logprobs_row_by<BlockThreads>(logits + (row.first + j) * vocab, vocab, token, row.sampling.logprobs,
+                                        logprobs + at * (1 + dflash::kMaxLogprobs), order + at * vocab, shared);
 }

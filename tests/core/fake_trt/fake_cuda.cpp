@@ -1,11 +1,12 @@
 // A fake CUDA driver (libcuda.so.1) for the C++ TensorRT executor's tests on a CPU: the calls
 // csrc/cuda_device.cpp resolves, over host memory ("device" pointers are host pointers), each copy done
 // at once (the one stream is then trivially ordered). Launching the decision kernels
-// (csrc/decide_kernel.cu: the target's token at every (row, position), then each row's decision) runs
-// their rules compiled for the host (csrc/decide.h) with the kernels' own argument layouts and grids:
-// what it proves is the executor's side of the launches (which rows, offsets, positions, drafts, keys
-// and scratch it hands them; a row's decision reads only what the token launch wrote), not the kernels
-// on a GPU. Memory calls need a current context on the calling thread, as the real driver's do. fake_cuda_live() counts live allocations (device and pinned host),
+// (csrc/decide_kernel.cu: the target's token at every (row, position), each row's decision, the decided
+// tokens' logprobs) runs their rules compiled for the host (csrc/decide.h) with the kernels' own
+// argument layouts and grids: what it proves is the executor's side of the launches (which rows,
+// offsets, positions, drafts, keys and scratch it hands them; a row's decision reads only what the
+// token launch wrote), not the kernels on a GPU. Memory calls need a current context on the calling
+// thread, as the real driver's do. fake_cuda_live() counts live allocations (device and pinned host),
 // so a test can see that an executor frees every buffer it made; fake_cuda_unpinned_copies() counts
 // host <-> device copies whose host side is not page-locked memory from cuMemHostAlloc.
 #include <cuda.h>
@@ -144,6 +145,7 @@ namespace {
 int module_image;  // the one module: whatever image is loaded, its functions are the decision kernels
 int tokens_function;
 int decide_function;
+int logprobs_function;
 }  // namespace
 
 EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
@@ -158,6 +160,8 @@ EXPORT CUresult cuModuleGetFunction(CUfunction* function, CUmodule, const char* 
     *function = reinterpret_cast<CUfunction>(&tokens_function);
   else if (std::strcmp(name, "dflash_decide_rows") == 0)
     *function = reinterpret_cast<CUfunction>(&decide_function);
+  else if (std::strcmp(name, "dflash_decided_logprobs") == 0)
+    *function = reinterpret_cast<CUfunction>(&logprobs_function);
   else
     return CUDA_ERROR_NOT_FOUND;
   return CUDA_SUCCESS;
@@ -184,28 +188,35 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
       }
     return CUDA_SUCCESS;
   }
-  if (function != reinterpret_cast<CUfunction>(&decide_function) || grid_y != 1) return CUDA_ERROR_INVALID_VALUE;
-  // dflash_decide_rows(logits, vocab, rows, drafts, tokens, order, out, positions, logprobs): a row reads
-  // its target tokens; a row asking for logprobs gets its decided tokens' entries
-  const float* logits = *static_cast<const float**>(args[0]);
-  const int64_t vocab = *static_cast<int64_t*>(args[1]);
-  const dflash::DecideRow* rows = *static_cast<const dflash::DecideRow**>(args[2]);
-  const int64_t* drafts = *static_cast<const int64_t**>(args[3]);
-  const int32_t* tokens = *static_cast<const int32_t**>(args[4]);
-  int32_t* order = *static_cast<int32_t**>(args[5]);
-  dflash::Verdict* out = *static_cast<dflash::Verdict**>(args[6]);
-  const int64_t positions = *static_cast<int64_t*>(args[7]);
-  dflash::TokenLogprob* logprobs = *static_cast<dflash::TokenLogprob**>(args[8]);
-  for (unsigned b = 0; b < grid_x; ++b) {
-    const dflash::DecideRow& row = rows[b];
-    const int64_t* mine = drafts + row.drafts;
-    const float* first = logits + row.first * vocab;
-    out[b] = dflash::verdict_from_tokens(mine, row.num_drafts, tokens + b * positions);
-    if (logprobs == nullptr || row.sampling.logprobs < 0) continue;
-    for (int64_t j = 0; j <= out[b].accepted; ++j)
-      dflash::logprobs_row(first + j * vocab, vocab, j < out[b].accepted ? mine[j] : out[b].next,
-                           row.sampling.logprobs, logprobs + (b * positions + j) * (1 + dflash::kMaxLogprobs),
-                           order + b * positions * vocab);
+  if (function == reinterpret_cast<CUfunction>(&logprobs_function)) {
+    // dflash_decided_logprobs(logits, vocab, rows, drafts, verdicts, order, logprobs): block (b, j), for
+    // j <= the row's accepted count, -> logprobs[(b * grid_y + j) * (1 + kMaxLogprobs)]
+    const float* logits = *static_cast<const float**>(args[0]);
+    const int64_t vocab = *static_cast<int64_t*>(args[1]);
+    const dflash::DecideRow* rows = *static_cast<const dflash::DecideRow**>(args[2]);
+    const int64_t* drafts = *static_cast<const int64_t**>(args[3]);
+    const dflash::Verdict* verdicts = *static_cast<const dflash::Verdict**>(args[4]);
+    int32_t* order = *static_cast<int32_t**>(args[5]);
+    dflash::TokenLogprob* logprobs = *static_cast<dflash::TokenLogprob**>(args[6]);
+    for (unsigned b = 0; b < grid_x; ++b)
+      for (unsigned j = 0; j < grid_y; ++j) {
+        const dflash::DecideRow& row = rows[b];
+        if (row.sampling.logprobs < 0 || j > verdicts[b].accepted) continue;
+        const int64_t at = b * int64_t(grid_y) + j;
+        const int64_t token = j < verdicts[b].accepted ? drafts[row.drafts + j] : verdicts[b].next;
+        dflash::logprobs_row(logits + (row.first + j) * vocab, vocab, token, row.sampling.logprobs,
+                             logprobs + at * (1 + dflash::kMaxLogprobs), order + at * vocab);
+      }
+    return CUDA_SUCCESS;
   }
+  if (function != reinterpret_cast<CUfunction>(&decide_function) || grid_y != 1) return CUDA_ERROR_INVALID_VALUE;
+  // dflash_decide_rows(rows, drafts, tokens, out, positions): a row reads its target tokens
+  const dflash::DecideRow* rows = *static_cast<const dflash::DecideRow**>(args[0]);
+  const int64_t* drafts = *static_cast<const int64_t**>(args[1]);
+  const int32_t* tokens = *static_cast<const int32_t**>(args[2]);
+  dflash::Verdict* out = *static_cast<dflash::Verdict**>(args[3]);
+  const int64_t positions = *static_cast<int64_t*>(args[4]);
+  for (unsigned b = 0; b < grid_x; ++b)
+    out[b] = dflash::verdict_from_tokens(drafts + rows[b].drafts, rows[b].num_drafts, tokens + b * positions);
   return CUDA_SUCCESS;
 }
