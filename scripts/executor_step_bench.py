@@ -88,9 +88,10 @@ def timed(call, repeat: int, sync) -> float:
 
 
 def profile_verify(executor, block: int, repeat: int, device: torch.device, sync, sampling=None,
-                   label: str = "greedy") -> None:
+                   label: str = "greedy") -> float | None:
     """torch.profiler over `repeat` 1-row verifies of `block` tokens (each rolled back) deciding by
-    `sampling` (default greedy): where a step's time goes, host side and device side."""
+    `sampling` (default greedy): where a step's time goes, host side and device side. Returns the
+    GPU's busy time per verify in ms (the kernels' own time; None on the CPU)."""
     from torch.profiler import ProfilerActivity, profile
 
     from dflash_trt.runtime.native import native_core
@@ -106,8 +107,12 @@ def profile_verify(executor, block: int, repeat: int, device: torch.device, sync
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     print(f"profile: {repeat} {label} verifies of 1 row x {block} tokens")
     print(prof.key_averages().table(sort_by=sort, row_limit=15, max_name_column_width=60))
-    if device.type == "cuda":
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
+    if device.type != "cuda":
+        return None
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
+    busy_us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+                  for e in prof.key_averages())
+    return busy_us / repeat / 1e3
 
 
 def main() -> None:
@@ -210,15 +215,24 @@ def main() -> None:
     for r in results:
         runs = " ".join(f"{k} {v}" for k, v in sorted(r.get("graph_runs", {}).items()))
         print(f"| {r['phase']} | {r['rows']} | {r['block']} | {r['ms']} | {r['host_bytes_per_call']} | {runs} |")
+    profiles = []
     if args.profile:
-        profile_verify(executor, max(blocks), args.repeat, device, sync)
-        profile_verify(executor, max(blocks), args.repeat, device, sync, sampled[0], "T=0.8 top-p 0.95")
+        for phase, sampling in (("verify", None), ("verify T=0.8 top-p 0.95", sampled[0])):
+            busy = profile_verify(executor, max(blocks), args.repeat, device, sync, sampling, phase)
+            wall = [r["ms"] for r in results if (r["phase"], r["rows"], r["block"]) == (phase, 1, max(blocks))]
+            if busy is not None and wall:
+                # the share of a timed verify (its commit included) the GPU sat idle, waiting on the host
+                profiles.append({"phase": phase, "rows": 1, "block": max(blocks), "gpu_busy_ms": round(busy, 3),
+                                 "ms": wall[0], "gpu_idle_share": round(1 - busy / wall[0], 3)})
+                print(f"{phase}, 1 row x {max(blocks)}: GPU busy {busy:.3f} of {wall[0]} ms "
+                      f"({1 - busy / wall[0]:.0%} idle)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "shape": preset, "layers": args.layers, "dtype": args.dtype,
                        "device": args.device, "graphs": mode.startswith("CUDA graphs"),
                        "draft_kernels": list(pair.draft_kernels),
-                       "target_kernels": list(pair.target_kernels), "cached": args.cached, "repeat": args.repeat, "results": results},
+                       "target_kernels": list(pair.target_kernels), "cached": args.cached, "repeat": args.repeat,
+                       "results": results, "profile": profiles},
                       f, indent=2)
 
 

@@ -174,6 +174,9 @@ def main() -> int:
     for p in record.get("projected_speedup", []):
         gains = ", ".join(f"{name} {x}x" for name, x in p["speedup"].items())
         print(f"    {p['rows']:>2} rows, {p['depth']}: plain {p['plain_ms']} ms, step {p['step_ms']} ms -> {gains}")
+    for p in record.get("executor_bench", {}).get("profile", []):
+        print(f"  {p['phase']}, {p['rows']} row x {p['block']}: GPU busy {p['gpu_busy_ms']} of {p['ms']} ms, "
+              f"idle {p['gpu_idle_share']:.0%} (the host's share; target 5 %)")
     found = problems(record)
     for line in found:
         print(f"problem: {line}")
