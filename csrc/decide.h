@@ -59,13 +59,11 @@ constexpr int kMaxThreads = 512;  // the most threads a Threads policy may have
 
 // What a sampled row's threads share (a CUDA block's shared memory; the host's stack).
 struct RowShared {
-  unsigned counts[256];
-  unsigned masses[256];  // fixed point: kMassScale
+  unsigned bins[2][256];  // radix passes: counts, or masses in fixed point (kMassScale)
   float partial[kMaxThreads];
   double chunk[kChunks];
-  uint32_t prefix;
-  int64_t remaining;
-  double remaining_mass;
+  uint32_t prefix[2];
+  double remaining[2];
   uint32_t stops[kChunks];
   float top, last_p, scale;
   unsigned found;
@@ -183,72 +181,74 @@ DFLASH_HD void strided(const float* values, int64_t n, Body body) {
 // vocabulary of n tokens is off by at most n * 2^-32 (4e-5 at 152k): far inside kNucleusMargin.
 constexpr double kMassScale = 2147483648.0;  // 2^31: a whole row's mass (<= 1) fits in 32 bits
 
-// Radix passes over the keys of values[0..vocab), 8 bits at a time from the top: the key whose
-// `weight` (count or probability mass) from the top reaches `need`, with multiplicity. Weighted by
-// count (mass false) it is the need-th largest value; by mass (values: probabilities summing to about
-// 1), the smallest value v such that the values >= v weigh at least `need`, to within the fixed-point
-// rounding above (used with a margin, and the caller checks the outcome).
-template <class Threads>
-DFLASH_HD float radix_select(const float* values, int64_t vocab, double need, bool mass, RowShared& s) {
-  if (Threads::id() == 0) {
-    s.prefix = 0;
-    s.remaining = int64_t(need);
-    s.remaining_mass = need;
-  }
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = Threads::id(); b < 256; b += Threads::count()) {
-      s.counts[b] = 0;
-      s.masses[b] = 0;
+// Radix passes over the keys of values[0..vocab), 8 bits at a time from the top: for each need[w], the
+// key whose `weight` (count or probability mass) from the top reaches need[w], with multiplicity.
+// Weighted by count (mass false) it is the need-th largest value; by mass (values: probabilities
+// summing to about 1), the smallest value v such that the values >= v weigh at least `need`, to within
+// the fixed-point rounding above (used with a margin, and the caller checks the outcome). Ways
+// selections share each pass over the values (the nucleus's two bounds: half the passes).
+template <class Threads, int Ways>
+DFLASH_HD void radix_select_ways(const float* values, int64_t vocab, const double (&need)[Ways], bool mass,
+                                 float (&out)[Ways], RowShared& s) {
+  static_assert(Ways >= 1 && Ways <= 2, "RowShared holds two selections' bins");
+  if (Threads::id() == 0)
+    for (int w = 0; w < Ways; ++w) {
+      s.prefix[w] = 0;
+      s.remaining[w] = need[w];
     }
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = Threads::id(); b < 256 * Ways; b += Threads::count()) s.bins[b / 256][b % 256] = 0;
     Threads::sync();
     const uint32_t high = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
     // A thread adds a run of its values that share a bin at once: a near-flat row puts nearly every
     // value in one bin, and one shared-memory atomic per value serialised the whole block on it.
-    unsigned run_bin = 256, run_count = 0;
-    double run_mass = 0.0;
-    auto flush = [&] {
-      if (run_bin < 256) {
-        if (mass)
-          Threads::add(&s.masses[run_bin], unsigned(run_mass * kMassScale + 0.5));
-        else
-          Threads::add(&s.counts[run_bin], run_count);
-      }
-      run_count = 0;
-      run_mass = 0.0;
+    uint32_t prefix[Ways];
+    unsigned run_bin[Ways];
+    double run[Ways];
+    for (int w = 0; w < Ways; ++w) {
+      prefix[w] = s.prefix[w] & high;
+      run_bin[w] = 256;
+      run[w] = 0.0;
+    }
+    auto flush = [&](int w) {
+      if (run_bin[w] < 256)
+        Threads::add(&s.bins[w][run_bin[w]], mass ? unsigned(run[w] * kMassScale + 0.5) : unsigned(run[w]));
+      run[w] = 0.0;
     };
-    const uint32_t prefix = s.prefix & high;
     strided<Threads>(values, vocab, [&](int64_t, float value) {
       const uint32_t key = order_key(value);
-      if ((key & high) != prefix) return;
-      const unsigned bin = (key >> shift) & 255u;
-      if (bin != run_bin) {
-        flush();
-        run_bin = bin;
+      for (int w = 0; w < Ways; ++w) {
+        if ((key & high) != prefix[w]) continue;
+        const unsigned bin = (key >> shift) & 255u;
+        if (bin != run_bin[w]) {
+          flush(w);
+          run_bin[w] = bin;
+        }
+        run[w] += mass ? double(value) : 1.0;
       }
-      if (mass)
-        run_mass += value;
-      else
-        ++run_count;
     });
-    flush();
+    for (int w = 0; w < Ways; ++w) flush(w);
     Threads::sync();
-    if (Threads::id() == 0) {
-      int bin = 255;
-      if (mass) {
+    if (Threads::id() == 0)
+      for (int w = 0; w < Ways; ++w) {
+        auto weight = [&](int bin) { return mass ? s.bins[w][bin] / kMassScale : double(s.bins[w][bin]); };
         double above = 0.0;
-        for (; bin > 0 && !(above + s.masses[bin] / kMassScale >= s.remaining_mass); --bin)
-          above += s.masses[bin] / kMassScale;
-        s.remaining_mass -= above;
-      } else {
-        int64_t above = 0;
-        for (; bin > 0 && !(above + int64_t(s.counts[bin]) >= s.remaining); --bin) above += s.counts[bin];
-        s.remaining -= above;
+        int bin = 255;
+        for (; bin > 0 && !(above + weight(bin) >= s.remaining[w]); --bin) above += weight(bin);
+        s.remaining[w] -= above;
+        s.prefix[w] |= uint32_t(bin) << shift;
       }
-      s.prefix |= uint32_t(bin) << shift;
-    }
     Threads::sync();
   }
-  return from_order_key(s.prefix);
+  for (int w = 0; w < Ways; ++w) out[w] = from_order_key(s.prefix[w]);
+}
+
+template <class Threads>
+DFLASH_HD float radix_select(const float* values, int64_t vocab, double need, bool mass, RowShared& s) {
+  const double needs[1] = {need};
+  float out[1];
+  radix_select_ways<Threads, 1>(values, vocab, needs, mass, out, s);
+  return out[0];
 }
 
 // The largest of values[0..vocab) (NaNs aside), shared by every thread.
@@ -422,9 +422,19 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
   // tests) there is no ceiling. Should the walk still take every candidate (it never ended among
   // them), it goes on over every token up to the ceiling.
   const double need_ceiling = params.top_p - margin, need_floor = params.top_p + margin;
-  const float ceiling = need_ceiling > 0.0 && need_ceiling < need_floor
-                            ? radix_select<Threads>(probs, vocab, need_ceiling, true, s)
-                            : __builtin_huge_valf();
+  const bool has_ceiling = need_ceiling > 0.0 && need_ceiling < need_floor, has_floor = need_floor < 1.0;
+  float ceiling = __builtin_huge_valf(), floor = 0.0f;
+  if (has_ceiling && has_floor) {
+    const double needs[2] = {need_ceiling, need_floor};
+    float bounds[2];
+    radix_select_ways<Threads, 2>(probs, vocab, needs, true, bounds, s);
+    ceiling = bounds[0];
+    floor = bounds[1];
+  } else if (has_ceiling) {
+    ceiling = radix_select<Threads>(probs, vocab, need_ceiling, true, s);
+  } else if (has_floor) {
+    floor = radix_select<Threads>(probs, vocab, need_floor, true, s);
+  }
   for (int c = Threads::id(); c < kChunks; c += Threads::count()) {
     double sum = 0.0;
     DFLASH_UNROLL(8)
@@ -435,7 +445,7 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
   Threads::sync();
   const double above = chunks_total(s);
   Threads::sync();  // every thread has read s.chunk before the walk rewrites it
-  for (float floor = need_floor >= 1.0 ? 0.0f : radix_select<Threads>(probs, vocab, need_floor, true, s);;) {
+  for (;;) {
     const int64_t candidates = sorted_between<Threads>(probs, vocab, floor, ceiling, order, s);
     const int64_t kept = nucleus_by<Threads>(probs, order, candidates, above, float(params.top_p), s);
     if (kept < candidates || floor == 0.0f) {
