@@ -55,6 +55,7 @@ struct DecideRow {
 
 constexpr int kChunks = 512;      // the fixed partition of a row for its double sums
 constexpr double kNucleusMargin = 1e-3;  // the nucleus's candidates weigh top_p + this (probs_row_by)
+constexpr double kNucleusSettled = 1e-6;  // a kept mass this far past top_p ends the nucleus (probs_row_by)
 constexpr int kMaxThreads = 512;  // the most threads a Threads policy may have
 
 // What a sampled row's threads share (a CUDA block's shared memory; the host's stack).
@@ -419,8 +420,8 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
   // their order: their mass is summed over the fixed chunks. The end lies among the candidates from
   // `floor` (where the top mass passes top_p by the margin) to the ceiling: sorted, and walked on from
   // that mass. The margin is far above the radix passes' rounding; with none (or a negative one, in
-  // tests) there is no ceiling. Should the walk still take every candidate (it never ended among
-  // them), it goes on over every token up to the ceiling.
+  // tests) there is no ceiling. Should the walk take every candidate short of top_p (the floor was
+  // too high: a negative margin), it goes on over every token up to the ceiling.
   const double need_ceiling = params.top_p - margin, need_floor = params.top_p + margin;
   const bool has_ceiling = need_ceiling > 0.0 && need_ceiling < need_floor, has_floor = need_floor < 1.0;
   float ceiling = __builtin_huge_valf(), floor = 0.0f;
@@ -445,10 +446,14 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
   Threads::sync();
   const double above = chunks_total(s);
   Threads::sync();  // every thread has read s.chunk before the walk rewrites it
+  const float threshold = float(params.top_p);
   for (;;) {
     const int64_t candidates = sorted_between<Threads>(probs, vocab, floor, ceiling, order, s);
-    const int64_t kept = nucleus_by<Threads>(probs, order, candidates, above, float(params.top_p), s);
-    if (kept < candidates || floor == 0.0f) {
+    const int64_t kept = nucleus_by<Threads>(probs, order, candidates, above, threshold, s);
+    // The walk ended among the candidates, or took them all with a mass so far past top_p that the
+    // next token (below the floor) would fail the test whatever its probability (a float's rounding of
+    // the running mass is ~1e-7): the usual case when one token alone holds top_p.
+    if (kept < candidates || floor == 0.0f || s.kept_mass >= double(threshold) + kNucleusSettled) {
       if (Threads::id() == 0) {
         s.last = order[kept - 1];
         s.last_p = probs[s.last];
