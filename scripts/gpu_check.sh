@@ -2,8 +2,8 @@
 # The GPU check: one command on a bare GPU machine (CUDA driver, nvcc, CMake, Python with PyTorch; no
 # TensorRT, no network). It builds the plugin kernels and the C++ core for this GPU's SM, runs the
 # kernels' parity with their CPU references and their bandwidth bench, `pytest -m gpu`, the target
-# step-cost floor at Qwen3-8B widths and our executor's phases at those widths
-# (scripts/executor_step_bench.py), then writes the record gpu-<device>.json (scripts/gpu_record.py)
+# step-cost floor at Qwen3-8B widths, the decisions' own cost (scripts/decide_bench.py) and our executor's
+# phases at those widths (scripts/executor_step_bench.py), then writes the record gpu-<device>.json (scripts/gpu_record.py)
 # into OUT_DIR. A failed step is recorded and the next one still runs; the exit status is 1 if any
 # step, parity case or gpu test failed.
 #
@@ -110,6 +110,7 @@ step build_core 300 "$python" setup.py -q build_ext --inplace -j "$(nproc)"
 step step_bench 240 "$python" scripts/gpu_step_bench.py --json "$work/step_bench.json"
 step pytest_gpu 300 "$python" -m pytest -m gpu tests -q -p no:cacheprovider --continue-on-collection-errors \
   --junitxml "$work/pytest.xml"
+step decide_bench 120 "$python" scripts/decide_bench.py --json "$work/decide_bench.json"
 step executor_bench 240 "$python" scripts/executor_step_bench.py --profile --kernels off \
   --json "$work/executor_bench.json"
 step executor_bench_kernels 120 "$python" scripts/executor_step_bench.py --rows 1,8 --blocks 4,16 --repeat 5 \

@@ -95,6 +95,7 @@ def build_record(work: Path, commit: str, peak_tflops: float) -> dict:
                "kernel_bench": ("kernel_bench.json", lambda p: read_kernel_bench(p, peak_tflops)),
                "pytest_gpu": ("pytest.xml", read_pytest),
                "step_bench": ("step_bench.json", lambda p: json.loads(p.read_text())),
+               "decide_bench": ("decide_bench.json", lambda p: json.loads(p.read_text())),
                "executor_bench": ("executor_bench.json", lambda p: json.loads(p.read_text())),
                "executor_bench_eager": ("executor_bench_eager.json", lambda p: json.loads(p.read_text())),
                "executor_bench_moe": ("executor_bench_moe.json", lambda p: json.loads(p.read_text())),

@@ -1,0 +1,127 @@
+"""What deciding a verify's tokens costs on its own: the slot executor's decisions (csrc/decide.h; on a GPU
+the decision kernels, csrc/decide_kernel.cu) over logits we choose, at a real vocabulary. The executor's
+target graph is a table of logits (copied into the executor's buffer each run, as a model's LM head
+would write them), so a verify times that copy and the decisions only; greedy is the baseline.
+
+Two kinds of rows: "flat" (standard normal logits: a nucleus of most of the vocabulary, the worst case and
+what random-weight models give) and "peaked" (normal x 3 with one token holding nearly all the mass at
+every other position, as a trained model's rows often are).
+
+    python3 scripts/decide_bench.py [--device cuda] [--vocab 151936] [--rows 1,8,32] [--block 16] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from dflash_trt.runtime.native import native_core
+from dflash_trt.runtime.torch_graphs import TorchGraph
+
+CASES = {"greedy": {}, "T=0.8": dict(temperature=0.8), "T=0.8 top-k 50": dict(temperature=0.8, top_k=50),
+         "T=0.8 top-p 0.95": dict(temperature=0.8, top_p=0.95)}
+
+
+class LogitsTarget(torch.nn.Module):
+    """A target graph's I/O (one attention layer, no drafter) whose logits are `table` [rows, block, V]."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = table
+
+    def forward(self, input_ids, cache_lengths, query_lengths, logits_index, key, value):
+        n, r = logits_index.shape
+        return self.table[:n, :r], input_ids.new_zeros(*input_ids.shape, 0, dtype=torch.float32), key, value
+
+
+class LogitsGraphs:
+    """The graph backend the executor runs (runtime/torch_graphs.py's interface), with one graph."""
+
+    def __init__(self, table: torch.Tensor):
+        self.target, self.device, self.stream = LogitsTarget(table), table.device, None
+
+    def version(self) -> str:
+        return "logits table"
+
+    def use_stream(self, handle: int) -> None:
+        self.stream = torch.cuda.ExternalStream(handle)
+
+    def open(self, name: str) -> TorchGraph:
+        inputs = ["input_ids", "cache_lengths", "query_lengths", "logits_index", "cache_key_0", "cache_value_0"]
+        outputs = ["logits", "features", "cache_key_out_0", "cache_value_out_0"]
+        return TorchGraph(self.target, inputs, outputs, self.device, self.stream)
+
+
+def rows_of(kind: str, rows: int, block: int, vocab: int, device: torch.device) -> torch.Tensor:
+    g = torch.Generator(device=device).manual_seed(0)
+    logits = torch.randn(rows, block, vocab, generator=g, device=device)
+    if kind == "peaked":
+        logits *= 3.0
+        logits[:, 1::2, 17] += 25.0
+    return logits
+
+
+def measure(core, kind: str, rows: int, block: int, vocab: int, device: torch.device, repeat: int) -> list[dict]:
+    table = rows_of(kind, rows, block, vocab, device)
+    config = core.ExecutorConfig()
+    config.target_path, config.library_path = "target", "torch"
+    config.max_batch, config.capacity, config.vocab = rows, 64, vocab
+    config.target_layers, config.attention_layers = 1, [0]
+    config.target_kv_heads, config.target_head_dim = 1, 8
+    executor = core.PyGraphExecutor(config, LogitsGraphs(table), device.type)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    slots = list(range(rows))
+    executor.prefill(slots, [[1, 2, 3]] * rows, [core.RowSampling()] * rows)
+    blocks = [[1] + [17] * (block - 1) for _ in slots]  # drafts a peaked row's picks often equal
+    out = []
+    for name, params in CASES.items():
+        sampling = [core.RowSampling(core.SamplingParams(seed=i, **params), stream=i, position=3) for i in slots]
+
+        def verify(sampling=sampling):
+            executor.verify(slots, blocks, sampling)
+            executor.commit(slots, [0] * rows)
+
+        verify()
+        sync()
+        began = time.perf_counter()
+        for _ in range(repeat):
+            verify()
+        sync()
+        out.append({"rows_kind": kind, "rows": rows, "block": block, "case": name,
+                    "ms": round((time.perf_counter() - began) / repeat * 1e3, 3)})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--rows", default="1,8,32")
+    parser.add_argument("--block", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    core, device = native_core(), torch.device(args.device)
+    results = [r for kind in ("flat", "peaked") for rows in map(int, args.rows.split(","))
+               for r in measure(core, kind, rows, args.block, args.vocab, device, args.repeat)]
+    print(f"a verify of {args.block} tokens over {args.vocab:,} logits on {args.device}: the logits' copy and the "
+          "decisions, ms per call")
+    print("| rows | kind | " + " | ".join(CASES) + " |")
+    print("|---|---|" + "---|" * len(CASES))
+    for kind in ("flat", "peaked"):
+        for rows in map(int, args.rows.split(",")):
+            cells = [next(r["ms"] for r in results if (r["rows_kind"], r["rows"], r["case"]) == (kind, rows, c))
+                     for c in CASES]
+            print(f"| {rows} | {kind} | " + " | ".join(str(c) for c in cells) + " |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": args.device, "vocab": args.vocab, "block": args.block, "repeat": args.repeat,
+                       "decides_on_device": bool(getattr(core, "HAS_DEVICE_DECIDE", False)) and device.type == "cuda",
+                       "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
