@@ -4,7 +4,7 @@ in PyTorch on its stream. Skipped where PyTorch sees no GPU."""
 
 import pytest
 import torch
-from factories import tiny_slots_pair
+from factories import make_dflash2_drafter, make_target, tiny_slots_pair
 from reference import reference_output
 from scheduler_checks import check_draft_kernels, workload
 
@@ -119,3 +119,15 @@ def test_the_gated_delta_rule_kernel_equals_the_ops_reference_body(dtype):
     tolerance = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out, want_out, **tolerance)
     torch.testing.assert_close(states, want_states, rtol=1e-4, atol=1e-4)
+
+
+def test_a_dflash2_drafter_decodes_on_cuda_through_our_draft_kernels(tmp_path, monkeypatch):
+    """DFlash2's convolutions and selector around our InjectKV/BlockAttention kernels, CUDA-graphed."""
+    from dflash_trt.runtime.cuda_ops import LIBRARY
+
+    if not LIBRARY.is_file():
+        pytest.skip(f"{LIBRARY.name} not built (bash scripts/build_plugins.sh)")
+    target = make_target(tmp_path / "qwen3", "qwen3")
+    draft = make_dflash2_drafter(tmp_path / "draft", seed=3, block_size=4, target_layer_ids=[1, 2])
+    llm = LLM(str(target), str(draft), block_size=4, device="cuda", dtype="float32", backend="torch")
+    check_draft_kernels(llm, monkeypatch, "auto")
