@@ -194,7 +194,7 @@ class TorchGraph:
         try:
             with torch.cuda.graph(graph, stream=self.stream):
                 self._forward(what, inputs, outputs)
-        except RuntimeError:  # a host sync inside (e.g. a sparse MoE block's routing): eager from now on
+        except RuntimeError:  # a host sync inside (e.g. HF's MoE block, ROUTED_MOE off): eager from now on
             self._graphs[key] = None
             self.stats["uncapturable"] += 1
             return False
