@@ -69,7 +69,8 @@ struct RowShared {
   float top, last_p, scale;
   unsigned found;
   int64_t kept, last, token;
-  double kept_mass;
+  double kept_mass, draw_target, draw_before;
+  int draw_chunk;
 };
 
 // One thread: the host.
@@ -481,21 +482,33 @@ template <class Threads>
 DFLASH_HD int64_t draw_row_by(const float* probs, int64_t vocab, double u, RowShared& s) {
   using namespace decide_detail;
   chunk_sums<Threads>(probs, vocab, s);
-  if (Threads::id() == 0) {
-    const double target = u * chunks_total(s);
+  if (Threads::id() == 0) {  // the first chunk whose running total passes the target
+    s.draw_target = u * chunks_total(s);
     double before_chunk = 0.0;
+    int c = 0;
+    for (; c < kChunks && !(before_chunk + s.chunk[c] > s.draw_target); ++c) before_chunk += s.chunk[c];
+    s.draw_chunk = c;
+    s.draw_before = before_chunk;
+  }
+  Threads::sync();
+  // that chunk's values staged in shared memory by every thread at once: one thread walking global
+  // memory would wait on each load in turn
+  const int c = s.draw_chunk;
+  const int64_t begin = c < kChunks ? chunk_start(vocab, c) : 0;
+  const int64_t size = c < kChunks ? chunk_start(vocab, c + 1) - begin : 0;
+  const bool staged = size <= kMaxThreads;
+  if (staged)
+    for (int64_t i = Threads::id(); i < size; i += Threads::count()) s.partial[i] = probs[begin + i];
+  Threads::sync();
+  if (Threads::id() == 0) {
+    const float* values = staged ? s.partial : probs + begin;
+    double running = s.draw_before;
     int64_t token = -1;
-    for (int c = 0; c < kChunks && token < 0; ++c) {
-      if (before_chunk + s.chunk[c] > target) {
-        double running = before_chunk;
-        for (int64_t i = chunk_start(vocab, c), end = chunk_start(vocab, c + 1); i < end; ++i) {
-          if (probs[i] <= 0.0f) continue;
-          running += probs[i];
-          token = i;
-          if (running > target) break;
-        }
-      }
-      before_chunk += s.chunk[c];
+    for (int64_t i = 0; i < size; ++i) {
+      if (values[i] <= 0.0f) continue;
+      running += values[i];
+      token = begin + i;
+      if (running > s.draw_target) break;
     }
     for (int64_t i = vocab - 1; token < 0 && i >= 0; --i)  // rounding: no chunk passed the target
       if (probs[i] > 0.0f) token = i;

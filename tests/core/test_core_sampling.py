@@ -90,3 +90,49 @@ def test_the_decision_kernels_sort_orders_by_probability_then_token_id(core, siz
     probs = np.round(np.random.default_rng(size).random(size) * 8) / 8
     want = sorted(range(size), key=lambda i: (-probs[i], i))
     assert core.device_sort_order(probs.astype(np.float32).tolist()) == want
+
+
+CATEGORICAL_DRAW = 1  # csrc/rng.h: the uniform that picks a token
+
+
+def inverse_cdf_over_fixed_chunks(probs: np.ndarray, u: float, chunks: int = 512) -> int:
+    """decide.h's draw rule, written again from its comment: double sums over the fixed partition (chunk c
+    = [V c / 512, V (c + 1) / 512), each summed in index order, then the chunks in order); the first chunk
+    whose running total passes u x total, walked token by token (zeros skipped) until it passes."""
+    vocab = len(probs)
+    bounds = [vocab * c // chunks for c in range(chunks + 1)]
+    sums = []
+    for c in range(chunks):
+        total = 0.0
+        for p in probs[bounds[c]:bounds[c + 1]]:
+            total += float(p)
+        sums.append(total)
+    grand = 0.0
+    for total in sums:
+        grand += total
+    target, before, token = u * grand, 0.0, -1
+    for c in range(chunks):
+        if before + sums[c] > target:
+            running = before
+            for i in range(bounds[c], bounds[c + 1]):
+                if probs[i] <= 0:
+                    continue
+                running += float(probs[i])
+                token = i
+                if running > target:
+                    break
+            return token
+        before += sums[c]
+    return int(np.flatnonzero(probs > 0)[-1])
+
+
+@pytest.mark.parametrize("vocab", [5000, 151936])
+def test_a_draw_is_the_inverse_cdf_over_the_fixed_chunks(core, vocab):
+    """Chunks of many tokens (a small vocabulary has at most one token a chunk, which no other test reaches)."""
+    rng = np.random.default_rng(vocab)
+    for k in range(6):
+        row = (rng.standard_normal(vocab) * 2).astype(np.float32)
+        params = core.SamplingParams(temperature=1.0, top_p=0.9 if k % 2 else 1.0, seed=k)
+        probs = core.target_probs(row[None], params)[0]
+        want = inverse_cdf_over_fixed_chunks(probs, core.uniform(k, 3, 7 + k, CATEGORICAL_DRAW))
+        assert core.sample(row, params, 3, 7 + k) == want
