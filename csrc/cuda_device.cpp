@@ -221,8 +221,9 @@ void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* row
     check(driver_->function(&logprobs_, module_, "dflash_decided_logprobs"), "finding the logprobs kernel");
   }
   if (count == 0) return;
-  int32_t* tokens = order + count * positions * vocab;  // the scratch's tail (device.h)
-  void* token_args[] = {&logits, &vocab, &rows, &probs, &order, &tokens};
+  int32_t* tokens = order;  // the scratch's head (device.h); the per-position ids after it
+  int32_t* ids = order + count * positions;
+  void* token_args[] = {&logits, &vocab, &rows, &probs, &ids, &tokens};
   check(driver_->launch(tokens_, unsigned(count), unsigned(positions), 1, kDecideThreads, 1, 1, 0, stream_,
                         token_args, nullptr),
         "launching the target-token kernel");
@@ -230,7 +231,7 @@ void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* row
   check(driver_->launch(decide_, unsigned(count), 1, 1, 1, 1, 1, 0, stream_, args, nullptr),
         "launching the decision kernel");
   if (logprobs == nullptr) return;
-  void* logprob_args[] = {&logits, &vocab, &rows, &drafts, &out, &order, &logprobs};
+  void* logprob_args[] = {&logits, &vocab, &rows, &drafts, &out, &ids, &logprobs};
   check(driver_->launch(logprobs_, unsigned(count), unsigned(positions), 1, kDecideThreads, 1, 1, 0, stream_,
                         logprob_args, nullptr),
         "launching the logprobs kernel");

@@ -3,7 +3,7 @@
 // Built by setup.py with nvcc into a fatbin that the core embeds and loads through the CUDA driver
 // (cuda_device.cpp): nothing links to the CUDA runtime.
 //
-// Two kernels, launched in order on one stream: dflash_target_tokens takes the target's own token at
+// Three kernels, launched in order on one stream: dflash_target_tokens takes the target's own token at
 // every (row, position), one block each: a greedy row's argmax, a sampled row's draw (decide.h's rules
 // run by the block's threads together, BlockThreads). Sample-then-compare draws each position from its
 // own counter-based uniform, so the positions past a rejected draft cost time, never tokens.

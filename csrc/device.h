@@ -66,7 +66,8 @@ class Device {
   // rules as a kernel), so only verdicts cross to the host. False: the executor downloads logits.
   virtual bool decides() const { return false; }
   // rows[0..count) over logits [*, vocab] -> out[0..count); every pointer is this device's memory,
-  // scratch probs [count, positions, vocab] and order [count, positions, vocab] then [count, positions];
+  // scratch probs [count, positions, vocab] (read only for sampled rows) and order: [count, positions] token
+  // ids, then [count, positions, vocab] (read only for sampled rows and rows asking for logprobs);
   // `positions`: the most logits rows a row decides (its drafts + 1); logprobs (null: no row asks) [count, positions, 1 + kMaxLogprobs]: a row
   // that asks gets its decided tokens' entries (decide.h's logprobs_row_by). Ordered after the calls
   // before it, like a copy.

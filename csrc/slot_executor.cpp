@@ -367,10 +367,10 @@ void SlotExecutor::decide_run(const std::vector<int64_t>& rows, const std::vecto
   for (size_t i : group) asked = asked || decision.sampling[i].sampling.logprobs >= 0;
   const int64_t per_token = 1 + kMaxLogprobs;
   decide_logprobs_.host.resize(asked ? count * positions * per_token * sizeof(TokenLogprob) : 0);
-  bool sampled = false;  // a greedy row needs no probs scratch
+  bool sampled = false;  // a greedy row needs no vocabulary-sized scratch unless it asks for logprobs
   for (size_t i : group) sampled = sampled || !decision.sampling[i].sampling.greedy();
   decide_probs_.reserve(sampled ? count * positions * V : 1);
-  decide_order_.reserve(count * positions * (V + 1));
+  decide_order_.reserve(count * positions * (sampled || asked ? V + 1 : 1));
   decide_rows_.upload();
   decide_drafts_.upload();
   device_.decide(static_cast<const float*>(logits_.device_data(n * r * V)), V,

@@ -210,7 +210,7 @@ class SlotExecutor : public Executor {
   Staged<char> decide_rows_, verdicts_, decide_logprobs_;  // logprobs: [rows, positions, 1 + kMaxLogprobs]
   std::vector<std::vector<TokenLogprob>> logprobs_;        // the last prefill's or verify's, per row
   Staged<int64_t> decide_drafts_;
-  Buffer decide_probs_, decide_order_;  // float32 [rows, positions, V]; order holds int32 ids, then the tokens
+  Buffer decide_probs_, decide_order_;  // float32 [rows, positions, V]; order holds int32 tokens, then ids
   Buffer features_;                 // the target's tapped features [n, s, F], the drafter's input
   std::vector<Buffer> context_;     // per draft cache: the rows' packed context for the block pass
 };
