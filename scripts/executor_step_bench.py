@@ -96,12 +96,12 @@ def profile_verify(executor, block: int, repeat: int, device: torch.device, sync
 
     from dflash_trt.runtime.native import native_core
 
-    greedy = sampling or native_core().RowSampling()
+    deciding = sampling or native_core().RowSampling()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sync()
     with profile(activities=activities) as prof:
         for _ in range(repeat):
-            executor.verify([0], [[1] * block], [greedy])
+            executor.verify([0], [[1] * block], [deciding])
             executor.commit([0], [0])
         sync()
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
