@@ -268,13 +268,15 @@ DFLASH_HD float row_max(const float* values, int64_t vocab, RowShared& s) {
   return s.top;
 }
 
-// s.chunk[c] = the sum of p over chunk c in index order (double), each chunk by one thread.
+// s.chunk[c] = the sum over chunk c in index order (double) of the p that are > `above`, each chunk by
+// one thread.
 template <class Threads>
-DFLASH_HD void chunk_sums(const float* p, int64_t vocab, RowShared& s) {
+DFLASH_HD void chunk_sums(const float* p, int64_t vocab, RowShared& s, float above = -__builtin_huge_valf()) {
   for (int c = Threads::id(); c < kChunks; c += Threads::count()) {
     double sum = 0.0;
     DFLASH_UNROLL(8)
-    for (int64_t i = chunk_start(vocab, c), end = chunk_start(vocab, c + 1); i < end; ++i) sum += p[i];
+    for (int64_t i = chunk_start(vocab, c), end = chunk_start(vocab, c + 1); i < end; ++i)
+      sum += p[i] > above ? p[i] : 0.0f;
     s.chunk[c] = sum;
   }
   Threads::sync();
@@ -437,14 +439,7 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
   } else if (has_floor) {
     floor = radix_select<Threads>(probs, vocab, need_floor, true, s);
   }
-  for (int c = Threads::id(); c < kChunks; c += Threads::count()) {
-    double sum = 0.0;
-    DFLASH_UNROLL(8)
-    for (int64_t i = chunk_start(vocab, c), end = chunk_start(vocab, c + 1); i < end; ++i)
-      sum += probs[i] > ceiling ? probs[i] : 0.0f;
-    s.chunk[c] = sum;
-  }
-  Threads::sync();
+  chunk_sums<Threads>(probs, vocab, s, ceiling);
   const double above = chunks_total(s);
   Threads::sync();  // every thread has read s.chunk before the walk rewrites it
   const float threshold = float(params.top_p);
