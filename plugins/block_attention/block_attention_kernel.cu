@@ -6,6 +6,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 #include <mma.h>
 
 #include <cmath>
@@ -184,16 +185,27 @@ constexpr size_t bytes() {
 }
 }  // namespace mma_tile
 
-// Copies `rows` rows of D elements in 16-byte vectors; row r comes from src(r), or zeros if null.
+// Starts copying `rows` rows of D elements in 16-byte vectors; row r comes from src(r), or zeros if
+// null. The copies are asynchronous, all of a thread's in flight at once (a load-then-store loop
+// waits out one memory latency per vector): staged() waits for them.
 template <typename T, typename Source>
 __device__ __forceinline__ void stage_rows(T* dst, int ld, int rows, Source src) {
   constexpr int V = 16 / sizeof(T), PER_ROW = mma_tile::D / V;
   for (int e = threadIdx.x; e < rows * PER_ROW; e += blockDim.x) {
     const int r = e / PER_ROW, c = (e % PER_ROW) * V;
     const T* from = src(r);
-    *reinterpret_cast<uint4*>(dst + r * ld + c) =
-        from != nullptr ? __ldg(reinterpret_cast<const uint4*>(from + c)) : make_uint4(0, 0, 0, 0);
+    if (from != nullptr)
+      __pipeline_memcpy_async(dst + r * ld + c, from + c, 16);
+    else
+      *reinterpret_cast<uint4*>(dst + r * ld + c) = make_uint4(0, 0, 0, 0);
   }
+}
+
+// Waits for this thread's stage_rows copies and then for the block's.
+__device__ __forceinline__ void staged() {
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
+  __syncthreads();
 }
 
 using Accumulator = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
@@ -236,6 +248,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int64_t row = row0 + r;
     return row < group_rows ? q + ((b * a.heads + g * a.groups + row / n) * n + row % n) * D : nullptr;
   });
+  __pipeline_commit();  // Q's copies land with the first key tile's (staged() waits for both)
   for (int e = threadIdx.x; e < ROWS * O_LD; e += blockDim.x) o_s[e] = 0.f;
 
   int64_t lo, hi;
@@ -260,7 +273,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     };
     stage_rows(k_s, QK_LD, KEYS, key_row(k_context, k_block));
     stage_rows(v_s, QK_LD, KEYS, key_row(v_context, v_block));
-    __syncthreads();
+    staged();
 
     // S[16 rows of this warp][64 keys] = Q K^T (K^T: the K tile read column-major)
     for (int j = 0; j < KEYS / 16; ++j) {
@@ -307,6 +320,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncwarp();
   }
 
+  __pipeline_wait_prior(0);  // with no key tile in this split, Q's copies were never waited for
   __syncthreads();  // o_s was zeroed by every thread: with no key tile in this split, nothing synced it
   // My row, my half of the dims: the normalised output (one split) or this split's partial sums
   // and (max, total), laid out as attention_kernel's.

@@ -36,12 +36,36 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// One token's inputs as a thread holds them: its kLoads elements of q and k (elements threadIdx.x,
+// + kThreads, ... of Dk), the head's gate and beta, and its column's value.
+template <int kLoads>
+struct TokenInputs {
+  float q[kLoads], k[kLoads], g, beta, v;
+
+  template <typename T>
+  __device__ __forceinline__ void load(const Launch& a, const T* query, const T* key, const T* value,
+                                       const float* gate, const T* betas, int64_t row, int64_t h, int64_t kh,
+                                       int64_t j, bool column_ok, int64_t t) {
+    const int64_t key_row = (row * a.tokens + t) * a.key_heads + kh;
+    const int64_t head_row = (row * a.tokens + t) * a.value_heads + h;
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      const int64_t i = threadIdx.x + l * kThreads;
+      q[l] = i < a.key_dim ? dflash::load(query + key_row * a.key_dim + i) : 0.f;
+      k[l] = i < a.key_dim ? dflash::load(key + key_row * a.key_dim + i) : 0.f;
+    }
+    g = __ldg(gate + head_row);
+    beta = dflash::load(betas + head_row);
+    v = column_ok ? dflash::load(value + head_row * a.value_dim + j) : 0.f;
+  }
+};
+
 // kRows rows of Dk per thread: Dk <= kRows * kLanesPerColumn (zero-padded beyond Dk).
 template <typename T, int kRows>
 __global__ void __launch_bounds__(kThreads)
     gated_delta_rule_kernel(Launch a, const T* query, const T* key, const T* value, const float* g, const T* beta,
                             const float* initial_state, T* out, float* states) {
-  constexpr int kPadded = kRows * kLanesPerColumn;
+  constexpr int kPadded = kRows * kLanesPerColumn, kLoads = (kPadded + kThreads - 1) / kThreads;
   // Double-buffered by token parity, so one barrier per token suffices: token t+1 is staged into
   // the other buffer while slower threads may still read token t's.
   __shared__ float q_s[2][kPadded], k_s[2][kPadded];
@@ -69,23 +93,26 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
+  // Token t + 1's inputs are loaded while token t is computed: the loop would otherwise wait out a
+  // memory latency per token.
+  TokenInputs<kLoads> next;
+  next.load(a, query, key, value, g, beta, row, h, kh, j, column_ok, 0);
+#pragma unroll 1
   for (int64_t t = 0; t < a.tokens; ++t) {
     const int buf = static_cast<int>(t & 1);
-    const int64_t key_row = (row * a.tokens + t) * a.key_heads + kh;
     const int64_t head_row = (row * a.tokens + t) * a.value_heads + h;
-    // Issued before the barrier so their latency overlaps the staging.
-    const float decay = expf(g[head_row]);
-    const float b_t = load(beta + head_row);
-    const float v_j = column_ok ? load(value + head_row * dv + j) : 0.f;
-
+    const float decay = expf(next.g), b_t = next.beta, v_j = next.v;
     float qq = 0.f, kk = 0.f;
-    for (int64_t i = threadIdx.x; i < dk; i += kThreads) {
-      const float qi = load(query + key_row * dk + i), ki = load(key + key_row * dk + i);
-      q_s[buf][i] = qi;
-      k_s[buf][i] = ki;
-      qq += qi * qi;
-      kk += ki * ki;
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      const int64_t i = threadIdx.x + l * kThreads;
+      if (i >= dk) break;
+      q_s[buf][i] = next.q[l];
+      k_s[buf][i] = next.k[l];
+      qq += next.q[l] * next.q[l];
+      kk += next.k[l] * next.k[l];
     }
+    if (t + 1 < a.tokens) next.load(a, query, key, value, g, beta, row, h, kh, j, column_ok, t + 1);
     qq = warp_sum(qq);
     kk = warp_sum(kk);
     if (lane == 0) sums_s[buf][warp] = make_float2(qq, kk);

@@ -1,12 +1,16 @@
-// dflash::InjectKV v1 CUDA kernels: a split-K projection into float32 scratch (a GEMV-shaped kernel
-// streaming the weights with 16-byte loads when the rows are few, a tiled GEMM otherwise), then one
-// warp per (row, kv head) that sums the splits, RMS-normalises and RoPEs k and stores k and v.
+// dflash::InjectKV v1 CUDA kernels: a split-K projection into float32 scratch (on tensor cores for
+// 16-bit dtypes; in float32 on CUDA cores a GEMV-shaped kernel streaming the weights with 16-byte
+// loads when the rows are few, a tiled GEMM otherwise), then one warp per (row, kv head) that sums
+// the splits, RMS-normalises and RoPEs k and stores k and v.
 #include "inject_kv/inject_kv_kernel.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
+#include <mma.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/convert.cuh"
 
@@ -141,6 +145,96 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32)
   }
 }
 
+// The tensor-core form for 16-bit T: a block of kMmaWarps warps computes 16 * RM rows x 64 columns
+// over its split of K, in chunks of 64. The rows' hidden chunk is staged in shared memory once for
+// the block; each warp multiplies it by its own 16 weight columns, whose fragments it loads straight
+// from global memory (a column's 16 K values are one full 32-byte sector) before it waits for the
+// staging, so the weight loads are in flight while hidden is staged. Needs hidden % 16 == 0,
+// kv * d % 16 == 0 (a warp's 16 columns are all keys or all values) and 32-byte aligned pointers
+// (mma_fits).
+namespace mma_project {
+constexpr int kWarps = 4, kCols = 16 * kWarps, kChunk = 64, kSteps = kChunk / 16;
+constexpr int kLd = kChunk + 8;    // padded rows of the staged hidden chunk (halves): spreads banks
+constexpr int kOutLd = 16 + 4;     // padded rows of a warp's 16 x 16 result tile (floats)
+}  // namespace mma_project
+
+template <typename T, int RM>
+__global__ void __launch_bounds__(mma_project::kWarps * 32)
+    mma_project_kernel(Launch a, const T* hidden, const T* k_weight, const T* v_weight, float* partial) {
+  using namespace nvcuda;
+  using namespace mma_project;
+  constexpr int ROWS = 16 * RM, V = 16 / static_cast<int>(sizeof(T)), PER_ROW = kChunk / V;
+  __shared__ __align__(32) T x_s[ROWS][kLd];
+  __shared__ __align__(32) float out_s[kWarps][16][kOutLd];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t kvd = a.kv_heads * a.head_dim, cols = 2 * kvd;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kCols + warp * 16;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * ROWS;
+  const int64_t k_begin = blockIdx.z * a.k_per_split, k_end = min(a.hidden, k_begin + a.k_per_split);
+  const bool active = col0 < cols;  // a warp past the last column still stages its share of hidden
+  const T* w = !active ? k_weight : col0 < kvd ? k_weight + col0 * a.hidden : v_weight + (col0 - kvd) * a.hidden;
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[RM];
+#pragma unroll
+  for (int i = 0; i < RM; ++i) wmma::fill_fragment(acc[i], 0.f);
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kChunk) {
+    const int steps = static_cast<int>(min(int64_t{kChunk}, k_end - k0) / 16);
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> w_frag[kSteps];
+    if (active) {
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s)
+        if (s < steps) wmma::load_matrix_sync(w_frag[s], w + k0 + 16 * s, static_cast<unsigned>(a.hidden));
+    }
+    // Asynchronous copies: every thread's vectors are in flight at once (a load-then-store loop
+    // would wait out one memory latency per vector).
+    for (int e = threadIdx.x; e < ROWS * PER_ROW; e += blockDim.x) {
+      const int r = e / PER_ROW, c = (e % PER_ROW) * V;
+      const int64_t row = row0 + r, k = k0 + c;
+      if (row < a.row_count && k < k_end)
+        __pipeline_memcpy_async(&x_s[r][c], hidden + (a.row_begin + row) * a.hidden + k, 16);
+      else
+        *reinterpret_cast<uint4*>(&x_s[r][c]) = make_uint4(0, 0, 0, 0);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    if (active) {
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) {
+        if (s >= steps) break;
+#pragma unroll
+        for (int i = 0; i < RM; ++i) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> x_frag;
+          wmma::load_matrix_sync(x_frag, &x_s[16 * i][16 * s], kLd);
+          wmma::mma_sync(acc[i], x_frag, w_frag[s], acc[i]);
+        }
+      }
+    }
+    __syncthreads();  // the chunk is consumed before the next one is staged over it
+  }
+  if (!active) return;
+  // Through shared memory: only the rows below row_count are stored (a split's region holds exactly
+  // row_count rows; storing a whole 16-row tile would write into the next split's).
+  float* out = partial + blockIdx.z * a.row_count * cols;
+#pragma unroll
+  for (int i = 0; i < RM; ++i) {
+    wmma::store_matrix_sync(&out_s[warp][0][0], acc[i], kOutLd, wmma::mem_row_major);
+    __syncwarp();
+    for (int e = lane; e < 16 * 16; e += 32) {
+      const int r = e / 16, c = e % 16;
+      const int64_t row = row0 + 16 * i + r;
+      if (row < a.row_count) out[row * cols + col0 + c] = out_s[warp][r][c];
+    }
+    __syncwarp();
+  }
+}
+
+bool mma_fits(const InjectKVShape& s, const void* hidden, const void* k_weight, const void* v_weight) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 32 == 0; };
+  return s.hidden % 16 == 0 && (s.kv_heads * s.head_dim) % 16 == 0 && aligned(hidden) && aligned(k_weight) &&
+         aligned(v_weight);
+}
+
 template <typename T>
 bool skinny_fits(const InjectKVShape& s, const void* hidden, const void* k_weight, const void* v_weight) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
@@ -207,6 +301,35 @@ cudaError_t launch_typed(const InjectKVShape& s, const void* hidden, const void*
                                                    static_cast<const T*>(cos), static_cast<const T*>(sin),
                                                    static_cast<T*>(k_out), static_cast<T*>(v_out));
   };
+  if constexpr (!std::is_same_v<T, float>) {
+    if (mma_fits(s, hidden, k_weight, v_weight)) {
+    const auto run = [&](auto rows_tiles) {
+      constexpr int RM = decltype(rows_tiles)::value;
+      for (int64_t begin = 0; begin < rows; begin += InjectKVPlan::kRowsPerLaunch) {
+        const int64_t count = std::min(InjectKVPlan::kRowsPerLaunch, rows - begin);
+        const int64_t col_blocks = ceil_div(cols, mma_project::kCols), row_blocks = ceil_div(count, 16 * RM);
+        // Split K until about kTargetBlocks blocks stream the weights; splits x rows stays within
+        // the workspace (at most kRowsPerLaunch).
+        const int64_t splits = std::clamp<int64_t>(
+            InjectKVPlan::kTargetBlocks / (col_blocks * row_blocks), 1,
+            std::min({InjectKVPlan::kMaxSplits, ceil_div(s.hidden, mma_project::kChunk),
+                      InjectKVPlan::kRowsPerLaunch / count}));
+        const int64_t k_per_split = ceil_div(ceil_div(s.hidden, splits), mma_project::kChunk) * mma_project::kChunk;
+        const Launch a{s.tokens, s.hidden, s.kv_heads, s.head_dim, begin, count, ceil_div(s.hidden, k_per_split),
+                       k_per_split, epsilon};
+        const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks),
+                        static_cast<unsigned>(a.splits));
+        mma_project_kernel<T, RM><<<grid, mma_project::kWarps * 32, 0, stream>>>(
+            a, static_cast<const T*>(hidden), static_cast<const T*>(k_weight), static_cast<const T*>(v_weight),
+            partial);
+        norm_rope(a);
+      }
+      return cudaGetLastError();
+    };
+    // One 16-row tile per block when the rows fit in it (a block of one draft block), else four.
+    return rows <= 16 ? run(std::integral_constant<int, 1>{}) : run(std::integral_constant<int, 4>{});
+    }
+  }
   if (skinny_fits<T>(s, hidden, k_weight, v_weight)) {
     const int64_t col_blocks = ceil_div(cols, kSkinnyCols * kSkinnyWarps), row_blocks = ceil_div(rows, kSkinnyRows);
     // Split K until about kTargetBlocks blocks stream the weights, each lane keeping at least 4

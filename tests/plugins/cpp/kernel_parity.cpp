@@ -236,6 +236,7 @@ int main() {
     inject_kv_case(8, 16, 4096, 8, 128, dtype);  // 128 rows: the GEMV-shaped kernel's 8 row blocks
     inject_kv_case(3, 5, 36, 2, 8, dtype);       // hidden 36: 16-byte loads fit float32 only
     inject_kv_case(9, 15, 64, 1, 16, dtype);     // 135 rows: just past the GEMV-shaped kernel
+    inject_kv_case(5, 8, 4096, 8, 128, dtype);   // 40 rows: a part-filled 64-row tensor-core tile
     block_attention_case(1, 2, 1, 4, 6, 8, {6}, false, 0, dtype);
     block_attention_case(2, 4, 2, 8, 9, 16, {9, 3}, false, 0, dtype);        // ragged context
     block_attention_case(2, 3, 3, 5, 7, 4, {7, 0}, true, 0, dtype);          // causal; an empty context
