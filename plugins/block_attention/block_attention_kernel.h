@@ -23,7 +23,7 @@ constexpr int64_t kBlockAttentionMaxHeadDim = 256;
 // partial results in the workspace.
 //
 // Two kernels: with `mma` (16-bit dtypes, head_dim 128) a block of 4 warps holds 64 rows and
-// multiplies on tensor cores, 2 blocks per SM (113 KiB of shared memory each); otherwise 16 rows
+// multiplies on tensor cores, 2 blocks per SM (85 KiB of shared memory each); otherwise 16 rows
 // (8 for wide heads) on CUDA cores in float32, about 8 blocks per SM. Either way splits x blocks x
 // rows per block stays within kMaxPartialRows, which bounds the workspace.
 struct BlockAttentionPlan {

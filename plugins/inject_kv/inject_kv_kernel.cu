@@ -145,15 +145,15 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32)
   }
 }
 
-// The tensor-core form for 16-bit T: a block of kMmaWarps warps computes 16 * RM rows x 64 columns
-// over its split of K, in chunks of 64. The rows' hidden chunk is staged in shared memory once for
-// the block; each warp multiplies it by its own 16 weight columns, whose fragments it loads straight
-// from global memory (a column's 16 K values are one full 32-byte sector) before it waits for the
-// staging, so the weight loads are in flight while hidden is staged. Needs hidden % 16 == 0,
+// The tensor-core form for 16-bit T: a block of 4 warps computes 16 * RM rows x 64 columns over its
+// split of K, in chunks of 256 (a decode-sized split is one chunk). The rows' hidden chunk is staged
+// in shared memory once for the block; each warp multiplies it by its own 16 weight columns, whose
+// 16 fragments of the chunk it loads straight from global memory (a column's 16 K values are one
+// full 32-byte sector) before it waits for the staging: all of a chunk's loads are in flight at once. Needs hidden % 16 == 0,
 // kv * d % 16 == 0 (a warp's 16 columns are all keys or all values) and 32-byte aligned pointers
 // (mma_fits).
 namespace mma_project {
-constexpr int kWarps = 4, kCols = 16 * kWarps, kChunk = 64, kSteps = kChunk / 16;
+constexpr int kWarps = 4, kCols = 16 * kWarps, kChunk = 256, kSteps = kChunk / 16;
 constexpr int kLd = kChunk + 8;    // padded rows of the staged hidden chunk (halves): spreads banks
 constexpr int kOutLd = 16 + 4;     // padded rows of a warp's 16 x 16 result tile (floats)
 }  // namespace mma_project
