@@ -416,36 +416,29 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // One warp per output row: rescale each split's sum to the common max and normalise by the total.
-// Each lane sums its dims over the splits a split at a time (all of a split's loads issued together,
-// several splits unrolled): a dim at a time would wait out a memory latency per split and dim.
 template <typename T>
 __global__ void __launch_bounds__(128) combine_kernel(Args a, const float* partial, T* out) {
-  constexpr int kDims = static_cast<int>(kBlockAttentionMaxHeadDim / 32);
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * 4 + threadIdx.x / 32;
   if (row >= a.total_rows) return;
   const int64_t d = a.head_dim;
   const float* ml = partial + a.splits * a.total_rows * d;
   float best = -INFINITY;
-#pragma unroll 8
   for (int64_t s = 0; s < a.splits; ++s) best = fmaxf(best, ml[(s * a.total_rows + row) * 2]);
-  float total = 0.f, acc[kDims] = {};
+  float total = 0.f;
   if (best != -INFINITY) {
-#pragma unroll 4
-    for (int64_t s = 0; s < a.splits; ++s) {
-      const float* split_ml = ml + (s * a.total_rows + row) * 2;
-      const float* sums = partial + (s * a.total_rows + row) * d;
-      const float weight = expf(split_ml[0] - best);
-      total += weight * split_ml[1];
-#pragma unroll
-      for (int c = 0; c < kDims; ++c)
-        if (lane + 32 * c < d) acc[c] += weight * sums[lane + 32 * c];
-    }
+    for (int64_t s = 0; s < a.splits; ++s)
+      total += expf(ml[(s * a.total_rows + row) * 2] - best) * ml[(s * a.total_rows + row) * 2 + 1];
   }
   const float inv = total > 0.f ? 1.f / total : 0.f;
-#pragma unroll
-  for (int c = 0; c < kDims; ++c)
-    if (lane + 32 * c < d) out[row * d + lane + 32 * c] = from_float<T>(acc[c] * inv);
+  for (int64_t j = lane; j < d; j += 32) {
+    float acc = 0.f;
+    if (inv > 0.f) {
+      for (int64_t s = 0; s < a.splits; ++s)
+        acc += expf(ml[(s * a.total_rows + row) * 2] - best) * partial[(s * a.total_rows + row) * d + j];
+    }
+    out[row * d + j] = from_float<T>(acc * inv);
+  }
 }
 
 template <typename T>

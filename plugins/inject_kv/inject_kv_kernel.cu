@@ -242,6 +242,12 @@ bool skinny_fits(const InjectKVShape& s, const void* hidden, const void* k_weigh
          aligned(k_weight) && aligned(v_weight);
 }
 
+__device__ __forceinline__ float sum_splits(const float* partial, int64_t split_stride, int64_t splits) {
+  float total = 0.f;
+  for (int64_t s = 0; s < splits; ++s) total += partial[s * split_stride];
+  return total;
+}
+
 // One warp per (row, kv head): k = rope(rmsnorm(sum of k partials) * k_norm), v = sum of v partials.
 // Lane handles the rotate-half pairs (j, j + d/2) for j = lane, lane + 32, ...: both halves of a
 // pair are in its registers, so RoPE needs no exchange between lanes.
@@ -256,31 +262,14 @@ __global__ void __launch_bounds__(128)
   const float* k_sum = partial + local * cols + h * d;
   const float* v_sum = k_sum + a.kv_heads * d;
 
-  // The splits' sums of this lane's k pairs and v values, a split's loads all issued together and
-  // several splits unrolled: summing one value over the splits at a time would wait out a memory
-  // latency per split and value.
-  float lo[kPairsPerLane] = {}, hi[kPairsPerLane] = {}, v[2 * kPairsPerLane] = {};
-#pragma unroll 4
-  for (int64_t split = 0; split < a.splits; ++split) {
-    const float* k_split = k_sum + split * split_stride;
-    const float* v_split = v_sum + split * split_stride;
+  float lo[kPairsPerLane], hi[kPairsPerLane], square_sum = 0.f;
 #pragma unroll
-    for (int p = 0; p < kPairsPerLane; ++p) {
-      const int64_t j = lane + 32 * p;
-      if (j < half) {
-        lo[p] += k_split[j];
-        hi[p] += k_split[j + half];
-      }
-    }
-#pragma unroll
-    for (int c = 0; c < 2 * kPairsPerLane; ++c) {
-      const int64_t j = lane + 32 * c;
-      if (j < d) v[c] += v_split[j];
-    }
+  for (int p = 0; p < kPairsPerLane; ++p) {
+    const int64_t j = lane + 32 * p;
+    lo[p] = j < half ? sum_splits(k_sum + j, split_stride, a.splits) : 0.f;
+    hi[p] = j < half ? sum_splits(k_sum + j + half, split_stride, a.splits) : 0.f;
+    square_sum += lo[p] * lo[p] + hi[p] * hi[p];
   }
-  float square_sum = 0.f;
-#pragma unroll
-  for (int p = 0; p < kPairsPerLane; ++p) square_sum += lo[p] * lo[p] + hi[p] * hi[p];
   for (int offset = 16; offset > 0; offset /= 2) square_sum += __shfl_xor_sync(0xffffffffu, square_sum, offset);
   const float inv_rms = 1.f / sqrtf(square_sum / static_cast<float>(d) + a.epsilon);
 
@@ -296,9 +285,7 @@ __global__ void __launch_bounds__(128)
     k_out[out + j] = from_float<T>(x * load(c + j) - y * load(s + j));
     k_out[out + j + half] = from_float<T>(y * load(c + j + half) + x * load(s + j + half));
   }
-#pragma unroll
-  for (int c = 0; c < 2 * kPairsPerLane; ++c)
-    if (lane + 32 * c < d) v_out[out + lane + 32 * c] = from_float<T>(v[c]);
+  for (int64_t j = lane; j < d; j += 32) v_out[out + j] = from_float<T>(sum_splits(v_sum + j, split_stride, a.splits));
 }
 
 template <typename T>
