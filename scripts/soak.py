@@ -154,6 +154,10 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--greedy-checks", type=int, default=48, help="greedy replies compared with offline")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="soak this many times against one server (each --seconds long, seeds differ), the "
+                             "memory recorded after each: what a second round adds tells a leak from the "
+                             "allocators' high-water marks, which the first round sets")
     parser.add_argument("--json")
     args = parser.parse_args()
 
@@ -171,14 +175,19 @@ def main() -> None:
         before, before_by = rss_mib(pids), rss_by_process(pids)
         began = time.perf_counter()
         memory: list[float] = []
-        outcomes = asyncio.run(soak(server.url, server.model, prompts, args.clients, args.seconds, args.seed, pids,
-                                    memory))
+        outcomes: list[Outcome] = []
+        rounds = []
+        for round_index in range(args.rounds):
+            outcomes += asyncio.run(soak(server.url, server.model, prompts, args.clients, args.seconds,
+                                         args.seed + round_index, pids, memory))
+            for _ in range(60):  # left streams are cancelled within a step or two
+                if running(server.root) == 0:
+                    break
+                time.sleep(1)
+            rounds.append({"requests": len(outcomes), "running_after": running(server.root),
+                           "rss_mib_after": rss_mib(pids), "rss_mib_by_process_after": rss_by_process(pids)})
         wall = time.perf_counter() - began
-        for _ in range(60):  # left streams are cancelled within a step or two
-            if running(server.root) == 0:
-                break
-            time.sleep(1)
-        idle, after, after_by = running(server.root), rss_mib(pids), rss_by_process(pids)
+        idle, after, after_by = rounds[-1]["running_after"], rounds[-1]["rss_mib_after"], rounds[-1]["rss_mib_by_process_after"]
     finally:
         server.stop()
 
@@ -194,7 +203,8 @@ def main() -> None:
     gaps = [g for o in outcomes for g in o.gaps_s]
     record = {
         "command": " ".join(["python", "scripts/soak.py", *sys.argv[1:]]),
-        "bundle": bundle.name, "clients": args.clients, "seconds": args.seconds, "max_batch": args.max_batch,
+        "bundle": bundle.name, "clients": args.clients, "seconds": args.seconds, "rounds": args.rounds,
+        "max_batch": args.max_batch,
         "requests": len(outcomes), **counts,
         "greedy_checked": len(checked), "greedy_equal_offline": len(checked) - len(mismatches), "mismatches": mismatches,
         "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p99": percentile(ttft, 99),
@@ -203,6 +213,7 @@ def main() -> None:
         "chunks_per_s": round((len(gaps) + len(ttft)) / wall, 1),
         "running_after": idle, "rss_mib_before": before, "rss_mib_during": memory, "rss_mib_after": after,
         "rss_mib_by_process": {"before": before_by, "after": after_by},
+        "by_round": rounds,
         "errors": sorted({o.error for o in outcomes if o.error})[:10],
     }
     print(json.dumps({k: v for k, v in record.items() if k != "errors"}, indent=1))
