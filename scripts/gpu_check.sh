@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: one command on a bare GPU machine (CUDA driver, nvcc, CMake, Python with PyTorch; no
 # TensorRT, no network). It builds the plugin kernels and the C++ core for this GPU's SM, runs the
-# kernels' parity with their CPU references and their bandwidth bench, `pytest -m gpu`, the target
+# kernels' parity with their CPU references and their bandwidth bench (and, where Nsight Compute is
+# installed, a profile of one launch of each), `pytest -m gpu`, the target
 # step-cost floor at Qwen3-8B widths, the decisions' own cost (scripts/decide_bench.py) and our executor's
 # phases at those widths (scripts/executor_step_bench.py), then writes the record gpu-<device>.json (scripts/gpu_record.py)
 # into OUT_DIR. A failed step is recorded and the next one still runs; the exit status is 1 if any
@@ -105,6 +106,15 @@ if [ $plugins_built = 1 ]; then
   step kernel_parity 120 bash -c "set -o pipefail; $plugins/kernel_parity | tee $work/kernel_parity.log"
   step ctest 120 ctest --test-dir "$plugins" --label-exclude gpu --output-on-failure
   step kernel_bench 120 "$plugins/kernel_bench" --json "$work/kernel_bench.json" --peak-tbps "$peak_tbps"
+  # Where each kernel's time goes (Nsight Compute: one launch of each kernel at each bench shape).
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+  if [ -n "$ncu" ]; then
+    step kernel_profile 300 bash -c "$ncu --csv --page details --section SpeedOfLight --section Occupancy \
+      --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis $plugins/kernel_bench --once \
+      >$work/kernel_profile.csv"
+  else
+    echo "note: no ncu (Nsight Compute): no kernel profile" | tee -a "$log"
+  fi
 fi
 step build_core 300 "$python" setup.py -q build_ext --inplace -j "$(nproc)"
 step step_bench 240 "$python" scripts/gpu_step_bench.py --json "$work/step_bench.json"

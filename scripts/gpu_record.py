@@ -6,13 +6,14 @@ Prints the record's summary; exits 1 when a step failed or a parity line or gpu 
     python3 scripts/gpu_record.py WORK_DIR --commit SHA [-o OUT_DIR] [--peak-tflops 989]
 
 WORK_DIR holds what gpu_check.sh wrote: smi.csv, steps.tsv, kernel_parity.log, kernel_bench.json,
-pytest.xml, step_bench.json and the executor_bench*.json of each run (a step that did not run leaves its
+kernel_profile.csv (where Nsight Compute ran), pytest.xml, step_bench.json and the executor_bench*.json of each run (a step that did not run leaves its
 file out and says so in steps.tsv).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import re
 import sys
@@ -69,6 +70,38 @@ def read_kernel_bench(path: Path, peak_tflops: float) -> dict:
     return bench
 
 
+def read_kernel_profile(path: Path) -> dict:
+    """kernel_profile.csv: what `kernel_bench --once` printed (its shapes in launch order), then Nsight
+    Compute's `--csv --page details` table, one row per (launch, section, metric) -> the launches in
+    order, each with its kernel's short name, grid, block and metrics ("Section: Metric (unit)")."""
+    lines = path.read_text().splitlines()
+    header = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), len(lines))
+    shapes = [line for line in lines[:header] if line.strip() and not line.startswith("==")]
+    launches: dict[str, dict] = {}
+    for row in csv.DictReader(lines[header:]):
+        launch = launches.setdefault(row["ID"], {
+            "id": int(row["ID"]), "kernel": short_kernel_name(row["Kernel Name"]),
+            "grid": row.get("Grid Size"), "block": row.get("Block Size"), "metrics": {}})
+        unit = row.get("Metric Unit") or ""
+        name = f"{row['Section Name']}: {row['Metric Name']}" + (f" ({unit})" if unit else "")
+        launch["metrics"][name] = number(row["Metric Value"])
+    return {"tool": "Nsight Compute", "shapes_in_launch_order": shapes, "launches": list(launches.values())}
+
+
+def short_kernel_name(name: str) -> str:
+    """'void dflash::(anonymous namespace)::mma_project_kernel<__nv_bfloat16, 1>(...)' -> 'mma_project_kernel<__nv_bfloat16, 1>'."""
+    name = re.sub(r"^void ", "", name)
+    name = re.sub(r"^dflash::(\(anonymous namespace\)::)?", "", name)
+    return name.split("(", 1)[0]
+
+
+def number(text: str) -> float | str:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return text
+
+
 def read_pytest(path: Path) -> dict:
     """JUnit XML -> counts and each test's outcome (passed, failed, error, skipped: reason)."""
     root = ET.parse(path).getroot()
@@ -93,6 +126,7 @@ def build_record(work: Path, commit: str, peak_tflops: float) -> dict:
               "steps": read_steps(work / "steps.tsv")}
     readers = {"kernel_parity": ("kernel_parity.log", read_parity),
                "kernel_bench": ("kernel_bench.json", lambda p: read_kernel_bench(p, peak_tflops)),
+               "kernel_profile": ("kernel_profile.csv", read_kernel_profile),
                "pytest_gpu": ("pytest.xml", read_pytest),
                "step_bench": ("step_bench.json", lambda p: json.loads(p.read_text())),
                "decide_bench": ("decide_bench.json", lambda p: json.loads(p.read_text())),

@@ -3,7 +3,7 @@
 // heads, 32 value heads, 128 x 128 state) against their memory-bandwidth floor: the bytes each call
 // must move at least (plugins/*/README.md), over a peak bandwidth, and their arithmetic (FLOPs), which
 // bounds the prefill shapes instead. Prints a table; --json PATH also writes it.
-// Usage: kernel_bench [--json PATH] [--peak-tbps 3.35]. Exit 77 without a GPU.
+// Usage: kernel_bench [--json PATH] [--peak-tbps 3.35] [--once]. Exit 77 without a GPU.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -39,8 +39,20 @@ void* buffer(size_t bytes) {
   return p;
 }
 
-// Mean microseconds per call over 50 calls after 5 warm-up calls, timed with CUDA events.
+// --once: every shape's call runs once, untimed, for a profiler (Nsight Compute) to see one launch of
+// each kernel at each shape.
+bool g_once = false;
+
+// Mean microseconds per call over 50 calls after 5 warm-up calls, timed with CUDA events (0 with --once).
 double time_calls(const std::function<cudaError_t()>& call) {
+  if (g_once) {
+    const cudaError_t status = call() == cudaSuccess ? cudaDeviceSynchronize() : cudaGetLastError();
+    if (status != cudaSuccess) {
+      std::fprintf(stderr, "kernel failed: %s\n", cudaGetErrorString(status));
+      std::exit(1);
+    }
+    return 0.0;
+  }
   for (int i = 0; i < 5; ++i) call();
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
@@ -139,9 +151,10 @@ Row gated_delta_rule(int64_t batch, int64_t tokens, int64_t states_from) {
 int main(int argc, char** argv) {
   const char* json = nullptr;
   double peak_tbps = 3.35;  // H100 SXM HBM3
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--json") == 0) json = argv[i + 1];
-    if (std::strcmp(argv[i], "--peak-tbps") == 0) peak_tbps = std::atof(argv[i + 1]);
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--once") == 0) g_once = true;
+    if (i + 1 < argc && std::strcmp(argv[i], "--json") == 0) json = argv[i + 1];
+    if (i + 1 < argc && std::strcmp(argv[i], "--peak-tbps") == 0) peak_tbps = std::atof(argv[i + 1]);
   }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -158,6 +171,10 @@ int main(int argc, char** argv) {
   for (int64_t batch : {1, 8}) rows.push_back(gated_delta_rule(batch, kBlock, 0));  // verify: every state kept
   rows.push_back(gated_delta_rule(1, 4096, 4095));                                    // prefill: the last one
 
+  if (g_once) {  // launch order, for reading a profile: the rows above, each 1-2 kernels
+    for (const Row& r : rows) std::printf("%s %s\n", r.op.c_str(), r.shape.c_str());
+    return 0;
+  }
   std::printf("%s, bfloat16, floor at %.2f TB/s\n%-15s %-24s %10s %10s %10s %8s\n", prop.name, peak_tbps, "op", "shape",
               "MB", "floor us", "time us", "floor %");
   for (const Row& r : rows) {

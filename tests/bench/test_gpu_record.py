@@ -95,3 +95,29 @@ def test_the_projected_speedup_is_tau_plain_steps_per_draft_and_verify():
     # HumanEval's tau 6.55: 6.55 tokens per (2.5 + 0.5) ms against one per 2.0 ms
     assert (measured["rows"], measured["step_ms"], measured["speedup"]["HumanEval"]) == (1, 3.0, round(6.55 * 2 / 3, 2))
     assert (full["plain_ms"], full["step_ms"], full["speedup"]["Alpaca"]) == (6.0, 8.0, round(3.16 * 6 / 8, 2))
+
+
+# What `ncu --csv --page details ... kernel_bench --once` prints: the bench's shapes in launch order (its
+# stdout), Nsight Compute's own lines, then one row per (launch, section, metric).
+NCU = '''InjectKV b=1 n=16
+BlockAttention b=1 context=1024
+==PROF== Disconnected from process 4242
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","4242","kernel_bench","127.0.0.1","void dflash::(anonymous namespace)::mma_project_kernel<__nv_bfloat16, 1>(dflash::(anonymous namespace)::Launch, const T1 *, const T1 *, const T1 *, float *)","1","7","(128, 1, 1)","(32, 1, 16)","0","9.0","GPU Speed Of Light Throughput","DRAM Throughput","%","21.37"
+"0","4242","kernel_bench","127.0.0.1","void dflash::(anonymous namespace)::mma_project_kernel<__nv_bfloat16, 1>(dflash::(anonymous namespace)::Launch, const T1 *, const T1 *, const T1 *, float *)","1","7","(128, 1, 1)","(32, 1, 16)","0","9.0","Launch Statistics","Registers Per Thread","register/thread","96"
+"1","4242","kernel_bench","127.0.0.1","void dflash::(anonymous namespace)::combine_kernel<__nv_bfloat16>(dflash::(anonymous namespace)::Args, const float *, T1 *)","1","7","(128, 1, 1)","(128, 1, 1)","0","9.0","GPU Speed Of Light Throughput","Duration","us","1,204.16"
+'''
+
+
+def test_the_kernel_profile_is_read_per_launch(tmp_path):
+    write_inputs(tmp_path / "work", "kernel_profile\t0\t40.0\n")
+    (tmp_path / "work" / "kernel_profile.csv").write_text(NCU)
+    profile = gpu_record.build_record(tmp_path / "work", "abc123", peak_tflops=100.0)["kernel_profile"]
+    assert profile["shapes_in_launch_order"] == ["InjectKV b=1 n=16", "BlockAttention b=1 context=1024"]
+    first, second = profile["launches"]
+    assert (first["id"], first["kernel"], first["grid"], first["block"]) == (
+        0, "mma_project_kernel<__nv_bfloat16, 1>", "(32, 1, 16)", "(128, 1, 1)")
+    assert first["metrics"] == {"GPU Speed Of Light Throughput: DRAM Throughput (%)": 21.37,
+                                "Launch Statistics: Registers Per Thread (register/thread)": 96.0}
+    assert second["kernel"] == "combine_kernel<__nv_bfloat16>"
+    assert second["metrics"] == {"GPU Speed Of Light Throughput: Duration (us)": 1204.16}
