@@ -107,6 +107,11 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
             "mean_fraction_before_first_difference": statistics.mean(prefix)}
 
 
+def median_of(values: list) -> float | None:
+    measured = [v for v in values if v is not None]
+    return statistics.median(measured) if measured else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-prompts", type=int, default=8)
@@ -134,8 +139,9 @@ def main() -> None:
         if "skipped" in runs[0]:
             speed[system] = runs[0]
             continue
-        speed[system] = {k: statistics.median(run[k] for run in runs) for k in runs[0]
-                         if isinstance(runs[0][k], float)}
+        # a figure a round could not measure (tau when the adaptive block drafted nothing) is None there
+        speed[system] = {k: median_of([run[k] for run in runs]) for k in runs[0]
+                         if any(isinstance(run[k], float) for run in runs)}
         speed[system].update({k: v for k, v in runs[0].items() if isinstance(v, int | str)})
     if "tokens" in rounds[0]["llama.cpp Q4_1"]:
         speed["llama.cpp Q4_1"]["replies_equal_to_our_int4_plain"] = agreement(

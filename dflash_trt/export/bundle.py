@@ -336,8 +336,9 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
         "draft_context": PluginDraftContextGraph(drafter) if plugin else DraftContextGraph(drafter),
         "draft_block": PluginDraftBlockGraph(drafter, target) if plugin else DraftBlockGraph(drafter, target),
     }
-    if flavour == "slots":  # the onnxruntime flavour: its own MoE kernel (export/moe.py)
+    if flavour == "slots":  # the onnxruntime flavour: its own MoE kernel (export/moe.py), RoPE inside GQA
         use_onnxruntime_moe(modules["target"])
+        modules["target"].rope_in_attention = not hybrid
     checks = {}
     with staged_directory(out) as tmp:
         with _parameters_in(list(modules.values()), getattr(torch, dtype)):

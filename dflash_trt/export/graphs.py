@@ -61,6 +61,16 @@ def _layer_window(config, index: int) -> int | None:
 def project_qkv(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """A decoder layer's attention inputs: q [b, heads, s, d] and k [b, kv_heads, s, d] after the
     per-head norms (Qwen3) and RoPE, and v [b, s, kv_heads * d] as projected."""
+    d = layer.self_attn.head_dim
+    q, k, v = project_qkv_unrotated(layer, x)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    return q * cos + rotate_half(q, d) * sin, k * cos + rotate_half(k, d) * sin, v
+
+
+def project_qkv_unrotated(layer, x: torch.Tensor):
+    """q [b, s, heads, d] and k [b, s, kv_heads, d] after the per-head norms (Qwen3), before RoPE, and
+    v [b, s, kv_heads * d]."""
     attn = layer.self_attn
     b, s, _ = x.shape
     d = attn.head_dim
@@ -69,9 +79,7 @@ def project_qkv(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     k = attn.k_proj(h).view(b, s, -1, d)
     if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
         q, k = attn.q_norm(q), attn.k_norm(k)
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    q, k = q.transpose(1, 2), k.transpose(1, 2)
-    return q * cos + rotate_half(q, d) * sin, k * cos + rotate_half(k, d) * sin, attn.v_proj(h)
+    return q, k, attn.v_proj(h)
 
 
 def rotate_half(x: torch.Tensor, d: int) -> torch.Tensor:

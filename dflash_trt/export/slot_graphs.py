@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dflash_trt.export.graphs import TargetGraph, _layer_window, in_tap_order, project_qkv
-from dflash_trt.export.slot_ops import slot_attention
+from dflash_trt.export.graphs import TargetGraph, _layer_window, in_tap_order, project_qkv, project_qkv_unrotated
+from dflash_trt.export.slot_ops import rope_tables, slot_attention
 
 CONTRACT = 2
 
@@ -49,6 +49,10 @@ class SlotTargetGraph(TargetGraph):
     dflash::slot_attention, what the exporters lower; the torch runtime sets its in-place twin."""
 
     attend = staticmethod(slot_attention)
+    # The slots flavour hands RoPE to GroupQueryAttention (do_rotary, from per-token tables): about 20
+    # fewer small nodes a layer, which onnxruntime runs one by one. Where the rotary covers the whole
+    # head only (a partial rotary keeps its own nodes).
+    rope_in_attention = False
 
     def forward(self, input_ids: torch.Tensor, cache_lengths: torch.Tensor, query_lengths: torch.Tensor,
                 logits_index: torch.Tensor, *caches: torch.Tensor):
@@ -56,13 +60,15 @@ class SlotTargetGraph(TargetGraph):
         x = self.model.embed_tokens(input_ids)
         positions = cache_lengths[:, None] + torch.arange(s, device=input_ids.device)[None]  # [b, s]
         cos, sin = self.model.rotary_emb(x, positions)
+        fused = self.rope_in_attention and cos.shape[-1] == self.model.layers[0].self_attn.head_dim
+        rope = rope_tables(cos, sin, caches[0].shape[2]) if fused else ()
         # onnxruntime leaves GQA's padding rows unspecified (arena memory: any bits, NaN included), and
         # a padding row that attends nothing can grow past float16 in models with massive activations.
         valid = (torch.arange(s, device=input_ids.device)[None] < query_lengths[:, None])[:, :, None]
         features, written = {}, []
         for index, layer in enumerate(self.model.layers):
             x, kv = self._slot_layer(layer, self.mlps[index], x, cos, sin, caches[2 * index], caches[2 * index + 1],
-                                     cache_lengths, query_lengths, valid, _layer_window(self.config, index) or 0)
+                                     cache_lengths, query_lengths, valid, _layer_window(self.config, index) or 0, rope)
             written += kv
             if index in self.taps:
                 features[index] = self.model.norm(x) if index in self.normed_taps else x
@@ -71,14 +77,19 @@ class SlotTargetGraph(TargetGraph):
         logits = self.lm_head(self.model.norm(x)).float()
         return (logits, tapped(in_tap_order(features, self.taps), valid), *written)
 
-    def _slot_layer(self, layer, mlp, x, cos, sin, key_cache, value_cache, cache_lengths, query_lengths, valid, window):
+    def _slot_layer(self, layer, mlp, x, cos, sin, key_cache, value_cache, cache_lengths, query_lengths, valid, window,
+                    rope=()):
         attn = layer.self_attn
         b, s, _ = x.shape
-        q, k, v = project_qkv(layer, x, cos, sin)
-        heads, kv_heads = q.shape[1], k.shape[1]
+        if rope:  # rotated inside the attention, from the tables
+            q, k, v = project_qkv_unrotated(layer, x)
+        else:
+            q, k, v = project_qkv(layer, x, cos, sin)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+        heads, kv_heads = q.shape[2], k.shape[2]
         out, key_cache, value_cache = self.attend(
-            q.transpose(1, 2).reshape(b, s, -1), k.transpose(1, 2).reshape(b, s, -1), v, key_cache, value_cache,
-            cache_lengths, query_lengths, heads, kv_heads, attn.scaling, window)
+            q.reshape(b, s, -1), k.reshape(b, s, -1), v, key_cache, value_cache,
+            cache_lengths, query_lengths, heads, kv_heads, attn.scaling, window, *rope)
         x = x + attn.o_proj(torch.where(valid, out, 0.0))
         x = x + mlp(layer.post_attention_layernorm(x))
         return x, (key_cache, value_cache)

@@ -24,9 +24,14 @@ ORT_DOMAIN_VERSION = 1
 @torch.library.custom_op("dflash::slot_attention", mutates_args=())
 def slot_attention(query: Tensor, key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                    cache_lengths: Tensor, query_lengths: Tensor, num_heads: int, kv_heads: int,
-                   scale: float, window: int) -> tuple[Tensor, Tensor, Tensor]:
-    """query [b, s, heads*d], key/value [b, s, kv*d] (K after RoPE), caches [b, kv, C, d]
-    -> attention [b, s, heads*d] (zero past query_lengths), key cache, value cache (new arrays)."""
+                   scale: float, window: int, rope_cos: Tensor | None = None, rope_sin: Tensor | None = None,
+                   rope_positions: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """query [b, s, heads*d], key/value [b, s, kv*d] (Q and K after RoPE, or rotated here by the rope_*
+    tables: `rope_tables`), caches [b, kv, C, d] -> attention [b, s, heads*d] (zero past
+    query_lengths), key cache, value cache (new arrays)."""
+    if rope_cos is not None:
+        query = table_rope(query, rope_cos, rope_sin, rope_positions, num_heads)
+        key = table_rope(key, rope_cos, rope_sin, rope_positions, kv_heads)
     b, s, _ = query.shape
     _, capacity, d = key_cache.shape[1:]
     start = cache_lengths[:, None]  # [b, 1]
@@ -56,12 +61,35 @@ def slot_attention(query: Tensor, key: Tensor, value: Tensor, key_cache: Tensor,
 
 
 @slot_attention.register_fake
-def _(query, key, value, key_cache, value_cache, cache_lengths, query_lengths, num_heads, kv_heads, scale, window):
+def _(query, key, value, key_cache, value_cache, cache_lengths, query_lengths, num_heads, kv_heads, scale, window,
+      rope_cos=None, rope_sin=None, rope_positions=None):
     return torch.empty_like(query), torch.empty_like(key_cache), torch.empty_like(value_cache)
 
 
+def rope_tables(cos: Tensor, sin: Tensor, capacity) -> tuple[Tensor, Tensor, Tensor]:
+    """HF's cos / sin [b, s, d] at each query row's position (rotate-half RoPE: halves repeated) as
+    GroupQueryAttention's `do_rotary` inputs: cos and sin tables [b*s + capacity, d/2] whose row b*s + j
+    is query j of row b, and position_ids [b, s] pointing there. The rows are the exact values the
+    unfused graph multiplies by (scaling included); the zero rows after them are there because GQA
+    wants at least total_sequence_length (the capacity) rows and never reads them."""
+    b, s, d = cos.shape
+    pad = cos.new_zeros(capacity, d // 2, dtype=torch.float32).to(cos.dtype)  # ONNX makes no bfloat16 constants
+    cos_table, sin_table = (torch.cat((t[..., : d // 2].reshape(b * s, d // 2), pad)) for t in (cos, sin))
+    return cos_table, sin_table, torch.arange(b * s, device=cos.device).view(b, s)
+
+
+def table_rope(x: Tensor, cos_table: Tensor, sin_table: Tensor, positions: Tensor, heads: int) -> Tensor:
+    """x [b, s, heads*d] rotated as GroupQueryAttention's do_rotary (not interleaved) rotates it."""
+    b, s, _ = x.shape
+    half = cos_table.shape[-1]
+    c, sn = cos_table[positions][:, :, None], sin_table[positions][:, :, None]  # [b, s, 1, d/2]
+    x = x.view(b, s, heads, 2 * half)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * c - x2 * sn, x2 * c + x1 * sn), dim=-1).reshape(b, s, -1)
+
+
 def _symbolic_slot_attention(g, query, key, value, key_cache, value_cache, cache_lengths, query_lengths,
-                             num_heads, kv_heads, scale, window):
+                             num_heads, kv_heads, scale, window, rope_cos=None, rope_sin=None, rope_positions=None):
     from torch.onnx import symbolic_helper
     from torch.onnx._internal.torchscript_exporter._type_utils import JitScalarType
 
@@ -79,14 +107,17 @@ def _symbolic_slot_attention(g, query, key, value, key_cache, value_cache, cache
                   "scale_f": symbolic_helper._maybe_get_const(scale, "f")}
     if window > 0:
         attributes["local_window_size_i"] = window
-    unused = [symbolic_helper._optional_input_placeholder_tensor(g) for _ in range(9)]
+    rope = [] if symbolic_helper._is_none(rope_cos) else [rope_cos, rope_sin, rope_positions]
+    if rope:
+        attributes.update(do_rotary_i=1, rotary_interleaved_i=0)
+    unused = [symbolic_helper._optional_input_placeholder_tensor(g) for _ in range(9 - len(rope))]
     # Inputs: query key value past_key past_value seqlens_k total_sequence_length, then cos_cache
-    # sin_cache position_ids attention_bias head_sink k_scale v_scale q_norm_weight k_norm_weight
-    # (unused: RoPE and q/k norms are applied before), then query_seqlens. causal stays its default 1,
-    # which query_seqlens requires.
+    # sin_cache position_ids (the rope tables, or unused: RoPE applied before), attention_bias head_sink
+    # k_scale v_scale q_norm_weight k_norm_weight (unused: q/k norms are applied before), then
+    # query_seqlens. causal stays its default 1, which query_seqlens requires.
     out, key_out, value_out = g.op(
         f"{ORT_DOMAIN}::GroupQueryAttention", query, key, value, key_cache, value_cache,
-        g.op("Cast", seqlens_k, to_i=int32), g.op("Cast", capacity, to_i=int32), *unused,
+        g.op("Cast", seqlens_k, to_i=int32), g.op("Cast", capacity, to_i=int32), *rope, *unused,
         g.op("Cast", query_lengths, to_i=int32), outputs=3, **attributes)
     out.setType(query.type())
     key_out.setType(key_cache.type())

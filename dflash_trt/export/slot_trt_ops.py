@@ -109,7 +109,11 @@ def register_slot_trt_symbolics(opset: int, decomposed: bool = False) -> None:
     """dflash::slot_attention -> the standard-op form (replaces slot_ops' GQA symbolic at `opset`);
     `decomposed`: attention from MatMul / Softmax instead of ONNX Attention."""
     def symbolic(g, query, key, value, key_cache, value_cache, cache_lengths, query_lengths, num_heads, kv_heads,
-                 scale, window):
+                 scale, window, rope_cos=None, rope_sin=None, rope_positions=None):
+        from torch.onnx import symbolic_helper
+
+        # RoPE inside the attention is the slots flavour's (GroupQueryAttention's do_rotary) alone
+        assert symbolic_helper._is_none(rope_cos), "slots-trt graphs rotate Q and K before the attention"
         return _symbolic_slot_attention(g, query, key, value, key_cache, value_cache, cache_lengths, query_lengths,
                                         num_heads, kv_heads, scale, window, decomposed)
 

@@ -12,7 +12,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from dflash_trt.export.manifest import FORMAT_VERSION
+from dflash_trt.export.manifest import FORMAT_VERSION, GRAPHS_REVISION
 from dflash_trt.models import embedded
 from dflash_trt.models.checkpoints import resolve_target
 
@@ -27,6 +27,7 @@ def bundle_key(target: str, draft: str, flavour: str = "slots", capacity: int | 
     target_dir = Path(resolve_target(target))
     identity = {
         "format": FORMAT_VERSION,
+        "graphs": GRAPHS_REVISION,
         "flavour": flavour,
         "capacity": capacity,
         **({"quant": quant} if quant else {}),

@@ -185,6 +185,23 @@ def test_tensorrt_builds_refuse_a_slots_bundle_before_any_work(slot_bundles, tmp
     assert "\n" not in str(err.value) and not out.exists()
 
 
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_the_slots_target_rotates_queries_and_keys_inside_group_query_attention(slot_bundles, name):
+    """RoPE is GroupQueryAttention's own (do_rotary from per-token tables), not ~20 nodes a layer: no
+    Neg is left (rotate_half's), and the graph still equals the model (the ragged-step test above)."""
+    import onnx
+
+    bundle, target, _ = slot_bundles[name]
+    nodes = onnx.load(str(bundle / "target.onnx"), load_external_data=False).graph.node
+    attention = [n for n in nodes if n.op_type == "GroupQueryAttention"]
+    assert len(attention) == target.config.num_hidden_layers
+    for node in attention:
+        assert {a.name: a.i for a in node.attribute if a.name in ("do_rotary", "rotary_interleaved")} == {
+            "do_rotary": 1, "rotary_interleaved": 0}
+        assert all(node.input[7:10]), "cos_cache, sin_cache and position_ids are bound"
+    assert not [n for n in nodes if n.op_type == "Neg"]
+
+
 def test_an_onnxruntime_engine_keeps_group_query_attention_and_runs_in_place(slot_bundles, tmp_path):
     import onnx
 
