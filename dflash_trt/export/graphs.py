@@ -68,6 +68,19 @@ def project_qkv(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     return q * cos + rotate_half(q, d) * sin, k * cos + rotate_half(k, d) * sin, v
 
 
+def project_qkv_packed(layer, x: torch.Tensor):
+    """q [b, s, heads*d] and k [b, s, kv_heads*d] after the per-head norms (Qwen3), before RoPE, and
+    v [b, s, kv_heads*d]: the layout GroupQueryAttention takes. Without per-head norms the heads are
+    never split (each split and join is a Reshape and its shape arithmetic in the graph)."""
+    attn = layer.self_attn
+    if not hasattr(attn, "q_norm"):
+        h = layer.input_layernorm(x)
+        return attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+    b, s, _ = x.shape
+    q, k, v = project_qkv_unrotated(layer, x)
+    return q.reshape(b, s, -1), k.reshape(b, s, -1), v
+
+
 def project_qkv_unrotated(layer, x: torch.Tensor):
     """q [b, s, heads, d] and k [b, s, kv_heads, d] after the per-head norms (Qwen3), before RoPE, and
     v [b, s, kv_heads * d]."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dflash_trt.export.graphs import TargetGraph, _layer_window, in_tap_order, project_qkv, project_qkv_unrotated
+from dflash_trt.export.graphs import TargetGraph, _layer_window, in_tap_order, project_qkv, project_qkv_packed
 from dflash_trt.export.slot_ops import rope_tables, slot_attention
 
 CONTRACT = 2
@@ -82,14 +82,13 @@ class SlotTargetGraph(TargetGraph):
         attn = layer.self_attn
         b, s, _ = x.shape
         if rope:  # rotated inside the attention, from the tables
-            q, k, v = project_qkv_unrotated(layer, x)
+            q, k, v = project_qkv_packed(layer, x)
         else:
             q, k, v = project_qkv(layer, x, cos, sin)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
-        heads, kv_heads = q.shape[2], k.shape[2]
-        out, key_cache, value_cache = self.attend(
-            q.reshape(b, s, -1), k.reshape(b, s, -1), v, key_cache, value_cache,
-            cache_lengths, query_lengths, heads, kv_heads, attn.scaling, window, *rope)
+            q, k = q.transpose(1, 2).reshape(b, s, -1), k.transpose(1, 2).reshape(b, s, -1)
+        heads, kv_heads = q.shape[-1] // attn.head_dim, k.shape[-1] // attn.head_dim
+        out, key_cache, value_cache = self.attend(q, k, v, key_cache, value_cache, cache_lengths, query_lengths,
+                                                  heads, kv_heads, attn.scaling, window, *rope)
         x = x + attn.o_proj(torch.where(valid, out, 0.0))
         x = x + mlp(layer.post_attention_layernorm(x))
         return x, (key_cache, value_cache)

@@ -99,8 +99,10 @@ def _symbolic_slot_attention(g, query, key, value, key_cache, value_cache, cache
     # seqlens_k = tokens after the step - 1. GQA requires it >= 0: an idle row of an empty slot
     # (0 + 0 - 1) becomes 0, which with query_seqlens 0 still writes nothing.
     seqlens_k = g.op("Max", g.op("Sub", g.op("Add", cache_lengths, query_lengths), one), zero)
-    # total_sequence_length is only an upper bound with query_seqlens: the capacity, read from the cache.
-    capacity = g.op("Squeeze", g.op("Shape", key_cache, start_i=2, end_i=3))
+    # total_sequence_length: the longest row's tokens after the step. From the lengths alone, so every
+    # layer's is the same node (onnxruntime merges them), where the capacity read from each layer's
+    # cache took three nodes a layer.
+    total = g.op("Add", g.op("ReduceMax", seqlens_k, keepdims_i=0), one)
     window = symbolic_helper._maybe_get_const(window, "i")
     attributes = {"num_heads_i": symbolic_helper._maybe_get_const(num_heads, "i"),
                   "kv_num_heads_i": symbolic_helper._maybe_get_const(kv_heads, "i"),
@@ -117,7 +119,7 @@ def _symbolic_slot_attention(g, query, key, value, key_cache, value_cache, cache
     # query_seqlens. causal stays its default 1, which query_seqlens requires.
     out, key_out, value_out = g.op(
         f"{ORT_DOMAIN}::GroupQueryAttention", query, key, value, key_cache, value_cache,
-        g.op("Cast", seqlens_k, to_i=int32), g.op("Cast", capacity, to_i=int32), *rope, *unused,
+        g.op("Cast", seqlens_k, to_i=int32), g.op("Cast", total, to_i=int32), *rope, *unused,
         g.op("Cast", query_lengths, to_i=int32), outputs=3, **attributes)
     out.setType(query.type())
     key_out.setType(key_cache.type())
