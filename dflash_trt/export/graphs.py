@@ -22,7 +22,7 @@ from torch import nn
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.moe import export_mlp
-from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.models.drafter import DFlashDrafter, rotate_half
 from dflash_trt.models.target import HYBRID_RECURRENT, TargetModel
 
 # qwen3_moe: its sparse MoE MLPs trace through moe.RoutedMoE (the experts the tokens picked);
@@ -93,12 +93,6 @@ def project_qkv_unrotated(layer, x: torch.Tensor):
     if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
         q, k = attn.q_norm(q), attn.k_norm(k)
     return q, k, attn.v_proj(h)
-
-
-def rotate_half(x: torch.Tensor, d: int) -> torch.Tensor:
-    """HF's rotate_half with the halves' size a constant: exported as two Slices, not the Shape /
-    Gather / Div chain that x.shape[-1] // 2 costs in every layer's graph."""
-    return torch.cat((-x[..., d // 2 :], x[..., : d // 2]), dim=-1)
 
 
 def causal_mask(positions: torch.Tensor, past_lengths: torch.Tensor, p: int):

@@ -25,8 +25,9 @@ from torch import nn
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.delta_rule import gated_delta_rule, gated_delta_rule_at
-from dflash_trt.export.graphs import causal_mask, in_tap_order, rotate_half
+from dflash_trt.export.graphs import causal_mask, in_tap_order
 from dflash_trt.export.moe import export_mlp
+from dflash_trt.models.drafter import rotate_half
 from dflash_trt.models.target import TargetModel
 
 

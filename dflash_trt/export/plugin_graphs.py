@@ -59,7 +59,7 @@ class PluginDraftBlockGraph(nn.Module):
 
             def attend(h, attn=attn, index=index):
                 q = attn.q_norm(attn.q_proj(h).view(b, n, attn.heads, attn.head_dim)).transpose(1, 2)
-                q = apply_rope(q, cos, sin)
+                q = apply_rope(q, cos, sin, attn.head_dim)
                 k_block, v_block = _inject(attn, h, cos, sin)  # the block's own K/V: same math as injection
                 out = block_attention(q, context[2 * index], context[2 * index + 1], k_block, v_block,
                                       context_lengths, attn.head_dim**-0.5, int(d.config.layer_is_causal(index)),

@@ -15,12 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers.models.qwen3.modeling_qwen3 import (
-    Qwen3MLP,
-    Qwen3RMSNorm,
-    Qwen3RotaryEmbedding,
-    rotate_half,
-)
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from dflash_trt.models.dflash2 import CandidateSelector, GroupedDynamicConv
 from dflash_trt.models.draft_config import DraftConfig
@@ -29,10 +24,16 @@ from dflash_trt.models.draft_vocab import DraftHead
 LayerKV = tuple[torch.Tensor, torch.Tensor]  # K, V: [batch, kv_heads, tokens, head_dim], K post-RoPE
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor, d: int) -> torch.Tensor:
+    """HF's rotate_half with the halves' size a constant: exported as two Slices, not the Shape /
+    Gather / Div chain that x.shape[-1] // 2 costs in every layer's graph."""
+    return torch.cat((-x[..., d // 2 :], x[..., : d // 2]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, d: int) -> torch.Tensor:
     # x: [b, heads, n, d]; cos/sin: [b, n, d]
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return x * cos + rotate_half(x) * sin
+    return x * cos + rotate_half(x, d) * sin
 
 
 def layer_mask(
@@ -75,7 +76,7 @@ class DraftAttention(nn.Module):
         b, n, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(b, n, self.kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rope(k, cos, sin), v
+        return apply_rope(k, cos, sin, self.head_dim), v
 
     def context_kv(self, context: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> LayerKV:
         """KV injection: this layer's keys/values for projected target features."""
@@ -91,7 +92,7 @@ class DraftAttention(nn.Module):
     ) -> torch.Tensor:
         b, n, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, n, self.heads, self.head_dim)).transpose(1, 2)
-        q = apply_rope(q, cos, sin)
+        q = apply_rope(q, cos, sin, self.head_dim)
         k_blk, v_blk = self._kv(x, cos, sin)
         k = torch.cat([context[0], k_blk], dim=2)  # [b, kv_heads, ctx + n, d]
         v = torch.cat([context[1], v_blk], dim=2)
