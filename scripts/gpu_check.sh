@@ -12,6 +12,9 @@
 #   bash scripts/gpu_check.sh OUT_DIR [COMMIT]    # then on the GPU machine, carrying build/plugins/ort,
 #                                                 # build/plugins/trt and build/gpu-carry with the tree
 #
+# GPU_CHECK_PLUGINS_ONLY=1 runs the plugin kernels' steps alone (build, parity, bench, profile: about a
+# minute), for iterating on a kernel; its record holds those figures only, so keep it beside the full one.
+#
 # --prepare extracts the headers (scripts/fetch_headers.sh) and downloads, for CPython 3.12 on x86-64,
 # the pure-Python packages the test suite imports that the GPU machine's image lacks, at the versions
 # .venv holds. COMMIT (default: git rev-parse HEAD, where .git exists) names the source in the record.
@@ -116,21 +119,25 @@ if [ $plugins_built = 1 ]; then
     echo "note: no ncu (Nsight Compute): no kernel profile" | tee -a "$log"
   fi
 fi
-step build_core 300 "$python" setup.py -q build_ext --inplace -j "$(nproc)"
-step step_bench 240 "$python" scripts/gpu_step_bench.py --json "$work/step_bench.json"
-step pytest_gpu 300 "$python" -m pytest -m gpu tests -q -p no:cacheprovider --continue-on-collection-errors \
-  --junitxml "$work/pytest.xml"
-step decide_bench 120 "$python" scripts/decide_bench.py --json "$work/decide_bench.json"
-step executor_bench 240 "$python" scripts/executor_step_bench.py --profile --kernels off \
-  --json "$work/executor_bench.json"
-step executor_bench_kernels 120 "$python" scripts/executor_step_bench.py --rows 1,8 --blocks 4,16 --repeat 5 \
-  --json "$work/executor_bench_kernels.json"
-step executor_bench_eager 120 "$python" scripts/executor_step_bench.py --eager --kernels off --rows 1,8 \
-  --json "$work/executor_bench_eager.json"
-step executor_bench_moe 180 "$python" scripts/executor_step_bench.py --preset qwen3.5-35b-a3b --kernels off \
-  --rows 1,8 --blocks 1,16 --chunk 256 --cached 512 --repeat 5 --json "$work/executor_bench_moe.json"
-step executor_bench_moe_kernels 180 "$python" scripts/executor_step_bench.py --preset qwen3.5-35b-a3b \
-  --rows 1,8 --blocks 1,16 --chunk 256 --cached 512 --repeat 5 --json "$work/executor_bench_moe_kernels.json"
+if [ "${GPU_CHECK_PLUGINS_ONLY:-0}" = 1 ]; then
+  echo "GPU_CHECK_PLUGINS_ONLY=1: the plugin kernels' steps only" | tee -a "$log"
+else
+  step build_core 300 "$python" setup.py -q build_ext --inplace -j "$(nproc)"
+  step step_bench 240 "$python" scripts/gpu_step_bench.py --json "$work/step_bench.json"
+  step pytest_gpu 300 "$python" -m pytest -m gpu tests -q -p no:cacheprovider --continue-on-collection-errors \
+    --junitxml "$work/pytest.xml"
+  step decide_bench 120 "$python" scripts/decide_bench.py --json "$work/decide_bench.json"
+  step executor_bench 240 "$python" scripts/executor_step_bench.py --profile --kernels off \
+    --json "$work/executor_bench.json"
+  step executor_bench_kernels 120 "$python" scripts/executor_step_bench.py --rows 1,8 --blocks 4,16 --repeat 5 \
+    --json "$work/executor_bench_kernels.json"
+  step executor_bench_eager 120 "$python" scripts/executor_step_bench.py --eager --kernels off --rows 1,8 \
+    --json "$work/executor_bench_eager.json"
+  step executor_bench_moe 180 "$python" scripts/executor_step_bench.py --preset qwen3.5-35b-a3b --kernels off \
+    --rows 1,8 --blocks 1,16 --chunk 256 --cached 512 --repeat 5 --json "$work/executor_bench_moe.json"
+  step executor_bench_moe_kernels 180 "$python" scripts/executor_step_bench.py --preset qwen3.5-35b-a3b \
+    --rows 1,8 --blocks 1,16 --chunk 256 --cached 512 --repeat 5 --json "$work/executor_bench_moe_kernels.json"
+fi
 
 "$python" scripts/gpu_record.py "$work" --commit "$commit" -o "$out" --peak-tflops "$peak_tflops" 2>&1 |
   tee -a "$log"
