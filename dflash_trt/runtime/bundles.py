@@ -3,13 +3,15 @@ user cache, then reuse.
 
 The cache key covers what changes the graphs: both checkpoints' configs and weight files (name,
 size, modification time), the bundle format, the flavour and a slots-trt bundle's capacity, so
-editing a checkpoint triggers a fresh export.
+editing a checkpoint triggers a fresh export, and the exporter's graphs revision: a release that
+writes other graphs exports afresh and removes the pair's export of the old revision (and its engines).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 from dflash_trt.export.manifest import FORMAT_VERSION, GRAPHS_REVISION
@@ -24,10 +26,11 @@ def _fingerprint(path: Path) -> list:
 
 def bundle_key(target: str, draft: str, flavour: str = "slots", capacity: int | None = None,
                quant: str | None = None, draft_quant: str | None = None) -> str:
+    """`<pair>-g<graphs revision>`: the pair's files and the export's settings, then what the exporter
+    writes for them (a new revision exports afresh; `forget_other_revisions` removes the old export)."""
     target_dir = Path(resolve_target(target))
     identity = {
         "format": FORMAT_VERSION,
-        "graphs": GRAPHS_REVISION,
         "flavour": flavour,
         "capacity": capacity,
         **({"quant": quant} if quant else {}),
@@ -35,7 +38,18 @@ def bundle_key(target: str, draft: str, flavour: str = "slots", capacity: int | 
         "target": _fingerprint(target_dir) if target_dir.is_dir() else target,
         "draft": _fingerprint(Path(draft)),
     }
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    pair = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{pair}-g{GRAPHS_REVISION}"
+
+
+def forget_other_revisions(root: Path, key: str) -> None:
+    """Remove what `root` caches for `key`'s pair under another graphs revision (`key` itself, and
+    entries named `key-...` such as its engines, stay): each revision would otherwise leave a full
+    export behind in the user cache."""
+    pair, current = key.rsplit("-g", 1)[0], key
+    for path in root.glob(f"{pair}-g*"):
+        if path.name != current and not path.name.startswith(current + "-"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def cached_bundle(target: str, draft: str, flavour: str = "slots", capacity: int | None = None,
@@ -54,8 +68,10 @@ def cached_bundle(target: str, draft: str, flavour: str = "slots", capacity: int
     target_model, tokenizer = load_target(target)
     drafter = load_drafter(draft)
     validate_pair(target_model, drafter.config, tokenizer, load_tokenizer(draft))
-    return export_bundle(target_model, drafter, tokenizer, out, flavour=flavour, force=True, capacity=capacity,
-                         quant=quant, draft_quant=draft_quant)
+    bundle = export_bundle(target_model, drafter, tokenizer, out, flavour=flavour, force=True, capacity=capacity,
+                           quant=quant, draft_quant=draft_quant)
+    forget_other_revisions(out.parent, out.name)
+    return bundle
 
 
 def cached_engines(target: str, draft: str, capacity: int, max_batch: int, quant: str | None = None,
@@ -81,4 +97,5 @@ def cached_engines(target: str, draft: str, capacity: int, max_batch: int, quant
     source = cached_bundle(target, draft, "slots-trt", capacity, quant, draft_quant)
     build_engines(source, out, BuildConfig(engine="tensorrt", max_batch=max_batch, max_seq_len=capacity,
                                                  force=True))
+    forget_other_revisions(out.parent, key)
     return out

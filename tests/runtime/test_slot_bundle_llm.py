@@ -70,6 +70,27 @@ def test_llm_with_backend_onnxruntime_exports_a_slots_bundle_once_and_reuses_it(
     assert first.generate("yo", params)[0].token_ids == second.generate("yo", params)[0].token_ids == want.token_ids
 
 
+def test_a_new_graphs_revision_exports_afresh_and_forgets_the_pairs_old_export(tiny_pairs, tmp_path, monkeypatch):
+    """The user cache keeps one export per pair: a release whose exporter writes other graphs (a new
+    GRAPHS_REVISION) exports afresh and removes that pair's old export, never another pair's."""
+    from dflash_trt.runtime import bundles
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    target, draft = map(str, tiny_pairs["qwen3"])
+    other_target, other_draft = map(str, tiny_pairs["llama"])
+    old, other = bundles.cached_bundle(target, draft), bundles.cached_bundle(other_target, other_draft)
+    engines = tmp_path / "dflash-trt" / "engines"
+    old_engines = engines / f"{old.name}-b8-sm90"  # what cached_engines names a build of that bundle
+    old_engines.mkdir(parents=True)
+    monkeypatch.setattr(bundles, "GRAPHS_REVISION", bundles.GRAPHS_REVISION + 1)
+    new = bundles.cached_bundle(target, draft)
+    assert new.name == old.name.rsplit("-g", 1)[0] + f"-g{bundles.GRAPHS_REVISION}"
+    assert (new / "bundle.json").is_file() and not old.exists()
+    assert (other / "bundle.json").is_file()  # another pair's export (of the old revision) stays
+    bundles.forget_other_revisions(engines, new.name)  # as cached_engines does after a build
+    assert not old_engines.exists()
+
+
 def test_a_portable_bundle_is_refused_in_one_line(bundles):
     with pytest.raises(DFlashError, match="graph contract 1 bundle; the C\\+\\+ executors need contract 2") as err:
         LLM.from_bundle(bundles["llama"][0])
