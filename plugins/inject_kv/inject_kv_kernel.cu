@@ -288,6 +288,33 @@ __global__ void __launch_bounds__(128)
   for (int64_t j = lane; j < d; j += 32) v_out[out + j] = from_float<T>(sum_splits(v_sum + j, split_stride, a.splits));
 }
 
+// The tensor-core projection (mma_project_kernel, 16 * RM rows a block), kRowsPerLaunch rows at a time,
+// each launch followed by norm_rope(its Launch).
+template <typename T, int RM, typename NormRope>
+cudaError_t launch_mma(const InjectKVShape& s, float epsilon, const void* hidden, const void* k_weight,
+                       const void* v_weight, float* partial, cudaStream_t stream, const NormRope& norm_rope) {
+  const int64_t rows = s.batch * s.tokens, cols = 2 * s.kv_heads * s.head_dim;
+  for (int64_t begin = 0; begin < rows; begin += InjectKVPlan::kRowsPerLaunch) {
+    const int64_t count = std::min(InjectKVPlan::kRowsPerLaunch, rows - begin);
+    const int64_t col_blocks = ceil_div(cols, mma_project::kCols), row_blocks = ceil_div(count, 16 * RM);
+    // Split K until about kTargetBlocks blocks stream the weights; splits x rows stays within the
+    // workspace (at most kRowsPerLaunch).
+    const int64_t splits = std::clamp<int64_t>(
+        InjectKVPlan::kTargetBlocks / (col_blocks * row_blocks), 1,
+        std::min({InjectKVPlan::kMaxSplits, ceil_div(s.hidden, mma_project::kChunk),
+                  InjectKVPlan::kRowsPerLaunch / count}));
+    const int64_t k_per_split = ceil_div(ceil_div(s.hidden, splits), mma_project::kChunk) * mma_project::kChunk;
+    const Launch a{s.tokens, s.hidden, s.kv_heads, s.head_dim, begin, count, ceil_div(s.hidden, k_per_split),
+                   k_per_split, epsilon};
+    const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks),
+                    static_cast<unsigned>(a.splits));
+    mma_project_kernel<T, RM><<<grid, mma_project::kWarps * 32, 0, stream>>>(
+        a, static_cast<const T*>(hidden), static_cast<const T*>(k_weight), static_cast<const T*>(v_weight), partial);
+    norm_rope(a);
+  }
+  return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t launch_typed(const InjectKVShape& s, const void* hidden, const void* k_weight, const void* v_weight,
                          const void* k_norm, const void* cos, const void* sin, float epsilon, void* workspace,
@@ -303,31 +330,9 @@ cudaError_t launch_typed(const InjectKVShape& s, const void* hidden, const void*
   };
   if constexpr (!std::is_same_v<T, float>) {
     if (mma_fits(s, hidden, k_weight, v_weight)) {
-    const auto run = [&](auto rows_tiles) {
-      constexpr int RM = decltype(rows_tiles)::value;
-      for (int64_t begin = 0; begin < rows; begin += InjectKVPlan::kRowsPerLaunch) {
-        const int64_t count = std::min(InjectKVPlan::kRowsPerLaunch, rows - begin);
-        const int64_t col_blocks = ceil_div(cols, mma_project::kCols), row_blocks = ceil_div(count, 16 * RM);
-        // Split K until about kTargetBlocks blocks stream the weights; splits x rows stays within
-        // the workspace (at most kRowsPerLaunch).
-        const int64_t splits = std::clamp<int64_t>(
-            InjectKVPlan::kTargetBlocks / (col_blocks * row_blocks), 1,
-            std::min({InjectKVPlan::kMaxSplits, ceil_div(s.hidden, mma_project::kChunk),
-                      InjectKVPlan::kRowsPerLaunch / count}));
-        const int64_t k_per_split = ceil_div(ceil_div(s.hidden, splits), mma_project::kChunk) * mma_project::kChunk;
-        const Launch a{s.tokens, s.hidden, s.kv_heads, s.head_dim, begin, count, ceil_div(s.hidden, k_per_split),
-                       k_per_split, epsilon};
-        const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks),
-                        static_cast<unsigned>(a.splits));
-        mma_project_kernel<T, RM><<<grid, mma_project::kWarps * 32, 0, stream>>>(
-            a, static_cast<const T*>(hidden), static_cast<const T*>(k_weight), static_cast<const T*>(v_weight),
-            partial);
-        norm_rope(a);
-      }
-      return cudaGetLastError();
-    };
-    // One 16-row tile per block when the rows fit in it (a block of one draft block), else four.
-    return rows <= 16 ? run(std::integral_constant<int, 1>{}) : run(std::integral_constant<int, 4>{});
+      // One 16-row tile per block when the rows fit in it (a block of one draft block), else four.
+      return rows <= 16 ? launch_mma<T, 1>(s, epsilon, hidden, k_weight, v_weight, partial, stream, norm_rope)
+                        : launch_mma<T, 4>(s, epsilon, hidden, k_weight, v_weight, partial, stream, norm_rope);
     }
   }
   if (skinny_fits<T>(s, hidden, k_weight, v_weight)) {
