@@ -6,8 +6,8 @@ Prints the record's summary; exits 1 when a step failed or a parity line or gpu 
     python3 scripts/gpu_record.py WORK_DIR --commit SHA [-o OUT_DIR] [--peak-tflops 989]
 
 WORK_DIR holds what gpu_check.sh wrote: smi.csv, steps.tsv, kernel_parity.log, kernel_bench.json,
-kernel_profile.csv (where Nsight Compute ran), pytest.xml, step_bench.json and the executor_bench*.json of each run (a step that did not run leaves its
-file out and says so in steps.tsv).
+kernel_profile.csv (where Nsight Compute ran), pytest.xml, step_bench.json and the executor_bench*.json
+of each run (a step that did not run leaves its file out and says so in steps.tsv).
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ def read_kernel_profile(path: Path) -> dict:
 
 
 def short_kernel_name(name: str) -> str:
-    """'void dflash::(anonymous namespace)::mma_project_kernel<__nv_bfloat16, 1>(...)' -> 'mma_project_kernel<__nv_bfloat16, 1>'."""
+    """'void dflash::(anonymous namespace)::mma_project_kernel<__nv_bfloat16, 1>(...)'
+    -> 'mma_project_kernel<__nv_bfloat16, 1>'."""
     name = re.sub(r"^void ", "", name)
     name = re.sub(r"^dflash::(\(anonymous namespace\)::)?", "", name)
     return name.split("(", 1)[0]

@@ -46,9 +46,9 @@ def forget_other_revisions(root: Path, key: str) -> None:
     """Remove what `root` caches for `key`'s pair under another graphs revision (`key` itself, and
     entries named `key-...` such as its engines, stay): each revision would otherwise leave a full
     export behind in the user cache."""
-    pair, current = key.rsplit("-g", 1)[0], key
+    pair = key.rsplit("-g", 1)[0]
     for path in root.glob(f"{pair}-g*"):
-        if path.name != current and not path.name.startswith(current + "-"):
+        if path.name != key and not path.name.startswith(key + "-"):
             shutil.rmtree(path, ignore_errors=True)
 
 
