@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dflash_trt.models.drafter import rotate_half
+
 ORT_DOMAIN = "com.microsoft"
 ORT_DOMAIN_VERSION = 1
 
@@ -81,11 +83,10 @@ def rope_tables(cos: Tensor, sin: Tensor, capacity) -> tuple[Tensor, Tensor, Ten
 def table_rope(x: Tensor, cos_table: Tensor, sin_table: Tensor, positions: Tensor, heads: int) -> Tensor:
     """x [b, s, heads*d] rotated as GroupQueryAttention's do_rotary (not interleaved) rotates it."""
     b, s, _ = x.shape
-    half = cos_table.shape[-1]
-    c, sn = cos_table[positions][:, :, None], sin_table[positions][:, :, None]  # [b, s, 1, d/2]
-    x = x.view(b, s, heads, 2 * half)
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * c - x2 * sn, x2 * c + x1 * sn), dim=-1).reshape(b, s, -1)
+    d = 2 * cos_table.shape[-1]
+    c, sn = (torch.cat((t, t), dim=-1)[positions][:, :, None] for t in (cos_table, sin_table))  # [b, s, 1, d]
+    x = x.view(b, s, heads, d)
+    return (x * c + rotate_half(x, d) * sn).reshape(b, s, -1)
 
 
 def _symbolic_slot_attention(g, query, key, value, key_cache, value_cache, cache_lengths, query_lengths,
