@@ -77,6 +77,8 @@ void bind_slot_executors(py::module_& m) {
       .def_property_readonly("config", &SlotExecutor::config)
       .def_property_readonly("backend_version", &SlotExecutor::backend_version)
       .def_property_readonly("target_runs", &SlotExecutor::target_runs)
+      .def_property_readonly("target_rows", &SlotExecutor::target_rows)
+      .def("place", &SlotExecutor::place, py::arg("row"))
       .def_property_readonly("host_bytes", &SlotExecutor::host_bytes)
       .def("committed", &SlotExecutor::committed, py::arg("row"))
       .def("drafted", &SlotExecutor::drafted, py::arg("row"))

@@ -152,6 +152,7 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
   conv_ = buffers(device_, dtype_, linear, c.max_batch * conv_size_);
   recurrent_ = buffers(device_, DType::float32, linear, c.max_batch * recurrent_size_);
   rows_.resize(c.max_batch);
+  row_in_.assign(c.max_batch, -1);
 }
 
 const SlotExecutor::Row& SlotExecutor::state(int64_t row) const {
@@ -167,22 +168,27 @@ SlotExecutor::Row& SlotExecutor::state(int64_t row) {
 
 // -- the target ---------------------------------------------------------------------------------
 
-// Groups of rows whose slot range can run as one batch: every slot in the range, in the phase or
-// idle, keeps its writes inside the slot (cache length + s <= slot positions, s = the group's longest
-// fed input).
-// Usually one group; a row near its capacity beside a long input gets a Run of its own.
+// Groups of rows that run as one batch, each in place order: adjacent places, and every row keeps its
+// writes inside its slot (committed + s <= slot positions, s = the group's longest fed input).
+// Usually one group (the live rows fill the lowest places); a row near its capacity beside a long
+// input gets a Run of its own.
 std::vector<std::vector<size_t>> SlotExecutor::target_groups(const std::vector<int64_t>& rows,
                                                              const std::vector<std::vector<int64_t>>& tokens) const {
-  auto fits = [&](int64_t lo, int64_t hi, int64_t s) {
-    for (int64_t slot = lo; slot <= hi; ++slot)
-      if (rows_[slot].committed + s > slot_positions()) return false;
+  std::vector<size_t> order(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rows_[rows[a]].place < rows_[rows[b]].place; });
+  auto fits = [&](const std::vector<size_t>& group, int64_t s) {
+    for (size_t i : group)
+      if (rows_[rows[i]].committed + s > slot_positions()) return false;
     return true;
   };
   std::vector<std::vector<size_t>> groups;
   int64_t s = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
+  for (size_t i : order) {
+    const Row& row = rows_[rows[i]];
     const int64_t len = fed(int64_t(tokens[i].size()));
-    if (!groups.empty() && fits(rows[groups.back().front()], rows[i], std::max(s, len))) {
+    const bool adjacent = !groups.empty() && rows_[rows[groups.back().back()]].place + 1 == row.place;
+    if (adjacent && row.committed + std::max(s, len) <= slot_positions() && fits(groups.back(), std::max(s, len))) {
       groups.back().push_back(i);
       s = std::max(s, len);
     } else {
@@ -209,7 +215,7 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
   ++phase_;
   run_ = -1;
   for (const std::vector<size_t>& group : target_groups(rows, tokens)) {
-    const int64_t lo = rows[group.front()], n = rows[group.back()] - lo + 1;
+    const int64_t lo = rows_[rows[group.front()]].place, n = int64_t(group.size());
     int64_t s = 0, longest = 0;
     for (size_t i : group) {
       s = std::max(s, fed(int64_t(tokens[i].size())));
@@ -217,15 +223,14 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
     }
     // logits rows per row: the padding's are never read
     const int64_t r = last_only ? 1 : longest;
-    // Idle rows (slots of the range not in this phase) feed nothing and are not written: query
-    // length 0 at their own committed length, so even a scratch write would land past what counts.
     fill(ids_.host, n * s, int64_t(0));
-    fill(query_lengths_.host, n, int64_t(0));
     fill(logits_index_.host, n * r, int64_t(0));
+    query_lengths_.host.resize(n);
     cache_lengths_.host.resize(n);
-    for (int64_t j = 0; j < n; ++j) cache_lengths_.host[j] = rows_[lo + j].committed;
-    for (size_t i : group) {
-      const int64_t j = rows[i] - lo, len = int64_t(tokens[i].size());
+    for (int64_t j = 0; j < n; ++j) {
+      const size_t i = group[j];
+      const int64_t len = int64_t(tokens[i].size());
+      cache_lengths_.host[j] = rows_[rows[i]].committed;
       std::copy(tokens[i].begin(), tokens[i].end(), ids_.host.begin() + j * s);
       std::fill(ids_.host.begin() + j * s + len, ids_.host.begin() + j * s + fed(len), tokens[i].back());
       query_lengths_.host[j] = fed(len);
@@ -248,12 +253,9 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
       states.recurrent[k].reserve(n * r * recurrent_size_);
     }
     run_target_range(lo, n, s, r, decision == nullptr);
-    if (config_.has_drafter()) inject_run(lo, n, s);
-    if (decision) decide_run(rows, group, lo, n, r, *decision);
-    for (size_t i : group) {
-      const int64_t j = rows[i] - lo;
-      take(i, j, decision ? nullptr : logits_.host.data() + j * r * config_.vocab);
-    }
+    if (config_.has_drafter()) inject_run(n, s);
+    if (decision) decide_run(group, n, r, *decision);
+    for (int64_t j = 0; j < n; ++j) take(group[j], j, decision ? nullptr : logits_.host.data() + j * r * config_.vocab);
   }
 }
 
@@ -290,6 +292,7 @@ void SlotExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r,
   if (logits_to_host) logits_.download();
   device_.synchronize();
   ++target_runs_;
+  target_rows_ += n;
 }
 
 const char* SlotExecutor::conv_out(int64_t run, size_t k, int64_t j, int64_t pos) const {
@@ -304,9 +307,10 @@ const char* SlotExecutor::recurrent_out(int64_t run, size_t k, int64_t j, int64_
 
 void SlotExecutor::set_states(int64_t row, const std::vector<const char*>& conv,
                               const std::vector<const char*>& recurrent) {
+  const int64_t place = state(row).place;
   for (size_t k = 0; k < conv_.size(); ++k) {
-    char* c = conv_[k].at(row * conv_size_);
-    char* h = recurrent_[k].at(row * recurrent_size_);
+    char* c = conv_[k].at(place * conv_size_);
+    char* h = recurrent_[k].at(place * recurrent_size_);
     const size_t conv_bytes = conv_size_ * conv_[k].element(), recurrent_bytes = recurrent_size_ * sizeof(float);
     if (conv.empty()) {
       device_.zero(c, conv_bytes);
@@ -337,8 +341,7 @@ std::vector<int64_t> SlotExecutor::prefill(const std::vector<int64_t>& rows,
   return out;
 }
 
-void SlotExecutor::decide_run(const std::vector<int64_t>& rows, const std::vector<size_t>& group, int64_t lo,
-                              int64_t n, int64_t r, const Decision& decision) {
+void SlotExecutor::decide_run(const std::vector<size_t>& group, int64_t n, int64_t r, const Decision& decision) {
   const int64_t V = config_.vocab, count = int64_t(group.size());
   int64_t positions = 1;  // the most logits rows one row decides
   decide_rows_.host.resize(count * sizeof(DecideRow));
@@ -348,7 +351,7 @@ void SlotExecutor::decide_run(const std::vector<int64_t>& rows, const std::vecto
     const RowSampling& s = decision.sampling[i];
     if (!s.sampling.greedy()) s.sampling.validate();
     DecideRow row;
-    row.first = (rows[i] - lo) * r;
+    row.first = k * r;
     row.sampling = s.sampling;
     row.stream = s.stream;
     row.position = s.position;
@@ -408,7 +411,10 @@ void SlotExecutor::prefill_rows(const std::vector<int64_t>& rows, const std::vec
   // A row not live yet starts a request (zero states; release left it empty); a live one takes its
   // prompt's next chunk after what it holds.
   for (int64_t row : rows)
-    if (!state(row).live) set_states(row, {}, {});
+    if (!state(row).live) {
+      take_place(row);
+      set_states(row, {}, {});
+    }
   const size_t linear = conv_.size();
   std::vector<const char*> conv(linear), recurrent(linear);
   run_target(rows, prompts, true, decision, [&](size_t i, int64_t j, const float* logits) {
@@ -503,16 +509,57 @@ std::vector<int64_t> SlotExecutor::live_rows() const {
 
 void SlotExecutor::release(int64_t row) {
   Row& r = state(row);
+  const int64_t freed = r.place;
   r = Row{};
+  if (freed < 0) return;
+  row_in_[freed] = -1;
+  int64_t last = config_.max_batch - 1;  // keep the places packed: the highest one fills the hole
+  while (last > freed && row_in_[last] < 0) --last;
+  if (last > freed) move_place(last, freed);
+}
+
+void SlotExecutor::take_place(int64_t row) {
+  Row& r = state(row);
+  if (r.place >= 0) return;
+  const auto free = std::find(row_in_.begin(), row_in_.end(), int64_t(-1));
+  DFLASH_INVARIANT(free != row_in_.end());  // max_batch places for max_batch rows
+  r.place = int64_t(free - row_in_.begin());
+  *free = row;
+}
+
+void SlotExecutor::move_place(int64_t from, int64_t to) {
+  const SlotExecutorConfig& c = config_;
+  const int64_t row = row_in_[from];
+  Row& r = rows_[row];
+  const size_t element = dtype_size(dtype_);
+  // every head at once: a 2-D copy of `valid` rows per head, heads a slot's positions apart
+  const int64_t valid = r.committed + r.verify_rows, positions = slot_positions();
+  const int64_t target_slot = c.target_kv_heads * positions * c.target_head_dim;
+  for (Buffer& cache : target_kv_)
+    device_.copy_rows(cache.at(to * target_slot), positions * c.target_head_dim * element, cache.at(from * target_slot),
+                      positions * c.target_head_dim * element, valid * c.target_head_dim * element,
+                      c.target_kv_heads);
+  const int64_t draft_slot = c.draft_kv_heads * c.capacity * c.draft_head_dim;
+  for (Buffer& cache : draft_kv_)
+    device_.copy_rows(cache.at(to * draft_slot), c.capacity * c.draft_head_dim * element, cache.at(from * draft_slot),
+                      c.capacity * c.draft_head_dim * element, r.drafted * c.draft_head_dim * element, c.draft_kv_heads);
+  for (size_t k = 0; k < conv_.size(); ++k) {
+    device_.copy(conv_[k].at(to * conv_size_), conv_[k].at(from * conv_size_), conv_size_ * conv_[k].element());
+    device_.copy(recurrent_[k].at(to * recurrent_size_), recurrent_[k].at(from * recurrent_size_),
+                 recurrent_size_ * sizeof(float));
+  }
+  r.place = to;
+  row_in_[to] = row;
+  row_in_[from] = -1;
 }
 
 // -- the drafter --------------------------------------------------------------------------------
 
-void SlotExecutor::inject_run(int64_t lo, int64_t n, int64_t s) {
+void SlotExecutor::inject_run(int64_t n, int64_t s) {
   const SlotExecutorConfig& c = config_;
-  positions_.host.resize(n * s);  // each range row's positions continue its committed prefix
+  positions_.host.resize(n * s);  // each Run row's positions continue its committed prefix
   for (int64_t j = 0; j < n; ++j)
-    for (int64_t t = 0; t < s; ++t) positions_.host[j * s + t] = rows_[lo + j].committed + t;
+    for (int64_t t = 0; t < s; ++t) positions_.host[j * s + t] = cache_lengths_.host[j] + t;
   positions_.upload();
   Graph& g = *draft_context_;
   g.clear();
@@ -535,7 +582,7 @@ void SlotExecutor::keep_context(int64_t row, int64_t run, int64_t j, int64_t cou
   const int64_t slot_size = c.draft_kv_heads * c.capacity * c.draft_head_dim;
   const size_t element = dtype_size(dtype_);
   for (size_t k = 0; k < context_.size(); ++k)  // every head at once: rows C*dd apart in the slot, s*dd in the output
-    device_.copy_rows(draft_kv_[k].at(row * slot_size + r.drafted * c.draft_head_dim),
+    device_.copy_rows(draft_kv_[k].at(r.place * slot_size + r.drafted * c.draft_head_dim),
                       c.capacity * c.draft_head_dim * element, from.context[k].at(j * c.draft_kv_heads * head_rows),
                       head_rows * element, count * c.draft_head_dim * element, c.draft_kv_heads);
   r.drafted += count;
@@ -565,7 +612,7 @@ std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>
     context_[k].reserve(m * c.draft_kv_heads * ctx * c.draft_head_dim);
     for (int64_t i = 0; i < m; ++i)  // every head of the row at once: rows C*dd apart in the slot, ctx*dd packed
       device_.copy_rows(context_[k].at(i * c.draft_kv_heads * ctx * c.draft_head_dim), ctx * c.draft_head_dim * element,
-                        draft_kv_[k].at(rows[i] * slot_size), c.capacity * c.draft_head_dim * element,
+                        draft_kv_[k].at(rows_[rows[i]].place * slot_size), c.capacity * c.draft_head_dim * element,
                         rows_[rows[i]].drafted * c.draft_head_dim * element, c.draft_kv_heads);
   }
   ids_.host.resize(m * B);

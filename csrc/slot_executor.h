@@ -5,10 +5,13 @@
 //
 // Memory is allocated once on the backend's device: per target layer a K and a V buffer
 // [max_batch, kv, C, d] and per draft layer a context K and V buffer [max_batch, dkv, C, dd]; a row
-// (the scheduler's slot index) owns slice `row` of each. The target graph writes its new K/V rows
-// in place: each cache input and its `*_out` output are bound to the same memory over a contiguous
-// range of slots, and every row of the range that is not in the phase is idle (query length 0).
-// Committing or rolling back moves a length; nothing in a cache is ever copied.
+// (the scheduler's slot index) holds one slice of each, its place. Places are kept packed: a row
+// starting a request takes the lowest free place, and releasing a row moves the row in the highest
+// place into the one freed (a copy of its valid cache rows and states, once per finished request),
+// so the live rows always fill places [0, live). The target graph writes its new K/V rows in place:
+// each cache input and its `*_out` output are bound to the same memory over a range of places, and a
+// Run's range holds exactly rows of the phase (rows whose places are not adjacent run in separate
+// Runs): no row outside a phase is ever computed. Committing or rolling back moves a length.
 //
 // Hybrid targets (Qwen3-Next, Qwen3.5) keep a K/V cache for their full-attention layers only; each
 // linear-attention layer has per slot a conv state [conv_dim, K-1] (bundle dtype) and a recurrent
@@ -116,6 +119,8 @@ class SlotExecutor : public Executor {
   int64_t drafted(int64_t row) const { return state(row).drafted; }
   std::vector<int64_t> live_rows() const;  // rows holding a request (prefilled, not released)
   int64_t target_runs() const { return target_runs_; }  // target Runs so far (a phase may split)
+  int64_t target_rows() const { return target_rows_; }  // rows those Runs fed, summed
+  int64_t place(int64_t row) const { return state(row).place; }  // -1: the row holds no request
   // Bytes moved between host and device memory so far (0 on a host device: onnxruntime's CPU
   // provider reads and writes the staging arrays themselves).
   uint64_t host_bytes() const { return device_.host_bytes; }
@@ -136,16 +141,16 @@ class SlotExecutor : public Executor {
                     const Decision* decision, const LogitsSink& sink);
   void verify_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks,
                    const Decision* decision, const LogitsSink& sink);
-  // The decision kernel over one Run's logits [n, r, V] for the rows `group` of `rows` (range start lo).
-  void decide_run(const std::vector<int64_t>& rows, const std::vector<size_t>& group, int64_t lo, int64_t n,
-                  int64_t r, const Decision& decision);
+  // The decision kernel over one Run's logits [n, r, V] for the rows `group` of `rows` (Run row k: group[k]).
+  void decide_run(const std::vector<size_t>& group, int64_t n, int64_t r, const Decision& decision);
   struct Row {
     bool live = false;
+    int64_t place = -1;        // its slice of every slot buffer; -1: none
     int64_t committed = 0;     // target cache rows that count (the write offset of the next run)
     int64_t drafted = 0;       // draft context rows kept (== committed: each Run's are injected at once)
     int64_t verify_rows = 0;
     // where the states and draft context rows of the last verify's positions lie until commit: Run
-    // `verify_run` of target phase `verify_phase`, range row `verify_index` (nothing moves before commit)
+    // `verify_run` of target phase `verify_phase`, its row `verify_index` (nothing moves before commit)
     int64_t verify_phase = -1, verify_run = -1, verify_index = -1;
   };
   // One target Run's outputs a phase keeps until the next: per linear layer the states [n, r, size],
@@ -157,31 +162,36 @@ class SlotExecutor : public Executor {
   };
   const Row& state(int64_t row) const;
   Row& state(int64_t row);
-  // The target over `rows` (ascending), feeding tokens[i] after each row's committed prefix, in as
-  // few Runs as keep every cache write inside its slot; last_only: one logits row (the last
-  // token's) per row, else one per token. After each Run the drafter's context rows of every fed
-  // position are computed from the Run's features, which never leave the device. Calls
-  // take(i, j, logits) per row, j = its index in the Run's slot range (for the Run's outputs).
+  // The target over `rows` (ascending), feeding tokens[i] after each row's committed prefix, one Run
+  // per range of adjacent places, split further where a row's writes would pass its slot's end;
+  // last_only: one logits row (the last token's) per row, else one per token. After each Run the
+  // drafter's context rows of every fed position are computed from the Run's features, which never
+  // leave the device. Calls take(i, j, logits) per row, j = its row in the Run (for the Run's outputs).
   template <typename F>
   void run_target(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& tokens, bool last_only,
                   const Decision* decision, F&& take);
   void run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r, bool logits_to_host);
-  // Linear layer k's conv / recurrent state after logits row `pos` of range row j, in Run `run` of
+  // Linear layer k's conv / recurrent state after logits row `pos` of Run row j, in Run `run` of
   // the current phase (device memory).
   const char* conv_out(int64_t run, size_t k, int64_t j, int64_t pos) const;
   const char* recurrent_out(int64_t run, size_t k, int64_t j, int64_t pos) const;
-  // Copies every linear layer's state out of (conv, recurrent) into slot `row` (both empty: zeros).
+  // Copies every linear layer's state out of (conv, recurrent) into `row`'s place (both empty: zeros).
   void set_states(int64_t row, const std::vector<const char*>& conv, const std::vector<const char*>& recurrent);
+  // Gives a row starting a request the lowest free place.
+  void take_place(int64_t row);
+  // Moves the row in place `from` to the free place `to`: its valid target cache rows (committed and
+  // a verify's pending ones), draft context rows and linear-layer states.
+  void move_place(int64_t from, int64_t to);
   std::vector<std::vector<size_t>> target_groups(const std::vector<int64_t>& rows,
                                                  const std::vector<std::vector<int64_t>>& tokens) const;
   // Query rows a target Run feeds for an input of `len` tokens (min_query_tokens pads short ones).
   int64_t fed(int64_t len) const { return std::max(len, config_.min_query_tokens); }
   // Positions per target cache slot: the capacity plus room for the padding of a full row's last step.
   int64_t slot_positions() const { return config_.capacity + config_.min_query_tokens - 1; }
-  // The draft_context graph over the current Run's features [n, s, F] (positions after each range
-  // row's committed prefix) -> the Run's context outputs.
-  void inject_run(int64_t lo, int64_t n, int64_t s);
-  // Copies `count` context rows of range row j of Run `run` into `row`'s draft slot after what it holds.
+  // The draft_context graph over the current Run's features [n, s, F] (positions after each Run
+  // row's committed prefix, cache_lengths_) -> the Run's context outputs.
+  void inject_run(int64_t n, int64_t s);
+  // Copies `count` context rows of row j of Run `run` into `row`'s draft slot after what it holds.
   void keep_context(int64_t row, int64_t run, int64_t j, int64_t count);
 
   SlotExecutorConfig config_;
@@ -198,7 +208,8 @@ class SlotExecutor : public Executor {
   std::vector<Buffer> draft_kv_;   // [2 * layer + (0 key | 1 value)] -> [max_batch, dkv, C, dd]
   std::vector<Buffer> conv_, recurrent_;  // per linear layer: [max_batch, conv_size_ | recurrent_size_]
   std::vector<Row> rows_;
-  int64_t target_runs_ = 0;
+  std::vector<int64_t> row_in_;  // per place: the row holding it, or -1
+  int64_t target_runs_ = 0, target_rows_ = 0;
   int64_t phase_ = 0;       // target phases (prefill or verify calls) so far
   int64_t run_ = -1;        // the Run of the current phase whose rows `take` sees
   std::vector<StateRun> state_runs_;  // the current phase's Runs (grown, never shrunk)

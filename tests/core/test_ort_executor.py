@@ -122,30 +122,54 @@ def test_abort_frees_the_slot_for_reuse_and_leaves_the_others_alone(core, ort, p
         assert tokens[i] == reference(pair, prompt, 16)[0]
 
 
-def test_a_row_near_capacity_beside_a_long_prompt_gets_its_own_run(core, ort, pairs):
-    """Slots 0 and 2 prefill 20 tokens while slot 1 sits idle between them with 35 of 40 tokens
-    committed: one batch over slots 0..2 would write past slot 1's capacity, so the phase splits."""
-    pair, capacity = pairs["qwen3"], 40
-    sched, executor = scheduler(core, ort, pair, 3, capacity=capacity, block_size=1)
+def test_a_release_keeps_the_places_packed_and_a_phase_runs_only_its_rows(core, ort, pairs):
+    """Slot 0 finishes while slot 1 decodes on: slot 1's request moves to place 0 (its cache, draft
+    context and all), two late requests take slots 0 and 2 and places 1 and 2, so the step prefills
+    them in one Run of two rows and verifies slot 1 in one Run of one row: nothing else is computed,
+    and every request still equals its own autoregressive output."""
+    pair = pairs["small_vocab"]
+    sched, executor = scheduler(core, ort, pair, 3)
     short = sched.add_request([1, 2], core.RequestParams(max_tokens=2, ignore_eos=True))  # slot 0, done soon
-    long = sched.add_request([3] * 5, core.RequestParams(max_tokens=35, ignore_eos=True))  # slot 1
+    long = sched.add_request([3, 4, 0, 1, 2], core.RequestParams(max_tokens=30, ignore_eos=True))  # slot 1
     tokens = {short: [], long: []}
-    while executor.committed(1) < 35:
+    while sched.slots.request(0) == short:
         for out in sched.step():
             tokens[out["request"]] += out["new_tokens"]
-    prompts = [[7] * 20, [8, 9] * 10]
-    late = [sched.add_request(p, core.RequestParams(max_tokens=4, ignore_eos=True)) for p in prompts]
+    assert executor.place(1) == 0 and executor.place(0) == -1 and executor.committed(1) > 5
+    prompts = [[2, 2, 3], [4, 1, 0, 3, 3, 2, 1]]
+    late = [sched.add_request(p, core.RequestParams(max_tokens=12, ignore_eos=True)) for p in prompts]
     assert [sched.slots.request(0), sched.slots.request(2)] == late
-    runs = executor.target_runs
-    for out in sched.step():  # prefill slots 0 and 2, verify slot 1
+    runs, fed = executor.target_runs, executor.target_rows
+    for out in sched.step():  # prefill slots 0 and 2 (places 1, 2), verify slot 1 (place 0)
         tokens.setdefault(out["request"], []).extend(out["new_tokens"])
-    assert executor.target_runs - runs == 3  # two prefill Runs (split), one verify Run
+    assert [executor.place(r) for r in range(3)] == [1, 0, 2]
+    assert (executor.target_runs - runs, executor.target_rows - fed) == (2, 3)
     while sched.has_work:
         for out in sched.step():
             tokens[out["request"]] += out["new_tokens"]
-    assert tokens[long] == reference(pair, [3] * 5, 35)[0]
+    assert tokens[short] == reference(pair, [1, 2], 2)[0]
+    assert tokens[long] == reference(pair, [3, 4, 0, 1, 2], 30)[0]
     for request, prompt in zip(late, prompts, strict=True):
-        assert tokens[request] == reference(pair, prompt, 4)[0]
+        assert tokens[request] == reference(pair, prompt, 12)[0]
+    assert [executor.place(r) for r in range(3)] == [-1, -1, -1]
+
+
+def test_a_phase_skips_the_live_rows_between_its_own(ort, pairs):
+    """Rows 0 and 2 verify while row 1, live between them, does not: two Runs of one row each (rows
+    whose places are not adjacent never share a Run), and their logits equal the torch target's."""
+    bundle, target, _, _ = pairs["small_vocab"]
+    executor = ort.ort_executor(bundle, max_batch=3, capacity=32)
+    prompts = [[1, 2, 3], [4, 0], [2, 3, 4, 4]]
+    sessions = [TorchTargetSession(target, ()) for _ in prompts]
+    for session, prompt in zip(sessions, prompts, strict=True):
+        session.prefill(prompt)
+    executor.prefill_logits([0, 1, 2], prompts)
+    runs, fed = executor.target_runs, executor.target_rows
+    blocks = [[1, 2, 0], [3, 3, 1, 4]]
+    ours = executor.verify_logits([0, 2], blocks)
+    assert (executor.target_runs - runs, executor.target_rows - fed) == (2, 2)
+    for session, logits, block in zip([sessions[0], sessions[2]], ours, blocks, strict=True):
+        np.testing.assert_allclose(logits, session.forward(block)[0].numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_an_onnxruntime_error_is_a_dflash_error(core, ort, pairs):

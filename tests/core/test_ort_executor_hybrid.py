@@ -133,7 +133,7 @@ def test_a_slot_freed_by_an_abort_starts_from_zero_states(core, ort, small_vocab
 
 
 def test_phase_logits_equal_the_torch_target_through_split_runs_and_rollback(ort, small_vocab):
-    """The phases one by one on rows 0 and 2 (slot 1 idle between them) of 12-token slots: verifies
+    """The phases one by one on rows 0 and 2 (places 0 and 1; slot 1 unused) of 12-token slots: verifies
     split into two Runs while row 0 is near capacity (each row's states come out of its own Run), a
     commit keeps 0 of row 0's block (its states stay the prefill's) and 3 of row 2's, then 2 and 1,
     and every logits row equals the torch target's."""

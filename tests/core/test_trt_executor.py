@@ -222,7 +222,7 @@ def test_shapes_outside_every_optimization_profile_are_refused_in_one_line(core,
     executor.prefill_logits([0, 1], [PROMPTS[0], PROMPTS[1]])
     with pytest.raises(DFlashError, match=r"are outside every optimization profile of .*target.engine: rebuild with a "
                                           r"larger --max-batch") as err:
-        executor.prefill_logits([0, 2], [[1], PROMPTS[3]])  # slots 0..2: a batch of 3
+        executor.prefill_logits([0, 1, 2], [[1], [2], PROMPTS[3]])  # places 0..2: a batch of 3
     assert "\n" not in str(err.value)
 
 
