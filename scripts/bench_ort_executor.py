@@ -5,6 +5,8 @@ capacity must then cover --cached + --block + --repeats + 2).
 For each batch size and cached length: prefill `batch` rows of `cached` random tokens once, then
 time (median and min over --repeats) one batched verify of a block per row, one draft (block pass; nothing
 left to inject), and one whole step (inject the one committed position, draft, verify, commit 1).
+With --released K, K more rows are prefilled among them and released before the timing (rows 1..K
+of batch + K): the timed rows are then what a batch looks like after requests beside them finished.
 Prints a table and writes JSON (--json).
 
     .venv/bin/python scripts/bench_ort_executor.py BUNDLE [--batch 1 8] [--cached 256 2048] [--block 4]
@@ -36,19 +38,23 @@ def timed(fn, repeats: int) -> tuple[float, float]:
     return statistics.median(times), min(times)
 
 
-def measure(bundle: Path, batch: int, cached: int, block: int, repeats: int, threads: int | None) -> dict:
+def measure(bundle: Path, batch: int, cached: int, block: int, repeats: int, threads: int | None,
+            released: int = 0) -> dict:
     # room for the block, the steps (one committed position each) and their warm-ups; a slots-trt
     # bundle's capacity is fixed in its graphs
     needed = cached + block + repeats + 2
     capacity = bundle_capacity(bundle) or needed
     if capacity < needed:
         raise SystemExit(f"{bundle}: its static capacity {capacity} is below the {needed} tokens this run needs")
-    executor = ort_executor(bundle, max_batch=batch, capacity=capacity, threads=threads)
-    vocab, rows = executor.config.vocab, list(range(batch))
+    executor = ort_executor(bundle, max_batch=batch + released, capacity=capacity, threads=threads)
+    vocab, rows = executor.config.vocab, list(range(batch + released))
     rng = random.Random(0)
     start = time.perf_counter()
     executor.prefill_logits(rows, [[rng.randrange(vocab) for _ in range(cached)] for _ in rows])
     prefill_s = time.perf_counter() - start
+    for row in range(1, 1 + released):
+        executor.release(row)
+    rows = [0, *range(1 + released, batch + released)]
     bonus = [rng.randrange(vocab) for _ in rows]
     blocks = [[b] + [rng.randrange(vocab) for _ in range(block - 1)] for b in bonus]
 
@@ -65,7 +71,7 @@ def measure(bundle: Path, batch: int, cached: int, block: int, repeats: int, thr
         executor.commit(rows, [1] * batch)
 
     draft()  # injects the prompt's features once
-    result = {"batch": batch, "cached": cached, "block": block, "prefill_s": prefill_s}
+    result = {"batch": batch, "released": released, "cached": cached, "block": block, "prefill_s": prefill_s}
     for name, fn in (("verify", verify), ("draft", draft), ("step", step)):
         result[f"{name}_ms"], result[f"{name}_min_ms"] = timed(fn, repeats)
     return result
@@ -78,18 +84,19 @@ def main() -> None:
     parser.add_argument("--cached", type=int, nargs="+", default=[256, 2048])
     parser.add_argument("--block", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--released", type=int, default=0, help="rows released among the timed ones first")
     parser.add_argument(
         "--threads", type=int, default=None, help="intra-op threads per session (default: onnxruntime's)"
     )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     results = [
-        measure(args.bundle, b, c, args.block, args.repeats, args.threads)
+        measure(args.bundle, b, c, args.block, args.repeats, args.threads, args.released)
         for b in args.batch
         for c in args.cached
     ]
     cpu = platform.processor() or platform.machine()
-    print(f"{args.bundle}  block {args.block}  threads {args.threads or 'default'}  ({cpu})")
+    print(f"{args.bundle}  block {args.block}  threads {args.threads or 'default'}  released {args.released}  ({cpu})")
     print("ms: median / min of the repeats")
     print(f"{'batch':>5} {'cached':>6} {'prefill s':>9} {'verify ms':>15} {'draft ms':>15} {'step ms':>15}")
     for r in results:
