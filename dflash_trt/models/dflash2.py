@@ -28,8 +28,9 @@ from torch.nn import functional as F
 
 
 class GroupedDynamicConv(nn.Module):
-    """Written for few graph nodes: no reshapes of the hidden state (a group's correction reaches its
-    channels through a one-hot [G, H] product), and shifts by slices of constant bounds."""
+    """Written for few graph nodes (onnxruntime pays for each node on the CPU, whatever its size): no
+    reshapes (a group's correction reaches its channels through a one-hot [G, H] product), and a tap's
+    shift is a slice and a pad of constant bounds (nothing reads a shape at run time)."""
 
     def __init__(self, hidden_size: int, kernel_size: int, group_size: int):
         super().__init__()
@@ -51,7 +52,7 @@ class GroupedDynamicConv(nn.Module):
         spread = self.spread(x)
         out = (base[0].to(x.dtype) + dynamic[0] @ spread) * x
         for tap in range(1, self.kernel_size):
-            shifted = torch.cat([x[:, :tap] * 0, x[:, :-tap]], dim=1)  # x[t - tap], zero before the block
+            shifted = F.pad(x[:, :-tap], (0, 0, tap, 0))  # x[t - tap], zero before the block
             out = out + (base[tap].to(x.dtype) + dynamic[tap] @ spread) * shifted
         return out
 
@@ -92,20 +93,21 @@ class CandidateSelector(nn.Module):
                 torch.cat([t, torch.zeros_like(t.narrow(1, 0, 1)).expand(-1, steps, *t.shape[2:])], dim=1)
                 .narrow(1, 0, steps) for t in (unary, candidates, projected))
         # The pairwise score of candidate j after candidate i of the position before is
-        # <predecessor[i], projected * successor[j]>: every position's [k, k] table in one product,
-        # so the walk itself only picks a row and its best column.
+        # <predecessor[i], projected * successor[j]>: every position's [k, k] table in one product.
         weighted = F.embedding(candidates, self.successor_codebook) * projected[:, :, None, :]  # [b, s, k, r]
         first = (weighted[:, 0] @ F.embedding(anchor, self.predecessor_codebook)[:, :, None])[..., 0]  # [b, k]
         before = F.embedding(candidates[:, :-1], self.predecessor_codebook)  # [b, s-1, k, r]
         pairwise = before @ weighted[:, 1:].transpose(-1, -2)  # [b, s-1, k before, k here]
-        # row `pick` of a position's table, as columns pick * k + j of its flattened [k * k]
-        tables = pairwise.flatten(2).unbind(1)  # per position after the first: [b, k * k]
-        offsets = torch.arange(self.top_k, device=hidden.device)
-        scores = unary.unbind(1)  # per position: [b, k]
-        pick = (scores[0] + first).argmax(dim=-1, keepdim=True)  # [b, 1]
-        path = [pick]
-        for position in range(1, steps):
-            row = tables[position - 1].gather(1, pick * self.top_k + offsets)  # [b, k]
-            pick = (scores[position] + row).argmax(dim=-1, keepdim=True)
-            path.append(pick)
-        return candidates.gather(-1, torch.stack(path, dim=1)).squeeze(-1).narrow(1, 0, n)
+        # A position's pick depends on the position before only through that pick, so every position's
+        # best candidate after each candidate of the one before is known at once, and the walk only
+        # follows them (one gather a position). It follows flat indices t * k + pick of position t:
+        # follow[t * k + i] is position t+1's flat index after pick i at position t.
+        k = self.top_k
+        starts = torch.arange(steps, device=hidden.device) * k  # [s]: where each position's k indices start
+        best = (unary[:, 1:, None, :] + pairwise).argmax(dim=-1)  # [b, s-1, k before]
+        follow = (best + starts[1:, None]).flatten(1)  # [b, (s-1) * k]
+        flat = [(unary[:, 0] + first).argmax(dim=-1, keepdim=True)]  # position 0's pick: [b, 1]
+        for _ in range(1, steps):
+            flat.append(follow.gather(1, flat[-1]))
+        picks = torch.cat(flat, dim=1) - starts  # [b, s]
+        return candidates.gather(-1, picks[..., None]).squeeze(-1).narrow(1, 0, n)
