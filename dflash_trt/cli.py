@@ -183,9 +183,10 @@ def export(target, draft, out, flavour, capacity, dtype, quant, draft_quant, for
 
 
 def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: bool = True,
-               capacity: int | None = None, quant: str | None = None, draft_quant: str | None = None):
+               capacity: int | None = None, quant: str | None = None, draft_quant: str | None = None,
+               engine: str | None = None):
     """Check the pair from its configs, then load it -> (target model, drafter, tokenizer). Everything a
-    user can get wrong is refused here, before any progress bar starts (export, build)."""
+    user can get wrong is refused here, before any progress bar starts (export, build: `engine`)."""
     import torch
 
     from dflash_trt.export.bundle import check_flavour
@@ -199,17 +200,18 @@ def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: 
     draft = resolve_draft(draft)
     check_flavour(flavour, check, dtype, capacity)  # before loading weights: a missing op library fails in seconds
     check_pair(target, draft)  # from configs, before any weights load
-    from dflash_trt.engines.plan import export_memory_refusal, moe_layers
+    from dflash_trt.engines.plan import build_memory_refusal, export_memory_refusal, moe_layers, pair_weight_bytes
     from dflash_trt.export.graphs import export_refusal
     from dflash_trt.models.checkpoints import read_draft_config, read_target_config
 
     from dflash_trt.export.quantize import draft_quant_refusal, quant_refusal
 
-    target_config = read_target_config(target)[1]
+    target_config, draft_config = read_target_config(target)[1], read_draft_config(draft)
     refusal = (export_refusal(target_config.model_type)
                or quant_refusal(quant, flavour, dtype, moe_layers(target_config) > 0)
                or draft_quant_refusal(draft_quant, flavour, dtype)
-               or export_memory_refusal(target_config, read_draft_config(draft), dtype))
+               or export_memory_refusal(target_config, draft_config, dtype)
+               or (build_memory_refusal(pair_weight_bytes(target_config, draft_config, dtype), engine) if engine else None))
     if refusal:
         raise DFlashError(refusal)
     drafter = load_drafter(draft)
@@ -296,6 +298,7 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
 
     from dflash_trt.engines.build import build_engines, check_graphs, check_source
     from dflash_trt.engines.config import BuildConfig, parse_compute_capabilities
+    from dflash_trt.engines.plan import build_memory_refusal
     from dflash_trt.export.bundle import SLOT_FLAVOURS, export_bundle
     from dflash_trt.export.manifest import read_bundle
     from dflash_trt.export.staging import check_output_dir
@@ -328,10 +331,14 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
     check_output_dir(out)
     if source is not None:  # refusals before any engine is built, or any weights load
         check_source(read_bundle(source), config, str(source))
+        refusal = build_memory_refusal(sum(f.stat().st_size for f in source.iterdir() if ".onnx" in f.name), config.engine)
+        if refusal:
+            raise DFlashError(refusal)
     else:
         check_graphs(flavour, config.dtype or "float32", config, "--target/--draft")
     pair = None if source is not None else _load_pair(target or DEFAULT_TARGET, draft, flavour, config.dtype or "float32",
-                                                       capacity=capacity, quant=quant, draft_quant=draft_quant)
+                                                       capacity=capacity, quant=quant, draft_quant=draft_quant,
+                                                       engine=config.engine)
     exported = None
     with tqdm(total=4 + (5 if source is None else 0), desc=f"build ({config.engine})", unit="step") as bar:
         try:

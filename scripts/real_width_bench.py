@@ -4,8 +4,12 @@ drafter of its width. For each dtype it exports a `slots` bundle in a fresh proc
 process's own) and records seconds, peak RSS and bytes; on the float32 bundle it times the C++
 onnxruntime executor's verify of 1 and 16 tokens after --cached (another fresh process). Then it
 extrapolates to the full layer count: weights and export time per layer, peak RSS per GB of weights.
+With --engine-cc CC it also exports the bfloat16 pair as `slots-trt` (--capacity) and builds
+TensorRT-RTX engines for compute capability CC from it (`build --engine tensorrt-rtx`), each step in
+a fresh process: seconds, peak RSS, engine bytes.
 
     .venv/bin/python scripts/real_width_bench.py [--preset qwen3.5-35b-a3b] [--layers 2] [--json out.json]
+        [--engine-cc 12.0 --capacity 4096]
 
 Needs about 2.5x the float32 weights of the few layers in memory and disk (2 layers of
 Qwen3.5-35B-A3B: 10.6 GB float32).
@@ -83,7 +87,8 @@ def random_drafter(preset: dict, layers: int, dtype: torch.dtype, device: str | 
     return DFlashDrafter(DraftConfig.from_dict(raw)).to(device=device, dtype=dtype).eval()
 
 
-def export_once(preset_name: str, layers: int, dtype: str, out: Path) -> dict:
+def export_once(preset_name: str, layers: int, dtype: str, out: Path, flavour: str = "slots",
+                capacity: int | None = None) -> dict:
     from dflash_trt.export.bundle import export_bundle
 
     preset = PRESETS[preset_name]
@@ -91,13 +96,29 @@ def export_once(preset_name: str, layers: int, dtype: str, out: Path) -> dict:
     drafter = random_drafter(preset, layers, DTYPES[dtype])
     weights = sum(p.numel() * p.element_size() for m in (target.model, drafter) for p in m.parameters())
     began = time.perf_counter()
-    export_bundle(target, drafter, None, out, flavour="slots", check=False, dtype=dtype)
+    export_bundle(target, drafter, None, out, flavour=flavour, check=False, dtype=dtype, capacity=capacity)
     seconds = time.perf_counter() - began
     files = {p.name: p.stat().st_size for p in out.iterdir()}
     embed = preset["config"]["vocab_size"] * preset["config"]["hidden_size"] * DTYPES[dtype].itemsize
-    return {"dtype": dtype, "layers": layers, "export_s": round(seconds, 1), "weight_bytes": weights,
+    return {"dtype": dtype, "flavour": flavour, "layers": layers, "export_s": round(seconds, 1), "weight_bytes": weights,
             "embedding_bytes": embed, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "bundle_bytes": sum(files.values()), "files": files}
+
+
+def build_once(bundle: Path, out: Path, compute_capability: str, max_seq_len: int) -> dict:
+    """TensorRT-RTX engines (ahead of time, no GPU) of a slots-trt bundle: seconds, peak RSS, bytes."""
+    from dflash_trt.engines.build import build_engines
+    from dflash_trt.engines.config import BuildConfig
+
+    config = BuildConfig(engine="tensorrt-rtx", compute_capabilities=(compute_capability,), max_batch=8,
+                         max_seq_len=max_seq_len)
+    began = time.perf_counter()
+    build_engines(bundle, out, config)
+    files = {p.name: p.stat().st_size for p in out.iterdir()}
+    return {"compute_capability": compute_capability, "max_batch": config.max_batch, "max_seq_len": max_seq_len,
+            "build_s": round(time.perf_counter() - began, 1),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "engine_bytes": sum(files.values()), "files": files}
 
 
 def step_once(bundle: Path, cached: int, repeats: int) -> dict:
@@ -121,12 +142,19 @@ def main() -> None:
     parser.add_argument("--cached", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--engine-cc", default=None, help="also build TensorRT-RTX engines for this compute capability")
+    parser.add_argument("--capacity", type=int, default=4096, help="with --engine-cc: the slots-trt KV capacity")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, *rest = args.child
-        result = export_once(rest[0], int(rest[1]), rest[2], Path(rest[3])) if kind == "export" else \
-            step_once(Path(rest[0]), int(rest[1]), int(rest[2]))
+        if kind == "export":
+            result = export_once(rest[0], int(rest[1]), rest[2], Path(rest[3]), *rest[4:5],
+                                 *(int(c) for c in rest[5:6]))
+        elif kind == "build":
+            result = build_once(Path(rest[0]), Path(rest[1]), rest[2], int(rest[3]))
+        else:
+            result = step_once(Path(rest[0]), int(rest[1]), int(rest[2]))
         print(json.dumps(result))
         return
     preset, runs = PRESETS[args.preset], []
@@ -144,11 +172,26 @@ def main() -> None:
             run["full_model"]["export_s"] = round(run["export_s"] * run["full_model"]["weight_bytes"]
                                                   / run["weight_bytes"], 0)
             runs.append(run)
+        if args.engine_cc:
+            out, engines = Path(tmp) / "slots-trt", Path(tmp) / "engines"
+            run = child("--child", "export", args.preset, str(args.layers), "bfloat16", str(out), "slots-trt",
+                        str(args.capacity))
+            run["engines"] = child("--child", "build", str(out), str(engines), args.engine_cc, str(args.capacity))
+            shutil.rmtree(out)
+            shutil.rmtree(engines)
+            runs.append(run)
     print(f"{args.preset}: {args.layers} of {preset['full_layers']} layers, random weights "
           f"({platform.processor() or platform.machine()})")
     print(f"{'dtype':>9} {'weights GB':>10} {'export s':>8} {'peak RSS GB':>11} {'RSS/weights':>11} "
           f"{'full: weights GB':>16} {'full: export s':>14}")
     for r in runs:
+        if "engines" in r:
+            e = r["engines"]
+            print(f"  slots-trt bf16: export {r['export_s']:.0f} s, peak RSS {r['peak_rss_bytes'] / 1e9:.2f} GB; "
+                  f"TensorRT-RTX {e['compute_capability']} engines: build {e['build_s']:.0f} s, peak RSS "
+                  f"{e['peak_rss_bytes'] / 1e9:.2f} GB ({e['peak_rss_bytes'] / r['weight_bytes']:.2f}x the weights), "
+                  f"{e['engine_bytes'] / 1e9:.2f} GB of engines")
+            continue
         f = r["full_model"]
         print(f"{r['dtype']:>9} {r['weight_bytes'] / 1e9:>10.2f} {r['export_s']:>8.1f} {r['peak_rss_bytes'] / 1e9:>11.2f} "
               f"{f['peak_rss_per_weight_byte']:>11.2f} {f['weight_bytes'] / 1e9:>16.1f} {f['export_s']:>14.0f}")

@@ -30,6 +30,11 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # at Qwen3.5-35B-A3B's and Qwen3-30B-A3B's widths (docs/bench/real-width-*.json; float16 taken as bfloat16).
 EXPORT_PEAK_PER_WEIGHT_BYTE = {"float32": 1.27, "float16": 1.33, "bfloat16": 1.33}
 EXPORT_SECONDS_PER_GB = {"float32": 2.9, "float16": 5.4, "bfloat16": 5.4}
+# A TensorRT-RTX build's peak RSS over the same weights, and its seconds per GB of them: measured on a
+# bfloat16 slots-trt bundle at Qwen3.5-35B-A3B's widths (docs/bench/real-width-qwen3.5-35b-a3b-engines.json:
+# the parsed network's weights plus the builder's own copy; the plan streams into its file).
+BUILD_PEAK_PER_WEIGHT_BYTE = 2.11
+BUILD_SECONDS_PER_GB = 7.3
 SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 MARGIN_BYTES = GIB
 MARGIN_FRACTION = 0.10
@@ -200,9 +205,19 @@ def export_peak_bytes(parameters: int, dtype: str) -> float:
     return parameters * DTYPE_BYTES[dtype] * EXPORT_PEAK_PER_WEIGHT_BYTE[dtype]
 
 
+def build_peak_bytes(weight_bytes: float) -> float:
+    """The memory a TensorRT-RTX build of bundles holding `weight_bytes` of weights peaks at."""
+    return weight_bytes * BUILD_PEAK_PER_WEIGHT_BYTE
+
+
 def machine_memory() -> int:
     """This machine's physical memory, in bytes."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def pair_weight_bytes(config, draft: DraftConfig | None, dtype: str) -> int:
+    """The weights of the target and the drafter in `dtype`, from their configs."""
+    return (target_parameters(config)["total"] + (drafter_parameters(draft) if draft else 0)) * DTYPE_BYTES[dtype]
 
 
 def export_memory_refusal(config, draft: DraftConfig | None, dtype: str) -> str | None:
@@ -214,6 +229,16 @@ def export_memory_refusal(config, draft: DraftConfig | None, dtype: str) -> str 
         return None
     return (f"export: the {SHORT[dtype]} weights ({_bytes(parameters * DTYPE_BYTES[dtype])}) need about "
             f"{_bytes(need)} of memory to export, and this machine has {_bytes(have)}")
+
+
+def build_memory_refusal(weight_bytes: float, engine: str) -> str | None:
+    """One line when a TensorRT-RTX build of `weight_bytes` of weights would need more memory than the
+    machine has, else None (other engines' builds are not measured: no refusal)."""
+    need, have = build_peak_bytes(weight_bytes), machine_memory()
+    if engine != "tensorrt-rtx" or need <= have:
+        return None
+    return (f"build: TensorRT-RTX engines of {_bytes(weight_bytes)} of weights need about {_bytes(need)} of memory "
+            f"to build, and this machine has {_bytes(have)}")
 
 
 def make_plan(target: str, config, draft: str | None, draft_config: DraftConfig | None, engine: str, flavour: str,
@@ -313,6 +338,11 @@ def render(plan: Plan) -> str:
                  f"{_bytes(held)} of weights it holds, measured), about {held / 1e9 * EXPORT_SECONDS_PER_GB[plan.dtype]:.0f} s "
                  f"on a 2-core VM; this machine has {_bytes(have)}: "
                  + ("fits" if peak <= have else f"does NOT fit (short by {_bytes(peak - have)})"))
+    if plan.engine == "tensorrt-rtx":
+        peak = build_peak_bytes(held)
+        lines.append(f"build (tensorrt-rtx): peak memory about {_bytes(peak)} ({BUILD_PEAK_PER_WEIGHT_BYTE:g}x the weights, "
+                     f"measured), about {held / 1e9 * BUILD_SECONDS_PER_GB:.0f} s on a 2-core VM: "
+                     + ("fits" if peak <= have else f"does NOT fit (short by {_bytes(peak - have)})"))
     total, margin = plan.needed
     need = f"needs {_bytes(total)} (weights + {plan.max_batch} x request) + margin {_bytes(margin)} = {_bytes(total + margin)}"
     if plan.gpu_memory_gib is None:

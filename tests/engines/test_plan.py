@@ -266,3 +266,36 @@ def test_the_plan_states_the_exports_peak_memory_and_export_refuses_a_pair_too_b
         assert result.exit_code == 2 and not (tmp_path / "out").exists()
         (line,) = result.output.strip().splitlines()
         assert line.startswith("Error: export: the fp32 weights (") and "this machine has 1.00 KiB" in line
+
+
+def test_the_plan_states_a_tensorrt_rtx_builds_peak_memory_and_build_refuses_what_cannot_fit(
+        config_only_pair, tiny_pairs, bundles, tmp_path, monkeypatch):
+    """A TensorRT-RTX build holds the measured multiple of the weights: the dry run says so, and a build
+    the machine cannot hold is refused in one line before any weights load or any engine is built,
+    from --target/--draft (memory enough to export, not to build) and from a --bundle (its files)."""
+    import dflash_trt.engines.plan as plan
+    import dflash_trt.engines.trt_engine as trt_engine
+    import dflash_trt.models.checkpoints as checkpoints
+
+    targets, draft = config_only_pair
+    config = Qwen3MoeConfig.from_pretrained(targets["moe"])
+    held = plan.pair_weight_bytes(config, plan.DraftConfig.from_dir(draft), "bfloat16")
+    rtx = ["--engine", "tensorrt-rtx", "--compute-capability", "12.0"]
+    result = CliRunner().invoke(main, ["build", "--target", str(targets["moe"]), "--draft", str(draft), "--dry-run",
+                                       "--dtype", "bf16", *rtx])
+    assert result.exit_code == 0, result.output
+    peak = plan._bytes(held * plan.BUILD_PEAK_PER_WEIGHT_BYTE)
+    assert f"build (tensorrt-rtx): peak memory about {peak} ({plan.BUILD_PEAK_PER_WEIGHT_BYTE:g}x the weights" in result.stdout
+    target, tiny_draft = tiny_pairs["qwen3"]
+    weights = plan.pair_weight_bytes(*(checkpoints.read_target_config(str(target))[1], checkpoints.read_draft_config(tiny_draft)),
+                                     "float32")
+    exportable = int(plan.export_peak_bytes(weights // 4, "float32") * 1.05)  # exports, cannot build
+    assert exportable < plan.build_peak_bytes(weights)
+    monkeypatch.setattr(plan, "machine_memory", lambda: exportable)
+    monkeypatch.setattr(checkpoints, "load_target", lambda *a, **k: pytest.fail("weights loaded before the refusal"))
+    monkeypatch.setattr(trt_engine, "build_trt_graph", lambda *a, **k: pytest.fail("an engine built before the refusal"))
+    for source in (["--target", str(target), "--draft", str(tiny_draft)], ["--bundle", str(bundles["qwen3"][0])]):
+        result = CliRunner().invoke(main, ["build", *source, *rtx, "-o", str(tmp_path / "out")])
+        assert result.exit_code == 2 and not (tmp_path / "out").exists(), result.output
+        (line,) = result.output.strip().splitlines()
+        assert line.startswith("Error: build: TensorRT-RTX engines of ") and "to build, and this machine has" in line
