@@ -3,11 +3,13 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 
 #ifdef DFLASH_WITH_DEVICE_DECIDE
 #include "decide_kernel_fatbin.h"  // kDecideKernelFatbin: decide_kernel.cu for every SM setup.py builds
+#include "state_kernel_fatbin.h"   // kStateKernelFatbin: state_kernel.cu, the same way
 #endif
 
 namespace dflash {
@@ -105,6 +107,7 @@ CudaDevice::CudaDevice(const std::string& driver_path, const std::string& who)
 
 CudaDevice::~CudaDevice() {
   if (module_) driver_->module_unload(module_);
+  if (state_module_) driver_->module_unload(state_module_);
   if (stream_) driver_->stream_destroy(stream_);
   CUdevice device = 0;
   if (context_ && driver_->device_get(&device, 0) == CUDA_SUCCESS) driver_->release(device);
@@ -239,6 +242,38 @@ void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* row
   (void)logits, (void)vocab, (void)rows, (void)count, (void)positions, (void)drafts, (void)probs, (void)order,
       (void)out, (void)logprobs;
   DFLASH_INVARIANT(false);  // decides() is false: the executor decides on the host
+#endif
+}
+
+void CudaDevice::rebuild_states(const StateRebuild& job) {
+#ifdef DFLASH_WITH_DEVICE_DECIDE
+  bind();
+  if (!state_module_) {
+    check(driver_->module_load(&state_module_, kStateKernelFatbin), "loading the state kernels");
+    check(driver_->function(&rebuild_delta_, state_module_, "dflash_rebuild_delta"), "finding the delta-rule kernel");
+    check(driver_->function(&rebuild_conv_, state_module_, "dflash_rebuild_conv"), "finding the conv-state kernel");
+  }
+  if (job.count == 0) return;
+  float* recurrent = job.recurrent;
+  const float* delta_inputs = job.delta_inputs;
+  const RebuildRow* rows = job.rows;
+  int64_t tokens = job.tokens;
+  DeltaShape shape = job.shape;
+  void* delta_args[] = {&recurrent, &delta_inputs, &rows, &tokens, &shape};
+  const unsigned columns = unsigned(std::min<int64_t>(shape.value_dim, 256));
+  check(driver_->launch(rebuild_delta_, unsigned(job.count), unsigned(shape.value_heads), 1, columns, 1, 1, 0, stream_,
+                        delta_args, nullptr),
+        "launching the delta-rule kernel");
+  char* conv = job.conv;
+  const char* conv_inputs = job.conv_inputs;
+  int64_t channels = job.channels, width = job.conv_width, element = job.element;
+  void* conv_args[] = {&conv, &conv_inputs, &rows, &channels, &width, &tokens, &element};
+  check(driver_->launch(rebuild_conv_, unsigned(job.count), 1, 1, 256, 1, 1, 0, stream_, conv_args, nullptr),
+        "launching the conv-state kernel");
+#else
+  (void)job;
+  throw Error("cuda: this dflash_trt core was built without nvcc, so without the kernels that commit a hybrid "
+              "target's states on a GPU: rebuild it where nvcc is installed");
 #endif
 }
 

@@ -42,6 +42,7 @@ class CudaDevice final : public Device {
   bool decides() const override;  // where setup.py built decide_kernel.cu (nvcc found)
   void decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
               const int64_t* drafts, float* probs, int32_t* order, Verdict* out, TokenLogprob* logprobs) override;
+  void rebuild_states(const StateRebuild& job) override;  // state_kernel.cu (built with the decision kernels)
   CUstream stream() const { return stream_; }
 
   static constexpr unsigned kDecideThreads = 512;  // decide_kernel.cu's kThreads (its block-wide kernels)
@@ -57,6 +58,9 @@ class CudaDevice final : public Device {
   CUfunction tokens_ = nullptr;
   CUfunction decide_ = nullptr;
   CUfunction logprobs_ = nullptr;
+  CUmodule state_module_ = nullptr;  // the state kernels', loaded at the first partial commit
+  CUfunction rebuild_delta_ = nullptr;
+  CUfunction rebuild_conv_ = nullptr;
 };
 
 }  // namespace dflash

@@ -15,6 +15,7 @@
 
 #include "decide.h"
 #include "errors.h"
+#include "state_rebuild.h"
 
 namespace dflash {
 
@@ -77,6 +78,9 @@ class Device {
         (void)out, (void)logprobs;
     DFLASH_INVARIANT(false);
   }
+  // One linear layer's states of a commit's partly kept rows, rebuilt in place (state_rebuild.h);
+  // every pointer in `job` is this device's memory. Ordered after the calls before it, like a copy.
+  virtual void rebuild_states(const StateRebuild& job) = 0;
 
   uint64_t host_bytes = 0;  // bytes staged across the host boundary so far (Staged uploads and downloads)
 };
@@ -100,6 +104,7 @@ class HostDevice final : public Device {
   void upload(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
   void download(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
   void zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
+  void rebuild_states(const StateRebuild& job) override { host_rebuild(job); }
   void synchronize() override {}
 };
 

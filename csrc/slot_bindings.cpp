@@ -59,6 +59,7 @@ void bind_slot_executors(py::module_& m) {
           .def_readwrite("linear_layers", &Config::linear_layers)
           .def_readwrite("conv_dim", &Config::conv_dim)
           .def_readwrite("conv_kernel", &Config::conv_kernel)
+          .def_readwrite("linear_key_heads", &Config::linear_key_heads)
           .def_readwrite("linear_value_heads", &Config::linear_value_heads)
           .def_readwrite("linear_key_head_dim", &Config::linear_key_head_dim)
           .def_readwrite("linear_value_head_dim", &Config::linear_value_head_dim)

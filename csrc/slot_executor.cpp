@@ -99,7 +99,11 @@ void SlotExecutorConfig::validate(const std::string& who) const {
   if (conv_kernel < 2)
     throw Error(who + ": conv_kernel must be >= 2 (its state keeps conv_kernel - 1 columns), got " +
                 std::to_string(conv_kernel));
+  positive(who, linear_key_heads, "linear_key_heads");
   positive(who, linear_value_heads, "linear_value_heads");
+  if (linear_value_heads % linear_key_heads != 0)
+    throw Error(who + ": linear_value_heads (" + std::to_string(linear_value_heads) +
+                ") must be a multiple of linear_key_heads (" + std::to_string(linear_key_heads) + ")");
   positive(who, linear_key_head_dim, "linear_key_head_dim");
   positive(who, linear_value_head_dim, "linear_value_head_dim");
 }
@@ -122,6 +126,7 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
       decide_rows_(device_, DType::int64),
       verdicts_(device_, DType::int64),
       decide_logprobs_(device_, DType::int64),
+      rebuild_rows_(device_, DType::int64),
       decide_drafts_(device_, DType::int64),
       decide_probs_(device_, DType::float32),
       decide_order_(device_, DType::float32),
@@ -137,8 +142,10 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
   context_names_ = cache_names("context", up_to(config_.draft_layers));
   conv_in_ = state_names("conv_state", config_.linear_layers);
   recurrent_in_ = state_names("recurrent_state", config_.linear_layers);
-  conv_out_names_ = state_names("conv_states", config_.linear_layers);
-  recurrent_out_names_ = state_names("recurrent_states", config_.linear_layers);
+  conv_out_names_ = state_names("conv_state_out", config_.linear_layers);
+  recurrent_out_names_ = state_names("recurrent_state_out", config_.linear_layers);
+  conv_inputs_names_ = state_names("conv_inputs", config_.linear_layers);
+  delta_inputs_names_ = state_names("delta_inputs", config_.linear_layers);
 
   const SlotExecutorConfig& c = config_;
   const size_t target_slots = c.max_batch * c.target_kv_heads * slot_positions() * c.target_head_dim;
@@ -149,6 +156,7 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
   const size_t linear = c.linear_layers.size();
   conv_size_ = c.conv_dim * (c.conv_kernel - 1);
   recurrent_size_ = c.linear_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
+  delta_shape_ = {c.linear_key_heads, c.linear_value_heads, c.linear_key_head_dim, c.linear_value_head_dim};
   conv_ = buffers(device_, dtype_, linear, c.max_batch * conv_size_);
   recurrent_ = buffers(device_, DType::float32, linear, c.max_batch * recurrent_size_);
   rows_.resize(c.max_batch);
@@ -234,23 +242,27 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
       std::copy(tokens[i].begin(), tokens[i].end(), ids_.host.begin() + j * s);
       std::fill(ids_.host.begin() + j * s + len, ids_.host.begin() + j * s + fed(len), tokens[i].back());
       query_lengths_.host[j] = fed(len);
-      for (int64_t k = 0; k < r; ++k) logits_index_.host[j * r + k] = last_only ? len - 1 : k;
+      // a verify's padding rows repeat its last position, so the states come after the block's last token
+      for (int64_t k = 0; k < r; ++k) logits_index_.host[j * r + k] = last_only ? len - 1 : std::min(k, len - 1);
     }
     // decided on the device, the logits never reach the host: no host array for them
     if (decision == nullptr || device_.is_host()) logits_.host.resize(n * r * config_.vocab);
     features_.reserve(n * s * config_.feature_width);
     if (++run_ == int64_t(state_runs_.size())) state_runs_.emplace_back();
     StateRun& states = state_runs_[run_];
-    states.rows = r;
     states.tokens = s;
     while (states.conv.size() < conv_.size()) {
       states.conv.emplace_back(device_, dtype_);
       states.recurrent.emplace_back(device_, DType::float32);
+      states.conv_inputs.emplace_back(device_, dtype_);
+      states.delta_inputs.emplace_back(device_, DType::float32);
     }
     while (states.context.size() < context_.size()) states.context.emplace_back(device_, dtype_);
     for (size_t k = 0; k < conv_.size(); ++k) {
-      states.conv[k].reserve(n * r * conv_size_);
-      states.recurrent[k].reserve(n * r * recurrent_size_);
+      states.conv[k].reserve(n * conv_size_);
+      states.recurrent[k].reserve(n * recurrent_size_);
+      states.conv_inputs[k].reserve(n * config_.conv_dim * s);
+      states.delta_inputs[k].reserve(n * s * delta_shape_.width());
     }
     run_target_range(lo, n, s, r, decision == nullptr);
     if (config_.has_drafter()) inject_run(n, s);
@@ -275,16 +287,18 @@ void SlotExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r,
     g.input(target_cache_in_[k], cache);
     g.output(target_cache_out_[k], cache);  // the same memory: written in place
   }
-  // Linear layers read their slots' states and return the states after each logits row into
-  // scratch; only the rows a phase keeps are copied back (idle and padding rows' are garbage).
+  // Linear layers read their slots' states and return, into scratch, the states after each row's last
+  // logits row and what each position fed them; a commit copies or rebuilds from those.
   const int64_t K1 = c.conv_kernel - 1, Hv = c.linear_value_heads, Dk = c.linear_key_head_dim,
                 Dv = c.linear_value_head_dim;
   StateRun& states = state_runs_[run_];
   for (size_t k = 0; k < conv_.size(); ++k) {
     g.input(conv_in_[k], {conv_[k].at(lo * conv_size_), dtype_, {n, c.conv_dim, K1}});
     g.input(recurrent_in_[k], {recurrent_[k].at(lo * recurrent_size_), DType::float32, {n, Hv, Dk, Dv}});
-    g.output(conv_out_names_[k], {states.conv[k].at(0), dtype_, {n, r, c.conv_dim, K1}});
-    g.output(recurrent_out_names_[k], {states.recurrent[k].at(0), DType::float32, {n, r, Hv, Dk, Dv}});
+    g.output(conv_out_names_[k], {states.conv[k].at(0), dtype_, {n, c.conv_dim, K1}});
+    g.output(recurrent_out_names_[k], {states.recurrent[k].at(0), DType::float32, {n, Hv, Dk, Dv}});
+    g.output(conv_inputs_names_[k], {states.conv_inputs[k].at(0), dtype_, {n, c.conv_dim, s}});
+    g.output(delta_inputs_names_[k], {states.delta_inputs[k].at(0), DType::float32, {n, s, delta_shape_.width()}});
   }
   g.output("logits", {logits_.device_data(n * r * c.vocab), DType::float32, {n, r, c.vocab}});
   if (c.has_drafter()) g.output("features", {features_.at(0), dtype_, {n, s, c.feature_width}});
@@ -295,14 +309,38 @@ void SlotExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r,
   target_rows_ += n;
 }
 
-const char* SlotExecutor::conv_out(int64_t run, size_t k, int64_t j, int64_t pos) const {
-  const StateRun& states = state_runs_[run];
-  return states.conv[k].at((j * states.rows + pos) * conv_size_);
+const char* SlotExecutor::conv_out(int64_t run, size_t k, int64_t j) const {
+  return state_runs_[run].conv[k].at(j * conv_size_);
 }
 
-const char* SlotExecutor::recurrent_out(int64_t run, size_t k, int64_t j, int64_t pos) const {
-  const StateRun& states = state_runs_[run];
-  return states.recurrent[k].at((j * states.rows + pos) * recurrent_size_);
+const char* SlotExecutor::recurrent_out(int64_t run, size_t k, int64_t j) const {
+  return state_runs_[run].recurrent[k].at(j * recurrent_size_);
+}
+
+void SlotExecutor::rebuild_states(const std::vector<std::vector<RebuildRow>>& by_run) {
+  for (size_t run = 0; run < by_run.size(); ++run) {
+    const std::vector<RebuildRow>& rows = by_run[run];
+    if (rows.empty()) continue;
+    rebuild_rows_.host.resize(rows.size() * sizeof(RebuildRow));
+    std::memcpy(rebuild_rows_.host.data(), rows.data(), rows.size() * sizeof(RebuildRow));
+    rebuild_rows_.upload();
+    const StateRun& states = state_runs_[run];
+    for (size_t k = 0; k < conv_.size(); ++k) {
+      StateRebuild job;
+      job.recurrent = reinterpret_cast<float*>(recurrent_[k].at(0));
+      job.delta_inputs = reinterpret_cast<const float*>(states.delta_inputs[k].at(0));
+      job.conv = conv_[k].at(0);
+      job.conv_inputs = states.conv_inputs[k].at(0);
+      job.rows = reinterpret_cast<const RebuildRow*>(rebuild_rows_.device_data());
+      job.count = int64_t(rows.size());
+      job.tokens = states.tokens;
+      job.channels = config_.conv_dim;
+      job.conv_width = config_.conv_kernel - 1;
+      job.element = int64_t(dtype_size(dtype_));
+      job.shape = delta_shape_;
+      device_.rebuild_states(job);
+    }
+  }
 }
 
 void SlotExecutor::set_states(int64_t row, const std::vector<const char*>& conv,
@@ -423,8 +461,8 @@ void SlotExecutor::prefill_rows(const std::vector<int64_t>& rows, const std::vec
     if (config_.has_drafter()) keep_context(rows[i], run_, j, int64_t(prompts[i].size()));
     if (linear == 0) return;
     for (size_t k = 0; k < linear; ++k) {  // a prefill commits all of its chunk: the state after its last token
-      conv[k] = conv_out(run_, k, j, 0);
-      recurrent[k] = recurrent_out(run_, k, j, 0);
+      conv[k] = conv_out(run_, k, j);
+      recurrent[k] = recurrent_out(run_, k, j);
     }
     set_states(rows[i], conv, recurrent);
   });
@@ -480,6 +518,7 @@ void SlotExecutor::verify_rows(const std::vector<int64_t>& rows, const std::vect
 
 void SlotExecutor::commit(const std::vector<int64_t>& rows, const std::vector<int64_t>& kept) {
   DFLASH_INVARIANT(rows.size() == kept.size());
+  std::vector<std::vector<RebuildRow>> rebuild(state_runs_.size());  // per Run: rows keeping part of a block
   for (size_t i = 0; i < rows.size(); ++i) {
     Row& row = state(rows[i]);
     DFLASH_INVARIANT(row.live && kept[i] >= 0 && kept[i] <= row.verify_rows);
@@ -488,16 +527,21 @@ void SlotExecutor::commit(const std::vector<int64_t>& rows, const std::vector<in
     // The rejected rows stay in the cache past `committed`: the next Run overwrites them.
     row.committed += kept[i];
     if (kept[i] > 0 && config_.has_drafter()) keep_context(rows[i], row.verify_run, row.verify_index, kept[i]);
-    if (kept[i] > 0 && !conv_.empty()) {  // the states after the last kept position; kept 0 keeps the slot's
+    // the states after the last kept position: the graph's when the whole block is kept, else rebuilt
+    // from the slot's (those before the block); kept 0 keeps the slot's
+    if (kept[i] == row.verify_rows && kept[i] > 0 && !conv_.empty()) {
       std::vector<const char*> conv, recurrent;
       for (size_t k = 0; k < conv_.size(); ++k) {
-        conv.push_back(conv_out(row.verify_run, k, row.verify_index, kept[i] - 1));
-        recurrent.push_back(recurrent_out(row.verify_run, k, row.verify_index, kept[i] - 1));
+        conv.push_back(conv_out(row.verify_run, k, row.verify_index));
+        recurrent.push_back(recurrent_out(row.verify_run, k, row.verify_index));
       }
       set_states(rows[i], conv, recurrent);
+    } else if (kept[i] > 0 && !conv_.empty()) {
+      rebuild[row.verify_run].push_back({row.place, row.verify_index, kept[i]});
     }
     row.verify_rows = 0;
   }
+  rebuild_states(rebuild);
 }
 
 std::vector<int64_t> SlotExecutor::live_rows() const {

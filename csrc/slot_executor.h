@@ -15,10 +15,12 @@
 //
 // Hybrid targets (Qwen3-Next, Qwen3.5) keep a K/V cache for their full-attention layers only; each
 // linear-attention layer has per slot a conv state [conv_dim, K-1] (bundle dtype) and a recurrent
-// state [Hv, Dk, Dv] (float32), bound read-only over the same slot range. The graph returns the
-// states after every position a phase asks logits for, so a prefill copies its one state into the
-// slot, and a verify keeps each row's per-position states until commit copies the last kept
-// position's (kept 0: none): rollback needs no re-feeding.
+// state [Hv, Dk, Dv] (float32), bound read-only over the same places. The graph returns the states
+// after each row's last logits row, which a prefill and a fully accepted verify copy into the slot,
+// and what every fed position fed the layer (a conv input column and the recurrence's key, value,
+// decay and strength: a few KiB, not a state per position); a commit that keeps part of a block
+// rebuilds the states at its last kept position from the slot's (still those before the block) and
+// those inputs, on the executor's device (state_rebuild.h). Rollback needs no re-feeding.
 //
 // The draft graphs are the portable v1 ones (they take and return only context rows). Right after
 // each target Run, draft_context turns the Run's tapped features (device memory, never downloaded)
@@ -66,7 +68,7 @@ struct SlotExecutorConfig {
   int64_t target_layers = 0, target_kv_heads = 0, target_head_dim = 0;
   std::vector<int64_t> attention_layers, linear_layers;
   int64_t conv_dim = 0, conv_kernel = 0;  // conv state [conv_dim, conv_kernel - 1] (bundle dtype)
-  int64_t linear_value_heads = 0, linear_key_head_dim = 0, linear_value_head_dim = 0;  // recurrent, float32
+  int64_t linear_key_heads = 0, linear_value_heads = 0, linear_key_head_dim = 0, linear_value_head_dim = 0;  // float32
   int64_t feature_width = 0;  // F: the tapped layers' hidden states, concatenated
   int64_t vocab = 0;
   // drafter; none (draft_layers 0, no draft paths, feature_width 0): a target for plain decoding
@@ -153,12 +155,12 @@ class SlotExecutor : public Executor {
     // `verify_run` of target phase `verify_phase`, its row `verify_index` (nothing moves before commit)
     int64_t verify_phase = -1, verify_run = -1, verify_index = -1;
   };
-  // One target Run's outputs a phase keeps until the next: per linear layer the states [n, r, size],
+  // One target Run's outputs a phase keeps until the next: per linear layer the states after each
+  // row's last logits row [n, size] and its positions' inputs (conv [n, C, s], delta [n, s, width]),
   // per draft cache the new context rows [n, dkv, s, dd] injected from the Run's features.
   struct StateRun {
-    int64_t rows = 0;    // r
     int64_t tokens = 0;  // s
-    std::vector<Buffer> conv, recurrent, context;
+    std::vector<Buffer> conv, recurrent, conv_inputs, delta_inputs, context;
   };
   const Row& state(int64_t row) const;
   Row& state(int64_t row);
@@ -171,10 +173,13 @@ class SlotExecutor : public Executor {
   void run_target(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& tokens, bool last_only,
                   const Decision* decision, F&& take);
   void run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r, bool logits_to_host);
-  // Linear layer k's conv / recurrent state after logits row `pos` of Run row j, in Run `run` of
-  // the current phase (device memory).
-  const char* conv_out(int64_t run, size_t k, int64_t j, int64_t pos) const;
-  const char* recurrent_out(int64_t run, size_t k, int64_t j, int64_t pos) const;
+  // Linear layer k's conv / recurrent state after Run row j's last logits row, in Run `run` of the
+  // current phase (device memory).
+  const char* conv_out(int64_t run, size_t k, int64_t j) const;
+  const char* recurrent_out(int64_t run, size_t k, int64_t j) const;
+  // The commit of rows that keep part of their block: their states rebuilt at the last kept position,
+  // a device call per Run and linear layer.
+  void rebuild_states(const std::vector<std::vector<RebuildRow>>& by_run);
   // Copies every linear layer's state out of (conv, recurrent) into `row`'s place (both empty: zeros).
   void set_states(int64_t row, const std::vector<const char*>& conv, const std::vector<const char*>& recurrent);
   // Gives a row starting a request the lowest free place.
@@ -202,7 +207,9 @@ class SlotExecutor : public Executor {
   std::unique_ptr<Graph> target_, draft_context_, draft_block_;
   std::vector<std::string> target_cache_in_, target_cache_out_, context_names_;
   std::vector<std::string> conv_in_, recurrent_in_, conv_out_names_, recurrent_out_names_;  // per linear layer
+  std::vector<std::string> conv_inputs_names_, delta_inputs_names_;
   int64_t conv_size_ = 0, recurrent_size_ = 0;  // one slot's state per linear layer, in elements
+  DeltaShape delta_shape_;
 
   std::vector<Buffer> target_kv_;  // [2 * layer + (0 key | 1 value)] -> [max_batch, kv, C, d]
   std::vector<Buffer> draft_kv_;   // [2 * layer + (0 key | 1 value)] -> [max_batch, dkv, C, dd]
@@ -218,7 +225,7 @@ class SlotExecutor : public Executor {
   Staged<int64_t> ids_, cache_lengths_, query_lengths_, logits_index_, positions_, lengths_, tokens_;
   Staged<float> logits_;
   // a device decision's rows (DecideRow bytes), drafts, verdicts (Verdict bytes) and scratch
-  Staged<char> decide_rows_, verdicts_, decide_logprobs_;  // logprobs: [rows, positions, 1 + kMaxLogprobs]
+  Staged<char> decide_rows_, verdicts_, decide_logprobs_, rebuild_rows_;  // rebuild: RebuildRow bytes  // logprobs: [rows, positions, 1 + kMaxLogprobs]
   std::vector<std::vector<TokenLogprob>> logprobs_;        // the last prefill's or verify's, per row
   Staged<int64_t> decide_drafts_;
   Buffer decide_probs_, decide_order_;  // float32 [rows, positions, V]; order holds int32 tokens, then ids

@@ -8,9 +8,10 @@ does not load (Qwen3.5's vision tower, multi-token-prediction layers) are not co
 Memory is what this runtime holds: the three graphs' weights (draft_block carries its own copy of
 the target's embeddings and LM head), and per request the target's and drafter's K/V for
 --max-seq-len tokens on every attention layer (slot caches are full length, sliding layers too),
-the linear-attention layers' conv and recurrent states, and those states at each of a verify
-block's positions (exact rollback after a partial acceptance, without re-feeding tokens). A margin
-of 1 GiB plus 10 % covers activations, workspace and the CUDA context.
+the linear-attention layers' conv and recurrent states twice (the slot's, and a verify's result until
+its commit), and what each of a verify block's positions fed those layers (a commit that keeps part
+of the block rebuilds the states from them: exact rollback without re-feeding tokens or keeping a
+state per position). A margin of 1 GiB plus 10 % covers activations, workspace and the CUDA context.
 """
 
 from __future__ import annotations
@@ -153,6 +154,18 @@ def state_bytes_per_request(config, dtype: str) -> int:
     return layers * (conv * DTYPE_BYTES[dtype] + recurrent * DTYPE_BYTES["float32"])
 
 
+def position_input_bytes(config, dtype: str) -> int:
+    """Per linear-attention layer, what one verified position fed it and a commit rebuilds the states
+    from (csrc/state_rebuild.h): its conv input column in the graphs' dtype, and its raw key, value,
+    decay and strength in float32."""
+    layers = layer_kinds(config).count("linear")
+    if not layers:
+        return 0
+    k_dim = config.linear_num_key_heads * config.linear_key_head_dim
+    v_dim = config.linear_num_value_heads * config.linear_value_head_dim
+    return layers * ((2 * k_dim + v_dim) * DTYPE_BYTES[dtype] + (k_dim + v_dim + 2 * config.linear_num_value_heads) * 4)
+
+
 @dataclass(frozen=True)
 class Plan:
     target: str
@@ -171,6 +184,7 @@ class Plan:
     kv_per_token: int
     draft_kv_per_token: int
     states: int
+    position_inputs: int
     layers: dict[str, int]
     export_refusal: str | None
     gpu_memory_gib: float | None
@@ -190,8 +204,9 @@ class Plan:
 
     @property
     def per_request(self) -> int:
-        """K/V for max_seq_len tokens, states, and states at each verify position."""
-        return (self.kv_per_token + self.draft_kv_per_token) * self.max_seq_len + self.states * (1 + self.block_size)
+        """K/V for max_seq_len tokens, states (the slot's and a verify's), each verify position's inputs."""
+        return ((self.kv_per_token + self.draft_kv_per_token) * self.max_seq_len + 2 * self.states
+                + self.position_inputs * self.block_size)
 
     @property
     def needed(self) -> tuple[int, int]:
@@ -257,6 +272,7 @@ def make_plan(target: str, config, draft: str | None, draft_config: DraftConfig 
         kv_per_token=kv_bytes_per_token(config, dtype),
         draft_kv_per_token=draft_kv_bytes_per_token(draft_config, dtype) if draft_config else 0,
         states=state_bytes_per_request(config, dtype),
+        position_inputs=position_input_bytes(config, dtype),
         layers={"attention": kinds.count("attention"), "linear": kinds.count("linear"),
                 "moe": moe_layers(config)},
         export_refusal=export_refusal, gpu_memory_gib=gpu_memory_gib,
@@ -329,8 +345,9 @@ def render(plan: Plan) -> str:
     lines.append(f"K/V per token ({d}): target {_bytes(plan.kv_per_token)}, drafter {_bytes(plan.draft_kv_per_token)}")
     lines.append(f"per request at {plan.max_seq_len} tokens: K/V "
                  f"{_bytes((plan.kv_per_token + plan.draft_kv_per_token) * plan.max_seq_len)}"
-                 + (f", conv + recurrent states {_bytes(plan.states)}, states at {plan.block_size} verify positions "
-                    f"{_bytes(plan.states * plan.block_size)}" if plan.states else "")
+                 + (f", conv + recurrent states {_bytes(plan.states)} (twice: the slot's and a verify's), the inputs of "
+                    f"{plan.block_size} verify positions {_bytes(plan.position_inputs * plan.block_size)}"
+                    if plan.states else "")
                  + f"; total {_bytes(plan.per_request)}")
     held = (p["total"] + plan.draft_parameters) * DTYPE_BYTES[plan.dtype]
     peak, have = export_peak_bytes(p["total"] + plan.draft_parameters, plan.dtype), machine_memory()

@@ -144,15 +144,20 @@ def lower_gated_delta_rule(model: onnx.ModelProto, domain: str) -> int:
     returns how many."""
     dtypes = {v.name: v.type.tensor_type.elem_type
               for v in [*model.graph.value_info, *model.graph.input, *model.graph.output]}
-    nodes, lowered = [], 0
+    nodes, lowered, outputs = [], 0, set()
     for node in model.graph.node:
         if node.domain == domain and node.op_type in (OP_TYPE, OP_TYPE + "At"):
             nodes += lower_node(node, dtypes.get(node.output[0]) or dtypes.get(node.input[2], TensorProto.FLOAT))
             lowered += 1
+            outputs.update(node.output)
         else:
             nodes.append(node)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+    # the exporter typed the op's outputs with the trace's own sizes (batch included): drop them
+    kept_info = [v for v in model.graph.value_info if v.name not in outputs]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept_info)
     if lowered and not any(node.domain == domain for node in model.graph.node):
         kept = [o for o in model.opset_import if o.domain != domain]
         del model.opset_import[:]

@@ -42,6 +42,7 @@ def linear_attention_shapes(config) -> dict[str, int]:
     return {
         "conv_dim": 2 * key_dim + config.linear_num_value_heads * config.linear_value_head_dim,
         "conv_kernel": config.linear_conv_kernel_dim,
+        "num_key_heads": config.linear_num_key_heads,
         "num_value_heads": config.linear_num_value_heads,
         "key_head_dim": config.linear_key_head_dim,
         "value_head_dim": config.linear_value_head_dim,
@@ -137,18 +138,20 @@ def linear_attention(mod, h, conv_state, recurrent_state, logits_from):
     return _rule_output(mod, out, z), window.narrow(2, logits_from, window.shape[2] - logits_from), states
 
 
-def linear_attention_at(mod, h, conv_state, recurrent_state, positions):
-    """Graph contract 2's form: the states after positions [b, r] of each row -> (out,
-    conv states [b, r, C, K-1], recurrent states [b, r, Hv, Dk, Dv])."""
+def linear_attention_at(mod, h, conv_state, recurrent_state, position):
+    """Graph contract 2's form: the states after position [b] of each row -> (out, conv state
+    [b, C, K-1], recurrent state [b, Hv, Dk, Dv], and what each of the s positions fed the layer:
+    conv inputs [b, C, s] (the window's new columns) and delta inputs [b, s, Hk*Dk + Hv*Dv + 2*Hv]
+    float32 (raw key, value, g, beta), from which a runtime rebuilds the states after any earlier
+    position (csrc/state_rebuild.h) without keeping one per position."""
     window, z, query, key, value, g, beta = _rule_inputs(mod, h, conv_state)
-    out, states = gated_delta_rule_at(query, key, value, g, beta, recurrent_state, positions)
-    b, r = positions.shape
-    channels, width = conv_state.shape[1], conv_state.shape[2]
+    out, states = gated_delta_rule_at(query, key, value, g, beta, recurrent_state, position[:, None])
+    b, channels, width = conv_state.shape
     # after position p the conv state holds the window's columns p + 1 .. p + K - 1
-    columns = positions[:, :, None] + 1 + torch.arange(width, device=positions.device)[None, None]  # [b, r, K-1]
-    conv = window[:, None].expand(b, r, channels, window.shape[2]).gather(
-        3, columns[:, :, None, :].expand(b, r, channels, width))
-    return _rule_output(mod, out, z), conv, states
+    columns = position[:, None] + 1 + torch.arange(width, device=position.device)[None]  # [b, K-1]
+    conv = window.gather(2, columns[:, None, :].expand(b, channels, width))
+    delta = torch.cat([key.float().flatten(2), value.float().flatten(2), g.float(), beta.float()], dim=-1)
+    return _rule_output(mod, out, z), conv, states[:, 0], window.narrow(2, width, window.shape[2] - width), delta
 
 
 class HybridTargetGraph(nn.Module):

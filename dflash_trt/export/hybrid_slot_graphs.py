@@ -5,14 +5,18 @@
              layer i (written in place, as slot_graphs.py), then per linear-attention layer i:
              conv_state_<i> [b, conv_dim, K-1] and recurrent_state_<i> [b, Hv, Dk, Dv] (float32)
     outputs  logits [b, rows, V], features [b, new, taps*H], cache_key_out_<i> / cache_value_out_<i>,
-             then per linear layer: conv_states_<i> [b, rows, conv_dim, K-1] and
-             recurrent_states_<i> [b, rows, Hv, Dk, Dv] float32: the states after the position
-             logits_index[b, r] of the row
+             then per linear layer: conv_state_out_<i> [b, conv_dim, K-1] and recurrent_state_out_<i>
+             [b, Hv, Dk, Dv] float32, the states after position logits_index[b, -1] of the row;
+             conv_inputs_<i> [b, conv_dim, new], each position's conv input column; and
+             delta_inputs_<i> [b, new, Hk*Dk + Hv*Dv + 2*Hv] float32, what each position's
+             recurrence step reads (raw key, value, log decay g, write strength beta)
 
-The states are read, never written in place: logits_index names the positions the runtime may
-commit up to (a prefill's last token, every token of a verify block), and it copies the chosen
-position's states into the row's slot at commit. Rows are right-padded: a padding token comes after
-every real one, so the states at real positions never see it.
+The states are read, never written in place. A prefill's last logits row is its last token, a
+verify's last is its block's last (padding rows repeat it), so a prefill and a fully accepted block
+copy the returned states into the row's slot; a commit that keeps part of a block rebuilds the states
+at its last kept position from the slot's and the positions' inputs (csrc/state_rebuild.h), which
+cost a few KiB a position where a state per position would cost the whole state. Rows are
+right-padded: a padding token comes after every real one, so nothing at a real position sees it.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ def hybrid_slot_target_spec(config, vocab: int, features: int, dtype: str, capac
     shapes = linear_attention_shapes(config)
     conv = [shapes["conv_dim"], shapes["conv_kernel"] - 1]
     state = [shapes["num_value_heads"], shapes["key_head_dim"], shapes["value_head_dim"]]
+    delta = shapes["num_key_heads"] * shapes["key_head_dim"] + shapes["num_value_heads"] * (shapes["value_head_dim"] + 2)
     return {
         "inputs": [io("input_ids", "int64", ["batch", "new"]), io("cache_lengths", "int64", ["batch"]),
                    io("query_lengths", "int64", ["batch"]), io("logits_index", "int64", ["batch", "rows"])]
@@ -49,8 +54,10 @@ def hybrid_slot_target_spec(config, vocab: int, features: int, dtype: str, capac
                                        io(f"recurrent_state_{i}", "float32", ["batch", *state]))],
         "outputs": [io("logits", "float32", ["batch", "rows", vocab]), io("features", dtype, ["batch", "new", features])]
         + [io(f"cache_{kind}_out_{i}", dtype, cache) for i in attention for kind in ("key", "value")]
-        + [x for i in linear for x in (io(f"conv_states_{i}", dtype, ["batch", "rows", *conv]),
-                                       io(f"recurrent_states_{i}", "float32", ["batch", "rows", *state]))],
+        + [x for i in linear for x in (io(f"conv_state_out_{i}", dtype, ["batch", *conv]),
+                                       io(f"recurrent_state_out_{i}", "float32", ["batch", *state]),
+                                       io(f"conv_inputs_{i}", dtype, ["batch", conv[0], "new"]),
+                                       io(f"delta_inputs_{i}", "float32", ["batch", "new", delta]))],
     }
 
 
@@ -88,8 +95,8 @@ class HybridSlotTargetGraph(HybridTargetGraph):
                                                                    cache_lengths, query_lengths, self.attend)
                 written += [key_cache, value_cache]
             else:
-                out, conv, recurrent = linear_attention_at(layer.linear_attn, h, *states[index], logits_index)
-                new_states += [conv, recurrent]
+                out, *outputs = linear_attention_at(layer.linear_attn, h, *states[index], logits_index[:, -1])
+                new_states += outputs
             x = x + torch.where(valid, out, 0.0)
             x = x + self.mlps[index](layer.post_attention_layernorm(x))
             if index in self.taps:
@@ -120,7 +127,9 @@ class HybridSlotTargetGraph(HybridTargetGraph):
         kv = [torch.where((slot >= cached[:, None])[:, None, :, None], torch.tensor(1e3, dtype=dtype), c)
               for c in out[:kv_count]]
         fresh = (cached == 0)
-        states = [torch.where(fresh.view(-1, *[1] * (t.dim() - 2)), 0.0, t[:, 0]).to(t.dtype) for t in out[kv_count:]]
+        outs = out[kv_count:]
+        states = [torch.where(fresh.view(-1, *[1] * (t.dim() - 1)), 0.0, t).to(t.dtype)
+                  for n in range(0, len(outs), 4) for t in outs[n:n + 2]]
         ids = torch.randint(0, vocab_size, (batch, new), generator=generator)
         logits_index = torch.tensor([[3, 0], [1, 0], [0, 0]])
         return (ids, cached, torch.tensor([4, 2, 1]), logits_index, *kv, *states)

@@ -79,7 +79,12 @@ def slot_config(manifest: dict, paths: dict[str, str], library: str, max_batch: 
     config.linear_layers = [i for i, t in enumerate(types) if t == "linear_attention"]
     if config.linear_layers:
         linear = target["linear_attention"]
+        produced = {o["name"] for o in graphs["target"]["outputs"]}
+        if f"delta_inputs_{config.linear_layers[0]}" not in produced or "num_key_heads" not in linear:
+            raise DFlashError("this hybrid slot bundle has no delta_inputs outputs (exported before graphs revision 6, "
+                              "it returns a state per verified position): re-export it with dflash-trt export")
         config.conv_dim, config.conv_kernel = linear["conv_dim"], linear["conv_kernel"]
+        config.linear_key_heads = linear["num_key_heads"]
         config.linear_value_heads = linear["num_value_heads"]
         config.linear_key_head_dim = linear["key_head_dim"]
         config.linear_value_head_dim = linear["value_head_dim"]

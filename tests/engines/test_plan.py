@@ -19,6 +19,7 @@ from dflash_trt.engines.plan import (
     drafter_parameters,
     kv_bytes_per_token,
     plan_pair,
+    position_input_bytes,
     state_bytes_per_request,
     target_parameters,
 )
@@ -93,6 +94,9 @@ def test_kv_and_state_bytes_of_a_hybrid_target_by_hand():
     recurrent = 4 * 16 * 16  # value heads x key dim x value dim, float32 in every bundle dtype
     assert state_bytes_per_request(config, "float16") == 2 * (conv * 2 + recurrent * 4)
     assert state_bytes_per_request(configs()["qwen3"], "float16") == 0
+    # per verified position: the conv input column (float16) and key, value, g, beta (float32)
+    assert position_input_bytes(config, "float16") == 2 * ((2 * 2 * 16 + 4 * 16) * 2 + (2 * 16 + 4 * 16 + 2 * 4) * 4)
+    assert position_input_bytes(configs()["qwen3"], "float16") == 0
 
 
 @pytest.fixture

@@ -56,8 +56,8 @@ def test_the_bundle_records_layer_kinds_and_lowers_every_recurrence_to_standard_
         manifest = read_bundle(bundle)
         info = manifest["target"]
         assert info["layer_types"] == ["linear_attention", "full_attention"] * 2
-        assert info["linear_attention"] == {"conv_dim": 2 * 2 * 16 + 4 * 16, "conv_kernel": 4, "num_value_heads": 4,
-                                            "key_head_dim": 16, "value_head_dim": 16}
+        assert info["linear_attention"] == {"conv_dim": 2 * 2 * 16 + 4 * 16, "conv_kernel": 4, "num_key_heads": 2,
+                                            "num_value_heads": 4, "key_head_dim": 16, "value_head_dim": 16}
         names = [io["name"] for io in manifest["graphs"]["target"]["inputs"]]
         assert names[3:] == ["past_key_1", "past_value_1", "past_key_3", "past_value_3",
                              "conv_state_0", "recurrent_state_0", "conv_state_2", "recurrent_state_2"]

@@ -9,6 +9,7 @@ import pytest
 import torch
 from factories import export_tiny_slots_bundle
 
+from dflash_trt.export.delta_rule import delta_rule_scan
 from dflash_trt.export.manifest import read_bundle
 from dflash_trt.models.checkpoints import load_target
 
@@ -64,16 +65,38 @@ class Rows:
                 binding.bind_output(name)
         self.session.run_with_iobinding(binding)
         got = dict(zip(outputs, binding.get_outputs(), strict=True))
-        self.pending = {name: got[name].numpy() for name in outputs if name.startswith(("conv_states", "recurrent_states"))}
+        self.pending = {name: got[name].numpy() for name in outputs
+                        if name.startswith(("conv_state_out", "recurrent_state_out", "conv_inputs", "delta_inputs"))}
+        self.fed = [len(t) for t in tokens]
         return got["logits"].numpy(), got["features"].numpy()
 
-    def commit(self, kept: list[int], from_index: list[int]):
-        """Row b keeps kept[b] tokens of the last step; its states are those at logits row from_index[b]."""
-        for name, states in self.pending.items():
-            slot = name.replace("conv_states", "conv_state").replace("recurrent_states", "recurrent_state")
-            for b, r in enumerate(from_index):
-                self.buffers[slot][b] = states[b, r]
+    def commit(self, kept: list[int]):
+        """Row b keeps kept[b] tokens of the last step: the returned states when it keeps them all, else
+        its slot's states advanced over the kept positions' inputs by delta_rule_scan (the recurrence
+        the graphs export, run in PyTorch) and the conv window's columns."""
+        for name in [n for n in self.pending if n.startswith("conv_state_out")]:
+            layer = name.rsplit("_", 1)[1]
+            conv, recurrent = self.buffers[f"conv_state_{layer}"], self.buffers[f"recurrent_state_{layer}"]
+            for b, keep in enumerate(kept):
+                if keep == self.fed[b]:
+                    conv[b] = self.pending[name][b]
+                    recurrent[b] = self.pending[f"recurrent_state_out_{layer}"][b]
+                elif keep > 0:
+                    window = np.concatenate([conv[b], self.pending[f"conv_inputs_{layer}"][b]], axis=1)
+                    conv[b] = window[:, keep:keep + conv.shape[2]]
+                    recurrent[b] = rebuilt(recurrent[b], self.pending[f"delta_inputs_{layer}"][b, :keep])
         self.lengths += np.array(kept, np.int64)
+
+
+def rebuilt(state, inputs):
+    """The recurrent state [Hv, Dk, Dv] after the positions `inputs` [t, Hk*Dk + Hv*Dv + 2*Hv] feed it."""
+    heads, dk, dv = state.shape
+    key_heads = (inputs.shape[1] - heads * (dv + 2)) // dk
+    key, value, g, beta = np.split(torch.tensor(inputs)[None], np.cumsum([key_heads * dk, heads * dv, heads]), axis=-1)
+    t = inputs.shape[0]
+    _, states = delta_rule_scan(torch.zeros(1, t, key_heads, dk), key.reshape(1, t, key_heads, dk),
+                                value.reshape(1, t, heads, dv), g, beta, torch.tensor(state)[None], torch.tensor(t - 1))
+    return states[0, -1].numpy()
 
 
 def hf(target, ids):
@@ -99,7 +122,7 @@ def test_ragged_rows_equal_hf_through_prefill_verify_partial_commit_and_on(hybri
     rows = Rows(bundle, len(PROMPTS))
     last = [[len(p) - 1] for p in PROMPTS]
     logits, features = rows.step(PROMPTS, last)
-    rows.commit([len(p) for p in PROMPTS], [0] * len(PROMPTS))
+    rows.commit([len(p) for p in PROMPTS])
     for b, prompt in enumerate(PROMPTS):
         ref_logits, ref_features, cache = hf(target, prompt)
         np.testing.assert_allclose(logits[b, 0], ref_logits[-1], atol=ATOL, rtol=0)
@@ -112,7 +135,7 @@ def test_ragged_rows_equal_hf_through_prefill_verify_partial_commit_and_on(hybri
     for b, (prompt, block) in enumerate(zip(PROMPTS, BLOCKS, strict=True)):
         np.testing.assert_allclose(logits[b, :len(block)], hf(target, prompt + block)[0][len(prompt):], atol=ATOL,
                                    rtol=0)
-    rows.commit(kept, [k - 1 for k in kept])
+    rows.commit(kept)
     follow = [[9, 180], [33], [1, 2, 3]]
     logits, _ = rows.step(follow, [list(range(len(f))) + [len(f) - 1] * (3 - len(f)) for f in follow])
     for b, (prompt, block) in enumerate(zip(PROMPTS, BLOCKS, strict=True)):
@@ -123,16 +146,21 @@ def test_ragged_rows_equal_hf_through_prefill_verify_partial_commit_and_on(hybri
                                    atol=ATOL, rtol=0)
 
 
-def test_the_states_after_every_verify_position_equal_hf(hybrid_slots):
+def test_the_states_at_every_kept_length_equal_hf(hybrid_slots):
+    """A commit of each length 1 .. len(block) from the same verify (the whole block: the graph's own
+    states; fewer: rebuilt from the slot's and the kept positions' inputs) equals HF's states there."""
     bundle, target = hybrid_slots
     rows = Rows(bundle, len(PROMPTS))
     rows.step(PROMPTS, [[len(p) - 1] for p in PROMPTS])
-    rows.commit([len(p) for p in PROMPTS], [0] * len(PROMPTS))
+    rows.commit([len(p) for p in PROMPTS])
     width = max(map(len, BLOCKS))
     rows.step(BLOCKS, [list(range(len(block))) + [len(block) - 1] * (width - len(block)) for block in BLOCKS])
-    pending = rows.pending
-    for b, (prompt, block) in enumerate(zip(PROMPTS, BLOCKS, strict=True)):
-        for j in range(len(block)):
-            rows.pending = pending
-            rows.commit([0] * len(PROMPTS), [j] * len(PROMPTS))  # states only: lengths stay
-            assert_row_states(rows, target, b, hf(target, prompt + block[: j + 1])[2])
+    before = {name: buffer.copy() for name, buffer in rows.buffers.items() if not name.startswith("cache_")}
+    lengths = rows.lengths.copy()
+    for j in range(1, width + 1):
+        kept = [min(j, len(block)) for block in BLOCKS]
+        rows.buffers.update({name: buffer.copy() for name, buffer in before.items()})
+        rows.lengths = lengths.copy()
+        rows.commit(kept)
+        for b, (prompt, block) in enumerate(zip(PROMPTS, BLOCKS, strict=True)):
+            assert_row_states(rows, target, b, hf(target, prompt + block[:kept[b]])[2])

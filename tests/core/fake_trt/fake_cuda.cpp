@@ -18,6 +18,7 @@
 #include <mutex>
 
 #include "decide.h"
+#include "state_rebuild.h"
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -142,10 +143,12 @@ EXPORT CUresult cuGetErrorString(CUresult, const char** message) {
 }
 
 namespace {
-int module_image;  // the one module: whatever image is loaded, its functions are the decision kernels
+int module_image;  // the one module: whatever image is loaded, its functions are the core's kernels
 int tokens_function;
 int decide_function;
 int logprobs_function;
+int rebuild_delta_function;
+int rebuild_conv_function;
 }  // namespace
 
 EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
@@ -162,6 +165,10 @@ EXPORT CUresult cuModuleGetFunction(CUfunction* function, CUmodule, const char* 
     *function = reinterpret_cast<CUfunction>(&decide_function);
   else if (std::strcmp(name, "dflash_decided_logprobs") == 0)
     *function = reinterpret_cast<CUfunction>(&logprobs_function);
+  else if (std::strcmp(name, "dflash_rebuild_delta") == 0)
+    *function = reinterpret_cast<CUfunction>(&rebuild_delta_function);
+  else if (std::strcmp(name, "dflash_rebuild_conv") == 0)
+    *function = reinterpret_cast<CUfunction>(&rebuild_conv_function);
   else
     return CUDA_ERROR_NOT_FOUND;
   return CUDA_SUCCESS;
@@ -186,6 +193,36 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
         tokens[at] = int32_t(dflash::sample_row(logits + (row.first + j) * vocab, vocab, row.sampling, row.stream,
                                                 row.position + j, probs + at * vocab, order + at * vocab));
       }
+    return CUDA_SUCCESS;
+  }
+  if (function == reinterpret_cast<CUfunction>(&rebuild_delta_function)) {
+    // dflash_rebuild_delta(states, inputs, rows, tokens, shape): block (row, value head), a thread per column
+    float* states = *static_cast<float**>(args[0]);
+    const float* inputs = *static_cast<const float**>(args[1]);
+    const dflash::RebuildRow* rows = *static_cast<const dflash::RebuildRow**>(args[2]);
+    const int64_t tokens = *static_cast<int64_t*>(args[3]);
+    const dflash::DeltaShape shape = *static_cast<dflash::DeltaShape*>(args[4]);
+    if (int64_t(grid_y) != shape.value_heads) return CUDA_ERROR_INVALID_VALUE;
+    const int64_t size = shape.value_heads * shape.key_dim * shape.value_dim;
+    for (unsigned b = 0; b < grid_x; ++b)
+      for (unsigned h = 0; h < grid_y; ++h)
+        for (int64_t v = 0; v < shape.value_dim; ++v)
+          dflash::rebuild_delta_column(states + rows[b].place * size, inputs + rows[b].run_row * tokens * shape.width(),
+                                       rows[b].kept, shape, h, v);
+    return CUDA_SUCCESS;
+  }
+  if (function == reinterpret_cast<CUfunction>(&rebuild_conv_function)) {
+    // dflash_rebuild_conv(states, inputs, rows, channels, width, tokens, element): block row
+    char* states = *static_cast<char**>(args[0]);
+    const char* inputs = *static_cast<const char**>(args[1]);
+    const dflash::RebuildRow* rows = *static_cast<const dflash::RebuildRow**>(args[2]);
+    const int64_t channels = *static_cast<int64_t*>(args[3]), width = *static_cast<int64_t*>(args[4]),
+                  tokens = *static_cast<int64_t*>(args[5]), element = *static_cast<int64_t*>(args[6]);
+    for (unsigned b = 0; b < grid_x; ++b)
+      for (int64_t c = 0; c < channels; ++c)
+        dflash::rebuild_conv_channel(states + (rows[b].place * channels + c) * width * element,
+                                     inputs + (rows[b].run_row * channels + c) * tokens * element, rows[b].kept, width,
+                                     element);
     return CUDA_SUCCESS;
   }
   if (function == reinterpret_cast<CUfunction>(&logprobs_function)) {
