@@ -26,27 +26,40 @@ struct DeltaShape {
   DFLASH_HD int64_t width() const { return key_heads * key_dim + value_heads * value_dim + 2 * value_heads; }
 };
 
+// What position t of `inputs` [s, width] gives value head h's step: its key head's key (raw) and the
+// reciprocal of its L2 norm (eps 1e-6), the head's values, exp(g) and beta.
+struct DeltaStep {
+  const float* key;
+  const float* value;
+  float scale, decay, beta;
+};
+
+DFLASH_HD inline DeltaStep delta_step(const float* inputs, int64_t t, const DeltaShape& d, int64_t h) {
+  const int64_t Dk = d.key_dim, g_at = d.key_heads * Dk + d.value_heads * d.value_dim + h;
+  const float* row = inputs + t * d.width();
+  const float* key = row + h / (d.value_heads / d.key_heads) * Dk;
+  float norm = 0.0f;
+  for (int64_t k = 0; k < Dk; ++k) norm += key[k] * key[k];
+  return {key, row + d.key_heads * Dk + h * d.value_dim, 1.0f / sqrtf(norm + 1e-6f), expf(row[g_at]),
+          row[g_at + d.value_heads]};
+}
+
 // Column v of value head h of a recurrent state [Hv, Dk, Dv] (float32, in place), advanced over the
-// first `kept` positions of `inputs` [s, width]: per position, with k the key of head h / (Hv / Hk)
-// L2-normalised (eps 1e-6),  S <- S * exp(g);  S[:, v] += k * beta * (value[v] - S[:, v] . k).
+// first `kept` positions of `inputs`: per position, with k its key L2-normalised,
+//     S <- S * exp(g);  S[:, v] += k * beta * (value[v] - S[:, v] . k).
 DFLASH_HD inline void rebuild_delta_column(float* state, const float* inputs, int64_t kept, const DeltaShape& d,
                                            int64_t h, int64_t v) {
-  const int64_t width = d.width(), key_head = h / (d.value_heads / d.key_heads), Dk = d.key_dim, Dv = d.value_dim;
-  const int64_t value_at = d.key_heads * Dk + h * Dv + v, g_at = d.key_heads * Dk + d.value_heads * Dv + h;
+  const int64_t Dk = d.key_dim, Dv = d.value_dim;
   float* column = state + h * Dk * Dv + v;  // S[k, v] at column[k * Dv]
   for (int64_t t = 0; t < kept; ++t) {
-    const float* row = inputs + t * width;
-    const float* key = row + key_head * Dk;
-    float norm = 0.0f;
-    for (int64_t k = 0; k < Dk; ++k) norm += key[k] * key[k];
-    const float scale = 1.0f / sqrtf(norm + 1e-6f), decay = expf(row[g_at]), beta = row[g_at + d.value_heads];
+    const DeltaStep step = delta_step(inputs, t, d, h);
     float read = 0.0f;
     for (int64_t k = 0; k < Dk; ++k) {
-      column[k * Dv] *= decay;
-      read += column[k * Dv] * (key[k] * scale);
+      column[k * Dv] *= step.decay;
+      read += column[k * Dv] * (step.key[k] * step.scale);
     }
-    const float delta = (row[value_at] - read) * beta;
-    for (int64_t k = 0; k < Dk; ++k) column[k * Dv] += (key[k] * scale) * delta;
+    const float delta = (step.value[v] - read) * step.beta;
+    for (int64_t k = 0; k < Dk; ++k) column[k * Dv] += (step.key[k] * step.scale) * delta;
   }
 }
 
@@ -85,28 +98,23 @@ struct StateRebuild {
 // compiler vectorises over the columns; per column the same operations in the same order.
 inline void rebuild_delta_head(float* state, const float* inputs, int64_t kept, const DeltaShape& d, int64_t h,
                                float* read) {
-  const int64_t width = d.width(), key_head = h / (d.value_heads / d.key_heads), Dk = d.key_dim, Dv = d.value_dim;
-  const int64_t value_at = d.key_heads * Dk + h * Dv, g_at = d.key_heads * Dk + d.value_heads * Dv + h;
+  const int64_t Dk = d.key_dim, Dv = d.value_dim;
   float* head = state + h * Dk * Dv;
   for (int64_t t = 0; t < kept; ++t) {
-    const float* row = inputs + t * width;
-    const float* key = row + key_head * Dk;
-    float norm = 0.0f;
-    for (int64_t k = 0; k < Dk; ++k) norm += key[k] * key[k];
-    const float scale = 1.0f / sqrtf(norm + 1e-6f), decay = expf(row[g_at]), beta = row[g_at + d.value_heads];
+    const DeltaStep step = delta_step(inputs, t, d, h);
     for (int64_t v = 0; v < Dv; ++v) read[v] = 0.0f;
     for (int64_t k = 0; k < Dk; ++k) {
       float* line = head + k * Dv;
-      const float kn = key[k] * scale;
+      const float kn = step.key[k] * step.scale;
       for (int64_t v = 0; v < Dv; ++v) {
-        line[v] *= decay;
+        line[v] *= step.decay;
         read[v] += line[v] * kn;
       }
     }
-    for (int64_t v = 0; v < Dv; ++v) read[v] = (row[value_at + v] - read[v]) * beta;  // delta
+    for (int64_t v = 0; v < Dv; ++v) read[v] = (step.value[v] - read[v]) * step.beta;  // delta
     for (int64_t k = 0; k < Dk; ++k) {
       float* line = head + k * Dv;
-      const float kn = key[k] * scale;
+      const float kn = step.key[k] * step.scale;
       for (int64_t v = 0; v < Dv; ++v) line[v] += kn * read[v];
     }
   }
