@@ -318,12 +318,19 @@ const char* SlotExecutor::recurrent_out(int64_t run, size_t k, int64_t j) const 
 }
 
 void SlotExecutor::rebuild_states(const std::vector<std::vector<RebuildRow>>& by_run) {
+  // every Run's rows in one upload: a copy to a GPU is asynchronous, so the host array must not change
+  // under a copy still queued
+  std::vector<size_t> first(by_run.size() + 1, 0);
+  for (size_t run = 0; run < by_run.size(); ++run) first[run + 1] = first[run] + by_run[run].size();
+  if (first.back() == 0) return;
+  rebuild_rows_.host.resize(first.back() * sizeof(RebuildRow));
+  for (size_t run = 0; run < by_run.size(); ++run)
+    std::memcpy(rebuild_rows_.host.data() + first[run] * sizeof(RebuildRow), by_run[run].data(),
+                by_run[run].size() * sizeof(RebuildRow));
+  rebuild_rows_.upload();
+  const auto* rows = reinterpret_cast<const RebuildRow*>(rebuild_rows_.device_data());
   for (size_t run = 0; run < by_run.size(); ++run) {
-    const std::vector<RebuildRow>& rows = by_run[run];
-    if (rows.empty()) continue;
-    rebuild_rows_.host.resize(rows.size() * sizeof(RebuildRow));
-    std::memcpy(rebuild_rows_.host.data(), rows.data(), rows.size() * sizeof(RebuildRow));
-    rebuild_rows_.upload();
+    if (by_run[run].empty()) continue;
     const StateRun& states = state_runs_[run];
     for (size_t k = 0; k < conv_.size(); ++k) {
       StateRebuild job;
@@ -331,8 +338,8 @@ void SlotExecutor::rebuild_states(const std::vector<std::vector<RebuildRow>>& by
       job.delta_inputs = reinterpret_cast<const float*>(states.delta_inputs[k].at(0));
       job.conv = conv_[k].at(0);
       job.conv_inputs = states.conv_inputs[k].at(0);
-      job.rows = reinterpret_cast<const RebuildRow*>(rebuild_rows_.device_data());
-      job.count = int64_t(rows.size());
+      job.rows = rows + first[run];
+      job.count = int64_t(by_run[run].size());
       job.tokens = states.tokens;
       job.channels = config_.conv_dim;
       job.conv_width = config_.conv_kernel - 1;
