@@ -185,20 +185,19 @@ std::vector<std::vector<size_t>> SlotExecutor::target_groups(const std::vector<i
   std::vector<size_t> order(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rows_[rows[a]].place < rows_[rows[b]].place; });
-  auto fits = [&](const std::vector<size_t>& group, int64_t s) {
-    for (size_t i : group)
-      if (rows_[rows[i]].committed + s > slot_positions()) return false;
-    return true;
+  // every row of `group` and row i keep their writes inside their slots when s positions are fed
+  auto fits = [&](const std::vector<size_t>& group, size_t i, int64_t s) {
+    const auto inside = [&](size_t j) { return rows_[rows[j]].committed + s <= slot_positions(); };
+    return inside(i) && std::all_of(group.begin(), group.end(), inside);
   };
   std::vector<std::vector<size_t>> groups;
   int64_t s = 0;
   for (size_t i : order) {
-    const Row& row = rows_[rows[i]];
-    const int64_t len = fed(int64_t(tokens[i].size()));
-    const bool adjacent = !groups.empty() && rows_[rows[groups.back().back()]].place + 1 == row.place;
-    if (adjacent && row.committed + std::max(s, len) <= slot_positions() && fits(groups.back(), std::max(s, len))) {
+    const int64_t len = fed(int64_t(tokens[i].size())), wider = std::max(s, len);
+    const bool adjacent = !groups.empty() && rows_[rows[groups.back().back()]].place + 1 == rows_[rows[i]].place;
+    if (adjacent && fits(groups.back(), i, wider)) {
       groups.back().push_back(i);
-      s = std::max(s, len);
+      s = wider;
     } else {
       groups.push_back({i});
       s = len;
@@ -536,15 +535,17 @@ void SlotExecutor::commit(const std::vector<int64_t>& rows, const std::vector<in
     if (kept[i] > 0 && config_.has_drafter()) keep_context(rows[i], row.verify_run, row.verify_index, kept[i]);
     // the states after the last kept position: the graph's when the whole block is kept, else rebuilt
     // from the slot's (those before the block); kept 0 keeps the slot's
-    if (kept[i] == row.verify_rows && kept[i] > 0 && !conv_.empty()) {
-      std::vector<const char*> conv, recurrent;
-      for (size_t k = 0; k < conv_.size(); ++k) {
-        conv.push_back(conv_out(row.verify_run, k, row.verify_index));
-        recurrent.push_back(recurrent_out(row.verify_run, k, row.verify_index));
+    if (kept[i] > 0 && !conv_.empty()) {
+      if (kept[i] < row.verify_rows) {
+        rebuild[row.verify_run].push_back({row.place, row.verify_index, kept[i]});
+      } else {
+        std::vector<const char*> conv, recurrent;
+        for (size_t k = 0; k < conv_.size(); ++k) {
+          conv.push_back(conv_out(row.verify_run, k, row.verify_index));
+          recurrent.push_back(recurrent_out(row.verify_run, k, row.verify_index));
+        }
+        set_states(rows[i], conv, recurrent);
       }
-      set_states(rows[i], conv, recurrent);
-    } else if (kept[i] > 0 && !conv_.empty()) {
-      rebuild[row.verify_run].push_back({row.place, row.verify_index, kept[i]});
     }
     row.verify_rows = 0;
   }

@@ -149,8 +149,7 @@ def main() -> None:
     if args.child:
         kind, *rest = args.child
         if kind == "export":
-            result = export_once(rest[0], int(rest[1]), rest[2], Path(rest[3]), *rest[4:5],
-                                 *(int(c) for c in rest[5:6]))
+            result = export_once(rest[0], int(rest[1]), rest[2], Path(rest[3]), rest[4], int(rest[5]) or None)
         elif kind == "build":
             result = build_once(Path(rest[0]), Path(rest[1]), rest[2], int(rest[3]))
         else:
@@ -161,7 +160,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         for dtype in args.dtypes.split(","):
             out = Path(tmp) / dtype
-            run = child("--child", "export", args.preset, str(args.layers), dtype, str(out))
+            run = child("--child", "export", args.preset, str(args.layers), dtype, str(out), "slots", "0")
             if dtype == "float32":
                 run["step"] = child("--child", "step", str(out), str(args.cached), str(args.repeats))
             shutil.rmtree(out)

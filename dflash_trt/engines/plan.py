@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from dflash_trt.engines.config import BuildConfig
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.graphs import export_refusal
+from dflash_trt.export.hybrid_graphs import delta_input_width, linear_attention_shapes
 from dflash_trt.models.draft_config import DraftConfig
 
 GIB = 1024**3
@@ -161,9 +162,8 @@ def position_input_bytes(config, dtype: str) -> int:
     layers = layer_kinds(config).count("linear")
     if not layers:
         return 0
-    k_dim = config.linear_num_key_heads * config.linear_key_head_dim
-    v_dim = config.linear_num_value_heads * config.linear_value_head_dim
-    return layers * ((2 * k_dim + v_dim) * DTYPE_BYTES[dtype] + (k_dim + v_dim + 2 * config.linear_num_value_heads) * 4)
+    shapes = linear_attention_shapes(config)
+    return layers * (shapes["conv_dim"] * DTYPE_BYTES[dtype] + delta_input_width(shapes) * DTYPE_BYTES["float32"])
 
 
 @dataclass(frozen=True)

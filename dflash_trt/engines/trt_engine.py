@@ -89,14 +89,14 @@ def build_trt_graph(kind: str, source: Path, out: Path, spec: dict, profiles: di
     # streamed into the file as it is serialised: a whole plan in memory would be one more copy of the
     # weights beside the parsed network's (measured at a flagship's widths: docs/bench/real-width-*.json)
     with out.open("wb") as f:
-        built = builder.build_serialized_network_to_stream(network, config, _FileWriter(trt, f))
+        built = builder.build_serialized_network_to_stream(network, config, _file_writer(trt, f))
     seconds = time.perf_counter() - start
     if not built:
         raise DFlashError(f"{source.name}: {kind} build failed: {log.errors[-1] if log.errors else 'no engine returned'}")
     return {"file": out.name, "build_s": round(seconds, 3), "bytes": out.stat().st_size, "io": io}
 
 
-def _FileWriter(trt, f):
+def _file_writer(trt, f):
     """A TensorRT IStreamWriter appending each chunk it is handed to `f`."""
 
     class FileWriter(trt.IStreamWriter):

@@ -49,6 +49,12 @@ def linear_attention_shapes(config) -> dict[str, int]:
     }
 
 
+def delta_input_width(shapes: dict[str, int]) -> int:
+    """Floats per position of a slot graph's delta_inputs (linear_attention_at): raw key, value, g, beta."""
+    return (shapes["num_key_heads"] * shapes["key_head_dim"]
+            + shapes["num_value_heads"] * (shapes["value_head_dim"] + 2))
+
+
 def text_rope(rotary: nn.Module, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin at positions [b, s]. Qwen3.5's RoPE is multimodal: it takes a (3, b, s) grid, every row the
     text position here; some transformers releases index it as 3-D and reject the [b, s] form."""

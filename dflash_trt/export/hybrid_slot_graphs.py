@@ -26,6 +26,7 @@ import torch
 from dflash_trt.export.graphs import in_tap_order
 from dflash_trt.export.hybrid_graphs import (
     HybridTargetGraph,
+    delta_input_width,
     gated_qk,
     layer_indices,
     linear_attention_at,
@@ -45,7 +46,7 @@ def hybrid_slot_target_spec(config, vocab: int, features: int, dtype: str, capac
     shapes = linear_attention_shapes(config)
     conv = [shapes["conv_dim"], shapes["conv_kernel"] - 1]
     state = [shapes["num_value_heads"], shapes["key_head_dim"], shapes["value_head_dim"]]
-    delta = shapes["num_key_heads"] * shapes["key_head_dim"] + shapes["num_value_heads"] * (shapes["value_head_dim"] + 2)
+    delta = delta_input_width(shapes)
     return {
         "inputs": [io("input_ids", "int64", ["batch", "new"]), io("cache_lengths", "int64", ["batch"]),
                    io("query_lengths", "int64", ["batch"]), io("logits_index", "int64", ["batch", "rows"])]
