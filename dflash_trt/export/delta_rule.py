@@ -21,26 +21,39 @@ import torch
 
 
 @torch.jit.script
-def delta_rule_scan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
-                    beta: torch.Tensor, state: torch.Tensor, states_from: torch.Tensor):
-    """query, key [b, s, Hk, Dk]; value [b, s, Hv, Dv]; g, beta [b, s, Hv]; state [b, Hv, Dk, Dv]
-    float32; states_from [] int64 -> (out [b, s, Hv, Dv] in value's dtype,
-    states [b, s - states_from, Hv, Dk, Dv] float32: the state after each position >= states_from)."""
+def _normalised(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: torch.Tensor):
+    """The recurrence's float32 operands: q and k per value head, L2-normalised, q scaled by Dk^-1/2."""
     groups = value.shape[2] // key.shape[2]
     q = query.float().repeat_interleave(groups, dim=2)
     k = key.float().repeat_interleave(groups, dim=2)
     q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) / (q.shape[-1] ** 0.5)
     k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-    v, g, beta = value.float(), g.float(), beta.float()
+    return q, k, value.float(), g.float(), beta.float()
+
+
+@torch.jit.script
+def _step(state: torch.Tensor, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, g_t: torch.Tensor,
+          beta_t: torch.Tensor):
+    """One token: (state after it, its output [b, Hv, Dv])."""
+    state = state * torch.exp(g_t)[:, :, None, None]
+    delta = (v_t - (state * k_t[:, :, :, None]).sum(2)) * beta_t[:, :, None]
+    state = state + k_t[:, :, :, None] * delta[:, :, None, :]
+    return state, (state * q_t[:, :, :, None]).sum(2)
+
+
+@torch.jit.script
+def delta_rule_scan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
+                    beta: torch.Tensor, state: torch.Tensor, states_from: torch.Tensor):
+    """query, key [b, s, Hk, Dk]; value [b, s, Hv, Dv]; g, beta [b, s, Hv]; state [b, Hv, Dk, Dv]
+    float32; states_from [] int64 -> (out [b, s, Hv, Dv] in value's dtype,
+    states [b, s - states_from, Hv, Dk, Dv] float32: the state after each position >= states_from)."""
+    q, k, v, g, beta = _normalised(query, key, value, g, beta)
     first = int(states_from)
     outs: list[torch.Tensor] = []
     states: list[torch.Tensor] = []
     for t in range(q.shape[1]):
-        state = state * torch.exp(g[:, t])[:, :, None, None]
-        k_t = k[:, t]
-        delta = (v[:, t] - (state * k_t[:, :, :, None]).sum(2)) * beta[:, t][:, :, None]
-        state = state + k_t[:, :, :, None] * delta[:, :, None, :]
-        outs.append((state * q[:, t][:, :, :, None]).sum(2))
+        state, out = _step(state, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t])
+        outs.append(out)
         if t >= first:
             states.append(state)
     return torch.stack(outs, 1).to(value.dtype), torch.stack(states, 1)
@@ -82,10 +95,16 @@ def delta_rule_scan_at(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
                        beta: torch.Tensor, state: torch.Tensor, positions: torch.Tensor):
     """delta_rule_scan with the states kept at chosen positions per row (graph contract 2, whose rows
     are ragged): positions [b, r] int64 -> (out [b, s, Hv, Dv], states [b, r, Hv, Dk, Dv] float32,
-    states[b, j] the state after position positions[b, j])."""
-    out, every = delta_rule_scan(query, key, value, g, beta, state, torch.zeros((), dtype=torch.long))
-    index = positions[:, :, None, None, None].expand(-1, -1, every.shape[2], every.shape[3], every.shape[4])
-    return out, every.gather(1, index)
+    states[b, j] the state after position positions[b, j]). Only r states per row are held, as the
+    lowered graph holds them: a long prefill never materialises a state per position."""
+    q, k, v, g, beta = _normalised(query, key, value, g, beta)
+    kept = state[:, None].expand(-1, positions.shape[1], -1, -1, -1)
+    outs: list[torch.Tensor] = []
+    for t in range(q.shape[1]):
+        state, out = _step(state, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t])
+        outs.append(out)
+        kept = torch.where((positions == t)[:, :, None, None, None], state[:, None], kept)
+    return torch.stack(outs, 1).to(value.dtype), kept
 
 
 @torch.library.custom_op("dflash::delta_rule_at", mutates_args=())

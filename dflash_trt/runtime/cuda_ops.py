@@ -74,11 +74,15 @@ def register_target_kernels() -> bool:
         query, key, beta = (t.to(value.dtype).contiguous() for t in (query, key, beta))
         value, g, state = value.contiguous(), g.float().contiguous(), state.float().contiguous()
         out = torch.empty_like(value)
-        every = torch.empty(b, s, hv, dk, dv, dtype=torch.float32, device=value.device)  # states_from 0
+        # The kernel writes the state after every position from `first` on. Outside a CUDA graph's
+        # capture (a prefill) the earliest kept position is read, so a long chunk writes one state
+        # per row, not one per position; a captured verify (at most a block's positions) writes all.
+        first = 0 if torch.cuda.is_current_stream_capturing() else int(positions.min())
+        every = torch.empty(b, s - first, hv, dk, dv, dtype=torch.float32, device=value.device)
         _check("GatedDeltaRule", library.dflash_gated_delta_rule(
-            b, s, hk, hv, dk, dv, _DTYPES[value.dtype], *map(_ptr, (query, key, value, g, beta, state)), 0,
+            b, s, hk, hv, dk, dv, _DTYPES[value.dtype], *map(_ptr, (query, key, value, g, beta, state)), first,
             _ptr(out), _ptr(every), torch.cuda.current_stream().cuda_stream))
-        index = positions[:, :, None, None, None].expand(-1, -1, hv, dk, dv)
+        index = (positions - first)[:, :, None, None, None].expand(-1, -1, hv, dk, dv)
         return out, every.gather(1, index)
 
     return True

@@ -97,9 +97,11 @@ def test_a_hybrid_target_decodes_through_our_gated_delta_rule_kernel(pair_dirs):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_gated_delta_rule_kernel_equals_the_ops_reference_body(dtype):
+@pytest.mark.parametrize("kept", [[[0, 5, 16], [3, 3, 9], [16, 1, 0]], [[16], [12], [9]]], ids=["from-0", "from-9"])
+def test_the_gated_delta_rule_kernel_equals_the_ops_reference_body(dtype, kept):
     """dflash::delta_rule_at on CUDA (our kernel, runtime/cuda_ops.py) against the op's PyTorch body on the
-    same inputs: ragged kept positions, grouped key heads."""
+    same inputs: ragged kept positions, grouped key heads; kept positions from 0, and a prefill's (the
+    kernel then writes states only from the earliest)."""
     from dflash_trt.export.delta_rule import delta_rule_scan_at
     from dflash_trt.runtime.cuda_ops import LIBRARY, register_target_kernels
 
@@ -113,7 +115,7 @@ def test_the_gated_delta_rule_kernel_equals_the_ops_reference_body(dtype):
     gate = -torch.rand(b, s, hv, device="cuda", generator=g)
     beta = torch.rand(b, s, hv, device="cuda", generator=g).to(dtype)
     state = torch.randn(b, hv, dk, dv, device="cuda", generator=g)
-    positions = torch.tensor([[0, 5, 16], [3, 3, 9], [16, 1, 0]], device="cuda")
+    positions = torch.tensor(kept, device="cuda")
     out, states = torch.ops.dflash.delta_rule_at(query, key, value, gate, beta, state, positions)
     want_out, want_states = delta_rule_scan_at(query, key, value, gate, beta, state, positions)
     tolerance = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
