@@ -55,7 +55,7 @@ def random_moe_bundle(out: Path, experts: int, top_k: int, layers: int, form: st
                 dflash_config=dict(block_size=16, mask_token_id=WIDTH["vocab_size"] - 1, target_layer_ids=[0, layers - 1]))
     drafter = DFlashDrafter(DraftConfig.from_dict(raw)).eval()
     if form == "standard-ops":
-        bundle.use_onnxruntime_moe = lambda graph: None
+        bundle.use_moe_op = lambda graph, op: None
     return export_bundle(TargetModel(model.eval()), drafter, None, out, flavour="slots", check=False)
 
 

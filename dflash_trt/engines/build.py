@@ -88,7 +88,7 @@ def build_engines(source: Path, out: Path, config: BuildConfig, command: str | N
             else:
                 engines[graph] = trt_engine.build_trt_graph(
                     config.engine, src, tmp / f"{graph}.engine", spec, profiles[graph], compute_capabilities,
-                    plugin_library if graph != "target" else None)
+                    plugin_library)  # every graph: a hybrid or MoE target holds dflash ops too
             progress(graph)
         _copy_tokenizer(source, manifest, tmp)
         plugin = None

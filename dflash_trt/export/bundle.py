@@ -29,7 +29,7 @@ from dflash_trt.export.hybrid_graphs import (
 )
 from dflash_trt.export.hybrid_slot_graphs import HybridSlotTargetGraph, hybrid_slot_target_spec
 from dflash_trt.export.manifest import DTYPES, FLAVOURS, FORMAT_VERSION, MANIFEST, file_hashes
-from dflash_trt.export.moe import is_sparse_moe, use_onnxruntime_moe
+from dflash_trt.export.moe import is_sparse_moe, use_moe_op
 from dflash_trt.export.moe_ops import register_moe_symbolic
 from dflash_trt.export.op_library import onnxruntime_refusal, op_library
 from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph
@@ -201,9 +201,9 @@ def _export_graph(module: torch.nn.Module, spec: dict, path: Path, check: bool, 
     hybrid = isinstance(module, HybridTargetGraph)
     if plugin:
         register_symbolics(OPSET)
+    register_moe_symbolic(OPSET)
     if slots == "slots":
         register_slot_symbolics(OPSET)
-        register_moe_symbolic(OPSET)
     elif slots == "slots-trt":
         register_slot_trt_symbolics(OPSET, decomposed=hybrid)
     domains = {**({DOMAIN: OP_VERSION} if plugin or hybrid else {}),
@@ -314,7 +314,8 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
     `quant` (int4): the target's weights quantized after its graph is checked (export/quantize.py);
     `draft_quant` (int4): the drafter's (its drafts are verified: lossless whatever their numerics)."""
     check_flavour(flavour, check, dtype, capacity)
-    refusal = (quant_refusal(quant, flavour, dtype, any(is_sparse_moe(m) for m in target.model.modules()))
+    sparse = any(is_sparse_moe(m) for m in target.model.modules())
+    refusal = (quant_refusal(quant, flavour, dtype, sparse)
                or draft_quant_refusal(draft_quant, flavour, dtype))
     if refusal:
         raise DFlashError(refusal)
@@ -337,14 +338,18 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
         "draft_block": PluginDraftBlockGraph(drafter, target) if plugin else DraftBlockGraph(drafter, target),
     }
     if flavour == "slots":  # the onnxruntime flavour: its own MoE kernel (export/moe.py), RoPE inside GQA
-        use_onnxruntime_moe(modules["target"])
+        use_moe_op(modules["target"], "onnxruntime")
         modules["target"].rope_in_attention = not hybrid
+    if plugin:  # our dflash::MoE (plugins/moe)
+        use_moe_op(modules["target"], "dflash")
+    # a target graph holds dflash ops where its recurrences or routed experts are ops of ours
+    target_ops = plugin and (hybrid or sparse)
     checks = {}
     with staged_directory(out) as tmp:
         with _parameters_in(list(modules.values()), getattr(torch, dtype)):
             for name, module in modules.items():
                 checks[name] = _export_graph(module, specs[name], tmp / f"{name}.onnx", check,
-                                             plugin and (name != "target" or hybrid), target.vocab_size, dtype,
+                                             plugin and (name != "target" or target_ops), target.vocab_size, dtype,
                                              flavour if slots and name == "target" else None)
                 progress(f"{name}.onnx")
         quantized = quantize_int4(tmp / "target.onnx", flavour, EXTERNAL_DATA_THRESHOLD) if quant else None
@@ -367,7 +372,8 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
             # slots-trt: the target graph alone is at opset 24 (TensorScatter), with a static capacity
             **({"target_opset": TRT_OPSET, "capacity": capacity} if flavour == "slots-trt" else {}),
             "custom_ops": {"domain": DOMAIN, "version": OP_VERSION,
-                           "ops": ["InjectKV", "BlockAttention"] + (["GatedDeltaRule"] if hybrid else [])} if plugin else None,
+                           "ops": ["InjectKV", "BlockAttention"] + (["GatedDeltaRule"] if hybrid else [])
+                           + (["MoE"] if sparse else [])} if plugin else None,
             "graphs": {name: {"file": f"{name}.onnx", **spec} for name, spec in specs.items()},
             **model_sections(target, drafter, tokenizer),
             "checks": {

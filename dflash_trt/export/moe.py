@@ -6,6 +6,9 @@ whose trip count and shapes depend on the routing, which a trace cannot capture.
 
 - `slots` (the onnxruntime flavour): one `com.microsoft::MoE` node per layer (moe_ops.py),
   onnxruntime's own grouped kernel: each token through its own top-k experts only.
+- `plugin`: one `dflash::MoE` node per layer (moe_ops.py, plugins/moe/README.md): our op library's
+  kernel on onnxruntime, our CUDA kernel as a TensorRT plugin and in the torch backend on a GPU;
+  each picked expert's weights read once per call.
 - Every other flavour, in standard ops (moe_routing.py) (TensorRT and TensorRT-RTX parse them): find the experts the
   call's tokens picked (`used`: U = min(tokens x top-k, E) ids, a TopK over a [E] picked mask;
   where tokens share experts, unpicked ones fill the rest at zero weight), gather those experts'
@@ -24,7 +27,7 @@ import torch
 from torch import nn
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.export.moe_ops import onnxruntime_moe
+from dflash_trt.export.moe_ops import moe, onnxruntime_moe
 from dflash_trt.export.moe_routing import routed_experts
 
 
@@ -34,12 +37,13 @@ def is_sparse_moe(mlp: nn.Module) -> bool:
 
 class RoutedMoE(nn.Module):
     """The same computation as HF's sparse MoE block over the experts the call's tokens picked.
-    `onnxruntime_op`: trace it as onnxruntime's MoE kernel (the `slots` flavour) instead.
+    `op`: "standard" (standard ops), "onnxruntime" (onnxruntime's MoE kernel, the `slots` flavour) or
+    "dflash" (our `dflash::MoE`: the `plugin` flavour, and our CUDA kernel in the torch backend).
 
     Holds the HF block (its parameters, not copies): the user's model is unchanged and the bundle's
     dtype cast reaches these weights as it reaches the attention's."""
 
-    onnxruntime_op = False
+    op = "standard"
 
     def __init__(self, block: nn.Module):
         super().__init__()
@@ -59,9 +63,9 @@ class RoutedMoE(nn.Module):
         x = hidden.reshape(-1, shape[-1])  # [T, H]
         router_logits = nn.functional.linear(x, self.block.gate.weight)  # [T, E]
         experts = self.block.experts
-        if self.onnxruntime_op:
-            out = onnxruntime_moe(x, router_logits, experts.gate_up_proj, experts.down_proj, self.top_k,
-                                  self.norm_topk_prob)
+        if self.op != "standard":
+            fused = onnxruntime_moe if self.op == "onnxruntime" else moe
+            out = fused(x, router_logits, experts.gate_up_proj, experts.down_proj, self.top_k, self.norm_topk_prob)
         else:
             out = routed_experts(x, router_logits, experts.gate_up_proj, experts.down_proj, experts.act_fn,
                                  self.top_k, self.norm_topk_prob)
@@ -75,12 +79,13 @@ def export_mlp(mlp: nn.Module) -> nn.Module:
     return RoutedMoE(mlp) if is_sparse_moe(mlp) else mlp
 
 
-def use_onnxruntime_moe(graph: nn.Module) -> None:
-    """Every routed MoE layer of `graph` traces as onnxruntime's MoE kernel (the `slots` flavour);
-    one line, before any trace, for experts the kernel cannot run."""
+def use_moe_op(graph: nn.Module, op: str) -> None:
+    """Every routed MoE layer of `graph` runs as one fused op, "onnxruntime" (the `slots` flavour) or
+    "dflash" (the `plugin` flavour, the torch backend's CUDA kernel); one line, before any trace, for
+    experts the op cannot run."""
     for module in graph.modules():
         if isinstance(module, RoutedMoE):
             act = type(module.block.experts.act_fn).__name__
             if act not in ("SiLU", "SiLUActivation"):
-                raise DFlashError(f"export: onnxruntime's MoE kernel gates with SiLU; these experts use {act}")
-            module.onnxruntime_op = True
+                raise DFlashError(f"export: the fused MoE ops gate with SiLU; these experts use {act}")
+            module.op = op

@@ -1,8 +1,10 @@
-"""dflash::onnxruntime_moe: a routed MoE layer as one `com.microsoft::MoE` node (the `slots` flavour).
+"""A routed MoE layer as one fused node: `dflash::onnxruntime_moe` traces as onnxruntime's
+`com.microsoft::MoE` (the `slots` flavour), `dflash::moe` as our `dflash::MoE` (the `plugin` flavour;
+plugins/moe/README.md), whose CUDA kernel the torch backend also runs on a GPU (runtime/cuda_ops.py).
 
-The Python body is the reference (moe_routing.routed_experts); the ONNX symbolic emits onnxruntime's MoE
-kernel with SwiGLU experts. Measured on onnxruntime 1.32 CPU against HF's formula (float32 and
-float16, large activations included): `activation_type=swiglu` with `activation_alpha=1`,
+Both Python bodies are the reference (moe_routing.routed_experts with SiLU). onnxruntime's MoE runs
+SwiGLU experts; measured on onnxruntime 1.32 CPU against HF's formula (float32 and float16, large
+activations included): `activation_type=swiglu` with `activation_alpha=1`,
 `activation_beta=0` is silu(gate) * up with no clamp; the CPU kernel takes only the interleaved
 layout (`swiglu_fusion=1`: rows gate_0, up_0, gate_1, ...), so the graph interleaves HF's
 concatenated [gate; up] (a constant-folded transpose of the initializer); the router's softmax and
@@ -18,6 +20,7 @@ import torch
 from torch import Tensor
 
 from dflash_trt.export.moe_routing import routed_experts
+from dflash_trt.export.plugin_ops import DOMAIN
 from dflash_trt.export.slot_ops import ORT_DOMAIN
 
 
@@ -50,5 +53,26 @@ def _symbolic_onnxruntime_moe(g, x, router_logits, gate_up, down, top_k, normali
     return out
 
 
+@torch.library.custom_op("dflash::moe", mutates_args=())
+def moe(x: Tensor, router_logits: Tensor, gate_up: Tensor, down: Tensor, top_k: int, normalize: bool) -> Tensor:
+    """x [T, H], router logits [T, E], gate_up [E, 2I, H] ([gate; up]), down [E, H, I] -> [T, H]."""
+    return routed_experts(x, router_logits, gate_up, down, torch.nn.functional.silu, top_k, normalize)
+
+
+@moe.register_fake
+def _(x, router_logits, gate_up, down, top_k, normalize):
+    return torch.empty_like(x)
+
+
+def _symbolic_moe(g, x, router_logits, gate_up, down, top_k, normalize):
+    from torch.onnx import symbolic_helper
+
+    out = g.op(f"{DOMAIN}::MoE", x, router_logits, gate_up, down, top_k_i=symbolic_helper._maybe_get_const(top_k, "i"),
+               normalize_i=int(symbolic_helper._maybe_get_const(normalize, "b")))
+    out.setType(x.type())
+    return out
+
+
 def register_moe_symbolic(opset: int) -> None:
     torch.onnx.register_custom_op_symbolic("dflash::onnxruntime_moe", _symbolic_onnxruntime_moe, opset)
+    torch.onnx.register_custom_op_symbolic("dflash::moe", _symbolic_moe, opset)

@@ -1,5 +1,5 @@
-// ONNX Runtime custom-op library for the `dflash` domain (CPU): dflash::InjectKV,
-// dflash::BlockAttention and dflash::GatedDeltaRule, thin wrappers over the CPU kernels in plugins/<op>/ (the
+// ONNX Runtime custom-op library for the `dflash` domain (CPU): dflash::InjectKV, dflash::BlockAttention,
+// dflash::GatedDeltaRule and dflash::MoE, thin wrappers over the CPU kernels in plugins/<op>/ (the
 // reference kernels, but GatedDeltaRule's vectorised one-pass kernel, gated_delta_rule_cpu.h).
 // Load it with SessionOptions.register_custom_ops_library(path); it exports RegisterCustomOps.
 #define ORT_API_MANUAL_INIT
@@ -15,6 +15,7 @@
 #include "block_attention/block_attention_ref.h"
 #include "gated_delta_rule/gated_delta_rule_cpu.h"
 #include "inject_kv/inject_kv_ref.h"
+#include "moe/moe_ref.h"
 
 namespace {
 
@@ -117,6 +118,32 @@ struct GatedDeltaRule {
   }
 };
 
+struct MoE {
+  MoE(const OrtApi*, const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo kernel_info{info};
+    top_k_ = kernel_info.GetAttribute<int64_t>("top_k");
+    normalize_ = kernel_info.GetAttribute<int64_t>("normalize") != 0;
+  }
+
+  void Compute(const Tensor<float>& hidden, const Tensor<float>& router_logits, const Tensor<float>& gate_up,
+               const Tensor<float>& down, Tensor<float>& out) {
+    const auto& h = hidden.Shape();
+    const auto& w = gate_up.Shape();
+    require(h.size() == 2 && w.size() == 3, "dflash::MoE: hidden must be [tokens, H] and gate_up [E, 2I, H]");
+    dflash::MoEShape s{h[0], h[1], w[0], w[1] / 2, top_k_};
+    require(w[1] % 2 == 0 && w[2] == s.hidden, "dflash::MoE: gate_up must be [E, 2I, H] with H hidden's width");
+    require(router_logits.Shape() == std::vector<int64_t>{s.tokens, s.experts},
+            "dflash::MoE: router_logits must be [tokens, E]");
+    require(down.Shape() == std::vector<int64_t>{s.experts, s.hidden, s.inter}, "dflash::MoE: down must be [E, H, I]");
+    require(s.top_k >= 1 && s.top_k <= s.experts, "dflash::MoE: top_k must be in [1, E] = [1, " +
+                                                       std::to_string(s.experts) + "], got " + std::to_string(s.top_k));
+    dflash::moe_ref(s, hidden.Data(), router_logits.Data(), gate_up.Data(), down.Data(), normalize_, out.Allocate(h));
+  }
+
+  int64_t top_k_ = 0;
+  bool normalize_ = true;
+};
+
 }  // namespace
 
 // The op contract version (plugins/*/README.md headings, dflash_trt.export.plugin_ops.OP_VERSION):
@@ -133,12 +160,15 @@ extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
       Ort::Custom::CreateLiteCustomOp<BlockAttention>("BlockAttention", "CPUExecutionProvider")};
   static std::unique_ptr<Ort::Custom::OrtLiteCustomOp> gated_delta_rule{
       Ort::Custom::CreateLiteCustomOp<GatedDeltaRule>("GatedDeltaRule", "CPUExecutionProvider")};
+  static std::unique_ptr<Ort::Custom::OrtLiteCustomOp> moe{
+      Ort::Custom::CreateLiteCustomOp<MoE>("MoE", "CPUExecutionProvider")};
   static std::once_flag added;
   try {
     std::call_once(added, [] {
       domain.Add(inject_kv.get());
       domain.Add(block_attention.get());
       domain.Add(gated_delta_rule.get());
+      domain.Add(moe.get());
     });
     Ort::UnownedSessionOptions(options).Add(domain);
   } catch (const std::exception& e) {

@@ -143,7 +143,7 @@ def test_the_plugin_flavour_keeps_one_gated_delta_rule_node_per_linear_layer_and
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     bundle = export_bundle(target, load_drafter(draft_dir), tokenizer, tmp_path / "plugin", flavour="plugin", check=True)
     manifest = read_bundle(bundle)
-    assert manifest["custom_ops"]["ops"] == ["InjectKV", "BlockAttention", "GatedDeltaRule"]
+    assert manifest["custom_ops"]["ops"] == ["InjectKV", "BlockAttention", "GatedDeltaRule", "MoE"]
     assert manifest["checks"]["polygraphy_vs_pytorch"]["target"] == "passed"
     nodes = onnx.load(str(bundle / "target.onnx"), load_external_data=False).graph.node
     rules = [n for n in nodes if (n.domain, n.op_type) == ("dflash", "GatedDeltaRule")]

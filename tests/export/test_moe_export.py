@@ -8,6 +8,10 @@ layer (Qwen3-MoE has no layer_types: one window for all layers, as HF's attentio
 one with 32 experts, top 4, whose steps pick a subset of the experts.
 """
 
+import sys
+import types
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -19,6 +23,7 @@ from slot_checks import assert_row_equals_reference, prefilled_slots, reference
 from transformers import AutoModelForCausalLM
 
 from dflash_trt import LLM, SamplingParams
+from dflash_trt.export import op_library
 from dflash_trt.export.bundle import export_bundle
 from dflash_trt.export.graphs import kv_names
 from dflash_trt.export.manifest import read_bundle
@@ -95,16 +100,19 @@ def expert_weight_readers(model: onnx.ModelProto, experts: int) -> set[str]:
 @pytest.mark.parametrize("family, config", [("qwen3_moe", {}), ("qwen3_moe", {"norm_topk_prob": True}),
                                             ("qwen3_next", {})])  # qwen3_next: a gated shared expert too
 @pytest.mark.parametrize("tie", [False, True])
-@pytest.mark.parametrize("form", ["standard ops", "onnxruntime MoE"])
+@pytest.mark.parametrize("form", ["standard", "onnxruntime", "dflash"])
 def test_the_routed_moe_equals_hf_sparse_block_in_torch_and_onnxruntime(family, config, tie, form, tmp_path,
                                                                         monkeypatch):
     """PyTorch: equal to HF's block (and the dense oracle), ties included (all take torch.topk's pick).
     onnxruntime: equal to HF's block with ties broken as ONNX TopK specifies (the lowest index; the
-    MoE kernel takes the highest); without ties, simply equal to HF's. In the graph only Gather
-    (or the MoE kernel) reads the expert weights: a step reads the experts its tokens picked."""
+    MoE kernel takes the highest; our dflash::MoE the lowest); without ties, simply equal to HF's. In
+    the graph only Gather (or a MoE kernel) reads the expert weights: a step reads the experts its
+    tokens picked."""
+    if form == "dflash" and not op_library.LIBRARY.is_file():
+        pytest.skip("dflash op library not built (bash scripts/build_plugins.sh)")
     block = sparse_block(family, tie, **config)
     routed = RoutedMoE(block).eval()
-    routed.onnxruntime_op = form == "onnxruntime MoE"
+    routed.op = form
     register_moe_symbolic(17)
     x = torch.randn(3, 40, 64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -120,13 +128,15 @@ def test_the_routed_moe_equals_hf_sparse_block_in_torch_and_onnxruntime(family, 
     with torch.no_grad():
         torch.onnx.export(routed, (x[:1, :5],), str(path), input_names=["x"], output_names=["y"],
                           dynamic_axes={"x": {0: "b", 1: "s"}, "y": {0: "b", 1: "s"}}, opset_version=17, dynamo=False,
-                          custom_opsets={"com.microsoft": 1} if routed.onnxruntime_op else None)
+                          custom_opsets={"standard": None, "onnxruntime": {"com.microsoft": 1},
+                                         "dflash": {"dflash": 1}}[form])
     model = onnx.load(str(path))
     assert expert_weight_readers(model, block.experts.gate_up_proj.shape[0]) == \
-        ({"MoE"} if routed.onnxruntime_op else {"Gather"})
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        ({"Gather"} if form == "standard" else {"MoE"})
+    session = ort.InferenceSession(str(path), op_library.session_options(form == "dflash"),
+                                   providers=["CPUExecutionProvider"])
     # HF's router calls torch.topk
-    monkeypatch.setattr(torch, "topk", highest_index_topk if routed.onnxruntime_op else lowest_index_topk)
+    monkeypatch.setattr(torch, "topk", highest_index_topk if form == "onnxruntime" else lowest_index_topk)
     with torch.no_grad():
         want_onnx = block(x)
     assert tie or torch.equal(want_onnx, want)
@@ -251,3 +261,57 @@ def test_a_hybrid_moe_target_with_32_experts_top_4_decodes_as_autoregressive_in_
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     for prompt in ["hello there", [5, 6, 7]]:
         assert ours.generate(prompt, params)[0].token_ids == torch_llm.generate(prompt, params, speculative=False)[0].token_ids
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe_text"])
+def test_plugin_bundles_route_through_our_moe_op_and_decode_as_torch(tmp_path, family, monkeypatch):
+    """The plugin flavour's target runs each routed layer as our dflash::MoE (the op library on
+    onnxruntime; TensorRT's plugin): its graphs pass the onnxruntime-vs-PyTorch check, only that op
+    reads the expert weights, and greedy DFlash over the graphs commits, step for step, what the torch
+    models do (32 experts top-4; Qwen3.5-MoE with its Gated DeltaNet layers and shared expert)."""
+    from contract1_runner import generate
+    from reference import reference_output
+
+    if not op_library.LIBRARY.is_file():
+        pytest.skip("dflash op library not built (bash scripts/build_plugins.sh)")
+    config = {"norm_topk_prob": True} if family == "qwen3_moe" else {}
+    target_dir = make_target(tmp_path / "target", family, seed=4, num_experts=32, num_experts_per_tok=4, **config)
+    draft_dir = make_drafter(tmp_path / "draft", seed=4, block_size=4, target_layer_ids=[1, 2])
+    target, tokenizer = load_target(str(target_dir))
+    bundle = export_bundle(target, load_drafter(draft_dir), tokenizer, tmp_path / "plugin", flavour="plugin",
+                           check=True)
+    checks = read_bundle(bundle)["checks"]["polygraphy_vs_pytorch"]
+    assert [checks[g] for g in ("target", "draft_context", "draft_block")] == ["passed"] * 3
+    model = onnx.load(str(bundle / "target.onnx"))
+    assert expert_weight_readers(model, 32) == {"MoE"}
+    assert {n.domain for n in model.graph.node if n.op_type == "MoE"} == {"dflash"}
+    assert read_bundle(bundle)["custom_ops"]["ops"][-1] == "MoE"
+    torch_llm = LLM(str(target_dir), str(draft_dir), block_size=4, backend="torch")
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    for prompt in ["hello there", [5, 6, 7]]:
+        tokens, taus = generate(bundle, torch_llm.encode(prompt), params, 4)
+        want = reference_output(torch_llm, prompt, params, speculative=True, block_size=4)
+        assert tokens == want.token_ids
+        assert taus == want.metrics.acceptance_lengths
+    # a TensorRT build loads the plugin library for the target too, which holds dflash::MoE nodes
+    from dflash_trt.engines import build as build_module
+    from dflash_trt.engines import machine, trt_engine
+    from dflash_trt.engines.config import BuildConfig
+
+    if not build_module.PLUGIN_LIBRARY.is_file():
+        return  # no nvcc where the plugins were built: the onnxruntime side above is what runs here
+    libraries = {}
+
+    def fake_build(kind, source, out, spec, profiles, compute_capabilities, plugin_library=None):
+        libraries[Path(source).stem] = plugin_library
+        Path(out).write_text("fake engine")
+        return {"file": Path(out).name, "build_s": 0.0, "bytes": 11}
+
+    fake = types.ModuleType("tensorrt")
+    fake.__version__ = "10.99.0-fake"
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    monkeypatch.setattr(machine, "gpu_compute_capability", lambda: "9.0")
+    monkeypatch.setattr(trt_engine, "build_trt_graph", fake_build)
+    build_module.build_engines(bundle, tmp_path / "engines", BuildConfig(engine="tensorrt", max_batch=2,
+                                                                          max_seq_len=64))
+    assert libraries == dict.fromkeys(("target", "draft_context", "draft_block"), build_module.PLUGIN_LIBRARY)
