@@ -40,9 +40,10 @@ CUDA_GRAPHS = True  # capture on a GPU (tests compare against eager by turning i
 # "auto" on a GPU where our CUDA kernels register (runtime/cuda_ops.py), so decoding runs them; True
 # also elsewhere, on the ops' PyTorch reference bodies (tests); False never.
 DRAFT_KERNELS: bool | str = "auto"
-# A hybrid target's Gated DeltaNet recurrence on a GPU: True, our GatedDeltaRule kernel where the plugin
-# library is built (registered for the whole process: runtime/cuda_ops.py); False, the op's PyTorch body
-# (a loop of small kernels per token).
+# A target's own dflash ops on a GPU, where the plugin library is built (registered for the whole
+# process: runtime/cuda_ops.py): a hybrid's Gated DeltaNet recurrence through our GatedDeltaRule kernel
+# (False: the op's PyTorch body, a loop of small kernels per token), and routed MoE layers through our
+# MoE kernel (each picked expert's weights read once per call; False: ROUTED_MOE's standard-op form).
 TARGET_KERNELS = True
 # A sparse MoE block as the export writes it (export/moe.py: the experts the call's tokens picked, every
 # token through each, in fixed shapes): "auto" on a GPU, where HF's own block (a loop over the picked
@@ -236,7 +237,7 @@ class TorchGraphs:
     def __init__(self, llm, specs: dict[str, dict], device: torch.device, stats: Counter | None = None):
         from dflash_trt.export.graphs import DraftBlockGraph, DraftContextGraph
         from dflash_trt.export.hybrid_slot_graphs import HybridSlotTargetGraph
-        from dflash_trt.export.moe import export_mlp, is_sparse_moe
+        from dflash_trt.export.moe import RoutedMoE, export_mlp, is_sparse_moe, use_moe_op
         from dflash_trt.export.slot_graphs import SlotTargetGraph
 
         taps = tuple(llm.drafter.config.target_layer_ids) if llm.has_drafter else ()
@@ -248,10 +249,14 @@ class TorchGraphs:
         self.modules = {"target": target}
         self.draft_kernels: tuple[str, ...] = ()  # the dflash:: ops the draft graphs run
         self.target_kernels: tuple[str, ...] = ()  # and the target graph
-        if llm.target.is_stateful and TARGET_KERNELS and device.type == "cuda":
-            from dflash_trt.runtime.cuda_ops import TARGET_KERNEL_OPS, register_target_kernels
+        own_ops = (("GatedDeltaRule",) if llm.target.is_stateful else ()) + \
+            (("MoE",) if any(isinstance(m, RoutedMoE) for m in target.mlps) else ())
+        if own_ops and TARGET_KERNELS and device.type == "cuda":
+            from dflash_trt.runtime.cuda_ops import register_target_kernels
 
-            self.target_kernels = TARGET_KERNEL_OPS if register_target_kernels() else ()
+            if register_target_kernels():
+                self.target_kernels = own_ops
+                use_moe_op(target, "dflash")
         if llm.has_drafter:
             if _draft_kernels(llm.drafter, device):
                 from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph

@@ -9,6 +9,7 @@ from reference import reference_output
 from scheduler_checks import check_draft_kernels, workload
 
 from dflash_trt import LLM, SamplingParams
+from dflash_trt.export.moe import is_sparse_moe
 from dflash_trt.runtime.engine import BatchRunner
 
 pytestmark = [
@@ -86,14 +87,15 @@ def test_cuda_graphs_replay_what_eager_decoding_gives(pair_dirs, monkeypatch):
     assert eager.graph_stats["captured"] == 0
 
 
-def test_a_hybrid_target_decodes_through_our_gated_delta_rule_kernel(pair_dirs):
+def test_hybrid_and_moe_targets_take_our_kernels_for_their_own_ops(pair_dirs):
     from dflash_trt.runtime.cuda_ops import LIBRARY
 
     if not LIBRARY.is_file():
         pytest.skip(f"{LIBRARY.name} not built (bash scripts/build_plugins.sh)")
     llm = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
     llm.executor(1, 64)
-    assert llm.target_kernels == (("GatedDeltaRule",) if llm.target.is_stateful else ())
+    moe = any(is_sparse_moe(layer.mlp) for layer in llm.target.model.layers)
+    assert llm.target_kernels == (("GatedDeltaRule",) if llm.target.is_stateful else ()) + (("MoE",) if moe else ())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
