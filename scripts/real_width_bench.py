@@ -4,12 +4,14 @@ drafter of its width. For each dtype it exports a `slots` bundle in a fresh proc
 process's own) and records seconds, peak RSS and bytes; on the float32 bundle it times the C++
 onnxruntime executor's verify of 1 and 16 tokens after --cached (another fresh process). Then it
 extrapolates to the full layer count: weights and export time per layer, peak RSS per GB of weights.
-With --engine-cc CC it also exports the bfloat16 pair as `slots-trt` (--capacity) and builds
+With --dense it also exports the float32 pair with every MoE layer routed densely (each token through
+all experts: the tests' oracle, tests/export/dense_moe.py) and times the same steps, the cost the
+routed forms avoid. With --engine-cc CC it also exports the bfloat16 pair as `slots-trt` (--capacity) and builds
 TensorRT-RTX engines for compute capability CC from it (`build --engine tensorrt-rtx`), each step in
 a fresh process: seconds, peak RSS, engine bytes.
 
     .venv/bin/python scripts/real_width_bench.py [--preset qwen3.5-35b-a3b] [--layers 2] [--json out.json]
-        [--engine-cc 12.0 --capacity 4096]
+        [--dense] [--engine-cc 12.0 --capacity 4096]
 
 Needs about 2.5x the float32 weights of the few layers in memory and disk (2 layers of
 Qwen3.5-35B-A3B: 10.6 GB float32).
@@ -88,9 +90,16 @@ def random_drafter(preset: dict, layers: int, dtype: torch.dtype, device: str | 
 
 
 def export_once(preset_name: str, layers: int, dtype: str, out: Path, flavour: str = "slots",
-                capacity: int | None = None) -> dict:
+                capacity: int | None = None, dense: bool = False) -> dict:
     from dflash_trt.export.bundle import export_bundle
 
+    if dense:  # this process only (a child): every routed MoE layer traces as the dense oracle
+        from dflash_trt.export.moe import RoutedMoE
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "export"))
+        from dense_moe import DenseRoutedMoE
+
+        RoutedMoE.forward = DenseRoutedMoE.forward
     preset = PRESETS[preset_name]
     target = random_target(preset, layers, DTYPES[dtype])
     drafter = random_drafter(preset, layers, DTYPES[dtype])
@@ -100,7 +109,7 @@ def export_once(preset_name: str, layers: int, dtype: str, out: Path, flavour: s
     seconds = time.perf_counter() - began
     files = {p.name: p.stat().st_size for p in out.iterdir()}
     embed = preset["config"]["vocab_size"] * preset["config"]["hidden_size"] * DTYPES[dtype].itemsize
-    return {"dtype": dtype, "flavour": flavour, "layers": layers, "export_s": round(seconds, 1), "weight_bytes": weights,
+    return {"dtype": dtype, "flavour": flavour, "moe": "dense" if dense else "routed", "layers": layers, "export_s": round(seconds, 1), "weight_bytes": weights,
             "embedding_bytes": embed, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "bundle_bytes": sum(files.values()), "files": files}
 
@@ -142,6 +151,7 @@ def main() -> None:
     parser.add_argument("--cached", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--dense", action="store_true", help="also time the float32 pair with MoE routed densely")
     parser.add_argument("--engine-cc", default=None, help="also build TensorRT-RTX engines for this compute capability")
     parser.add_argument("--capacity", type=int, default=4096, help="with --engine-cc: the slots-trt KV capacity")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -149,7 +159,8 @@ def main() -> None:
     if args.child:
         kind, *rest = args.child
         if kind == "export":
-            result = export_once(rest[0], int(rest[1]), rest[2], Path(rest[3]), rest[4], int(rest[5]) or None)
+            result = export_once(rest[0], int(rest[1]), rest[2], Path(rest[3]), rest[4], int(rest[5]) or None,
+                                 rest[6] == "dense")
         elif kind == "build":
             result = build_once(Path(rest[0]), Path(rest[1]), rest[2], int(rest[3]))
         else:
@@ -160,7 +171,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         for dtype in args.dtypes.split(","):
             out = Path(tmp) / dtype
-            run = child("--child", "export", args.preset, str(args.layers), dtype, str(out), "slots", "0")
+            run = child("--child", "export", args.preset, str(args.layers), dtype, str(out), "slots", "0", "routed")
             if dtype == "float32":
                 run["step"] = child("--child", "step", str(out), str(args.cached), str(args.repeats))
             shutil.rmtree(out)
@@ -171,10 +182,16 @@ def main() -> None:
             run["full_model"]["export_s"] = round(run["export_s"] * run["full_model"]["weight_bytes"]
                                                   / run["weight_bytes"], 0)
             runs.append(run)
+        if args.dense:
+            out = Path(tmp) / "dense"
+            run = child("--child", "export", args.preset, str(args.layers), "float32", str(out), "slots", "0", "dense")
+            run["step"] = child("--child", "step", str(out), str(args.cached), str(args.repeats))
+            shutil.rmtree(out)
+            runs.append(run)
         if args.engine_cc:
             out, engines = Path(tmp) / "slots-trt", Path(tmp) / "engines"
             run = child("--child", "export", args.preset, str(args.layers), "bfloat16", str(out), "slots-trt",
-                        str(args.capacity))
+                        str(args.capacity), "routed")
             run["engines"] = child("--child", "build", str(out), str(engines), args.engine_cc, str(args.capacity))
             shutil.rmtree(out)
             shutil.rmtree(engines)
@@ -190,6 +207,10 @@ def main() -> None:
                   f"TensorRT-RTX {e['compute_capability']} engines: build {e['build_s']:.0f} s, peak RSS "
                   f"{e['peak_rss_bytes'] / 1e9:.2f} GB ({e['peak_rss_bytes'] / r['weight_bytes']:.2f}x the weights), "
                   f"{e['engine_bytes'] / 1e9:.2f} GB of engines")
+            continue
+        if r["moe"] == "dense":
+            print(f"  MoE routed densely (every token through all experts), float32: verify 1 token "
+                  f"{r['step']['verify_1_ms']:.1f} ms, 16 tokens {r['step']['verify_16_ms']:.1f} ms")
             continue
         f = r["full_model"]
         print(f"{r['dtype']:>9} {r['weight_bytes'] / 1e9:>10.2f} {r['export_s']:>8.1f} {r['peak_rss_bytes'] / 1e9:>11.2f} "
