@@ -1,8 +1,8 @@
 """Our CUDA kernels as the CUDA implementations of the `dflash::` torch custom ops (export/plugin_ops.py,
-export/delta_rule.py), so that on a GPU the torch backend runs the kernels TensorRT runs as plugins:
-InjectKV for the draft context, BlockAttention for the draft block, GatedDeltaRule for a hybrid target's
-linear-attention layers. The kernels come from the plugin library
-(`dflash_trt/_ops/libdflash_trt_plugins.so`, scripts/build_plugins.sh) through its C entry points
+export/delta_rule.py, export/moe_ops.py), so that on a GPU the torch backend runs the kernels TensorRT runs
+as plugins: InjectKV for the draft context, BlockAttention for the draft block, GatedDeltaRule for a hybrid
+target's linear-attention layers, MoE for a sparse target's routed experts. The kernels come from the plugin
+library (`dflash_trt/_ops/libdflash_trt_plugins.so`, scripts/build_plugins.sh) through its C entry points
 (plugins/common/kernel_api.cpp); each call launches on PyTorch's current stream, so it is ordered with
 the rest of the graph and captured into a CUDA graph like any other kernel.
 
@@ -21,7 +21,6 @@ from dflash_trt.errors import DFlashError
 
 LIBRARY = Path(__file__).resolve().parent.parent / "_ops" / "libdflash_trt_plugins.so"
 KERNEL_OPS = ("InjectKV", "BlockAttention")  # the draft graphs'
-TARGET_KERNEL_OPS = ("GatedDeltaRule",)  # a hybrid target's
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _I64, _F32, _I32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_int32, ctypes.c_void_p
 
@@ -37,6 +36,10 @@ def _bind(library: ctypes.CDLL) -> None:
     library.dflash_inject_kv.argtypes = [_I64] * 5 + [_I32] + [_PTR] * 6 + [_F32, _PTR, _PTR, _PTR, _PTR]
     library.dflash_gated_delta_rule.restype = ctypes.c_char_p
     library.dflash_gated_delta_rule.argtypes = [_I64] * 6 + [_I32] + [_PTR] * 6 + [_I64, _PTR, _PTR, _PTR]
+    library.dflash_moe_workspace.restype = ctypes.c_size_t
+    library.dflash_moe_workspace.argtypes = [_I64] * 5
+    library.dflash_moe.restype = ctypes.c_char_p
+    library.dflash_moe.argtypes = [_I64] * 5 + [_I32, _I32] + [_PTR] * 7
 
 
 def _check(what: str, failure: bytes | None) -> None:
@@ -61,11 +64,12 @@ def _library() -> ctypes.CDLL | None:
 @functools.cache
 def register_target_kernels() -> bool:
     """Registers GatedDeltaRule for `dflash::delta_rule_at`'s CUDA dispatch (what a hybrid slot target
-    graph calls), once, for the whole process; False where there is no GPU or no library (the op then runs
-    its reference body)."""
+    graph calls) and MoE for `dflash::moe`'s (a sparse target's routed experts), once, for the whole
+    process; False where there is no GPU or no library (the ops then run their reference bodies)."""
     library = _library()
     if library is None:
         return False
+    import dflash_trt.export.moe_ops  # noqa: F401  defines dflash::moe
 
     @torch.library.register_kernel("dflash::delta_rule_at", "cuda")
     def _(query, key, value, g, beta, state, positions):
@@ -84,6 +88,21 @@ def register_target_kernels() -> bool:
             _ptr(out), _ptr(every), torch.cuda.current_stream().cuda_stream))
         index = (positions - first)[:, :, None, None, None].expand(-1, -1, hv, dk, dv)
         return out, every.gather(1, index)
+
+    @torch.library.register_kernel("dflash::moe", "cuda")
+    def _(x, router_logits, gate_up, down, top_k: int, normalize: bool):
+        tokens, width = x.shape
+        experts, inter = gate_up.shape[0], gate_up.shape[1] // 2
+        x = x.contiguous()
+        router_logits, gate_up, down = (t.to(x.dtype).contiguous() for t in (router_logits, gate_up, down))
+        out = torch.empty_like(x)
+        workspace = torch.empty(library.dflash_moe_workspace(tokens, width, experts, inter, top_k),
+                                dtype=torch.uint8, device=x.device)
+        _check("MoE", library.dflash_moe(
+            tokens, width, experts, inter, top_k, int(normalize), _DTYPES[x.dtype],
+            *map(_ptr, (x, router_logits, gate_up, down, workspace, out)),
+            torch.cuda.current_stream().cuda_stream))
+        return out
 
     return True
 

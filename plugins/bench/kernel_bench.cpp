@@ -1,8 +1,9 @@
 // Times the dflash CUDA kernels at the Qwen3-8B drafter's shapes (32 heads, 8 kv heads, head_dim
-// 128, hidden 4096, block 16, bfloat16) and GatedDeltaRule at Qwen3-Next's linear attention (16 key
-// heads, 32 value heads, 128 x 128 state) against their memory-bandwidth floor: the bytes each call
-// must move at least (plugins/*/README.md), over a peak bandwidth, and their arithmetic (FLOPs), which
-// bounds the prefill shapes instead. Prints a table; --json PATH also writes it.
+// 128, hidden 4096, block 16, bfloat16), GatedDeltaRule at Qwen3-Next's linear attention (16 key
+// heads, 32 value heads, 128 x 128 state) and MoE at Qwen3.5-35B-A3B's routed experts (hidden 2048,
+// 256 experts 512 wide, top-8) against their memory-bandwidth floor: the bytes each call must move
+// at least (plugins/*/README.md), over a peak bandwidth, and their arithmetic (FLOPs), which bounds
+// the prefill shapes instead. Prints a table; --json PATH also writes it.
 // Usage: kernel_bench [--json PATH] [--peak-tbps 3.35] [--once]. Exit 77 without a GPU.
 #include <cuda_runtime_api.h>
 
@@ -11,12 +12,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "block_attention/block_attention_kernel.h"
 #include "gated_delta_rule/gated_delta_rule_kernel.h"
 #include "inject_kv/inject_kv_kernel.h"
+#include "moe/moe_kernel.h"
 
 namespace {
 
@@ -146,6 +150,48 @@ Row gated_delta_rule(int64_t batch, int64_t tokens, int64_t states_from) {
           micros, 8.0 * heads * state};  // per head and token: decay, k^T S, the rank-1 update, q S
 }
 
+// Random routing (normal logits), or every token routed as the first (`shared`). The floor is the
+// README's: 3 I H bfloat16 weights of each distinct expert the tokens picked, counted here with the
+// reference's routing rule.
+Row moe(int64_t tokens, bool shared) {
+  constexpr int64_t kExperts = 256, kInter = 512, kHiddenMoE = 2048, kTopK = 8;  // Qwen3.5-35B-A3B
+  const dflash::MoEShape s{tokens, kHiddenMoE, kExperts, kInter, kTopK};
+  std::mt19937 rng(static_cast<unsigned>(tokens));
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<uint16_t> logits(tokens * kExperts);
+  std::vector<float> rounded(kExperts);
+  std::set<int64_t> picked;
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t e = 0; e < kExperts; ++e) {
+      uint32_t bits;
+      const float value = shared && t > 0 ? rounded[e] : dist(rng);
+      std::memcpy(&bits, &value, 4);
+      logits[t * kExperts + e] = static_cast<uint16_t>(bits >> 16);  // bfloat16, truncated
+      bits = uint32_t{logits[t * kExperts + e]} << 16;
+      std::memcpy(&rounded[e], &bits, 4);
+    }
+    int64_t ids[kTopK];
+    float weights[kTopK];
+    dflash::moe_route_token(rounded.data(), kExperts, kTopK, true, ids, weights);
+    picked.insert(ids, ids + kTopK);
+  }
+  void* x = buffer(tokens * kHiddenMoE * kElem);
+  void* router = buffer(logits.size() * kElem);
+  cudaMemcpy(router, logits.data(), logits.size() * kElem, cudaMemcpyHostToDevice);
+  void* gate_up = buffer(kExperts * 2 * kInter * kHiddenMoE * kElem);
+  void* down = buffer(kExperts * kHiddenMoE * kInter * kElem);
+  void* out = buffer(tokens * kHiddenMoE * kElem);
+  void* ws = buffer(dflash::moe_workspace_size(s));
+  const double micros = time_calls([&] {
+    return dflash::moe_launch(s, dflash::DType::kBFloat16, true, x, router, gate_up, down, ws, out, nullptr);
+  });
+  for (void* p : {x, router, gate_up, down, out, ws}) cudaFree(p);
+  const double bytes = kElem * 3.0 * kInter * kHiddenMoE * double(picked.size());
+  const double flops = 2.0 * 3 * kInter * kHiddenMoE * tokens * kTopK;
+  const std::string shape = "T=" + std::to_string(tokens) + " experts=" + std::to_string(picked.size());
+  return {"MoE", shape + (shared ? " shared" : ""), bytes, micros, flops};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -170,6 +216,9 @@ int main(int argc, char** argv) {
     for (int64_t context : {1024, 4096, 16384}) rows.push_back(block_attention(batch, context));
   for (int64_t batch : {1, 8}) rows.push_back(gated_delta_rule(batch, kBlock, 0));  // verify: every state kept
   rows.push_back(gated_delta_rule(1, 4096, 4095));                                    // prefill: the last one
+  rows.push_back(moe(1, false));   // decode
+  rows.push_back(moe(16, false));  // verify: random routing, ~102 distinct experts
+  rows.push_back(moe(16, true));   // verify: every token on the same 8
 
   if (g_once) {  // launch order, for reading a profile: the rows above, each 1-2 kernels
     for (const Row& r : rows) std::printf("%s %s\n", r.op.c_str(), r.shape.c_str());

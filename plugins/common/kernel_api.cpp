@@ -1,7 +1,8 @@
 // C entry points of the dflash CUDA kernels over raw device pointers, for callers that are not TensorRT:
 // the torch backend registers them as the CUDA implementations of its dflash:: custom ops
 // (dflash_trt/runtime/cuda_ops.py), so the kernels TensorRT runs as plugins also run inside decoding:
-// InjectKV and BlockAttention in the draft graphs, GatedDeltaRule in a hybrid target's.
+// InjectKV and BlockAttention in the draft graphs, GatedDeltaRule in a hybrid target's, MoE in a sparse
+// target's.
 // Each returns nullptr on success, else one line saying why (a shape the kernel refuses, a CUDA error);
 // the launches are asynchronous on `stream` (a CUstream / cudaStream_t).
 #include <cuda_runtime_api.h>
@@ -9,6 +10,7 @@
 #include "block_attention/block_attention_kernel.h"
 #include "gated_delta_rule/gated_delta_rule_kernel.h"
 #include "inject_kv/inject_kv_kernel.h"
+#include "moe/moe_kernel.h"
 
 #define DFLASH_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -76,4 +78,23 @@ DFLASH_EXPORT const char* dflash_gated_delta_rule(int64_t batch, int64_t tokens,
   return launched(dflash::gated_delta_rule_launch(shape, dflash::DType(dtype), query, key, value, g, beta,
                                                   initial_state, states_from, out, states,
                                                   static_cast<cudaStream_t>(stream)));
+}
+
+DFLASH_EXPORT size_t dflash_moe_workspace(int64_t tokens, int64_t hidden, int64_t experts, int64_t inter,
+                                          int64_t top_k) {
+  return dflash::moe_workspace_size({tokens, hidden, experts, inter, top_k});
+}
+
+// hidden [T, H]; router_logits [T, E]; gate_up [E, 2I, H]; down [E, H, I]; out [T, H], all of `dtype`;
+// normalize 0 or 1 (plugins/moe/README.md).
+DFLASH_EXPORT const char* dflash_moe(int64_t tokens, int64_t hidden, int64_t experts, int64_t inter, int64_t top_k,
+                                     int32_t normalize, int32_t dtype, const void* hidden_states,
+                                     const void* router_logits, const void* gate_up, const void* down,
+                                     void* workspace, void* out, void* stream) {
+  const dflash::MoEShape shape{tokens, hidden, experts, inter, top_k};
+  if (!known(dtype)) return "dtype must be 0 (float32), 1 (float16) or 2 (bfloat16)";
+  if (normalize != 0 && normalize != 1) return "normalize must be 0 or 1";
+  if (const char* why = dflash::moe_unsupported(shape)) return why;
+  return launched(dflash::moe_launch(shape, dflash::DType(dtype), normalize != 0, hidden_states, router_logits,
+                                     gate_up, down, workspace, out, static_cast<cudaStream_t>(stream)));
 }

@@ -1,5 +1,5 @@
-// dflash::MoE v1, CPU reference kernel over raw pointers (no ONNX Runtime or TensorRT types), and the
-// routing rule the CUDA kernel shares. Contract: plugins/moe/README.md; the math is
+// dflash::MoE v1, CPU reference kernel over raw pointers (no ONNX Runtime or TensorRT types): the CUDA
+// kernel's parity oracle and the onnxruntime op's body. Contract: plugins/moe/README.md; the math is
 // dflash_trt/export/moe_routing.py::routed_experts with SiLU.
 #pragma once
 
@@ -19,7 +19,7 @@ struct MoEShape {
 // lowest index, as ONNX TopK), their probabilities renormalised to sum 1 where `normalize`.
 // logits [experts] -> ids [top_k] (descending probability), weights [top_k].
 template <typename Logit>
-DFLASH_HOST_DEVICE inline void moe_route_token(const Logit* logits, int64_t experts, int64_t top_k, bool normalize,
+inline void moe_route_token(const Logit* logits, int64_t experts, int64_t top_k, bool normalize,
                                                int64_t* ids, float* weights) {
   float peak = -INFINITY;
   for (int64_t e = 0; e < experts; ++e) peak = fmaxf(peak, static_cast<float>(logits[e]));

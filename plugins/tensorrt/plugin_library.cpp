@@ -7,6 +7,7 @@
 #include "block_attention/block_attention_plugin.h"
 #include "gated_delta_rule/gated_delta_rule_plugin.h"
 #include "inject_kv/inject_kv_plugin.h"
+#include "moe/moe_plugin.h"
 #include "tensorrt/plugin_common.h"
 
 #define DFLASH_EXPORT extern "C" __attribute__((visibility("default")))
@@ -16,7 +17,9 @@ namespace {
 dflash::trt::InjectKVCreator g_inject_kv;
 dflash::trt::BlockAttentionCreator g_block_attention;
 dflash::trt::GatedDeltaRuleCreator g_gated_delta_rule;
-nvinfer1::IPluginCreatorInterface* const g_creators[] = {&g_inject_kv, &g_block_attention, &g_gated_delta_rule};
+dflash::trt::MoECreator g_moe;
+nvinfer1::IPluginCreatorInterface* const g_creators[] = {&g_inject_kv, &g_block_attention, &g_gated_delta_rule,
+                                                         &g_moe};
 
 }  // namespace
 

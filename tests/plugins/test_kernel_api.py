@@ -50,3 +50,23 @@ def test_the_gated_delta_rule_entry_refuses_before_any_launch(library):
         b"value_heads must be a multiple of key_heads >= 1")
     assert library.dflash_gated_delta_rule(1, 4, 2, 4, 257, 8, 0, *null, 0, None, None, None) == (
         b"key_dim must be in [1, 256]")
+
+
+def test_the_moe_entry_sizes_its_scratch_and_refuses_before_any_launch(library):
+    # Qwen3.5-35B-A3B, a 16-token verify: per (token, slot) pair its expert, weight, activations [I] and
+    # float32 partial [H]; per expert its count and pair list; each region 256-byte aligned.
+    assert library.dflash_moe_workspace(16, 2048, 256, 512, 8) == (
+        512 + 512 + 1024 + 1280 + 256 * 16 * 4 + 128 * 512 * 4 + 128 * 2048 * 4)
+    # A long prefill runs 512 tokens a launch in the same scratch.
+    qwen = (2048, 256, 512, 8)
+    assert library.dflash_moe_workspace(4096, *qwen) == library.dflash_moe_workspace(512, *qwen)
+    # (tokens, H, E, I, top_k, normalize, dtype, hidden, router_logits, gate_up, down, workspace, out, stream)
+    null = [None] * 7
+    assert library.dflash_moe(1, 8, 4, 4, 2, 1, 3, *null) == (
+        b"dtype must be 0 (float32), 1 (float16) or 2 (bfloat16)")
+    assert library.dflash_moe(1, 8, 4, 4, 2, 2, 0, *null) == b"normalize must be 0 or 1"
+    assert library.dflash_moe(1, 8, 4, 4, 5, 1, 0, *null) == b"top_k must be in [1, experts]"
+    assert library.dflash_moe(1, 8, 4, 4, 0, 1, 0, *null) == b"top_k must be in [1, experts]"
+    assert library.dflash_moe(1, 8, 513, 4, 8, 1, 0, *null).startswith(b"experts must be in [1, 512]")
+    assert library.dflash_moe(1, 8, 64, 4, 33, 1, 0, *null).startswith(b"top_k must be <= 32")
+    assert library.dflash_moe(0, 8, 4, 4, 2, 1, 0, *null) is None  # no tokens: nothing to launch

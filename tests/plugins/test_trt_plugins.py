@@ -50,7 +50,7 @@ def test_only_the_entry_points_are_exported():
     # TensorRT's, and the kernels' C entry points for the torch backend's custom ops (common/kernel_api.cpp)
     assert functions == {"getCreators", "setLoggerFinder", "DflashOpsVersion", "dflash_block_attention",
                          "dflash_block_attention_workspace", "dflash_inject_kv", "dflash_inject_kv_workspace",
-                         "dflash_gated_delta_rule"}
+                         "dflash_gated_delta_rule", "dflash_moe", "dflash_moe_workspace"}
 
 
 def test_the_library_needs_no_tensorrt_library_to_load():

@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "block_attention/block_attention_kernel.h"
 #include "gated_delta_rule/gated_delta_rule_kernel.h"
 #include "inject_kv/inject_kv_kernel.h"
+#include "moe/moe_kernel.h"
 
 namespace {
 
@@ -216,6 +218,66 @@ void gated_delta_rule_case(int64_t b, int64_t s, int64_t hk, int64_t hv, int64_t
   cudaFree(states);
 }
 
+// Routed experts: weights scaled so every projection is O(1); `tied` logits take three values, so
+// many experts tie on probability and both sides must pick the lowest index. Then the call's rows
+// again from a call on a few of its tokens, and a second full call: bit for bit the same (a token's
+// output depends on neither the other tokens nor the run).
+void moe_case(int64_t t, int64_t h, int64_t e, int64_t n, int64_t k, bool normalize, bool tied, DType dtype) {
+  std::mt19937 rng(static_cast<unsigned>(t * 1000 + h * 10 + e + n + k));
+  const dflash::MoEShape s{t, h, e, n, k};
+  std::vector<float> logits = normal(t * e, 2.f, rng);
+  if (tied)
+    for (float& l : logits) l = std::min(std::round(std::fabs(l)), 2.f);
+  Tensor x(normal(t * h, 1.f, rng), dtype), router(logits, dtype);
+  Tensor gate_up(normal(e * 2 * n * h, 1.f / std::sqrt(float(h)), rng), dtype);
+  Tensor down(normal(e * h * n, 1.f / std::sqrt(float(n)), rng), dtype);
+  const size_t out_count = t * h, size = dflash::dtype_size(dtype);
+  void *out, *again, *workspace;
+  cudaMalloc(&out, out_count * size + 1);
+  cudaMalloc(&again, out_count * size + 1);
+  cudaMalloc(&workspace, dflash::moe_workspace_size(s) + 1);
+  const auto run = [&](const dflash::MoEShape& shape, int64_t first, void* into) {
+    return dflash::moe_launch(shape, dtype, normalize, static_cast<char*>(x.device) + first * h * size,
+                              static_cast<char*>(router.device) + first * e * size, gate_up.device, down.device,
+                              workspace, static_cast<char*>(into) + first * h * size, nullptr);
+  };
+  const cudaError_t launched = run(s, 0, out);
+  cudaError_t done = cudaDeviceSynchronize();
+  std::vector<float> want(out_count);
+  dflash::moe_ref(s, x.host.data(), router.host.data(), gate_up.host.data(), down.host.data(), normalize, want.data());
+  char what[128];
+  std::snprintf(what, sizeof what, "MoE T=%ld H=%ld E=%ld I=%ld top_k=%ld normalize=%d%s", long(t), long(h), long(e),
+                long(n), long(k), int(normalize), tied ? " tied logits" : "");
+  if (launched != cudaSuccess || done != cudaSuccess) {
+    ++g_failures;
+    std::printf("FAIL %s: %s\n", what, cudaGetErrorString(launched != cudaSuccess ? launched : done));
+  } else {
+    const std::vector<float> got = read_back(out, out_count, dtype);
+    compare(what, got, want, dtype);
+    // Tokens [first, first + few) alone, written into their rows of `again`; then the whole call again.
+    const int64_t first = t > 1 ? 1 : 0, few = std::min<int64_t>(3, t - first);
+    cudaMemset(again, 0xff, out_count * size);
+    cudaError_t status = run({few, h, e, n, k}, first, again);
+    std::vector<float> alone = read_back(again, out_count, dtype);
+    if (status == cudaSuccess) status = run(s, 0, again);
+    done = cudaDeviceSynchronize();
+    const std::vector<float> twice = read_back(again, out_count, dtype);
+    const bool same_rows = std::memcmp(&alone[first * h], &got[first * h], few * h * sizeof(float)) == 0;
+    const bool same_run = std::memcmp(twice.data(), got.data(), out_count * sizeof(float)) == 0;
+    const bool ok = status == cudaSuccess && done == cudaSuccess && same_rows && same_run;
+    if (!ok) ++g_failures;
+    const char* why = !same_rows  ? "a token's row changed with the other tokens"
+                      : !same_run ? "a rerun changed bits"
+                      : ok        ? "bit-exact"
+                                  : cudaGetErrorString(status != cudaSuccess ? status : done);
+    std::printf("%s %-72s %-8s %s\n", ok ? "ok  " : "FAIL", (std::string(what) + " invariance").c_str(), name(dtype),
+                why);
+  }
+  cudaFree(out);
+  cudaFree(again);
+  cudaFree(workspace);
+}
+
 }  // namespace
 
 int main() {
@@ -259,6 +321,19 @@ int main() {
     gated_delta_rule_case(1, 5, 2, 4, 100, 20, 3, dtype);         // Dk not a multiple of 4
     gated_delta_rule_case(1, 16, 16, 32, 128, 128, 0, dtype);     // Qwen3-Next verify of a 16-token block
     gated_delta_rule_case(2, 40, 1, 2, 256, 64, 5, dtype);        // widest key head
+    moe_case(1, 64, 8, 32, 2, true, false, dtype);                // decode
+    moe_case(4, 128, 16, 64, 4, false, false, dtype);
+    moe_case(16, 256, 64, 128, 8, true, false, dtype);            // a verify block: experts shared, some unused
+    moe_case(200, 96, 32, 48, 4, true, false, dtype);             // every expert many times: passes of 4 pairs
+    moe_case(2, 64, 128, 32, 2, false, false, dtype);             // 4 picks of 128 experts
+    moe_case(5, 64, 4, 32, 4, true, false, dtype);                // top_k == E
+    moe_case(3, 32, 6, 16, 6, false, false, dtype);               // top_k == E, the weights as the softmax gave
+    moe_case(7, 37, 12, 13, 3, false, false, dtype);              // H, I not multiples of 8: one load an element
+    moe_case(9, 64, 16, 32, 4, true, true, dtype);                // ties go to the lowest index
+    moe_case(4, 32, 512, 16, 16, true, false, dtype);             // most experts, top 16
+    moe_case(3, 32, 40, 16, 32, true, false, dtype);              // top 32
+    moe_case(700, 64, 16, 32, 4, true, false, dtype);             // two launches of 512 tokens at most
+    moe_case(16, 2048, 16, 512, 8, true, false, dtype);           // Qwen3.5-35B-A3B's width, 16 of its experts
   }
   std::printf("%s\n", g_failures ? "FAILED" : "all kernel parity cases passed");
   return g_failures ? 1 : 0;

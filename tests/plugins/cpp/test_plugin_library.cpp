@@ -41,7 +41,7 @@ bool all_ok(const std::vector<nvinfer1::DynamicPluginTensorDesc>& in_out, uint32
 TEST(creators_are_named_as_the_onnx_op_types_version_1_empty_namespace) {
   int32_t count = -1;
   nvinfer1::IPluginCreatorInterface* const* creators = getCreators(count);
-  CHECK_EQ(count, 3);
+  CHECK_EQ(count, 4);
   std::vector<std::string> names;
   for (int32_t i = 0; i < count; ++i) {
     auto* creator = dynamic_cast<nvinfer1::IPluginCreatorV3One*>(creators[i]);
@@ -51,7 +51,7 @@ TEST(creators_are_named_as_the_onnx_op_types_version_1_empty_namespace) {
     CHECK_EQ(creator->getPluginVersion(), std::string("1"));
     CHECK_EQ(creator->getPluginNamespace(), std::string(""));
   }
-  CHECK(names == (std::vector<std::string>{"InjectKV", "BlockAttention", "GatedDeltaRule"}));
+  CHECK(names == (std::vector<std::string>{"InjectKV", "BlockAttention", "GatedDeltaRule", "MoE"}));
   CHECK_EQ(DflashOpsVersion(), 1);
 }
 
