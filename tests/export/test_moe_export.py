@@ -154,16 +154,33 @@ def test_the_swap_leaves_the_users_model_alone(moe_bundles):
     assert kinds == ["Qwen3MoeSparseMoeBlock", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock"]
 
 
+@pytest.fixture(scope="module")
+def moe_plugin_bundles(moe_bundles, tmp_path_factory):
+    """name -> the plugin-flavour bundle of moe_bundles' pair (dflash::MoE in its target graph)."""
+    if not op_library.LIBRARY.is_file():
+        pytest.skip("dflash op library not built (bash scripts/build_plugins.sh)")
+    root = tmp_path_factory.mktemp("moe-plugin")
+    made = {}
+    for name, (target_dir, draft_dir, _, _, target, _) in moe_bundles.items():
+        made[name] = export_bundle(target, load_drafter(draft_dir), None, root / name, flavour="plugin", check=True)
+    return made
+
+
 @pytest.mark.parametrize("name", list(MOE_TARGETS))
 @pytest.mark.parametrize("first, kept, new", [(5, (5, 3), 4), (7, (2, 7), 6), (4, (4, 1, 2), 5)])
-def test_portable_target_graph_matches_hf_on_ragged_rows(moe_bundles, name, first, kept, new):
-    """A prefill of `first` tokens, then a verify of `new` where row r keeps `kept[r]` of them."""
+@pytest.mark.parametrize("flavour", ["portable", "plugin"])
+def test_contract1_target_graphs_match_hf_on_ragged_rows(request, moe_bundles, name, first, kept, new, flavour):
+    """A prefill of `first` tokens, then a verify of `new` where row r keeps `kept[r]` of them: the
+    portable graph (standard-op routing) and the plugin one (our dflash::MoE on its onnxruntime kernel)."""
     *_, bundle, _, target, taps = moe_bundles[name]
+    if flavour == "plugin":
+        bundle = request.getfixturevalue("moe_plugin_bundles")[name]
     rows = len(kept)
     g = torch.Generator().manual_seed(first * 10 + new)
     prefix = torch.randint(0, target.vocab_size, (rows, first), generator=g)
     suffix = torch.randint(0, target.vocab_size, (rows, new), generator=g)
-    session = ort.InferenceSession(str(bundle / "target.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(bundle / "target.onnx"), op_library.session_options(flavour == "plugin"),
+                                   providers=["CPUExecutionProvider"])
     cfg = target.config
     empty = np.zeros((rows, cfg.num_key_value_heads, 0, cfg.head_dim), np.float32)
     feed = {"input_ids": prefix.numpy(), "past_lengths": np.zeros(rows, np.int64), "logits_from": np.array(0)}
