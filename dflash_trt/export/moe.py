@@ -79,13 +79,23 @@ def export_mlp(mlp: nn.Module) -> nn.Module:
     return RoutedMoE(mlp) if is_sparse_moe(mlp) else mlp
 
 
-def use_moe_op(graph: nn.Module, op: str) -> None:
-    """Every routed MoE layer of `graph` runs as one fused op, "onnxruntime" (the `slots` flavour) or
-    "dflash" (the `plugin` flavour, the torch backend's CUDA kernel); one line, before any trace, for
-    experts the op cannot run."""
+def fused_moe_refusal(graph: nn.Module) -> str | None:
+    """Why the routed MoE layers of `graph` cannot run as one fused op; None when they can."""
     for module in graph.modules():
         if isinstance(module, RoutedMoE):
             act = type(module.block.experts.act_fn).__name__
             if act not in ("SiLU", "SiLUActivation"):
-                raise DFlashError(f"export: the fused MoE ops gate with SiLU; these experts use {act}")
+                return f"the fused MoE ops gate with SiLU; these experts use {act}"
+    return None
+
+
+def use_moe_op(graph: nn.Module, op: str) -> None:
+    """Every routed MoE layer of `graph` runs as one fused op, "onnxruntime" (the `slots` flavour) or
+    "dflash" (the `plugin` flavour, the torch backend's CUDA kernel); one line, before any trace, for
+    experts the op cannot run."""
+    refusal = fused_moe_refusal(graph)
+    if refusal:
+        raise DFlashError(f"export: {refusal}")
+    for module in graph.modules():
+        if isinstance(module, RoutedMoE):
             module.op = op

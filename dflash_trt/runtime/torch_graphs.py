@@ -237,7 +237,7 @@ class TorchGraphs:
     def __init__(self, llm, specs: dict[str, dict], device: torch.device, stats: Counter | None = None):
         from dflash_trt.export.graphs import DraftBlockGraph, DraftContextGraph
         from dflash_trt.export.hybrid_slot_graphs import HybridSlotTargetGraph
-        from dflash_trt.export.moe import RoutedMoE, export_mlp, is_sparse_moe, use_moe_op
+        from dflash_trt.export.moe import RoutedMoE, export_mlp, fused_moe_refusal, is_sparse_moe, use_moe_op
         from dflash_trt.export.slot_graphs import SlotTargetGraph
 
         taps = tuple(llm.drafter.config.target_layer_ids) if llm.has_drafter else ()
@@ -249,14 +249,15 @@ class TorchGraphs:
         self.modules = {"target": target}
         self.draft_kernels: tuple[str, ...] = ()  # the dflash:: ops the draft graphs run
         self.target_kernels: tuple[str, ...] = ()  # and the target graph
-        own_ops = (("GatedDeltaRule",) if llm.target.is_stateful else ()) + \
-            (("MoE",) if any(isinstance(m, RoutedMoE) for m in target.mlps) else ())
+        fused_moe = any(isinstance(m, RoutedMoE) for m in target.mlps) and fused_moe_refusal(target) is None
+        own_ops = (("GatedDeltaRule",) if llm.target.is_stateful else ()) + (("MoE",) if fused_moe else ())
         if own_ops and TARGET_KERNELS and device.type == "cuda":
             from dflash_trt.runtime.cuda_ops import register_target_kernels
 
             if register_target_kernels():
                 self.target_kernels = own_ops
-                use_moe_op(target, "dflash")
+                if fused_moe:
+                    use_moe_op(target, "dflash")
         if llm.has_drafter:
             if _draft_kernels(llm.drafter, device):
                 from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph

@@ -332,3 +332,19 @@ def test_plugin_bundles_route_through_our_moe_op_and_decode_as_torch(tmp_path, f
     build_module.build_engines(bundle, tmp_path / "engines", BuildConfig(engine="tensorrt", max_batch=2,
                                                                           max_seq_len=64))
     assert libraries == dict.fromkeys(("target", "draft_context", "draft_block"), build_module.PLUGIN_LIBRARY)
+
+
+def test_experts_gated_otherwise_than_by_silu_stay_out_of_the_fused_ops():
+    """The fused ops (onnxruntime's MoE, our dflash::MoE) compute silu(gate) * up: experts with another
+    gate are refused at export in one line, and the torch backend keeps them in standard ops."""
+    from dflash_trt.errors import DFlashError
+    from dflash_trt.export.moe import fused_moe_refusal, use_moe_op
+
+    block = sparse_block("qwen3_moe", False)
+    graph = torch.nn.ModuleList([RoutedMoE(block)])
+    assert fused_moe_refusal(graph) is None
+    block.experts.act_fn = torch.nn.GELU()
+    assert fused_moe_refusal(graph) == "the fused MoE ops gate with SiLU; these experts use GELU"
+    with pytest.raises(DFlashError, match="^export: the fused MoE ops gate with SiLU; these experts use GELU$"):
+        use_moe_op(graph, "dflash")
+    assert graph[0].op == "standard"
