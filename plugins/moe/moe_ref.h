@@ -1,5 +1,5 @@
-// dflash::MoE v1, CPU reference kernel over raw pointers (no ONNX Runtime or TensorRT types): the CUDA
-// kernel's parity oracle and the onnxruntime op's body. Contract: plugins/moe/README.md; the math is
+// dflash::MoE v1, CPU reference kernel over raw pointers (no ONNX Runtime or TensorRT types), written as
+// the math reads: the parity oracle of the CUDA kernel and of moe_cpu.h (the onnxruntime op's body). Contract: plugins/moe/README.md; the math is
 // dflash_trt/export/moe_routing.py::routed_experts with SiLU.
 #pragma once
 

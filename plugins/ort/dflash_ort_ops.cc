@@ -1,6 +1,7 @@
 // ONNX Runtime custom-op library for the `dflash` domain (CPU): dflash::InjectKV, dflash::BlockAttention,
 // dflash::GatedDeltaRule and dflash::MoE, thin wrappers over the CPU kernels in plugins/<op>/ (the
-// reference kernels, but GatedDeltaRule's vectorised one-pass kernel, gated_delta_rule_cpu.h).
+// reference kernels, but GatedDeltaRule's vectorised one-pass kernel, gated_delta_rule_cpu.h, and MoE's
+// expert-grouped one, moe_cpu.h).
 // Load it with SessionOptions.register_custom_ops_library(path); it exports RegisterCustomOps.
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
@@ -15,7 +16,7 @@
 #include "block_attention/block_attention_ref.h"
 #include "gated_delta_rule/gated_delta_rule_cpu.h"
 #include "inject_kv/inject_kv_ref.h"
-#include "moe/moe_ref.h"
+#include "moe/moe_cpu.h"
 
 namespace {
 
@@ -137,7 +138,7 @@ struct MoE {
     require(down.Shape() == std::vector<int64_t>{s.experts, s.hidden, s.inter}, "dflash::MoE: down must be [E, H, I]");
     require(s.top_k >= 1 && s.top_k <= s.experts, "dflash::MoE: top_k must be in [1, E] = [1, " +
                                                        std::to_string(s.experts) + "], got " + std::to_string(s.top_k));
-    dflash::moe_ref(s, hidden.Data(), router_logits.Data(), gate_up.Data(), down.Data(), normalize_, out.Allocate(h));
+    dflash::moe_cpu(s, hidden.Data(), router_logits.Data(), gate_up.Data(), down.Data(), normalize_, out.Allocate(h));
   }
 
   int64_t top_k_ = 0;
