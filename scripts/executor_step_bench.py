@@ -128,9 +128,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (what capture saves)")
     parser.add_argument("--kernels", choices=["auto", "off"], default="auto",
-                        help="auto: on a GPU the draft graphs run our InjectKV/BlockAttention kernels and a hybrid "
-                             "target our GatedDeltaRule where the plugin library is built (runtime/cuda_ops.py); "
-                             "off: standard graphs and the recurrence's PyTorch body")
+                        help="auto: on a GPU the draft graphs run our InjectKV/BlockAttention kernels, a hybrid "
+                             "target our GatedDeltaRule and a sparse one our MoE where the plugin library is built "
+                             "(runtime/cuda_ops.py); off: standard graphs, the recurrence's PyTorch body and the "
+                             "MoE's standard-op form")
     parser.add_argument("--profile", action="store_true",
                         help="also profile a 1-row verify of the largest block (torch.profiler: top ops)")
     parser.add_argument("--json")
