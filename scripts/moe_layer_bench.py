@@ -1,7 +1,7 @@
 """One sparse MoE layer at a flagship's real width on onnxruntime (CPU), in each form a graph can hold
 it: every token through all experts (the dense oracle, tests/export/dense_moe.py), the standard-op
 routed form (the TensorRT flavours'), onnxruntime's MoE kernel (the `slots` flavour) and our
-dflash::MoE (the `plugin` flavour; its onnxruntime kernel is the CPU reference, plugins/moe/moe_ref.h).
+dflash::MoE (the `plugin` flavour; its onnxruntime kernel is plugins/moe/moe_cpu.h).
 Random weights, so routing is near uniform: a call of T tokens reads about E * (1 - (1 - k/E)^T)
 distinct experts (plugins/moe/README.md), its floor on any device. Prints a table, writes JSON.
 
