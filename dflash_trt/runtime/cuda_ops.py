@@ -61,6 +61,19 @@ def _library() -> ctypes.CDLL | None:
     return library
 
 
+def moe_kernel_refusal(gate_up_shape: tuple[int, ...], top_k: int) -> str | None:
+    """Why our MoE kernel cannot run experts of gate_up [E, 2I, H] at top_k (its limits: moe_kernel.h);
+    None when it can. Asks the library itself: a call of no tokens checks the shape and launches nothing."""
+    library = _library()
+    return "no GPU or no plugin library" if library is None else _moe_refusal(library, gate_up_shape, top_k)
+
+
+def _moe_refusal(library: ctypes.CDLL, gate_up_shape: tuple[int, ...], top_k: int) -> str | None:
+    experts, two_inter, hidden = gate_up_shape
+    failure = library.dflash_moe(0, hidden, experts, two_inter // 2, top_k, 1, 0, *([None] * 7))
+    return None if failure is None else failure.decode()
+
+
 @functools.cache
 def register_target_kernels() -> bool:
     """Registers GatedDeltaRule for `dflash::delta_rule_at`'s CUDA dispatch (what a hybrid slot target

@@ -249,13 +249,16 @@ class TorchGraphs:
         self.modules = {"target": target}
         self.draft_kernels: tuple[str, ...] = ()  # the dflash:: ops the draft graphs run
         self.target_kernels: tuple[str, ...] = ()  # and the target graph
-        fused_moe = any(isinstance(m, RoutedMoE) for m in target.mlps) and fused_moe_refusal(target) is None
-        own_ops = (("GatedDeltaRule",) if llm.target.is_stateful else ()) + (("MoE",) if fused_moe else ())
-        if own_ops and TARGET_KERNELS and device.type == "cuda":
-            from dflash_trt.runtime.cuda_ops import register_target_kernels
+        routed_layers = [m for m in target.mlps if isinstance(m, RoutedMoE)]
+        if TARGET_KERNELS and device.type == "cuda" and (llm.target.is_stateful or routed_layers):
+            from dflash_trt.runtime.cuda_ops import moe_kernel_refusal, register_target_kernels
 
             if register_target_kernels():
-                self.target_kernels = own_ops
+                # experts our kernel cannot run (another gate, widths past its limits) stay in standard ops
+                fused_moe = bool(routed_layers) and fused_moe_refusal(target) is None and not any(
+                    moe_kernel_refusal(m.block.experts.gate_up_proj.shape, m.top_k) for m in routed_layers)
+                self.target_kernels = (("GatedDeltaRule",) if llm.target.is_stateful else ()) + \
+                    (("MoE",) if fused_moe else ())
                 if fused_moe:
                     use_moe_op(target, "dflash")
         if llm.has_drafter:

@@ -70,3 +70,13 @@ def test_the_moe_entry_sizes_its_scratch_and_refuses_before_any_launch(library):
     assert library.dflash_moe(1, 8, 513, 4, 8, 1, 0, *null).startswith(b"experts must be in [1, 512]")
     assert library.dflash_moe(1, 8, 64, 4, 33, 1, 0, *null).startswith(b"top_k must be <= 32")
     assert library.dflash_moe(0, 8, 4, 4, 2, 1, 0, *null) is None  # no tokens: nothing to launch
+
+
+def test_a_layer_past_the_moe_kernels_limits_is_found_before_decoding(library):
+    """The torch backend asks, per routed layer, whether our MoE kernel runs its widths (a call of no
+    tokens: the shape checked, nothing launched); Qwen3-Next's 512 experts top-10 and Qwen3.5-35B-A3B's
+    widths run, more experts or picks than the kernel holds do not."""
+    assert cuda_ops._moe_refusal(library, (512, 1024, 2048), 10) is None
+    assert cuda_ops._moe_refusal(library, (256, 1024, 2048), 8) is None
+    assert cuda_ops._moe_refusal(library, (1024, 1024, 2048), 8).startswith("experts must be in [1, 512]")
+    assert cuda_ops._moe_refusal(library, (64, 64, 32), 33).startswith("top_k must be <= 32")
