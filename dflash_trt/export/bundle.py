@@ -342,8 +342,8 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
         modules["target"].rope_in_attention = not hybrid
     if plugin:  # our dflash::MoE (plugins/moe)
         use_moe_op(modules["target"], "dflash")
-    # a target graph holds dflash ops where its recurrences or routed experts are ops of ours
-    target_ops = plugin and (hybrid or sparse)
+    # a plugin target graph holds dflash ops where its recurrences or routed experts are ops of ours
+    target_ops = hybrid or sparse
     checks = {}
     with staged_directory(out) as tmp:
         with _parameters_in(list(modules.values()), getattr(torch, dtype)):
