@@ -5,6 +5,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <array>
 #include <string>
 #include <vector>
@@ -115,6 +119,18 @@ PYBIND11_MODULE(_core, m) {
   m.def("uniform", &uniform, py::arg("seed"), py::arg("request"), py::arg("position"), py::arg("draw"),
         "Uniform in [0, 1) (53 bits) at key (seed, request, position, draw); stateless.");
   m.attr("CATEGORICAL_DRAW") = uint32_t(kCategoricalDraw);
+  m.def(
+      "release_host_memory",
+      [] {
+#if defined(__GLIBC__)
+        py::gil_scoped_release unlocked;
+        return malloc_trim(0) != 0;
+#else
+        return false;
+#endif
+      },
+      "Hand the C library's free heap pages back to the system (glibc's malloc_trim) -> whether any went; "
+      "an idle engine calls it, so memory freed after a burst of large steps does not stay resident.");
 
   py::class_<SamplingParams>(m, "SamplingParams")
       .def(py::init([](double temperature, int64_t top_k, double top_p, uint64_t seed, int32_t logprobs) {

@@ -134,6 +134,13 @@ class Buffer {
   }
   DType dtype() const { return dtype_; }
   size_t element() const { return dtype_size(dtype_); }
+  size_t bytes() const { return count_ * element(); }
+  // Gives the memory back (the next reserve allocates anew).
+  void release() {
+    if (data_) device_->free(data_);
+    data_ = nullptr;
+    count_ = 0;
+  }
   // Element `index` (bounds checked against what was reserved).
   char* at(size_t index) const {
     DFLASH_INVARIANT(data_ && index <= count_);
@@ -188,6 +195,11 @@ class Staged {
     return mirror_.at(0);
   }
   DType dtype() const { return mirror_.dtype(); }
+  // Gives the host array's and the mirror's memory back (both grow anew at the next use).
+  void release() {
+    std::vector<T, HostAllocator<T>>(host.get_allocator()).swap(host);
+    mirror_.release();
+  }
   void upload() {
     if (device_->is_host()) return;
     device_->upload(device_data(), host.data(), host.size() * sizeof(T));

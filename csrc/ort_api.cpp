@@ -64,8 +64,13 @@ Session Runtime::open(const std::string& path, int64_t threads) const {
   check(api_->AddSessionConfigEntry(raw, "session.force_spinning_stop", "1"), "setting session options");
   // A memory pattern is planned and kept per input shape, and ours change every step: disabled, a
   // batch of 32 varied requests x 16 rounds grew the process by 58 MiB instead of 141 MiB, at the
-  // same speed. (Without the arena too: 58 MiB, but 17% slower.)
+  // same speed.
   check(api_->DisableMemPattern(raw), "disabling memory patterns");
+  // The CPU arena keeps the largest step's intermediates for the life of the process (a server's
+  // Python stub grew ~200 MiB under a soak and kept it); without it they go back to malloc, whose free
+  // pages an idle engine returns (release_host_memory). Measured on the embedded pair, a step of 1 /
+  // 8 rows: 0 / +1.5 % (scripts/bench_ort_executor.py, arena on and off alternated three times).
+  check(api_->DisableCpuMemArena(raw), "disabling the memory arena");
   OrtSession* session = nullptr;
   check(api_->CreateSession(env_.get(), path.c_str(), raw, &session), "loading " + path);
   return Session(session, api_->ReleaseSession);

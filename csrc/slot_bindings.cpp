@@ -100,6 +100,10 @@ void bind_slot_executors(py::module_& m) {
           py::arg("rows"), py::arg("blocks"), "-> logits [len(block), vocab] per row")
       .def("commit", &SlotExecutor::commit, py::arg("rows"), py::arg("kept"))
       .def("release", &SlotExecutor::release, py::arg("row"))
+      .def("release_scratch", &SlotExecutor::release_scratch,
+           "With no request live on a host device, free the phase-sized scratch -> bytes freed (a GPU keeps it).")
+      .def("reserve_memory", &SlotExecutor::reserve_memory,
+           "Make every slot buffer resident now (before any request): memory under load is memory at start.")
       .def(
           "logprobs",
           [](const SlotExecutor& e, size_t i) {

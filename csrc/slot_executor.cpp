@@ -163,6 +163,33 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
   row_in_.assign(c.max_batch, -1);
 }
 
+void SlotExecutor::reserve_memory() {
+  if (!live_rows().empty()) throw Error(who_ + ": reserve_memory clears the slots; call it before any request");
+  for (const std::vector<Buffer>* group : {&target_kv_, &draft_kv_, &conv_, &recurrent_})
+    for (const Buffer& buffer : *group)
+      if (buffer.bytes()) device_.zero(buffer.at(0), buffer.bytes());
+  device_.synchronize();
+}
+
+size_t SlotExecutor::release_scratch() {
+  if (!device_.is_host() || !live_rows().empty()) return 0;
+  size_t freed = decide_probs_.bytes() + decide_order_.bytes() + features_.bytes();
+  decide_probs_.release();
+  decide_order_.release();
+  features_.release();
+  for (const StateRun& run : state_runs_)
+    for (const std::vector<Buffer>* group : {&run.conv, &run.recurrent, &run.conv_inputs, &run.delta_inputs, &run.context})
+      for (const Buffer& buffer : *group) freed += buffer.bytes();
+  state_runs_.clear();
+  for (Buffer& buffer : context_) {
+    freed += buffer.bytes();
+    buffer.release();
+  }
+  freed += logits_.host.capacity() * sizeof(float);
+  logits_.release();
+  return freed;
+}
+
 const SlotExecutor::Row& SlotExecutor::state(int64_t row) const {
   if (row < 0 || row >= config_.max_batch)
     throw Error(who_ + ": row " + std::to_string(row) + " is not a slot (max_batch " +

@@ -112,6 +112,15 @@ class SlotExecutor : public Executor {
                                         const std::vector<std::vector<int64_t>>& blocks);
   void commit(const std::vector<int64_t>& rows, const std::vector<int64_t>& kept) override;
   void release(int64_t row) override;
+  // Writes zeros through every slot buffer (K/V caches, draft caches, linear-attention states), so
+  // their memory is resident now rather than page by page as requests first fill the slots: a
+  // server's memory under load is then its memory at start, and a pool the machine cannot hold
+  // fails here instead of mid-run. Only before any request (it clears the slots).
+  void reserve_memory();
+  // With no request live on a host device: frees the scratch each phase grows to its largest shape
+  // so far (logits, decisions, features, Run outputs), so an idle process holds what it held at
+  // start (the slots and their requests' state are kept). A GPU keeps its scratch (captured CUDA graphs may hold its addresses). -> bytes freed.
+  size_t release_scratch();
   const std::vector<TokenLogprob>& logprobs(size_t i) const override { return logprobs_.at(i); }
 
   const SlotExecutorConfig& config() const { return config_; }

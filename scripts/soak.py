@@ -115,8 +115,13 @@ async def soak(url: str, model: str, prompts: list[str], clients: int, seconds: 
     return outcomes
 
 
-def rss_by_process(pids: list[int]) -> dict[str, float]:
-    """Resident memory of these processes and their children by process name, MiB (from /proc)."""
+MEMORY_KINDS = {"private": ("RssAnon", "RssShmem"), "file": ("RssFile",)}
+
+
+def rss_by_process(pids: list[int], kinds: tuple[str, ...] = ("VmRSS",)) -> dict[str, float]:
+    """Resident memory of these processes and their children by process name, MiB (from /proc):
+    VmRSS, or the sum of `kinds` (RssAnon, RssShmem: memory only the process holds; RssFile: pages
+    of mapped files, such as the weights onnxruntime maps, clean and reclaimable)."""
     seen, found, stack = set(), {}, list(pids)
     while stack:
         pid = stack.pop()
@@ -127,15 +132,21 @@ def rss_by_process(pids: list[int]) -> dict[str, float]:
             status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
                           if ":" in line)
             name = status["Name"].strip()
-            found[name] = round(found.get(name, 0) + int(status.get("VmRSS", "0 kB").split()[0]) / 1024, 1)
+            kib = sum(int(status.get(kind, "0 kB").split()[0]) for kind in kinds)
+            found[name] = round(found.get(name, 0) + kib / 1024, 1)
             stack += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
         except (FileNotFoundError, ProcessLookupError):
             continue
     return found
 
 
-def rss_mib(pids: list[int]) -> float:
-    return round(sum(rss_by_process(pids).values()), 1)
+def rss_mib(pids: list[int], kinds: tuple[str, ...] = ("VmRSS",)) -> float:
+    return round(sum(rss_by_process(pids, kinds).values()), 1)
+
+
+def memory_kinds(pids: list[int]) -> dict[str, dict[str, float]]:
+    """The private and file-backed resident memory by process, MiB."""
+    return {kind: rss_by_process(pids, fields) for kind, fields in MEMORY_KINDS.items()}
 
 
 def running(root: str) -> float:
@@ -172,7 +183,7 @@ def main() -> None:
     server = start_server([str(bundle), "--max-batch", str(args.max_batch)])
     try:
         pids = [server.process.pid]
-        before, before_by = rss_mib(pids), rss_by_process(pids)
+        before, before_by, before_kinds = rss_mib(pids), rss_by_process(pids), memory_kinds(pids)
         wall = 0.0  # the clients' time only: the idle waits between rounds are not load
         memory: list[float] = []
         outcomes: list[Outcome] = []
@@ -187,7 +198,8 @@ def main() -> None:
                     break
                 time.sleep(1)
             rounds.append({"requests": len(outcomes), "running_after": running(server.root),
-                           "rss_mib_after": rss_mib(pids), "rss_mib_by_process_after": rss_by_process(pids)})
+                           "rss_mib_after": rss_mib(pids), "rss_mib_by_process_after": rss_by_process(pids),
+                           "mib_by_kind_after": memory_kinds(pids)})
         last = rounds[-1]
         idle, after, after_by = last["running_after"], last["rss_mib_after"], last["rss_mib_by_process_after"]
     finally:
@@ -215,6 +227,9 @@ def main() -> None:
         "chunks_per_s": round((len(gaps) + len(ttft)) / wall, 1),
         "running_after": idle, "rss_mib_before": before, "rss_mib_during": memory, "rss_mib_after": after,
         "rss_mib_by_process": {"before": before_by, "after": after_by},
+        "mib_by_kind": {"before": before_kinds, "after": last["mib_by_kind_after"]},
+        "private_mib_growth": round(sum(last["mib_by_kind_after"]["private"].values())
+                                    - sum(before_kinds["private"].values()), 1),
         "by_round": rounds,
         "errors": sorted({o.error for o in outcomes if o.error})[:10],
     }

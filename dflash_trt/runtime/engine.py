@@ -84,14 +84,15 @@ class BatchRunner:
     def __init__(self, llm, max_batch: int = DEFAULT_MAX_BATCH, capacity: int = DEFAULT_CAPACITY,
                  speculative: bool | None = None, block_size: int | None = None, engine_seed: int | None = None,
                  prefill_chunk: int = 0, adaptive: bool | None = None, calibrate: bool = True,
-                 max_waiting: int = -1):
+                 max_waiting: int = -1, reserve_memory: bool = False):
         """`speculative` is what a request added without saying does (default: speculative when the
         LLM has a drafter; plain requests verify blocks of 1 in the same slots). `block_size` pins the
         verify block; None lets every step choose it in 1..the drafter's trained block
         (`llm.max_block_size`) from measured costs and acceptance (`adaptive`, seeded at load by
         `calibrate_costs` when `calibrate`). `prefill_chunk` N > 0 prefills N prompt tokens per step, so
         a long prompt does not stall the running requests' steps; 0 prefills each prompt whole.
-        `max_waiting` caps the requests queued beyond the slots (-1: no cap)."""
+        `max_waiting` caps the requests queued beyond the slots (-1: no cap). `reserve_memory` makes
+        the KV slots resident at once (a server: its memory at start is its memory under load)."""
         check_batching(max_batch, capacity, prefill_chunk)
         core = native_core()
         speculative = llm.has_drafter if speculative is None else speculative
@@ -105,6 +106,8 @@ class BatchRunner:
         # the largest block a step verifies (the only one unless adaptive); metrics size their histograms by it
         self.block_size = (block_size or llm.max_block_size or llm.block_size) if llm.has_drafter else 1
         self.executor = llm.executor(max_batch, capacity)  # its KV slots are allocated here
+        if reserve_memory:
+            self.executor.reserve_memory()
         config = core.SchedulerConfig(max_batch=max_batch, capacity=capacity, block_size=self.block_size,
                                       engine_seed=random.getrandbits(64) if engine_seed is None else engine_seed,
                                       adaptive=adaptive, max_waiting=max_waiting, prefill_chunk=prefill_chunk)
@@ -193,6 +196,9 @@ class BatchRunner:
             self._update(request, out)  # may abort the core request (a stop string)
             touched.append(request)
         self._read_counts()
+        if not self.has_work:  # idle: the steps' scratch goes back to the system, not kept for the next burst
+            self.executor.release_scratch()
+            native_core().release_host_memory()
         return touched
 
     def _update(self, request: _Request, out: dict) -> None:
@@ -300,11 +306,12 @@ class Engine:
 
     def __init__(self, llm, max_batch: int = DEFAULT_MAX_BATCH, capacity: int = DEFAULT_CAPACITY,
                  speculative: bool | None = None, block_size: int | None = None, engine_seed: int | None = None,
-                 prefill_chunk: int = 0, max_waiting: int = -1):
+                 prefill_chunk: int = 0, max_waiting: int = -1, reserve_memory: bool = False):
         """`max_waiting` caps the requests waiting for a slot (-1: no cap); one more is refused with
-        `Busy` (status 429) on the caller's thread."""
+        `Busy` (status 429) on the caller's thread. `reserve_memory`: as BatchRunner's."""
         self.llm = llm
-        self.runner = BatchRunner(llm, max_batch, capacity, speculative, block_size, engine_seed, prefill_chunk)
+        self.runner = BatchRunner(llm, max_batch, capacity, speculative, block_size, engine_seed, prefill_chunk,
+                                  reserve_memory=reserve_memory)
         self.max_batch, self.capacity, self.max_waiting = max_batch, capacity, max_waiting
         self._cv = threading.Condition()
         self._inbox: list[tuple[str, object]] = []

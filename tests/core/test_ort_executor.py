@@ -154,6 +154,54 @@ def test_a_release_keeps_the_places_packed_and_a_phase_runs_only_its_rows(core, 
     assert [executor.place(r) for r in range(3)] == [-1, -1, -1]
 
 
+def private_mib() -> float:
+    """This process's anonymous resident memory (what calloc'd slot pages add once written)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("RssAnon:")) / 1024
+
+
+def test_reserve_memory_makes_the_slots_resident_and_decoding_is_unchanged(core, ort, pairs):
+    """A server's memory at start is its memory under load: the slot buffers are allocated zeroed
+    but untouched (their pages arrive as requests first fill them); reserve_memory writes through
+    all of them, so the process grows by the whole pool at once. It is refused once a request holds
+    a row (it clears the slots), and decoding after it equals each request's own output."""
+    pair = pairs["qwen3"]
+    executor = ort.ort_executor(pair[0], max_batch=8, capacity=4096)
+    c = executor.config
+    pool = 4 * 2 * 8 * 4096 * (len(c.attention_layers) * c.target_kv_heads * c.target_head_dim
+                               + c.draft_layers * c.draft_kv_heads * c.draft_head_dim)  # float32 K and V
+    assert pool >= 48 * 2**20  # large beside the test process's own noise
+    before = private_mib()
+    executor.reserve_memory()
+    assert private_mib() - before >= 0.9 * pool / 2**20
+    sched, _ = scheduler(core, ort, pair, 8, capacity=4096, executor=executor)
+    work = workload(pair[3], 4, seed=3)
+    tokens, _ = drive_scheduler(core, sched, work)
+    for index, (_, prompt, max_tokens) in enumerate(work):
+        assert tokens[index] == reference(pair, prompt, max_tokens)[0]
+    sched.add_request([5, 6, 7], core.RequestParams(max_tokens=4, ignore_eos=True))
+    sched.step()
+    with pytest.raises(DFlashError, match="before any request"):
+        executor.reserve_memory()
+
+
+def test_idle_scratch_is_freed_and_grows_back_as_it_was(core, ort, pairs):
+    """With no request live, release_scratch frees what the phases grew (logits, features, Run
+    outputs, decisions) and the next requests decode as before; while a row lives it frees nothing."""
+    pair = pairs["small_vocab"]
+    sched, executor = scheduler(core, ort, pair, 3)
+    work = workload(pair[3], 6, seed=4)
+    for _ in range(2):  # the second round runs on scratch allocated anew
+        tokens, _ = drive_scheduler(core, sched, work)
+        for index, (_, prompt, max_tokens) in enumerate(work):
+            assert tokens[index] == reference(pair, prompt, max_tokens)[0]
+        assert executor.release_scratch() > 0
+    assert executor.release_scratch() == 0  # nothing grew since
+    sched.add_request([1, 2, 3], core.RequestParams(max_tokens=4, ignore_eos=True))
+    sched.step()
+    assert executor.release_scratch() == 0
+
+
 def test_a_phase_skips_the_live_rows_between_its_own(ort, pairs):
     """Rows 0 and 2 verify while row 1, live between them, does not: two Runs of one row each (rows
     whose places are not adjacent never share a Run), and their logits equal the torch target's."""

@@ -12,6 +12,7 @@ from reference import reference_output
 
 from dflash_trt import LLM, DFlashError, SamplingParams
 from dflash_trt.runtime.engine import BatchRunner, Engine
+from dflash_trt.runtime.native import native_core
 
 pytest.importorskip("dflash_trt._core", reason="dflash_trt._core is not built: run `bash scripts/setup.sh`")
 
@@ -51,6 +52,16 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_batch(llm):
     batch = llm.generate(PROMPTS, params)
     for prompt, out in zip(PROMPTS, batch, strict=True):
         assert out.token_ids == llm.generate(prompt, params)[0].token_ids
+
+
+def test_the_runner_hands_freed_memory_back_when_its_work_ends(llm, monkeypatch):
+    """What a burst's steps freed goes back to the system once no request is left (an idle server
+    does not keep its largest step's memory), and not between steps."""
+    runner = BatchRunner(llm, max_batch=3)
+    calls = []
+    monkeypatch.setattr(native_core(), "release_host_memory", lambda: calls.append(runner.has_work) or True)
+    runner.run(PROMPTS[:5], SamplingParams(max_tokens=6, ignore_eos=True))
+    assert calls == [False]
 
 
 def test_a_finished_requests_timings_stop_at_its_finish(llm):

@@ -38,7 +38,8 @@ class TritonPythonModel:
         self.engine = Engine(self.llm, max_batch=int(params["max_batch"]), capacity=capacity or self.llm.capacity,
                              block_size=int(params["block_size"]) if params["block_size"] else None,
                              prefill_chunk=int(params.get("prefill_chunk") or 0),
-                             max_waiting=int(params.get("max_waiting") or -1))
+                             max_waiting=int(params.get("max_waiting") or -1),
+                             reserve_memory=True)  # memory at start is memory under load; a pool too large fails here
         self.metrics = EngineMetrics(pb_utils, params["served_name"])
         self.live = {}  # engine request id -> _Responder, for the cancellation poller
         self.lock = threading.Lock()
