@@ -1,7 +1,11 @@
 """`dflash-trt serve BUNDLE`: a slots bundle served on the C++ onnxruntime executor equals offline
-generation; a bundle no executor runs is refused in one line before Triton starts."""
+generation; with one slot and no queue, requests beyond it get a 429 through the real Triton model; a
+bundle no executor runs is refused in one line before Triton starts."""
 
+import asyncio
 import importlib
+
+import httpx
 
 import pytest
 from click.testing import CliRunner
@@ -17,7 +21,7 @@ def served(tmp_path_factory):
     if not getattr(importlib.import_module("dflash_trt._core"), "HAS_ORT_EXECUTOR", False):
         pytest.skip("dflash_trt._core was built without the onnxruntime executor (no headers)")
     bundle = export_tiny_slots_bundle(tmp_path_factory.mktemp("served-slots"))
-    started = start_server([str(bundle), "--capacity", "256", "--max-batch", "2"])
+    started = start_server([str(bundle), "--capacity", "256", "--max-batch", "1", "--max-waiting", "0"])
     yield started, bundle
     assert started.stop() == 0
 
@@ -36,6 +40,25 @@ def test_bundle_reply_equals_offline(served):
                                                max_tokens=16, temperature=0)
         assert reply.choices[0].message.content == expected.text
         assert reply.usage.completion_tokens == len(expected.token_ids)
+
+
+def test_requests_beyond_the_slot_and_its_queue_get_a_429_and_the_rest_are_answered(served):
+    """Eight requests at once on one slot with no waiting room: those arriving while the slot is busy
+    are refused by the engine (Busy) and reach the client as OpenAI's 429 with Retry-After; none is
+    lost or a 5xx, and the server answers again once the slot is free."""
+    server, _ = served
+    body = {"model": server.model, "messages": [{"role": "user", "content": "busy"}], "max_tokens": 200,
+            "temperature": 0}
+
+    async def at_once():
+        async with httpx.AsyncClient(timeout=120) as http:
+            return await asyncio.gather(*(http.post(f"{server.url}/chat/completions", json=body) for _ in range(8)))
+
+    replies = asyncio.run(at_once())
+    assert {r.status_code for r in replies} == {200, 429}, [r.status_code for r in replies]
+    refused = next(r for r in replies if r.status_code == 429)
+    assert refused.headers["Retry-After"] == "1" and refused.json()["error"]["type"] == "rate_limit_error"
+    assert httpx.post(f"{server.url}/chat/completions", json=body, timeout=120).status_code == 200
 
 
 def test_a_portable_bundle_is_refused_before_the_server_starts(bundles):
