@@ -19,7 +19,9 @@ TARGET_HELP = f"HF checkpoint directory, hub id, or alias (default: {DEFAULT_TAR
 DRAFT_HELP = "DFlash drafter directory (z-lab HF format). Default: the drafter shipped for the target."
 QUANT_HELP = ("int4: the target's matmul weights in 4 bits, blocks of 32, round to nearest (fp32 exports): "
               "onnxruntime's MatMulNBits for --flavour slots, int4 DequantizeLinear (TensorRT's weight-only INT4) "
-              "for slots-trt. Greedy output equals the quantized target's own greedy output.")
+              "for slots-trt. fp8 (E4M3, a scale per output channel; GPUs from SM 8.9) and nvfp4 (E2M1 in blocks of "
+              "16; SM 12.0): TensorRT's weight-only formats, --flavour slots-trt only, scales by NVIDIA ModelOpt. "
+              "Greedy output equals the quantized target's own greedy output.")
 DRAFT_QUANT_HELP = ("int4: the drafter's matmul weights in 4 bits as --quant int4 writes them (slots, slots-trt; fp32). "
                     "Drafts are verified, so output is unchanged; drafting costs less, acceptance may drop.")
 
@@ -335,7 +337,7 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
         if refusal:
             raise DFlashError(refusal)
     else:
-        check_graphs(flavour, config.dtype or "float32", config, "--target/--draft")
+        check_graphs(flavour, config.dtype or "float32", config, "--target/--draft", quant)
     pair = None if source is not None else _load_pair(target or DEFAULT_TARGET, draft, flavour, config.dtype or "float32",
                                                        capacity=capacity, quant=quant, draft_quant=draft_quant,
                                                        engine=config.engine)
@@ -392,8 +394,8 @@ def inspect(bundle, no_verify):
     click.echo(f"target: {t['model_type']}, {t['num_layers']} layers, hidden {t['hidden_size']}, vocab {t['vocab_size']}")
     if "quant" in manifest:
         q = manifest["quant"]
-        click.echo(f"  weights {q['weights']}: {q['quantized_matmuls']} matmuls as {q['form']}, blocks of "
-                   f"{q['block_size']}, by {q['method']}; "
+        click.echo(f"  weights {q['weights']}: {q['quantized_matmuls']} matmuls as {q['form']}, scales "
+                   f"{q.get('scales') or 'one per block of ' + str(q.get('block_size'))}, by {q['method']}; "
                    f"activations {q['activations']}; {q['float_matmuls']} float matmuls left"
                    + (f"; every step feeds {manifest['min_query_tokens']} query rows at least"
                       if "min_query_tokens" in manifest else ""))

@@ -239,7 +239,7 @@ def test_generate_quant_is_for_the_onnxruntime_backend(tiny_pairs):
     target, draft = tiny_pairs["llama"]
     result = CliRunner().invoke(main, ["generate", "--target", str(target), "--draft", str(draft), "--backend", "torch",
                                        "--quant", "int4", "hello"])
-    one_error_line(result, "quant must be one of int4, on backend onnxruntime or tensorrt")
+    one_error_line(result, "quant must be one of int4, fp8, nvfp4, on backend onnxruntime or tensorrt")
 
 
 def test_export_quant_int4_writes_a_bundle_inspect_describes_and_generate_runs(tiny_pairs, tmp_path):
@@ -249,7 +249,8 @@ def test_export_quant_int4_writes_a_bundle_inspect_describes_and_generate_runs(t
                                        "--quant", "int4"])
     assert result.exit_code == 0, result.output
     shown = CliRunner().invoke(main, ["inspect", str(out)])
-    assert shown.exit_code == 0 and "weights int4: 29 matmuls as com.microsoft.MatMulNBits, blocks of 32, by onnxruntime MatMulNBitsQuantizer" in shown.output
+    assert shown.exit_code == 0 and ("weights int4: 29 matmuls as com.microsoft.MatMulNBits, scales one float32 per block of 32, by "
+                                      "onnxruntime MatMulNBitsQuantizer") in shown.output
     ran = CliRunner().invoke(main, ["generate", "--bundle", str(out), "--max-tokens", "5", "--json", "hello"])
     assert ran.exit_code == 0, ran.output
     assert len(json.loads(ran.stdout)["token_ids"]) == 5

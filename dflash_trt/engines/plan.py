@@ -27,6 +27,9 @@ from dflash_trt.models.draft_config import DraftConfig
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+# export --quant: a matmul weight's bytes with its scales (int4: a float32 per 32; fp8: one float32 per
+# output channel; nvfp4: a float8 per 16, export/float_formats.py)
+QUANT_BYTES_PER_WEIGHT = {"int4": 0.5 + 4 / 32, "fp8": 1.0, "nvfp4": 0.5 + 1 / 16}
 # An export's peak RSS over the weights it holds (the target and drafter, in the bundle's dtype), and
 # its seconds per GB of them on our 2-core VM: the larger of the two measured by scripts/real_width_bench.py
 # at Qwen3.5-35B-A3B's and Qwen3-30B-A3B's widths (docs/bench/real-width-*.json; float16 taken as bfloat16).
@@ -192,15 +195,15 @@ class Plan:
     def weight_bytes(self, dtype: str) -> int:
         return (self.parameters["total"] + self.draft_parameters + self.borrowed) * DTYPE_BYTES[dtype]
 
-    def int4_target_bytes(self) -> tuple[int, int]:
-        """target.onnx's weights (export --quant int4, float32) -> bytes: every matmul weight (a tied
-        LM head is its own transposed copy in the graph) in 4 bits with a float32 scale per 32
-        (export/quantize.py); the embedding lookup and norms stay float32."""
+    def quantized_target_bytes(self, quant: str) -> tuple[int, int]:
+        """target.onnx's weights (export --quant, float32) -> (bytes, float32 bytes): every matmul
+        weight (a tied LM head is its own transposed copy in the graph) in `quant`'s bits and scales
+        (export/quantize.py; fp8's per-channel scales are under 1 %); embeddings and norms stay float32."""
         p = self.parameters
         lm_head = p["lm head"] or p["embeddings"]
         matmuls = p["attention"] + p["linear attention"] + p["mlp"] + p["shared experts"] + lm_head
         floats = (p["total"] + lm_head - p["lm head"] - matmuls) * 4
-        return int(matmuls * (0.5 + 4 / 32)) + floats, matmuls * 4 + floats
+        return int(matmuls * QUANT_BYTES_PER_WEIGHT[quant]) + floats, matmuls * 4 + floats
 
     @property
     def per_request(self) -> int:
@@ -339,9 +342,11 @@ def render(plan: Plan) -> str:
                      f"draft_block also holds {_count(plan.borrowed)} of the target's embeddings and LM head)")
     lines.append("weights of the three graphs:  " + "  ".join(f"{SHORT[t]} {_bytes(plan.weight_bytes(t))}" for t in DTYPE_BYTES))
     if plan.flavour in ("slots", "slots-trt") and not p["moe experts"]:
-        int4, fp32 = plan.int4_target_bytes()
-        lines.append(f"target.onnx with export --quant int4 (4-bit matmul weights, a float32 scale per 32; embeddings "
-                     f"and norms float32): about {_bytes(int4)} (float32: {_bytes(fp32)})")
+        fp32 = plan.quantized_target_bytes("int4")[1]
+        lines.append("target.onnx with export --quant (matmul weights quantized, embeddings and norms float32): "
+                     + ", ".join(f"{quant} about {_bytes(plan.quantized_target_bytes(quant)[0])}"
+                                 for quant in QUANT_BYTES_PER_WEIGHT)
+                     + f" (float32: {_bytes(fp32)}; fp8 and nvfp4 for --flavour slots-trt)")
     lines.append(f"K/V per token ({d}): target {_bytes(plan.kv_per_token)}, drafter {_bytes(plan.draft_kv_per_token)}")
     lines.append(f"per request at {plan.max_seq_len} tokens: K/V "
                  f"{_bytes((plan.kv_per_token + plan.draft_kv_per_token) * plan.max_seq_len)}"

@@ -34,7 +34,8 @@ from dflash_trt.export.moe_ops import register_moe_symbolic
 from dflash_trt.export.op_library import onnxruntime_refusal, op_library
 from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph
 from dflash_trt.export.plugin_ops import DOMAIN, OP_VERSION, register_symbolics
-from dflash_trt.export.quantize import draft_quant_refusal, min_query_tokens, quant_refusal, quantize_int4
+from dflash_trt.export.quantize import (draft_quant_refusal, min_query_tokens, quant_refusal, quantize_graph,
+                                        quantize_int4)
 from dflash_trt.export.slot_graphs import CONTRACT, SlotTargetGraph, slot_example_inputs, slot_target_spec
 from dflash_trt.export.slot_ops import ORT_DOMAIN, ORT_DOMAIN_VERSION, register_slot_symbolics
 from dflash_trt.export.slot_trt_ops import OPSET as TRT_OPSET
@@ -352,7 +353,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
                                              plugin and (name != "target" or target_ops), target.vocab_size, dtype,
                                              flavour if slots and name == "target" else None)
                 progress(f"{name}.onnx")
-        quantized = quantize_int4(tmp / "target.onnx", flavour, EXTERNAL_DATA_THRESHOLD) if quant else None
+        quantized = quantize_graph(tmp / "target.onnx", quant, flavour, EXTERNAL_DATA_THRESHOLD) if quant else None
         draft_quantized = None  # recorded: draft_block's (draft_context's is its few K/V projections)
         if draft_quant:
             quantize_int4(tmp / "draft_context.onnx", flavour, EXTERNAL_DATA_THRESHOLD)

@@ -1,5 +1,8 @@
 """Weight-only quantization of an exported target graph (`export --quant`).
 
+fp8 and nvfp4 are TensorRT's float formats, for slots-trt only (export/float_formats.py: ModelOpt's
+scales behind standard DequantizeLinear); `quant_build_refusal` says which GPUs build them.
+
 int4 is onnxruntime's own quantizer (`MatMulNBitsQuantizer`): every MatMul whose weight is an
 initializer gets 4-bit weights in blocks of 32 along the input dimension with one float scale per
 block (symmetric, round to nearest: no calibration data), in the form the flavour's runtime reads:
@@ -20,6 +23,7 @@ The embedding lookup, norms and attention stay in the bundle's dtype; the drafte
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections import Counter
 from contextlib import contextmanager
@@ -31,9 +35,18 @@ from dflash_trt.export.manifest import DRAFT_QUANTS, QUANTS
 
 INT4 = {"block_size": 32, "symmetric": True, "accuracy_level": 4}
 _QUANTIZER_LOG = "onnxruntime.quantization.matmul_nbits_quantizer"
-FORMS = {  # flavour -> how its graphs carry int4 weights
-    "slots": "com.microsoft.MatMulNBits",
-    "slots-trt": "DequantizeLinear (int4, blocked) into MatMul",
+FORMS = {  # quant -> flavour -> how its graphs carry the weights
+    "int4": {"slots": "com.microsoft.MatMulNBits", "slots-trt": "DequantizeLinear (int4, blocked) into MatMul"},
+    "fp8": {"slots-trt": "DequantizeLinear (float8 E4M3, a scale per output channel) into MatMul"},
+    "nvfp4": {"slots-trt": "DequantizeLinear (float4 E2M1, blocks of 16 along the input) into MatMul, each block's "
+                           "scale a DequantizeLinear of float8 E4M3 by one float32 per tensor"},
+}
+# The oldest GPU whose TensorRT builds each float format (TensorRT-RTX 1.7: FP8 for 8.9 and 12.x, FP4
+# for 12.x; measured by building here), and why onnxruntime does not serve it.
+MIN_COMPUTE_CAPABILITY = {"fp8": "8.9", "nvfp4": "12.0"}
+NOT_ON_ONNXRUNTIME = {
+    "fp8": "onnxruntime's CPU kernels have no FP8 matmul: they would dequantize every weight at every step",
+    "nvfp4": "onnxruntime has no float4 DequantizeLinear kernel",
 }
 
 
@@ -49,9 +62,14 @@ def quant_refusal(quant: str | None, flavour: str, dtype: str, moe: bool) -> str
         return None
     if quant not in QUANTS:
         return f"unknown --quant '{quant}'; choose one of {', '.join(QUANTS)}"
-    if flavour not in FORMS:
+    if flavour not in FORMS[quant]:
+        if quant in NOT_ON_ONNXRUNTIME:
+            return (f"--quant {quant} is a TensorRT weight format, written for --flavour slots-trt "
+                    f"({NOT_ON_ONNXRUNTIME[quant]}); for the CPU use --quant int4")
         return (f"--quant {quant} is written for --flavour slots (onnxruntime's MatMulNBits) and slots-trt "
                 f"(int4 DequantizeLinear for TensorRT); --flavour {flavour} has no quantized form yet")
+    if quant in NOT_ON_ONNXRUNTIME and importlib.util.find_spec("modelopt") is None:
+        return f"--quant {quant} takes its scales from NVIDIA ModelOpt: pip install 'dflash-trt[quant]'"
     if dtype != "float32":
         return f"--quant {quant} quantizes a float32 export (its activations stay float32); drop --dtype {dtype}"
     if moe:
@@ -65,9 +83,28 @@ def draft_quant_refusal(draft_quant: str | None, flavour: str, dtype: str) -> st
         return None
     if draft_quant not in DRAFT_QUANTS:
         return f"unknown --draft-quant '{draft_quant}'; choose one of {', '.join(DRAFT_QUANTS)}"
-    if flavour not in FORMS or dtype != "float32":
+    if flavour not in FORMS["int4"] or dtype != "float32":
         return (f"--draft-quant int4 is written for float32 --flavour slots and slots-trt exports, not a {dtype} "
                 f"{flavour} one")
+    return None
+
+
+def _capability(cc: str) -> tuple[int, int]:
+    major, _, minor = cc.partition(".")
+    return int(major), int(minor or 0)
+
+
+def quant_build_refusal(quant: str | None, engine: str, compute_capabilities: tuple[str, ...]) -> str | None:
+    """One line for engines that cannot hold the bundle's `quant` weights, before any engine is built."""
+    need = MIN_COMPUTE_CAPABILITY.get(quant or "")
+    if need is None:
+        return None
+    if engine == "onnxruntime":
+        return f"{quant} weights are for TensorRT engines ({NOT_ON_ONNXRUNTIME[quant]}): build --engine tensorrt-rtx or tensorrt"
+    old = [cc for cc in compute_capabilities if _capability(cc) < _capability(need)]
+    if old:
+        return (f"{quant} weights need compute capability {need} or newer (TensorRT has no {quant.upper()} GEMM "
+                f"below it); SM {', '.join(old)} cannot build them: re-export with --quant int4, or without --quant")
     return None
 
 
@@ -81,6 +118,39 @@ def _quiet(name: str):
         yield
     finally:
         logger.setLevel(saved)
+
+
+def quantize_graph(path: Path, quant: str, flavour: str, external_threshold: int) -> dict:
+    """Rewrite the `flavour` graph at `path` (weights in `<path>.data`) with `quant` weights in place;
+    -> the manifest's record of what was quantized."""
+    if quant == "int4":
+        return quantize_int4(path, flavour, external_threshold)
+    from dflash_trt.export.float_formats import NVFP4_BLOCK, quantize_matmul_weights
+
+    model = onnx.load(str(path))
+    done, left = quantize_matmul_weights(model, quant)
+    _save(model, path, external_threshold)
+    scales = ({"scales": "one float32 per output channel (amax / 448)"} if quant == "fp8" else
+              {"block_size": NVFP4_BLOCK, "scales": "float8 E4M3 per block of 16, times one float32 per tensor"})
+    return {
+        "weights": quant,
+        "method": f"NVIDIA ModelOpt {'FP8QTensor' if quant == 'fp8' else 'NVFP4QTensor'} (round to nearest, no calibration)",
+        "form": FORMS[quant][flavour],
+        **scales,
+        "activations": "float (weight-only)",
+        "quantized_matmuls": done,
+        "float_matmuls": left,
+    }
+
+
+def _save(model: onnx.ModelProto, path: Path, external_threshold: int) -> None:
+    """Write `model` over the graph at `path`, its weights in `<path>.data` (replaced), and check it."""
+    data = path.with_name(path.name + ".data")
+    data.unlink()  # rewritten below: the float weights it held are gone from the graph
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data.name, size_threshold=external_threshold)
+    data.chmod(path.stat().st_mode & 0o777)  # onnx writes it private; the bundle's other files are not
+    onnx.checker.check_model(str(path))
 
 
 def quantize_int4(path: Path, flavour: str, external_threshold: int) -> dict:
@@ -99,18 +169,14 @@ def quantize_int4(path: Path, flavour: str, external_threshold: int) -> dict:
         quantizer.process()
     quantized = quantizer.model.model
     ops = Counter(node.op_type for node in quantized.graph.node)
-    data = path.with_name(path.name + ".data")
-    data.unlink()  # rewritten below: the float weights it held are gone from the graph
-    onnx.save_model(quantized, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data.name, size_threshold=external_threshold)
-    data.chmod(path.stat().st_mode & 0o777)  # onnx writes it private; the bundle's other files are not
-    onnx.checker.check_model(str(path))
+    _save(quantized, path, external_threshold)
     quantized_matmuls = ops["MatMulNBits"] if kernel else ops["DequantizeLinear"]
     return {
         "weights": "int4",
         "method": "onnxruntime MatMulNBitsQuantizer (round to nearest, no calibration)",
-        "form": FORMS[flavour],
+        "form": FORMS["int4"][flavour],
         "block_size": INT4["block_size"],
+        "scales": f"one float32 per block of {INT4['block_size']}",
         "symmetric": INT4["symmetric"],
         "activations": "int8 per block inside MatMulNBits (accuracy_level 4)" if kernel else "float (weight-only)",
         "quantized_matmuls": quantized_matmuls,

@@ -119,6 +119,11 @@ class SlotBundle:
                 f"{self.root}: a graph contract {contract} bundle; the C++ executors need contract {CONTRACT}: "
                 f"re-export with --flavour slots (onnxruntime) or slots-trt (TensorRT)"
             )
+        quant = (self.manifest.get("quant") or self.manifest.get("source", {}).get("quant") or {}).get("weights")
+        if self.kind in ("onnx", "onnxruntime") and quant == "nvfp4":
+            raise DFlashError(f"{self.root}: its target weights are NVFP4, which onnxruntime cannot run (no float4 "
+                              f"DequantizeLinear kernel): build TensorRT engines for a Blackwell GPU (dflash-trt build "
+                              f"--bundle ... --engine tensorrt-rtx --compute-capability 12.0)")
         if self.kind in ("onnx", "onnxruntime"):
             self._need("HAS_ORT_EXECUTOR", "onnxruntime", "ort")
             self.library = str(onnxruntime_library())

@@ -174,7 +174,7 @@ def test_the_dry_run_estimates_the_int4_targets_weights(int4):
     written = sum(onnx.numpy_helper.to_array(init).nbytes for init in graph.graph.initializer)
     draft_dir = target_dir.parent / "qwen3-draft"
     estimate, _ = plan_pair(str(target_dir), str(draft_dir), BuildConfig(engine="onnxruntime"), "slots",
-                            None).int4_target_bytes()
+                            None).quantized_target_bytes("int4")
     assert abs(estimate - written) / written < 0.02, (estimate, written)
 
 

@@ -83,27 +83,41 @@ def test_a_bfloat16_hybrid_bundle_builds_as_a_strongly_typed_engine(hybrid_bundl
     assert target_io["conv_state_0"] == target_io["features"] == "BF16" and target_io["recurrent_state_0"] == "FLOAT"
 
 
-def test_an_int4_slots_trt_target_builds_for_sm120_with_its_weights_kept_in_4_bits(tmp_path):
-    """TensorRT-RTX parses the blocked int4 DequantizeLinear (export --quant int4, slots-trt) as INT4
-    weight-only: the target engine is smaller than the float32 one by most of the float weights."""
-    quant, capabilities = "int4", ("12.0",)
+@pytest.fixture(scope="module")
+def wide_pair(tmp_path_factory):
+    """A tiny pair wide enough that the target engine's size is mostly its weights, and its float32
+    slots-trt target engine's size."""
     from factories import make_drafter, make_target
 
     from dflash_trt.export.bundle import export_bundle
     from dflash_trt.models.checkpoints import load_drafter, load_target
 
+    root = tmp_path_factory.mktemp("wide")
     wide = dict(hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=4, head_dim=64)
-    target, tokenizer = load_target(str(make_target(tmp_path / "t", "qwen3", **wide)))
-    drafter = load_drafter(make_drafter(tmp_path / "d", block_size=4, target_layer_ids=[1, 2], hidden_size=512))
-    sizes = {}
-    for kind in (None, quant):
-        bundle = export_bundle(target, drafter, tokenizer, tmp_path / f"b-{kind}", flavour="slots-trt", capacity=64,
-                               check=False, quant=kind)
-        out = tmp_path / f"rtx-{kind}"
+    target, tokenizer = load_target(str(make_target(root / "t", "qwen3", **wide)))
+    drafter = load_drafter(make_drafter(root / "d", block_size=4, target_layer_ids=[1, 2], hidden_size=512))
+
+    def build(quant, capabilities):
+        bundle = export_bundle(target, drafter, tokenizer, root / f"b-{quant}", flavour="slots-trt", capacity=64,
+                               check=False, quant=quant, force=True)
+        out = root / f"rtx-{quant}-{'-'.join(capabilities)}"
         build_engines(bundle, out, BuildConfig(engine="tensorrt-rtx", compute_capabilities=capabilities,
-                                               max_seq_len=64))
-        manifest = read_engine_bundle(out)
-        sizes[kind] = manifest["engines"]["target"]["bytes"]
-        assert manifest["source"].get("quant", {}).get("weights") == kind
-    float_weights = (tmp_path / "b-None" / "target.onnx.data").stat().st_size
-    assert sizes[None] - sizes[quant] > 0.6 * float_weights, (sizes, float_weights)
+                                               max_seq_len=64, force=True))
+        return bundle, read_engine_bundle(out)
+
+    float_bundle, float_manifest = build(None, ("12.0",))
+    return build, (float_bundle / "target.onnx.data").stat().st_size, float_manifest["engines"]["target"]["bytes"]
+
+
+@pytest.mark.parametrize("quant, capabilities, saved", [
+    ("int4", ("12.0",), 0.6),  # 4 bits and a float32 scale per 32: 1/6.4 of float32
+    ("fp8", ("12.0", "8.9"), 0.6),  # 8 bits: 1/4
+    ("nvfp4", ("12.0",), 0.7),  # 4 bits and an 8-bit scale per 16: 1/7.1
+])
+def test_a_quantized_slots_trt_target_builds_with_its_weights_kept_quantized(wide_pair, quant, capabilities, saved):
+    """TensorRT-RTX parses each format's DequantizeLinear as weight-only quantization for the named
+    GPUs: the target engine is smaller than the float32 one by most of the float weights."""
+    build, float_weights, float_engine = wide_pair
+    bundle, manifest = build(quant, capabilities)
+    assert manifest["source"]["quant"]["weights"] == quant and manifest["compute_capabilities"] == list(capabilities)
+    assert float_engine - manifest["engines"]["target"]["bytes"] > saved * float_weights, (manifest["engines"], float_weights)

@@ -1,0 +1,177 @@
+"""export --quant fp8 | nvfp4 (TensorRT's float weight formats, slots-trt): every target matmul reads
+its weight through standard DequantizeLinear whose values are exactly what NVIDIA ModelOpt's own
+dequantization of its quantized weights gives (the ONNX reference evaluator reads our graph; ModelOpt
+reads its tensors), and greedy DFlash equals the quantized target's own greedy decoding: on
+onnxruntime for fp8; for nvfp4, which onnxruntime cannot run, on a float graph of the same weights.
+Which exports and builds are refused, in one line before any work."""
+
+import json
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+from factories import make_drafter, make_target
+from onnx.reference import ReferenceEvaluator
+from scheduler_checks import drive_scheduler
+
+from dflash_trt.cli import main
+from dflash_trt.engines.build import check_graphs
+from dflash_trt.engines.config import BuildConfig
+from dflash_trt.errors import DFlashError
+from dflash_trt.export.bundle import export_bundle
+from dflash_trt.models.checkpoints import load_drafter, load_target
+
+pytest.importorskip("modelopt", reason="NVIDIA ModelOpt computes the fp8 / nvfp4 scales: pip install nvidia-modelopt")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from modelopt.torch.quantization.qtensor import FP8QTensor, NVFP4QTensor
+
+FORMATS = ("fp8", "nvfp4")
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    """None (float32), "fp8", "nvfp4" -> a slots-trt bundle of the same tiny pair; and the pair's dirs."""
+    root = tmp_path_factory.mktemp("float-formats")
+    target_dir = make_target(root / "t", "qwen3")
+    draft_dir = make_drafter(root / "d", block_size=4, target_layer_ids=[1, 2])
+    target, tokenizer = load_target(str(target_dir))
+    drafter = load_drafter(draft_dir)
+    made = {quant: export_bundle(target, drafter, tokenizer, root / f"b-{quant}", flavour="slots-trt", capacity=64,
+                                 check=False, quant=quant) for quant in (None, *FORMATS)}
+    return made, target_dir, draft_dir
+
+
+def dequantized_weights(path) -> dict[str, np.ndarray]:
+    """The float weight each DequantizeLinear chain of the graph gives, by the original weight's name."""
+    model = onnx.load(str(path))
+    chains = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    outputs = [n.output[0] for n in chains if n.output[0].endswith("_dequantized")]
+    graph = onnx.helper.make_graph(chains, "weights", [], [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT,
+                                                                                              None) for o in outputs],
+                                   list(model.graph.initializer))
+    values = ReferenceEvaluator(onnx.helper.make_model(graph, opset_imports=model.opset_import)).run(None, {})
+    return {o.removesuffix("_dequantized"): v for o, v in zip(outputs, values, strict=True)}
+
+
+def modelopt_round_trip(quant: str, weight: np.ndarray) -> np.ndarray:
+    """ModelOpt's quantize then its own dequantize of a [K, N] MatMul weight (it scales rows of [N, K])."""
+    rows = torch.from_numpy(np.ascontiguousarray(weight.T))
+    if quant == "fp8":
+        quantized, scales = FP8QTensor.quantize(rows, axis=0)
+        back = quantized.dequantize(dtype=torch.float32, scale=scales)
+    else:
+        quantized, block, tensor = NVFP4QTensor.quantize(rows, 16)
+        back = quantized.dequantize(dtype=torch.float32, scale=block, double_scale=tensor, block_sizes={-1: 16})
+    return back.numpy().T
+
+
+@pytest.mark.parametrize("quant", FORMATS)
+def test_every_target_matmul_reads_modelopts_weights_through_dequantize_linear(bundles, quant):
+    made, _, _ = bundles
+    model = onnx.load(str(made[quant] / "target.onnx"), load_external_data=False)
+    float_model = onnx.load(str(made[None] / "target.onnx"))
+    float_weights = {i.name: onnx.numpy_helper.to_array(i) for i in float_model.graph.initializer}
+    matmuls = [n for n in float_model.graph.node if n.op_type == "MatMul" and n.input[1] in float_weights]
+    consumers = {i: n.op_type for n in model.graph.node for i in n.input}
+    weights = dequantized_weights(made[quant] / "target.onnx")
+    assert len(matmuls) == len(weights) == 7 * 4 + 1  # q k v o gate up down per layer, and the LM head
+    for name, value in weights.items():
+        assert consumers[name + "_dequantized"] == "MatMul"
+        assert name not in {i.name for i in model.graph.initializer}  # the float weight is gone
+        np.testing.assert_array_equal(value, modelopt_round_trip(quant, float_weights[name]))
+        error = np.abs(value - float_weights[name]).max() / np.abs(float_weights[name]).max()
+        assert 0 < error < (0.07 if quant == "fp8" else 0.2), (name, error)  # rounded, within the format's step
+    types = {i.name: i.data_type for i in model.graph.initializer}
+    codes = onnx.TensorProto.FLOAT8E4M3FN if quant == "fp8" else onnx.TensorProto.FLOAT4E2M1
+    assert sum(t == codes for t in types.values()) == len(weights)
+    record = json.loads((made[quant] / "bundle.json").read_text())["quant"]
+    assert (record["weights"], record["quantized_matmuls"], record["float_matmuls"]) == (quant, 29, 0)
+    assert record["activations"] == "float (weight-only)" and "ModelOpt" in record["method"]
+    shown = CliRunner().invoke(main, ["inspect", str(made[quant])])
+    assert shown.exit_code == 0 and f"weights {quant}: 29 matmuls as DequantizeLinear (float" in shown.output
+    size = (made[quant] / "target.onnx.data").stat().st_size
+    assert size < (0.4 if quant == "fp8" else 0.3) * (made[None] / "target.onnx.data").stat().st_size
+
+
+def _scheduler(core, ort, bundle, max_batch, block_size):
+    executor = ort.ort_executor(bundle, max_batch=max_batch, capacity=64)
+    config = core.SchedulerConfig(max_batch=max_batch, capacity=64, block_size=block_size, engine_seed=0)
+    return core.Scheduler(executor, config)
+
+
+WORK = [(0, [5, 6, 7], 12), (1, [9, 10, 11, 12], 10), (2, [20], 14)]
+
+
+def greedy_dflash_equals_plain(core, ort, bundle):
+    plain, _ = drive_scheduler(core, _scheduler(core, ort, bundle, 1, 1), [(0, p, m) for _, p, m in WORK])
+    tokens, _ = drive_scheduler(core, _scheduler(core, ort, bundle, 3, 4), WORK)
+    assert tokens == plain
+    return tokens
+
+
+def test_fp8_decodes_greedy_dflash_equal_to_its_own_plain_decoding_on_onnxruntime(core, ort, bundles):
+    made, _, _ = bundles
+    tokens = greedy_dflash_equals_plain(core, ort, made["fp8"])
+    assert tokens != greedy_dflash_equals_plain(core, ort, made[None])  # the weights really changed the model
+
+
+def test_nvfp4_weights_decode_greedy_dflash_equal_to_plain_on_a_float_graph_of_them(core, ort, bundles, tmp_path):
+    """onnxruntime has no float4 DequantizeLinear: the target whose every matmul weight is ModelOpt's
+    NVFP4 round trip (the values the nvfp4 graph dequantizes, checked above), exported in float."""
+    made, target_dir, draft_dir = bundles
+    with pytest.raises(DFlashError, match="NVFP4, which onnxruntime cannot run"):
+        ort.ort_executor(made["nvfp4"], max_batch=1, capacity=64)
+    target, tokenizer = load_target(str(target_dir))
+    with torch.no_grad():
+        for module in target.model.modules():
+            if isinstance(module, torch.nn.Linear):  # [out, in]: the graph's MatMul weight transposed
+                module.weight.copy_(torch.from_numpy(modelopt_round_trip("nvfp4", module.weight.numpy().T).T.copy()))
+    twin = export_bundle(target, load_drafter(draft_dir), tokenizer, tmp_path / "twin", flavour="slots-trt",
+                         capacity=64, check=False)
+    twin_weights = {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(str(twin / "target.onnx")).graph.initializer}
+    for name, value in dequantized_weights(made["nvfp4"] / "target.onnx").items():
+        np.testing.assert_array_equal(twin_weights[name], value)  # the same names: the same export of the same model
+    greedy_dflash_equals_plain(core, ort, twin)
+
+
+@pytest.mark.parametrize("quant", FORMATS)
+def test_the_cpu_flavour_is_refused_in_one_line(bundles, quant, tmp_path):
+    _, target_dir, draft_dir = bundles
+    result = CliRunner().invoke(main, ["export", "--target", str(target_dir), "--draft", str(draft_dir), "--flavour",
+                                       "slots", "--quant", quant, "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "written for --flavour slots-trt" in result.stderr
+    assert "for the CPU use --quant int4" in result.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("quant, engine, capabilities, says", [
+    ("nvfp4", "tensorrt-rtx", ("8.9",), "nvfp4 weights need compute capability 12.0 or newer"),
+    ("nvfp4", "tensorrt-rtx", ("12.0", "8.9"), "SM 8.9 cannot build them"),
+    ("fp8", "tensorrt-rtx", ("8.6",), "fp8 weights need compute capability 8.9 or newer"),
+    ("fp8", "onnxruntime", (), "fp8 weights are for TensorRT engines"),
+    ("nvfp4", "onnxruntime", (), "no float4 DequantizeLinear kernel"),
+])
+def test_a_build_that_cannot_hold_the_format_is_refused(quant, engine, capabilities, says):
+    with pytest.raises(DFlashError, match=says):
+        check_graphs("slots-trt", "float32", BuildConfig(engine=engine, compute_capabilities=capabilities), "here", quant)
+    for fine in (("12.0",), ("12.0", "12.1")):
+        check_graphs("slots-trt", "float32", BuildConfig(engine="tensorrt-rtx", compute_capabilities=fine), "here", quant)
+
+
+@pytest.mark.parametrize("quant", FORMATS)
+def test_the_dry_run_estimates_the_quantized_targets_weights(bundles, quant):
+    """build --dry-run's figure for each format against the bytes the export wrote (every initializer:
+    codes and scales); RoPE tables and other small constants are not estimated, nor fp8's scale per
+    output channel (4 bytes per row of 64 weights here: 6 %; under 0.2 % from 2,048 wide)."""
+    from dflash_trt.engines.plan import plan_pair
+
+    made, target_dir, draft_dir = bundles
+    model = onnx.load(str(made[quant] / "target.onnx"))
+    written = sum(len(i.raw_data) or onnx.numpy_helper.to_array(i).nbytes for i in model.graph.initializer)
+    estimate, _ = plan_pair(str(target_dir), str(draft_dir), BuildConfig(engine="tensorrt-rtx",
+                                                                         compute_capabilities=("12.0",)),
+                            "slots-trt", None).quantized_target_bytes(quant)
+    assert abs(estimate - written) / written < (0.05 if quant == "fp8" else 0.02), (estimate, written)
