@@ -21,6 +21,8 @@ QUANT_HELP = ("int4: the target's matmul weights in 4 bits, blocks of 32, round 
               "onnxruntime's MatMulNBits for --flavour slots, int4 DequantizeLinear (TensorRT's weight-only INT4) "
               "for slots-trt. fp8 (E4M3, a scale per output channel; GPUs from SM 8.9) and nvfp4 (E2M1 in blocks of "
               "16; SM 12.0): TensorRT's weight-only formats, --flavour slots-trt only, scales by NVIDIA ModelOpt. "
+              "int4-awq: int4 after ModelOpt's AWQ-lite rescales the weights on text the target samples itself "
+              "(llama, qwen3). "
               "Greedy output equals the quantized target's own greedy output.")
 DRAFT_QUANT_HELP = ("int4: the drafter's matmul weights in 4 bits as --quant int4 writes them (slots, slots-trt; fp32). "
                     "Drafts are verified, so output is unchanged; drafting costs less, acceptance may drop.")
@@ -210,7 +212,7 @@ def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: 
 
     target_config, draft_config = read_target_config(target)[1], read_draft_config(draft)
     refusal = (export_refusal(target_config.model_type)
-               or quant_refusal(quant, flavour, dtype, moe_layers(target_config) > 0)
+               or quant_refusal(quant, flavour, dtype, moe_layers(target_config) > 0, target_config.model_type)
                or draft_quant_refusal(draft_quant, flavour, dtype)
                or export_memory_refusal(target_config, draft_config, dtype)
                or (build_memory_refusal(pair_weight_bytes(target_config, draft_config, dtype), engine) if engine else None))

@@ -86,7 +86,8 @@ def main() -> None:
     bundles = {quant or "float32": cached_bundle(target, draft, flavour="slots-trt", capacity=args.capacity, quant=quant)
                for quant in (None, "fp8", "nvfp4")}
     runnable = {"float32": bundles["float32"], "fp8": bundles["fp8"],
-                "nvfp4 (float twin)": nvfp4_twin(target, draft, embedded.cache_root() / "nvfp4-twin", args.capacity)}
+                "nvfp4 (float twin)": nvfp4_twin(target, draft, embedded.cache_root() / f"nvfp4-twin-{args.capacity}",
+                                                 args.capacity)}
     tokenizer = LLM.from_bundle(bundles["float32"]).tokenizer
     held_out = load_prompts("mt-bench", args.quality_prompts // 2) + load_prompts("gsm", args.quality_prompts // 2)
     held_ids = [encode_prompt(tokenizer, p) for p in held_out]
@@ -94,7 +95,7 @@ def main() -> None:
     quality = {}
     for name, bundle in runnable.items():
         scored = [lp for ids, reply in zip(held_ids, results["float32"]["tokens"], strict=True)
-                  for lp in reply_logprobs(bundle, ids, reply)]
+                  for lp in reply_logprobs(bundle, ids, reply, args.capacity)]
         quality[name] = {"perplexity_of_float32_replies": float(np.exp(-np.mean(scored))),
                          "agreement_with_float32": agreement(results[name]["tokens"], results["float32"]["tokens"]),
                          **{k: v for k, v in results[name].items() if k != "tokens"}}

@@ -85,9 +85,10 @@ def llama_cpp(prompt_ids: list[list[int]], max_tokens: int) -> dict:
     return {"plain": tokens / seconds, "tokens": outputs, "version": metadata.version("llama-cpp-python")}
 
 
-def reply_logprobs(bundle: Path, prompt_ids: list[int], reply: list[int]) -> list[float]:
-    """log p(reply[k] | prompt, reply[:k]) under the bundle's target, from its executor's logits."""
-    executor = ort_executor(bundle, max_batch=1, capacity=len(prompt_ids) + len(reply) + 2)
+def reply_logprobs(bundle: Path, prompt_ids: list[int], reply: list[int], capacity: int | None = None) -> list[float]:
+    """log p(reply[k] | prompt, reply[:k]) under the bundle's target, from its executor's logits
+    (`capacity`: a slots-trt bundle's own, static one)."""
+    executor = ort_executor(bundle, max_batch=1, capacity=capacity or len(prompt_ids) + len(reply) + 2)
     rows = executor.prefill_logits([0], [prompt_ids])[0].astype(np.float64)  # [1, vocab] each
     if len(reply) > 1:
         rows = np.concatenate([rows, executor.verify_logits([0], [reply[:-1]])[0].astype(np.float64)])
@@ -118,23 +119,28 @@ def main() -> None:
     parser.add_argument("--quality-prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quality-only", action="store_true",
+                        help="skip the speed rounds; measure float32, int4 and int4-awq (export --quant int4-awq)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
     target = embedded.DEFAULT_TARGET
     draft = str(embedded.default_drafter(target))
-    bundles = {"float32": cached_bundle(target, draft), "int4": cached_bundle(target, draft, quant="int4"),
-               "int4 + int4 drafter": cached_bundle(target, draft, quant="int4", draft_quant="int4")}
+    bundles = {"float32": cached_bundle(target, draft), "int4": cached_bundle(target, draft, quant="int4")}
+    if args.quality_only:
+        bundles["int4-awq"] = cached_bundle(target, draft, quant="int4-awq")
+    else:
+        bundles["int4 + int4 drafter"] = cached_bundle(target, draft, quant="int4", draft_quant="int4")
     tokenizer = LLM.from_bundle(bundles["float32"]).tokenizer
     prompts = load_prompts("humaneval", args.num_prompts)
     prompt_ids = [encode_prompt(tokenizer, p) for p in prompts]
 
     rounds = []
-    for _ in range(args.rounds):
+    for _ in range(0 if args.quality_only else args.rounds):
         rounds.append({**{name: ours(bundle, prompts, args.max_tokens) for name, bundle in bundles.items()},
                        "llama.cpp Q4_1": llama_cpp(prompt_ids, args.max_tokens)})
     speed = {}
-    for system in rounds[0]:
+    for system in rounds[0] if rounds else []:
         runs = [r[system] for r in rounds]
         if "skipped" in runs[0]:
             speed[system] = runs[0]
@@ -143,7 +149,7 @@ def main() -> None:
         speed[system] = {k: median_of([run[k] for run in runs]) for k in runs[0]
                          if any(isinstance(run[k], float) for run in runs)}
         speed[system].update({k: v for k, v in runs[0].items() if isinstance(v, int | str)})
-    if "tokens" in rounds[0]["llama.cpp Q4_1"]:
+    if rounds and "tokens" in rounds[0]["llama.cpp Q4_1"]:
         speed["llama.cpp Q4_1"]["replies_equal_to_our_int4_plain"] = agreement(
             rounds[0]["llama.cpp Q4_1"]["tokens"], rounds[0]["int4"]["tokens"])["replies_equal"]
 
@@ -154,21 +160,24 @@ def main() -> None:
     for name, bundle in bundles.items():
         quality[name] = {"tau_dflash_b4": replies[name]["dflash_b4_tau"],
                          "dflash_b4_equal_to_plain": replies[name]["dflash_b4_equal_to_plain"]}
-        if name in ("float32", "int4"):  # the third holds the int4 target too
+        if name != "int4 + int4 drafter":  # it holds the int4 target too
             scored = [lp for ids, reply in zip(held_ids, replies["float32"]["tokens"], strict=True)
                       for lp in reply_logprobs(bundle, ids, reply)]
             quality[name]["perplexity_of_float32_replies"] = float(np.exp(-np.mean(scored)))
-    quality["int4"]["agreement_with_float32"] = agreement(replies["int4"]["tokens"], replies["float32"]["tokens"])
+    for name in ("int4", "int4-awq"):
+        if name in replies:
+            quality[name]["agreement_with_float32"] = agreement(replies[name]["tokens"], replies["float32"]["tokens"])
 
     sizes = {name: {graph: sum(f.stat().st_size for f in bundle.glob(f"{graph}.onnx*"))
                     for graph in ("target", "draft_context", "draft_block")} for name, bundle in bundles.items()}
     record = {
-        "what": "embedded SmolLM2-135M + shipped drafter: int4 target (export --quant int4, optionally --draft-quant "
-                "int4) vs float32 vs llama.cpp Q4_1",
+        "what": ("embedded SmolLM2-135M + shipped drafter: what int4 and int4-awq targets cost (export --quant)"
+                 if args.quality_only else "embedded SmolLM2-135M + shipped drafter: int4 target (export --quant int4, "
+                 "optionally --draft-quant int4) vs float32 vs llama.cpp Q4_1"),
         "command": "python scripts/int4_bench.py " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out" and v is not None),
         "machine": {"cpus": 2, "platform": platform.platform(), "onnxruntime": metadata.version("onnxruntime")},
-        "speed": {"prompts": f"humaneval first {args.num_prompts}, chat template, greedy, <= {args.max_tokens} tokens, "
+        "speed": {"skipped": "--quality-only"} if args.quality_only else {"prompts": f"humaneval first {args.num_prompts}, chat template, greedy, <= {args.max_tokens} tokens, "
                              f"one at a time, median of {args.rounds} rounds",
                   "decode_tok_s": {k: {m: v for m, v in s.items() if m != "tokens"} for k, s in speed.items()}},
         "quality": {"prompts": f"held out: mt-bench first {args.quality_prompts // 2} + gsm first "

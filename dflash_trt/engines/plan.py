@@ -29,7 +29,7 @@ GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # export --quant: a matmul weight's bytes with its scales (int4: a float32 per 32; fp8: one float32 per
 # output channel; nvfp4: a float8 per 16, export/float_formats.py)
-QUANT_BYTES_PER_WEIGHT = {"int4": 0.5 + 4 / 32, "fp8": 1.0, "nvfp4": 0.5 + 1 / 16}
+QUANT_BYTES_PER_WEIGHT = {"int4": 0.5 + 4 / 32, "fp8": 1.0, "nvfp4": 0.5 + 1 / 16}  # int4-awq: int4's
 # An export's peak RSS over the weights it holds (the target and drafter, in the bundle's dtype), and
 # its seconds per GB of them on our 2-core VM: the larger of the two measured by scripts/real_width_bench.py
 # at Qwen3.5-35B-A3B's and Qwen3-30B-A3B's widths (docs/bench/real-width-*.json; float16 taken as bfloat16).

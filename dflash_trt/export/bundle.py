@@ -312,11 +312,12 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
     """Write the bundle with weights, K/V caches and features in `dtype` (float32, float16, bfloat16);
     `progress` is called after each of its steps (3 graphs, tokenizer, manifest). `capacity`: the
     static KV slot size in tokens of a slots-trt target (that flavour only, and required there).
-    `quant` (int4): the target's weights quantized after its graph is checked (export/quantize.py);
+    `quant` (int4, int4-awq, fp8, nvfp4): the target's weights quantized after its graph is checked
+    (export/quantize.py; int4-awq first rescales them with ModelOpt's AWQ, export/awq.py);
     `draft_quant` (int4): the drafter's (its drafts are verified: lossless whatever their numerics)."""
     check_flavour(flavour, check, dtype, capacity)
     sparse = any(is_sparse_moe(m) for m in target.model.modules())
-    refusal = (quant_refusal(quant, flavour, dtype, sparse)
+    refusal = (quant_refusal(quant, flavour, dtype, sparse, target.model_type)
                or draft_quant_refusal(draft_quant, flavour, dtype))
     if refusal:
         raise DFlashError(refusal)
@@ -333,8 +334,15 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
     specs = _graph_specs(target, drafter, dtype, flavour, capacity)
     target_graph = {(False, False): TargetGraph, (False, True): HybridTargetGraph,
                     (True, False): SlotTargetGraph, (True, True): HybridSlotTargetGraph}[slots, hybrid]
+    if quant == "int4-awq":  # the same function, weights rescaled to round better (drafts read the embeddings only)
+        from dflash_trt.export.awq import awq_folded
+
+        progress("awq scales")
+        graph_target = awq_folded(target)
+    else:
+        graph_target = target
     modules = {
-        "target": target_graph(target, tuple(d.target_layer_ids)),
+        "target": target_graph(graph_target, tuple(d.target_layer_ids)),
         "draft_context": PluginDraftContextGraph(drafter) if plugin else DraftContextGraph(drafter),
         "draft_block": PluginDraftBlockGraph(drafter, target) if plugin else DraftBlockGraph(drafter, target),
     }

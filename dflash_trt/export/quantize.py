@@ -33,10 +33,13 @@ import onnx
 
 from dflash_trt.export.manifest import DRAFT_QUANTS, QUANTS
 
+AWQ_FAMILIES = ("llama", "qwen3")  # ModelOpt folds AWQ scales through these families' module names (export/awq.py)
+
 INT4 = {"block_size": 32, "symmetric": True, "accuracy_level": 4}
 _QUANTIZER_LOG = "onnxruntime.quantization.matmul_nbits_quantizer"
 FORMS = {  # quant -> flavour -> how its graphs carry the weights
     "int4": {"slots": "com.microsoft.MatMulNBits", "slots-trt": "DequantizeLinear (int4, blocked) into MatMul"},
+    "int4-awq": {"slots": "com.microsoft.MatMulNBits", "slots-trt": "DequantizeLinear (int4, blocked) into MatMul"},
     "fp8": {"slots-trt": "DequantizeLinear (float8 E4M3, a scale per output channel) into MatMul"},
     "nvfp4": {"slots-trt": "DequantizeLinear (float4 E2M1, blocks of 16 along the input) into MatMul, each block's "
                            "scale a DequantizeLinear of float8 E4M3 by one float32 per tensor"},
@@ -53,10 +56,10 @@ NOT_ON_ONNXRUNTIME = {
 def min_query_tokens(quant: str | None, flavour: str) -> int:
     """Query rows every target step of the bundle must feed (ExecutorConfig.min_query_tokens): 2 where
     activations are quantized, whose rounding turns one-row kernels' last-bit differences into tokens."""
-    return 2 if quant == "int4" and flavour == "slots" else 1
+    return 2 if quant in ("int4", "int4-awq") and flavour == "slots" else 1
 
 
-def quant_refusal(quant: str | None, flavour: str, dtype: str, moe: bool) -> str | None:
+def quant_refusal(quant: str | None, flavour: str, dtype: str, moe: bool, model_type: str = "") -> str | None:
     """One line for a quantization this export cannot write, before any work; None when it can."""
     if quant is None:
         return None
@@ -68,12 +71,15 @@ def quant_refusal(quant: str | None, flavour: str, dtype: str, moe: bool) -> str
                     f"({NOT_ON_ONNXRUNTIME[quant]}); for the CPU use --quant int4")
         return (f"--quant {quant} is written for --flavour slots (onnxruntime's MatMulNBits) and slots-trt "
                 f"(int4 DequantizeLinear for TensorRT); --flavour {flavour} has no quantized form yet")
-    if quant in NOT_ON_ONNXRUNTIME and importlib.util.find_spec("modelopt") is None:
+    if quant != "int4" and importlib.util.find_spec("modelopt") is None:
         return f"--quant {quant} takes its scales from NVIDIA ModelOpt: pip install 'dflash-trt[quant]'"
     if dtype != "float32":
         return f"--quant {quant} quantizes a float32 export (its activations stay float32); drop --dtype {dtype}"
     if moe:
         return f"--quant {quant} would leave a MoE target's experts in float: not supported yet"
+    if quant == "int4-awq" and model_type not in AWQ_FAMILIES:
+        return (f"--quant int4-awq folds AWQ scales through {', '.join(AWQ_FAMILIES)} layers; a {model_type} target "
+                f"is not supported: use --quant int4")
     return None
 
 
@@ -123,8 +129,15 @@ def _quiet(name: str):
 def quantize_graph(path: Path, quant: str, flavour: str, external_threshold: int) -> dict:
     """Rewrite the `flavour` graph at `path` (weights in `<path>.data`) with `quant` weights in place;
     -> the manifest's record of what was quantized."""
-    if quant == "int4":
-        return quantize_int4(path, flavour, external_threshold)
+    if quant in ("int4", "int4-awq"):
+        record = quantize_int4(path, flavour, external_threshold)
+        if quant == "int4-awq":
+            from dflash_trt.export.awq import CALIBRATION
+
+            record.update(weights=quant, method=(
+                f"NVIDIA ModelOpt AWQ-lite scales ({CALIBRATION['sequences']} sequences of {CALIBRATION['tokens']} "
+                f"tokens the target sampled itself) folded into its norms and projections, then " + record["method"]))
+        return record
     from dflash_trt.export.float_formats import NVFP4_BLOCK, quantize_matmul_weights
 
     model = onnx.load(str(path))
