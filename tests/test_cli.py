@@ -239,7 +239,7 @@ def test_generate_quant_is_for_the_onnxruntime_backend(tiny_pairs):
     target, draft = tiny_pairs["llama"]
     result = CliRunner().invoke(main, ["generate", "--target", str(target), "--draft", str(draft), "--backend", "torch",
                                        "--quant", "int4", "hello"])
-    one_error_line(result, "quant must be one of int4, fp8, nvfp4, on backend onnxruntime or tensorrt")
+    one_error_line(result, "quant must be one of int4, int4-awq, fp8, nvfp4, on backend onnxruntime or tensorrt")
 
 
 def test_export_quant_int4_writes_a_bundle_inspect_describes_and_generate_runs(tiny_pairs, tmp_path):
