@@ -111,6 +111,7 @@ def wide_pair(tmp_path_factory):
 
 @pytest.mark.parametrize("quant, capabilities, saved", [
     ("int4", ("12.0",), 0.6),  # 4 bits and a float32 scale per 32: 1/6.4 of float32
+    ("int4-awq", ("12.0",), 0.6),  # the same writer after ModelOpt's AWQ rescaled the weights
     ("fp8", ("12.0", "8.9"), 0.6),  # 8 bits: 1/4
     ("nvfp4", ("12.0",), 0.7),  # 4 bits and an 8-bit scale per 16: 1/7.1
 ])
