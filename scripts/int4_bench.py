@@ -175,7 +175,8 @@ def main() -> None:
                  if args.quality_only else "embedded SmolLM2-135M + shipped drafter: int4 target (export --quant int4, "
                  "optionally --draft-quant int4) vs float32 vs llama.cpp Q4_1"),
         "command": "python scripts/int4_bench.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out" and v is not None),
+            f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+            for k, v in vars(args).items() if k != "out" and v not in (None, False)),
         "machine": {"cpus": 2, "platform": platform.platform(), "onnxruntime": metadata.version("onnxruntime")},
         "speed": {"skipped": "--quality-only"} if args.quality_only else {"prompts": f"humaneval first {args.num_prompts}, chat template, greedy, <= {args.max_tokens} tokens, "
                              f"one at a time, median of {args.rounds} rounds",
