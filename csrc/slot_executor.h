@@ -115,7 +115,8 @@ class SlotExecutor : public Executor {
   // Writes zeros through every slot buffer (K/V caches, draft caches, linear-attention states), so
   // their memory is resident now rather than page by page as requests first fill the slots: a
   // server's memory under load is then its memory at start, and a pool the machine cannot hold
-  // fails here instead of mid-run. Only before any request (it clears the slots).
+  // runs out here (the kernel stops the process at start) instead of mid-run. Only before any
+  // request (it clears the slots).
   void reserve_memory();
   // With no request live on a host device: frees the scratch each phase grows to its largest shape
   // so far (logits, decisions, features, Run outputs), so an idle process holds what it held at

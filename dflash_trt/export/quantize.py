@@ -1,7 +1,8 @@
 """Weight-only quantization of an exported target graph (`export --quant`).
 
 fp8 and nvfp4 are TensorRT's float formats, for slots-trt only (export/float_formats.py: ModelOpt's
-scales behind standard DequantizeLinear); `quant_build_refusal` says which GPUs build them.
+scales behind standard DequantizeLinear); `quant_build_refusal` says which GPUs build them. int4-awq
+is int4 written from weights ModelOpt's AWQ rescaled first (export/awq.py, run by export_bundle).
 
 int4 is onnxruntime's own quantizer (`MatMulNBitsQuantizer`): every MatMul whose weight is an
 initializer gets 4-bit weights in blocks of 32 along the input dimension with one float scale per
@@ -39,11 +40,11 @@ INT4 = {"block_size": 32, "symmetric": True, "accuracy_level": 4}
 _QUANTIZER_LOG = "onnxruntime.quantization.matmul_nbits_quantizer"
 FORMS = {  # quant -> flavour -> how its graphs carry the weights
     "int4": {"slots": "com.microsoft.MatMulNBits", "slots-trt": "DequantizeLinear (int4, blocked) into MatMul"},
-    "int4-awq": {"slots": "com.microsoft.MatMulNBits", "slots-trt": "DequantizeLinear (int4, blocked) into MatMul"},
     "fp8": {"slots-trt": "DequantizeLinear (float8 E4M3, a scale per output channel) into MatMul"},
     "nvfp4": {"slots-trt": "DequantizeLinear (float4 E2M1, blocks of 16 along the input) into MatMul, each block's "
                            "scale a DequantizeLinear of float8 E4M3 by one float32 per tensor"},
 }
+FORMS["int4-awq"] = FORMS["int4"]  # the same writer, after the AWQ rescaling
 # The oldest GPU whose TensorRT builds each float format (TensorRT-RTX 1.7: FP8 for 8.9 and 12.x, FP4
 # for 12.x; measured by building here), and why onnxruntime does not serve it.
 MIN_COMPUTE_CAPABILITY = {"fp8": "8.9", "nvfp4": "12.0"}
