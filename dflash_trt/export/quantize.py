@@ -111,7 +111,7 @@ def quant_build_refusal(quant: str | None, engine: str, compute_capabilities: tu
     old = [cc for cc in compute_capabilities if _capability(cc) < _capability(need)]
     if old:
         return (f"{quant} weights need compute capability {need} or newer (TensorRT has no {quant.upper()} GEMM "
-                f"below it); SM {', '.join(old)} cannot build them: re-export with --quant int4, or without --quant")
+                f"below it); SM {', '.join(old)} cannot build them: use --quant int4 (any GPU), or no --quant")
     return None
 
 
