@@ -24,7 +24,8 @@ QUANT_HELP = ("int4: the target's matmul weights in 4 bits, blocks of 32, round 
               "int4-awq: int4 after ModelOpt's AWQ-lite rescales the weights on text the target samples itself "
               "(llama, qwen3). "
               "Greedy output equals the quantized target's own greedy output.")
-DRAFT_QUANT_HELP = ("int4: the drafter's matmul weights in 4 bits as --quant int4 writes them (slots, slots-trt; fp32). "
+DRAFT_QUANT_HELP = ("int4 / fp8 / nvfp4: the drafter's matmul weights as --quant writes the target's (int4: slots, "
+                    "slots-trt; fp8, nvfp4: slots-trt; fp32 exports). "
                     "Drafts are verified, so output is unchanged; drafting costs less, acceptance may drop.")
 
 
@@ -339,7 +340,8 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
         if refusal:
             raise DFlashError(refusal)
     else:
-        check_graphs(flavour, config.dtype or "float32", config, "--target/--draft", quant)
+        for weights in (quant, draft_quant):
+            check_graphs(flavour, config.dtype or "float32", config, "--target/--draft", weights)
     pair = None if source is not None else _load_pair(target or DEFAULT_TARGET, draft, flavour, config.dtype or "float32",
                                                        capacity=capacity, quant=quant, draft_quant=draft_quant,
                                                        engine=config.engine)

@@ -19,7 +19,7 @@ from dflash_trt.engines.profiles import profile_dims
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.manifest import GRAPHS, MANIFEST, file_hashes, read_bundle, sha256
 from dflash_trt.export.op_library import onnxruntime_refusal
-from dflash_trt.export.quantize import quant_build_refusal
+from dflash_trt.export.quantize import bundle_quants, quant_build_refusal
 from dflash_trt.export.staging import staged_directory
 
 PLUGIN_LIBRARY = Path(__file__).resolve().parent.parent / "_ops" / "libdflash_trt_plugins.so"
@@ -49,8 +49,8 @@ def check_graphs(flavour: str, dtype: str, config: BuildConfig, where: str, quan
 
 def check_source(manifest: dict, config: BuildConfig, where: str) -> None:
     """Refusals that depend on the source bundle, before any engine is built."""
-    check_graphs(manifest["flavour"], manifest.get("dtype", "float32"), config, where,
-                 manifest.get("quant", {}).get("weights"))
+    for quant in bundle_quants(manifest):
+        check_graphs(manifest["flavour"], manifest.get("dtype", "float32"), config, where, quant)
     block = config.block_size or manifest["draft"]["block_size"]
     if block > manifest["draft"]["block_size"]:
         raise DFlashError(f"--block-size {block} is larger than the drafter's block size {manifest['draft']['block_size']}")
@@ -80,9 +80,10 @@ def build_engines(source: Path, out: Path, config: BuildConfig, command: str | N
     compute_capabilities = config.compute_capabilities
     if config.engine == "tensorrt":
         compute_capabilities = (_current_gpu(config),)
-        refusal = quant_build_refusal(manifest.get("quant", {}).get("weights"), config.engine, compute_capabilities)
-        if refusal:
-            raise DFlashError(f"{source}: {refusal}")
+        for quant in bundle_quants(manifest):
+            refusal = quant_build_refusal(quant, config.engine, compute_capabilities)
+            if refusal:
+                raise DFlashError(f"{source}: {refusal}")
     block_size = config.block_size or manifest["draft"]["block_size"]
     with staged_directory(out) as tmp:
         profiles, engines = {}, {}

@@ -34,8 +34,7 @@ from dflash_trt.export.moe_ops import register_moe_symbolic
 from dflash_trt.export.op_library import onnxruntime_refusal, op_library
 from dflash_trt.export.plugin_graphs import PluginDraftBlockGraph, PluginDraftContextGraph
 from dflash_trt.export.plugin_ops import DOMAIN, OP_VERSION, register_symbolics
-from dflash_trt.export.quantize import (draft_quant_refusal, min_query_tokens, quant_refusal, quantize_graph,
-                                        quantize_int4)
+from dflash_trt.export.quantize import draft_quant_refusal, min_query_tokens, quant_refusal, quantize_graph
 from dflash_trt.export.slot_graphs import CONTRACT, SlotTargetGraph, slot_example_inputs, slot_target_spec
 from dflash_trt.export.slot_ops import ORT_DOMAIN, ORT_DOMAIN_VERSION, register_slot_symbolics
 from dflash_trt.export.slot_trt_ops import OPSET as TRT_OPSET
@@ -314,7 +313,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
     static KV slot size in tokens of a slots-trt target (that flavour only, and required there).
     `quant` (int4, int4-awq, fp8, nvfp4): the target's weights quantized after its graph is checked
     (export/quantize.py; int4-awq first rescales them with ModelOpt's AWQ, export/awq.py);
-    `draft_quant` (int4): the drafter's (its drafts are verified: lossless whatever their numerics)."""
+    `draft_quant` (int4, fp8, nvfp4): the drafter's (its drafts are verified: lossless whatever their numerics)."""
     check_flavour(flavour, check, dtype, capacity)
     sparse = any(is_sparse_moe(m) for m in target.model.modules())
     refusal = (quant_refusal(quant, flavour, dtype, sparse, target.model_type)
@@ -364,8 +363,8 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
         quantized = quantize_graph(tmp / "target.onnx", quant, flavour, EXTERNAL_DATA_THRESHOLD) if quant else None
         draft_quantized = None  # recorded: draft_block's (draft_context's is its few K/V projections)
         if draft_quant:
-            quantize_int4(tmp / "draft_context.onnx", flavour, EXTERNAL_DATA_THRESHOLD)
-            draft_quantized = quantize_int4(tmp / "draft_block.onnx", flavour, EXTERNAL_DATA_THRESHOLD)
+            quantize_graph(tmp / "draft_context.onnx", draft_quant, flavour, EXTERNAL_DATA_THRESHOLD)
+            draft_quantized = quantize_graph(tmp / "draft_block.onnx", draft_quant, flavour, EXTERNAL_DATA_THRESHOLD)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         progress("tokenizer")

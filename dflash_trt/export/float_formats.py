@@ -21,6 +21,7 @@ import warnings
 
 import numpy as np
 import onnx
+import onnx.version_converter
 from onnx import TensorProto, helper, numpy_helper
 
 NVFP4_BLOCK = 16
@@ -85,11 +86,20 @@ def _uint8():
 
 
 WRITERS = {"fp8": _fp8, "nvfp4": _nvfp4}
+# DequantizeLinear's first opset with the format: float8 inputs with an axis (21, as TensorRT's parser
+# reads it), float4 blocks (23). A lower graph (the draft graphs are at 17) is converted first.
+MIN_OPSET = {"fp8": 21, "nvfp4": 23}
 
 
-def quantize_matmul_weights(model: onnx.ModelProto, quant: str) -> tuple[int, int]:
-    """Rewrite `model` (weights loaded) in place: each float32 MatMul weight initializer in `quant`
-    behind its DequantizeLinear -> (quantized matmuls, matmuls with an initializer left in float)."""
+def _at_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    current = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    return model if current >= opset else onnx.version_converter.convert_version(model, opset)
+
+
+def quantize_matmul_weights(model: onnx.ModelProto, quant: str) -> tuple[onnx.ModelProto, int, int]:
+    """`model` (weights loaded) with each float32 MatMul weight initializer in `quant` behind its
+    DequantizeLinear, at an opset that has it -> (model, quantized matmuls, matmuls left in float)."""
+    model = _at_opset(model, MIN_OPSET[quant])
     graph = model.graph
     weights = {init.name: init for init in graph.initializer}
     users: dict[str, list] = {}
@@ -114,4 +124,4 @@ def quantize_matmul_weights(model: onnx.ModelProto, quant: str) -> tuple[int, in
     ordered = new_nodes + list(graph.node)  # the dequantizations read initializers only: first is in order
     del graph.node[:]
     graph.node.extend(ordered)
-    return done, left
+    return model, done, left

@@ -85,15 +85,24 @@ def quant_refusal(quant: str | None, flavour: str, dtype: str, moe: bool, model_
 
 
 def draft_quant_refusal(draft_quant: str | None, flavour: str, dtype: str) -> str | None:
-    """One line for a drafter quantization this export cannot write (int4 only), before any work."""
+    """One line for a drafter quantization this export cannot write, before any work."""
     if draft_quant is None:
         return None
     if draft_quant not in DRAFT_QUANTS:
         return f"unknown --draft-quant '{draft_quant}'; choose one of {', '.join(DRAFT_QUANTS)}"
-    if flavour not in FORMS["int4"] or dtype != "float32":
-        return (f"--draft-quant int4 is written for float32 --flavour slots and slots-trt exports, not a {dtype} "
+    if flavour not in FORMS[draft_quant] or dtype != "float32":
+        flavours = " and ".join(FORMS[draft_quant])
+        return (f"--draft-quant {draft_quant} is written for float32 --flavour {flavours} exports, not a {dtype} "
                 f"{flavour} one")
+    if draft_quant != "int4" and importlib.util.find_spec("modelopt") is None:
+        return f"--draft-quant {draft_quant} takes its scales from NVIDIA ModelOpt: pip install 'dflash-trt[quant]'"
     return None
+
+
+def bundle_quants(manifest: dict) -> tuple[str | None, str | None]:
+    """A bundle's (or an engine bundle's source's) target and drafter weight formats; None: float."""
+    source = manifest.get("source", manifest)
+    return tuple((manifest.get(key) or source.get(key) or {}).get("weights") for key in ("quant", "draft_quant"))
 
 
 def _capability(cc: str) -> tuple[int, int]:
@@ -142,7 +151,7 @@ def quantize_graph(path: Path, quant: str, flavour: str, external_threshold: int
     from dflash_trt.export.float_formats import NVFP4_BLOCK, quantize_matmul_weights
 
     model = onnx.load(str(path))
-    done, left = quantize_matmul_weights(model, quant)
+    model, done, left = quantize_matmul_weights(model, quant)
     _save(model, path, external_threshold)
     scales = ({"scales": "one float32 per output channel (amax / 448)"} if quant == "fp8" else
               {"block_size": NVFP4_BLOCK, "scales": "float8 E4M3 per block of 16, times one float32 per tensor"})

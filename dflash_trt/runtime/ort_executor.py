@@ -15,6 +15,7 @@ import importlib.util
 from pathlib import Path
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.export.quantize import bundle_quants
 from dflash_trt.runtime.native import native_core
 from dflash_trt.runtime.engine_bundles import open_bundle
 
@@ -119,9 +120,10 @@ class SlotBundle:
                 f"{self.root}: a graph contract {contract} bundle; the C++ executors need contract {CONTRACT}: "
                 f"re-export with --flavour slots (onnxruntime) or slots-trt (TensorRT)"
             )
-        quant = (self.manifest.get("quant") or self.manifest.get("source", {}).get("quant") or {}).get("weights")
-        if self.kind in ("onnx", "onnxruntime") and quant == "nvfp4":
-            raise DFlashError(f"{self.root}: its target weights are NVFP4, which onnxruntime cannot run (no float4 "
+        quants = dict(zip(("target", "drafter"), bundle_quants(self.manifest), strict=True))
+        if self.kind in ("onnx", "onnxruntime") and "nvfp4" in quants.values():
+            which = " and ".join(k for k, v in quants.items() if v == "nvfp4")
+            raise DFlashError(f"{self.root}: its {which} weights are NVFP4, which onnxruntime cannot run (no float4 "
                               f"DequantizeLinear kernel): build TensorRT engines for a Blackwell GPU (dflash-trt build "
                               f"--bundle ... --engine tensorrt-rtx --compute-capability 12.0)")
         if self.kind in ("onnx", "onnxruntime"):

@@ -175,3 +175,30 @@ def test_the_dry_run_estimates_the_quantized_targets_weights(bundles, quant):
                                                                          compute_capabilities=("12.0",)),
                             "slots-trt", None).quantized_target_bytes(quant)
     assert abs(estimate - written) / written < (0.05 if quant == "fp8" else 0.02), (estimate, written)
+
+
+@pytest.mark.parametrize("quant", FORMATS)
+def test_a_drafter_in_a_float_format_leaves_the_target_and_the_output_alone(core, ort, bundles, quant, tmp_path):
+    """--draft-quant fp8 / nvfp4: both draft graphs' matmuls in the format, the target graph the float
+    bundle's byte for byte; drafts are verified, so greedy output is the float target's (fp8 on
+    onnxruntime); an nvfp4 drafter is refused at load there, in one line naming it."""
+    made, target_dir, draft_dir = bundles
+    target, tokenizer = load_target(str(target_dir))
+    bundle = export_bundle(target, load_drafter(draft_dir), tokenizer, tmp_path / "b", flavour="slots-trt",
+                           capacity=64, check=False, draft_quant=quant)
+    codes = onnx.TensorProto.FLOAT8E4M3FN if quant == "fp8" else onnx.TensorProto.FLOAT4E2M1
+    for graph in ("draft_context", "draft_block"):
+        model = onnx.load(str(bundle / f"{graph}.onnx"), load_external_data=False)
+        floats = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
+        assert not [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in floats]
+        assert any(i.data_type == codes for i in model.graph.initializer)
+    assert (bundle / "target.onnx.data").read_bytes() == (made[None] / "target.onnx.data").read_bytes()
+    assert json.loads((bundle / "bundle.json").read_text())["draft_quant"]["weights"] == quant
+    if quant == "fp8":
+        assert greedy_dflash_equals_plain(core, ort, bundle) == greedy_dflash_equals_plain(core, ort, made[None])
+    else:
+        with pytest.raises(DFlashError, match="its drafter weights are NVFP4, which onnxruntime cannot run"):
+            ort.ort_executor(bundle, max_batch=1, capacity=64)
+    with pytest.raises(DFlashError, match="written for float32 --flavour slots-trt exports, not a float32 slots one"):
+        export_bundle(target, load_drafter(draft_dir), tokenizer, tmp_path / "s", flavour="slots", check=False,
+                      draft_quant=quant)
