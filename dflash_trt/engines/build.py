@@ -17,9 +17,9 @@ from dflash_trt.engines.config import BuildConfig
 from dflash_trt.engines.manifest import ENGINE_FORMAT_VERSION, ENGINE_MANIFEST
 from dflash_trt.engines.profiles import profile_dims
 from dflash_trt.errors import DFlashError
-from dflash_trt.export.manifest import GRAPHS, MANIFEST, file_hashes, read_bundle, sha256
+from dflash_trt.export.manifest import GRAPHS, MANIFEST, bundle_quants, file_hashes, read_bundle, sha256
 from dflash_trt.export.op_library import onnxruntime_refusal
-from dflash_trt.export.quantize import bundle_quants, quant_build_refusal
+from dflash_trt.export.quantize import quant_build_refusal
 from dflash_trt.export.staging import staged_directory
 
 PLUGIN_LIBRARY = Path(__file__).resolve().parent.parent / "_ops" / "libdflash_trt_plugins.so"

@@ -94,3 +94,9 @@ def read_bundle(root: str | Path, verify_hashes: bool = True) -> dict:
     if manifest["flavour"] == "plugin" and not (manifest.get("custom_ops") or {}).get("version"):
         raise DFlashError(f"{root}: a plugin-flavour bundle must record its custom_ops version; re-export it")
     return manifest
+
+
+def bundle_quants(manifest: dict) -> tuple[str | None, str | None]:
+    """A bundle's (or an engine bundle's source's) target and drafter weight formats; None: float."""
+    source = manifest.get("source", manifest)
+    return tuple((manifest.get(key) or source.get(key) or {}).get("weights") for key in ("quant", "draft_quant"))

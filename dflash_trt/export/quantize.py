@@ -99,11 +99,6 @@ def draft_quant_refusal(draft_quant: str | None, flavour: str, dtype: str) -> st
     return None
 
 
-def bundle_quants(manifest: dict) -> tuple[str | None, str | None]:
-    """A bundle's (or an engine bundle's source's) target and drafter weight formats; None: float."""
-    source = manifest.get("source", manifest)
-    return tuple((manifest.get(key) or source.get(key) or {}).get("weights") for key in ("quant", "draft_quant"))
-
 
 def _capability(cc: str) -> tuple[int, int]:
     major, _, minor = cc.partition(".")

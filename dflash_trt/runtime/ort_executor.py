@@ -15,7 +15,7 @@ import importlib.util
 from pathlib import Path
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.export.quantize import bundle_quants
+from dflash_trt.export.manifest import bundle_quants
 from dflash_trt.runtime.native import native_core
 from dflash_trt.runtime.engine_bundles import open_bundle
 
