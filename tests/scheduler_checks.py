@@ -99,6 +99,13 @@ def python_loop(target, drafter, prompt, max_tokens, block_size):
     return tokens[:max_tokens], accepted
 
 
+def bundle_scheduler(core, ort, bundle, rows, block_size, capacity=64):
+    """A greedy core scheduler (engine seed 0) over a bundle's onnxruntime executor -> (scheduler, executor)."""
+    executor = ort.ort_executor(bundle, max_batch=rows, capacity=capacity)
+    config = core.SchedulerConfig(max_batch=rows, capacity=capacity, block_size=block_size, engine_seed=0)
+    return core.Scheduler(executor, config), executor
+
+
 def drive_scheduler(core, sched, work):
     """Add each request at its arrival step (later when every slot is taken); step until all finish
     -> {index: output tokens}, {index: metrics}."""

@@ -8,7 +8,7 @@ import onnx
 import pytest
 import torch
 from factories import export_tiny_slots_bundle, make_target
-from scheduler_checks import drive_scheduler
+from scheduler_checks import bundle_scheduler, drive_scheduler
 
 from dflash_trt.export.quantize import quant_refusal
 from dflash_trt.models.checkpoints import load_target
@@ -43,13 +43,9 @@ def test_an_int4_awq_bundle_decodes_greedy_dflash_equal_to_its_own_plain_decodin
     model = onnx.load(str(bundle / "target.onnx"), load_external_data=False)
     assert sum(n.op_type == "MatMulNBits" for n in model.graph.node) == 29
     work = [(0, [5, 6, 7], 12), (1, [9, 10, 11, 12], 10), (2, [20], 14)]
-
-    def run(max_batch, block_size):
-        executor = ort.ort_executor(bundle, max_batch=max_batch, capacity=64)
-        config = core.SchedulerConfig(max_batch=max_batch, capacity=64, block_size=block_size, engine_seed=0)
-        return drive_scheduler(core, core.Scheduler(executor, config), work)[0]
-
-    assert run(3, 4) == run(1, 1)
+    plain, _ = drive_scheduler(core, bundle_scheduler(core, ort, bundle, 1, 1)[0], work)
+    tokens, _ = drive_scheduler(core, bundle_scheduler(core, ort, bundle, 3, 4)[0], work)
+    assert tokens == plain
 
 
 def test_a_family_whose_scales_cannot_be_folded_is_refused_in_one_line():

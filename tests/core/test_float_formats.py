@@ -15,7 +15,7 @@ import torch
 from click.testing import CliRunner
 from factories import make_drafter, make_target
 from onnx.reference import ReferenceEvaluator
-from scheduler_checks import drive_scheduler
+from scheduler_checks import bundle_scheduler, drive_scheduler
 
 from dflash_trt.cli import main
 from dflash_trt.engines.build import check_graphs
@@ -97,18 +97,12 @@ def test_every_target_matmul_reads_modelopts_weights_through_dequantize_linear(b
     assert size < (0.4 if quant == "fp8" else 0.3) * (made[None] / "target.onnx.data").stat().st_size
 
 
-def _scheduler(core, ort, bundle, max_batch, block_size):
-    executor = ort.ort_executor(bundle, max_batch=max_batch, capacity=64)
-    config = core.SchedulerConfig(max_batch=max_batch, capacity=64, block_size=block_size, engine_seed=0)
-    return core.Scheduler(executor, config)
-
-
 WORK = [(0, [5, 6, 7], 12), (1, [9, 10, 11, 12], 10), (2, [20], 14)]
 
 
 def greedy_dflash_equals_plain(core, ort, bundle):
-    plain, _ = drive_scheduler(core, _scheduler(core, ort, bundle, 1, 1), [(0, p, m) for _, p, m in WORK])
-    tokens, _ = drive_scheduler(core, _scheduler(core, ort, bundle, 3, 4), WORK)
+    plain, _ = drive_scheduler(core, bundle_scheduler(core, ort, bundle, 1, 1)[0], [(0, p, m) for _, p, m in WORK])
+    tokens, _ = drive_scheduler(core, bundle_scheduler(core, ort, bundle, 3, 4)[0], WORK)
     assert tokens == plain
     return tokens
 

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from factories import export_tiny_slots_bundle, make_drafter, make_target
-from scheduler_checks import drive_scheduler
+from scheduler_checks import bundle_scheduler, drive_scheduler
 from slot_checks import Slots
 
 from dflash_trt.errors import DFlashError
@@ -92,12 +92,6 @@ def test_a_verified_block_equals_two_row_steps_bit_for_bit(int4, kind):
         np.testing.assert_array_equal(verified[0], _one_by_one(bundle, target, prefix, block, 2))
 
 
-def _scheduler(core, ort, bundle, rows, block_size, capacity=64):
-    executor = ort.ort_executor(bundle, max_batch=rows, capacity=capacity)
-    config = core.SchedulerConfig(max_batch=rows, capacity=capacity, block_size=block_size, engine_seed=0)
-    return core.Scheduler(executor, config), executor
-
-
 def test_the_runtime_feeds_two_query_rows_for_int4_bundles_only(ort, int4):
     bundle, float_bundle, _ = int4["dense"]
     assert ort.executor_config(bundle, 2, 64).min_query_tokens == 2
@@ -114,8 +108,8 @@ def test_greedy_dflash_equals_the_quantized_targets_own_greedy_decoding(core, or
     for _ in range(8 if concurrency > 1 else 3):
         work.append((step, rng.integers(0, vocab - 1, int(rng.integers(1, 20))).tolist(), int(rng.integers(3, 20))))
         step += int(rng.integers(0, 3))
-    plain, _ = drive_scheduler(core, _scheduler(core, ort, bundle, 1, 1)[0], [(0, p, m) for _, p, m in work])
-    sched, executor = _scheduler(core, ort, bundle, concurrency, 4)
+    plain, _ = drive_scheduler(core, bundle_scheduler(core, ort, bundle, 1, 1)[0], [(0, p, m) for _, p, m in work])
+    sched, executor = bundle_scheduler(core, ort, bundle, concurrency, 4)
     tokens, _ = drive_scheduler(core, sched, work)
     assert tokens == plain
     assert sched.slots.num_free == concurrency and executor.live_rows == []
@@ -124,8 +118,8 @@ def test_greedy_dflash_equals_the_quantized_targets_own_greedy_decoding(core, or
 def test_drafts_are_accepted_on_an_int4_target(core, ort, int4):
     """Speculation really happens on the quantized target (6 tokens: some drafts are right), losslessly."""
     work = [(0, prompt, 40) for prompt in ([1, 2, 3], [4, 0, 4, 0, 1], [3], [2, 2])]
-    plain, _ = drive_scheduler(core, _scheduler(core, ort, int4["small-vocab"][0], 1, 1)[0], work)
-    tokens, metrics = drive_scheduler(core, _scheduler(core, ort, int4["small-vocab"][0], 4, 4)[0], work)
+    plain, _ = drive_scheduler(core, bundle_scheduler(core, ort, int4["small-vocab"][0], 1, 1)[0], work)
+    tokens, metrics = drive_scheduler(core, bundle_scheduler(core, ort, int4["small-vocab"][0], 4, 4)[0], work)
     assert tokens == plain
     assert sum(m["num_accepted_tokens"] for m in metrics.values()) > 0
 
@@ -134,8 +128,8 @@ def test_a_full_slot_decodes_its_last_token_within_the_slot(core, ort, int4):
     """The padding row of a slot's last step lands in the executor's spare position, not the next slot."""
     bundle = int4["dense"][0]
     capacity, prompt = 16, [3, 1, 4, 1, 5]
-    alone, _ = drive_scheduler(core, _scheduler(core, ort, bundle, 1, 1, capacity)[0], [(0, prompt, capacity - len(prompt))])
-    together, _ = drive_scheduler(core, _scheduler(core, ort, bundle, 2, 1, capacity)[0],
+    alone, _ = drive_scheduler(core, bundle_scheduler(core, ort, bundle, 1, 1, capacity)[0], [(0, prompt, capacity - len(prompt))])
+    together, _ = drive_scheduler(core, bundle_scheduler(core, ort, bundle, 2, 1, capacity)[0],
                          [(0, prompt, capacity - len(prompt)), (0, [9, 2, 6], capacity - 3)])
     assert len(alone[0]) == capacity - len(prompt) and together[0] == alone[0]
 
@@ -208,8 +202,8 @@ def test_slots_trt_weights_are_blocked_int4_dequantize_linear(trt_int4):
 def test_slots_trt_int4_decodes_greedy_dflash_equal_to_its_plain_decoding_on_onnxruntime(core, ort, trt_int4):
     assert ort.executor_config(trt_int4, 3, 64).min_query_tokens == 1  # its caches are static: no spare position
     work = [(0, [5, 6, 7], 12), (1, [9, 10, 11, 12], 10), (2, [20], 14)]
-    plain, _ = drive_scheduler(core, _scheduler(core, ort, trt_int4, 1, 1)[0], [(0, p, m) for _, p, m in work])
-    tokens, _ = drive_scheduler(core, _scheduler(core, ort, trt_int4, 3, 4)[0], work)
+    plain, _ = drive_scheduler(core, bundle_scheduler(core, ort, trt_int4, 1, 1)[0], [(0, p, m) for _, p, m in work])
+    tokens, _ = drive_scheduler(core, bundle_scheduler(core, ort, trt_int4, 3, 4)[0], work)
     assert tokens == plain
 
 
@@ -229,6 +223,6 @@ def test_an_int4_drafter_leaves_the_target_alone_and_the_output_unchanged(core, 
     assert (bundle / "target.onnx.data").read_bytes() == (int4["dense"][0] / "target.onnx.data").read_bytes()
     assert json.loads((bundle / "bundle.json").read_text())["draft_quant"]["weights"] == "int4"
     work = [(0, [5, 6, 7], 12), (1, [9, 10, 11, 12], 10), (2, [20], 14)]
-    plain, _ = drive_scheduler(core, _scheduler(core, ort, int4["dense"][0], 1, 1)[0], [(0, p, m) for _, p, m in work])
-    tokens, _ = drive_scheduler(core, _scheduler(core, ort, bundle, 3, 4)[0], work)
+    plain, _ = drive_scheduler(core, bundle_scheduler(core, ort, int4["dense"][0], 1, 1)[0], [(0, p, m) for _, p, m in work])
+    tokens, _ = drive_scheduler(core, bundle_scheduler(core, ort, bundle, 3, 4)[0], work)
     assert tokens == plain
