@@ -340,8 +340,7 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
         if refusal:
             raise DFlashError(refusal)
     else:
-        for weights in (quant, draft_quant):
-            check_graphs(flavour, config.dtype or "float32", config, "--target/--draft", weights)
+        check_graphs(flavour, config.dtype or "float32", config, "--target/--draft", (quant, draft_quant))
     pair = None if source is not None else _load_pair(target or DEFAULT_TARGET, draft, flavour, config.dtype or "float32",
                                                        capacity=capacity, quant=quant, draft_quant=draft_quant,
                                                        engine=config.engine)

@@ -25,9 +25,10 @@ from dflash_trt.export.staging import staged_directory
 PLUGIN_LIBRARY = Path(__file__).resolve().parent.parent / "_ops" / "libdflash_trt_plugins.so"
 
 
-def check_graphs(flavour: str, dtype: str, config: BuildConfig, where: str, quant: str | None = None) -> None:
-    """Refusals that depend on the graphs' flavour, dtype and weight format (known before an export too)."""
-    refusal = quant_build_refusal(quant, config.engine, config.compute_capabilities)
+def check_graphs(flavour: str, dtype: str, config: BuildConfig, where: str, quants: tuple = ()) -> None:
+    """Refusals that depend on the graphs' flavour, dtype and weight formats (the target's and the
+    drafter's; known before an export too)."""
+    refusal = quant_build_refusal(quants, config.engine, config.compute_capabilities)
     if refusal:
         raise DFlashError(f"{where}: {refusal}")
     if config.dtype is not None and config.dtype != dtype:
@@ -49,8 +50,7 @@ def check_graphs(flavour: str, dtype: str, config: BuildConfig, where: str, quan
 
 def check_source(manifest: dict, config: BuildConfig, where: str) -> None:
     """Refusals that depend on the source bundle, before any engine is built."""
-    for quant in bundle_quants(manifest):
-        check_graphs(manifest["flavour"], manifest.get("dtype", "float32"), config, where, quant)
+    check_graphs(manifest["flavour"], manifest.get("dtype", "float32"), config, where, bundle_quants(manifest))
     block = config.block_size or manifest["draft"]["block_size"]
     if block > manifest["draft"]["block_size"]:
         raise DFlashError(f"--block-size {block} is larger than the drafter's block size {manifest['draft']['block_size']}")
@@ -80,10 +80,9 @@ def build_engines(source: Path, out: Path, config: BuildConfig, command: str | N
     compute_capabilities = config.compute_capabilities
     if config.engine == "tensorrt":
         compute_capabilities = (_current_gpu(config),)
-        for quant in bundle_quants(manifest):
-            refusal = quant_build_refusal(quant, config.engine, compute_capabilities)
-            if refusal:
-                raise DFlashError(f"{source}: {refusal}")
+        refusal = quant_build_refusal(bundle_quants(manifest), config.engine, compute_capabilities)
+        if refusal:
+            raise DFlashError(f"{source}: {refusal}")
     block_size = config.block_size or manifest["draft"]["block_size"]
     with staged_directory(out) as tmp:
         profiles, engines = {}, {}

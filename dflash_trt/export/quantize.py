@@ -105,17 +105,20 @@ def _capability(cc: str) -> tuple[int, int]:
     return int(major), int(minor or 0)
 
 
-def quant_build_refusal(quant: str | None, engine: str, compute_capabilities: tuple[str, ...]) -> str | None:
-    """One line for engines that cannot hold the bundle's `quant` weights, before any engine is built."""
-    need = MIN_COMPUTE_CAPABILITY.get(quant or "")
-    if need is None:
-        return None
-    if engine == "onnxruntime":
-        return f"{quant} weights are for TensorRT engines ({NOT_ON_ONNXRUNTIME[quant]}): build --engine tensorrt-rtx or tensorrt"
-    old = [cc for cc in compute_capabilities if _capability(cc) < _capability(need)]
-    if old:
-        return (f"{quant} weights need compute capability {need} or newer (TensorRT has no {quant.upper()} GEMM "
-                f"below it); SM {', '.join(old)} cannot build them: use --quant int4 (any GPU), or no --quant")
+def quant_build_refusal(quants: tuple, engine: str, compute_capabilities: tuple[str, ...]) -> str | None:
+    """One line for engines that cannot hold the bundle's weight formats (`quants`: the target's and
+    the drafter's, None for float), before any engine is built."""
+    for quant in quants:
+        need = MIN_COMPUTE_CAPABILITY.get(quant or "")
+        if need is None:
+            continue
+        if engine == "onnxruntime":
+            return (f"{quant} weights are for TensorRT engines ({NOT_ON_ONNXRUNTIME[quant]}): build --engine "
+                    f"tensorrt-rtx or tensorrt")
+        old = [cc for cc in compute_capabilities if _capability(cc) < _capability(need)]
+        if old:
+            return (f"{quant} weights need compute capability {need} or newer (TensorRT has no {quant.upper()} GEMM "
+                    f"below it); SM {', '.join(old)} cannot build them: use --quant int4 (any GPU), or no --quant")
     return None
 
 

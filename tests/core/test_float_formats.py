@@ -150,9 +150,9 @@ def test_the_cpu_flavour_is_refused_in_one_line(bundles, quant, tmp_path):
 ])
 def test_a_build_that_cannot_hold_the_format_is_refused(quant, engine, capabilities, says):
     with pytest.raises(DFlashError, match=says):
-        check_graphs("slots-trt", "float32", BuildConfig(engine=engine, compute_capabilities=capabilities), "here", quant)
+        check_graphs("slots-trt", "float32", BuildConfig(engine=engine, compute_capabilities=capabilities), "here", (quant,))
     for fine in (("12.0",), ("12.0", "12.1")):
-        check_graphs("slots-trt", "float32", BuildConfig(engine="tensorrt-rtx", compute_capabilities=fine), "here", quant)
+        check_graphs("slots-trt", "float32", BuildConfig(engine="tensorrt-rtx", compute_capabilities=fine), "here", (quant,))
 
 
 @pytest.mark.parametrize("quant", FORMATS)
