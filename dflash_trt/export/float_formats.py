@@ -22,6 +22,7 @@ import warnings
 import numpy as np
 import onnx
 import onnx.version_converter
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
 NVFP4_BLOCK = 16
@@ -36,9 +37,7 @@ def _qtensors():
     return FP8QTensor, NVFP4QTensor
 
 
-def _to_torch(weight: np.ndarray):
-    import torch
-
+def _to_torch(weight: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(weight.T))  # [N, K]: ModelOpt scales along its last axis
 
 
@@ -48,7 +47,7 @@ def _fp8(name: str, weight: np.ndarray) -> tuple[list, list]:
     quantized, scales = FP8QTensor.quantize(rows, axis=0)  # a scale per row N
     if bool((scales == 0).any()):  # an all-zero row: any scale holds it, and 0 would divide 0 by 0
         quantized, scales = FP8QTensor.quantize(rows, scales=scales.masked_fill(scales == 0, 1.0), axis=0)
-    codes = quantized._quantized_data.T.contiguous().view(dtype=_uint8()).numpy()  # [K, N] E4M3 bytes
+    codes = quantized._quantized_data.T.contiguous().view(torch.uint8).numpy()  # [K, N] E4M3 bytes
     initializers = [helper.make_tensor(f"{name}_fp8", TensorProto.FLOAT8E4M3FN, codes.shape, codes.tobytes(), raw=True),
                     numpy_helper.from_array(scales.reshape(-1).float().numpy(), f"{name}_fp8_scale")]
     node = helper.make_node("DequantizeLinear", [f"{name}_fp8", f"{name}_fp8_scale"], [f"{name}_dequantized"],
@@ -64,7 +63,7 @@ def _nvfp4(name: str, weight: np.ndarray) -> tuple[list, list]:
     codes[:, 0::2], codes[:, 1::2] = packed & 0xF, packed >> 4
     flat = np.ascontiguousarray(codes.T).reshape(-1)  # [K, N] in ONNX's order, packed two to a byte the same way
     onnx_packed = (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
-    scales = block_scales.T.contiguous().view(dtype=_uint8()).numpy()  # [K / 16, N] E4M3 bytes
+    scales = block_scales.T.contiguous().view(torch.uint8).numpy()  # [K / 16, N] E4M3 bytes
     initializers = [
         helper.make_tensor(f"{name}_fp4", TensorProto.FLOAT4E2M1, weight.shape, onnx_packed.tobytes(), raw=True),
         helper.make_tensor(f"{name}_fp4_block_scale", TensorProto.FLOAT8E4M3FN, scales.shape, scales.tobytes(), raw=True),
@@ -77,12 +76,6 @@ def _nvfp4(name: str, weight: np.ndarray) -> tuple[list, list]:
                          axis=0, block_size=NVFP4_BLOCK, name=f"{name}_dequantize"),
     ]
     return initializers, nodes
-
-
-def _uint8():
-    import torch
-
-    return torch.uint8
 
 
 WRITERS = {"fp8": _fp8, "nvfp4": _nvfp4}
