@@ -18,7 +18,6 @@ graph's bytes per format.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 from importlib import metadata
@@ -28,14 +27,13 @@ import numpy as np
 import torch
 
 from dflash_trt import LLM, SamplingParams
-from dflash_trt.bench.datasets import load_prompts
 from dflash_trt.bench.offline import run_offline
 from dflash_trt.models import embedded
 from dflash_trt.models.chat import encode_prompt
 from dflash_trt.runtime.bundles import cached_bundle
 
 sys.path.insert(0, str(Path(__file__).parent))
-from int4_bench import agreement, reply_logprobs  # noqa: E402
+from int4_bench import agreement, command_line, emit, held_out_prompts, reply_logprobs  # noqa: E402
 
 
 def nvfp4_twin(target: str, draft: str, out: Path, capacity: int) -> Path:
@@ -89,7 +87,7 @@ def main() -> None:
                 "nvfp4 (float twin)": nvfp4_twin(target, draft, embedded.cache_root() / f"nvfp4-twin-{args.capacity}",
                                                  args.capacity)}
     tokenizer = LLM.from_bundle(bundles["float32"]).tokenizer
-    held_out = load_prompts("mt-bench", args.quality_prompts // 2) + load_prompts("gsm", args.quality_prompts // 2)
+    held_out = held_out_prompts(args.quality_prompts)
     held_ids = [encode_prompt(tokenizer, p) for p in held_out]
     results = {name: replies(bundle, held_out, args.max_tokens) for name, bundle in runnable.items()}
     quality = {}
@@ -102,8 +100,7 @@ def main() -> None:
     record = {
         "what": "embedded SmolLM2-135M + shipped drafter: target weights as export --quant fp8 / nvfp4 write them "
                 "(slots-trt) against float32, on onnxruntime (nvfp4 as its float twin)",
-        "command": "python scripts/float_formats_quality.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out" and v is not None),
+        "command": command_line("float_formats_quality.py", args),
         "machine": {"cpus": 2, "platform": platform.platform(), "onnxruntime": metadata.version("onnxruntime"),
                     "modelopt": metadata.version("nvidia-modelopt")},
         "prompts": f"held out: mt-bench first {args.quality_prompts // 2} + gsm first {args.quality_prompts // 2}, "
@@ -113,10 +110,7 @@ def main() -> None:
         "target_graph_bytes": {name: sum(f.stat().st_size for f in bundle.glob("target.onnx*"))
                                for name, bundle in bundles.items()},
     }
-    text = json.dumps(record, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(record, args.out)
 
 
 if __name__ == "__main__":

@@ -108,6 +108,26 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
             "mean_fraction_before_first_difference": statistics.mean(prefix)}
 
 
+def held_out_prompts(count: int) -> list[str]:
+    """The quality prompts, never the speed set: MT-Bench's first count / 2 and GSM8K's."""
+    return load_prompts("mt-bench", count // 2) + load_prompts("gsm", count // 2)
+
+
+def command_line(script: str, args: argparse.Namespace) -> str:
+    """The command that rewrites a record: its options as given, --out left out."""
+    return f"python scripts/{script} " + " ".join(
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+        for k, v in vars(args).items() if k != "out" and v not in (None, False))
+
+
+def emit(record: dict, out: Path | None) -> None:
+    """Print the record; write it to `out` too when given."""
+    text = json.dumps(record, indent=2)
+    print(text)
+    if out:
+        out.write_text(text + "\n")
+
+
 def median_of(values: list) -> float | None:
     measured = [v for v in values if v is not None]
     return statistics.median(measured) if measured else None
@@ -153,7 +173,7 @@ def main() -> None:
         speed["llama.cpp Q4_1"]["replies_equal_to_our_int4_plain"] = agreement(
             rounds[0]["llama.cpp Q4_1"]["tokens"], rounds[0]["int4"]["tokens"])["replies_equal"]
 
-    held_out = load_prompts("mt-bench", args.quality_prompts // 2) + load_prompts("gsm", args.quality_prompts // 2)
+    held_out = held_out_prompts(args.quality_prompts)
     held_ids = [encode_prompt(tokenizer, p) for p in held_out]
     quality = {}
     replies = {name: ours(bundle, held_out, args.max_tokens) for name, bundle in bundles.items()}
@@ -174,9 +194,7 @@ def main() -> None:
         "what": ("embedded SmolLM2-135M + shipped drafter: what int4 and int4-awq targets cost (export --quant)"
                  if args.quality_only else "embedded SmolLM2-135M + shipped drafter: int4 target (export --quant int4, "
                  "optionally --draft-quant int4) vs float32 vs llama.cpp Q4_1"),
-        "command": "python scripts/int4_bench.py " + " ".join(
-            f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
-            for k, v in vars(args).items() if k != "out" and v not in (None, False)),
+        "command": command_line("int4_bench.py", args),
         "machine": {"cpus": 2, "platform": platform.platform(), "onnxruntime": metadata.version("onnxruntime")},
         "speed": {"skipped": "--quality-only"} if args.quality_only else {"prompts": f"humaneval first {args.num_prompts}, chat template, greedy, <= {args.max_tokens} tokens, "
                              f"one at a time, median of {args.rounds} rounds",
@@ -187,10 +205,7 @@ def main() -> None:
                     **quality},
         "graph_bytes": sizes,
     }
-    text = json.dumps(record, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(record, args.out)
 
 
 if __name__ == "__main__":
