@@ -1,6 +1,8 @@
-// acceptance.cpp: the host entry points of greedy and point-mass rejection sampling (decide.h).
+// acceptance.cpp: the host entry points of greedy, point-mass and drafter-distribution rejection sampling
+// (decide.h holds the rules the first two share with the GPU).
 #include "acceptance.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,49 @@ Acceptance accept_point_mass(const int64_t* drafts, int64_t num_drafts, const fl
   std::vector<float> probs(vocab);
   std::vector<int32_t> order(vocab);
   return verdict_rows(drafts, num_drafts, logits, vocab, params, request, position, probs.data(), order.data());
+}
+
+int64_t draw_draft(const float* draft_logits, int64_t draft_vocab, const SamplingParams& params, uint64_t request,
+                   uint32_t position, float* q) {
+  DFLASH_INVARIANT(draft_vocab > 0 && !params.greedy());
+  params.validate();
+  std::vector<int32_t> order(draft_vocab);
+  probs_row(draft_logits, draft_vocab, params, q, order.data());
+  return draw_row(q, draft_vocab, uniform(params.seed, request, position, kDraftDraw));
+}
+
+Acceptance accept_drafter(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,
+                          const float* q, int64_t draft_vocab, const int32_t* draft_of, const SamplingParams& params,
+                          uint64_t request, uint32_t position) {
+  if (params.greedy()) return accept_greedy(drafts, num_drafts, logits, vocab);
+  params.validate();
+  check_drafts(drafts, num_drafts, vocab);
+  std::vector<float> p(vocab);
+  std::vector<int32_t> order(vocab);
+  for (int64_t j = 0; j < num_drafts; ++j) {
+    const float* row = logits + j * vocab;
+    const float* q_row = q + j * draft_vocab;
+    const auto q_of = [&](int64_t token) {
+      const int64_t id = draft_of ? draft_of[token] : token;
+      return id < 0 ? 0.0f : q_row[id];
+    };
+    const float drafted = q_of(drafts[j]);
+    if (!(drafted > 0.0f))
+      throw Error("draft token " + std::to_string(drafts[j]) + " at block slot " + std::to_string(j + 1) +
+                  " has probability 0 under the distribution it was said to be drawn from");
+    probs_row(row, vocab, params, p.data(), order.data());
+    const uint32_t at = position + uint32_t(j);
+    if (uniform(params.seed, request, at, kAcceptDraw) * drafted < p[drafts[j]]) continue;  // kept: u < p/q
+    double residual = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      p[i] = std::max(0.0f, p[i] - q_of(i));
+      residual += p[i];
+    }
+    // (p - q)+ sums to 0 only where p = q, where a rejection has probability 0: float rounding alone
+    if (!(residual > 0.0)) probs_row(row, vocab, params, p.data(), order.data());
+    return {j, draw_row(p.data(), vocab, uniform(params.seed, request, at, kCategoricalDraw))};
+  }
+  return {num_drafts, sample(logits + num_drafts * vocab, vocab, params, request, position + uint32_t(num_drafts))};
 }
 
 Acceptance accept(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,

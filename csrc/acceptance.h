@@ -38,6 +38,26 @@ Acceptance accept_greedy(const int64_t* drafts, int64_t num_drafts, const float*
 Acceptance accept_point_mass(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,
                              const SamplingParams& params, uint64_t request, uint32_t position);
 
+// The drafter-distribution rule (an engine's choice, LLM(draft_rule="drafter")): drafts drawn from the
+// drafter's own distribution q and kept by the rejection rule of Leviathan et al. (2023), as the
+// DFlash authors' loop does. draw_draft: q over the draft ids [draft_vocab] at one draft position
+// (the request's temperature, top-k and top-p over the drafter's logits, as sampling.h states them for
+// the target) into `q`, and a draft id drawn from it with the uniform at (request, position, kDraftDraw).
+int64_t draw_draft(const float* draft_logits, int64_t draft_vocab, const SamplingParams& params, uint64_t request,
+                   uint32_t position, float* q);
+
+// accept_drafter: drafts[j] (a target id) was drawn from q row j [num_drafts, draft_vocab]; the target
+// keeps it with probability min(1, p_j(d) / q_j(d)) (uniform at position + j, kAcceptDraw) and at the
+// first rejection emits a draw from (p_j - q_j)+ renormalised (kCategoricalDraw there); when every
+// draft is kept, the bonus is the target's draw at the last row, as `sample` draws it. Every emitted
+// token then follows p exactly, whatever q is. Unlike point mass, a token depends on the drafts and so
+// on where blocks start: a seeded request repeats its tokens only under the same block sizes.
+// draft_of [vocab]: a target id's draft id, -1 where the drafter cannot propose it (null: the same ids).
+// Greedy params: accept_greedy (greedy drafts are the drafter's argmax).
+Acceptance accept_drafter(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,
+                          const float* q, int64_t draft_vocab, const int32_t* draft_of, const SamplingParams& params,
+                          uint64_t request, uint32_t position);
+
 // The rule the params ask for: greedy at temperature 0, point-mass rejection sampling otherwise.
 Acceptance accept(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,
                   const SamplingParams& params, uint64_t request, uint32_t position);

@@ -271,6 +271,38 @@ PYBIND11_MODULE(_core, m) {
       py::arg("drafts"), py::arg("logits"), py::arg("params"), py::arg("request"), py::arg("position"),
       "Greedy at temperature 0, else point-mass rejection sampling; position = sequence position of drafts[0].");
   m.def(
+      "drafter_step",
+      [](const FloatArray& logits, const FloatArray& draft_logits, const SamplingParams& params, uint64_t request,
+         uint32_t position, const std::vector<int64_t>& draft_vocab) {
+        if (params.greedy()) throw Error("drafter_step draws drafts at temperature > 0 (greedy drafts are the argmax)");
+        int64_t vocab = 0, draft_vocab_size = 0;
+        const float* rows = rows_of(logits, -1, &vocab);
+        const int64_t num_drafts = int64_t(logits.shape(0)) - 1;
+        const float* draft_rows = rows_of(draft_logits, num_drafts, &draft_vocab_size);
+        if (draft_vocab.empty() ? draft_vocab_size != vocab : int64_t(draft_vocab.size()) != draft_vocab_size)
+          throw Error("draft_logits must have one column per draft_vocab id (none: per target id)");
+        std::vector<int32_t> draft_of;
+        for (size_t id = 0; id < draft_vocab.size(); ++id) {
+          if (draft_vocab[id] < 0 || draft_vocab[id] >= vocab) throw Error("draft_vocab id outside the vocabulary");
+          draft_of.resize(vocab, -1);
+          draft_of[draft_vocab[id]] = int32_t(id);
+        }
+        std::vector<int64_t> drafts(num_drafts);
+        std::vector<float> q(num_drafts * draft_vocab_size);
+        for (int64_t j = 0; j < num_drafts; ++j) {
+          const int64_t id = draw_draft(draft_rows + j * draft_vocab_size, draft_vocab_size, params, request,
+                                        position + uint32_t(j), q.data() + j * draft_vocab_size);
+          drafts[j] = draft_vocab.empty() ? id : draft_vocab[id];
+        }
+        const Acceptance a = accept_drafter(drafts.data(), num_drafts, rows, vocab, q.data(), draft_vocab_size,
+                                            draft_of.empty() ? nullptr : draft_of.data(), params, request, position);
+        return py::make_tuple(drafts, a.accepted, a.next);
+      },
+      py::arg("logits"), py::arg("draft_logits"), py::arg("params"), py::arg("request"), py::arg("position"),
+      py::arg("draft_vocab") = std::vector<int64_t>{},
+      "The drafter-distribution rule's step as the executor runs it (T>0): drafts drawn from draft_logits [d, V'] "
+      "(draft_vocab: each column's target id), decided over logits [d + 1, vocab] -> (drafts, accepted, next).");
+  m.def(
       "sample",
       [](const FloatArray& logits, const SamplingParams& params, uint64_t request, uint32_t position) {
         if (logits.ndim() != 1 || logits.shape(0) < 1) throw Error("sample needs one logits row [vocab]");

@@ -72,9 +72,13 @@ class Executor {
                                        const std::vector<std::vector<int64_t>>& prompts,
                                        const std::vector<RowSampling>& sampling) = 0;
   // Inject the features of the positions committed since the row's last draft, then draft
-  // block_size - 1 tokens after each row's bonus token -> block_size - 1 token ids per row.
+  // block_size - 1 tokens after each row's bonus token -> block_size - 1 token ids per row: the
+  // drafter's argmax, or where the executor samples drafts (the drafter-distribution rule) draws from
+  // its distribution for rows sampling at T>0, keyed by `sampling` (position: the first draft's; empty:
+  // every row's argmax).
   virtual std::vector<std::vector<int64_t>> draft(const std::vector<int64_t>& rows,
-                                                  const std::vector<int64_t>& bonus, int64_t block_size) = 0;
+                                                  const std::vector<int64_t>& bonus, int64_t block_size,
+                                                  const std::vector<RowSampling>& sampling) = 0;
   // Feed each row's block [bonus, drafts...] after its committed prefix and decide it -> how many
   // drafts the target keeps and its token after them. The block's cache entries stay pending until
   // commit.

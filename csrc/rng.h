@@ -48,10 +48,11 @@ DFLASH_HD inline Philox4x32Counter philox4x32_10(Philox4x32Counter x, Philox4x32
 }
 
 // What the sampler draws at one key. Draw index 1 is the categorical draw for the token emitted at
-// that position (a plain sample, or the target's draw that a draft is compared with: acceptance.h);
-// index 0 was the accept-then-resample rule's acceptance draw and is unused, further indices are
-// free for later uses. Layout: key = seed, counter = (position, draw, request lo, request hi).
-enum Draw : uint32_t { kCategoricalDraw = 1 };
+// that position (a plain sample, the target's draw that a draft is compared with, or a draw from the
+// residual after a rejection: acceptance.h); 2 draws a draft from the drafter's distribution and 3
+// decides whether the target keeps it (the drafter-distribution rule); index 0 is unused. Layout:
+// key = seed, counter = (position, draw, request lo, request hi).
+enum Draw : uint32_t { kCategoricalDraw = 1, kDraftDraw = 2, kAcceptDraw = 3 };
 
 // A uniform double in [0, 1) with 53 random bits (from the first two output words).
 DFLASH_HD inline double uniform(uint64_t seed, uint64_t request, uint32_t position, uint32_t draw) {

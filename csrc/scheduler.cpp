@@ -209,17 +209,20 @@ void Scheduler::choose_block(const std::vector<Request*>& rows) {
 void Scheduler::draft(const std::vector<Request*>& rows) {
   std::vector<int64_t> slots, bonus;
   std::vector<Request*> drafting;
+  std::vector<RowSampling> sampling;
   for (Request* r : rows) {
     r->drafts.clear();
     if (r->block < 2) continue;  // only the bonus to verify: nothing to draft
     drafting.push_back(r);
     slots.push_back(r->slot);
     bonus.push_back(r->tokens.back());
+    // drafts[0] sits one after the bonus, whose position is the committed length (as in verify)
+    sampling.push_back({r->params.sampling, r->stream, uint32_t(slots_.length(r->slot) + 1)});
   }
   if (drafting.empty()) return;
   // Every drafting row drafts the step's block; a row near its end keeps only what it may use.
   const double start = RequestTiming::now();
-  const std::vector<std::vector<int64_t>> drafts = executor_.draft(slots, bonus, step_block_);
+  const std::vector<std::vector<int64_t>> drafts = executor_.draft(slots, bonus, step_block_, sampling);
   const double seconds = RequestTiming::now() - start;
   draft_cost_.observe(int64_t(drafting.size()), step_block_, seconds);
   seconds_.draft += seconds;

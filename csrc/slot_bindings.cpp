@@ -69,6 +69,9 @@ void bind_slot_executors(py::module_& m) {
           .def_readwrite("draft_kv_heads", &Config::draft_kv_heads)
           .def_readwrite("draft_head_dim", &Config::draft_head_dim)
           .def_readwrite("mask_token_id", &Config::mask_token_id)
+          .def_readwrite("sample_drafts", &Config::sample_drafts)
+          .def_readwrite("draft_vocab_size", &Config::draft_vocab_size)
+          .def_readwrite("draft_vocab", &Config::draft_vocab)
           .def("validate", [](const Config& c) { c.validate("executor config"); });
   m.attr("OrtExecutorConfig") = config;  // the name before the TensorRT executor shared it
 
@@ -91,7 +94,9 @@ void bind_slot_executors(py::module_& m) {
             return as_arrays(e.prefill_logits(rows, prompts));
           },
           py::arg("rows"), py::arg("prompts"), "-> last-position logits [1, vocab] per row")
-      .def("draft", &SlotExecutor::draft, py::arg("rows"), py::arg("bonus"), py::arg("block_size"))
+      .def("draft", &SlotExecutor::draft, py::arg("rows"), py::arg("bonus"), py::arg("block_size"),
+           py::arg("sampling") = std::vector<dflash::RowSampling>{},
+           "-> block_size - 1 drafts per row: the argmax, or (sample_drafts) draws keyed by `sampling` at T>0")
       .def(
           "verify_logits",
           [](SlotExecutor& e, const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks) {

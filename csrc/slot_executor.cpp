@@ -93,6 +93,16 @@ void SlotExecutorConfig::validate(const std::string& who) const {
   } else if (draft_layers < 0 || feature_width != 0 || !draft_context_path.empty() || !draft_block_path.empty()) {
     throw Error(who + ": a target without a drafter (draft_layers 0) has no draft graphs and taps no features");
   }
+  if (sample_drafts) {
+    if (!has_drafter()) throw Error(who + ": sample_drafts needs a drafter");
+    positive(who, draft_vocab_size, "draft_vocab_size");
+    if (draft_vocab.empty() ? draft_vocab_size != vocab : int64_t(draft_vocab.size()) != draft_vocab_size)
+      throw Error(who + ": draft_vocab lists " + std::to_string(draft_vocab.size()) + " ids for a draft vocabulary of " +
+                  std::to_string(draft_vocab_size) + " (none: the target's " + std::to_string(vocab) + ")");
+    for (int64_t id : draft_vocab)
+      if (id < 0 || id >= vocab)
+        throw Error(who + ": draft_vocab id " + std::to_string(id) + " is outside the target's vocabulary");
+  }
   check_layer_split(who, attention_layers, linear_layers, target_layers);
   if (linear_layers.empty()) return;
   positive(who, conv_dim, "conv_dim");
@@ -130,8 +140,16 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
       decide_drafts_(device_, DType::int64),
       decide_probs_(device_, DType::float32),
       decide_order_(device_, DType::float32),
+      draft_logits_(device_, DType::float32),
       features_(device_, dtype_) {
   config_.validate(who_);
+  if (config_.sample_drafts && !device_.is_host())
+    throw Error(who_ + ": the drafter-distribution rule (sample_drafts) decides on the host; this executor's " +
+                backend_->name() + " device decides on its GPU (use the point-mass rule there)");
+  if (!config_.draft_vocab.empty()) {
+    draft_of_.assign(config_.vocab, -1);
+    for (size_t id = 0; id < config_.draft_vocab.size(); ++id) draft_of_[config_.draft_vocab[id]] = int32_t(id);
+  }
   target_ = backend_->open(config_.target_path);
   if (config_.has_drafter()) {
     draft_context_ = backend_->open(config_.draft_context_path);
@@ -185,8 +203,9 @@ size_t SlotExecutor::release_scratch() {
     freed += buffer.bytes();
     buffer.release();
   }
-  freed += logits_.host.capacity() * sizeof(float);
+  freed += (logits_.host.capacity() + draft_logits_.host.capacity()) * sizeof(float);
   logits_.release();
+  draft_logits_.release();
   return freed;
 }
 
@@ -514,7 +533,17 @@ std::vector<Verdict> SlotExecutor::verify(const std::vector<int64_t>& rows,
   const Decision on_device{sampling, &blocks, out, logprobs_};
   verify_rows(rows, blocks, device_.decides() ? &on_device : nullptr, [&](size_t i, const float* logits) {
     if (!logits) return;
-    out[i] = host_verdict(blocks[i], logits, config_.vocab, sampling[i]);
+    std::vector<float>& q = rows_[rows[i]].draft_q;  // its drafts' distributions, when they were drawn
+    const int64_t drafts = int64_t(blocks[i].size()) - 1;
+    if (drafts > 0 && !q.empty()) {
+      DFLASH_INVARIANT(int64_t(q.size()) >= drafts * config_.draft_vocab_size);
+      const RowSampling& s = sampling[i];
+      out[i] = accept_drafter(blocks[i].data() + 1, drafts, logits, config_.vocab, q.data(), config_.draft_vocab_size,
+                              draft_of_.empty() ? nullptr : draft_of_.data(), s.sampling, s.stream, s.position);
+    } else {
+      out[i] = host_verdict(blocks[i], logits, config_.vocab, sampling[i]);
+    }
+    q.clear();
     if (sampling[i].sampling.logprobs < 0) return;  // not asked: no list of decided tokens per step
     std::vector<int64_t> decided(blocks[i].begin() + 1, blocks[i].begin() + 1 + out[i].accepted);
     decided.push_back(out[i].next);
@@ -668,9 +697,10 @@ void SlotExecutor::keep_context(int64_t row, int64_t run, int64_t j, int64_t cou
 }
 
 std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>& rows,
-                                                      const std::vector<int64_t>& bonus, int64_t block_size) {
+                                                      const std::vector<int64_t>& bonus, int64_t block_size,
+                                                      const std::vector<RowSampling>& sampling) {
   const SlotExecutorConfig& c = config_;
-  DFLASH_INVARIANT(rows.size() == bonus.size());
+  DFLASH_INVARIANT(rows.size() == bonus.size() && (sampling.empty() || sampling.size() == rows.size()));
   if (!c.has_drafter()) throw Error(who_ + ": this executor has no drafter (plain decoding only)");
   if (block_size < 2) throw Error(who_ + ": draft needs block_size >= 2, got " + std::to_string(block_size));
   for (int64_t row : rows) DFLASH_INVARIANT(state(row).live);
@@ -711,14 +741,37 @@ std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>
   g.input("context_lengths", {lengths_.device_data(), DType::int64, {m}});
   for (size_t k = 0; k < context_.size(); ++k)
     g.input(context_names_[k], {context_[k].at(0), dtype_, {m, c.draft_kv_heads, ctx, c.draft_head_dim}});
-  g.output("draft_tokens", {tokens_.device_data(), DType::int64, {m, B - 1}});  // draft_logits is not fetched
+  g.output("draft_tokens", {tokens_.device_data(), DType::int64, {m, B - 1}});
+  // the drafter-distribution rule's rows at T>0 draw from the block pass's logits (else not fetched)
+  std::vector<bool> sampled(m, false);
+  for (int64_t i = 0; c.sample_drafts && i < int64_t(sampling.size()); ++i) {
+    sampled[i] = !sampling[i].sampling.greedy();
+    if (sampled[i]) sampling[i].sampling.validate();
+  }
+  const int64_t V = c.draft_vocab_size;
+  const bool any_sampled = std::find(sampled.begin(), sampled.end(), true) != sampled.end();
+  if (any_sampled) {
+    draft_logits_.host.resize(m * (B - 1) * V);
+    g.output("draft_logits", {draft_logits_.device_data(), DType::float32, {m, B - 1, V}});
+  }
   g.run("running draft_block.onnx");
   tokens_.download();
   device_.synchronize();
 
   std::vector<std::vector<int64_t>> out(m);
-  for (int64_t i = 0; i < m; ++i)
+  for (int64_t i = 0; i < m; ++i) {
     out[i].assign(tokens_.host.begin() + i * (B - 1), tokens_.host.begin() + (i + 1) * (B - 1));
+    std::vector<float>& q = rows_[rows[i]].draft_q;
+    q.clear();
+    if (!sampled[i]) continue;
+    q.resize((B - 1) * V);
+    const RowSampling& s = sampling[i];
+    for (int64_t j = 0; j < B - 1; ++j) {  // draft j sits at the first draft's position + j
+      const int64_t id = draw_draft(draft_logits_.host.data() + (i * (B - 1) + j) * V, V, s.sampling, s.stream,
+                                    s.position + uint32_t(j), q.data() + j * V);
+      out[i][j] = c.draft_vocab.empty() ? id : c.draft_vocab[id];
+    }
+  }
   return out;
 }
 

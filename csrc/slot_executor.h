@@ -74,6 +74,13 @@ struct SlotExecutorConfig {
   // drafter; none (draft_layers 0, no draft paths, feature_width 0): a target for plain decoding
   int64_t draft_layers = 0, draft_kv_heads = 0, draft_head_dim = 0;
   int64_t mask_token_id = 0;
+  // The drafter-distribution rule (acceptance.h, accept_drafter): rows sampling at T>0 draw their drafts
+  // from the draft block graph's `draft_logits` [rows, B-1, draft_vocab_size] (float32) and are decided
+  // by it; off: drafts are the graph's argmax (point mass). Host devices only. draft_vocab: each draft
+  // id's target id (empty: the ids are the target's, draft_vocab_size == vocab).
+  bool sample_drafts = false;
+  int64_t draft_vocab_size = 0;
+  std::vector<int64_t> draft_vocab;
 
   bool has_drafter() const { return draft_layers > 0; }
 
@@ -101,7 +108,7 @@ class SlotExecutor : public Executor {
   std::vector<int64_t> prefill(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& prompts,
                                const std::vector<RowSampling>& sampling) override;
   std::vector<std::vector<int64_t>> draft(const std::vector<int64_t>& rows, const std::vector<int64_t>& bonus,
-                                          int64_t block_size) override;
+                                          int64_t block_size, const std::vector<RowSampling>& sampling) override;
   std::vector<Verdict> verify(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks,
                               const std::vector<RowSampling>& sampling) override;
   // The same phases returning their logits instead of deciding tokens: numerics checks against a
@@ -164,6 +171,9 @@ class SlotExecutor : public Executor {
     // where the states and draft context rows of the last verify's positions lie until commit: Run
     // `verify_run` of target phase `verify_phase`, its row `verify_index` (nothing moves before commit)
     int64_t verify_phase = -1, verify_run = -1, verify_index = -1;
+    // the drafter-distribution rule: the distributions its last drafts were drawn from [drafts,
+    // draft_vocab_size] (empty: its drafts were the argmax)
+    std::vector<float> draft_q;
   };
   // One target Run's outputs a phase keeps until the next: per linear layer the states after each
   // row's last logits row [n, size] and its positions' inputs (conv [n, C, s], delta [n, s, width]),
@@ -239,6 +249,8 @@ class SlotExecutor : public Executor {
   std::vector<std::vector<TokenLogprob>> logprobs_;        // the last prefill's or verify's, per row
   Staged<int64_t> decide_drafts_;
   Buffer decide_probs_, decide_order_;  // float32 [rows, positions, V]; order holds int32 tokens, then ids
+  Staged<float> draft_logits_;     // the drafter-distribution rule: the block pass's logits [m, B-1, V']
+  std::vector<int32_t> draft_of_;   // a target id's draft id, -1: none (empty: the same ids)
   Buffer features_;                 // the target's tapped features [n, s, F], the drafter's input
   std::vector<Buffer> context_;     // per draft cache: the rows' packed context for the block pass
 };

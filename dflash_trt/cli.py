@@ -106,9 +106,13 @@ def main():
 @click.option("--quant", type=click.Choice(QUANTS), default=None,
               help="--backend onnxruntime (auto picks it) or tensorrt: " + QUANT_HELP)
 @click.option("--draft-quant", type=click.Choice(DRAFT_QUANTS), default=None, help=DRAFT_QUANT_HELP)
+@click.option("--draft-rule", type=click.Choice(["point-mass", "drafter"]), default="point-mass", show_default=True,
+              help="At T>0: point-mass drafts the drafter's argmax (a seeded reply equals the plain sampled one); "
+                   "drafter draws drafts from the drafter's distribution, kept with min(1, p/q) (needs --block-size; "
+                   "CPU executors).")
 @user_errors
 def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop, as_json,
-             logprobs, device, dtype, quant, draft_quant):
+             logprobs, device, dtype, quant, draft_quant, draft_rule):
     """Generate a reply to PROMPT, streaming it, then print the acceptance summary."""
     from dflash_trt.runtime.llm import AUTO, LLM
     from dflash_trt.spec.metrics import summary_line
@@ -123,10 +127,10 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
         if device or dtype or quant or draft_quant:
             raise DFlashError("--device, --dtype, --quant and --draft-quant choose how --target is run; a bundle runs "
                               "as it was exported")
-        llm = LLM.from_bundle(bundle, block_size=block_size)
+        llm = LLM.from_bundle(bundle, block_size=block_size, draft_rule=draft_rule)
     else:
         llm = LLM(target=target, draft=draft or AUTO, backend=backend, block_size=block_size, device=device,
-                  dtype=dtype, quant=quant, draft_quant=draft_quant)
+                  dtype=dtype, quant=quant, draft_quant=draft_quant, draft_rule=draft_rule)
     if speculative and not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{target}': pass --draft DIR or --no-speculative")
     if as_json:

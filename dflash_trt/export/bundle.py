@@ -42,6 +42,7 @@ from dflash_trt.export.slot_trt_ops import finish_opset24, register_slot_trt_sym
 from dflash_trt.export.staging import staged_directory
 from dflash_trt.export.verify import TOLERANCES, check_graph, inspect_graph
 from dflash_trt.export.weights import WeightsAsInputs, attach_weights, module_weights
+from dflash_trt.models.draft_vocab import write_draft_vocab
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.target import TargetModel, eos_token_ids
 
@@ -98,9 +99,18 @@ def _graph_specs(target: TargetModel, drafter: DFlashDrafter, dtype: str = "floa
         "draft_block": {
             "inputs": [_io("block_ids", "int64", ["batch", "block"]), _io("context_lengths", "int64", ["batch"])]
             + [_io(n, dtype, ["batch", d_kv[0], "context", d_kv[1]]) for n in kv_names("context", dl)],
-            "outputs": [_io("draft_tokens", "int64", ["batch", "block-1"])],
+            "outputs": [_io("draft_tokens", "int64", ["batch", "block-1"])]
+            + ([_io("draft_logits", "float32", ["batch", "block-1", _draft_vocab_size(target, drafter)])]
+               if exports_draft_logits(flavour, d.method) else []),
         },
     }
+
+
+def exports_draft_logits(flavour: str, method: str) -> bool:
+    """Whether the draft block graph also returns its logits (the drafter-distribution rule's q): the
+    onnxruntime flavour of a DFlash drafter (DFlash2 picks its drafts by a selector over candidates,
+    whose distribution those logits are not)."""
+    return flavour == "slots" and method != "dflash2"
 
 
 def slot_target_io(target: TargetModel, features: int, dtype: str, capacity: int | None = None) -> dict:
@@ -345,6 +355,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
         "draft_context": PluginDraftContextGraph(drafter) if plugin else DraftContextGraph(drafter),
         "draft_block": PluginDraftBlockGraph(drafter, target) if plugin else DraftBlockGraph(drafter, target),
     }
+    modules["draft_block"].export_logits = exports_draft_logits(flavour, d.method)
     if flavour == "slots":  # the onnxruntime flavour: its own MoE kernel (export/moe.py), RoPE inside GQA
         use_moe_op(modules["target"], "onnxruntime")
         modules["target"].rope_in_attention = not hybrid
@@ -365,6 +376,9 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
         if draft_quant:
             quantize_graph(tmp / "draft_context.onnx", draft_quant, flavour, EXTERNAL_DATA_THRESHOLD)
             draft_quantized = quantize_graph(tmp / "draft_block.onnx", draft_quant, flavour, EXTERNAL_DATA_THRESHOLD)
+        if drafter.draft_vocab is not None and modules["draft_block"].export_logits:
+            write_draft_vocab(tmp, drafter.draft_vocab, "the drafter's draft vocabulary: draft_logits column i "
+                              "is target id token_ids[i]")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         progress("tokenizer")

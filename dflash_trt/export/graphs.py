@@ -6,8 +6,10 @@
     draft_block.onnx    block_ids [b, B], context_lengths [b], context K/V per draft layer
                         -> draft_tokens [b, B-1] (target ids)
 
-The block pass returns token ids only: its logits (over the drafter's draft vocabulary, or the
-target's) end in the graph's ArgMax, so no runtime ever allocates or moves a block of them.
+The block pass returns token ids; its logits (over the drafter's draft vocabulary, or the target's)
+end in the graph's ArgMax. The slots flavour also returns them as `draft_logits` (float32), for an
+executor drawing drafts from the drafter's distribution (LLM(draft_rule="drafter")); an executor that
+does not bind that output never receives them (onnxruntime computes only what is bound).
 
 K/V tensors are [b, kv_heads, tokens, head_dim], K after RoPE. Caches grow by concatenation
 (present = past ++ new) and rows are valid up to their length: `past_lengths` / `context_lengths`
@@ -182,6 +184,7 @@ class DraftBlockGraph(nn.Module):
     """The non-causal block pass: [bonus, MASK...] over the cached context -> B-1 draft tokens."""
 
     keep_logits = False  # (tokens, logits) for the export's numerics check; exported: tokens only
+    export_logits = False  # (tokens, float32 logits) as the exported graph's two outputs (the slots flavour)
 
     def __init__(self, drafter: DFlashDrafter, target: TargetModel, head: nn.Module | None = None):
         super().__init__()
@@ -202,4 +205,11 @@ class DraftBlockGraph(nn.Module):
             visible[:, None, None, :],
         )
         logits, tokens = self.head(hidden[:, 1:], block_ids[:, 0])  # slot 0 is the bonus, not a draft
-        return (tokens, logits) if self.keep_logits else tokens
+        return block_outputs(self, tokens, logits)
+
+
+def block_outputs(module: nn.Module, tokens: torch.Tensor, logits: torch.Tensor):
+    """What a draft block module returns: its tokens, with its logits where it exports or keeps them."""
+    if module.export_logits:
+        return tokens, logits.float()
+    return (tokens, logits) if module.keep_logits else tokens

@@ -18,8 +18,9 @@ FORMAT_VERSION = 1
 # 3: its Q/K/V packed (the heads split only for per-head norms); 4: GQA's total length from the lengths;
 # 5: the drafter's RoPE halves as constants; 6: hybrid slot targets return each position's linear-attention
 # inputs instead of a state per position (a runtime rebuilds the states at commit; older hybrid slot
-# bundles are refused at load).
-GRAPHS_REVISION = 6
+# bundles are refused at load); 7: the slots draft block graph also returns draft_logits (older bundles
+# run, refusing only the drafter-distribution rule).
+GRAPHS_REVISION = 7
 GRAPHS = ("target", "draft_context", "draft_block")
 # slots: contract 2, the target writes fixed-capacity caches in place (com.microsoft GQA, onnxruntime only).
 # slots-trt: contract 2 in standard ops (TensorScatter + Attention, opset 24) with a static capacity: TensorRT.

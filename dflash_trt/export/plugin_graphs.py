@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.export.graphs import block_outputs
 from dflash_trt.export.plugin_ops import block_attention, inject_kv
 from dflash_trt.models.drafter import DFlashDrafter, apply_rope
 from dflash_trt.models.target import TargetModel
@@ -40,6 +41,7 @@ class PluginDraftContextGraph(nn.Module):
 
 class PluginDraftBlockGraph(nn.Module):
     keep_logits = False  # as DraftBlockGraph's
+    export_logits = False
 
     def __init__(self, drafter: DFlashDrafter, target: TargetModel, head: nn.Module | None = None):
         super().__init__()
@@ -72,4 +74,4 @@ class PluginDraftBlockGraph(nn.Module):
             m = layer.post_attention_layernorm(x)
             x = x + (layer.mlp_conv.around(layer.mlp, m) if hasattr(layer, "mlp_conv") else layer.mlp(m))
         logits, tokens = self.head(d.norm(x)[:, 1:], block_ids[:, 0])  # slot 0 is the bonus: the selector's anchor
-        return (tokens, logits) if self.keep_logits else tokens
+        return block_outputs(self, tokens, logits)

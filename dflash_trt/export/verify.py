@@ -57,7 +57,8 @@ def check_graph(graph: Path, module: torch.nn.Module, inputs: tuple[torch.Tensor
     from polygraphy.logger import G_LOGGER
 
     G_LOGGER.module_severity = G_LOGGER.ERROR  # its per-output report would bury our progress bar
-    block_pass = hasattr(module, "keep_logits")
+    # a draft block pass that exports its logits is compared on them as it stands
+    block_pass = hasattr(module, "keep_logits") and not module.export_logits
     with torch.no_grad(), _logits_kept(module):
         outputs = module.eval()(*inputs)
     if isinstance(outputs, torch.Tensor):

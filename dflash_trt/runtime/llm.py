@@ -88,12 +88,14 @@ class LLM:
         dtype: str | None = None,
         quant: str | None = None,
         draft_quant: str | None = None,
+        draft_rule: str = "point-mass",
     ):
         """`device` and `dtype` place the torch backend's models: "cuda" when PyTorch sees a GPU, else
         "cpu"; bfloat16 on a GPU, float32 on the CPU. A bundle's backend runs the bundle's own.
         `quant` ("int4", backend onnxruntime or tensorrt): the target's weights in 4 bits
         (export/quantize.py); `draft_quant` ("int4", the same backends): the drafter's. `backend` "auto":
-        resolve_backend's choice."""
+        resolve_backend's choice. `draft_rule` (ort_executor.DRAFT_RULES): how T>0 requests draft;
+        "drafter" needs a fixed `block_size` and a CPU executor."""
         backend = resolve_backend(backend, target, draft, device, dtype, quant is not None or draft_quant is not None)
         if backend not in BACKENDS:
             raise DFlashError(f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}")
@@ -132,6 +134,7 @@ class LLM:
             else:
                 bundle = cached_engines(target, draft, capacity, max_batch, quant, draft_quant)
             self._load_bundle(bundle, block_size, max_batch)
+            self._set_draft_rule(draft_rule)
             return
         self.backend = "torch"
         self.device, self.dtype = torch_placement(device, dtype)
@@ -159,10 +162,11 @@ class LLM:
         self.max_block_size = block_size or (self.drafter.config.block_size if self.drafter else None)
         self.adaptive = block_size is None
         self.eos_token_ids = eos_token_ids(self.target, self.tokenizer)
+        self._set_draft_rule(draft_rule)
 
     @classmethod
     def from_bundle(cls, path: str | Path, block_size: int | None = None, max_batch: int | None = None,
-                    capacity: int | None = None, prefill_chunk: int = 0) -> LLM:
+                    capacity: int | None = None, prefill_chunk: int = 0, draft_rule: str = "point-mass") -> LLM:
         """Run what `dflash-trt export` or `dflash-trt build` wrote on a C++ executor: a slots (or
         slots-trt) bundle or onnxruntime engines built from one on onnxruntime, TensorRT engines built
         from a slots-trt bundle on the GPU. Portable and plugin bundles (graph contract 1, for engine
@@ -178,7 +182,32 @@ class LLM:
         capacity = capacity or bundle_capacity(path) or DEFAULT_CAPACITY
         llm._batching(max_batch or DEFAULT_MAX_BATCH, capacity, prefill_chunk)  # the user's values first
         llm._load_bundle(Path(path), block_size, max_batch)
+        llm._set_draft_rule(draft_rule)
         return llm
+
+    def _set_draft_rule(self, rule: str) -> None:
+        """How T>0 requests draft (DRAFT_RULES); one line for a rule this LLM cannot run, before any request."""
+        from dflash_trt.runtime.ort_executor import DRAFT_RULES, draft_rule_refusal
+
+        if rule not in DRAFT_RULES:
+            raise DFlashError(f"draft_rule must be one of {', '.join(DRAFT_RULES)}, got {rule!r}")
+        self.draft_rule = rule
+        if rule == "point-mass":
+            return
+        if self.adaptive:
+            raise DFlashError("draft_rule 'drafter' needs a fixed block_size: its tokens depend on where each block "
+                              "starts, so blocks chosen per step would make a seeded request's tokens depend on its batch")
+        if self.backend == "tensorrt" or (self.backend == "torch" and self.device.type == "cuda"):
+            raise DFlashError("draft_rule 'drafter' decides on the host (the CPU executors); the GPU executors "
+                              "decide on the GPU with the point-mass rule")
+        if self.backend == "torch":
+            refusal = None if self.has_drafter else "draft_rule 'drafter' needs a drafter"
+            if self.has_drafter and self.drafter.config.method == "dflash2":
+                refusal = draft_rule_refusal({"draft": {"method": "dflash2"}})
+        else:
+            refusal = draft_rule_refusal(self._bundle.manifest)
+        if refusal:
+            raise DFlashError(refusal)
 
     def _batching(self, max_batch: int, capacity: int, prefill_chunk: int = 0) -> None:
         """How `generate` runs a list: up to `max_batch` requests at once, each in a KV slot of
@@ -242,7 +271,7 @@ class LLM:
             from dflash_trt.runtime.torch_graphs import torch_executor
 
             return torch_executor(self, max_batch, capacity)
-        return self._bundle.executor(max_batch, capacity)
+        return self._bundle.executor(max_batch, capacity, draft_rule=self.draft_rule)
 
     # -- prompts -------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes.util
 import importlib.util
+import json
 from pathlib import Path
 
 from dflash_trt.errors import DFlashError
@@ -20,6 +21,26 @@ from dflash_trt.runtime.native import native_core
 from dflash_trt.runtime.engine_bundles import open_bundle
 
 CONTRACT = 2
+# How an executor drafts for rows sampling at T>0 (LLM(draft_rule=...)): "point-mass" takes the drafter's
+# argmax and keeps it by sample-then-compare (a seeded reply equals the plain sampled one); "drafter"
+# draws drafts from the drafter's own distribution q and keeps them with min(1, p/q) (csrc/acceptance.h).
+# Greedy requests draft the argmax either way.
+DRAFT_RULES = ("point-mass", "drafter")
+
+
+def draft_rule_refusal(manifest: dict) -> str | None:
+    """Why graphs described by `manifest` (bundle.json's sections) cannot run the "drafter" rule, or None."""
+    draft = manifest.get("draft")
+    if draft is None:
+        return "draft_rule 'drafter' needs a drafter"
+    if draft.get("method") == "dflash2":
+        return ("draft_rule 'drafter' covers DFlash drafters; a DFlash2 drafter picks its drafts with its "
+                "candidate selector: use draft_rule 'point-mass'")
+    if not any(o["name"] == "draft_logits" for o in manifest["graphs"]["draft_block"]["outputs"]):
+        return ("draft_rule 'drafter' needs the draft block graph's draft_logits, which this bundle's does not return "
+                "(a slots-trt or plugin flavour, or exported before graphs revision 7): re-export with --flavour "
+                "slots, or use draft_rule 'point-mass'")
+    return None
 
 
 def onnxruntime_library() -> Path:
@@ -60,9 +81,12 @@ def executor_config(bundle_root: str | Path, max_batch: int, capacity: int, thre
 
 
 def slot_config(manifest: dict, paths: dict[str, str], library: str, max_batch: int, capacity: int,
-                threads: int | None = None, driver: str = "libcuda.so.1"):
+                threads: int | None = None, driver: str = "libcuda.so.1", draft_rule: str = "point-mass",
+                draft_vocab: list[int] | None = None):
     """The `_core.ExecutorConfig` of contract-2 graphs from their manifest (bundle.json's "dtype",
-    "graphs", "target" and "draft"; no "draft": a target for plain decoding) and where each graph is."""
+    "graphs", "target" and "draft"; no "draft": a target for plain decoding) and where each graph is;
+    `draft_rule` one of DRAFT_RULES, `draft_vocab` the draft_logits columns' target ids (None: the
+    target's own ids)."""
     graphs, target, draft = manifest["graphs"], manifest["target"], manifest.get("draft")
     config = native_core().ExecutorConfig()
     config.target_path = paths["target"]
@@ -100,6 +124,14 @@ def slot_config(manifest: dict, paths: dict[str, str], library: str, max_batch: 
         config.draft_kv_heads = draft["num_key_value_heads"]
         config.draft_head_dim = draft["head_dim"]
         config.mask_token_id = draft["mask_token_id"]
+    if draft_rule != "point-mass":
+        refusal = (f"draft_rule must be one of {', '.join(DRAFT_RULES)}, got {draft_rule!r}"
+                   if draft_rule not in DRAFT_RULES else draft_rule_refusal(manifest))
+        if refusal:
+            raise DFlashError(refusal)
+        config.sample_drafts = True
+        config.draft_vocab_size = draft["draft_vocab_size"]
+        config.draft_vocab = list(draft_vocab or [])
     return config
 
 
@@ -167,12 +199,18 @@ class SlotBundle:
             raise DFlashError(f"{self.root} was exported with --capacity {self.capacity} (a static cache size in "
                               f"its graphs): run it with capacity {self.capacity}, or re-export")
 
-    def config(self, max_batch: int, capacity: int, threads: int | None = None):
+    def config(self, max_batch: int, capacity: int, threads: int | None = None, draft_rule: str = "point-mass"):
         """The `_core.ExecutorConfig` for `max_batch` slots of `capacity` tokens."""
         self.check_limits(max_batch, capacity)
         paths = {name: str(self.root / graph["file"]) for name, graph in self.manifest["graphs"].items()}
-        return slot_config(self.manifest, paths, self.library, max_batch, capacity, threads, self.cuda_driver)
+        return slot_config(self.manifest, paths, self.library, max_batch, capacity, threads, self.cuda_driver,
+                           draft_rule, self.draft_vocab() if draft_rule != "point-mass" else None)
 
-    def executor(self, max_batch: int, capacity: int, threads: int | None = None):
-        config = self.config(max_batch, capacity, threads)
+    def draft_vocab(self) -> list[int] | None:
+        """The target ids of the draft_logits columns (the bundle's draft_vocab.json), None: the target's ids."""
+        path = self.root / "draft_vocab.json"
+        return json.loads(path.read_text())["token_ids"] if path.is_file() else None
+
+    def executor(self, max_batch: int, capacity: int, threads: int | None = None, draft_rule: str = "point-mass"):
+        config = self.config(max_batch, capacity, threads, draft_rule)
         return (native_core().TrtExecutor if self.kind == "tensorrt" else native_core().OrtExecutor)(config)

@@ -235,6 +235,7 @@ class TorchGraphs:
     C++ side opens them (csrc/py_graph.h)."""
 
     def __init__(self, llm, specs: dict[str, dict], device: torch.device, stats: Counter | None = None):
+        from dflash_trt.export.bundle import exports_draft_logits
         from dflash_trt.export.graphs import DraftBlockGraph, DraftContextGraph
         from dflash_trt.export.hybrid_slot_graphs import HybridSlotTargetGraph
         from dflash_trt.export.moe import RoutedMoE, export_mlp, fused_moe_refusal, is_sparse_moe, use_moe_op
@@ -272,6 +273,8 @@ class TorchGraphs:
             else:
                 self.modules["draft_context"] = DraftContextGraph(llm.drafter)
                 self.modules["draft_block"] = DraftBlockGraph(llm.drafter, llm.target, llm.draft_head)
+            # its outputs as the slots flavour's spec lists them (graph_specs)
+            self.modules["draft_block"].export_logits = exports_draft_logits("slots", llm.drafter.config.method)
         self.specs, self.device, self.stream = specs, device, None
         self.stats = Counter() if stats is None else stats  # CUDA graphs: captured, replayed, eager runs
         graphed = CUDA_GRAPHS and device.type == "cuda"
@@ -311,7 +314,10 @@ def torch_executor(llm, max_batch: int, capacity: int):
     specs = graph_specs(llm, dtype)
     manifest = {"dtype": dtype, "graphs": specs,
                 **model_sections(llm.target, llm.drafter if llm.has_drafter else None, llm.tokenizer)}
-    config = slot_config(manifest, {name: name for name in specs}, torch.__file__, max_batch, capacity)
+    draft_rule = getattr(llm, "draft_rule", "point-mass")
+    vocab = llm.drafter.draft_vocab if llm.has_drafter and draft_rule != "point-mass" else None
+    config = slot_config(manifest, {name: name for name in specs}, torch.__file__, max_batch, capacity,
+                         draft_rule=draft_rule, draft_vocab=None if vocab is None else vocab.tolist())
     core = native_core()
     if device.type == "cuda" and not core.HAS_CUDA_DEVICE:
         raise DFlashError("dflash_trt._core was built without the CUDA headers: reinstall where the CUDA toolkit "
