@@ -166,9 +166,13 @@ class TorchGraph:
 
     def _forward(self, what: str, inputs: dict, outputs: dict) -> None:
         results = self.module(*(self._view(*inputs[name]) for name in self.inputs))
-        if isinstance(results, torch.Tensor):  # a graph with one output (draft_block)
+        if isinstance(results, torch.Tensor):  # a draft block module returning its tokens only
             results = (results,)
-        for name, result in zip(self.outputs, results, strict=True):
+        unreturned = [name for name in self.outputs[len(results):] if name in outputs]
+        if unreturned or len(results) > len(self.outputs):
+            raise DFlashError(f"{what}: the module returned {len(results)} outputs of {self.outputs}, the executor "
+                              f"bound {sorted(outputs)}")
+        for name, result in zip(self.outputs, results):
             if name not in outputs:
                 continue  # an output the executor does not read
             out = self._view(*outputs[name])
