@@ -72,6 +72,7 @@ void bind_slot_executors(py::module_& m) {
           .def_readwrite("sample_drafts", &Config::sample_drafts)
           .def_readwrite("draft_vocab_size", &Config::draft_vocab_size)
           .def_readwrite("draft_vocab", &Config::draft_vocab)
+          .def_readwrite("selector_top_k", &Config::selector_top_k)
           .def("validate", [](const Config& c) { c.validate("executor config"); });
   m.attr("OrtExecutorConfig") = config;  // the name before the TensorRT executor shared it
 

@@ -102,6 +102,8 @@ void SlotExecutorConfig::validate(const std::string& who) const {
     for (int64_t id : draft_vocab)
       if (id < 0 || id >= vocab)
         throw Error(who + ": draft_vocab id " + std::to_string(id) + " is outside the target's vocabulary");
+    if (selector_top_k < 0 || selector_top_k > draft_vocab_size)
+      throw Error(who + ": selector_top_k must be in [0, draft_vocab_size], got " + std::to_string(selector_top_k));
   }
   check_layer_split(who, attention_layers, linear_layers, target_layers);
   if (linear_layers.empty()) return;
@@ -141,6 +143,7 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
       decide_probs_(device_, DType::float32),
       decide_order_(device_, DType::float32),
       draft_logits_(device_, DType::float32),
+      selector_columns_(device_, DType::int64),
       features_(device_, dtype_) {
   config_.validate(who_);
   if (config_.sample_drafts && !device_.is_host())
@@ -203,9 +206,11 @@ size_t SlotExecutor::release_scratch() {
     freed += buffer.bytes();
     buffer.release();
   }
-  freed += (logits_.host.capacity() + draft_logits_.host.capacity()) * sizeof(float);
+  freed += (logits_.host.capacity() + draft_logits_.host.capacity()) * sizeof(float) +
+           selector_columns_.host.capacity() * sizeof(int64_t);
   logits_.release();
   draft_logits_.release();
+  selector_columns_.release();
   return freed;
 }
 
@@ -748,11 +753,17 @@ std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>
     sampled[i] = !sampling[i].sampling.greedy();
     if (sampled[i]) sampling[i].sampling.validate();
   }
-  const int64_t V = c.draft_vocab_size;
-  const bool any_sampled = std::find(sampled.begin(), sampled.end(), true) != sampled.end();
-  if (any_sampled) {
-    draft_logits_.host.resize(m * (B - 1) * V);
-    g.output("draft_logits", {draft_logits_.device_data(), DType::float32, {m, B - 1, V}});
+  const int64_t k = c.selector_top_k;
+  if (std::find(sampled.begin(), sampled.end(), true) != sampled.end()) {
+    if (k > 0) {
+      draft_logits_.host.resize(m * (B - 1) * k * k);
+      selector_columns_.host.resize(m * (B - 1) * k);
+      g.output("selector_scores", {draft_logits_.device_data(), DType::float32, {m, B - 1, k, k}});
+      g.output("selector_columns", {selector_columns_.device_data(), DType::int64, {m, B - 1, k}});
+    } else {
+      draft_logits_.host.resize(m * (B - 1) * c.draft_vocab_size);
+      g.output("draft_logits", {draft_logits_.device_data(), DType::float32, {m, B - 1, c.draft_vocab_size}});
+    }
   }
   g.run("running draft_block.onnx");
   tokens_.download();
@@ -763,16 +774,36 @@ std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>
     out[i].assign(tokens_.host.begin() + i * (B - 1), tokens_.host.begin() + (i + 1) * (B - 1));
     std::vector<float>& q = rows_[rows[i]].draft_q;
     q.clear();
-    if (!sampled[i]) continue;
-    q.resize((B - 1) * V);
-    const RowSampling& s = sampling[i];
+    if (sampled[i]) draw_drafts(i, B, sampling[i], out[i].data(), q);
+  }
+  return out;
+}
+
+void SlotExecutor::draw_drafts(int64_t i, int64_t B, const RowSampling& s, int64_t* tokens, std::vector<float>& q) {
+  const SlotExecutorConfig& c = config_;
+  const int64_t V = c.draft_vocab_size, k = c.selector_top_k;
+  q.assign((B - 1) * V, 0.0f);
+  const auto target_id = [&](int64_t id) { return c.draft_vocab.empty() ? id : c.draft_vocab[id]; };
+  if (k == 0) {
     for (int64_t j = 0; j < B - 1; ++j) {  // draft j sits at the first draft's position + j
       const int64_t id = draw_draft(draft_logits_.host.data() + (i * (B - 1) + j) * V, V, s.sampling, s.stream,
                                     s.position + uint32_t(j), q.data() + j * V);
-      out[i][j] = c.draft_vocab.empty() ? id : c.draft_vocab[id];
+      tokens[j] = target_id(id);
     }
+    return;
   }
-  return out;
+  // DFlash2: walk from the anchor, each position's candidate drawn from the selector's scores after the
+  // pick before it; q over the draft ids is that draw's distribution (0 off the candidates)
+  std::vector<float> picked(k);
+  int64_t before = 0;  // position 0's rows all score after the anchor
+  for (int64_t j = 0; j < B - 1; ++j) {
+    const float* scores = draft_logits_.host.data() + ((i * (B - 1) + j) * k + before) * k;
+    const int64_t* columns = selector_columns_.host.data() + (i * (B - 1) + j) * k;
+    for (int64_t candidate = 0; candidate < k; ++candidate) DFLASH_INVARIANT(columns[candidate] >= 0 && columns[candidate] < V);
+    before = draw_draft(scores, k, s.sampling, s.stream, s.position + uint32_t(j), picked.data());
+    for (int64_t candidate = 0; candidate < k; ++candidate) q[j * V + columns[candidate]] += picked[candidate];
+    tokens[j] = target_id(columns[before]);
+  }
 }
 
 }  // namespace dflash

@@ -81,6 +81,10 @@ struct SlotExecutorConfig {
   bool sample_drafts = false;
   int64_t draft_vocab_size = 0;
   std::vector<int64_t> draft_vocab;
+  // A DFlash2 drafter's candidates per position (0: a DFlash drafter). Its rows draw from the selector
+  // instead: `selector_scores` [rows, B-1, k, k] (position t's score of candidate j after candidate i of
+  // position t-1; position 0's rows all after the anchor) and `selector_columns` [rows, B-1, k] (draft ids).
+  int64_t selector_top_k = 0;
 
   bool has_drafter() const { return draft_layers > 0; }
 
@@ -249,7 +253,12 @@ class SlotExecutor : public Executor {
   std::vector<std::vector<TokenLogprob>> logprobs_;        // the last prefill's or verify's, per row
   Staged<int64_t> decide_drafts_;
   Buffer decide_probs_, decide_order_;  // float32 [rows, positions, V]; order holds int32 tokens, then ids
-  Staged<float> draft_logits_;     // the drafter-distribution rule: the block pass's logits [m, B-1, V']
+  // the drafter-distribution rule's inputs from the block pass: its logits [m, B-1, V'], or a DFlash2
+  // selector's scores [m, B-1, k, k] and candidate columns [m, B-1, k]
+  Staged<float> draft_logits_;
+  Staged<int64_t> selector_columns_;
+  // Draws row i's drafts (sampling s) into `tokens` and their distributions over the draft ids into `q`.
+  void draw_drafts(int64_t i, int64_t B, const RowSampling& s, int64_t* tokens, std::vector<float>& q);
   std::vector<int32_t> draft_of_;   // a target id's draft id, -1: none (empty: the same ids)
   Buffer features_;                 // the target's tapped features [n, s, F], the drafter's input
   std::vector<Buffer> context_;     // per draft cache: the rows' packed context for the block pass

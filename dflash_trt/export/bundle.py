@@ -100,17 +100,27 @@ def _graph_specs(target: TargetModel, drafter: DFlashDrafter, dtype: str = "floa
             "inputs": [_io("block_ids", "int64", ["batch", "block"]), _io("context_lengths", "int64", ["batch"])]
             + [_io(n, dtype, ["batch", d_kv[0], "context", d_kv[1]]) for n in kv_names("context", dl)],
             "outputs": [_io("draft_tokens", "int64", ["batch", "block-1"])]
-            + ([_io("draft_logits", "float32", ["batch", "block-1", _draft_vocab_size(target, drafter)])]
-               if exports_draft_logits(flavour, d.method) else []),
+            + (_draft_distribution_io(target, drafter) if exports_draft_distribution(flavour) else []),
         },
     }
 
 
-def exports_draft_logits(flavour: str, method: str) -> bool:
-    """Whether the draft block graph also returns its logits (the drafter-distribution rule's q): the
-    onnxruntime flavour of a DFlash drafter (DFlash2 picks its drafts by a selector over candidates,
-    whose distribution those logits are not)."""
-    return flavour == "slots" and method != "dflash2"
+def exports_draft_distribution(flavour: str) -> bool:
+    """Whether the draft block graph also returns what the drafter-distribution rule draws from (the
+    onnxruntime flavour; the engine flavours keep their block pass to its tokens)."""
+    return flavour == "slots"
+
+
+def _draft_distribution_io(target: TargetModel, drafter: DFlashDrafter) -> list[dict]:
+    """A DFlash drafter's logits over its draft vocabulary; a DFlash2 drafter's selector tables: each
+    position's score of candidate j after candidate i of the position before, and the candidates'
+    draft vocabulary columns (models/dflash2.py)."""
+    d = drafter.config
+    if d.method != "dflash2":
+        return [_io("draft_logits", "float32", ["batch", "block-1", _draft_vocab_size(target, drafter)])]
+    k = d.selector_top_k
+    return [_io("selector_scores", "float32", ["batch", "block-1", k, k]),
+            _io("selector_columns", "int64", ["batch", "block-1", k])]
 
 
 def slot_target_io(target: TargetModel, features: int, dtype: str, capacity: int | None = None) -> dict:
@@ -355,7 +365,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
         "draft_context": PluginDraftContextGraph(drafter) if plugin else DraftContextGraph(drafter),
         "draft_block": PluginDraftBlockGraph(drafter, target) if plugin else DraftBlockGraph(drafter, target),
     }
-    modules["draft_block"].export_logits = exports_draft_logits(flavour, d.method)
+    modules["draft_block"].export_logits = exports_draft_distribution(flavour)
     if flavour == "slots":  # the onnxruntime flavour: its own MoE kernel (export/moe.py), RoPE inside GQA
         use_moe_op(modules["target"], "onnxruntime")
         modules["target"].rope_in_attention = not hybrid
@@ -377,8 +387,8 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
             quantize_graph(tmp / "draft_context.onnx", draft_quant, flavour, EXTERNAL_DATA_THRESHOLD)
             draft_quantized = quantize_graph(tmp / "draft_block.onnx", draft_quant, flavour, EXTERNAL_DATA_THRESHOLD)
         if drafter.draft_vocab is not None and modules["draft_block"].export_logits:
-            write_draft_vocab(tmp, drafter.draft_vocab, "the drafter's draft vocabulary: draft_logits column i "
-                              "is target id token_ids[i]")
+            write_draft_vocab(tmp, drafter.draft_vocab, "the drafter's draft vocabulary: draft vocabulary column "
+                              "i (draft_logits, selector_columns) is target id token_ids[i]")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         progress("tokenizer")

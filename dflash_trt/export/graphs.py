@@ -7,9 +7,10 @@
                         -> draft_tokens [b, B-1] (target ids)
 
 The block pass returns token ids; its logits (over the drafter's draft vocabulary, or the target's)
-end in the graph's ArgMax. The slots flavour also returns them as `draft_logits` (float32), for an
-executor drawing drafts from the drafter's distribution (LLM(draft_rule="drafter")); an executor that
-does not bind that output never receives them (onnxruntime computes only what is bound).
+end in the graph's ArgMax. The slots flavour also returns what an executor drawing drafts from the
+drafter's distribution reads (LLM(draft_rule="drafter")): the logits as `draft_logits` (float32), or a
+DFlash2 drafter's selector tables (`selector_scores`, `selector_columns`); an executor that does not
+bind those outputs never receives them (onnxruntime computes only what is bound).
 
 K/V tensors are [b, kv_heads, tokens, head_dim], K after RoPE. Caches grow by concatenation
 (present = past ++ new) and rows are valid up to their length: `past_lengths` / `context_lengths`
@@ -204,12 +205,18 @@ class DraftBlockGraph(nn.Module):
             nn.functional.embedding(block_ids, self.embed_tokens.weight), positions, pairs, context_index,
             visible[:, None, None, :],
         )
-        logits, tokens = self.head(hidden[:, 1:], block_ids[:, 0])  # slot 0 is the bonus, not a draft
-        return block_outputs(self, tokens, logits)
+        return block_outputs(self, hidden[:, 1:], block_ids[:, 0])  # slot 0 is the bonus, not a draft
 
 
-def block_outputs(module: nn.Module, tokens: torch.Tensor, logits: torch.Tensor):
-    """What a draft block module returns: its tokens, with its logits where it exports or keeps them."""
+def block_outputs(module: nn.Module, hidden: torch.Tensor, anchor: torch.Tensor):
+    """What a draft block module returns from its drafted rows' hidden states: the tokens its head
+    drafts after `anchor`, with what an executor drawing drafts reads where it exports them (a DFlash
+    drafter's float32 logits; a DFlash2 drafter's selector scores [b, n, k, k] in float32 and candidate
+    columns [b, n, k]), or with its logits where a numerics check keeps them."""
+    if module.export_logits and module.head.selector is not None:
+        _, tokens, columns, scores = module.head(hidden, anchor, tables=True)
+        return tokens, scores.float(), columns
+    logits, tokens = module.head(hidden, anchor)
     if module.export_logits:
         return tokens, logits.float()
     return (tokens, logits) if module.keep_logits else tokens

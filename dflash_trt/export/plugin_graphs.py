@@ -73,5 +73,4 @@ class PluginDraftBlockGraph(nn.Module):
             x = x + (layer.attention_conv.around(attend, h) if hasattr(layer, "attention_conv") else attend(h))
             m = layer.post_attention_layernorm(x)
             x = x + (layer.mlp_conv.around(layer.mlp, m) if hasattr(layer, "mlp_conv") else layer.mlp(m))
-        logits, tokens = self.head(d.norm(x)[:, 1:], block_ids[:, 0])  # slot 0 is the bonus: the selector's anchor
-        return block_outputs(self, tokens, logits)
+        return block_outputs(self, d.norm(x)[:, 1:], block_ids[:, 0])  # slot 0 is the bonus: the selector's anchor

@@ -82,31 +82,45 @@ class CandidateSelector(nn.Module):
         """hidden [b, n, H] and logits [b, n, V'] of the drafted positions, anchor [b] (the block's
         first token) -> the greedy path [b, n] of target ids. `token_ids` maps a draft vocabulary's
         columns to target ids (the codebooks are indexed by target id)."""
+        return self.walk(*self.tables(hidden, logits, anchor, token_ids))
+
+    def tables(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor,
+               token_ids: torch.Tensor | None = None):
+        """-> (n, columns [b, s, k] of the draft vocabulary, candidates [b, s, k] as target ids, scores
+        [b, s, k before, k here]): position t's score of candidate j after candidate i of position t-1
+        (position 0's rows all score after the anchor). s = n, or max_drafts while traced."""
         n = hidden.shape[1]
         unary, columns = torch.topk(logits, self.top_k, dim=-1)  # [b, n, k]
-        candidates = columns if token_ids is None else token_ids[columns]
         projected = self.hidden_projection(hidden)  # [b, n, r]
         steps = n
         if torch.jit.is_tracing():  # static: max_drafts positions, the block's own first
             steps = self.max_drafts
-            unary, candidates, projected = (
+            unary, columns, projected = (
                 torch.cat([t, torch.zeros_like(t.narrow(1, 0, 1)).expand(-1, steps, *t.shape[2:])], dim=1)
-                .narrow(1, 0, steps) for t in (unary, candidates, projected))
+                .narrow(1, 0, steps) for t in (unary, columns, projected))
+        candidates = columns if token_ids is None else token_ids[columns]
         # The pairwise score of candidate j after candidate i of the position before is
         # <predecessor[i], projected * successor[j]>: every position's [k, k] table in one product.
         weighted = F.embedding(candidates, self.successor_codebook) * projected[:, :, None, :]  # [b, s, k, r]
         first = (weighted[:, 0] @ F.embedding(anchor, self.predecessor_codebook)[:, :, None])[..., 0]  # [b, k]
         before = F.embedding(candidates[:, :-1], self.predecessor_codebook)  # [b, s-1, k, r]
         pairwise = before @ weighted[:, 1:].transpose(-1, -2)  # [b, s-1, k before, k here]
+        k = self.top_k
+        scores = torch.cat([(unary[:, :1] + first[:, None])[:, :, None, :].expand(-1, 1, k, k),
+                            unary[:, 1:, None, :] + pairwise], dim=1)
+        return n, columns, candidates, scores
+
+    def walk(self, n: int, columns: torch.Tensor, candidates: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """The greedy path [b, n] of target ids through `tables`' scores."""
         # A position's pick depends on the position before only through that pick, so every position's
         # best candidate after each candidate of the one before is known at once, and the walk only
         # follows them (one gather a position). It follows flat indices t * k + pick of position t:
         # follow[t * k + i] is position t+1's flat index after pick i at position t.
-        k = self.top_k
-        starts = torch.arange(steps, device=hidden.device) * k  # [s]: where each position's k indices start
-        best = (unary[:, 1:, None, :] + pairwise).argmax(dim=-1)  # [b, s-1, k before]
+        k, steps = self.top_k, scores.shape[1]
+        starts = torch.arange(steps, device=scores.device) * k  # [s]: where each position's k indices start
+        best = scores[:, 1:].argmax(dim=-1)  # [b, s-1, k before]
         follow = (best + starts[1:, None]).flatten(1)  # [b, (s-1) * k]
-        flat = [(unary[:, 0] + first).argmax(dim=-1, keepdim=True)]  # position 0's pick: [b, 1]
+        flat = [scores[:, 0, 0].argmax(dim=-1, keepdim=True)]  # position 0's pick: [b, 1]
         for _ in range(1, steps):
             flat.append(follow.gather(1, flat[-1]))
         picks = torch.cat(flat, dim=1) - starts  # [b, s]

@@ -103,13 +103,16 @@ class DraftHead(nn.Module):
     def size(self) -> int:
         return self.proj.weight.shape[0]
 
-    def forward(self, hidden: torch.Tensor, anchor: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, hidden: torch.Tensor, anchor: torch.Tensor | None = None, tables: bool = False) -> tuple:
         """`anchor` [b]: the token before the first row of each batch row (the block's first token),
-        which a DFlash2 selector walks from; unused otherwise."""
+        which a DFlash2 selector walks from; unused otherwise. `tables` (DFlash2): also the selector's
+        candidate columns and scores (CandidateSelector.tables), for drafts drawn from its distribution."""
         logits = scale_logits(self.proj(hidden), self.multiplier, self.softcap)
         if self.selector is not None:
             if anchor is None:
                 raise DFlashError("a DFlash2 draft head needs the block's anchor token")
-            return logits, self.selector(hidden, logits, anchor, self.token_ids)
+            found = self.selector.tables(hidden, logits, anchor, self.token_ids)
+            tokens = self.selector.walk(*found)
+            return (logits, tokens, found[1], found[3]) if tables else (logits, tokens)
         best = logits.argmax(dim=-1)
         return logits, best if self.token_ids is None else self.token_ids[best]

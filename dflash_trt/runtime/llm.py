@@ -200,12 +200,9 @@ class LLM:
         if self.backend == "tensorrt" or (self.backend == "torch" and self.device.type == "cuda"):
             raise DFlashError("draft_rule 'drafter' decides on the host (the CPU executors); the GPU executors "
                               "decide on the GPU with the point-mass rule")
-        if self.backend == "torch":
-            refusal = None if self.has_drafter else "draft_rule 'drafter' needs a drafter"
-            if self.has_drafter and self.drafter.config.method == "dflash2":
-                refusal = draft_rule_refusal({"draft": {"method": "dflash2"}})
-        else:
-            refusal = draft_rule_refusal(self._bundle.manifest)
+        if self.backend == "torch" and not self.has_drafter:
+            raise DFlashError("draft_rule 'drafter' needs a drafter")
+        refusal = None if self.backend == "torch" else draft_rule_refusal(self._bundle.manifest)
         if refusal:
             raise DFlashError(refusal)
 

@@ -23,8 +23,9 @@ from dflash_trt.runtime.engine_bundles import open_bundle
 CONTRACT = 2
 # How an executor drafts for rows sampling at T>0 (LLM(draft_rule=...)): "point-mass" takes the drafter's
 # argmax and keeps it by sample-then-compare (a seeded reply equals the plain sampled one); "drafter"
-# draws drafts from the drafter's own distribution q and keeps them with min(1, p/q) (csrc/acceptance.h).
-# Greedy requests draft the argmax either way.
+# draws drafts from the drafter's own distribution q (a DFlash2 drafter's: its selector's, walked from
+# the anchor) and keeps them with min(1, p/q) (csrc/acceptance.h). Greedy requests draft the argmax (the
+# selector's greedy path) either way.
 DRAFT_RULES = ("point-mass", "drafter")
 
 
@@ -33,13 +34,11 @@ def draft_rule_refusal(manifest: dict) -> str | None:
     draft = manifest.get("draft")
     if draft is None:
         return "draft_rule 'drafter' needs a drafter"
-    if draft.get("method") == "dflash2":
-        return ("draft_rule 'drafter' covers DFlash drafters; a DFlash2 drafter picks its drafts with its "
-                "candidate selector: use draft_rule 'point-mass'")
-    if not any(o["name"] == "draft_logits" for o in manifest["graphs"]["draft_block"]["outputs"]):
-        return ("draft_rule 'drafter' needs the draft block graph's draft_logits, which this bundle's does not return "
-                "(a slots-trt or plugin flavour, or exported before graphs revision 7): re-export with --flavour "
-                "slots, or use draft_rule 'point-mass'")
+    need = "selector_scores" if draft.get("method") == "dflash2" else "draft_logits"
+    if not any(o["name"] == need for o in manifest["graphs"]["draft_block"]["outputs"]):
+        return (f"draft_rule 'drafter' needs the draft block graph's {need}, which this bundle's does not return "
+                f"(a slots-trt or plugin flavour, or exported before graphs revision 7): re-export with --flavour "
+                f"slots, or use draft_rule 'point-mass'")
     return None
 
 
@@ -132,6 +131,9 @@ def slot_config(manifest: dict, paths: dict[str, str], library: str, max_batch: 
         config.sample_drafts = True
         config.draft_vocab_size = draft["draft_vocab_size"]
         config.draft_vocab = list(draft_vocab or [])
+        outputs = {o["name"]: o for o in graphs["draft_block"]["outputs"]}
+        if "selector_scores" in outputs:  # DFlash2: drafts walked through the selector's distribution
+            config.selector_top_k = outputs["selector_scores"]["shape"][-1]
     return config
 
 

@@ -239,7 +239,7 @@ class TorchGraphs:
     C++ side opens them (csrc/py_graph.h)."""
 
     def __init__(self, llm, specs: dict[str, dict], device: torch.device, stats: Counter | None = None):
-        from dflash_trt.export.bundle import exports_draft_logits
+        from dflash_trt.export.bundle import exports_draft_distribution
         from dflash_trt.export.graphs import DraftBlockGraph, DraftContextGraph
         from dflash_trt.export.hybrid_slot_graphs import HybridSlotTargetGraph
         from dflash_trt.export.moe import RoutedMoE, export_mlp, fused_moe_refusal, is_sparse_moe, use_moe_op
@@ -278,7 +278,7 @@ class TorchGraphs:
                 self.modules["draft_context"] = DraftContextGraph(llm.drafter)
                 self.modules["draft_block"] = DraftBlockGraph(llm.drafter, llm.target, llm.draft_head)
             # its outputs as the slots flavour's spec lists them (graph_specs)
-            self.modules["draft_block"].export_logits = exports_draft_logits("slots", llm.drafter.config.method)
+            self.modules["draft_block"].export_logits = exports_draft_distribution("slots")
         self.specs, self.device, self.stream = specs, device, None
         self.stats = Counter() if stats is None else stats  # CUDA graphs: captured, replayed, eager runs
         graphed = CUDA_GRAPHS and device.type == "cuda"

@@ -232,7 +232,7 @@ def test_cli_inspect_describes_the_bundle_and_its_checks(bundles, tmp_path):
     assert "drafts from 264 token ids" in result.stdout  # the whole vocabulary
     result = CliRunner().invoke(main, ["inspect", str(bundles["llama"][0])])  # a drafter with a draft vocabulary
     assert "drafts from 89 token ids" in result.stdout and "output draft_tokens int64[batch, block-1]" in result.stdout
-    assert "draft_logits" not in result.stdout
+    assert "draft_logits" not in result.stdout  # the portable flavour's block pass returns its tokens only
     broken = _broken_copy(bundles, tmp_path, _corrupt)
     result = CliRunner().invoke(main, ["inspect", str(broken)])
     assert result.exit_code == 2 and "does not match its hash" in result.output
@@ -257,3 +257,19 @@ def test_polygraphy_inspection_holds_each_graph_to_its_manifest(bundles, plugin_
         wrong["outputs"][0][field] = value
         with pytest.raises(DFlashError, match="draft_block.onnx outputs differ from the manifest"):
             inspect_graph(path, wrong)
+
+
+def test_the_slots_block_pass_also_returns_its_logits_and_their_ids(slots_bundles, tiny_pairs):
+    """For draft_rule="drafter": the slots draft block graph's draft_logits [batch, block-1, draft vocab],
+    and draft_vocab.json naming each column's target id (the llama drafter proposes 89 of 264 ids)."""
+    import onnx
+
+    from dflash_trt.models.draft_vocab import read_draft_vocab
+
+    path = slots_bundles["llama"]
+    result = CliRunner().invoke(main, ["inspect", str(path)])
+    assert "output draft_logits float32[batch, block-1, 89]" in result.stdout
+    graph = onnx.load(str(path / "draft_block.onnx"), load_external_data=False).graph
+    assert [o.name for o in graph.output] == ["draft_tokens", "draft_logits"]
+    assert read_draft_vocab(path).tolist() == read_draft_vocab(tiny_pairs["llama"][1]).tolist()
+    assert not (slots_bundles["qwen3"] / "draft_vocab.json").exists()  # a drafter over the whole vocabulary

@@ -123,6 +123,50 @@ def test_the_block_pass_and_the_selector_path_equal_the_authors_module(pair):
         assert tokens.tolist() == path.tolist()
 
 
+def test_the_selector_tables_give_the_authors_sampling_distribution_at_every_step(pair):
+    """draft_rule="drafter": the executor draws position t's candidate from softmax(scores[t, i] / T),
+    i its pick at t-1. Along the authors' own sampled walk, that distribution over token ids equals the
+    one their `select` drew from at each position."""
+    _, draft_dir, model = pair
+    ours = load_drafter(draft_dir)
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(2, 3, ours.config.hidden_size, generator=gen)
+    logits = torch.randn(2, 3, VOCAB, generator=gen) * 2
+    anchor = torch.randint(0, VOCAB, (2,), generator=gen)
+    temperature = 0.8
+    with torch.no_grad():
+        torch.manual_seed(5)
+        path, candidates, q_rows = model.candidate_selector.select(hidden, logits, anchor, temperature)
+        n, columns, ids, scores = ours.candidate_selector.tables(hidden, logits, anchor)
+    assert torch.equal(columns, ids)  # no draft vocabulary: the columns are the target ids
+    for b in range(2):
+        before = 0  # position 0 scores after the anchor (every row alike)
+        for t in range(n):
+            theirs = torch.zeros(VOCAB).index_add_(0, candidates[b, t], q_rows[b, t])
+            mine = torch.zeros(VOCAB).index_add_(0, ids[b, t], torch.softmax(scores[b, t, before] / temperature, -1))
+            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+            before = int((ids[b, t] == path[b, t]).nonzero())
+        assert torch.equal(ours.candidate_selector.walk(n, columns, ids, scores)[b],
+                           model.candidate_selector.select(hidden, logits, anchor, 0.0)[0][b])
+
+
+def test_the_drafter_rule_runs_dflash2_alike_on_both_backends(pair, bundles):
+    """Drafts walked through the selector's distribution: a seeded request's tokens are the same on
+    onnxruntime and torch, alone and in a batch, and the rule is in effect (other tokens than point mass)."""
+    target_dir, draft_dir, _ = pair
+    params = SamplingParams(max_tokens=16, ignore_eos=True, temperature=0.9, seed=4)
+    ours = LLM.from_bundle(bundles["slots"], block_size=4, max_batch=2, capacity=64, draft_rule="drafter")
+    torch_llm = LLM(str(target_dir), str(draft_dir), block_size=4, backend="torch", draft_rule="drafter")
+    prompts = [[17, 3, 250, 99], [5, 6, 7], [8, 1]]
+    got = [o.token_ids for o in ours.generate(prompts, params)]
+    assert got == [o.token_ids for o in torch_llm.generate(prompts, params)]
+    assert got == [ours.generate(p, params)[0].token_ids for p in prompts]
+    point_mass = LLM.from_bundle(bundles["slots"], block_size=4, max_batch=2, capacity=64)
+    assert got != [o.token_ids for o in point_mass.generate(prompts, params)]
+    with pytest.raises(DFlashError, match="needs the draft block graph's selector_scores"):
+        LLM.from_bundle(bundles["slots-trt"], block_size=4, capacity=64, draft_rule="drafter")
+
+
 def test_the_convolution_never_reads_across_the_block_boundary(pair):
     """Causal within the block: changing the positions after t leaves outputs 0..t of both
     convolutions unchanged (t = 0: the anchor reads only itself, zero padding before it). And the
@@ -192,7 +236,8 @@ def test_every_flavour_exports_the_block_pass_and_the_selector_walk(bundles):
         assert manifest["draft"]["method"] == "dflash2", flavour
         assert manifest["checks"]["polygraphy_vs_pytorch"]["draft_block"] == "passed", flavour
         outputs = [o["name"] for o in manifest["graphs"]["draft_block"]["outputs"]]
-        assert outputs == ["draft_tokens"]
+        # the onnxruntime flavour also returns the selector's tables (draft_rule="drafter"), checked too
+        assert outputs == ["draft_tokens"] + (["selector_scores", "selector_columns"] if flavour == "slots" else [])
 
 
 @pytest.mark.parametrize("block", [2, 3, 4])

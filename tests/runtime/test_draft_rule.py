@@ -5,7 +5,6 @@ line before any request. That its tokens follow the target's distribution is tes
 tests/core/test_drafter_rule.py (the rule) and tests/runtime/test_llm.py (through the core)."""
 
 import pytest
-from factories import make_dflash2_drafter, make_target
 
 from dflash_trt import LLM, DFlashError, SamplingParams
 from dflash_trt.export.bundle import export_bundle
@@ -67,6 +66,7 @@ def test_the_torch_backend_runs_the_rule_with_a_draft_vocabulary(tiny_pairs):
 
 
 def test_what_cannot_run_the_rule_is_refused_in_one_line(bundle, small_vocab_pair, tmp_path):
+    """(A plugin-flavour DFlash2 bundle's refusal: tests/models/test_dflash2.py.)"""
     with pytest.raises(DFlashError, match="draft_rule must be one of point-mass, drafter"):
         LLM.from_bundle(bundle, block_size=4, draft_rule="typical")
     with pytest.raises(DFlashError, match="needs a fixed block_size"):
@@ -81,7 +81,3 @@ def test_what_cannot_run_the_rule_is_refused_in_one_line(bundle, small_vocab_pai
     with pytest.raises(DFlashError, match="needs the draft block graph's draft_logits"):
         LLM.from_bundle(trt_flavour, block_size=4, capacity=64, draft_rule="drafter")
     assert LLM.from_bundle(trt_flavour, block_size=4, capacity=64).generate([1, 2], SamplingParams(max_tokens=3))
-    dflash2 = make_dflash2_drafter(tmp_path / "dflash2", vocab_size=264, block_size=4, target_layer_ids=[1, 2])
-    target2 = make_target(tmp_path / "t2", "qwen3", seed=1)
-    with pytest.raises(DFlashError, match="covers DFlash drafters"):
-        LLM(str(target2), str(dflash2), block_size=4, backend="torch", draft_rule="drafter")

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from factories import make_drafter, make_target
+from factories import make_dflash2_drafter, make_drafter, make_target
 from scipy.stats import chisquare
 
 from dflash_trt import LLM, DFlashError, SamplingParams
@@ -106,14 +106,19 @@ def test_stop_strings_need_a_tokenizer(tmp_path):
         llm.generate("text")
 
 
-@pytest.mark.parametrize("rule", ["point-mass", "drafter"])
-@pytest.mark.parametrize("draft_vocab", [None, [1, 4, 6]])
-def test_sampled_speculative_output_follows_the_target_distribution(tmp_path, draft_vocab, rule):
+@pytest.mark.parametrize("draft_vocab, rule, method", [
+    (None, "point-mass", "dflash"), ([1, 4, 6], "point-mass", "dflash"),
+    (None, "drafter", "dflash"), ([1, 4, 6], "drafter", "dflash"), (None, "drafter", "dflash2")])
+def test_sampled_speculative_output_follows_the_target_distribution(tmp_path, draft_vocab, rule, method):
     """T>0 end to end on a vocabulary of 8: the second token (the first one a verify step emits)
     has the exact marginal sum_t1 p(t1) p(t2 | t1) of the target, also when the drafter may
-    propose only 3 of the 8 ids (a draft vocabulary), under either draft rule."""
+    propose only 3 of the 8 ids (a draft vocabulary), under either draft rule, and with drafts walked
+    through a DFlash2 selector's distribution."""
     target = make_target(tmp_path / "t", "qwen3", vocab_size=8, tokenizer=False, seed=3)
-    draft = make_drafter(tmp_path / "d", mask_token_id=7, seed=4, draft_vocab=draft_vocab)
+    if method == "dflash2":
+        draft = make_dflash2_drafter(tmp_path / "d", seed=4, vocab_size=8, mask_token_id=7)
+    else:
+        draft = make_drafter(tmp_path / "d", mask_token_id=7, seed=4, draft_vocab=draft_vocab)
     # pinned: adaptive steps might never draft
     llm = LLM(str(target), str(draft), block_size=4, backend="torch", draft_rule=rule)
     # 3 tokens: the core verifies the second with one draft (a last token alone would verify no draft)
