@@ -27,6 +27,9 @@ QUANT_HELP = ("int4: the target's matmul weights in 4 bits, blocks of 32, round 
 DRAFT_QUANT_HELP = ("int4 / fp8 / nvfp4: the drafter's matmul weights as --quant writes the target's (int4: slots, "
                     "slots-trt; fp8, nvfp4: slots-trt; fp32 exports). "
                     "Drafts are verified, so output is unchanged; drafting costs less, acceptance may drop.")
+DRAFT_RULE_HELP = ("At T>0: point-mass drafts the drafter's argmax (a seeded reply equals the plain sampled one); "
+                   "drafter draws drafts from the drafter's distribution, kept with min(1, p/q) (needs --block-size; "
+                   "CPU executors).")
 
 
 def user_errors(command):
@@ -107,9 +110,7 @@ def main():
               help="--backend onnxruntime (auto picks it) or tensorrt: " + QUANT_HELP)
 @click.option("--draft-quant", type=click.Choice(DRAFT_QUANTS), default=None, help=DRAFT_QUANT_HELP)
 @click.option("--draft-rule", type=click.Choice(["point-mass", "drafter"]), default="point-mass", show_default=True,
-              help="At T>0: point-mass drafts the drafter's argmax (a seeded reply equals the plain sampled one); "
-                   "drafter draws drafts from the drafter's distribution, kept with min(1, p/q) (needs --block-size; "
-                   "CPU executors).")
+              help=DRAFT_RULE_HELP)
 @user_errors
 def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop, as_json,
              logprobs, device, dtype, quant, draft_quant, draft_rule):
@@ -615,9 +616,11 @@ def pack_corpus(src, dst):
               help="Requests that may wait for a slot; one more is refused with 429 and Retry-After (-1: no cap).")
 @click.option("--docs/--no-docs", default=True, show_default=True,
               help="Serve the interactive API docs at /docs (/openapi.json is always served).")
+@click.option("--draft-rule", type=click.Choice(["point-mass", "drafter"]), default="point-mass", show_default=True,
+              help=DRAFT_RULE_HELP)
 @user_errors
 def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block_size, prefill_chunk, backend,
-          max_waiting, docs):
+          max_waiting, docs, draft_rule):
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models, /health,
     /metrics, /openapi.json, /docs) on Triton Inference Server: one decoupled Triton model runs every
     request through the batching engine."""
@@ -628,7 +631,7 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
         target = DEFAULT_TARGET
     config = ServeConfig(bundle=bundle, target=target, draft=draft, host=host, port=port, api_key=api_key,
                          max_batch=max_batch, capacity=capacity, block_size=block_size, prefill_chunk=prefill_chunk,
-                         backend=backend, max_waiting=max_waiting, docs=docs)
+                         backend=backend, max_waiting=max_waiting, docs=docs, draft_rule=draft_rule)
     run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
 
 

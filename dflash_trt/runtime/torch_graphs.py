@@ -239,7 +239,6 @@ class TorchGraphs:
     C++ side opens them (csrc/py_graph.h)."""
 
     def __init__(self, llm, specs: dict[str, dict], device: torch.device, stats: Counter | None = None):
-        from dflash_trt.export.bundle import exports_draft_distribution
         from dflash_trt.export.graphs import DraftBlockGraph, DraftContextGraph
         from dflash_trt.export.hybrid_slot_graphs import HybridSlotTargetGraph
         from dflash_trt.export.moe import RoutedMoE, export_mlp, fused_moe_refusal, is_sparse_moe, use_moe_op
@@ -277,8 +276,7 @@ class TorchGraphs:
             else:
                 self.modules["draft_context"] = DraftContextGraph(llm.drafter)
                 self.modules["draft_block"] = DraftBlockGraph(llm.drafter, llm.target, llm.draft_head)
-            # its outputs as the slots flavour's spec lists them (graph_specs)
-            self.modules["draft_block"].export_logits = exports_draft_distribution("slots")
+            self.modules["draft_block"].export_logits = draws_drafts(llm)  # as graph_specs lists its outputs
         self.specs, self.device, self.stream = specs, device, None
         self.stats = Counter() if stats is None else stats  # CUDA graphs: captured, replayed, eager runs
         graphed = CUDA_GRAPHS and device.type == "cuda"
@@ -299,13 +297,24 @@ class TorchGraphs:
                           self.stats)
 
 
+def draws_drafts(llm) -> bool:
+    """Whether the LLM's executor draws drafts from the drafter's distribution (draft_rule "drafter"):
+    only then does its block pass return what they are drawn from (a GPU's float32 copy of a block's
+    logits is no small read at a 152k vocabulary)."""
+    return getattr(llm, "draft_rule", "point-mass") != "point-mass"
+
+
 def graph_specs(llm, dtype: str) -> dict[str, dict]:
-    """Each graph's I/O as a slots bundle declares it (a target without a drafter taps no features)."""
+    """Each graph's I/O as a slots bundle declares it (a target without a drafter taps no features),
+    the block pass's drafts alone unless the executor draws drafts."""
     from dflash_trt.export.bundle import _graph_specs, slot_target_io
 
-    if llm.has_drafter:
-        return _graph_specs(llm.target, llm.drafter, dtype, "slots")
-    return {"target": slot_target_io(llm.target, 0, dtype)}
+    if not llm.has_drafter:
+        return {"target": slot_target_io(llm.target, 0, dtype)}
+    specs = _graph_specs(llm.target, llm.drafter, dtype, "slots")
+    if not draws_drafts(llm):
+        specs["draft_block"]["outputs"] = specs["draft_block"]["outputs"][:1]  # draft_tokens
+    return specs
 
 
 def torch_executor(llm, max_batch: int, capacity: int):
@@ -319,7 +328,7 @@ def torch_executor(llm, max_batch: int, capacity: int):
     manifest = {"dtype": dtype, "graphs": specs,
                 **model_sections(llm.target, llm.drafter if llm.has_drafter else None, llm.tokenizer)}
     draft_rule = getattr(llm, "draft_rule", "point-mass")
-    vocab = llm.drafter.draft_vocab if llm.has_drafter and draft_rule != "point-mass" else None
+    vocab = llm.drafter.draft_vocab if llm.has_drafter and draws_drafts(llm) else None
     config = slot_config(manifest, {name: name for name in specs}, torch.__file__, max_batch, capacity,
                          draft_rule=draft_rule, draft_vocab=None if vocab is None else vocab.tolist())
     core = native_core()

@@ -34,6 +34,7 @@ class ServeConfig:
     model_name: str | None = None  # what /v1/models lists (default: the bundle's or target's directory name)
     max_body_bytes: int = 1 << 20
     docs: bool = True  # /docs (Swagger UI)
+    draft_rule: str = "point-mass"  # T>0 drafts (runtime/ort_executor.py DRAFT_RULES); "drafter" needs block_size
 
     def __post_init__(self):
         if self.bundle is not None and (self.target or self.draft):
@@ -46,10 +47,16 @@ class ServeConfig:
             raise DFlashError(f"--backend must be auto, torch or onnxruntime, got {self.backend!r}")
         if self.bundle is not None and self.backend != "auto":
             raise DFlashError("--backend is for --target/--draft; a BUNDLE runs on its own executor")
-        if self.bundle is not None:  # a bundle no executor runs is refused here, before Triton starts
-            from dflash_trt.runtime.ort_executor import SlotBundle
+        from dflash_trt.runtime.ort_executor import DRAFT_RULES, SlotBundle, draft_rule_refusal
 
-            SlotBundle(self.bundle)
+        if self.draft_rule not in DRAFT_RULES:
+            raise DFlashError(f"--draft-rule must be one of {', '.join(DRAFT_RULES)}, got {self.draft_rule!r}")
+        if self.draft_rule == "drafter" and self.block_size is None:
+            raise DFlashError("--draft-rule drafter needs --block-size: its tokens depend on where each block starts")
+        if self.bundle is not None:  # a bundle no executor runs is refused here, before Triton starts
+            refusal = draft_rule_refusal(SlotBundle(self.bundle).manifest) if self.draft_rule == "drafter" else None
+            if refusal:
+                raise DFlashError(refusal)
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
             raise DFlashError(f"--max-batch must be an integer >= 1, got {self.max_batch!r}")
         if not isinstance(self.prefill_chunk, int) or self.prefill_chunk < 0:
@@ -83,6 +90,7 @@ class ServeConfig:
             "backend": self.backend,
             "max_waiting": str(self.max_waiting),
             "served_name": self.served_name,
+            "draft_rule": self.draft_rule,
         }
 
 

@@ -15,7 +15,7 @@ def test_repository_holds_one_decoupled_python_model(tmp_path):
     target = tmp_path / "my target"
     target.mkdir()
     config = ServeConfig(target=str(target), draft='odd "name"', max_batch=3, capacity=99, block_size=4,
-                         prefill_chunk=16)
+                         prefill_chunk=16, draft_rule="drafter")
     root = write_repository(tmp_path / "repo", config)
     text = (root / "dflash" / "config.pbtxt").read_text()
     assert 'backend: "python"' in text and "decoupled: true" in text
@@ -24,6 +24,7 @@ def test_repository_holds_one_decoupled_python_model(tmp_path):
     assert params['"draft"'] == r'"odd \"name\""'
     assert (params['"max_batch"'], params['"capacity"'], params['"block_size"']) == ('"3"', '"99"', '"4"')
     assert params['"prefill_chunk"'] == '"16"'  # model.py hands it to the Engine
+    assert params['"draft_rule"'] == '"drafter"'  # and this to the LLM, with the block size
     assert (root / "dflash" / "1" / "model.py").read_text().startswith('"""Triton Python-backend model')
 
 
@@ -70,3 +71,21 @@ def test_serve_picks_the_backend_for_a_pair_and_refuses_one_for_a_bundle(tmp_pat
         ServeConfig(bundle=tmp_path, backend="torch")
     with pytest.raises(DFlashError, match="--backend must be auto, torch or onnxruntime"):
         ServeConfig(target="smollm2-135m", backend="tensorrt")
+
+
+def test_the_drafter_rule_needs_a_block_size_and_a_bundle_that_returns_what_it_draws_from(tmp_path):
+    with pytest.raises(DFlashError, match="--draft-rule must be one of point-mass, drafter"):
+        ServeConfig(target="smollm2-135m", draft_rule="typical")
+    with pytest.raises(DFlashError, match="--draft-rule drafter needs --block-size"):
+        ServeConfig(target="smollm2-135m", draft_rule="drafter")
+    from factories import make_drafter, make_target
+
+    from dflash_trt.export.bundle import export_bundle
+    from dflash_trt.models.checkpoints import load_drafter, load_target
+
+    target, tokenizer = load_target(str(make_target(tmp_path / "t", "qwen3")))
+    drafter = load_drafter(make_drafter(tmp_path / "d", block_size=4, target_layer_ids=[1, 2]))
+    bundle = export_bundle(target, drafter, tokenizer, tmp_path / "b", flavour="slots-trt", check=False, capacity=64)
+    with pytest.raises(DFlashError, match="needs the draft block graph's draft_logits"):
+        ServeConfig(bundle=bundle, block_size=4, draft_rule="drafter")
+    assert ServeConfig(bundle=bundle, block_size=4).draft_rule == "point-mass"

@@ -31,12 +31,15 @@ class TritonPythonModel:
         from dflash_trt.runtime.llm import AUTO, LLM
 
         capacity = int(params["capacity"]) if params["capacity"] else None
-        if params["bundle"]:
-            self.llm = LLM.from_bundle(params["bundle"], capacity=capacity)  # None: the bundle's own, else 4096
+        block_size = int(params["block_size"]) if params["block_size"] else None
+        rule = params.get("draft_rule") or "point-mass"
+        if params["bundle"]:  # capacity None: the bundle's own, else 4096
+            self.llm = LLM.from_bundle(params["bundle"], block_size=block_size, capacity=capacity, draft_rule=rule)
         else:
-            self.llm = LLM(params["target"], params["draft"] or AUTO, backend=params.get("backend") or AUTO)
+            self.llm = LLM(params["target"], params["draft"] or AUTO, backend=params.get("backend") or AUTO,
+                           block_size=block_size, draft_rule=rule)
         self.engine = Engine(self.llm, max_batch=int(params["max_batch"]), capacity=capacity or self.llm.capacity,
-                             block_size=int(params["block_size"]) if params["block_size"] else None,
+                             block_size=block_size,
                              prefill_chunk=int(params.get("prefill_chunk") or 0),
                              max_waiting=int(params.get("max_waiting") or -1),
                              reserve_memory=True)  # memory at start is memory under load; a pool too large runs out here
