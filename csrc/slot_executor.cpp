@@ -142,7 +142,7 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
       decide_drafts_(device_, DType::int64),
       decide_probs_(device_, DType::float32),
       decide_order_(device_, DType::float32),
-      draft_logits_(device_, DType::float32),
+      draft_scores_(device_, DType::float32),
       selector_columns_(device_, DType::int64),
       features_(device_, dtype_) {
   config_.validate(who_);
@@ -206,10 +206,10 @@ size_t SlotExecutor::release_scratch() {
     freed += buffer.bytes();
     buffer.release();
   }
-  freed += (logits_.host.capacity() + draft_logits_.host.capacity()) * sizeof(float) +
+  freed += (logits_.host.capacity() + draft_scores_.host.capacity()) * sizeof(float) +
            selector_columns_.host.capacity() * sizeof(int64_t);
   logits_.release();
-  draft_logits_.release();
+  draft_scores_.release();
   selector_columns_.release();
   return freed;
 }
@@ -756,13 +756,13 @@ std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>
   const int64_t k = c.selector_top_k;
   if (std::find(sampled.begin(), sampled.end(), true) != sampled.end()) {
     if (k > 0) {
-      draft_logits_.host.resize(m * (B - 1) * k * k);
+      draft_scores_.host.resize(m * (B - 1) * k * k);
       selector_columns_.host.resize(m * (B - 1) * k);
-      g.output("selector_scores", {draft_logits_.device_data(), DType::float32, {m, B - 1, k, k}});
+      g.output("selector_scores", {draft_scores_.device_data(), DType::float32, {m, B - 1, k, k}});
       g.output("selector_columns", {selector_columns_.device_data(), DType::int64, {m, B - 1, k}});
     } else {
-      draft_logits_.host.resize(m * (B - 1) * c.draft_vocab_size);
-      g.output("draft_logits", {draft_logits_.device_data(), DType::float32, {m, B - 1, c.draft_vocab_size}});
+      draft_scores_.host.resize(m * (B - 1) * c.draft_vocab_size);
+      g.output("draft_logits", {draft_scores_.device_data(), DType::float32, {m, B - 1, c.draft_vocab_size}});
     }
   }
   g.run("running draft_block.onnx");
@@ -786,7 +786,7 @@ void SlotExecutor::draw_drafts(int64_t i, int64_t B, const RowSampling& s, int64
   const auto target_id = [&](int64_t id) { return c.draft_vocab.empty() ? id : c.draft_vocab[id]; };
   if (k == 0) {
     for (int64_t j = 0; j < B - 1; ++j) {  // draft j sits at the first draft's position + j
-      const int64_t id = draw_draft(draft_logits_.host.data() + (i * (B - 1) + j) * V, V, s.sampling, s.stream,
+      const int64_t id = draw_draft(draft_scores_.host.data() + (i * (B - 1) + j) * V, V, s.sampling, s.stream,
                                     s.position + uint32_t(j), q.data() + j * V);
       tokens[j] = target_id(id);
     }
@@ -797,9 +797,10 @@ void SlotExecutor::draw_drafts(int64_t i, int64_t B, const RowSampling& s, int64
   std::vector<float> picked(k);
   int64_t before = 0;  // position 0's rows all score after the anchor
   for (int64_t j = 0; j < B - 1; ++j) {
-    const float* scores = draft_logits_.host.data() + ((i * (B - 1) + j) * k + before) * k;
+    const float* scores = draft_scores_.host.data() + ((i * (B - 1) + j) * k + before) * k;
     const int64_t* columns = selector_columns_.host.data() + (i * (B - 1) + j) * k;
-    for (int64_t candidate = 0; candidate < k; ++candidate) DFLASH_INVARIANT(columns[candidate] >= 0 && columns[candidate] < V);
+    for (int64_t candidate = 0; candidate < k; ++candidate)
+      DFLASH_INVARIANT(columns[candidate] >= 0 && columns[candidate] < V);
     before = draw_draft(scores, k, s.sampling, s.stream, s.position + uint32_t(j), picked.data());
     for (int64_t candidate = 0; candidate < k; ++candidate) q[j * V + columns[candidate]] += picked[candidate];
     tokens[j] = target_id(columns[before]);

@@ -222,6 +222,9 @@ class SlotExecutor : public Executor {
   void inject_run(int64_t n, int64_t s);
   // Copies `count` context rows of row j of Run `run` into `row`'s draft slot after what it holds.
   void keep_context(int64_t row, int64_t run, int64_t j, int64_t count);
+  // The drafter-distribution rule: draws row i of the last block pass's B - 1 drafts (keyed by s) into
+  // `tokens` from draft_scores_ (and selector_columns_), their distributions over the draft ids into `q`.
+  void draw_drafts(int64_t i, int64_t B, const RowSampling& s, int64_t* tokens, std::vector<float>& q);
 
   SlotExecutorConfig config_;
   std::string who_;
@@ -255,10 +258,8 @@ class SlotExecutor : public Executor {
   Buffer decide_probs_, decide_order_;  // float32 [rows, positions, V]; order holds int32 tokens, then ids
   // the drafter-distribution rule's inputs from the block pass: its logits [m, B-1, V'], or a DFlash2
   // selector's scores [m, B-1, k, k] and candidate columns [m, B-1, k]
-  Staged<float> draft_logits_;
+  Staged<float> draft_scores_;
   Staged<int64_t> selector_columns_;
-  // Draws row i's drafts (sampling s) into `tokens` and their distributions over the draft ids into `q`.
-  void draw_drafts(int64_t i, int64_t B, const RowSampling& s, int64_t* tokens, std::vector<float>& q);
   std::vector<int32_t> draft_of_;   // a target id's draft id, -1: none (empty: the same ids)
   Buffer features_;                 // the target's tapped features [n, s, F], the drafter's input
   std::vector<Buffer> context_;     // per draft cache: the rows' packed context for the block pass

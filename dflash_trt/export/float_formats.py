@@ -41,24 +41,38 @@ def _to_torch(weight: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(weight.T))  # [N, K]: ModelOpt scales along its last axis
 
 
-def _fp8(name: str, weight: np.ndarray) -> tuple[list, list]:
+def fp8_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight [N, K] (float32) in fp8 by ModelOpt -> (E4M3 codes [N, K] as torch.float8_e4m3fn, float32
+    scales [N]): row n is codes[n] * scales[n]."""
     FP8QTensor, _ = _qtensors()
-    rows = _to_torch(weight)
     quantized, scales = FP8QTensor.quantize(rows, axis=0)  # a scale per row N
     if bool((scales == 0).any()):  # an all-zero row: any scale holds it, and 0 would divide 0 by 0
         quantized, scales = FP8QTensor.quantize(rows, scales=scales.masked_fill(scales == 0, 1.0), axis=0)
-    codes = quantized._quantized_data.T.contiguous().view(torch.uint8).numpy()  # [K, N] E4M3 bytes
+    return quantized._quantized_data, scales.reshape(-1).float()
+
+
+def nvfp4_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A weight [N, K] (float32, K a multiple of 16) in nvfp4 by ModelOpt -> (E2M1 codes packed two to a
+    byte [N, K / 2] (element 2i in the low nibble), E4M3 block scales [N, K / 16] as torch.float8_e4m3fn,
+    the float32 tensor scale): element (n, k) is E2M1(code) * block_scale[n, k / 16] * tensor_scale."""
+    _, NVFP4QTensor = _qtensors()
+    quantized, block_scales, tensor_scale = NVFP4QTensor.quantize(rows, NVFP4_BLOCK)
+    return quantized._quantized_data, block_scales, tensor_scale.float()
+
+
+def _fp8(name: str, weight: np.ndarray) -> tuple[list, list]:
+    codes, scales = fp8_rows(_to_torch(weight))
+    codes = codes.T.contiguous().view(torch.uint8).numpy()  # [K, N] E4M3 bytes
     initializers = [helper.make_tensor(f"{name}_fp8", TensorProto.FLOAT8E4M3FN, codes.shape, codes.tobytes(), raw=True),
-                    numpy_helper.from_array(scales.reshape(-1).float().numpy(), f"{name}_fp8_scale")]
+                    numpy_helper.from_array(scales.numpy(), f"{name}_fp8_scale")]
     node = helper.make_node("DequantizeLinear", [f"{name}_fp8", f"{name}_fp8_scale"], [f"{name}_dequantized"],
                             axis=1, name=f"{name}_dequantize")
     return initializers, [node]
 
 
 def _nvfp4(name: str, weight: np.ndarray) -> tuple[list, list]:
-    _, NVFP4QTensor = _qtensors()
-    quantized, block_scales, tensor_scale = NVFP4QTensor.quantize(_to_torch(weight), NVFP4_BLOCK)
-    packed = quantized._quantized_data.numpy()  # [N, K / 2]: element 2i in the low nibble, 2i + 1 in the high
+    packed, block_scales, tensor_scale = nvfp4_rows(_to_torch(weight))
+    packed = packed.numpy()  # [N, K / 2]: element 2i in the low nibble, 2i + 1 in the high
     codes = np.empty((packed.shape[0], packed.shape[1] * 2), np.uint8)
     codes[:, 0::2], codes[:, 1::2] = packed & 0xF, packed >> 4
     flat = np.ascontiguousarray(codes.T).reshape(-1)  # [K, N] in ONNX's order, packed two to a byte the same way
@@ -67,7 +81,7 @@ def _nvfp4(name: str, weight: np.ndarray) -> tuple[list, list]:
     initializers = [
         helper.make_tensor(f"{name}_fp4", TensorProto.FLOAT4E2M1, weight.shape, onnx_packed.tobytes(), raw=True),
         helper.make_tensor(f"{name}_fp4_block_scale", TensorProto.FLOAT8E4M3FN, scales.shape, scales.tobytes(), raw=True),
-        numpy_helper.from_array(np.asarray(tensor_scale.float().item(), np.float32), f"{name}_fp4_tensor_scale"),
+        numpy_helper.from_array(np.asarray(tensor_scale.item(), np.float32), f"{name}_fp4_tensor_scale"),
     ]
     nodes = [
         helper.make_node("DequantizeLinear", [f"{name}_fp4_block_scale", f"{name}_fp4_tensor_scale"],

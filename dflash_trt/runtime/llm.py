@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.export.manifest import DRAFT_QUANTS, QUANTS
+from dflash_trt.export.manifest import DRAFT_QUANTS, QUANTS, TORCH_QUANTS
 from dflash_trt.models import embedded
 from dflash_trt.models.chat import encode_prompt
 from dflash_trt.models.tokenizers import TextStream, load_tokenizer
@@ -99,9 +99,9 @@ class LLM:
         backend = resolve_backend(backend, target, draft, device, dtype, quant is not None or draft_quant is not None)
         if backend not in BACKENDS:
             raise DFlashError(f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}")
-        if quant is not None and (quant not in QUANTS or backend == "torch"):
-            raise DFlashError(f"quant must be one of {', '.join(QUANTS)}, on backend onnxruntime or tensorrt; "
-                              f"got quant={quant!r} on backend '{backend}'")
+        if quant is not None and quant not in (TORCH_QUANTS if backend == "torch" else QUANTS):
+            raise DFlashError(f"quant must be one of {', '.join(QUANTS)} on backend onnxruntime or tensorrt, "
+                              f"{' or '.join(TORCH_QUANTS)} on torch; got quant={quant!r} on backend '{backend}'")
         if draft_quant is not None and (draft_quant not in DRAFT_QUANTS or backend == "torch"):
             raise DFlashError(f"draft_quant must be one of {', '.join(DRAFT_QUANTS)}, on backend onnxruntime or "
                               f"tensorrt; got draft_quant={draft_quant!r} on backend '{backend}'")
@@ -152,6 +152,10 @@ class LLM:
             self.draft_head = self.drafter.head(self.target.lm_head)  # built once, shared by sessions
             use_skinny_linears(self.drafter)
             use_skinny_linears(self.draft_head)
+        if quant is not None:  # after the draft head took the float LM head: the drafter stays in float
+            from dflash_trt.runtime.weight_only import quantize_target
+
+            quantize_target(self.target.model, quant)
         use_skinny_linears(self.target.model)  # a verify of 2-4 tokens then costs about what 1 does
         use_grouped_attention(self.target.model)  # ...and does not copy the K/V cache per query group
         self.vocab_size = self.target.vocab_size

@@ -196,3 +196,67 @@ def test_a_drafter_in_a_float_format_leaves_the_target_and_the_output_alone(core
     with pytest.raises(DFlashError, match="written for float32 --flavour slots-trt exports, not a float32 slots one"):
         export_bundle(target, load_drafter(draft_dir), tokenizer, tmp_path / "s", flavour="slots", check=False,
                       draft_quant=quant)
+
+
+@pytest.mark.parametrize("quant", FORMATS)
+def test_the_torch_backend_runs_the_exported_quantized_target(bundles, quant):
+    """LLM(backend="torch", quant=...): every target linear dequantizes to exactly the weights the
+    bundle's DequantizeLinear chains give (the model TensorRT would run), greedy DFlash equals the
+    quantized target's own greedy decoding and not the float target's, and for fp8 the bundle on
+    onnxruntime decodes the same tokens."""
+    from dflash_trt import LLM, SamplingParams
+    from dflash_trt.runtime.weight_only import WeightOnlyLinear
+
+    made, target_dir, draft_dir = bundles
+    llm = LLM(str(target_dir), str(draft_dir), backend="torch", quant=quant, block_size=4)
+    linears = [m for m in llm.target.model.modules() if isinstance(m, WeightOnlyLinear)]
+    graph = dequantized_weights(made[quant] / "target.onnx")  # [K, N] per MatMul
+    assert len(linears) == len(graph) == 29
+    with torch.no_grad():
+        assert sorted(m.dequantized().numpy().tobytes() for m in linears) == \
+            sorted(np.ascontiguousarray(v.T).tobytes() for v in graph.values())
+    assert not isinstance(llm.draft_head.proj, WeightOnlyLinear)  # the drafter drafts through the float head
+    prompts = [p for _, p, _ in WORK]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    tokens = [o.token_ids for o in llm.generate(prompts, params)]
+    assert tokens == [o.token_ids for o in llm.generate(prompts, params, speculative=False)]
+    float_llm = LLM(str(target_dir), str(draft_dir), backend="torch", block_size=4)
+    assert tokens != [o.token_ids for o in float_llm.generate(prompts, params)]
+    if quant == "fp8":
+        onnxruntime = LLM.from_bundle(made["fp8"], block_size=4, capacity=64)
+        assert tokens == [o.token_ids for o in onnxruntime.generate(prompts, params)]
+
+
+def test_the_torch_backend_refuses_a_format_it_does_not_run(bundles):
+    from dflash_trt import LLM
+
+    _, target_dir, draft_dir = bundles
+    with pytest.raises(DFlashError, match="fp8 or nvfp4 on torch; got quant='int4' on backend 'torch'"):
+        LLM(str(target_dir), str(draft_dir), backend="torch", quant="int4")
+
+
+def test_the_torch_runtimes_quantizers_are_modelopts_bit_for_bit():
+    """runtime/weight_only.py's fp8_weight / nvfp4_weight (ModelOpt's formulas in plain torch, for a GPU
+    machine without ModelOpt) against ModelOpt itself (what the export calls): random rows over many
+    magnitudes, an all-zero row and block, and values on every E2M1 rounding boundary."""
+    from dflash_trt.export.float_formats import fp8_rows, nvfp4_rows
+    from dflash_trt.runtime.weight_only import E2M1_BOUNDS, fp8_weight, nvfp4_weight
+
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randn(24, 64, generator=gen) * torch.logspace(-3, 2, 24)[:, None]
+    rows[3] = 0.0
+    rows[5, 16:32] = 0.0
+    # amax 6 in the tensor and every block: each block's scale is 1, so the values meet the rounding
+    # boundaries exactly (ties included)
+    edges = (torch.tensor([*E2M1_BOUNDS, 6.0] * 8) * torch.tensor([1.0, -1.0]).repeat(32))[None]
+    _, block_scales, tensor_scale = nvfp4_weight(edges)
+    assert torch.equal(block_scales.float() * tensor_scale, torch.ones(1, 4))
+    for weight in (rows, edges):
+        codes, scales = fp8_weight(weight)
+        theirs_codes, theirs_scales = fp8_rows(weight)
+        assert torch.equal(codes.view(torch.uint8), theirs_codes.view(torch.uint8))
+        assert torch.equal(scales, theirs_scales)
+        mine, theirs = nvfp4_weight(weight), nvfp4_rows(weight)
+        assert torch.equal(mine[0], theirs[0])
+        assert torch.equal(mine[1].view(torch.uint8), theirs[1].view(torch.uint8))
+        assert torch.equal(mine[2].reshape(()), theirs[2].reshape(()))

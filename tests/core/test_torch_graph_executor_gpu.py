@@ -43,6 +43,20 @@ def test_greedy_on_cuda_equals_autoregressive_decoding(pair_dirs, concurrency):
         assert tokens == reference_output(llm, prompt, params).token_ids
 
 
+@pytest.mark.parametrize("quant", ["fp8", "nvfp4"])
+def test_a_quantized_target_on_cuda_decodes_greedy_as_its_own_autoregressive_decoding(pair_dirs, quant):
+    """The slots-trt export's fp8 / nvfp4 weights (runtime/weight_only.py) held in the format's bytes on
+    the GPU and dequantized at every call: DFlash on the quantized target equals its own greedy decoding."""
+    from dflash_trt.runtime.weight_only import WeightOnlyLinear
+
+    llm = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch", quant=quant)
+    quantized = [m for m in llm.target.model.modules() if isinstance(m, WeightOnlyLinear)]
+    assert quantized and all(m.codes.is_cuda for m in quantized)
+    work = workload(llm.vocab_size, 8, seed=11)
+    for tokens, (_, prompt, params) in zip(run(llm, work, 8), work, strict=True):
+        assert tokens == reference_output(llm, prompt, params).token_ids
+
+
 def test_the_draft_graphs_run_our_kernels_on_cuda(pair_dirs, monkeypatch):
     """InjectKV and BlockAttention (libdflash_trt_plugins.so, built by scripts/gpu_check.sh) inside decoding."""
     from dflash_trt.runtime.cuda_ops import LIBRARY
