@@ -101,6 +101,9 @@ class BatchRunner:
         adaptive = (llm.has_drafter and block_size is None) if adaptive is None else adaptive
         if adaptive and not llm.has_drafter:
             raise DFlashError("adaptive=True chooses among speculative block sizes: it needs a drafter")
+        if adaptive and getattr(llm, "draft_rule", "point-mass") == "drafter":
+            raise DFlashError("draft_rule 'drafter' needs a fixed block size (blocks chosen per step would make a "
+                              "seeded request's tokens depend on its batch): pass block_size=")
         self.llm = llm
         self.max_batch, self.capacity, self.speculative = max_batch, capacity, speculative
         # the largest block a step verifies (the only one unless adaptive); metrics size their histograms by it

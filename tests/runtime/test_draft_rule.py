@@ -7,6 +7,7 @@ tests/core/test_drafter_rule.py (the rule) and tests/runtime/test_llm.py (throug
 import pytest
 
 from dflash_trt import LLM, DFlashError, SamplingParams
+from dflash_trt.runtime.engine import Engine
 from dflash_trt.export.bundle import export_bundle
 from dflash_trt.models.checkpoints import load_drafter, load_target
 
@@ -71,6 +72,11 @@ def test_what_cannot_run_the_rule_is_refused_in_one_line(bundle, small_vocab_pai
         LLM.from_bundle(bundle, block_size=4, draft_rule="typical")
     with pytest.raises(DFlashError, match="needs a fixed block_size"):
         LLM.from_bundle(bundle, draft_rule="drafter")
+    pinned = LLM.from_bundle(bundle, block_size=4, draft_rule="drafter")
+    with pytest.raises(DFlashError, match="needs a fixed block size"):
+        Engine(pinned, max_batch=2)  # an engine adapts its blocks unless given one
+    engine = Engine(pinned, max_batch=2, block_size=4)
+    engine.shutdown()
     target_dir, draft_dir = small_vocab_pair
     with pytest.raises(DFlashError, match="needs a fixed block_size"):
         LLM(str(target_dir), str(draft_dir), backend="torch", draft_rule="drafter")
