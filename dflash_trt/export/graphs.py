@@ -215,7 +215,8 @@ def block_outputs(module: nn.Module, hidden: torch.Tensor, anchor: torch.Tensor)
     columns [b, n, k]), or with its logits where a numerics check keeps them."""
     if module.export_logits and module.head.selector is not None:
         _, tokens, columns, scores = module.head(hidden, anchor, tables=True)
-        return tokens, scores.float(), columns
+        n = hidden.shape[1]  # a traced selector's tables cover the drafter's whole block: the block's own first
+        return tokens, scores.narrow(1, 0, n).float(), columns.narrow(1, 0, n)
     logits, tokens = module.head(hidden, anchor)
     if module.export_logits:
         return tokens, logits.float()

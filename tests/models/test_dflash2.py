@@ -150,18 +150,20 @@ def test_the_selector_tables_give_the_authors_sampling_distribution_at_every_ste
                            model.candidate_selector.select(hidden, logits, anchor, 0.0)[0][b])
 
 
-def test_the_drafter_rule_runs_dflash2_alike_on_both_backends(pair, bundles):
+@pytest.mark.parametrize("block", [2, 4])
+def test_the_drafter_rule_runs_dflash2_alike_on_both_backends(pair, bundles, block):
     """Drafts walked through the selector's distribution: a seeded request's tokens are the same on
-    onnxruntime and torch, alone and in a batch, and the rule is in effect (other tokens than point mass)."""
+    onnxruntime and torch, alone and in a batch, at a block below the drafter's too (the graph's tables
+    cover the block's drafts only), and the rule is in effect (other tokens than point mass)."""
     target_dir, draft_dir, _ = pair
     params = SamplingParams(max_tokens=16, ignore_eos=True, temperature=0.9, seed=4)
-    ours = LLM.from_bundle(bundles["slots"], block_size=4, max_batch=2, capacity=64, draft_rule="drafter")
-    torch_llm = LLM(str(target_dir), str(draft_dir), block_size=4, backend="torch", draft_rule="drafter")
+    ours = LLM.from_bundle(bundles["slots"], block_size=block, max_batch=2, capacity=64, draft_rule="drafter")
+    torch_llm = LLM(str(target_dir), str(draft_dir), block_size=block, backend="torch", draft_rule="drafter")
     prompts = [[17, 3, 250, 99], [5, 6, 7], [8, 1]]
     got = [o.token_ids for o in ours.generate(prompts, params)]
     assert got == [o.token_ids for o in torch_llm.generate(prompts, params)]
     assert got == [ours.generate(p, params)[0].token_ids for p in prompts]
-    point_mass = LLM.from_bundle(bundles["slots"], block_size=4, max_batch=2, capacity=64)
+    point_mass = LLM.from_bundle(bundles["slots"], block_size=block, max_batch=2, capacity=64)
     assert got != [o.token_ids for o in point_mass.generate(prompts, params)]
     with pytest.raises(DFlashError, match="needs the draft block graph's selector_scores"):
         LLM.from_bundle(bundles["slots-trt"], block_size=4, capacity=64, draft_rule="drafter")
