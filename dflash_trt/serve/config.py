@@ -54,7 +54,8 @@ class ServeConfig:
         if self.draft_rule == "drafter" and self.block_size is None:
             raise DFlashError("--draft-rule drafter needs --block-size: its tokens depend on where each block starts")
         if self.bundle is not None:  # a bundle no executor runs is refused here, before Triton starts
-            refusal = draft_rule_refusal(SlotBundle(self.bundle).manifest) if self.draft_rule == "drafter" else None
+            manifest = SlotBundle(self.bundle).manifest
+            refusal = draft_rule_refusal(manifest) if self.draft_rule == "drafter" else None
             if refusal:
                 raise DFlashError(refusal)
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
