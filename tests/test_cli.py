@@ -235,12 +235,12 @@ def test_export_quant_the_bundle_cannot_hold_is_one_line_before_loading(tiny_pai
     one_error_line(result, says)
 
 
-def test_generate_int4_is_for_the_onnxruntime_backend(tiny_pairs):
+def test_generate_int4_awq_is_for_the_onnxruntime_backend(tiny_pairs):
     target, draft = tiny_pairs["llama"]
     result = CliRunner().invoke(main, ["generate", "--target", str(target), "--draft", str(draft), "--backend", "torch",
-                                       "--quant", "int4", "hello"])
+                                       "--quant", "int4-awq", "hello"])
     one_error_line(result, "quant must be one of int4, int4-awq, fp8, nvfp4 on backend onnxruntime or tensorrt, "
-                           "fp8 or nvfp4 on torch; got quant='int4' on backend 'torch'")
+                           "int4 or fp8 or nvfp4 on torch; got quant='int4-awq' on backend 'torch'")
 
 
 def test_export_quant_int4_writes_a_bundle_inspect_describes_and_generate_runs(tiny_pairs, tmp_path):

@@ -31,7 +31,7 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 QUANTS = ("int4", "int4-awq", "fp8", "nvfp4")
 DRAFT_QUANTS = ("int4", "fp8", "nvfp4")  # export --draft-quant: the drafter's, written as --quant writes the target's
 # LLM(backend="torch", quant=...): the slots-trt export's weights, dequantized per call (runtime/weight_only.py)
-TORCH_QUANTS = ("fp8", "nvfp4")
+TORCH_QUANTS = ("int4", "fp8", "nvfp4")
 
 
 def sha256(path: Path) -> str:

@@ -93,7 +93,7 @@ class LLM:
         """`device` and `dtype` place the torch backend's models: "cuda" when PyTorch sees a GPU, else
         "cpu"; bfloat16 on a GPU, float32 on the CPU. A bundle's backend runs the bundle's own.
         `quant` ("int4", backend onnxruntime or tensorrt): the target's weights in 4 bits
-        (export/quantize.py); on backend torch "fp8" or "nvfp4" (runtime/weight_only.py); `draft_quant`
+        (export/quantize.py); on backend torch "int4", "fp8" or "nvfp4" (runtime/weight_only.py); `draft_quant`
         ("int4", onnxruntime or tensorrt): the drafter's. `backend` "auto":
         resolve_backend's choice. `draft_rule` (ort_executor.DRAFT_RULES): how T>0 requests draft;
         "drafter" needs a fixed `block_size` and a CPU executor."""

@@ -1,8 +1,9 @@
-"""Weight-only fp8 / nvfp4 targets on the torch backend (`LLM(backend="torch", quant="fp8" | "nvfp4")`).
+"""Weight-only int4 / fp8 / nvfp4 targets on the torch backend (`LLM(backend="torch", quant=...)`).
 
 Every linear layer of the target (its decoder layers and its LM head) holds its weight as the slots-trt
-export writes it (export/float_formats.py: fp8 E4M3 with a scale per output row; nvfp4 E2M1 in blocks
-of 16 along the input with E4M3 block scales and a float32 tensor scale) and dequantizes it at every
+export writes it (export/quantize.py, export/float_formats.py: int4 in blocks of 32 along the input with a
+float32 scale each; fp8 E4M3 with a scale per output row; nvfp4 E2M1 in blocks of 16 along the input with
+E4M3 block scales and a float32 tensor scale) and dequantizes it at every
 call, as the exported graph's DequantizeLinear feeds its MatMul: the same quantized target TensorRT
 would run, stored in the format's bytes. The product is in the model's dtype; no kernel here multiplies
 in fp8 or fp4 (a check of the format, not a speed path). The drafter stays in the model's dtype (its
@@ -10,7 +11,8 @@ head is built from the float LM head first). A linear whose input width is not a
 in float for nvfp4, as in the export. MoE routers and experts (parameters, not linear layers) stay in
 float here, where the export quantizes the router's matmul: on MoE targets the two differ in that.
 
-The export computes its scales with NVIDIA ModelOpt; `fp8_weight` and `nvfp4_weight` are ModelOpt's
+int4 codes come from onnxruntime's quantizer, as in the export. For fp8 and nvfp4 the export computes
+its scales with NVIDIA ModelOpt; `fp8_weight` and `nvfp4_weight` are ModelOpt's
 formulas (FP8QTensor / NVFP4QTensor.quantize) in plain torch, because ModelOpt's import pulls in
 packages the GPU machine lacks (scipy, pulp, omegaconf: more than its carry allows). Tests hold them
 to ModelOpt bit for bit.
@@ -25,6 +27,25 @@ from torch.nn import functional as F
 NVFP4_BLOCK = 16  # export/float_formats.py's
 E4M3_MAX, E2M1_MAX = 448.0, 6.0
 E2M1_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # between consecutive magnitudes; ties go up at 0.75, 1.75, 3.5
+
+
+INT4_BLOCK = 32  # export/quantize.py's INT4 block size (symmetric, round to nearest)
+
+
+def int4_weight(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows [N, K] float32 -> (signed int4 codes [N, K] as int8, float32 scales [N, ceil(K / 32)]): row n's
+    block b is codes * scale[n, b], by onnxruntime's own block quantizer with the export's settings
+    (MatMulNBitsQuantizer's QDQ form, which the slots-trt int4 graph carries)."""
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, DefaultWeightOnlyQuantizer
+
+    n, k = rows.shape
+    config = DefaultWeightOnlyQuantConfig(block_size=INT4_BLOCK, is_symmetric=True, quant_format=QuantFormat.QDQ)
+    packed, scales, _ = DefaultWeightOnlyQuantizer(config).qbits_block_quant(rows.T.contiguous().numpy())  # of [K, N]
+    packed = torch.from_numpy(packed)  # [K * N] two's-complement nibbles, element 2i in the low one
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten()[: k * n].to(torch.int8)
+    codes = torch.where(codes >= 8, codes - 16, codes).view(k, n).T.contiguous()
+    return codes, torch.from_numpy(scales).float().T.contiguous()
 
 
 def fp8_weight(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,6 +90,10 @@ class WeightOnlyLinear(nn.Module):
             codes, scales = fp8_weight(rows)
             self.register_buffer("codes", codes.to(device))
             self.register_buffer("scales", scales[:, None].to(device))
+        elif quant == "int4":
+            codes, scales = int4_weight(rows)
+            self.register_buffer("codes", codes.to(device))
+            self.register_buffer("scales", scales.to(device))
         else:
             codes, block_scales, tensor_scale = nvfp4_weight(rows)
             self.register_buffer("codes", codes.to(device))
@@ -81,6 +106,8 @@ class WeightOnlyLinear(nn.Module):
         """The weight [out, in] in float32, as DequantizeLinear computes it."""
         if self.quant == "fp8":
             return self.codes.float() * self.scales
+        if self.quant == "int4":
+            return self.codes.float() * self.scales.repeat_interleave(INT4_BLOCK, dim=1)[:, : self.in_features]
         nibbles = torch.stack([self.codes & 0xF, self.codes >> 4], dim=-1).flatten(1).long()  # [N, K]
         blocks = self.values[nibbles].view(self.out_features, -1, NVFP4_BLOCK)
         scales = self.block_scales.float() * self.tensor_scale  # [N, K / 16]
@@ -91,7 +118,7 @@ class WeightOnlyLinear(nn.Module):
 
 
 def _quantizable(linear: nn.Linear, quant: str) -> bool:
-    return quant == "fp8" or linear.in_features % NVFP4_BLOCK == 0
+    return quant != "nvfp4" or linear.in_features % NVFP4_BLOCK == 0
 
 
 def quantize_target(model: nn.Module, quant: str) -> int:

@@ -41,7 +41,7 @@ def bundles(tmp_path_factory):
     target, tokenizer = load_target(str(target_dir))
     drafter = load_drafter(draft_dir)
     made = {quant: export_bundle(target, drafter, tokenizer, root / f"b-{quant}", flavour="slots-trt", capacity=64,
-                                 check=False, quant=quant) for quant in (None, *FORMATS)}
+                                 check=False, quant=quant) for quant in (None, *FORMATS, "int4")}
     return made, target_dir, draft_dir
 
 
@@ -55,6 +55,18 @@ def dequantized_weights(path) -> dict[str, np.ndarray]:
                                    list(model.graph.initializer))
     values = ReferenceEvaluator(onnx.helper.make_model(graph, opset_imports=model.opset_import)).run(None, {})
     return {o.removesuffix("_dequantized"): v for o, v in zip(outputs, values, strict=True)}
+
+
+def matmul_weights(path) -> list[np.ndarray]:
+    """The float weight [K, N] of every MatMul fed by a DequantizeLinear (chain), by the ONNX reference evaluator."""
+    model = onnx.load(str(path))
+    chains = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    into_matmul = {n.input[1] for n in model.graph.node if n.op_type == "MatMul"}
+    outputs = [o for n in chains for o in n.output if o in into_matmul]
+    graph = onnx.helper.make_graph(chains, "weights", [], [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT,
+                                                                                              None) for o in outputs],
+                                   list(model.graph.initializer))
+    return ReferenceEvaluator(onnx.helper.make_model(graph, opset_imports=model.opset_import)).run(None, {})
 
 
 def modelopt_round_trip(quant: str, weight: np.ndarray) -> np.ndarray:
@@ -198,23 +210,23 @@ def test_a_drafter_in_a_float_format_leaves_the_target_and_the_output_alone(core
                       draft_quant=quant)
 
 
-@pytest.mark.parametrize("quant", FORMATS)
+@pytest.mark.parametrize("quant", ["int4", *FORMATS])
 def test_the_torch_backend_runs_the_exported_quantized_target(bundles, quant):
     """LLM(backend="torch", quant=...): every target linear dequantizes to exactly the weights the
-    bundle's DequantizeLinear chains give (the model TensorRT would run), greedy DFlash equals the
-    quantized target's own greedy decoding and not the float target's, and for fp8 the bundle on
-    onnxruntime decodes the same tokens."""
+    slots-trt bundle's DequantizeLinear chains give (the model TensorRT would run), greedy DFlash equals
+    the quantized target's own greedy decoding and not the float target's, and where onnxruntime runs
+    the bundle (int4, fp8) it decodes the same tokens."""
     from dflash_trt import LLM, SamplingParams
     from dflash_trt.runtime.weight_only import WeightOnlyLinear
 
     made, target_dir, draft_dir = bundles
     llm = LLM(str(target_dir), str(draft_dir), backend="torch", quant=quant, block_size=4)
     linears = [m for m in llm.target.model.modules() if isinstance(m, WeightOnlyLinear)]
-    graph = dequantized_weights(made[quant] / "target.onnx")  # [K, N] per MatMul
+    graph = matmul_weights(made[quant] / "target.onnx")  # [K, N] per MatMul
     assert len(linears) == len(graph) == 29
     with torch.no_grad():
         assert sorted(m.dequantized().numpy().tobytes() for m in linears) == \
-            sorted(np.ascontiguousarray(v.T).tobytes() for v in graph.values())
+            sorted(np.ascontiguousarray(v.T).tobytes() for v in graph)
     assert not isinstance(llm.draft_head.proj, WeightOnlyLinear)  # the drafter drafts through the float head
     prompts = [p for _, p, _ in WORK]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
@@ -222,8 +234,8 @@ def test_the_torch_backend_runs_the_exported_quantized_target(bundles, quant):
     assert tokens == [o.token_ids for o in llm.generate(prompts, params, speculative=False)]
     float_llm = LLM(str(target_dir), str(draft_dir), backend="torch", block_size=4)
     assert tokens != [o.token_ids for o in float_llm.generate(prompts, params)]
-    if quant == "fp8":
-        onnxruntime = LLM.from_bundle(made["fp8"], block_size=4, capacity=64)
+    if quant != "nvfp4":  # onnxruntime has no float4 DequantizeLinear
+        onnxruntime = LLM.from_bundle(made[quant], block_size=4, capacity=64)
         assert tokens == [o.token_ids for o in onnxruntime.generate(prompts, params)]
 
 
@@ -231,8 +243,8 @@ def test_the_torch_backend_refuses_a_format_it_does_not_run(bundles):
     from dflash_trt import LLM
 
     _, target_dir, draft_dir = bundles
-    with pytest.raises(DFlashError, match="fp8 or nvfp4 on torch; got quant='int4' on backend 'torch'"):
-        LLM(str(target_dir), str(draft_dir), backend="torch", quant="int4")
+    with pytest.raises(DFlashError, match="int4 or fp8 or nvfp4 on torch; got quant='int4-awq' on backend 'torch'"):
+        LLM(str(target_dir), str(draft_dir), backend="torch", quant="int4-awq")
 
 
 def test_the_torch_runtimes_quantizers_are_modelopts_bit_for_bit():

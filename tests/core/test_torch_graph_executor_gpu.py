@@ -43,9 +43,9 @@ def test_greedy_on_cuda_equals_autoregressive_decoding(pair_dirs, concurrency):
         assert tokens == reference_output(llm, prompt, params).token_ids
 
 
-@pytest.mark.parametrize("quant", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("quant", ["int4", "fp8", "nvfp4"])
 def test_a_quantized_target_on_cuda_decodes_greedy_as_its_own_autoregressive_decoding(pair_dirs, quant):
-    """The slots-trt export's fp8 / nvfp4 weights (runtime/weight_only.py) held in the format's bytes on
+    """The slots-trt export's int4 / fp8 / nvfp4 weights (runtime/weight_only.py) held in the format on
     the GPU and dequantized at every call: DFlash on the quantized target equals its own greedy decoding."""
     from dflash_trt.runtime.weight_only import WeightOnlyLinear
 
