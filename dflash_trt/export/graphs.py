@@ -9,8 +9,8 @@
 The block pass returns token ids; its logits (over the drafter's draft vocabulary, or the target's)
 end in the graph's ArgMax. The slots flavour also returns what an executor drawing drafts from the
 drafter's distribution reads (LLM(draft_rule="drafter")): the logits as `draft_logits` (float32), or a
-DFlash2 drafter's selector tables (`selector_scores`, `selector_columns`); an executor that does not
-bind those outputs never receives them (onnxruntime computes only what is bound).
+DFlash2 drafter's selector tables (`selector_scores`, `selector_columns`). They are tensors the ArgMax or
+the selector's walk reads anyway; an executor that does not bind them never receives a copy.
 
 K/V tensors are [b, kv_heads, tokens, head_dim], K after RoPE. Caches grow by concatenation
 (present = past ++ new) and rows are valid up to their length: `past_lengths` / `context_lengths`
