@@ -43,6 +43,26 @@ int64_t draw_draft(const float* draft_logits, int64_t draft_vocab, const Samplin
   return draw_row(q, draft_vocab, uniform(params.seed, request, position, kDraftDraw));
 }
 
+void draw_block_drafts(const float* draft_logits, int64_t num_drafts, int64_t draft_vocab_size,
+                       const std::vector<int64_t>& draft_vocab, const SamplingParams& params, uint64_t request,
+                       uint32_t position, int64_t* tokens, float* q) {
+  for (int64_t j = 0; j < num_drafts; ++j) {
+    const int64_t id = draw_draft(draft_logits + j * draft_vocab_size, draft_vocab_size, params, request,
+                                  position + uint32_t(j), q + j * draft_vocab_size);
+    tokens[j] = draft_vocab.empty() ? id : draft_vocab[id];
+  }
+}
+
+std::vector<int32_t> draft_ids_of(const std::vector<int64_t>& draft_vocab, int64_t vocab, const std::string& who) {
+  std::vector<int32_t> draft_of(draft_vocab.empty() ? 0 : vocab, -1);
+  for (size_t id = 0; id < draft_vocab.size(); ++id) {
+    if (draft_vocab[id] < 0 || draft_vocab[id] >= vocab)
+      throw Error(who + ": draft_vocab id " + std::to_string(draft_vocab[id]) + " is outside the target's vocabulary");
+    draft_of[draft_vocab[id]] = int32_t(id);
+  }
+  return draft_of;
+}
+
 Acceptance accept_drafter(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,
                           const float* q, int64_t draft_vocab, const int32_t* draft_of, const SamplingParams& params,
                           uint64_t request, uint32_t position) {

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "decide.h"
 #include "sampling.h"
@@ -45,6 +47,16 @@ Acceptance accept_point_mass(const int64_t* drafts, int64_t num_drafts, const fl
 // the target) into `q`, and a draft id drawn from it with the uniform at (request, position, kDraftDraw).
 int64_t draw_draft(const float* draft_logits, int64_t draft_vocab, const SamplingParams& params, uint64_t request,
                    uint32_t position, float* q);
+// draw_draft at each of a block's `num_drafts` positions (draft j at position + j) from draft_logits
+// [num_drafts, draft_vocab_size] -> their target ids into `tokens` ([num_drafts]; draft_vocab: each draft
+// id's target id, empty: the same ids) and their distributions into `q` [num_drafts, draft_vocab_size].
+void draw_block_drafts(const float* draft_logits, int64_t num_drafts, int64_t draft_vocab_size,
+                       const std::vector<int64_t>& draft_vocab, const SamplingParams& params, uint64_t request,
+                       uint32_t position, int64_t* tokens, float* q);
+// A draft vocabulary's inverse, accept_drafter's `draft_of`: each target id's draft id, -1 where the
+// drafter cannot propose it; empty for no draft vocabulary. One line (dflash::Error, after `who`) for an
+// id outside the target's vocabulary.
+std::vector<int32_t> draft_ids_of(const std::vector<int64_t>& draft_vocab, int64_t vocab, const std::string& who);
 
 // accept_drafter: drafts[j] (a target id) was drawn from q row j [num_drafts, draft_vocab]; the target
 // keeps it with probability min(1, p_j(d) / q_j(d)) (uniform at position + j, kAcceptDraw) and at the

@@ -281,19 +281,11 @@ PYBIND11_MODULE(_core, m) {
         const float* draft_rows = rows_of(draft_logits, num_drafts, &draft_vocab_size);
         if (draft_vocab.empty() ? draft_vocab_size != vocab : int64_t(draft_vocab.size()) != draft_vocab_size)
           throw Error("draft_logits must have one column per draft_vocab id (none: per target id)");
-        std::vector<int32_t> draft_of;
-        for (size_t id = 0; id < draft_vocab.size(); ++id) {
-          if (draft_vocab[id] < 0 || draft_vocab[id] >= vocab) throw Error("draft_vocab id outside the vocabulary");
-          draft_of.resize(vocab, -1);
-          draft_of[draft_vocab[id]] = int32_t(id);
-        }
+        const std::vector<int32_t> draft_of = draft_ids_of(draft_vocab, vocab, "drafter_step");
         std::vector<int64_t> drafts(num_drafts);
         std::vector<float> q(num_drafts * draft_vocab_size);
-        for (int64_t j = 0; j < num_drafts; ++j) {
-          const int64_t id = draw_draft(draft_rows + j * draft_vocab_size, draft_vocab_size, params, request,
-                                        position + uint32_t(j), q.data() + j * draft_vocab_size);
-          drafts[j] = draft_vocab.empty() ? id : draft_vocab[id];
-        }
+        draw_block_drafts(draft_rows, num_drafts, draft_vocab_size, draft_vocab, params, request, position,
+                          drafts.data(), q.data());
         const Acceptance a = accept_drafter(drafts.data(), num_drafts, rows, vocab, q.data(), draft_vocab_size,
                                             draft_of.empty() ? nullptr : draft_of.data(), params, request, position);
         return py::make_tuple(drafts, a.accepted, a.next);

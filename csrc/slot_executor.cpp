@@ -99,9 +99,7 @@ void SlotExecutorConfig::validate(const std::string& who) const {
     if (draft_vocab.empty() ? draft_vocab_size != vocab : int64_t(draft_vocab.size()) != draft_vocab_size)
       throw Error(who + ": draft_vocab lists " + std::to_string(draft_vocab.size()) + " ids for a draft vocabulary of " +
                   std::to_string(draft_vocab_size) + " (none: the target's " + std::to_string(vocab) + ")");
-    for (int64_t id : draft_vocab)
-      if (id < 0 || id >= vocab)
-        throw Error(who + ": draft_vocab id " + std::to_string(id) + " is outside the target's vocabulary");
+    draft_ids_of(draft_vocab, vocab, who);  // its ids inside the target's vocabulary
     if (selector_top_k < 0 || selector_top_k > draft_vocab_size)
       throw Error(who + ": selector_top_k must be in [0, draft_vocab_size], got " + std::to_string(selector_top_k));
   }
@@ -149,10 +147,7 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
   if (config_.sample_drafts && !device_.is_host())
     throw Error(who_ + ": the drafter-distribution rule (sample_drafts) decides on the host; this executor's " +
                 backend_->name() + " device decides on its GPU (use the point-mass rule there)");
-  if (!config_.draft_vocab.empty()) {
-    draft_of_.assign(config_.vocab, -1);
-    for (size_t id = 0; id < config_.draft_vocab.size(); ++id) draft_of_[config_.draft_vocab[id]] = int32_t(id);
-  }
+  draft_of_ = draft_ids_of(config_.draft_vocab, config_.vocab, who_);
   target_ = backend_->open(config_.target_path);
   if (config_.has_drafter()) {
     draft_context_ = backend_->open(config_.draft_context_path);
@@ -783,13 +778,9 @@ void SlotExecutor::draw_drafts(int64_t i, int64_t B, const RowSampling& s, int64
   const SlotExecutorConfig& c = config_;
   const int64_t V = c.draft_vocab_size, k = c.selector_top_k;
   q.assign((B - 1) * V, 0.0f);
-  const auto target_id = [&](int64_t id) { return c.draft_vocab.empty() ? id : c.draft_vocab[id]; };
   if (k == 0) {
-    for (int64_t j = 0; j < B - 1; ++j) {  // draft j sits at the first draft's position + j
-      const int64_t id = draw_draft(draft_scores_.host.data() + (i * (B - 1) + j) * V, V, s.sampling, s.stream,
-                                    s.position + uint32_t(j), q.data() + j * V);
-      tokens[j] = target_id(id);
-    }
+    draw_block_drafts(draft_scores_.host.data() + i * (B - 1) * V, B - 1, V, c.draft_vocab, s.sampling, s.stream,
+                      s.position, tokens, q.data());
     return;
   }
   // DFlash2: walk from the anchor, each position's candidate drawn from the selector's scores after the
@@ -803,7 +794,7 @@ void SlotExecutor::draw_drafts(int64_t i, int64_t B, const RowSampling& s, int64
       DFLASH_INVARIANT(columns[candidate] >= 0 && columns[candidate] < V);
     before = draw_draft(scores, k, s.sampling, s.stream, s.position + uint32_t(j), picked.data());
     for (int64_t candidate = 0; candidate < k; ++candidate) q[j * V + columns[candidate]] += picked[candidate];
-    tokens[j] = target_id(columns[before]);
+    tokens[j] = c.draft_vocab.empty() ? columns[before] : c.draft_vocab[columns[before]];
   }
 }
 

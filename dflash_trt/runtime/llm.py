@@ -192,11 +192,12 @@ class LLM:
 
     def _set_draft_rule(self, rule: str) -> None:
         """How T>0 requests draft (DRAFT_RULES); one line for a rule this LLM cannot run, before any request."""
-        from dflash_trt.runtime.ort_executor import DRAFT_RULES, draft_rule_refusal
+        from dflash_trt.runtime.ort_executor import draft_rule_refusal
 
-        if rule not in DRAFT_RULES:
-            raise DFlashError(f"draft_rule must be one of {', '.join(DRAFT_RULES)}, got {rule!r}")
         self.draft_rule = rule
+        refusal = draft_rule_refusal(rule, None if self.backend == "torch" else self._bundle.manifest)
+        if refusal:
+            raise DFlashError(refusal)
         if rule == "point-mass":
             return
         if self.adaptive:
@@ -207,9 +208,6 @@ class LLM:
                               "decide on the GPU with the point-mass rule")
         if self.backend == "torch" and not self.has_drafter:
             raise DFlashError("draft_rule 'drafter' needs a drafter")
-        refusal = None if self.backend == "torch" else draft_rule_refusal(self._bundle.manifest)
-        if refusal:
-            raise DFlashError(refusal)
 
     def _batching(self, max_batch: int, capacity: int, prefill_chunk: int = 0) -> None:
         """How `generate` runs a list: up to `max_batch` requests at once, each in a KV slot of

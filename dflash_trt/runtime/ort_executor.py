@@ -29,8 +29,13 @@ CONTRACT = 2
 DRAFT_RULES = ("point-mass", "drafter")
 
 
-def draft_rule_refusal(manifest: dict) -> str | None:
-    """Why graphs described by `manifest` (bundle.json's sections) cannot run the "drafter" rule, or None."""
+def draft_rule_refusal(rule: str, manifest: dict | None) -> str | None:
+    """Why `rule` cannot run on the graphs `manifest` describes (bundle.json's sections; None: graphs built
+    with what the rule draws from, the torch backend's), or None."""
+    if rule not in DRAFT_RULES:
+        return f"draft_rule must be one of {', '.join(DRAFT_RULES)}, got {rule!r}"
+    if rule == "point-mass" or manifest is None:
+        return None
     draft = manifest.get("draft")
     if draft is None:
         return "draft_rule 'drafter' needs a drafter"
@@ -123,11 +128,10 @@ def slot_config(manifest: dict, paths: dict[str, str], library: str, max_batch: 
         config.draft_kv_heads = draft["num_key_value_heads"]
         config.draft_head_dim = draft["head_dim"]
         config.mask_token_id = draft["mask_token_id"]
-    if draft_rule != "point-mass":
-        refusal = (f"draft_rule must be one of {', '.join(DRAFT_RULES)}, got {draft_rule!r}"
-                   if draft_rule not in DRAFT_RULES else draft_rule_refusal(manifest))
-        if refusal:
-            raise DFlashError(refusal)
+    refusal = draft_rule_refusal(draft_rule, manifest)
+    if refusal:
+        raise DFlashError(refusal)
+    if draft_rule == "drafter":
         config.sample_drafts = True
         config.draft_vocab_size = draft["draft_vocab_size"]
         config.draft_vocab = list(draft_vocab or [])

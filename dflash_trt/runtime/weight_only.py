@@ -82,7 +82,7 @@ class WeightOnlyLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, quant: str):
         super().__init__()
-        self.quant, self.dtype = quant, linear.weight.dtype
+        self.quant = quant
         self.in_features, self.out_features = linear.in_features, linear.out_features
         rows = linear.weight.detach().float().cpu()
         device = linear.weight.device

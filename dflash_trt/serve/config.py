@@ -55,7 +55,7 @@ class ServeConfig:
             raise DFlashError("--draft-rule drafter needs --block-size: its tokens depend on where each block starts")
         if self.bundle is not None:  # a bundle no executor runs is refused here, before Triton starts
             manifest = SlotBundle(self.bundle).manifest
-            refusal = draft_rule_refusal(manifest) if self.draft_rule == "drafter" else None
+            refusal = draft_rule_refusal(self.draft_rule, manifest)
             if refusal:
                 raise DFlashError(refusal)
         if not isinstance(self.max_batch, int) or self.max_batch < 1:

@@ -45,28 +45,29 @@ def bundles(tmp_path_factory):
     return made, target_dir, draft_dir
 
 
-def dequantized_weights(path) -> dict[str, np.ndarray]:
-    """The float weight each DequantizeLinear chain of the graph gives, by the original weight's name."""
-    model = onnx.load(str(path))
+def evaluate_dequantized(model: onnx.ModelProto, outputs: list[str]) -> list[np.ndarray]:
+    """The named outputs of the graph's DequantizeLinear chains, by the ONNX reference evaluator."""
     chains = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
-    outputs = [n.output[0] for n in chains if n.output[0].endswith("_dequantized")]
-    graph = onnx.helper.make_graph(chains, "weights", [], [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT,
-                                                                                              None) for o in outputs],
-                                   list(model.graph.initializer))
-    values = ReferenceEvaluator(onnx.helper.make_model(graph, opset_imports=model.opset_import)).run(None, {})
-    return {o.removesuffix("_dequantized"): v for o, v in zip(outputs, values, strict=True)}
-
-
-def matmul_weights(path) -> list[np.ndarray]:
-    """The float weight [K, N] of every MatMul fed by a DequantizeLinear (chain), by the ONNX reference evaluator."""
-    model = onnx.load(str(path))
-    chains = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
-    into_matmul = {n.input[1] for n in model.graph.node if n.op_type == "MatMul"}
-    outputs = [o for n in chains for o in n.output if o in into_matmul]
     graph = onnx.helper.make_graph(chains, "weights", [], [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT,
                                                                                               None) for o in outputs],
                                    list(model.graph.initializer))
     return ReferenceEvaluator(onnx.helper.make_model(graph, opset_imports=model.opset_import)).run(None, {})
+
+
+def dequantized_weights(path) -> dict[str, np.ndarray]:
+    """The float weight each DequantizeLinear chain of the graph gives, by the original weight's name."""
+    model = onnx.load(str(path))
+    outputs = [o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output
+               if o.endswith("_dequantized")]
+    return {o.removesuffix("_dequantized"): v for o, v in zip(outputs, evaluate_dequantized(model, outputs), strict=True)}
+
+
+def matmul_weights(path) -> list[np.ndarray]:
+    """The float weight [K, N] of every MatMul fed by a DequantizeLinear (chain)."""
+    model = onnx.load(str(path))
+    into_matmul = {n.input[1] for n in model.graph.node if n.op_type == "MatMul"}
+    outputs = [o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output if o in into_matmul]
+    return evaluate_dequantized(model, outputs)
 
 
 def modelopt_round_trip(quant: str, weight: np.ndarray) -> np.ndarray:
