@@ -2,7 +2,6 @@
 // (decide.h holds the rules the first two share with the GPU).
 #include "acceptance.h"
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -39,8 +38,7 @@ int64_t draw_draft(const float* draft_logits, int64_t draft_vocab, const Samplin
   DFLASH_INVARIANT(draft_vocab > 0 && !params.greedy());
   params.validate();
   std::vector<int32_t> order(draft_vocab);
-  probs_row(draft_logits, draft_vocab, params, q, order.data());
-  return draw_row(q, draft_vocab, uniform(params.seed, request, position, kDraftDraw));
+  return draft_row(draft_logits, draft_vocab, params, request, position, q, order.data());
 }
 
 void draw_block_drafts(const float* draft_logits, int64_t num_drafts, int64_t draft_vocab_size,
@@ -51,6 +49,21 @@ void draw_block_drafts(const float* draft_logits, int64_t num_drafts, int64_t dr
                                   position + uint32_t(j), q + j * draft_vocab_size);
     tokens[j] = draft_vocab.empty() ? id : draft_vocab[id];
   }
+}
+
+void draw_selector_drafts(const float* scores, const int64_t* columns, int64_t num_drafts, int64_t top_k,
+                          int64_t draft_vocab_size, const std::vector<int64_t>& draft_vocab,
+                          const SamplingParams& params, uint64_t request, uint32_t position, int64_t* tokens,
+                          float* q) {
+  DFLASH_INVARIANT(top_k > 0 && top_k <= draft_vocab_size && !params.greedy());
+  params.validate();
+  for (int64_t i = 0; i < num_drafts * top_k; ++i) DFLASH_INVARIANT(columns[i] >= 0 && columns[i] < draft_vocab_size);
+  std::vector<float> probs(top_k);
+  std::vector<int32_t> order(top_k);
+  selector_walk(scores, columns, num_drafts, top_k, draft_vocab_size, params, request, position, q, tokens,
+                probs.data(), order.data());
+  if (!draft_vocab.empty())
+    for (int64_t j = 0; j < num_drafts; ++j) tokens[j] = draft_vocab[tokens[j]];
 }
 
 std::vector<int32_t> draft_ids_of(const std::vector<int64_t>& draft_vocab, int64_t vocab, const std::string& who) {
@@ -72,27 +85,14 @@ Acceptance accept_drafter(const int64_t* drafts, int64_t num_drafts, const float
   std::vector<float> p(vocab);
   std::vector<int32_t> order(vocab);
   for (int64_t j = 0; j < num_drafts; ++j) {
-    const float* row = logits + j * vocab;
     const float* q_row = q + j * draft_vocab;
-    const auto q_of = [&](int64_t token) {
-      const int64_t id = draft_of ? draft_of[token] : token;
-      return id < 0 ? 0.0f : q_row[id];
-    };
-    const float drafted = q_of(drafts[j]);
-    if (!(drafted > 0.0f))
+    const int64_t id = draft_of ? draft_of[drafts[j]] : drafts[j];
+    if (!(id >= 0 && q_row[id] > 0.0f))
       throw Error("draft token " + std::to_string(drafts[j]) + " at block slot " + std::to_string(j + 1) +
                   " has probability 0 under the distribution it was said to be drawn from");
-    probs_row(row, vocab, params, p.data(), order.data());
-    const uint32_t at = position + uint32_t(j);
-    if (uniform(params.seed, request, at, kAcceptDraw) * drafted < p[drafts[j]]) continue;  // kept: u < p/q
-    double residual = 0.0;
-    for (int64_t i = 0; i < vocab; ++i) {
-      p[i] = std::max(0.0f, p[i] - q_of(i));
-      residual += p[i];
-    }
-    // (p - q)+ sums to 0 only where p = q, where a rejection has probability 0: float rounding alone
-    if (!(residual > 0.0)) probs_row(row, vocab, params, p.data(), order.data());
-    return {j, draw_row(p.data(), vocab, uniform(params.seed, request, at, kCategoricalDraw))};
+    const int64_t token = drafter_position(logits + j * vocab, vocab, drafts[j], q_row, draft_of, params, request,
+                                           position + uint32_t(j), p.data(), order.data());
+    if (token >= 0) return {j, token};
   }
   return {num_drafts, sample(logits + num_drafts * vocab, vocab, params, request, position + uint32_t(num_drafts))};
 }

@@ -53,6 +53,13 @@ int64_t draw_draft(const float* draft_logits, int64_t draft_vocab, const Samplin
 void draw_block_drafts(const float* draft_logits, int64_t num_drafts, int64_t draft_vocab_size,
                        const std::vector<int64_t>& draft_vocab, const SamplingParams& params, uint64_t request,
                        uint32_t position, int64_t* tokens, float* q);
+// A DFlash2 drafter's block under the rule (decide.h's selector_walk_by): scores [num_drafts, top_k, top_k]
+// and columns [num_drafts, top_k] (the candidates' draft ids) -> tokens [num_drafts] (target ids, through
+// draft_vocab), q [num_drafts, draft_vocab_size].
+void draw_selector_drafts(const float* scores, const int64_t* columns, int64_t num_drafts, int64_t top_k,
+                          int64_t draft_vocab_size, const std::vector<int64_t>& draft_vocab,
+                          const SamplingParams& params, uint64_t request, uint32_t position, int64_t* tokens,
+                          float* q);
 // A draft vocabulary's inverse, accept_drafter's `draft_of`: each target id's draft id, -1 where the
 // drafter cannot propose it; empty for no draft vocabulary. One line (dflash::Error, after `who`) for an
 // id outside the target's vocabulary.

@@ -9,6 +9,7 @@
 #include <malloc.h>
 #endif
 
+#include <algorithm>
 #include <array>
 #include <string>
 #include <vector>
@@ -272,9 +273,10 @@ PYBIND11_MODULE(_core, m) {
       "Greedy at temperature 0, else point-mass rejection sampling; position = sequence position of drafts[0].");
   m.def(
       "drafter_step",
-      [](const FloatArray& logits, const FloatArray& draft_logits, const SamplingParams& params, uint64_t request,
-         uint32_t position, const std::vector<int64_t>& draft_vocab) {
+      [block_threads](const FloatArray& logits, const FloatArray& draft_logits, const SamplingParams& params,
+                      uint64_t request, uint32_t position, const std::vector<int64_t>& draft_vocab, int threads) {
         if (params.greedy()) throw Error("drafter_step draws drafts at temperature > 0 (greedy drafts are the argmax)");
+        if (threads) block_threads(threads);
         int64_t vocab = 0, draft_vocab_size = 0;
         const float* rows = rows_of(logits, -1, &vocab);
         const int64_t num_drafts = int64_t(logits.shape(0)) - 1;
@@ -282,18 +284,92 @@ PYBIND11_MODULE(_core, m) {
         if (draft_vocab.empty() ? draft_vocab_size != vocab : int64_t(draft_vocab.size()) != draft_vocab_size)
           throw Error("draft_logits must have one column per draft_vocab id (none: per target id)");
         const std::vector<int32_t> draft_of = draft_ids_of(draft_vocab, vocab, "drafter_step");
+        const int32_t* of = draft_of.empty() ? nullptr : draft_of.data();
         std::vector<int64_t> drafts(num_drafts);
         std::vector<float> q(num_drafts * draft_vocab_size);
-        draw_block_drafts(draft_rows, num_drafts, draft_vocab_size, draft_vocab, params, request, position,
-                          drafts.data(), q.data());
-        const Acceptance a = accept_drafter(drafts.data(), num_drafts, rows, vocab, q.data(), draft_vocab_size,
-                                            draft_of.empty() ? nullptr : draft_of.data(), params, request, position);
-        return py::make_tuple(drafts, a.accepted, a.next);
+        if (threads == 0) {
+          draw_block_drafts(draft_rows, num_drafts, draft_vocab_size, draft_vocab, params, request, position,
+                            drafts.data(), q.data());
+          const Acceptance a = accept_drafter(drafts.data(), num_drafts, rows, vocab, q.data(), draft_vocab_size, of,
+                                              params, request, position);
+          return py::make_tuple(drafts, int64_t(a.accepted), int64_t(a.next));
+        }
+        // the kernels' block code, a block per draw and per verify position as dflash_draw_drafts and
+        // dflash_target_tokens launch them
+        std::vector<float> p(vocab);
+        std::vector<int32_t> order(std::max(vocab, draft_vocab_size));
+        RowShared shared;
+        auto on_block = [&](auto body) {
+          int64_t out = 0;
+          HostBlock::run(threads, [&] {
+            const int64_t mine = body();
+            if (HostBlock::id() == 0) out = mine;
+          });
+          return out;
+        };
+        for (int64_t j = 0; j < num_drafts; ++j) {
+          const int64_t id = on_block([&] {
+            return draft_row_by<HostBlock>(draft_rows + j * draft_vocab_size, draft_vocab_size, params, request,
+                                           position + uint32_t(j), q.data() + j * draft_vocab_size, order.data(),
+                                           shared);
+          });
+          drafts[j] = draft_vocab.empty() ? id : draft_vocab[id];
+        }
+        for (int64_t j = 0; j < num_drafts; ++j) {
+          const int64_t token = on_block([&] {
+            return drafter_position_by<HostBlock>(rows + j * vocab, vocab, drafts[j], q.data() + j * draft_vocab_size,
+                                                  of, params, request, position + uint32_t(j), p.data(), order.data(),
+                                                  shared);
+          });
+          if (token >= 0) return py::make_tuple(drafts, int64_t(j), int64_t(token));
+        }
+        const int64_t bonus = on_block([&] {
+          return sample_row_by<HostBlock>(rows + num_drafts * vocab, vocab, params, request,
+                                          position + uint32_t(num_drafts), p.data(), order.data(), shared);
+        });
+        return py::make_tuple(drafts, int64_t(num_drafts), int64_t(bonus));
       },
       py::arg("logits"), py::arg("draft_logits"), py::arg("params"), py::arg("request"), py::arg("position"),
-      py::arg("draft_vocab") = std::vector<int64_t>{},
+      py::arg("draft_vocab") = std::vector<int64_t>{}, py::arg("threads") = 0,
       "The drafter-distribution rule's step as the executor runs it (T>0): drafts drawn from draft_logits [d, V'] "
-      "(draft_vocab: each column's target id), decided over logits [d + 1, vocab] -> (drafts, accepted, next).");
+      "(draft_vocab: each column's target id), decided over logits [d + 1, vocab] -> (drafts, accepted, next). "
+      "threads 0: the host entry points; 1..512: the GPU kernels' block code on that many host threads.");
+  m.def(
+      "selector_drafts",
+      [block_threads](const FloatArray& scores, const py::array_t<int64_t, py::array::c_style | py::array::forcecast>&
+                                                    columns,
+                      int64_t draft_vocab_size, const SamplingParams& params, uint64_t request, uint32_t position,
+                      int threads) {
+        if (params.greedy()) throw Error("selector_drafts draws at temperature > 0 (greedy drafts are the walk)");
+        params.validate();
+        if (threads) block_threads(threads);
+        if (scores.ndim() != 3 || scores.shape(1) != scores.shape(2) || columns.ndim() != 2 ||
+            columns.shape(0) != scores.shape(0) || columns.shape(1) != scores.shape(1) || scores.shape(1) < 1)
+          throw Error("selector_drafts needs scores [n, k, k] and columns [n, k]");
+        const int64_t n = scores.shape(0), k = scores.shape(1);
+        for (int64_t i = 0; i < n * k; ++i)
+          if (columns.data()[i] < 0 || columns.data()[i] >= draft_vocab_size)
+            throw Error("selector_drafts: a column is outside the draft vocabulary");
+        std::vector<int64_t> drafts(n);
+        FloatArray q({py::ssize_t(n), py::ssize_t(draft_vocab_size)});
+        if (threads == 0) {
+          draw_selector_drafts(scores.data(), columns.data(), n, k, draft_vocab_size, {}, params, request, position,
+                               drafts.data(), q.mutable_data());
+        } else {
+          std::vector<float> probs(k);
+          std::vector<int32_t> order(k);
+          RowShared shared;
+          HostBlock::run(threads, [&] {
+            selector_walk_by<HostBlock>(scores.data(), columns.data(), n, k, draft_vocab_size, params, request,
+                                        position, q.mutable_data(), drafts.data(), probs.data(), order.data(), shared);
+          });
+        }
+        return py::make_tuple(drafts, q);
+      },
+      py::arg("scores"), py::arg("columns"), py::arg("draft_vocab_size"), py::arg("params"), py::arg("request"),
+      py::arg("position"), py::arg("threads") = 0,
+      "A DFlash2 selector's drafts under the drafter rule: scores [n, k, k], columns [n, k] (draft ids) -> "
+      "(draft ids, q [n, draft_vocab_size]); threads as drafter_step's.");
   m.def(
       "sample",
       [](const FloatArray& logits, const SamplingParams& params, uint64_t request, uint32_t position) {

@@ -213,24 +213,35 @@ bool CudaDevice::decides() const {
 #endif
 }
 
-void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
-                        const int64_t* drafts, float* probs, int32_t* order, Verdict* out, TokenLogprob* logprobs) {
 #ifdef DFLASH_WITH_DEVICE_DECIDE
+void CudaDevice::load_decide_module() {
+  if (module_) return;  // once: the driver picks this GPU's SM from the fatbin (or JIT-compiles its PTX)
+  check(driver_->module_load(&module_, kDecideKernelFatbin), "loading the decision kernel");
+  check(driver_->function(&tokens_, module_, "dflash_target_tokens"), "finding the target-token kernel");
+  check(driver_->function(&decide_, module_, "dflash_decide_rows"), "finding the decision kernel");
+  check(driver_->function(&logprobs_, module_, "dflash_decided_logprobs"), "finding the logprobs kernel");
+  check(driver_->function(&draw_, module_, "dflash_draw_drafts"), "finding the draft kernel");
+}
+#else
+void CudaDevice::load_decide_module() {
+  DFLASH_INVARIANT(false);  // decides() is false: the executor decides on the host
+}
+#endif
+
+void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
+                        const int64_t* drafts, const DraftQ& drafter, float* probs, int32_t* order, Verdict* out,
+                        TokenLogprob* logprobs) {
   bind();
-  if (!module_) {  // once: the driver picks this GPU's SM from the fatbin (or JIT-compiles its PTX)
-    check(driver_->module_load(&module_, kDecideKernelFatbin), "loading the decision kernel");
-    check(driver_->function(&tokens_, module_, "dflash_target_tokens"), "finding the target-token kernel");
-    check(driver_->function(&decide_, module_, "dflash_decide_rows"), "finding the decision kernel");
-    check(driver_->function(&logprobs_, module_, "dflash_decided_logprobs"), "finding the logprobs kernel");
-  }
+  load_decide_module();
   if (count == 0) return;
   int32_t* tokens = order;  // the scratch's head (device.h); the per-position ids after it
   int32_t* ids = order + count * positions;
-  void* token_args[] = {&logits, &vocab, &rows, &probs, &ids, &tokens};
+  DraftQ q = drafter;
+  void* token_args[] = {&logits, &vocab, &rows, &drafts, &q, &probs, &ids, &tokens};
   check(driver_->launch(tokens_, unsigned(count), unsigned(positions), 1, kDecideThreads, 1, 1, 0, stream_,
                         token_args, nullptr),
         "launching the target-token kernel");
-  void* args[] = {&rows, &drafts, &tokens, &out, &positions};
+  void* args[] = {&rows, &tokens, &out, &positions};
   check(driver_->launch(decide_, unsigned(count), 1, 1, 1, 1, 1, 0, stream_, args, nullptr),
         "launching the decision kernel");
   if (logprobs == nullptr) return;
@@ -238,11 +249,19 @@ void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* row
   check(driver_->launch(logprobs_, unsigned(count), unsigned(positions), 1, kDecideThreads, 1, 1, 0, stream_,
                         logprob_args, nullptr),
         "launching the logprobs kernel");
-#else
-  (void)logits, (void)vocab, (void)rows, (void)count, (void)positions, (void)drafts, (void)probs, (void)order,
-      (void)out, (void)logprobs;
-  DFLASH_INVARIANT(false);  // decides() is false: the executor decides on the host
-#endif
+}
+
+void CudaDevice::draw_drafts(const float* scores, const int64_t* columns, int64_t top_k, const DecideRow* rows,
+                             int64_t count, int64_t drafts, const int64_t* ids, const DraftQ& q, float* probs,
+                             int32_t* order, int64_t* tokens) {
+  bind();
+  load_decide_module();
+  if (count == 0 || drafts == 0) return;
+  DraftQ out = q;
+  void* args[] = {&scores, &columns, &top_k, &rows, &ids, &out, &probs, &order, &tokens};
+  check(driver_->launch(draw_, unsigned(count), unsigned(top_k > 0 ? 1 : drafts), 1, kDecideThreads, 1, 1, 0, stream_,
+                        args, nullptr),
+        "launching the draft kernel");
 }
 
 void CudaDevice::rebuild_states(const StateRebuild& job) {

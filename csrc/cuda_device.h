@@ -41,7 +41,11 @@ class CudaDevice final : public Device {
   void synchronize() override;
   bool decides() const override;  // where setup.py built decide_kernel.cu (nvcc found)
   void decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
-              const int64_t* drafts, float* probs, int32_t* order, Verdict* out, TokenLogprob* logprobs) override;
+              const int64_t* drafts, const DraftQ& drafter, float* probs, int32_t* order, Verdict* out,
+              TokenLogprob* logprobs) override;
+  void draw_drafts(const float* scores, const int64_t* columns, int64_t top_k, const DecideRow* rows, int64_t count,
+                   int64_t drafts, const int64_t* ids, const DraftQ& q, float* probs, int32_t* order,
+                   int64_t* tokens) override;
   void rebuild_states(const StateRebuild& job) override;  // state_kernel.cu (built with the decision kernels)
   CUstream stream() const { return stream_; }
 
@@ -50,6 +54,7 @@ class CudaDevice final : public Device {
  private:
   void check(CUresult result, const char* what) const;
   void bind() const;  // our context current on the calling thread
+  void load_decide_module();  // the decision kernels, once
   std::string who_;
   std::shared_ptr<const Driver> driver_;
   CUcontext context_ = nullptr;
@@ -58,6 +63,7 @@ class CudaDevice final : public Device {
   CUfunction tokens_ = nullptr;
   CUfunction decide_ = nullptr;
   CUfunction logprobs_ = nullptr;
+  CUfunction draw_ = nullptr;
   CUmodule state_module_ = nullptr;  // the state kernels', loaded at the first partial commit
   CUfunction rebuild_delta_ = nullptr;
   CUfunction rebuild_conv_ = nullptr;

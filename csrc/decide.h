@@ -51,6 +51,18 @@ struct DecideRow {
   SamplingParams sampling;
   uint64_t stream = 0;
   uint32_t position = 0;   // the sequence position of the first token decided
+  // The drafter-distribution rule (a verify row at T>0 whose drafts were drawn): where its drafts'
+  // distributions start in DraftQ::q ([num_drafts, draft_vocab] from there); -1: point mass. A draw
+  // (dflash_draw_drafts) reads `first` as its first row of the block pass's outputs instead.
+  int64_t q = -1;
+};
+
+// The drafter-distribution rule's distributions on a device: q rows over the draft ids [*, draft_vocab],
+// and draft_of [vocab], a target id's draft id (-1: the drafter cannot propose it; null: the same ids).
+struct DraftQ {
+  float* q = nullptr;
+  int64_t draft_vocab = 0;
+  const int32_t* draft_of = nullptr;
 };
 
 constexpr int kChunks = 512;      // the fixed partition of a row for its double sums
@@ -569,11 +581,76 @@ DFLASH_HD void logprobs_row_by(const float* logits, int64_t vocab, int64_t token
   Threads::sync();  // order and s are rewritten by what follows
 }
 
-// A verify row's decision from the target's own token at each of its positions (the GPU takes them
-// all in parallel first): the same prefix rule as verdict_rows_by.
-DFLASH_HD inline Verdict verdict_from_tokens(const int64_t* drafts, int64_t num_drafts, const int32_t* tokens) {
+// -- the drafter-distribution rule (acceptance.h states it) ---------------------------------------
+
+// A draft at `position` drawn from one row of the drafter's logits [draft_vocab] under the request's
+// temperature and cuts: its distribution q into `q` (probs_row_by), the draw with the uniform at
+// (position, kDraftDraw). Scratch: order [draft_vocab].
+template <class Threads>
+DFLASH_HD int64_t draft_row_by(const float* draft_logits, int64_t draft_vocab, const SamplingParams& params,
+                               uint64_t stream, uint32_t position, float* q, int32_t* order, RowShared& s) {
+  probs_row_by<Threads>(draft_logits, draft_vocab, params, q, order, s);
+  return draw_row_by<Threads>(q, draft_vocab, uniform(params.seed, stream, position, kDraftDraw), s);
+}
+
+// A DFlash2 drafter's drafts under the rule: walking from the anchor, position j's candidate is drawn
+// (draft_row_by over its k scores after the candidate picked before it; position 0's rows all score
+// after the anchor) from scores [n, k, k] with the candidates' draft ids columns [n, k] -> draft_ids [n];
+// q [n, draft_vocab] holds each draw's distribution at its candidates' columns, 0 elsewhere.
+// Scratch: probs, order [k].
+template <class Threads>
+DFLASH_HD void selector_walk_by(const float* scores, const int64_t* columns, int64_t n, int64_t k,
+                                int64_t draft_vocab, const SamplingParams& params, uint64_t stream, uint32_t position,
+                                float* q, int64_t* draft_ids, float* probs, int32_t* order, RowShared& s) {
+  for (int64_t i = Threads::id(); i < n * draft_vocab; i += Threads::count()) q[i] = 0.0f;
+  Threads::sync();
+  int64_t before = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    before = draft_row_by<Threads>(scores + (j * k + before) * k, k, params, stream, position + uint32_t(j), probs,
+                                   order, s);
+    if (Threads::id() == 0) {
+      for (int64_t c = 0; c < k; ++c) q[j * draft_vocab + columns[j * k + c]] += probs[c];
+      draft_ids[j] = columns[j * k + before];
+    }
+    Threads::sync();
+  }
+}
+
+// The rule at one verify position over the target's logits row: -1 when `draft` (a target id, drawn
+// from q_row [draft_vocab] over the draft ids) is kept, u * q(d) < p(d) with the uniform at (position,
+// kAcceptDraw); else the token emitted there, drawn from (p - q)+ renormalised with the uniform at
+// (position, kCategoricalDraw) (from p itself where (p - q)+ is 0 everywhere: p = q but for float
+// rounding, where a rejection has probability 0). draft_of: DraftQ's. Scratch: p, order [vocab].
+template <class Threads>
+DFLASH_HD int64_t drafter_position_by(const float* logits, int64_t vocab, int64_t draft, const float* q_row,
+                                      const int32_t* draft_of, const SamplingParams& params, uint64_t stream,
+                                      uint32_t position, float* p, int32_t* order, RowShared& s) {
+  using namespace decide_detail;
+  const auto q_of = [&](int64_t token) {
+    const int64_t id = draft_of ? draft_of[token] : token;
+    return id < 0 ? 0.0f : q_row[id];
+  };
+  probs_row_by<Threads>(logits, vocab, params, p, order, s);
+  if (uniform(params.seed, stream, position, kAcceptDraw) * q_of(draft) < p[draft]) return -1;
+  Threads::sync();  // every thread has read p[draft] before the residual rewrites it
+  strided<Threads>(p, vocab, [&](int64_t i, float value) {
+    const float residual = value - q_of(i);
+    p[i] = residual > 0.0f ? residual : 0.0f;
+  });
+  Threads::sync();
+  chunk_sums<Threads>(p, vocab, s);
+  const bool empty = !(chunks_total(s) > 0.0);
+  Threads::sync();  // every thread has read s.chunk before the next pass rewrites it
+  if (empty) probs_row_by<Threads>(logits, vocab, params, p, order, s);
+  return draw_row_by<Threads>(p, vocab, uniform(params.seed, stream, position, kCategoricalDraw), s);
+}
+
+// A verify row's decision from what each of its positions decided (the GPU decides them all in
+// parallel first): tokens[j] is -1 where draft j was kept, else the token emitted there (j == num_drafts:
+// the bonus). The first position not kept ends the block.
+DFLASH_HD inline Verdict verdict_from_tokens(int64_t num_drafts, const int32_t* tokens) {
   for (int64_t j = 0;; ++j)
-    if (j == num_drafts || tokens[j] != drafts[j]) return {j, tokens[j]};
+    if (j == num_drafts || tokens[j] >= 0) return {j, tokens[j]};
 }
 
 #ifndef __CUDA_ARCH__
@@ -604,6 +681,28 @@ inline void logprobs_row(const float* logits, int64_t vocab, int64_t token, int3
                          int32_t* order) {
   RowShared s;
   logprobs_row_by<HostThreads>(logits, vocab, token, top, out, order, s);
+}
+
+inline int64_t draft_row(const float* draft_logits, int64_t draft_vocab, const SamplingParams& params, uint64_t stream,
+                         uint32_t position, float* q, int32_t* order) {
+  RowShared s;
+  return draft_row_by<HostThreads>(draft_logits, draft_vocab, params, stream, position, q, order, s);
+}
+
+inline void selector_walk(const float* scores, const int64_t* columns, int64_t n, int64_t k, int64_t draft_vocab,
+                          const SamplingParams& params, uint64_t stream, uint32_t position, float* q,
+                          int64_t* draft_ids, float* probs, int32_t* order) {
+  RowShared s;
+  selector_walk_by<HostThreads>(scores, columns, n, k, draft_vocab, params, stream, position, q, draft_ids, probs,
+                                order, s);
+}
+
+inline int64_t drafter_position(const float* logits, int64_t vocab, int64_t draft, const float* q_row,
+                                const int32_t* draft_of, const SamplingParams& params, uint64_t stream,
+                                uint32_t position, float* p, int32_t* order) {
+  RowShared s;
+  return drafter_position_by<HostThreads>(logits, vocab, draft, q_row, draft_of, params, stream, position, p, order,
+                                          s);
 }
 
 inline Verdict verdict_rows(const int64_t* drafts, int64_t num_drafts, const float* logits, int64_t vocab,

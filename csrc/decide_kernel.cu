@@ -3,12 +3,13 @@
 // Built by setup.py with nvcc into a fatbin that the core embeds and loads through the CUDA driver
 // (cuda_device.cpp): nothing links to the CUDA runtime.
 //
-// Three kernels, launched in order on one stream: dflash_target_tokens takes the target's own token at
-// every (row, position), one block each: a greedy row's argmax, a sampled row's draw (decide.h's rules
-// run by the block's threads together, BlockThreads). Sample-then-compare draws each position from its
-// own counter-based uniform, so the positions past a rejected draft cost time, never tokens.
-// dflash_decide_rows then walks each row's drafts against those tokens, and dflash_decided_logprobs
-// takes the decided tokens' log-probabilities where a row asks, one block per (row, position) again.
+// A verify's three kernels, launched in order on one stream: dflash_target_tokens decides every (row,
+// position) at once, one block each: a greedy row's argmax, a sampled row's draw (decide.h's rules run by
+// the block's threads together, BlockThreads), or the drafter rule's test of the draft there. Every
+// position draws from its own counter-based uniforms, so the positions past a rejected draft cost time,
+// never tokens. dflash_decide_rows then walks each row's positions to the first not kept, and
+// dflash_decided_logprobs takes the decided tokens' log-probabilities where a row asks, one block per
+// (row, position) again. A draft under the drafter rule runs dflash_draw_drafts after the block pass.
 #include "decide.h"
 
 namespace {
@@ -80,12 +81,16 @@ __device__ int64_t block_argmax(const float* __restrict__ row, int64_t vocab, fl
 
 }  // namespace
 
-// The target's token at each row's positions 0..num_drafts -> tokens[b * positions + j]. Scratch for a
-// sampled row's position: probs and order [vocab] at (b * positions + j) * vocab.
+// What each row's positions 0..num_drafts decided -> tokens[b * positions + j]: -1 where draft j is kept,
+// else the token emitted there (j == num_drafts: the bonus). A point-mass row takes the target's own
+// token at every position (a greedy row's argmax, a sampled row's draw: decide.h's rules run by the
+// block's threads together, BlockThreads) and keeps a draft equal to it; a row of the drafter rule (its
+// DecideRow::q >= 0) decides each draft by decide.h's drafter_position_by over its q rows in `drafter`.
+// Scratch for a sampled row's position: probs and order [vocab] at (b * positions + j) * vocab.
 // Launch: grid = (number of rows, positions: the most a row has), block = kThreads.
 extern "C" __global__ void __launch_bounds__(kThreads)
-    dflash_target_tokens(const float* logits, int64_t vocab, const dflash::DecideRow* rows, float* probs,
-                         int32_t* order, int32_t* tokens) {
+    dflash_target_tokens(const float* logits, int64_t vocab, const dflash::DecideRow* rows, const int64_t* drafts,
+                         dflash::DraftQ drafter, float* probs, int32_t* order, int32_t* tokens) {
   __shared__ float values[kThreads];
   __shared__ int64_t indices[kThreads];
   __shared__ dflash::RowShared shared;
@@ -93,21 +98,59 @@ extern "C" __global__ void __launch_bounds__(kThreads)
   const int64_t j = blockIdx.y, at = blockIdx.x * int64_t(gridDim.y) + j;
   if (j > row.num_drafts) return;  // the same for the whole block
   const float* logits_row = logits + (row.first + j) * vocab;
-  const int64_t token =
-      row.sampling.greedy()
-          ? block_argmax(logits_row, vocab, values, indices)
-          : dflash::sample_row_by<BlockThreads>(logits_row, vocab, row.sampling, row.stream,
-                                                row.position + uint32_t(j), probs + at * vocab, order + at * vocab,
-                                                shared);
+  const uint32_t position = row.position + uint32_t(j);
+  int64_t token;
+  if (j < row.num_drafts && row.q >= 0 && !row.sampling.greedy()) {
+    token = dflash::drafter_position_by<BlockThreads>(logits_row, vocab, drafts[row.drafts + j],
+                                                      drafter.q + row.q + j * drafter.draft_vocab, drafter.draft_of,
+                                                      row.sampling, row.stream, position, probs + at * vocab,
+                                                      order + at * vocab, shared);
+  } else {
+    token = row.sampling.greedy() ? block_argmax(logits_row, vocab, values, indices)
+                                  : dflash::sample_row_by<BlockThreads>(logits_row, vocab, row.sampling, row.stream,
+                                                                        position, probs + at * vocab,
+                                                                        order + at * vocab, shared);
+    if (j < row.num_drafts && token == drafts[row.drafts + j]) token = -1;
+  }
   if (threadIdx.x == 0) tokens[at] = int32_t(token);
 }
 
-// rows[b] -> out[b], from their target tokens (dflash_target_tokens): the drafts kept while each equals
-// the target's token there. Launch: grid = number of rows, block = 1 thread.
-extern "C" __global__ void dflash_decide_rows(const dflash::DecideRow* rows, const int64_t* drafts,
-                                              const int32_t* tokens, dflash::Verdict* out, int64_t positions) {
+// rows[b] -> out[b], from what their positions decided (dflash_target_tokens): the drafts kept up to
+// the first position that emits a token of its own. Launch: grid = number of rows, block = 1 thread.
+extern "C" __global__ void dflash_decide_rows(const dflash::DecideRow* rows, const int32_t* tokens, dflash::Verdict* out,
+                                              int64_t positions) {
+  out[blockIdx.x] = dflash::verdict_from_tokens(rows[blockIdx.x].num_drafts, tokens + blockIdx.x * positions);
+}
+
+// The drafter rule's drafts of rows[b] (num_drafts 0: none drawn, the block pass's argmax stands) ->
+// tokens[row.first + j] (target ids: ids maps a draft id, null: the same), their distributions into
+// q.q [row.first + j, q.draft_vocab]. A DFlash drafter (top_k 0): block (b, j) draws position j from the
+// block pass's logits scores [row.first + j, draft_vocab] (scratch: order [the same shape]); grid =
+// (number of rows, the most drafts). A DFlash2 drafter: block (b, 0) walks the selector's scores
+// [row.first + j, k, k] and columns [row.first + j, k] (scratch: probs and order [row.first + j, k]);
+// grid = (number of rows, 1). Block = kThreads.
+extern "C" __global__ void __launch_bounds__(kThreads)
+    dflash_draw_drafts(const float* scores, const int64_t* columns, int64_t top_k, const dflash::DecideRow* rows,
+                       const int64_t* ids, dflash::DraftQ q, float* probs, int32_t* order, int64_t* tokens) {
+  __shared__ dflash::RowShared shared;
   const dflash::DecideRow row = rows[blockIdx.x];
-  out[blockIdx.x] = dflash::verdict_from_tokens(drafts + row.drafts, row.num_drafts, tokens + blockIdx.x * positions);
+  const int64_t V = q.draft_vocab;
+  if (top_k == 0) {
+    const int64_t j = blockIdx.y, at = row.first + j;
+    if (j >= row.num_drafts) return;  // the same for the whole block
+    const int64_t id = dflash::draft_row_by<BlockThreads>(scores + at * V, V, row.sampling, row.stream,
+                                                          row.position + uint32_t(j), q.q + at * V, order + at * V,
+                                                          shared);
+    if (threadIdx.x == 0) tokens[at] = ids ? ids[id] : id;
+    return;
+  }
+  if (row.num_drafts == 0) return;
+  const int64_t first = row.first;
+  dflash::selector_walk_by<BlockThreads>(scores + first * top_k * top_k, columns + first * top_k, row.num_drafts,
+                                         top_k, V, row.sampling, row.stream, row.position, q.q + first * V,
+                                         tokens + first, probs + first * top_k, order + first * top_k, shared);
+  if (threadIdx.x == 0 && ids)
+    for (int64_t j = 0; j < row.num_drafts; ++j) tokens[first + j] = ids[tokens[first + j]];
 }
 
 // The log-probabilities of each decided token (dflash_decide_rows's verdicts: the kept drafts, then

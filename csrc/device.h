@@ -67,15 +67,30 @@ class Device {
   // rules as a kernel), so only verdicts cross to the host. False: the executor downloads logits.
   virtual bool decides() const { return false; }
   // rows[0..count) over logits [*, vocab] -> out[0..count); every pointer is this device's memory,
-  // scratch probs [count, positions, vocab] (read only for sampled rows) and order: [count, positions] token
-  // ids, then [count, positions, vocab] (read only for sampled rows and rows asking for logprobs);
-  // `positions`: the most logits rows a row decides (its drafts + 1); logprobs (null: no row asks) [count, positions, 1 + kMaxLogprobs]: a row
-  // that asks gets its decided tokens' entries (decide.h's logprobs_row_by). Ordered after the calls
-  // before it, like a copy.
+  // scratch probs [count, positions, vocab] (read only for sampled rows) and order: [count, positions]
+  // decisions, then [count, positions, vocab] (read only for sampled rows and rows asking for logprobs);
+  // `positions`: the most logits rows a row decides (its drafts + 1); drafter: the drafter rule's q rows
+  // for rows with DecideRow::q >= 0 (decide.h); logprobs (null: no row asks) [count, positions, 1 +
+  // kMaxLogprobs]: a row that asks gets its decided tokens' entries (decide.h's logprobs_row_by).
+  // Ordered after the calls before it, like a copy.
   virtual void decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
-                      const int64_t* drafts, float* probs, int32_t* order, Verdict* out, TokenLogprob* logprobs) {
-    (void)logits, (void)vocab, (void)rows, (void)count, (void)positions, (void)drafts, (void)probs, (void)order,
-        (void)out, (void)logprobs;
+                      const int64_t* drafts, const DraftQ& drafter, float* probs, int32_t* order, Verdict* out,
+                      TokenLogprob* logprobs) {
+    (void)logits, (void)vocab, (void)rows, (void)count, (void)positions, (void)drafts, (void)drafter, (void)probs,
+        (void)order, (void)out, (void)logprobs;
+    DFLASH_INVARIANT(false);
+  }
+  // The drafter rule's drafts of a block pass's rows (decide_kernel.cu's dflash_draw_drafts states the
+  // layouts): rows[0..count), each drawing `drafts` positions (num_drafts) or none (0); scores: the
+  // block pass's logits [count, drafts, q.draft_vocab], or with top_k > 0 a DFlash2 selector's scores
+  // [count, drafts, k, k] and columns [count, drafts, k]; ids: a draft id's target id (null: the same)
+  // -> tokens [count, drafts] and q.q [count, drafts, q.draft_vocab]. Scratch: probs [count, drafts, k],
+  // order [count, drafts, max(k, draft_vocab)]. Only where `decides`; ordered after the calls before it.
+  virtual void draw_drafts(const float* scores, const int64_t* columns, int64_t top_k, const DecideRow* rows,
+                           int64_t count, int64_t drafts, const int64_t* ids, const DraftQ& q, float* probs,
+                           int32_t* order, int64_t* tokens) {
+    (void)scores, (void)columns, (void)top_k, (void)rows, (void)count, (void)drafts, (void)ids, (void)q, (void)probs,
+        (void)order, (void)tokens;
     DFLASH_INVARIANT(false);
   }
   // One linear layer's states of a commit's partly kept rows, rebuilt in place (state_rebuild.h);

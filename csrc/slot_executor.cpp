@@ -142,12 +142,22 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
       decide_order_(device_, DType::float32),
       draft_scores_(device_, DType::float32),
       selector_columns_(device_, DType::int64),
+      draft_vocab_device_(device_, DType::int64),
+      draft_of_device_(device_, DType::int64),
+      draft_q_(device_, DType::float32),
+      draft_probs_(device_, DType::float32),
+      draft_order_(device_, DType::float32),
       features_(device_, dtype_) {
   config_.validate(who_);
-  if (config_.sample_drafts && !device_.is_host())
-    throw Error(who_ + ": the drafter-distribution rule (sample_drafts) decides on the host; this executor's " +
-                backend_->name() + " device decides on its GPU (use the point-mass rule there)");
   draft_of_ = draft_ids_of(config_.draft_vocab, config_.vocab, who_);
+  if (config_.sample_drafts && device_.decides() && !draft_of_.empty()) {  // the rule's maps, on the device once
+    draft_vocab_device_.host.assign(config_.draft_vocab.begin(), config_.draft_vocab.end());
+    draft_of_device_.host.resize((draft_of_.size() * sizeof(int32_t) + 7) / 8 * 8);  // whole int64 elements
+    std::memcpy(draft_of_device_.host.data(), draft_of_.data(), draft_of_.size() * sizeof(int32_t));
+    draft_vocab_device_.upload();
+    draft_of_device_.upload();
+    device_.synchronize();
+  }
   target_ = backend_->open(config_.target_path);
   if (config_.has_drafter()) {
     draft_context_ = backend_->open(config_.draft_context_path);
@@ -419,7 +429,7 @@ std::vector<int64_t> SlotExecutor::prefill(const std::vector<int64_t>& rows,
   std::vector<int64_t> out(rows.size());
   std::vector<Verdict> verdicts(rows.size());
   logprobs_.assign(rows.size(), {});
-  const Decision on_device{sampling, nullptr, verdicts, logprobs_};
+  const Decision on_device{rows, sampling, nullptr, verdicts, logprobs_};
   prefill_rows(rows, prompts, device_.decides() ? &on_device : nullptr, [&](size_t i, const float* logits) {
     if (!logits) {
       out[i] = verdicts[i].next;
@@ -436,6 +446,7 @@ void SlotExecutor::decide_run(const std::vector<size_t>& group, int64_t n, int64
   int64_t positions = 1;  // the most logits rows one row decides
   decide_rows_.host.resize(count * sizeof(DecideRow));
   decide_drafts_.host.assign(1, 0);  // never empty: its device mirror is always a valid pointer
+  bool drafter = false;  // a row decides its drafts by the drafter rule, over its q rows in draft_q_
   for (int64_t k = 0; k < count; ++k) {
     const size_t i = group[k];
     const RowSampling& s = decision.sampling[i];
@@ -452,6 +463,13 @@ void SlotExecutor::decide_run(const std::vector<size_t>& group, int64_t n, int64
       positions = std::max(positions, row.num_drafts + 1);
       row.drafts = int64_t(decide_drafts_.host.size());
       decide_drafts_.host.insert(decide_drafts_.host.end(), block.begin() + 1, block.end());
+      Row& state = rows_[decision.rows[i]];
+      if (state.device_q >= 0 && row.num_drafts > 0 && !s.sampling.greedy()) {
+        DFLASH_INVARIANT(row.num_drafts <= state.device_q_drafts);
+        row.q = state.device_q;
+        drafter = true;
+      }
+      state.device_q = -1;  // its drafts are decided: draft_q_ may be rewritten
     }
     std::memcpy(decide_rows_.host.data() + k * sizeof(DecideRow), &row, sizeof(DecideRow));
   }
@@ -466,9 +484,13 @@ void SlotExecutor::decide_run(const std::vector<size_t>& group, int64_t n, int64
   decide_order_.reserve(count * positions * (sampled || asked ? V + 1 : 1));
   decide_rows_.upload();
   decide_drafts_.upload();
+  DraftQ q;
+  if (drafter)
+    q = {reinterpret_cast<float*>(draft_q_.at(0)), config_.draft_vocab_size,
+         draft_of_.empty() ? nullptr : reinterpret_cast<const int32_t*>(draft_of_device_.device_data())};
   device_.decide(static_cast<const float*>(logits_.device_data(n * r * V)), V,
                  reinterpret_cast<const DecideRow*>(decide_rows_.device_data()), count, positions,
-                 static_cast<const int64_t*>(decide_drafts_.device_data()), reinterpret_cast<float*>(decide_probs_.at(0)),
+                 static_cast<const int64_t*>(decide_drafts_.device_data()), q, reinterpret_cast<float*>(decide_probs_.at(0)),
                  reinterpret_cast<int32_t*>(decide_order_.at(0)), reinterpret_cast<Verdict*>(verdicts_.device_data()),
                  asked ? reinterpret_cast<TokenLogprob*>(decide_logprobs_.device_data()) : nullptr);
   verdicts_.download();
@@ -530,7 +552,7 @@ std::vector<Verdict> SlotExecutor::verify(const std::vector<int64_t>& rows,
   DFLASH_INVARIANT(sampling.size() == rows.size());
   std::vector<Verdict> out(rows.size());
   logprobs_.assign(rows.size(), {});
-  const Decision on_device{sampling, &blocks, out, logprobs_};
+  const Decision on_device{rows, sampling, &blocks, out, logprobs_};
   verify_rows(rows, blocks, device_.decides() ? &on_device : nullptr, [&](size_t i, const float* logits) {
     if (!logits) return;
     std::vector<float>& q = rows_[rows[i]].draft_q;  // its drafts' distributions, when they were drawn
@@ -761,6 +783,13 @@ std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>
     }
   }
   g.run("running draft_block.onnx");
+  const bool any = std::find(sampled.begin(), sampled.end(), true) != sampled.end();
+  if (any && device_.decides()) {
+    draw_drafts_on_device(rows, sampled, sampling, B);
+  } else if (any) {  // drawn on the host from the block pass's outputs
+    draft_scores_.download();
+    if (k > 0) selector_columns_.download();
+  }
   tokens_.download();
   device_.synchronize();
 
@@ -769,9 +798,39 @@ std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>
     out[i].assign(tokens_.host.begin() + i * (B - 1), tokens_.host.begin() + (i + 1) * (B - 1));
     std::vector<float>& q = rows_[rows[i]].draft_q;
     q.clear();
-    if (sampled[i]) draw_drafts(i, B, sampling[i], out[i].data(), q);
+    if (sampled[i] && !device_.decides()) draw_drafts(i, B, sampling[i], out[i].data(), q);
   }
   return out;
+}
+
+void SlotExecutor::draw_drafts_on_device(const std::vector<int64_t>& rows, const std::vector<bool>& sampled,
+                                         const std::vector<RowSampling>& sampling, int64_t B) {
+  const SlotExecutorConfig& c = config_;
+  const int64_t m = int64_t(rows.size()), n = B - 1, V = c.draft_vocab_size, k = c.selector_top_k;
+  decide_rows_.host.resize(m * sizeof(DecideRow));
+  for (int64_t i = 0; i < m; ++i) {
+    DecideRow row;
+    row.first = i * n;
+    row.num_drafts = sampled[i] ? n : 0;
+    row.sampling = sampling[i].sampling;
+    row.stream = sampling[i].stream;
+    row.position = sampling[i].position;
+    std::memcpy(decide_rows_.host.data() + i * sizeof(DecideRow), &row, sizeof(DecideRow));
+    Row& state = rows_[rows[i]];
+    state.device_q = sampled[i] ? i * n * V : -1;
+    state.device_q_drafts = n;
+  }
+  decide_rows_.upload();
+  draft_q_.reserve(m * n * V);
+  draft_probs_.reserve(k > 0 ? m * n * k : 1);
+  draft_order_.reserve(m * n * (k > 0 ? k : V));
+  device_.draw_drafts(static_cast<const float*>(draft_scores_.device_data()),
+                      k > 0 ? static_cast<const int64_t*>(selector_columns_.device_data()) : nullptr, k,
+                      reinterpret_cast<const DecideRow*>(decide_rows_.device_data()), m, n,
+                      c.draft_vocab.empty() ? nullptr : static_cast<const int64_t*>(draft_vocab_device_.device_data()),
+                      DraftQ{reinterpret_cast<float*>(draft_q_.at(0)), V, nullptr},
+                      reinterpret_cast<float*>(draft_probs_.at(0)), reinterpret_cast<int32_t*>(draft_order_.at(0)),
+                      static_cast<int64_t*>(tokens_.device_data()));
 }
 
 void SlotExecutor::draw_drafts(int64_t i, int64_t B, const RowSampling& s, int64_t* tokens, std::vector<float>& q) {
@@ -783,19 +842,8 @@ void SlotExecutor::draw_drafts(int64_t i, int64_t B, const RowSampling& s, int64
                       s.position, tokens, q.data());
     return;
   }
-  // DFlash2: walk from the anchor, each position's candidate drawn from the selector's scores after the
-  // pick before it; q over the draft ids is that draw's distribution (0 off the candidates)
-  std::vector<float> picked(k);
-  int64_t before = 0;  // position 0's rows all score after the anchor
-  for (int64_t j = 0; j < B - 1; ++j) {
-    const float* scores = draft_scores_.host.data() + ((i * (B - 1) + j) * k + before) * k;
-    const int64_t* columns = selector_columns_.host.data() + (i * (B - 1) + j) * k;
-    for (int64_t candidate = 0; candidate < k; ++candidate)
-      DFLASH_INVARIANT(columns[candidate] >= 0 && columns[candidate] < V);
-    before = draw_draft(scores, k, s.sampling, s.stream, s.position + uint32_t(j), picked.data());
-    for (int64_t candidate = 0; candidate < k; ++candidate) q[j * V + columns[candidate]] += picked[candidate];
-    tokens[j] = c.draft_vocab.empty() ? columns[before] : c.draft_vocab[columns[before]];
-  }
+  draw_selector_drafts(draft_scores_.host.data() + i * (B - 1) * k * k, selector_columns_.host.data() + i * (B - 1) * k,
+                       B - 1, k, V, c.draft_vocab, s.sampling, s.stream, s.position, tokens, q.data());
 }
 
 }  // namespace dflash

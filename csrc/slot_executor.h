@@ -76,8 +76,9 @@ struct SlotExecutorConfig {
   int64_t mask_token_id = 0;
   // The drafter-distribution rule (acceptance.h, accept_drafter): rows sampling at T>0 draw their drafts
   // from the draft block graph's `draft_logits` [rows, B-1, draft_vocab_size] (float32) and are decided
-  // by it; off: drafts are the graph's argmax (point mass). Host devices only. draft_vocab: each draft
-  // id's target id (empty: the ids are the target's, draft_vocab_size == vocab).
+  // by it; off: drafts are the graph's argmax (point mass). A device that decides (a GPU) draws and
+  // decides them there (decide_kernel.cu), others on the host. draft_vocab: each draft id's target id
+  // (empty: the ids are the target's, draft_vocab_size == vocab).
   bool sample_drafts = false;
   int64_t draft_vocab_size = 0;
   std::vector<int64_t> draft_vocab;
@@ -155,6 +156,7 @@ class SlotExecutor : public Executor {
   // A target phase's tokens decided on the device where the logits are (Device::decides): per row
   // its sampling, its verify block (no blocks: a prefill's one token), and where its verdict goes.
   struct Decision {
+    const std::vector<int64_t>& rows;
     const std::vector<RowSampling>& sampling;
     const std::vector<std::vector<int64_t>>* blocks;
     std::vector<Verdict>& out;
@@ -176,8 +178,10 @@ class SlotExecutor : public Executor {
     // `verify_run` of target phase `verify_phase`, its row `verify_index` (nothing moves before commit)
     int64_t verify_phase = -1, verify_run = -1, verify_index = -1;
     // the drafter-distribution rule: the distributions its last drafts were drawn from [drafts,
-    // draft_vocab_size] (empty: its drafts were the argmax)
+    // draft_vocab_size] (empty: its drafts were the argmax), or on a device that decides, where they
+    // start in draft_q_ (-1: none) and how many rows
     std::vector<float> draft_q;
+    int64_t device_q = -1, device_q_drafts = 0;
   };
   // One target Run's outputs a phase keeps until the next: per linear layer the states after each
   // row's last logits row [n, size] and its positions' inputs (conv [n, C, s], delta [n, s, width]),
@@ -225,6 +229,10 @@ class SlotExecutor : public Executor {
   // The drafter-distribution rule: draws row i of the last block pass's B - 1 drafts (keyed by s) into
   // `tokens` from draft_scores_ (and selector_columns_), their distributions over the draft ids into `q`.
   void draw_drafts(int64_t i, int64_t B, const RowSampling& s, int64_t* tokens, std::vector<float>& q);
+  // The same for every row of `rows` with sampled[i], on the device (Device::draw_drafts) into tokens_
+  // and draft_q_, before tokens_ is downloaded.
+  void draw_drafts_on_device(const std::vector<int64_t>& rows, const std::vector<bool>& sampled,
+                             const std::vector<RowSampling>& sampling, int64_t B);
 
   SlotExecutorConfig config_;
   std::string who_;
@@ -261,6 +269,12 @@ class SlotExecutor : public Executor {
   Staged<float> draft_scores_;
   Staged<int64_t> selector_columns_;
   std::vector<int32_t> draft_of_;   // a target id's draft id, -1: none (empty: the same ids)
+  // on a device that decides: draft_vocab and draft_of_ (int32 bytes) in its memory, uploaded once; the
+  // rows' drafts' distributions [m, B-1, draft_vocab_size] from the last draft until their verify, and
+  // the draw's scratch (DFlash2: probs [m, B-1, k]; order int32 [m, B-1, max(k, draft_vocab_size)])
+  Staged<int64_t> draft_vocab_device_;
+  Staged<char> draft_of_device_;
+  Buffer draft_q_, draft_probs_, draft_order_;
   Buffer features_;                 // the target's tapped features [n, s, F], the drafter's input
   std::vector<Buffer> context_;     // per draft cache: the rows' packed context for the block pass
 };

@@ -28,8 +28,8 @@ DRAFT_QUANT_HELP = ("int4 / fp8 / nvfp4: the drafter's matmul weights as --quant
                     "slots-trt; fp8, nvfp4: slots-trt; fp32 exports). "
                     "Drafts are verified, so output is unchanged; drafting costs less, acceptance may drop.")
 DRAFT_RULE_HELP = ("At T>0: point-mass drafts the drafter's argmax (a seeded reply equals the plain sampled one); "
-                   "drafter draws drafts from the drafter's distribution, kept with min(1, p/q) (needs --block-size; "
-                   "CPU executors).")
+                   "drafter draws drafts from the drafter's distribution, kept with min(1, p/q) (needs --block-size "
+                   "and a slots bundle or the torch backend).")
 
 
 def user_errors(command):

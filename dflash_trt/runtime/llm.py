@@ -203,9 +203,6 @@ class LLM:
         if self.adaptive:
             raise DFlashError("draft_rule 'drafter' needs a fixed block_size: its tokens depend on where each block "
                               "starts, so blocks chosen per step would make a seeded request's tokens depend on its batch")
-        if self.backend == "tensorrt" or (self.backend == "torch" and self.device.type == "cuda"):
-            raise DFlashError("draft_rule 'drafter' decides on the host (the CPU executors); the GPU executors "
-                              "decide on the GPU with the point-mass rule")
         if self.backend == "torch" and not self.has_drafter:
             raise DFlashError("draft_rule 'drafter' needs a drafter")
 

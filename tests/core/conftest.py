@@ -39,3 +39,24 @@ def llms(tiny_pairs, small_vocab_pair):
     made = {family: LLM(*map(str, tiny_pairs[family]), backend="torch") for family in ("llama", "qwen3")}
     made["small_vocab"] = LLM(*map(str, small_vocab_pair), backend="torch")  # drafts often accepted
     return made
+
+
+@pytest.fixture(scope="session")
+def fake_cuda(core, tmp_path_factory):
+    """A fake CUDA driver (fake_trt/fake_cuda.cpp, compiled here in a few seconds): "device" memory is host
+    memory and a kernel launch runs the kernel's rules compiled for the host, so an executor on a CUDA
+    device runs its device code paths (uploads, kernel arguments, offsets) on a CPU."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    cuda = Path(os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda")  # as setup.py
+    if not core.HAS_CUDA_DEVICE or shutil.which("g++") is None or not (cuda / "include" / "cuda.h").is_file():
+        pytest.skip("the fake CUDA driver needs g++, the CUDA headers and a core built with its CUDA device")
+    csrc = Path(__file__).resolve().parents[2] / "csrc"
+    out = tmp_path_factory.mktemp("fake-cuda") / "libfake_cuda.so"
+    subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{csrc}",
+                    f"-I{cuda / 'include'}", str(Path(__file__).parent / "fake_trt" / "fake_cuda.cpp"), "-o", str(out)],
+                   check=True)
+    return out

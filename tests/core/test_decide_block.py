@@ -44,6 +44,46 @@ def test_the_block_code_decides_what_the_host_decides(core, params, threads):
         assert core.block_accept(drafts, logits, sampling, request, 30, threads) == tuple(want)
 
 
+@pytest.mark.parametrize("threads", [1, 7, 64])
+@pytest.mark.parametrize("params", PARAMS[:6], ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_the_drafter_rules_block_code_draws_and_decides_what_the_host_does(core, params, threads):
+    """What dflash_draw_drafts and dflash_target_tokens run for the drafter-distribution rule (decide.h's
+    draft_row_by, drafter_position_by), a block per draw and per verify position: the host's drafts, kept
+    count and next token, over the whole vocabulary and a draft vocabulary of every third id."""
+    sampling = core.SamplingParams(seed=9, **params)
+    target = rows(threads, 300, count=2)  # 4 rows: three drafts, then the bonus
+    noise = np.random.default_rng(threads).normal(0.0, 0.3, (3, 300)).astype(np.float32)
+    kept = set()
+    for request in range(8):
+        for draft_vocab in ([], list(range(0, 300, 3))):
+            columns = draft_vocab or list(range(300))
+            draft = np.ascontiguousarray((target[:3] + noise)[:, columns])  # near the target: drafts are often kept
+            want = core.drafter_step(target, draft, sampling, request, 40, draft_vocab)
+            assert core.drafter_step(target, draft, sampling, request, 40, draft_vocab, threads) == want
+            kept.add(want[1])
+    assert len(kept) > 1  # blocks cut at different positions
+
+
+@pytest.mark.parametrize("threads", [1, 7, 64])
+@pytest.mark.parametrize("params", PARAMS[:6], ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_the_selector_walks_block_code_draws_what_the_host_does(core, params, threads):
+    """A DFlash2 selector's walk under the rule (decide.h's selector_walk_by, one block per row in
+    dflash_draw_drafts): the host's draft ids and q, on scores with ties."""
+    rng = np.random.default_rng(threads)
+    n, k, width = 5, 6, 40
+    sampling = core.SamplingParams(seed=4, **params)
+    drafts = set()
+    for request in range(6):
+        scores = (np.round(rng.normal(0.0, 1.5, (n, k, k)) * 2) / 2).astype(np.float32)
+        columns = np.stack([rng.permutation(width)[:k] for _ in range(n)]).astype(np.int64)
+        want_ids, want_q = core.selector_drafts(scores, columns, width, sampling, request, 12)
+        got_ids, got_q = core.selector_drafts(scores, columns, width, sampling, request, 12, threads)
+        assert got_ids == want_ids and np.array_equal(got_q, want_q)
+        assert np.allclose(want_q.sum(axis=1), 1.0, atol=1e-6)
+        drafts.add(tuple(want_ids))
+    assert len(drafts) > 1
+
+
 @pytest.mark.parametrize("threads", [1, 16])
 def test_a_candidate_set_that_misses_the_nucleus_falls_back_to_the_whole_row(core, threads):
     # a negative margin picks candidates lighter than top_p and no tokens that stay whatever their

@@ -152,3 +152,22 @@ def test_a_dflash2_drafter_decodes_on_cuda_through_our_draft_kernels(tmp_path, m
     draft = make_dflash2_drafter(tmp_path / "draft", seed=3, block_size=4, target_layer_ids=[1, 2])
     llm = LLM(str(target), str(draft), block_size=4, device="cuda", dtype="float32", backend="torch")
     check_draft_kernels(llm, monkeypatch, "auto")
+
+
+@pytest.mark.parametrize("method", ["draft-vocabulary", "dflash2"])
+def test_the_drafter_rule_decided_on_cuda_gives_the_cpu_executors_tokens(tiny_pairs, tmp_path, method):
+    """draft_rule="drafter" on the GPU: drafts drawn by dflash_draw_drafts from the block pass's logits (a
+    draft vocabulary's columns) or a DFlash2 selector's scores, each draft tested against the target by
+    dflash_target_tokens, q never leaving the device; seeded sampled rows and a greedy row in one batch
+    get the CPU executor's tokens (float32)."""
+    if method == "dflash2":
+        target = str(make_target(tmp_path / "qwen3", "qwen3"))
+        draft = str(make_dflash2_drafter(tmp_path / "draft", seed=3, block_size=4, target_layer_ids=[1, 2]))
+    else:
+        target, draft = map(str, tiny_pairs["llama"])
+    cuda = LLM(target, draft, block_size=4, device="cuda", dtype="float32", backend="torch", draft_rule="drafter")
+    cpu = LLM(target, draft, block_size=4, device="cpu", backend="torch", draft_rule="drafter")
+    params = [SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=i, ignore_eos=True) for i in range(3)]
+    params.append(SamplingParams(max_tokens=12, ignore_eos=True))
+    work = [(0, prompt, p) for (_, prompt, _), p in zip(workload(cpu.vocab_size, 4, seed=5), params, strict=True)]
+    assert run(cuda, work, 4) == run(cpu, work, 4)

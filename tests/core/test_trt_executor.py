@@ -47,22 +47,19 @@ def ort(core):
 
 
 @pytest.fixture(scope="module")
-def fakes(ort, tmp_path_factory):
+def fakes(ort, fake_cuda, tmp_path_factory):
     """(fake libnvinfer.so, fake libcuda.so), compiled here (about 10 s)."""
     if shutil.which("g++") is None or not all(h.is_dir() for h in HEADERS):
         pytest.skip("building the fake TensorRT needs g++ and the onnxruntime, TensorRT and CUDA headers")
-    out = tmp_path_factory.mktemp("fake-trt")
+    nvinfer = tmp_path_factory.mktemp("fake-trt") / "libfake_nvinfer.so"
     flags = ["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-fvisibility=hidden", "-Wno-deprecated-declarations",
              *(f"-I{h}" for h in HEADERS)]
-    nvinfer, cuda = out / "libfake_nvinfer.so", out / "libfake_cuda.so"
     # the slot executor decides tokens itself (csrc/executor.h), so the acceptance rules come along
     sources = [FAKES / "fake_nvinfer.cpp", *(ROOT / "csrc" / f for f in ("ort_executor.cpp", "ort_api.cpp",
                                                                          "slot_executor.cpp", "acceptance.cpp",
                                                                          "sampling.cpp"))]
     subprocess.run([*flags, *map(str, sources), "-ldl", "-o", str(nvinfer)], check=True)
-    # its kernel launch runs the decision rules' source (csrc/decide.h) compiled for the host
-    subprocess.run([*flags, f"-I{ROOT / 'csrc'}", str(FAKES / "fake_cuda.cpp"), "-o", str(cuda)], check=True)
-    return nvinfer, cuda
+    return nvinfer, fake_cuda  # its kernel launch runs the decision rules' source (csrc/decide.h) for the host
 
 
 def engine_text(onnx: Path, library: str, spec: dict, boxes, retype: dict | None = None) -> str:
@@ -322,5 +319,5 @@ def test_each_executor_counts_the_bytes_it_moves_across_the_host_boundary(core, 
     trt.verify([0, 1], blocks, [core.RowSampling(), core.RowSampling()])
     n, s = 2, 4
     target = 8 * (n * s + n + n + n * s + n * s)  # ids, lengths, logits_index; the drafter's positions
-    decision = n * 80 + (1 + n * (s - 1)) * 8 + n * 16  # DecideRow (10 words), drafts (+1 pad), Verdict (2 words)
+    decision = n * 88 + (1 + n * (s - 1)) * 8 + n * 16  # DecideRow (11 words), drafts (+1 pad), Verdict (2 words)
     assert trt.host_bytes - before == target + decision

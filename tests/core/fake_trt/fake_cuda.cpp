@@ -1,14 +1,15 @@
 // A fake CUDA driver (libcuda.so.1) for the C++ TensorRT executor's tests on a CPU: the calls
 // csrc/cuda_device.cpp resolves, over host memory ("device" pointers are host pointers), each copy done
 // at once (the one stream is then trivially ordered). Launching the decision kernels
-// (csrc/decide_kernel.cu: the target's token at every (row, position), each row's decision, the decided
-// tokens' logprobs) runs their rules compiled for the host (csrc/decide.h) with the kernels' own
+// (csrc/decide_kernel.cu: what every (row, position) decides, each row's decision, the decided tokens'
+// logprobs, the drafter rule's draws) runs their rules compiled for the host (csrc/decide.h) with the kernels' own
 // argument layouts and grids: what it proves is the executor's side of the launches (which rows,
 // offsets, positions, drafts, keys and scratch it hands them; a row's decision reads only what the
 // token launch wrote), not the kernels on a GPU. Memory calls need a current context on the calling
 // thread, as the real driver's do. fake_cuda_live() counts live allocations (device and pinned host),
 // so a test can see that an executor frees every buffer it made; fake_cuda_unpinned_copies() counts
-// host <-> device copies whose host side is not page-locked memory from cuMemHostAlloc.
+// host <-> device copies whose host side is not page-locked memory from cuMemHostAlloc;
+// fake_cuda_draft_draws() and fake_cuda_drafter_positions() count the drafter rule's work on the device.
 #include <cuda.h>
 
 #include <atomic>
@@ -29,6 +30,8 @@ std::atomic<long> live{0};
 std::mutex pinned_lock;
 std::map<const char*, size_t> pinned;
 std::atomic<long> unpinned_copies{0};
+// the drafter rule on the "device": draft-kernel launches, and verify positions decided by its test
+std::atomic<long> draft_draws{0}, drafter_positions{0};
 bool is_pinned(const void* p, size_t bytes) {
   std::lock_guard<std::mutex> hold(pinned_lock);
   auto at = pinned.upper_bound(static_cast<const char*>(p));
@@ -45,6 +48,8 @@ thread_local CUcontext current = nullptr;
 
 EXPORT long fake_cuda_live() { return live.load(); }
 EXPORT long fake_cuda_unpinned_copies() { return unpinned_copies.load(); }
+EXPORT long fake_cuda_draft_draws() { return draft_draws.load(); }
+EXPORT long fake_cuda_drafter_positions() { return drafter_positions.load(); }
 EXPORT CUresult cuInit(unsigned int) { return CUDA_SUCCESS; }
 EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
   *device = ordinal;
@@ -147,6 +152,7 @@ int module_image;  // the one module: whatever image is loaded, its functions ar
 int tokens_function;
 int decide_function;
 int logprobs_function;
+int draw_function;
 int rebuild_delta_function;
 int rebuild_conv_function;
 }  // namespace
@@ -163,6 +169,8 @@ EXPORT CUresult cuModuleGetFunction(CUfunction* function, CUmodule, const char* 
     *function = reinterpret_cast<CUfunction>(&tokens_function);
   else if (std::strcmp(name, "dflash_decide_rows") == 0)
     *function = reinterpret_cast<CUfunction>(&decide_function);
+  else if (std::strcmp(name, "dflash_draw_drafts") == 0)
+    *function = reinterpret_cast<CUfunction>(&draw_function);
   else if (std::strcmp(name, "dflash_decided_logprobs") == 0)
     *function = reinterpret_cast<CUfunction>(&logprobs_function);
   else if (std::strcmp(name, "dflash_rebuild_delta") == 0)
@@ -178,21 +186,70 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
   NEEDS_CONTEXT;
   if (grid_z != 1) return CUDA_ERROR_INVALID_VALUE;
   if (function == reinterpret_cast<CUfunction>(&tokens_function)) {
-    // dflash_target_tokens(logits, vocab, rows, probs, order, tokens): block (b, j) -> tokens[b * grid_y + j]
+    // dflash_target_tokens(logits, vocab, rows, drafts, drafter, probs, order, tokens): block (b, j) ->
+    // tokens[b * grid_y + j], -1 where draft j is kept
     const float* logits = *static_cast<const float**>(args[0]);
     const int64_t vocab = *static_cast<int64_t*>(args[1]);
     const dflash::DecideRow* rows = *static_cast<const dflash::DecideRow**>(args[2]);
-    float* probs = *static_cast<float**>(args[3]);
-    int32_t* order = *static_cast<int32_t**>(args[4]);
-    int32_t* tokens = *static_cast<int32_t**>(args[5]);
+    const int64_t* drafts = *static_cast<const int64_t**>(args[3]);
+    const dflash::DraftQ drafter = *static_cast<dflash::DraftQ*>(args[4]);
+    float* probs = *static_cast<float**>(args[5]);
+    int32_t* order = *static_cast<int32_t**>(args[6]);
+    int32_t* tokens = *static_cast<int32_t**>(args[7]);
     for (unsigned b = 0; b < grid_x; ++b)
       for (unsigned j = 0; j < grid_y; ++j) {
         const dflash::DecideRow& row = rows[b];
         if (j > row.num_drafts) continue;
         const int64_t at = b * int64_t(grid_y) + j;
-        tokens[at] = int32_t(dflash::sample_row(logits + (row.first + j) * vocab, vocab, row.sampling, row.stream,
-                                                row.position + j, probs + at * vocab, order + at * vocab));
+        const float* logits_row = logits + (row.first + j) * vocab;
+        int64_t token;
+        if (j < row.num_drafts && row.q >= 0 && !row.sampling.greedy()) {
+          ++drafter_positions;
+          token = dflash::drafter_position(logits_row, vocab, drafts[row.drafts + j],
+                                           drafter.q + row.q + j * drafter.draft_vocab, drafter.draft_of, row.sampling,
+                                           row.stream, row.position + j, probs + at * vocab, order + at * vocab);
+        } else {
+          token = dflash::sample_row(logits_row, vocab, row.sampling, row.stream, row.position + j, probs + at * vocab,
+                                     order + at * vocab);
+          if (j < row.num_drafts && token == drafts[row.drafts + j]) token = -1;
+        }
+        tokens[at] = int32_t(token);
       }
+    return CUDA_SUCCESS;
+  }
+  if (function == reinterpret_cast<CUfunction>(&draw_function)) {
+    // dflash_draw_drafts(scores, columns, top_k, rows, ids, q, probs, order, tokens): DFlash, block (b, j);
+    // DFlash2, block (b, 0) walking the row's positions
+    const float* scores = *static_cast<const float**>(args[0]);
+    const int64_t* columns = *static_cast<const int64_t**>(args[1]);
+    const int64_t top_k = *static_cast<int64_t*>(args[2]);
+    const dflash::DecideRow* rows = *static_cast<const dflash::DecideRow**>(args[3]);
+    const int64_t* ids = *static_cast<const int64_t**>(args[4]);
+    const dflash::DraftQ q = *static_cast<dflash::DraftQ*>(args[5]);
+    float* probs = *static_cast<float**>(args[6]);
+    int32_t* order = *static_cast<int32_t**>(args[7]);
+    int64_t* tokens = *static_cast<int64_t**>(args[8]);
+    const int64_t V = q.draft_vocab;
+    if (top_k > 0 && grid_y != 1) return CUDA_ERROR_INVALID_VALUE;
+    ++draft_draws;
+    for (unsigned b = 0; b < grid_x; ++b) {
+      const dflash::DecideRow& row = rows[b];
+      if (top_k > 0) {
+        if (row.num_drafts == 0) continue;
+        dflash::selector_walk(scores + row.first * top_k * top_k, columns + row.first * top_k, row.num_drafts, top_k, V,
+                              row.sampling, row.stream, row.position, q.q + row.first * V, tokens + row.first,
+                              probs + row.first * top_k, order + row.first * top_k);
+        if (ids)
+          for (int64_t j = 0; j < row.num_drafts; ++j) tokens[row.first + j] = ids[tokens[row.first + j]];
+        continue;
+      }
+      for (unsigned j = 0; j < grid_y && j < row.num_drafts; ++j) {
+        const int64_t at = row.first + j;
+        const int64_t id = dflash::draft_row(scores + at * V, V, row.sampling, row.stream, row.position + j,
+                                             q.q + at * V, order + at * V);
+        tokens[at] = ids ? ids[id] : id;
+      }
+    }
     return CUDA_SUCCESS;
   }
   if (function == reinterpret_cast<CUfunction>(&rebuild_delta_function)) {
@@ -247,13 +304,11 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
     return CUDA_SUCCESS;
   }
   if (function != reinterpret_cast<CUfunction>(&decide_function) || grid_y != 1) return CUDA_ERROR_INVALID_VALUE;
-  // dflash_decide_rows(rows, drafts, tokens, out, positions): a row reads its target tokens
+  // dflash_decide_rows(rows, tokens, out, positions): a row reads what its positions decided
   const dflash::DecideRow* rows = *static_cast<const dflash::DecideRow**>(args[0]);
-  const int64_t* drafts = *static_cast<const int64_t**>(args[1]);
-  const int32_t* tokens = *static_cast<const int32_t**>(args[2]);
-  dflash::Verdict* out = *static_cast<dflash::Verdict**>(args[3]);
-  const int64_t positions = *static_cast<int64_t*>(args[4]);
-  for (unsigned b = 0; b < grid_x; ++b)
-    out[b] = dflash::verdict_from_tokens(drafts + rows[b].drafts, rows[b].num_drafts, tokens + b * positions);
+  const int32_t* tokens = *static_cast<const int32_t**>(args[1]);
+  dflash::Verdict* out = *static_cast<dflash::Verdict**>(args[2]);
+  const int64_t positions = *static_cast<int64_t*>(args[3]);
+  for (unsigned b = 0; b < grid_x; ++b) out[b] = dflash::verdict_from_tokens(rows[b].num_drafts, tokens + b * positions);
   return CUDA_SUCCESS;
 }

@@ -1,0 +1,92 @@
+"""The drafter-distribution rule on a device that decides (a GPU: csrc/decide_kernel.cu's dflash_draw_drafts,
+and the drafter's test inside dflash_target_tokens), run on a CPU through the fake CUDA driver
+(fake_trt/fake_cuda.cpp: host memory, each launch running the kernel's rules compiled for the host) with
+the torch backend's graphs on the CPU over that memory.
+
+What it shows is the executor's device path: the block pass's outputs drawn from where they are, each
+row's q kept in device memory until its verify and found there through DecideRow::q, the draft
+vocabulary's maps uploaded once, greedy rows beside sampled ones. It gives the host executor's seeded
+tokens, alone and batched, for a drafter with a draft vocabulary and for a DFlash2 selector. That the
+kernels' block code equals the host rules is tests/core/test_decide_block.py's; the kernels themselves on
+a GPU are the `gpu` tests' (tests/core/test_torch_graph_executor_gpu.py)."""
+
+import ctypes
+
+import pytest
+from factories import make_dflash2_drafter, make_target
+
+from dflash_trt import LLM, SamplingParams
+from dflash_trt.runtime import torch_graphs
+from dflash_trt.runtime.engine import BatchRunner
+
+PROMPTS = [[1, 2, 3], [4, 0, 1, 2], [3], [2, 2, 4, 1, 0]]
+PARAMS = [SamplingParams(max_tokens=14, temperature=0.8, seed=3, ignore_eos=True),
+          SamplingParams(max_tokens=14, ignore_eos=True),  # greedy: argmax drafts, beside the sampled rows
+          SamplingParams(max_tokens=14, temperature=1.2, top_k=5, top_p=0.9, seed=5, ignore_eos=True),
+          SamplingParams(max_tokens=14, temperature=1.0, seed=7, ignore_eos=True)]
+
+
+class FakeCudaCore:
+    """dflash_trt._core as torch_executor uses it, but every executor it makes is on the fake CUDA device."""
+
+    HAS_CUDA_DEVICE = True
+
+    def __init__(self, core, driver):
+        self.core, self.driver = core, driver
+
+    def PyGraphExecutor(self, config, graphs, device):
+        config.driver_path = str(self.driver)
+        graphs.use_stream = lambda handle: None  # the graphs run on the CPU, over the fake's host memory
+        return self.core.PyGraphExecutor(config, graphs, "cuda")
+
+
+def counted(driver, name: str) -> int:
+    counter = getattr(ctypes.CDLL(str(driver)), name)
+    counter.restype = ctypes.c_long
+    return counter()
+
+
+def mixed_batch(llm, max_batch: int = 4) -> list[list[int]]:
+    """Each prompt with its own PARAMS, all in one batch (max_batch 4) or rows joining as others end."""
+    runner = BatchRunner(llm, max_batch=max_batch, block_size=4)
+    requests = [runner.prepare(p, params) for p, params in zip(PROMPTS, PARAMS)]
+    for request in requests:
+        runner.submit(request)
+    while runner.has_work:
+        runner.step()
+    return [runner.output(r).token_ids for r in requests]
+
+
+def small_pairs(tmp_path, tiny_pairs):
+    """(target, drafter) dirs: the llama pair (its drafter proposes 90 of 264 ids: q's columns map onto
+    target ids) and an 8-token pair with a DFlash2 drafter (drafts often kept)."""
+    target = make_target(tmp_path / "t", "qwen3", vocab_size=8, tokenizer=False, seed=3)
+    dflash2 = make_dflash2_drafter(tmp_path / "d", seed=4, vocab_size=8, mask_token_id=7)
+    return {"draft-vocabulary": tuple(map(str, tiny_pairs["llama"])), "dflash2": (str(target), str(dflash2))}
+
+
+@pytest.mark.parametrize("pair", ["draft-vocabulary", "dflash2"])
+def test_the_rule_decided_on_the_device_gives_the_host_executors_tokens(core, fake_cuda, tiny_pairs, tmp_path,
+                                                                         monkeypatch, pair):
+    target, draft = small_pairs(tmp_path, tiny_pairs)[pair]
+    host = LLM(target, draft, block_size=4, backend="torch", draft_rule="drafter")
+    want = mixed_batch(host)
+    alone = [host.generate([p], params)[0].token_ids for p, params in zip(PROMPTS, PARAMS)]
+    assert want == alone
+
+    monkeypatch.setattr(torch_graphs, "native_core", lambda: FakeCudaCore(core, fake_cuda))
+    draws, positions = counted(fake_cuda, "fake_cuda_draft_draws"), counted(fake_cuda, "fake_cuda_drafter_positions")
+    device = LLM(target, draft, block_size=4, backend="torch", draft_rule="drafter")
+    assert mixed_batch(device) == want
+    assert mixed_batch(device, max_batch=2) == want
+    # the rule ran on the device: drafts drawn there, verify positions decided by the drafter's test there
+    assert counted(fake_cuda, "fake_cuda_draft_draws") > draws
+    assert counted(fake_cuda, "fake_cuda_drafter_positions") > positions
+
+
+def test_the_device_comparison_can_fail(core, fake_cuda, tiny_pairs, tmp_path, monkeypatch):
+    """Another rule on the device gives other tokens: the equality above is not the host decoding twice."""
+    target, draft = small_pairs(tmp_path, tiny_pairs)["dflash2"]
+    want = mixed_batch(LLM(target, draft, block_size=4, backend="torch", draft_rule="drafter"))
+    monkeypatch.setattr(torch_graphs, "native_core", lambda: FakeCudaCore(core, fake_cuda))
+    assert mixed_batch(LLM(target, draft, block_size=4, backend="torch")) != want
