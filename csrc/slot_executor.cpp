@@ -358,8 +358,13 @@ void SlotExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r,
   g.output("logits", {logits_.device_data(n * r * c.vocab), DType::float32, {n, r, c.vocab}});
   if (c.has_drafter()) g.output("features", {features_.at(0), dtype_, {n, s, c.feature_width}});
   g.run("running target.onnx");
-  if (logits_to_host) logits_.download();
-  device_.synchronize();
+  // Logits for the host are waited for here. Decided on the device, nothing is read back before the
+  // decision's verdicts (decide_run waits for those), so the host goes on queueing the drafter's
+  // context pass and the decision behind the Run instead of leaving the GPU idle while it does.
+  if (logits_to_host) {
+    logits_.download();
+    device_.synchronize();
+  }
   ++target_runs_;
   target_rows_ += n;
 }
