@@ -132,6 +132,9 @@ def main() -> None:
                              "target our GatedDeltaRule and a sparse one our MoE where the plugin library is built "
                              "(runtime/cuda_ops.py); off: standard graphs, the recurrence's PyTorch body and the "
                              "MoE's standard-op form")
+    parser.add_argument("--draft-rule", choices=["point-mass", "drafter"], default="point-mass",
+                        help="how T>0 rows draft (runtime/llm.py's draft_rule): the 'step T=0.8' row's draft and "
+                             "verify draw from the drafter's distribution on the device with 'drafter'")
     parser.add_argument("--profile", action="store_true",
                         help="also profile a 1-row verify of the largest block (torch.profiler: top ops)")
     parser.add_argument("--json")
@@ -151,6 +154,7 @@ def main() -> None:
                                                                       full_layers=MOE_PRESETS[args.preset]["full_layers"])
     rows_list, blocks = [int(r) for r in args.rows.split(",")], [int(b) for b in args.blocks.split(",")]
     pair = RandomPair(args.preset, args.layers, device, dtype)
+    pair.draft_rule = args.draft_rule  # read by torch_executor: the block pass returns its logits for the rule
     capacity = args.cached + args.chunk + max(blocks) + 8
     executor = torch_executor(pair, max(rows_list), capacity)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -193,6 +197,14 @@ def main() -> None:
                     measure(label, block, sampled_verify, args.cached)
             if block > 1:
                 measure("draft", block, lambda block=block: executor.draft(rows, [1] * n, block), args.cached)
+            if block > 1 and block == max(blocks):
+                # a sampled request's whole step: its drafts (point mass: the argmax; the drafter rule: drawn
+                # from q) and their verify at T=0.8, rolled back
+                def sampled_step(block=block):
+                    drafts = executor.draft(rows, [1] * n, block, plain_t * n)
+                    executor.verify(rows, [[1, *d] for d in drafts], plain_t * n)
+                    executor.commit(rows, [0] * n)
+                measure("step T=0.8", block, sampled_step, args.cached)
         chunk = [[2] * args.chunk for _ in rows]
         # each prefill commits its chunk: time one call per row set (fresh rows would re-zero states)
         before = executor.host_bytes
@@ -230,6 +242,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "shape": preset, "layers": args.layers, "dtype": args.dtype,
+                       "draft_rule": args.draft_rule,
                        "device": args.device, "graphs": mode.startswith("CUDA graphs"),
                        "draft_kernels": list(pair.draft_kernels),
                        "target_kernels": list(pair.target_kernels), "cached": args.cached, "repeat": args.repeat,

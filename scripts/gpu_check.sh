@@ -131,6 +131,8 @@ else
     --json "$work/executor_bench.json"
   step executor_bench_kernels 120 "$python" scripts/executor_step_bench.py --rows 1,8 --blocks 4,16 --repeat 5 \
     --json "$work/executor_bench_kernels.json"
+  step executor_bench_drafter 120 "$python" scripts/executor_step_bench.py --draft-rule drafter --rows 1,8 \
+    --blocks 16 --repeat 5 --json "$work/executor_bench_drafter.json"
   step executor_bench_eager 120 "$python" scripts/executor_step_bench.py --eager --kernels off --rows 1,8 \
     --json "$work/executor_bench_eager.json"
   step executor_bench_moe 180 "$python" scripts/executor_step_bench.py --preset qwen3.5-35b-a3b --kernels off \

@@ -133,6 +133,7 @@ def build_record(work: Path, commit: str, peak_tflops: float) -> dict:
                "decide_bench": ("decide_bench.json", lambda p: json.loads(p.read_text())),
                "executor_bench": ("executor_bench.json", lambda p: json.loads(p.read_text())),
                "executor_bench_eager": ("executor_bench_eager.json", lambda p: json.loads(p.read_text())),
+               "executor_bench_drafter": ("executor_bench_drafter.json", lambda p: json.loads(p.read_text())),
                "executor_bench_moe": ("executor_bench_moe.json", lambda p: json.loads(p.read_text())),
                "executor_bench_moe_kernels": ("executor_bench_moe_kernels.json", lambda p: json.loads(p.read_text())),
                "executor_bench_kernels": ("executor_bench_kernels.json", lambda p: json.loads(p.read_text()))}
