@@ -33,20 +33,15 @@ Acceptance accept_point_mass(const int64_t* drafts, int64_t num_drafts, const fl
   return verdict_rows(drafts, num_drafts, logits, vocab, params, request, position, probs.data(), order.data());
 }
 
-int64_t draw_draft(const float* draft_logits, int64_t draft_vocab, const SamplingParams& params, uint64_t request,
-                   uint32_t position, float* q) {
-  DFLASH_INVARIANT(draft_vocab > 0 && !params.greedy());
-  params.validate();
-  std::vector<int32_t> order(draft_vocab);
-  return draft_row(draft_logits, draft_vocab, params, request, position, q, order.data());
-}
-
 void draw_block_drafts(const float* draft_logits, int64_t num_drafts, int64_t draft_vocab_size,
                        const std::vector<int64_t>& draft_vocab, const SamplingParams& params, uint64_t request,
                        uint32_t position, int64_t* tokens, float* q) {
+  DFLASH_INVARIANT(draft_vocab_size > 0 && !params.greedy());
+  params.validate();
+  std::vector<int32_t> order(draft_vocab_size);
   for (int64_t j = 0; j < num_drafts; ++j) {
-    const int64_t id = draw_draft(draft_logits + j * draft_vocab_size, draft_vocab_size, params, request,
-                                  position + uint32_t(j), q + j * draft_vocab_size);
+    const int64_t id = draft_row(draft_logits + j * draft_vocab_size, draft_vocab_size, params, request,
+                                 position + uint32_t(j), q + j * draft_vocab_size, order.data());
     tokens[j] = draft_vocab.empty() ? id : draft_vocab[id];
   }
 }

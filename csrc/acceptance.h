@@ -42,14 +42,13 @@ Acceptance accept_point_mass(const int64_t* drafts, int64_t num_drafts, const fl
 
 // The drafter-distribution rule (an engine's choice, LLM(draft_rule="drafter")): drafts drawn from the
 // drafter's own distribution q and kept by the rejection rule of Leviathan et al. (2023), as the
-// DFlash authors' loop does. draw_draft: q over the draft ids [draft_vocab] at one draft position
-// (the request's temperature, top-k and top-p over the drafter's logits, as sampling.h states them for
-// the target) into `q`, and a draft id drawn from it with the uniform at (request, position, kDraftDraw).
-int64_t draw_draft(const float* draft_logits, int64_t draft_vocab, const SamplingParams& params, uint64_t request,
-                   uint32_t position, float* q);
-// draw_draft at each of a block's `num_drafts` positions (draft j at position + j) from draft_logits
-// [num_drafts, draft_vocab_size] -> their target ids into `tokens` ([num_drafts]; draft_vocab: each draft
-// id's target id, empty: the same ids) and their distributions into `q` [num_drafts, draft_vocab_size].
+// DFlash authors' loop does (decide.h's draft_row_by, selector_walk_by, drafter_position_by, which the
+// GPU kernels run too). draw_block_drafts: at each of a block's `num_drafts` positions (draft j at
+// position + j), q over the draft ids (the request's temperature, top-k and top-p over the drafter's
+// logits draft_logits [num_drafts, draft_vocab_size], as sampling.h states them for the target) and a
+// draft id drawn from it with the uniform at (request, position + j, kDraftDraw) -> their target ids
+// into `tokens` ([num_drafts]; draft_vocab: each draft id's target id, empty: the same ids) and their
+// distributions into `q` [num_drafts, draft_vocab_size].
 void draw_block_drafts(const float* draft_logits, int64_t num_drafts, int64_t draft_vocab_size,
                        const std::vector<int64_t>& draft_vocab, const SamplingParams& params, uint64_t request,
                        uint32_t position, int64_t* tokens, float* q);
