@@ -96,7 +96,7 @@ class LLM:
         (export/quantize.py); on backend torch "int4", "fp8" or "nvfp4" (runtime/weight_only.py); `draft_quant`
         ("int4", onnxruntime or tensorrt): the drafter's. `backend` "auto":
         resolve_backend's choice. `draft_rule` (ort_executor.DRAFT_RULES): how T>0 requests draft;
-        "drafter" needs a fixed `block_size` and a CPU executor."""
+        "drafter" needs a fixed `block_size` (and, from a bundle, a slots one)."""
         backend = resolve_backend(backend, target, draft, device, dtype, quant is not None or draft_quant is not None)
         if backend not in BACKENDS:
             raise DFlashError(f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}")

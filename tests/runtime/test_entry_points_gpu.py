@@ -1,0 +1,48 @@
+"""The entry points through the C++ core on a GPU (marked `gpu`; run by scripts/gpu_check.sh): `LLM.generate`,
+`LLM.stream`, an `Engine` and the `generate` command, each on the torch backend's CUDA executor in float32,
+give the CPU executor's tokens, greedy and seeded at T>0. Skipped where PyTorch sees no GPU."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from dflash_trt import LLM, SamplingParams
+from dflash_trt.cli import main
+from dflash_trt.runtime.engine import Engine
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU that PyTorch sees"),
+]
+
+PROMPTS = ["abc", [5, 6, 7], "hello there"]
+PARAMS = [SamplingParams(max_tokens=10, ignore_eos=True),
+          SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=4, ignore_eos=True)]
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=["greedy", "seeded"])
+def test_every_entry_point_on_cuda_gives_the_cpu_executors_tokens(tiny_pairs, params):
+    target, draft = map(str, tiny_pairs["llama"])
+    want = [o.token_ids for o in LLM(target, draft, block_size=4, backend="torch", device="cpu").generate(PROMPTS, params)]
+    cuda = LLM(target, draft, block_size=4, backend="torch", device="cuda", dtype="float32")
+    assert cuda.target.device.type == "cuda"
+    assert [o.token_ids for o in cuda.generate(PROMPTS, params)] == want
+    assert [list(cuda.stream(p, params))[-1].token_ids for p in PROMPTS] == want
+    engine = Engine(cuda, max_batch=2, block_size=4)
+    try:
+        assert [list(engine.stream(p, params))[-1].token_ids for p in PROMPTS] == want
+    finally:
+        engine.shutdown()
+
+
+def test_the_generate_command_on_cuda_gives_the_cpu_executors_tokens(tiny_pairs):
+    target, draft = map(str, tiny_pairs["llama"])
+    params = SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=4)  # as the flags below say
+    want = LLM(target, draft, block_size=4, backend="torch", device="cpu").generate("hello", params)[0]
+    result = CliRunner().invoke(main, ["generate", "--target", target, "--draft", draft, "--backend", "torch",
+                                       "--device", "cuda", "--dtype", "float32", "--block-size", "4", "--max-tokens",
+                                       "10", "--temperature", "0.8", "--top-p", "0.9", "--seed", "4", "--json", "hello"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["token_ids"] == want.token_ids
