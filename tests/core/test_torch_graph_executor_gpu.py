@@ -91,6 +91,16 @@ def test_bfloat16_on_cuda_decodes_and_frees_its_slots(pair_dirs):
     assert torch.cuda.mem_get_info()[0] >= free_before - (64 << 20)
 
 
+def test_bfloat16_dflash_on_cuda_equals_the_same_engines_plain_decoding(pair_dirs):
+    """Lossless where users run it: bfloat16 on a GPU, a request alone, greedy DFlash (verifies of 4 tokens)
+    gives the plain greedy decoding of the same executor (steps of 1 token), though the two run other
+    matmul shapes. (Batched with other requests, bfloat16 tokens may move with the batch: README, Status.)"""
+    llm = LLM(*pair_dirs, block_size=4, device="cuda", backend="torch")
+    assert llm.dtype == torch.bfloat16
+    work = workload(llm.vocab_size, 8, seed=13)
+    assert run(llm, work, 1) == run(llm, work, 1, speculative=False)
+
+
 def test_cuda_graphs_replay_what_eager_decoding_gives(pair_dirs, monkeypatch):
     from dflash_trt.runtime import torch_graphs
 
