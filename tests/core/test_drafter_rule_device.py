@@ -37,7 +37,21 @@ class FakeCudaCore:
     def PyGraphExecutor(self, config, graphs, device):
         config.driver_path = str(self.driver)
         graphs.use_stream = lambda handle: None  # the graphs run on the CPU, over the fake's host memory
+        flush = ctypes.CDLL(str(self.driver)).fake_cuda_flush  # the stream's queued work, run in order
+        open_graph = graphs.open
+        graphs.open = lambda name: OnTheStream(open_graph(name), flush)
         return self.core.PyGraphExecutor(config, graphs, "cuda")
+
+
+class OnTheStream:
+    """A graph whose run follows the work queued on the fake stream before it, as a GPU's would."""
+
+    def __init__(self, graph, flush):
+        self.graph, self.flush = graph, flush
+
+    def run(self, what, inputs, outputs):
+        self.flush()
+        self.graph.run(what, inputs, outputs)
 
 
 def counted(driver, name: str) -> int:

@@ -1,6 +1,6 @@
 """The C++ TensorRT executor (csrc/trt_api.cpp, trt_executor.cpp) on a CPU, through fakes of the two
-libraries it loads at run time: a fake CUDA driver whose "device" memory is host memory
-(fake_trt/fake_cuda.cpp) and a fake libnvinfer, built against the real TensorRT 10 headers, whose
+libraries it loads at run time: a fake CUDA driver whose "device" memory is host memory and whose stream
+runs its work at the next synchronisation (fake_trt/fake_cuda.cpp) and a fake libnvinfer, built against the real TensorRT 10 headers, whose
 "engines" run their ONNX graph with onnxruntime over the addresses the executor bound
 (fake_trt/fake_nvinfer.cpp). Everything of the executor's own is real: device buffers, uploads and
 downloads, shapes and addresses per run, scratch for unbound outputs, in-place slot caches.

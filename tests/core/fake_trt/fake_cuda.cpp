@@ -1,6 +1,9 @@
 // A fake CUDA driver (libcuda.so.1) for the C++ TensorRT executor's tests on a CPU: the calls
-// csrc/cuda_device.cpp resolves, over host memory ("device" pointers are host pointers), each copy done
-// at once (the one stream is then trivially ordered). Launching the decision kernels
+// csrc/cuda_device.cpp resolves, over host memory ("device" pointers are host pointers). Like a GPU's, the
+// one stream's copies, fills and launches run later than the call: queued, in order, until a
+// synchronisation (cuStreamSynchronize, cuMemFree, cuMemFreeHost, or a fake library running its own work on
+// the stream: fake_stream.h), so an executor that rewrites a host array before its upload ran, or reads a
+// download before waiting for it, gets what a GPU would give it. Launching the decision kernels
 // (csrc/decide_kernel.cu: what every (row, position) decides, each row's decision, the decided tokens'
 // logprobs, the drafter rule's draws) runs their rules compiled for the host (csrc/decide.h) with the kernels' own
 // argument layouts and grids: what it proves is the executor's side of the launches (which rows,
@@ -13,12 +16,15 @@
 #include <cuda.h>
 
 #include <atomic>
+#include <functional>
+#include <vector>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 
 #include "decide.h"
+#include "fake_stream.h"
 #include "state_rebuild.h"
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
@@ -41,6 +47,22 @@ bool is_pinned(const void* p, size_t bytes) {
 }
 // Like the real driver, memory calls act on the calling thread's current context: none, none work.
 thread_local CUcontext current = nullptr;
+// The stream's queued work, run in order by flush().
+std::mutex queue_lock;
+std::vector<std::function<void()>> queue;
+void enqueue(std::function<void()> work) {
+  std::lock_guard<std::mutex> hold(queue_lock);
+  queue.push_back(std::move(work));
+}
+void flush() {
+  std::vector<std::function<void()>> work;
+  {
+    std::lock_guard<std::mutex> hold(queue_lock);
+    work.swap(queue);
+  }
+  for (auto& w : work) w();
+}
+FakeStream stream{&flush};
 }
 
 #define NEEDS_CONTEXT \
@@ -48,6 +70,7 @@ thread_local CUcontext current = nullptr;
 
 EXPORT long fake_cuda_live() { return live.load(); }
 EXPORT long fake_cuda_unpinned_copies() { return unpinned_copies.load(); }
+EXPORT void fake_cuda_flush() { flush(); }
 EXPORT long fake_cuda_draft_draws() { return draft_draws.load(); }
 EXPORT long fake_cuda_drafter_positions() { return drafter_positions.load(); }
 EXPORT CUresult cuInit(unsigned int) { return CUDA_SUCCESS; }
@@ -65,14 +88,14 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext context) {
   current = context;
   return CUDA_SUCCESS;
 }
-EXPORT CUresult cuStreamCreate(CUstream* stream, unsigned int) {
-  static int one;
-  *stream = reinterpret_cast<CUstream>(&one);
+EXPORT CUresult cuStreamCreate(CUstream* created, unsigned int) {
+  *created = reinterpret_cast<CUstream>(&stream);
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamDestroy_v2(CUstream) { return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamSynchronize(CUstream) {
   NEEDS_CONTEXT;
+  flush();
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
@@ -86,13 +109,14 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
 }
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
   NEEDS_CONTEXT;
+  flush();  // as the real one: it waits for the work queued before it
   std::free(reinterpret_cast<void*>(p));
   --live;
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream) {
   NEEDS_CONTEXT;
-  std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src), bytes);
+  enqueue([=] { std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src), bytes); });
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* copy, CUstream) {
@@ -100,10 +124,12 @@ EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* copy, CUstream) {
   if (copy->srcMemoryType != CU_MEMORYTYPE_DEVICE || copy->dstMemoryType != CU_MEMORYTYPE_DEVICE ||
       copy->WidthInBytes > copy->srcPitch || copy->WidthInBytes > copy->dstPitch)
     return CUDA_ERROR_INVALID_VALUE;  // what the real driver refuses too
-  for (size_t r = 0; r < copy->Height; ++r)
-    std::memmove(reinterpret_cast<char*>(copy->dstDevice) + copy->dstXInBytes + (copy->dstY + r) * copy->dstPitch,
-                 reinterpret_cast<const char*>(copy->srcDevice) + copy->srcXInBytes + (copy->srcY + r) * copy->srcPitch,
-                 copy->WidthInBytes);
+  enqueue([c = *copy] {
+    for (size_t r = 0; r < c.Height; ++r)
+      std::memmove(reinterpret_cast<char*>(c.dstDevice) + c.dstXInBytes + (c.dstY + r) * c.dstPitch,
+                   reinterpret_cast<const char*>(c.srcDevice) + c.srcXInBytes + (c.srcY + r) * c.srcPitch,
+                   c.WidthInBytes);
+  });
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned int) {
@@ -117,6 +143,7 @@ EXPORT CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned int) {
 }
 EXPORT CUresult cuMemFreeHost(void* p) {
   NEEDS_CONTEXT;
+  flush();
   {
     std::lock_guard<std::mutex> hold(pinned_lock);
     if (!pinned.erase(static_cast<const char*>(p))) return CUDA_ERROR_INVALID_VALUE;
@@ -128,18 +155,18 @@ EXPORT CUresult cuMemFreeHost(void* p) {
 EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, CUstream) {
   NEEDS_CONTEXT;
   if (!is_pinned(src, bytes)) ++unpinned_copies;
-  std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
+  enqueue([=] { std::memcpy(reinterpret_cast<void*>(dst), src, bytes); });  // reads the host array when it runs
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, CUstream) {
   NEEDS_CONTEXT;
   if (!is_pinned(dst, bytes)) ++unpinned_copies;
-  std::memcpy(dst, reinterpret_cast<void*>(src), bytes);
+  enqueue([=] { std::memcpy(dst, reinterpret_cast<void*>(src), bytes); });
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char value, size_t bytes, CUstream) {
   NEEDS_CONTEXT;
-  std::memset(reinterpret_cast<void*>(p), value, bytes);
+  enqueue([=] { std::memset(reinterpret_cast<void*>(p), value, bytes); });
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuGetErrorString(CUresult, const char** message) {
@@ -196,25 +223,27 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
     float* probs = *static_cast<float**>(args[5]);
     int32_t* order = *static_cast<int32_t**>(args[6]);
     int32_t* tokens = *static_cast<int32_t**>(args[7]);
-    for (unsigned b = 0; b < grid_x; ++b)
-      for (unsigned j = 0; j < grid_y; ++j) {
-        const dflash::DecideRow& row = rows[b];
-        if (j > row.num_drafts) continue;
-        const int64_t at = b * int64_t(grid_y) + j;
-        const float* logits_row = logits + (row.first + j) * vocab;
-        int64_t token;
-        if (j < row.num_drafts && row.q >= 0 && !row.sampling.greedy()) {
-          ++drafter_positions;
-          token = dflash::drafter_position(logits_row, vocab, drafts[row.drafts + j],
-                                           drafter.q + row.q + j * drafter.draft_vocab, drafter.draft_of, row.sampling,
-                                           row.stream, row.position + j, probs + at * vocab, order + at * vocab);
-        } else {
-          token = dflash::sample_row(logits_row, vocab, row.sampling, row.stream, row.position + j, probs + at * vocab,
-                                     order + at * vocab);
-          if (j < row.num_drafts && token == drafts[row.drafts + j]) token = -1;
+    enqueue([=] {  // runs when the stream gets to it
+      for (unsigned b = 0; b < grid_x; ++b)
+        for (unsigned j = 0; j < grid_y; ++j) {
+          const dflash::DecideRow& row = rows[b];
+          if (j > row.num_drafts) continue;
+          const int64_t at = b * int64_t(grid_y) + j;
+          const float* logits_row = logits + (row.first + j) * vocab;
+          int64_t token;
+          if (j < row.num_drafts && row.q >= 0 && !row.sampling.greedy()) {
+            ++drafter_positions;
+            token = dflash::drafter_position(logits_row, vocab, drafts[row.drafts + j],
+                                             drafter.q + row.q + j * drafter.draft_vocab, drafter.draft_of, row.sampling,
+                                             row.stream, row.position + j, probs + at * vocab, order + at * vocab);
+          } else {
+            token = dflash::sample_row(logits_row, vocab, row.sampling, row.stream, row.position + j, probs + at * vocab,
+                                       order + at * vocab);
+            if (j < row.num_drafts && token == drafts[row.drafts + j]) token = -1;
+          }
+          tokens[at] = int32_t(token);
         }
-        tokens[at] = int32_t(token);
-      }
+    });
     return CUDA_SUCCESS;
   }
   if (function == reinterpret_cast<CUfunction>(&draw_function)) {
@@ -232,24 +261,26 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
     const int64_t V = q.draft_vocab;
     if (top_k > 0 && grid_y != 1) return CUDA_ERROR_INVALID_VALUE;
     ++draft_draws;
-    for (unsigned b = 0; b < grid_x; ++b) {
-      const dflash::DecideRow& row = rows[b];
-      if (top_k > 0) {
-        if (row.num_drafts == 0) continue;
-        dflash::selector_walk(scores + row.first * top_k * top_k, columns + row.first * top_k, row.num_drafts, top_k, V,
-                              row.sampling, row.stream, row.position, q.q + row.first * V, tokens + row.first,
-                              probs + row.first * top_k, order + row.first * top_k);
-        if (ids)
-          for (int64_t j = 0; j < row.num_drafts; ++j) tokens[row.first + j] = ids[tokens[row.first + j]];
-        continue;
+    enqueue([=] {  // runs when the stream gets to it
+      for (unsigned b = 0; b < grid_x; ++b) {
+        const dflash::DecideRow& row = rows[b];
+        if (top_k > 0) {
+          if (row.num_drafts == 0) continue;
+          dflash::selector_walk(scores + row.first * top_k * top_k, columns + row.first * top_k, row.num_drafts, top_k, V,
+                                row.sampling, row.stream, row.position, q.q + row.first * V, tokens + row.first,
+                                probs + row.first * top_k, order + row.first * top_k);
+          if (ids)
+            for (int64_t j = 0; j < row.num_drafts; ++j) tokens[row.first + j] = ids[tokens[row.first + j]];
+          continue;
+        }
+        for (unsigned j = 0; j < grid_y && j < row.num_drafts; ++j) {
+          const int64_t at = row.first + j;
+          const int64_t id = dflash::draft_row(scores + at * V, V, row.sampling, row.stream, row.position + j,
+                                               q.q + at * V, order + at * V);
+          tokens[at] = ids ? ids[id] : id;
+        }
       }
-      for (unsigned j = 0; j < grid_y && j < row.num_drafts; ++j) {
-        const int64_t at = row.first + j;
-        const int64_t id = dflash::draft_row(scores + at * V, V, row.sampling, row.stream, row.position + j,
-                                             q.q + at * V, order + at * V);
-        tokens[at] = ids ? ids[id] : id;
-      }
-    }
+    });
     return CUDA_SUCCESS;
   }
   if (function == reinterpret_cast<CUfunction>(&rebuild_delta_function)) {
@@ -261,11 +292,13 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
     const dflash::DeltaShape shape = *static_cast<dflash::DeltaShape*>(args[4]);
     if (int64_t(grid_y) != shape.value_heads) return CUDA_ERROR_INVALID_VALUE;
     const int64_t size = shape.value_heads * shape.key_dim * shape.value_dim;
-    for (unsigned b = 0; b < grid_x; ++b)
-      for (unsigned h = 0; h < grid_y; ++h)
-        for (int64_t v = 0; v < shape.value_dim; ++v)
-          dflash::rebuild_delta_column(states + rows[b].place * size, inputs + rows[b].run_row * tokens * shape.width(),
-                                       rows[b].kept, shape, h, v);
+    enqueue([=] {  // runs when the stream gets to it
+      for (unsigned b = 0; b < grid_x; ++b)
+        for (unsigned h = 0; h < grid_y; ++h)
+          for (int64_t v = 0; v < shape.value_dim; ++v)
+            dflash::rebuild_delta_column(states + rows[b].place * size, inputs + rows[b].run_row * tokens * shape.width(),
+                                         rows[b].kept, shape, h, v);
+    });
     return CUDA_SUCCESS;
   }
   if (function == reinterpret_cast<CUfunction>(&rebuild_conv_function)) {
@@ -275,11 +308,13 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
     const dflash::RebuildRow* rows = *static_cast<const dflash::RebuildRow**>(args[2]);
     const int64_t channels = *static_cast<int64_t*>(args[3]), width = *static_cast<int64_t*>(args[4]),
                   tokens = *static_cast<int64_t*>(args[5]), element = *static_cast<int64_t*>(args[6]);
-    for (unsigned b = 0; b < grid_x; ++b)
-      for (int64_t c = 0; c < channels; ++c)
-        dflash::rebuild_conv_channel(states + (rows[b].place * channels + c) * width * element,
-                                     inputs + (rows[b].run_row * channels + c) * tokens * element, rows[b].kept, width,
-                                     element);
+    enqueue([=] {  // runs when the stream gets to it
+      for (unsigned b = 0; b < grid_x; ++b)
+        for (int64_t c = 0; c < channels; ++c)
+          dflash::rebuild_conv_channel(states + (rows[b].place * channels + c) * width * element,
+                                       inputs + (rows[b].run_row * channels + c) * tokens * element, rows[b].kept, width,
+                                       element);
+    });
     return CUDA_SUCCESS;
   }
   if (function == reinterpret_cast<CUfunction>(&logprobs_function)) {
@@ -292,15 +327,17 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
     const dflash::Verdict* verdicts = *static_cast<const dflash::Verdict**>(args[4]);
     int32_t* order = *static_cast<int32_t**>(args[5]);
     dflash::TokenLogprob* logprobs = *static_cast<dflash::TokenLogprob**>(args[6]);
-    for (unsigned b = 0; b < grid_x; ++b)
-      for (unsigned j = 0; j < grid_y; ++j) {
-        const dflash::DecideRow& row = rows[b];
-        if (row.sampling.logprobs < 0 || j > verdicts[b].accepted) continue;
-        const int64_t at = b * int64_t(grid_y) + j;
-        const int64_t token = j < verdicts[b].accepted ? drafts[row.drafts + j] : verdicts[b].next;
-        dflash::logprobs_row(logits + (row.first + j) * vocab, vocab, token, row.sampling.logprobs,
-                             logprobs + at * (1 + dflash::kMaxLogprobs), order + at * vocab);
-      }
+    enqueue([=] {  // runs when the stream gets to it
+      for (unsigned b = 0; b < grid_x; ++b)
+        for (unsigned j = 0; j < grid_y; ++j) {
+          const dflash::DecideRow& row = rows[b];
+          if (row.sampling.logprobs < 0 || j > verdicts[b].accepted) continue;
+          const int64_t at = b * int64_t(grid_y) + j;
+          const int64_t token = j < verdicts[b].accepted ? drafts[row.drafts + j] : verdicts[b].next;
+          dflash::logprobs_row(logits + (row.first + j) * vocab, vocab, token, row.sampling.logprobs,
+                               logprobs + at * (1 + dflash::kMaxLogprobs), order + at * vocab);
+        }
+    });
     return CUDA_SUCCESS;
   }
   if (function != reinterpret_cast<CUfunction>(&decide_function) || grid_y != 1) return CUDA_ERROR_INVALID_VALUE;
@@ -309,6 +346,8 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
   const int32_t* tokens = *static_cast<const int32_t**>(args[1]);
   dflash::Verdict* out = *static_cast<dflash::Verdict**>(args[2]);
   const int64_t positions = *static_cast<int64_t*>(args[3]);
-  for (unsigned b = 0; b < grid_x; ++b) out[b] = dflash::verdict_from_tokens(rows[b].num_drafts, tokens + b * positions);
+  enqueue([=] {
+    for (unsigned b = 0; b < grid_x; ++b) out[b] = dflash::verdict_from_tokens(rows[b].num_drafts, tokens + b * positions);
+  });
   return CUDA_SUCCESS;
 }

@@ -10,7 +10,8 @@
 //     tensor <name> input|output float32|float16|int64 <dim>...    (a dim: a number or a symbol)
 //     profile <index> <input> min <dims...> max <dims...>            (the optimization profiles' boxes)
 // enqueueV3 runs the graph with onnxruntime over the addresses it was given, which the fake CUDA
-// driver (fake_cuda.cpp) makes host memory, with the shapes set; an output's shape resolves its
+// driver (fake_cuda.cpp) makes host memory, with the shapes set, once the work queued on the stream before
+// it has run; an output's shape resolves its
 // symbols from the inputs'. Every other API call answers a default and is never used by the executor.
 #include <NvInferRuntime.h>
 
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "fake_stream.h"
 #include "ort_executor.h"
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
@@ -149,8 +151,10 @@ class ContextImpl final : public apiv::VExecutionContext {
     auto found = addresses_.find(name);
     return found == addresses_.end() ? nullptr : found->second;
   }
-  bool enqueueV3(cudaStream_t) noexcept override {
+  bool enqueueV3(cudaStream_t stream) noexcept override {
     try {
+      // the run reads what the work queued before it wrote (uploads, kernels): that work first
+      reinterpret_cast<FakeStream*>(stream)->flush();
       graph_->clear();
       for (bool inputs : {true, false})  // inputs first: an output bound to an input's memory reuses its value
         for (const Tensor& t : spec_.tensors) {
