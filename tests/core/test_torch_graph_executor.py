@@ -79,8 +79,8 @@ def test_every_phase_equals_the_onnxruntime_executors_on_the_same_pair(pair):
 def test_bfloat16_dflash_of_a_request_alone_equals_its_plain_decoding(kind, tmp_path):
     """In bfloat16 (the GPU's default dtype; here PyTorch's CPU kernels) a request alone decodes the same
     greedy tokens with DFlash (verifies of 4 tokens) as plainly (steps of 1), though the target's matmuls
-    then have other shapes. Batched with other requests, bfloat16 tokens may move with the batch (README,
-    Status): not asserted."""
+    then have other shapes. Batched with other requests, bfloat16 tokens may move with the batch (a row's
+    attention spans the batch's longest row: README, Status): not asserted."""
     _, target, draft = tiny_slots_pair(tmp_path, kind, export=False)
     llm = LLM(target, draft, block_size=4, device="cpu", dtype="bfloat16", backend="torch")
     work = workload(llm.vocab_size, 8, seed=13)
