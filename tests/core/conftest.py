@@ -4,6 +4,10 @@ namespace (no __init__.py), hence test_core_acceptance/test_core_sampling beside
 
 import importlib
 import importlib.util
+import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -44,13 +48,9 @@ def llms(tiny_pairs, small_vocab_pair):
 @pytest.fixture(scope="session")
 def fake_cuda(core, tmp_path_factory):
     """A fake CUDA driver (fake_trt/fake_cuda.cpp, compiled here in a few seconds): "device" memory is host
-    memory and a kernel launch runs the kernel's rules compiled for the host, so an executor on a CUDA
-    device runs its device code paths (uploads, kernel arguments, offsets) on a CPU."""
-    import os
-    import shutil
-    import subprocess
-    from pathlib import Path
-
+    memory, the stream runs its copies and launches at the next synchronisation, and a kernel launch runs
+    the kernel's rules compiled for the host, so an executor on a CUDA device runs its device code paths
+    (uploads, waits, kernel arguments, offsets) on a CPU."""
     cuda = Path(os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda")  # as setup.py
     if not core.HAS_CUDA_DEVICE or shutil.which("g++") is None or not (cuda / "include" / "cuda.h").is_file():
         pytest.skip("the fake CUDA driver needs g++, the CUDA headers and a core built with its CUDA device")
