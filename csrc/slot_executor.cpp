@@ -776,7 +776,8 @@ std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>
     if (sampled[i]) sampling[i].sampling.validate();
   }
   const int64_t k = c.selector_top_k;
-  if (std::find(sampled.begin(), sampled.end(), true) != sampled.end()) {
+  const bool any = std::find(sampled.begin(), sampled.end(), true) != sampled.end();
+  if (any) {
     if (k > 0) {
       draft_scores_.host.resize(m * (B - 1) * k * k);
       selector_columns_.host.resize(m * (B - 1) * k);
@@ -788,7 +789,6 @@ std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>
     }
   }
   g.run("running draft_block.onnx");
-  const bool any = std::find(sampled.begin(), sampled.end(), true) != sampled.end();
   if (any && device_.decides()) {
     draw_drafts_on_device(rows, sampled, sampling, B);
   } else if (any) {  // drawn on the host from the block pass's outputs
