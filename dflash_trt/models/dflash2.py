@@ -95,9 +95,9 @@ class CandidateSelector(nn.Module):
         steps = n
         if torch.jit.is_tracing():  # static: max_drafts positions, the block's own first
             steps = self.max_drafts
-            unary, columns, projected = (
-                torch.cat([t, torch.zeros_like(t.narrow(1, 0, 1)).expand(-1, steps, *t.shape[2:])], dim=1)
-                .narrow(1, 0, steps) for t in (unary, columns, projected))
+            # zeros past the block's own (a pad of constant size: no node reads a shape)
+            unary, columns, projected = (F.pad(t, (0, 0, 0, steps)).narrow(1, 0, steps)
+                                         for t in (unary, columns, projected))
         candidates = columns if token_ids is None else token_ids[columns]
         # The pairwise score of candidate j after candidate i of the position before is
         # <predecessor[i], projected * successor[j]>: every position's [k, k] table in one product.
