@@ -149,6 +149,11 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
     click.echo(f"[{out.finish_reason}] {summary_line(out.metrics)}", err=True)
 
 
+DRAFT_DISTRIBUTION_HELP = ("The draft block graph also returns what --draft-rule drafter draws from (the drafter's "
+                           "float32 logits, or a DFlash2 drafter's selector tables) [default: yes for --flavour "
+                           "slots; for slots-trt only when asked, since a TensorRT engine writes every output at "
+                           "every draft step, the rule running or not].")
+
 @main.command()
 @click.option("--target", default=DEFAULT_TARGET, show_default=True, help=TARGET_HELP)
 @click.option("--draft", default=None, help=DRAFT_HELP)
@@ -166,12 +171,13 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
               help="Precision of the graphs' weights, K/V caches and features (logits stay fp32).")
 @click.option("--quant", type=click.Choice(QUANTS), default=None, help=QUANT_HELP)
 @click.option("--draft-quant", type=click.Choice(DRAFT_QUANTS), default=None, help=DRAFT_QUANT_HELP)
+@click.option("--draft-distribution/--no-draft-distribution", default=None, help=DRAFT_DISTRIBUTION_HELP)
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Compare each graph on onnxruntime with PyTorch (polygraphy run --onnxrt); "
                    "graphs onnxruntime cannot run (bf16; plugin with fp16) are skipped and recorded.")
 @user_errors
-def export(target, draft, out, flavour, capacity, dtype, quant, draft_quant, force, check):
+def export(target, draft, out, flavour, capacity, dtype, quant, draft_quant, draft_distribution, force, check):
     """Export target and drafter to an ONNX bundle (target, draft_context, draft_block graphs + bundle.json)."""
     from tqdm import tqdm
 
@@ -182,10 +188,12 @@ def export(target, draft, out, flavour, capacity, dtype, quant, draft_quant, for
 
     check_output_dir(out)
 
-    pair = _load_pair(target, draft, flavour, DTYPES[dtype], check, capacity, quant, draft_quant)
+    pair = _load_pair(target, draft, flavour, DTYPES[dtype], check, capacity, quant, draft_quant,
+                      draft_distribution=draft_distribution)
     with tqdm(total=5, desc="export", unit="step") as bar:
         path = export_bundle(*pair, out, flavour=flavour, dtype=DTYPES[dtype], force=force, check=check,
-                             progress=_progress(bar), capacity=capacity, quant=quant, draft_quant=draft_quant)
+                             progress=_progress(bar), capacity=capacity, quant=quant, draft_quant=draft_quant,
+                             draft_distribution=draft_distribution)
     for graph, verdict in (read_bundle(path, verify_hashes=False)["checks"]["polygraphy_vs_pytorch"] or {}).items():
         if str(verdict).startswith("skipped"):  # recorded in bundle.json; said here so it is not missed
             click.echo(f"{graph}.onnx: onnxruntime check {verdict}", err=True)
@@ -194,7 +202,7 @@ def export(target, draft, out, flavour, capacity, dtype, quant, draft_quant, for
 
 def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: bool = True,
                capacity: int | None = None, quant: str | None = None, draft_quant: str | None = None,
-               engine: str | None = None):
+               engine: str | None = None, draft_distribution: bool | None = None):
     """Check the pair from its configs, then load it -> (target model, drafter, tokenizer). Everything a
     user can get wrong is refused here, before any progress bar starts (export, build: `engine`)."""
     import torch
@@ -208,7 +216,7 @@ def _load_pair(target: str, draft: str | None, flavour: str, dtype: str, check: 
     if draft is None:
         raise DFlashError(f"no drafter for target '{target}': pass --draft DIR")
     draft = resolve_draft(draft)
-    check_flavour(flavour, check, dtype, capacity)  # before loading weights: a missing op library fails in seconds
+    check_flavour(flavour, check, dtype, capacity, draft_distribution)  # before loading weights: a missing op library fails in seconds
     check_pair(target, draft)  # from configs, before any weights load
     from dflash_trt.engines.plan import build_memory_refusal, export_memory_refusal, moe_layers, pair_weight_bytes
     from dflash_trt.export.graphs import export_refusal
@@ -288,6 +296,8 @@ def _engine_default(compute_capability: str | None) -> str:
               help="When exporting --flavour slots-trt (and required there): the KV slots' size in tokens.")
 @click.option("--quant", type=click.Choice(QUANTS), default=None, help="When exporting: " + QUANT_HELP)
 @click.option("--draft-quant", type=click.Choice(DRAFT_QUANTS), default=None, help="When exporting: " + DRAFT_QUANT_HELP)
+@click.option("--draft-distribution/--no-draft-distribution", default=None,
+              help="When exporting: " + DRAFT_DISTRIBUTION_HELP)
 @click.option("--max-batch", type=int, default=None,
               help="Largest batch the engines accept [default: 8 for slots / slots-trt graphs (batched), else 1].")
 @click.option("--max-seq-len", type=int, default=2048, show_default=True, help="Longest sequence (prompt + output).")
@@ -299,7 +309,7 @@ def _engine_default(compute_capability: str | None) -> str:
 @click.option("--gpu-memory", type=float, default=None, help="With --dry-run: GPU memory in GiB the plan must fit.")
 @user_errors
 def build(target, draft, source, out, engine, compute_capability, dtype, flavour, capacity, quant, draft_quant,
-          max_batch, max_seq_len, block_size, force, dry_run, gpu_memory):
+          draft_distribution, max_batch, max_seq_len, block_size, force, dry_run, gpu_memory):
     """Build engines from a (target, drafter) pair or an ONNX bundle: one engine per graph, with
     optimization profiles for the prefill and the B-token steps, and engine.json."""
     import tempfile
@@ -320,6 +330,9 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
         raise DFlashError("--capacity is for exporting --target/--draft; a --bundle keeps the capacity it was exported with")
     if source is not None and (quant or draft_quant):
         raise DFlashError("--quant and --draft-quant are for exporting --target/--draft; a --bundle keeps the weights "
+                          "it was exported with")
+    if source is not None and draft_distribution is not None:
+        raise DFlashError("--draft-distribution is for exporting --target/--draft; a --bundle keeps the draft outputs "
                           "it was exported with")
     engine = engine or _engine_default(compute_capability)
     if source is None and flavour is None:  # what the runtime's C++ executors run, where one can
@@ -348,7 +361,7 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
         check_graphs(flavour, config.dtype or "float32", config, "--target/--draft", (quant, draft_quant))
     pair = None if source is not None else _load_pair(target or DEFAULT_TARGET, draft, flavour, config.dtype or "float32",
                                                        capacity=capacity, quant=quant, draft_quant=draft_quant,
-                                                       engine=config.engine)
+                                                       engine=config.engine, draft_distribution=draft_distribution)
     exported = None
     with tqdm(total=4 + (5 if source is None else 0), desc=f"build ({config.engine})", unit="step") as bar:
         try:
@@ -356,7 +369,7 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
                 exported = Path(tempfile.mkdtemp(prefix=f".{out.name}-onnx-", dir=out.parent))
                 source = export_bundle(*pair, exported / "bundle", flavour=flavour, dtype=config.dtype or "float32",
                                        progress=_progress(bar), capacity=capacity, quant=quant,
-                                       draft_quant=draft_quant)
+                                       draft_quant=draft_quant, draft_distribution=draft_distribution)
             manifest = build_engines(source, out, config, command=invoked_command(), progress=_progress(bar))
         finally:
             if exported is not None:

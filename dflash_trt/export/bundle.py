@@ -68,11 +68,12 @@ def _draft_vocab_size(target: TargetModel, drafter: DFlashDrafter) -> int:
 
 
 def _graph_specs(target: TargetModel, drafter: DFlashDrafter, dtype: str = "float32",
-                 flavour: str = "portable", capacity: int | None = None) -> dict[str, dict]:
+                 flavour: str = "portable", capacity: int | None = None,
+                 draft_distribution: bool | None = None) -> dict[str, dict]:
     """Names, dtypes and shapes (symbolic dims as strings) of every graph's inputs and outputs.
     K/V caches and features are in the bundle's `dtype`; logits stay float32, ids int64. The slots
     flavours' target has contract 2's I/O (slot_graphs.py), with `capacity` static for slots-trt;
-    their draft graphs are the portable ones."""
+    their draft graphs are the portable ones (`draft_distribution`: exports_draft_distribution's)."""
     t, d = target.config, drafter.config
     tl, dl = target.num_layers, d.num_layers
     t_kv = [target.config.num_key_value_heads, _head_dim(t)]
@@ -100,15 +101,19 @@ def _graph_specs(target: TargetModel, drafter: DFlashDrafter, dtype: str = "floa
             "inputs": [_io("block_ids", "int64", ["batch", "block"]), _io("context_lengths", "int64", ["batch"])]
             + [_io(n, dtype, ["batch", d_kv[0], "context", d_kv[1]]) for n in kv_names("context", dl)],
             "outputs": [_io("draft_tokens", "int64", ["batch", "block-1"])]
-            + (_draft_distribution_io(target, drafter) if exports_draft_distribution(flavour) else []),
+            + (_draft_distribution_io(target, drafter) if exports_draft_distribution(flavour, draft_distribution)
+               else []),
         },
     }
 
 
-def exports_draft_distribution(flavour: str) -> bool:
-    """Whether the draft block graph also returns what the drafter-distribution rule draws from (the
-    onnxruntime flavour; the engine flavours keep their block pass to its tokens)."""
-    return flavour == "slots"
+def exports_draft_distribution(flavour: str, asked: bool | None = None) -> bool:
+    """Whether the draft block graph also returns what the drafter-distribution rule draws from: as
+    `asked` (export --draft-distribution; check_flavour refuses it for contract-1 flavours), else by
+    flavour: the onnxruntime one does (its cost measured nil on the CPU), slots-trt only when asked, since
+    a TensorRT engine writes every output it has at every draft step (float32 logits over the draft
+    vocabulary per drafted position) whether the rule runs or not."""
+    return flavour == "slots" if asked is None else asked
 
 
 def _draft_distribution_io(target: TargetModel, drafter: DFlashDrafter) -> list[dict]:
@@ -306,9 +311,13 @@ def _versions() -> dict[str, str | None]:
     return found
 
 
-def check_flavour(flavour: str, check: bool = True, dtype: str = "float32", capacity: int | None = None) -> None:
+def check_flavour(flavour: str, check: bool = True, dtype: str = "float32", capacity: int | None = None,
+                  draft_distribution: bool | None = None) -> None:
     if flavour not in FLAVOURS:
         raise DFlashError(f"unknown flavour '{flavour}'; choose one of {', '.join(FLAVOURS)}")
+    if draft_distribution and flavour not in SLOT_FLAVOURS:
+        raise DFlashError(f"--draft-distribution is for --flavour slots or slots-trt (the C++ executors run the "
+                          f"drafter rule); {flavour}-flavour graphs return draft tokens only")
     if flavour == "slots-trt" and capacity is None:
         raise DFlashError("--flavour slots-trt needs --capacity N: the KV slots' size in tokens is static in "
                           "its graphs (TensorRT's KV-cache update requires it)")
@@ -327,14 +336,15 @@ def check_flavour(flavour: str, check: bool = True, dtype: str = "float32", capa
 def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: Path, flavour: str = "portable",
                   force: bool = False, check: bool = True, progress: Callable[[str], None] = lambda step: None,
                   dtype: str = "float32", capacity: int | None = None, quant: str | None = None,
-                  draft_quant: str | None = None) -> Path:
+                  draft_quant: str | None = None, draft_distribution: bool | None = None) -> Path:
     """Write the bundle with weights, K/V caches and features in `dtype` (float32, float16, bfloat16);
     `progress` is called after each of its steps (3 graphs, tokenizer, manifest). `capacity`: the
     static KV slot size in tokens of a slots-trt target (that flavour only, and required there).
     `quant` (int4, int4-awq, fp8, nvfp4): the target's weights quantized after its graph is checked
     (export/quantize.py; int4-awq first rescales them with ModelOpt's AWQ, export/awq.py);
-    `draft_quant` (int4, fp8, nvfp4): the drafter's (its drafts are verified: lossless whatever their numerics)."""
-    check_flavour(flavour, check, dtype, capacity)
+    `draft_quant` (int4, fp8, nvfp4): the drafter's (its drafts are verified: lossless whatever their numerics).
+    `draft_distribution`: see exports_draft_distribution (None: the flavour's default)."""
+    check_flavour(flavour, check, dtype, capacity, draft_distribution)
     sparse = any(is_sparse_moe(m) for m in target.model.modules())
     refusal = (quant_refusal(quant, flavour, dtype, sparse, target.model_type)
                or draft_quant_refusal(draft_quant, flavour, dtype))
@@ -350,7 +360,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
     if refusal:
         raise DFlashError(refusal)
     rows = min_query_tokens(quant, flavour)  # quantized activations need two query rows per step
-    specs = _graph_specs(target, drafter, dtype, flavour, capacity)
+    specs = _graph_specs(target, drafter, dtype, flavour, capacity, draft_distribution)
     target_graph = {(False, False): TargetGraph, (False, True): HybridTargetGraph,
                     (True, False): SlotTargetGraph, (True, True): HybridSlotTargetGraph}[slots, hybrid]
     if quant == "int4-awq":  # the same function, weights rescaled to round better (drafts read the embeddings only)
@@ -365,7 +375,7 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
         "draft_context": PluginDraftContextGraph(drafter) if plugin else DraftContextGraph(drafter),
         "draft_block": PluginDraftBlockGraph(drafter, target) if plugin else DraftBlockGraph(drafter, target),
     }
-    modules["draft_block"].export_logits = exports_draft_distribution(flavour)
+    modules["draft_block"].export_logits = exports_draft_distribution(flavour, draft_distribution)
     if flavour == "slots":  # the onnxruntime flavour: its own MoE kernel (export/moe.py), RoPE inside GQA
         use_moe_op(modules["target"], "onnxruntime")
         modules["target"].rope_in_attention = not hybrid

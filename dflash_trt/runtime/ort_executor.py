@@ -42,8 +42,8 @@ def draft_rule_refusal(rule: str, manifest: dict | None) -> str | None:
     need = "selector_scores" if draft.get("method") == "dflash2" else "draft_logits"
     if not any(o["name"] == need for o in manifest["graphs"]["draft_block"]["outputs"]):
         return (f"draft_rule 'drafter' needs the draft block graph's {need}, which this bundle's does not return "
-                f"(a slots-trt or plugin flavour, or exported before graphs revision 7): re-export with --flavour "
-                f"slots, or use draft_rule 'point-mass'")
+                f"(slots-trt exports it only with --draft-distribution; contract-1 flavours and bundles exported "
+                f"before graphs revision 7 never): re-export with --draft-distribution, or use draft_rule 'point-mass'")
     return None
 
 

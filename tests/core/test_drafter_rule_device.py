@@ -14,16 +14,10 @@ import ctypes
 
 import pytest
 from factories import make_dflash2_drafter, make_target
+from seeded_batches import PARAMS, PROMPTS, counted, mixed_batch
 
-from dflash_trt import LLM, SamplingParams
+from dflash_trt import LLM
 from dflash_trt.runtime import torch_graphs
-from dflash_trt.runtime.engine import BatchRunner
-
-PROMPTS = [[1, 2, 3], [4, 0, 1, 2], [3], [2, 2, 4, 1, 0]]
-PARAMS = [SamplingParams(max_tokens=14, temperature=0.8, seed=3, ignore_eos=True),
-          SamplingParams(max_tokens=14, ignore_eos=True),  # greedy: argmax drafts, beside the sampled rows
-          SamplingParams(max_tokens=14, temperature=1.2, top_k=5, top_p=0.9, seed=5, ignore_eos=True),
-          SamplingParams(max_tokens=14, temperature=1.0, seed=7, ignore_eos=True)]
 
 
 class FakeCudaCore:
@@ -52,23 +46,6 @@ class OnTheStream:
     def run(self, what, inputs, outputs):
         self.flush()
         self.graph.run(what, inputs, outputs)
-
-
-def counted(driver, name: str) -> int:
-    counter = getattr(ctypes.CDLL(str(driver)), name)
-    counter.restype = ctypes.c_long
-    return counter()
-
-
-def mixed_batch(llm, max_batch: int = 4) -> list[list[int]]:
-    """Each prompt with its own PARAMS, all in one batch (max_batch 4) or rows joining as others end."""
-    runner = BatchRunner(llm, max_batch=max_batch, block_size=4)
-    requests = [runner.prepare(p, params) for p, params in zip(PROMPTS, PARAMS)]
-    for request in requests:
-        runner.submit(request)
-    while runner.has_work:
-        runner.step()
-    return [runner.output(r).token_ids for r in requests]
 
 
 def small_pairs(tmp_path, tiny_pairs):

@@ -321,3 +321,64 @@ def test_each_executor_counts_the_bytes_it_moves_across_the_host_boundary(core, 
     target = 8 * (n * s + n + n + n * s + n * s)  # ids, lengths, logits_index; the drafter's positions
     decision = n * 88 + (1 + n * (s - 1)) * 8 + n * 16  # DecideRow (11 words), drafts (+1 pad), Verdict (2 words)
     assert trt.host_bytes - before == target + decision
+
+
+def engines_of(bundle: Path, out: Path, library: str, monkeypatch, max_batch: int = 3) -> Path:
+    """`build --engine tensorrt` of `bundle` with the fake builder -> the engine bundle, openable by LLM."""
+    import types
+
+    from dflash_trt.engines import build as build_module
+    from dflash_trt.engines import machine, trt_engine
+    from dflash_trt.engines.config import BuildConfig
+
+    fake = types.ModuleType("tensorrt")  # build_engines reads its version
+    fake.__version__ = "10.99.0-fake"
+    monkeypatch.setitem(__import__("sys").modules, "tensorrt", fake)
+    monkeypatch.setattr(machine, "gpu_compute_capability", lambda: "9.0")
+    monkeypatch.setattr(trt_engine, "build_trt_graph", fake_build(library))
+    build_module.build_engines(bundle, out, BuildConfig(engine="tensorrt", max_batch=max_batch, max_seq_len=64))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["draft-vocabulary", "dflash2"])
+def test_the_drafter_rule_on_tensorrt_engines_gives_the_onnxruntime_executors_seeded_tokens(
+        core, ort, fakes, tiny_pairs, tmp_path, monkeypatch, kind):
+    """A slots-trt bundle exported with --draft-distribution, built into (fake) TensorRT engines: the
+    drafter rule runs on the TensorRT executor's device path (drafts drawn and verified by the decision
+    kernels' rules where the block pass wrote its outputs) and gives the seeded tokens the onnxruntime
+    executor's host path gives over the same graphs, greedy rows beside sampled ones, in one batch and
+    as rows join; without --draft-distribution (slots-trt's default) the rule is refused in one line."""
+    from seeded_batches import PARAMS, PROMPTS, counted, mixed_batch
+
+    from dflash_trt import LLM
+    from dflash_trt.runtime import ort_executor
+
+    if kind == "dflash2":
+        target_dir = make_target(tmp_path / "t", "qwen3", vocab_size=8, tokenizer=False, seed=3)
+        draft_dir = make_dflash2_drafter(tmp_path / "d", seed=4, vocab_size=8, mask_token_id=7)
+    else:  # the llama pair: its drafter proposes 90 of 264 ids
+        target_dir, draft_dir = tiny_pairs["llama"]
+    target, drafter = load_target(str(target_dir))[0], load_drafter(draft_dir)
+    bundle = export_bundle(target, drafter, None, tmp_path / "bundle", flavour="slots-trt", capacity=64,
+                           check=False, draft_distribution=True)
+    host = LLM.from_bundle(bundle, block_size=4, max_batch=3, capacity=64, draft_rule="drafter")
+    want = mixed_batch(host, max_batch=3, capacity=64)
+    assert want == [host.generate([p], params)[0].token_ids for p, params in zip(PROMPTS, PARAMS, strict=True)]
+
+    engines = engines_of(bundle, tmp_path / "engines", str(ort.onnxruntime_library()), monkeypatch)
+    monkeypatch.setattr(ort_executor, "tensorrt_library", lambda major: str(fakes[0]))
+    monkeypatch.setattr(ort_executor.SlotBundle, "cuda_driver", str(fakes[1]))
+    draws = counted(fakes[1], "fake_cuda_draft_draws")
+    device = LLM.from_bundle(engines, block_size=4, draft_rule="drafter")
+    assert device.backend == "tensorrt"
+    assert mixed_batch(device, max_batch=3, capacity=64) == want
+    assert mixed_batch(device, max_batch=2, capacity=64) == want
+    assert (counted(fakes[1], "fake_cuda_draft_draws") > draws) == core.HAS_DEVICE_DECIDE
+    assert mixed_batch(LLM.from_bundle(engines, block_size=4), max_batch=3, capacity=64) != want  # the rule was in effect
+
+    plain = export_bundle(target, drafter, None, tmp_path / "plain", flavour="slots-trt", capacity=64, check=False)
+    engines = engines_of(plain, tmp_path / "plain-engines", str(ort.onnxruntime_library()), monkeypatch)
+    need = "selector_scores" if kind == "dflash2" else "draft_logits"
+    with pytest.raises(DFlashError, match=f"needs the draft block graph's {need}.*--draft-distribution"):
+        LLM.from_bundle(engines, block_size=4, draft_rule="drafter")
+

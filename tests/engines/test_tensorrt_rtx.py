@@ -140,3 +140,30 @@ def test_a_drafter_in_a_float_format_builds_smaller_draft_engines(wide_pair, dra
     weights = (float_bundle / "draft_block.onnx.data").stat().st_size
     saving = float_manifest["engines"]["draft_block"]["bytes"] - manifest["engines"]["draft_block"]["bytes"]
     assert saving > 0.15 * weights, (saving, weights)
+
+
+@pytest.mark.parametrize("kind, dtype", [("draft-vocabulary", "float32"), ("dflash2", "float32")])
+def test_a_slots_trt_draft_block_with_its_draft_distribution_builds_for_sm120(tiny_pairs, tmp_path, kind, dtype):
+    """export --flavour slots-trt --draft-distribution: the block pass's extra outputs (a drafter's
+    float32 logits over its draft vocabulary; a DFlash2 selector's tables) are engine outputs TensorRT
+    types as the export declared them, for the TensorRT executor's drafter rule."""
+    from factories import make_dflash2_drafter, make_target
+
+    from dflash_trt.export.bundle import export_bundle
+    from dflash_trt.models.checkpoints import load_drafter, load_target
+
+    if kind == "dflash2":
+        target_dir = make_target(tmp_path / "t", "qwen3", vocab_size=8, tokenizer=False, seed=3)
+        draft_dir = make_dflash2_drafter(tmp_path / "d", seed=4, vocab_size=8, mask_token_id=7)
+    else:
+        target_dir, draft_dir = tiny_pairs["llama"]
+    target, drafter = load_target(str(target_dir), dtype=getattr(__import__("torch"), dtype))[0], load_drafter(draft_dir)
+    bundle = export_bundle(target, drafter, None, tmp_path / "b", flavour="slots-trt", capacity=64, dtype=dtype,
+                           check=False, draft_distribution=True)
+    build_engines(bundle, tmp_path / "e", BuildConfig(engine="tensorrt-rtx", compute_capabilities=("12.0",),
+                                                      max_seq_len=64))
+    io = read_engine_bundle(tmp_path / "e")["engines"]["draft_block"]["io"]
+    expected = ({"selector_scores": "FLOAT", "selector_columns": "INT64"} if kind == "dflash2"
+                else {"draft_logits": "FLOAT"})
+    assert {name: io[name] for name in expected} == expected and io["draft_tokens"] == "INT64"
+    assert (tmp_path / "e" / "draft_vocab.json").is_file() == (kind == "draft-vocabulary")

@@ -99,6 +99,36 @@ def test_export_refusals_are_one_line(tiny_pairs, hybrid_target, bundles, tmp_pa
         export_bundle(target, drafter, None, path, check=False)
     with pytest.raises(DFlashError, match="unknown flavour 'fast'"):
         export_bundle(target, drafter, None, tmp_path / "p", flavour="fast", check=False)
+    with pytest.raises(DFlashError, match="--draft-distribution is for --flavour slots or slots-trt"):
+        export_bundle(target, drafter, None, tmp_path / "p", flavour="portable", check=False, draft_distribution=True)
+    assert not (tmp_path / "p").exists()
+
+
+def test_the_cli_asks_for_a_draft_distribution_when_exporting_and_refuses_it_elsewhere(tiny_pairs, bundles, tmp_path):
+    """slots-trt exports the drafter rule's outputs only with --draft-distribution (a TensorRT engine
+    writes every output at every draft step); slots does unless told not to; a flavour without the C++
+    executors, and a build from an exported bundle, refuse the flag in one line before any work."""
+    target, draft = map(str, tiny_pairs["llama"])
+
+    def draft_outputs(*args) -> list[str]:
+        out = tmp_path / "-".join(a.strip("-") for a in args)
+        result = CliRunner().invoke(main, ["export", "--target", target, "--draft", draft, "-o", str(out),
+                                           "--no-check", *args])
+        assert result.exit_code == 0, result.output
+        return [o["name"] for o in read_bundle(out)["graphs"]["draft_block"]["outputs"]]
+
+    assert draft_outputs("--flavour", "slots-trt", "--capacity", "64") == ["draft_tokens"]
+    assert draft_outputs("--flavour", "slots-trt", "--capacity", "64", "--draft-distribution") == ["draft_tokens",
+                                                                                                   "draft_logits"]
+    assert (tmp_path / "flavour-slots-trt-capacity-64-draft-distribution" / "draft_vocab.json").is_file()
+    assert draft_outputs("--flavour", "slots", "--no-draft-distribution") == ["draft_tokens"]
+    result = CliRunner().invoke(main, ["export", "--target", target, "--draft", draft, "-o", str(tmp_path / "x"),
+                                       "--flavour", "portable", "--draft-distribution"])
+    assert result.exit_code == 2 and "--draft-distribution is for --flavour slots or slots-trt" in result.output
+    assert not (tmp_path / "x").exists()
+    result = CliRunner().invoke(main, ["build", "--bundle", str(bundles["llama"][0]), "-o", str(tmp_path / "e"),
+                                       "--engine", "onnxruntime", "--draft-distribution"])
+    assert result.exit_code == 2 and "a --bundle keeps the draft outputs it was exported with" in result.output
 
 
 def test_plugin_flavour_without_the_op_library_is_refused_in_one_line(bundles, plugin_bundle, tmp_path, monkeypatch):
