@@ -478,7 +478,7 @@ def _csv(kind):
         if value is None:
             return ()
         try:
-            return tuple(kind(v) for v in value.split(",") if v.strip())
+            return tuple(kind(v.strip()) for v in value.split(",") if v.strip())
         except ValueError:
             raise click.BadParameter(f"expected comma-separated {getattr(kind, 'noun', kind.__name__ + 's')}, got '{value}'") from None
     return parse
@@ -671,13 +671,16 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
                    "acceptance (adaptive speculation, up to the drafter's block).")
 @click.option("--temperature", "temperatures", default="0", show_default=True, callback=_csv(float), help="Comma-separated temperatures.")
 @click.option("--concurrency", default="1", show_default=True, callback=_csv(int), help="Comma-separated requests in flight (offline: the core batches them; server: concurrent clients).")
+@click.option("--draft-rule", "draft_rules", default="point-mass", show_default=True, callback=_csv(str),
+              help="Offline: comma-separated draft rules (point-mass, drafter), each run on every setting; drafter "
+                   "needs fixed block sizes.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--baseline/--no-baseline", default=True, show_default=True, help="Also run the autoregressive baseline (speedup, greedy check).")
 @click.option("--json-out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write the full record here.")
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write a PNG: throughput, speedup, τ histogram.")
 @user_errors
 def bench(bundle, target, draft, backend, base_url, baseline_url, model, api_key, datasets, prompts_file, num_prompts,
-          max_tokens, block_sizes, temperatures, concurrency, seed, baseline, json_out, plot):
+          max_tokens, block_sizes, temperatures, concurrency, draft_rules, seed, baseline, json_out, plot):
     """Throughput, speedup over autoregressive decoding, and acceptance, per dataset; prints a table.
 
     Offline (default): the pair (or the exported BUNDLE, on onnxruntime) runs in this process, DFlash
@@ -689,7 +692,8 @@ def bench(bundle, target, draft, backend, base_url, baseline_url, model, api_key
 
     config = BenchConfig(
         datasets=datasets, prompts_file=prompts_file, num_prompts=num_prompts, max_tokens=max_tokens,
-        block_sizes=block_sizes, temperatures=temperatures, concurrency=concurrency, seed=seed, baseline=baseline,
+        block_sizes=block_sizes, temperatures=temperatures, concurrency=concurrency, draft_rules=draft_rules, seed=seed,
+        baseline=baseline,
         bundle=bundle, target=target, draft=draft, backend=backend, base_url=base_url, baseline_url=baseline_url, model=model,
     )
     if api_key and not base_url:

@@ -101,9 +101,11 @@ def _check(result: SettingResult) -> str:
 
 
 def block_label(result: SettingResult) -> str:
+    """The block size, and the draft rule where it is not point mass ("4 drafter": drafts drawn from q)."""
     if result.block_size is None:
         return "server"
-    return f"auto≤{result.max_block_size}" if result.block_size == 0 else str(result.block_size)
+    label = f"auto≤{result.max_block_size}" if result.block_size == 0 else str(result.block_size)
+    return f"{label} drafter" if result.draft_rule == "drafter" else label
 
 
 def table(results: list[SettingResult]) -> str:

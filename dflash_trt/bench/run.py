@@ -22,6 +22,7 @@ class BenchConfig:
     block_sizes: tuple[int, ...] = (16,)
     temperatures: tuple[float, ...] = (0.0,)
     concurrency: tuple[int, ...] = (1,)
+    draft_rules: tuple[str, ...] = ("point-mass",)  # offline: each rule's LLM runs every setting
     seed: int = 0
     baseline: bool = True
     # offline mode: an exported or engine bundle, or checkpoints run on `backend`
@@ -50,6 +51,16 @@ class BenchConfig:
             raise DFlashError(f"temperatures must be >= 0, got {list(self.temperatures)}")
         if any(c < 1 for c in self.concurrency):
             raise DFlashError(f"concurrency must be >= 1, got {list(self.concurrency)}")
+        from dflash_trt.runtime.ort_executor import DRAFT_RULES
+
+        unknown = [rule for rule in self.draft_rules if rule not in DRAFT_RULES]
+        if unknown or not self.draft_rules:
+            raise DFlashError(f"draft rules must be some of {', '.join(DRAFT_RULES)}, got {list(self.draft_rules)}")
+        if self.mode == "server" and self.draft_rules != ("point-mass",):
+            raise DFlashError("--draft-rule is an offline setting: a server drafts by its own rule (serve --draft-rule)")
+        if "drafter" in self.draft_rules and ADAPTIVE in self.block_sizes:
+            raise DFlashError("--draft-rule drafter needs fixed block sizes (its tokens depend on where blocks start): "
+                              "drop auto from --block-size")
         if self.mode == "server" and (self.target or self.draft or self.bundle):
             raise DFlashError("--base-url benchmarks a running server: drop DIR/--target/--draft (the server has its model)")
         if self.bundle and (self.target or self.draft):
@@ -77,6 +88,7 @@ class SettingResult:
     concurrency: int
     prompts: int
     dflash: SideSummary
+    draft_rule: str | None = None  # offline: how T>0 drafts were drawn and kept (None: the server's own)
     baseline: SideSummary | None = None
     speedup: float | None = None  # throughput ratio, DFlash / baseline, same prompts, same run
     decode_speedup: float | None = None
@@ -117,43 +129,66 @@ def compare(result: SettingResult, dflash_records, baseline_records) -> SettingR
 
 
 def run_offline_bench(config: BenchConfig, prompt_sets: dict[str, list[str]]) -> list[SettingResult]:
-    from dflash_trt.bench.offline import run_offline
+    """Every setting on each draft rule's LLM (one at a time); the baseline, which drafts nothing, once per
+    (dataset, temperature, concurrency), shared by every block size and rule."""
+    results, baselines = [], {}
+    for rule in config.draft_rules:
+        llm = _offline_llm(config, rule)
+        for name, prompts in prompt_sets.items():
+            for temperature in config.temperatures:
+                results += _offline_settings(config, llm, rule, name, prompts, temperature, baselines)
+        del llm  # its executor's memory before the next rule's
+    order = {rule: i for i, rule in enumerate(config.draft_rules)}  # the table's order: the sweep's, rule last
+    return sorted(results, key=lambda r: (list(prompt_sets).index(r.dataset), config.temperatures.index(r.temperature),
+                                          config.concurrency.index(r.concurrency),
+                                          config.block_sizes.index(r.block_size), order[r.draft_rule]))
+
+
+def _offline_llm(config: BenchConfig, rule: str):
     from dflash_trt.models import embedded
     from dflash_trt.runtime.engine_bundles import bundle_capacity
     from dflash_trt.runtime.llm import AUTO, LLM
-    from dflash_trt.spec.sampling import SamplingParams
 
+    # the rule refuses an adaptive LLM; each setting then verifies blocks of its own size, up to the largest
+    fixed = max(config.block_sizes) if rule == "drafter" else None
     if config.bundle:
         # room for the prompt and the answer, unless the bundle's graphs fix the capacity (slots-trt)
-        llm = LLM.from_bundle(config.bundle, capacity=bundle_capacity(config.bundle) or 2 * config.max_tokens + 2048)
+        llm = LLM.from_bundle(config.bundle, capacity=bundle_capacity(config.bundle) or 2 * config.max_tokens + 2048,
+                              block_size=fixed, draft_rule=rule)
     else:
         target, draft = config.target or embedded.DEFAULT_TARGET, config.draft or AUTO
-        llm = LLM(target=target, draft=draft, backend=config.backend or AUTO, capacity=2 * config.max_tokens + 2048)
+        llm = LLM(target=target, draft=draft, backend=config.backend or AUTO, capacity=2 * config.max_tokens + 2048,
+                  block_size=fixed, draft_rule=rule)
     if not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{config.target}': pass --draft DIR")
+    return llm
 
+
+def _offline_settings(config: BenchConfig, llm, rule: str, name: str, prompts: list[str], temperature: float,
+                      baselines: dict) -> list[SettingResult]:
+    from dflash_trt.bench.offline import run_offline
+    from dflash_trt.spec.sampling import SamplingParams
+
+    params = SamplingParams(max_tokens=config.max_tokens, temperature=temperature, seed=config.seed)
     results = []
-    for name, prompts in prompt_sets.items():
-        for temperature in config.temperatures:
-            params = SamplingParams(max_tokens=config.max_tokens, temperature=temperature, seed=config.seed)
-            for concurrency in config.concurrency:
-                label = f"{name} T={temperature} C={concurrency}"
-                base = baseline = None
-                if config.baseline:  # one baseline per (dataset, T, C): it does not depend on the block size
-                    base = run_offline(llm, prompts, params, False, None, f"{label} baseline", concurrency)
-                    baseline = add_step_times(summarize(base[0], base[1], None), base[2])
-                for size in config.block_sizes:
-                    largest = size or llm.max_block_size
-                    records, wall, times = run_offline(llm, prompts, params, True, size,
-                                                       f"{label} B={size or 'auto'}", concurrency)
-                    result = SettingResult(
-                        mode="offline", backend=llm.backend, dataset=name, block_size=size,
-                        temperature=temperature, concurrency=concurrency, prompts=len(prompts),
-                        dflash=add_step_times(summarize(records, wall, largest), times), baseline=baseline,
-                        outputs=[r.text for r in records], draft_vocab_size=llm.draft_vocab_size,
-                        max_block_size=largest,
-                    )
-                    results.append(compare(result, records, base[0] if base else None))
+    for concurrency in config.concurrency:
+        label = f"{name} T={temperature} C={concurrency}"
+        key = name, temperature, concurrency
+        if config.baseline and key not in baselines:
+            base = run_offline(llm, prompts, params, False, None, f"{label} baseline", concurrency)
+            baselines[key] = base, add_step_times(summarize(base[0], base[1], None), base[2])
+        base, baseline = baselines.get(key, (None, None))
+        for size in config.block_sizes:
+            largest = size or llm.max_block_size
+            records, wall, times = run_offline(llm, prompts, params, True, size,
+                                               f"{label} B={size or 'auto'} {rule}", concurrency)
+            result = SettingResult(
+                mode="offline", backend=llm.backend, dataset=name, block_size=size,
+                temperature=temperature, concurrency=concurrency, prompts=len(prompts),
+                dflash=add_step_times(summarize(records, wall, largest), times), draft_rule=rule, baseline=baseline,
+                outputs=[r.text for r in records], draft_vocab_size=llm.draft_vocab_size, max_block_size=largest,
+            )
+            results.append(compare(result, records, base[0] if base else None))
     return results
 
 

@@ -170,6 +170,10 @@ def test_cli_flags_a_corrupted_dflash_output_loudly(pair, monkeypatch, tmp_path)
     ({"baseline_url": "http://127.0.0.1:9/v1"}, "--baseline-url needs --base-url"),
     ({"num_prompts": 0}, "must be >= 1"),
     ({"target": None, "bundle": "some/bundle", "backend": "torch"}, "a bundle DIR runs on the backend its graphs need"),
+    ({"draft_rules": ("point-mass", "typical")}, "draft rules must be some of point-mass, drafter"),
+    ({"draft_rules": ("drafter",), "block_sizes": (0, 4)}, "--draft-rule drafter needs fixed block sizes"),
+    ({"target": None, "base_url": "http://127.0.0.1:9/v1", "draft_rules": ("drafter",)},
+     "--draft-rule is an offline setting"),
 ])
 def test_bad_configurations_fail_before_any_work(changes, message):
     config = BenchConfig(**{"target": "no/such/dir", **changes})
@@ -196,3 +200,26 @@ def test_concurrency_batches_requests_and_auto_chooses_blocks(pair):
     one, three = results[1], results[3]
     assert three.dflash.steps < one.dflash.steps  # three requests share each step
     assert f"auto≤{trained}" in report.table(results)
+
+
+def test_each_draft_rule_runs_every_setting_and_gives_its_llms_tokens(pair):
+    """--draft-rule point-mass,drafter: every setting on both rules against one shared baseline; greedy
+    DFlash still equals it under either rule, and a sampled setting gives what an LLM with that rule
+    generates for the same seeded requests (the drafter rule's own tokens: other than point mass's)."""
+    from dflash_trt import LLM, SamplingParams
+    from dflash_trt.bench.datasets import load_prompts
+
+    config = BenchConfig(target=pair[0], draft=pair[1], datasets=("humaneval",), num_prompts=2, max_tokens=10,
+                         block_sizes=(3, 4), temperatures=(0.0, 0.9), draft_rules=("point-mass", "drafter"))
+    results = run_bench(config)
+    assert [(r.temperature, r.block_size, r.draft_rule) for r in results] == [
+        (t, b, rule) for t in (0.0, 0.9) for b in (3, 4) for rule in ("point-mass", "drafter")]
+    assert len({id(r.baseline) for r in results if r.temperature == 0.9}) == 1  # one baseline for both rules
+    assert all(r.mismatches == [] for r in results if r.temperature == 0)
+    sampled = {(r.block_size, r.draft_rule): r.outputs for r in results if r.temperature == 0.9}
+    params = SamplingParams(max_tokens=10, temperature=0.9, seed=0)
+    prompts = load_prompts("humaneval", 2)
+    llm = LLM(pair[0], pair[1], block_size=4, draft_rule="drafter")
+    assert sampled[4, "drafter"] == [o.text for o in llm.generate(prompts, params)]
+    assert sampled[4, "drafter"] != sampled[4, "point-mass"]
+    assert "4 drafter" in report.table(results) and "3 drafter" in report.acceptance_lines(results)
