@@ -92,7 +92,8 @@ def build_trt_graph(kind: str, source: Path, out: Path, spec: dict, profiles: di
         built = builder.build_serialized_network_to_stream(network, config, _file_writer(trt, f))
     seconds = time.perf_counter() - start
     if not built:
-        raise DFlashError(f"{source.name}: {kind} build failed: {log.errors[-1] if log.errors else 'no engine returned'}")
+        # the first error is the cause: a failed compile is followed by errors of the steps it broke
+        raise DFlashError(f"{source.name}: {kind} build failed: {log.errors[0] if log.errors else 'no engine returned'}")
     return {"file": out.name, "build_s": round(seconds, 3), "bytes": out.stat().st_size, "io": io}
 
 

@@ -81,8 +81,13 @@ def _symbolic_slot_attention(g, query, key, value, key_cache, value_cache, cache
     if decomposed:
         out = _decomposed_attention(g, const, heads_first(query, heads), caches, visible, heads // kv, scale)
     else:
-        out = g.op(f"{PLACEHOLDER}::Attention", heads_first(query, heads), caches[0], caches[1],
-                   unsqueeze(visible, [1]), scale_f=scale)
+        # an additive mask in the query's dtype (0 where visible, -inf elsewhere; a row always sees its own
+        # slot): TensorRT-RTX 1.7 fails to compile half-precision Attentions that share one bool mask
+        # (duplicate op names in its IR) where the batch dimension is static, as a max_batch 1 build has it
+        q = heads_first(query, heads)
+        mask = g.op("Where", unsqueeze(visible, [1]), g.op("CastLike", g.op("Constant", value_t=torch.tensor(0.0)), q),
+                    g.op("CastLike", g.op("Constant", value_t=torch.tensor(float("-inf"))), q))
+        out = g.op(f"{PLACEHOLDER}::Attention", q, caches[0], caches[1], mask, scale_f=scale)
     out = g.op("Where", valid4, out, g.op("CastLike", const(0), out))
     out = g.op("Reshape", g.op("Transpose", out, perm_i=[0, 2, 1, 3]), const([0, 0, -1]))
     out.setType(query.type())
