@@ -426,8 +426,9 @@ def inspect(bundle, no_verify):
         click.echo(f"  Gated DeltaNet layers {linear} (conv {la['conv_dim']} x {la['conv_kernel'] - 1}, recurrent state "
                    f"{la['num_value_heads']} x {la['key_head_dim']} x {la['value_head_dim']} float32); "
                    f"full attention on the other {t['num_layers'] - len(linear)}")
-    click.echo(f"draft: {d['num_layers']} layers, block size {d['block_size']}, taps {d['target_layer_ids']}, "
-               f"mask id {d['mask_token_id']}, drafts from {d.get('draft_vocab_size', t['vocab_size'])} token ids")
+    click.echo(f"draft: {d.get('method', 'dflash')}, {d['num_layers']} layers, block size {d['block_size']}, taps "
+               f"{d['target_layer_ids']}, mask id {d['mask_token_id']}, drafts from "
+               f"{d.get('draft_vocab_size', t['vocab_size'])} token ids; draft rules {_draft_rules(manifest)}")
     if "draft_quant" in manifest:
         q = manifest["draft_quant"]
         click.echo(f"  weights {q['weights']}: draft_block's {q['quantized_matmuls']} matmuls as {q['form']} (and "
@@ -442,6 +443,13 @@ def inspect(bundle, no_verify):
     checks = manifest.get("checks", {})
     click.echo(f"checks: {json.dumps(checks)}")
     click.echo("versions: " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items() if v))
+
+
+def _draft_rules(manifest: dict) -> str:
+    """The draft rules its graphs can run (the drafter rule needs the draft block's distribution)."""
+    from dflash_trt.runtime.ort_executor import DRAFT_RULES, draft_rule_refusal
+
+    return ", ".join(rule for rule in DRAFT_RULES if draft_rule_refusal(rule, manifest) is None)
 
 
 def _inspect_engines(bundle: Path, no_verify: bool) -> None:
@@ -459,7 +467,8 @@ def _inspect_engines(bundle: Path, no_verify: bool) -> None:
     source, t, d = manifest["source"], manifest["source"]["target"], manifest["source"]["draft"]
     click.echo(f"source bundle: {source['flavour']} flavour, graph contract {source.get('contract', 1)}"
                f"{_capacity_text(source)}, sha256 {source['bundle_sha256'][:16]}; target {t['model_type']} "
-               f"{t['num_layers']} layers; draft {d['num_layers']} layers, block size {d['block_size']}, taps {d['target_layer_ids']}")
+               f"{t['num_layers']} layers; draft {d.get('method', 'dflash')}, {d['num_layers']} layers, block size "
+               f"{d['block_size']}, taps {d['target_layer_ids']}; draft rules {_draft_rules(source)}")
     if manifest.get("command"):
         click.echo(f"built with: {manifest['command']}")
 

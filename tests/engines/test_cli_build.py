@@ -44,6 +44,7 @@ def test_build_exports_slots_trt_with_its_capacity_and_the_bundle_runs_batched(t
     assert (manifest["source"]["capacity"], manifest["max_batch"]) == (64, 8)  # batched graphs: 8 rows by default
     result = CliRunner().invoke(main, ["inspect", str(out)])
     assert "source bundle: slots-trt flavour, graph contract 2, KV capacity 64 (static)" in result.stdout
+    assert "draft dflash, " in result.stdout and "draft rules point-mass\n" in result.stdout  # slots-trt's default
     llm = LLM.from_bundle(out)
     assert llm.capacity == 64
     params = SamplingParams(max_tokens=8, ignore_eos=True)

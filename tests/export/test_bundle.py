@@ -120,7 +120,9 @@ def test_the_cli_asks_for_a_draft_distribution_when_exporting_and_refuses_it_els
     assert draft_outputs("--flavour", "slots-trt", "--capacity", "64") == ["draft_tokens"]
     assert draft_outputs("--flavour", "slots-trt", "--capacity", "64", "--draft-distribution") == ["draft_tokens",
                                                                                                    "draft_logits"]
-    assert (tmp_path / "flavour-slots-trt-capacity-64-draft-distribution" / "draft_vocab.json").is_file()
+    distributed = tmp_path / "flavour-slots-trt-capacity-64-draft-distribution"
+    assert (distributed / "draft_vocab.json").is_file()
+    assert "draft rules point-mass, drafter" in CliRunner().invoke(main, ["inspect", str(distributed)]).stdout
     assert draft_outputs("--flavour", "slots", "--no-draft-distribution") == ["draft_tokens"]
     result = CliRunner().invoke(main, ["export", "--target", target, "--draft", draft, "-o", str(tmp_path / "x"),
                                        "--flavour", "portable", "--draft-distribution"])
@@ -260,6 +262,7 @@ def test_cli_inspect_describes_the_bundle_and_its_checks(bundles, tmp_path):
     assert "portable flavour" in result.stdout and "all file hashes match" in result.stdout
     assert "input  block_ids int64[batch, block]" in result.stdout
     assert "drafts from 264 token ids" in result.stdout  # the whole vocabulary
+    assert "draft: dflash, " in result.stdout and "draft rules point-mass\n" in result.stdout  # no distribution
     result = CliRunner().invoke(main, ["inspect", str(bundles["llama"][0])])  # a drafter with a draft vocabulary
     assert "drafts from 89 token ids" in result.stdout and "output draft_tokens int64[batch, block-1]" in result.stdout
     assert "draft_logits" not in result.stdout  # the portable flavour's block pass returns its tokens only

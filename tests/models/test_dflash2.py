@@ -240,6 +240,8 @@ def test_every_flavour_exports_the_block_pass_and_the_selector_walk(bundles):
         outputs = [o["name"] for o in manifest["graphs"]["draft_block"]["outputs"]]
         # the onnxruntime flavour also returns the selector's tables (draft_rule="drafter"), checked too
         assert outputs == ["draft_tokens"] + (["selector_scores", "selector_columns"] if flavour == "slots" else [])
+    shown = CliRunner().invoke(main, ["inspect", str(bundles["slots"])]).stdout
+    assert "draft: dflash2, " in shown and "draft rules point-mass, drafter" in shown  # inspect names the method
 
 
 @pytest.mark.parametrize("block", [2, 3, 4])
