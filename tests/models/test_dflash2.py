@@ -169,6 +169,19 @@ def test_the_drafter_rule_runs_dflash2_alike_on_both_backends(pair, bundles, blo
         LLM.from_bundle(bundles["slots-trt"], block_size=4, capacity=64, draft_rule="drafter")
 
 
+def test_the_exported_and_the_eager_convolution_kernels_are_equal_bit_for_bit():
+    """The export traces the group spread as a one-hot product, PyTorch runs it as a broadcast
+    (models/dflash2.py): the same kernels, float for float."""
+    conv = GroupedDynamicConv(48, 2, 16).requires_grad_(False)
+    torch.nn.init.normal_(conv.base_kernel)
+    torch.nn.init.normal_(conv.kernel_projection.weight)
+    x = torch.randn(2, 5, 48)
+    traced = torch.jit.trace(lambda h: torch.stack(conv.kernels(h)), x)
+    assert "aten::matmul" in str(traced.graph)  # the trace took the product, the eager run the broadcast
+    for h in (x, x * 3):
+        assert torch.equal(traced(h), torch.stack(conv.kernels(h)))
+
+
 def test_the_convolution_never_reads_across_the_block_boundary(pair):
     """Causal within the block: changing the positions after t leaves outputs 0..t of both
     convolutions unchanged (t = 0: the anchor reads only itself, zero padding before it). And the
