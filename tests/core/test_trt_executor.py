@@ -253,28 +253,34 @@ def fake_build(library: str):
     return build
 
 
-def test_dflash_trt_build_then_llm_from_bundle_runs_on_the_tensorrt_executor(ort, fakes, pair, tmp_path, monkeypatch):
-    """`build --engine tensorrt` of a slots-trt bundle, then `LLM.from_bundle` on it: the engine bundle
-    is checked (library, GPU), opened by SlotBundle for the C++ TensorRT executor, and generates what
-    the onnxruntime executor generates from the exported bundle."""
+def tensorrt_engines(bundle: Path, out: Path, ort, fakes, monkeypatch) -> Path:
+    """`build --engine tensorrt` of `bundle` (3 rows, 64 tokens) with the fake builder, opened from then
+    on by LLM on the fake libnvinfer and CUDA driver -> the engine bundle."""
     import types
 
-    from dflash_trt import LLM, SamplingParams
     from dflash_trt.engines import build as build_module
     from dflash_trt.engines import machine, trt_engine
     from dflash_trt.engines.config import BuildConfig
-    from dflash_trt.runtime import ort_executor
 
-    bundle, *_ = pair
     fake = types.ModuleType("tensorrt")  # the builder is faked below; build_engines reads the version
     fake.__version__ = "10.99.0-fake"  # 10.x, as the headers
     monkeypatch.setitem(__import__("sys").modules, "tensorrt", fake)
     monkeypatch.setattr(machine, "gpu_compute_capability", lambda: "9.0")
     monkeypatch.setattr(trt_engine, "build_trt_graph", fake_build(str(ort.onnxruntime_library())))
-    build_module.build_engines(bundle, tmp_path / "engines", BuildConfig(engine="tensorrt", max_batch=3,
-                                                                          max_seq_len=64))
-    monkeypatch.setattr(ort_executor, "tensorrt_library", lambda major: str(fakes[0]))
-    monkeypatch.setattr(ort_executor.SlotBundle, "cuda_driver", str(fakes[1]))
+    build_module.build_engines(bundle, out, BuildConfig(engine="tensorrt", max_batch=3, max_seq_len=64))
+    monkeypatch.setattr(ort.SlotBundle, "cuda_driver", str(fakes[1]))
+    monkeypatch.setattr(ort, "tensorrt_library", lambda major: str(fakes[0]))
+    return out
+
+
+def test_dflash_trt_build_then_llm_from_bundle_runs_on_the_tensorrt_executor(ort, fakes, pair, tmp_path, monkeypatch):
+    """`build --engine tensorrt` of a slots-trt bundle, then `LLM.from_bundle` on it: the engine bundle
+    is checked (library, GPU), opened by SlotBundle for the C++ TensorRT executor, and generates what
+    the onnxruntime executor generates from the exported bundle."""
+    from dflash_trt import LLM, SamplingParams
+
+    bundle, *_ = pair
+    tensorrt_engines(bundle, tmp_path / "engines", ort, fakes, monkeypatch)
     with pytest.raises(DFlashError, match="its engines take at most 3 rows per step; run it with max_batch <= 3"):
         LLM.from_bundle(tmp_path / "engines", max_batch=4)
     with pytest.raises(DFlashError, match="its engines prefill at most 64 tokens per step"):
@@ -323,22 +329,6 @@ def test_each_executor_counts_the_bytes_it_moves_across_the_host_boundary(core, 
     assert trt.host_bytes - before == target + decision
 
 
-def engines_of(bundle: Path, out: Path, library: str, monkeypatch, max_batch: int = 3) -> Path:
-    """`build --engine tensorrt` of `bundle` with the fake builder -> the engine bundle, openable by LLM."""
-    import types
-
-    from dflash_trt.engines import build as build_module
-    from dflash_trt.engines import machine, trt_engine
-    from dflash_trt.engines.config import BuildConfig
-
-    fake = types.ModuleType("tensorrt")  # build_engines reads its version
-    fake.__version__ = "10.99.0-fake"
-    monkeypatch.setitem(__import__("sys").modules, "tensorrt", fake)
-    monkeypatch.setattr(machine, "gpu_compute_capability", lambda: "9.0")
-    monkeypatch.setattr(trt_engine, "build_trt_graph", fake_build(library))
-    build_module.build_engines(bundle, out, BuildConfig(engine="tensorrt", max_batch=max_batch, max_seq_len=64))
-    return out
-
 
 @pytest.mark.parametrize("kind", ["draft-vocabulary", "dflash2"])
 def test_the_drafter_rule_on_tensorrt_engines_gives_the_onnxruntime_executors_seeded_tokens(
@@ -351,7 +341,6 @@ def test_the_drafter_rule_on_tensorrt_engines_gives_the_onnxruntime_executors_se
     from seeded_batches import PARAMS, PROMPTS, counted, mixed_batch
 
     from dflash_trt import LLM
-    from dflash_trt.runtime import ort_executor
 
     if kind == "dflash2":
         target_dir = make_target(tmp_path / "t", "qwen3", vocab_size=8, tokenizer=False, seed=3)
@@ -365,9 +354,7 @@ def test_the_drafter_rule_on_tensorrt_engines_gives_the_onnxruntime_executors_se
     want = mixed_batch(host, max_batch=3, capacity=64)
     assert want == [host.generate([p], params)[0].token_ids for p, params in zip(PROMPTS, PARAMS, strict=True)]
 
-    engines = engines_of(bundle, tmp_path / "engines", str(ort.onnxruntime_library()), monkeypatch)
-    monkeypatch.setattr(ort_executor, "tensorrt_library", lambda major: str(fakes[0]))
-    monkeypatch.setattr(ort_executor.SlotBundle, "cuda_driver", str(fakes[1]))
+    engines = tensorrt_engines(bundle, tmp_path / "engines", ort, fakes, monkeypatch)
     draws = counted(fakes[1], "fake_cuda_draft_draws")
     device = LLM.from_bundle(engines, block_size=4, draft_rule="drafter")
     assert device.backend == "tensorrt"
@@ -377,8 +364,7 @@ def test_the_drafter_rule_on_tensorrt_engines_gives_the_onnxruntime_executors_se
     assert mixed_batch(LLM.from_bundle(engines, block_size=4), max_batch=3, capacity=64) != want  # the rule was in effect
 
     plain = export_bundle(target, drafter, None, tmp_path / "plain", flavour="slots-trt", capacity=64, check=False)
-    engines = engines_of(plain, tmp_path / "plain-engines", str(ort.onnxruntime_library()), monkeypatch)
+    engines = tensorrt_engines(plain, tmp_path / "plain-engines", ort, fakes, monkeypatch)
     need = "selector_scores" if kind == "dflash2" else "draft_logits"
     with pytest.raises(DFlashError, match=f"needs the draft block graph's {need}.*--draft-distribution"):
         LLM.from_bundle(engines, block_size=4, draft_rule="drafter")
-
