@@ -470,7 +470,7 @@ void SlotExecutor::decide_run(const std::vector<size_t>& group, int64_t n, int64
       decide_drafts_.host.insert(decide_drafts_.host.end(), block.begin() + 1, block.end());
       Row& state = rows_[decision.rows[i]];
       if (state.device_q >= 0 && row.num_drafts > 0 && !s.sampling.greedy()) {
-        DFLASH_INVARIANT(row.num_drafts <= state.device_q_drafts);
+        DFLASH_INVARIANT(row.num_drafts <= state.device_q_drafts && state.device_q_draw == device_draws_);
         row.q = state.device_q;
         drafter = true;
       }
@@ -813,6 +813,7 @@ void SlotExecutor::draw_drafts_on_device(const std::vector<int64_t>& rows, const
   const SlotExecutorConfig& c = config_;
   const int64_t m = int64_t(rows.size()), n = B - 1, V = c.draft_vocab_size, k = c.selector_top_k;
   decide_rows_.host.resize(m * sizeof(DecideRow));
+  ++device_draws_;
   for (int64_t i = 0; i < m; ++i) {
     DecideRow row;
     row.first = i * n;
@@ -824,6 +825,7 @@ void SlotExecutor::draw_drafts_on_device(const std::vector<int64_t>& rows, const
     Row& state = rows_[rows[i]];
     state.device_q = sampled[i] ? i * n * V : -1;
     state.device_q_drafts = n;
+    state.device_q_draw = device_draws_;
   }
   decide_rows_.upload();
   draft_q_.reserve(m * n * V);

@@ -179,9 +179,10 @@ class SlotExecutor : public Executor {
     int64_t verify_phase = -1, verify_run = -1, verify_index = -1;
     // the drafter-distribution rule: the distributions its last drafts were drawn from [drafts,
     // draft_vocab_size] (empty: its drafts were the argmax), or on a device that decides, where they
-    // start in draft_q_ (-1: none) and how many rows
+    // start in draft_q_ (-1: none), how many rows, and which device draw wrote them (draft_q_ holds the
+    // last draw's alone: a verify after another row group's draft would read that group's)
     std::vector<float> draft_q;
-    int64_t device_q = -1, device_q_drafts = 0;
+    int64_t device_q = -1, device_q_drafts = 0, device_q_draw = 0;
   };
   // One target Run's outputs a phase keeps until the next: per linear layer the states after each
   // row's last logits row [n, size] and its positions' inputs (conv [n, C, s], delta [n, s, width]),
@@ -275,6 +276,7 @@ class SlotExecutor : public Executor {
   Staged<int64_t> draft_vocab_device_;
   Staged<char> draft_of_device_;
   Buffer draft_q_, draft_probs_, draft_order_;
+  int64_t device_draws_ = 0;        // draw_drafts_on_device calls so far
   Buffer features_;                 // the target's tapped features [n, s, F], the drafter's input
   std::vector<Buffer> context_;     // per draft cache: the rows' packed context for the block pass
 };

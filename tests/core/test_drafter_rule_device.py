@@ -83,3 +83,27 @@ def test_the_device_comparison_can_fail(core, fake_cuda, tiny_pairs, tmp_path, m
     want = mixed_batch(LLM(target, draft, block_size=4, backend="torch", draft_rule="drafter"))
     monkeypatch.setattr(torch_graphs, "native_core", lambda: FakeCudaCore(core, fake_cuda))
     assert mixed_batch(LLM(target, draft, block_size=4, backend="torch")) != want
+
+
+def test_a_verify_after_another_groups_draft_is_refused_not_decided_from_its_q(core, fake_cuda, tiny_pairs, tmp_path,
+                                                                              monkeypatch):
+    """On the device the drafts' distributions live in one buffer the next draft rewrites (the scheduler
+    drafts every row of a step at once, then verifies): verifying row 0 after row 1's own draft would
+    read row 1's q, so the executor stops on its invariant instead of deciding from it."""
+    if not core.HAS_DEVICE_DECIDE:
+        pytest.skip("the decision kernels are not built: the rule runs on the host from downloads")
+    target, draft = small_pairs(tmp_path, tiny_pairs)["dflash2"]
+    monkeypatch.setattr(torch_graphs, "native_core", lambda: FakeCudaCore(core, fake_cuda))
+    executor = LLM(target, draft, block_size=4, backend="torch", draft_rule="drafter").executor(2, 64)
+    sampled = core.RowSampling(core.SamplingParams(temperature=0.8, seed=3), 11, 4)
+    assert len(executor.prefill([0, 1], [PROMPTS[0], PROMPTS[1]], [sampled, sampled])) == 2
+
+    def draft(rows):
+        return executor.draft(rows, [1] * len(rows), 4, [sampled] * len(rows))
+
+    drafts = draft([0, 1])  # one draft for both rows, then their verifies: the scheduler's order
+    assert len(executor.verify([0, 1], [[1, *d] for d in drafts], [sampled, sampled])) == 2
+    first = draft([0])[0]
+    draft([1])
+    with pytest.raises(AssertionError, match="device_q_draw == device_draws_"):
+        executor.verify([0], [[1, *first]], [sampled])
