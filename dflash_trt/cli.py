@@ -29,7 +29,12 @@ DRAFT_QUANT_HELP = ("int4 / fp8 / nvfp4: the drafter's matmul weights as --quant
                     "Drafts are verified, so output is unchanged; drafting costs less, acceptance may drop.")
 DRAFT_RULE_HELP = ("At T>0: point-mass drafts the drafter's argmax (a seeded reply equals the plain sampled one); "
                    "drafter draws drafts from the drafter's distribution, kept with min(1, p/q) (needs --block-size "
-                   "and a slots bundle or the torch backend).")
+                   "and graphs that return that distribution: a slots bundle, engines of a slots-trt export with "
+                   "--draft-distribution, or the torch backend).")
+DRAFT_DISTRIBUTION_HELP = ("The draft block graph also returns what --draft-rule drafter draws from (the drafter's "
+                           "float32 logits, or a DFlash2 drafter's selector tables) [default: yes for --flavour "
+                           "slots; for slots-trt only when asked, since a TensorRT engine writes every output at "
+                           "every draft step, the rule running or not].")
 
 
 def user_errors(command):
@@ -148,11 +153,6 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
     click.echo()
     click.echo(f"[{out.finish_reason}] {summary_line(out.metrics)}", err=True)
 
-
-DRAFT_DISTRIBUTION_HELP = ("The draft block graph also returns what --draft-rule drafter draws from (the drafter's "
-                           "float32 logits, or a DFlash2 drafter's selector tables) [default: yes for --flavour "
-                           "slots; for slots-trt only when asked, since a TensorRT engine writes every output at "
-                           "every draft step, the rule running or not].")
 
 @main.command()
 @click.option("--target", default=DEFAULT_TARGET, show_default=True, help=TARGET_HELP)
