@@ -40,7 +40,8 @@ TRT_ONLY = {"csrc/trt_api.cpp", "csrc/trt_executor.cpp"}
 # (DFLASH_WITH_DEVICE_DECIDE, _core.HAS_DEVICE_DECIDE).
 NVCC = shutil.which("nvcc") or str(CUDA_HEADERS.parent / "bin" / "nvcc")
 WITH_DEVICE_DECIDE = WITH_CUDA and os.access(NVCC, os.X_OK)
-DECIDE_SMS = (80, 90, 100, 120)
+# DFLASH_CUDA_SMS="90" builds for those SMs alone (scripts/gpu_check.sh: the GPU it runs on).
+DECIDE_SMS = tuple(int(sm) for sm in os.environ.get("DFLASH_CUDA_SMS", "80 90 100 120").split())
 GENERATED = Path("build/generated")
 KERNELS = {"decide_kernel": "kDecideKernelFatbin", "state_kernel": "kStateKernelFatbin"}
 
@@ -51,7 +52,7 @@ def build_kernel(name: str, array: str) -> None:
     fatbin = GENERATED / f"{name}.fatbin"
     gencode = [f"-gencode=arch=compute_{sm},code=sm_{sm}" for sm in DECIDE_SMS]
     gencode.append(f"-gencode=arch=compute_{DECIDE_SMS[-1]},code=compute_{DECIDE_SMS[-1]}")
-    subprocess.run([NVCC, "-std=c++17", "--expt-relaxed-constexpr", "-O3", "--fatbin", *gencode, "-Icsrc",
+    subprocess.run([NVCC, "-std=c++17", "--expt-relaxed-constexpr", "-O3", "--fatbin", "--threads", "0", *gencode, "-Icsrc",
                     f"csrc/{name}.cu", "-o", str(fatbin)], check=True)
     data = fatbin.read_bytes()
     rows = (", ".join(str(b) for b in data[i:i + 24]) for i in range(0, len(data), 24))

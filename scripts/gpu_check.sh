@@ -122,7 +122,7 @@ fi
 if [ "${GPU_CHECK_PLUGINS_ONLY:-0}" = 1 ]; then
   echo "GPU_CHECK_PLUGINS_ONLY=1: the plugin kernels' steps only" | tee -a "$log"
 else
-  step build_core 300 "$python" setup.py -q build_ext --inplace -j "$(nproc)"
+  step build_core 300 env DFLASH_CUDA_SMS="$arch" "$python" setup.py -q build_ext --inplace -j "$(nproc)"
   step step_bench 240 "$python" scripts/gpu_step_bench.py --json "$work/step_bench.json"
   step pytest_gpu 300 "$python" -m pytest -m gpu tests -q -p no:cacheprovider --continue-on-collection-errors \
     --junitxml "$work/pytest.xml"

@@ -121,7 +121,7 @@ def test_hybrid_and_moe_targets_take_our_kernels_for_their_own_ops(pair_dirs):
         pytest.skip(f"{LIBRARY.name} not built (bash scripts/build_plugins.sh)")
     llm = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
     llm.executor(1, 64)
-    moe = any(is_sparse_moe(layer.mlp) for layer in llm.target.model.layers)
+    moe = any(is_sparse_moe(module) for module in llm.target.model.modules())
     assert llm.target_kernels == (("GatedDeltaRule",) if llm.target.is_stateful else ()) + (("MoE",) if moe else ())
 
 
