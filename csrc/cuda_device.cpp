@@ -218,6 +218,7 @@ void CudaDevice::load_decide_module() {
   if (module_) return;  // once: the driver picks this GPU's SM from the fatbin (or JIT-compiles its PTX)
   check(driver_->module_load(&module_, kDecideKernelFatbin), "loading the decision kernel");
   check(driver_->function(&tokens_, module_, "dflash_target_tokens"), "finding the target-token kernel");
+  if (driver_->function(&tokens_wide_, module_, "dflash_target_tokens_wide") != CUDA_SUCCESS) tokens_wide_ = nullptr;
   check(driver_->function(&decide_, module_, "dflash_decide_rows"), "finding the decision kernel");
   check(driver_->function(&logprobs_, module_, "dflash_decided_logprobs"), "finding the logprobs kernel");
   check(driver_->function(&draw_, module_, "dflash_draw_drafts"), "finding the draft kernel");
@@ -238,8 +239,10 @@ void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* row
   int32_t* ids = order + count * positions;
   DraftQ q = drafter;
   void* token_args[] = {&logits, &vocab, &rows, &drafts, &q, &probs, &ids, &tokens};
-  check(driver_->launch(tokens_, unsigned(count), unsigned(positions), 1, kDecideThreads, 1, 1, 0, stream_,
-                        token_args, nullptr),
+  // Few (row, position) pairs leave most SMs idle with a block each: a cluster of blocks each then.
+  const bool wide = tokens_wide_ && count * positions <= kWidePairs;
+  check(driver_->launch(wide ? tokens_wide_ : tokens_, unsigned(count * (wide ? kDecideCluster : 1)),
+                        unsigned(positions), 1, kDecideThreads, 1, 1, 0, stream_, token_args, nullptr),
         "launching the target-token kernel");
   void* args[] = {&rows, &tokens, &out, &positions};
   check(driver_->launch(decide_, unsigned(count), 1, 1, 1, 1, 1, 0, stream_, args, nullptr),

@@ -50,6 +50,10 @@ class CudaDevice final : public Device {
   CUstream stream() const { return stream_; }
 
   static constexpr unsigned kDecideThreads = 512;  // decide_kernel.cu's kThreads (its block-wide kernels)
+  // The most (row, position) pairs dflash_target_tokens_wide decides: one wave of clusters of 8 blocks
+  // (of 512 threads, 128 registers: a block an SM). On an H200, 16 pairs (1 row x 16) took 0.26 ms
+  // against 0.45 with a block each at T=0.8; 32 (2 rows) with clusters took longer than 8 rows' 128 blocks.
+  static constexpr int64_t kWidePairs = 16;
 
  private:
   void check(CUresult result, const char* what) const;
@@ -61,6 +65,7 @@ class CudaDevice final : public Device {
   CUstream stream_ = nullptr;
   CUmodule module_ = nullptr;  // the decision kernels', loaded at the first decide
   CUfunction tokens_ = nullptr;
+  CUfunction tokens_wide_ = nullptr;  // null where the GPU's image lacks it (before SM 9.0)
   CUfunction decide_ = nullptr;
   CUfunction logprobs_ = nullptr;
   CUfunction draw_ = nullptr;

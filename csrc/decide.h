@@ -68,7 +68,10 @@ struct DraftQ {
 constexpr int kChunks = 512;      // the fixed partition of a row for its double sums
 constexpr double kNucleusMargin = 1e-3;  // the nucleus's candidates weigh top_p + this (probs_row_by)
 constexpr double kNucleusSettled = 1e-6;  // a kept mass this far past top_p ends the nucleus (probs_row_by)
-constexpr int kMaxThreads = 512;  // the most threads a Threads policy may have
+constexpr int kMaxThreads = 4096;  // the most threads a Threads policy may have (a cluster: 8 blocks of 512)
+// A GPU position decided by a cluster of this many blocks (decide_kernel.cu's dflash_target_tokens_wide,
+// SM 9.0 and later): a block alone is bound by its SM's issue rate over a 152k-token row.
+constexpr int kDecideCluster = 8;
 
 // What a sampled row's threads share (a CUDA block's shared memory; the host's stack).
 struct RowShared {
@@ -79,15 +82,18 @@ struct RowShared {
   double remaining[2];
   uint32_t stops[kChunks];
   float top, last_p, scale;
+  double total;  // chunks_total, summed once for every thread (shared_total)
   unsigned found;
   int64_t kept, last, token;
   double kept_mass, draw_target, draw_before;
   int draw_chunk;
 };
 
-// One thread: the host.
+// One thread: the host. A policy's worker() numbers the threads that walk the fixed chunks (the
+// loops over kChunks): id() here; a cluster interleaves its blocks so the walks spread over its SMs.
 struct HostThreads {
   DFLASH_HD static int id() { return 0; }
+  DFLASH_HD static int worker() { return 0; }
   DFLASH_HD static int count() { return 1; }
   DFLASH_HD static void sync() {}
   DFLASH_HD static unsigned add(unsigned* at, unsigned value) {
@@ -272,8 +278,17 @@ DFLASH_HD float row_max(const float* values, int64_t vocab, RowShared& s) {
   strided<Threads>(values, vocab, [&](int64_t, float value) { top = value > top ? value : top; });
   s.partial[Threads::id()] = top;
   Threads::sync();
+  // folded to kFold values by as many threads, then one: a cluster's 4096 values walked by one thread
+  // took longer than the pass over the row
+  constexpr int kFold = 64;
+  const int count = Threads::count();
+  if (Threads::id() < kFold && Threads::id() < count) {
+    for (int t = Threads::id() + kFold; t < count; t += kFold) top = s.partial[t] > top ? s.partial[t] : top;
+    s.partial[Threads::id()] = top;
+  }
+  Threads::sync();
   if (Threads::id() == 0) {
-    for (int t = 1; t < Threads::count(); ++t) top = s.partial[t] > top ? s.partial[t] : top;
+    for (int t = 1; t < kFold && t < count; ++t) top = s.partial[t] > top ? s.partial[t] : top;
     s.top = top;
   }
   Threads::sync();
@@ -284,7 +299,7 @@ DFLASH_HD float row_max(const float* values, int64_t vocab, RowShared& s) {
 // one thread.
 template <class Threads>
 DFLASH_HD void chunk_sums(const float* p, int64_t vocab, RowShared& s, float above = -__builtin_huge_valf()) {
-  for (int c = Threads::id(); c < kChunks; c += Threads::count()) {
+  for (int c = Threads::worker(); c < kChunks; c += Threads::count()) {
     double sum = 0.0;
     DFLASH_UNROLL(8)
     for (int64_t i = chunk_start(vocab, c), end = chunk_start(vocab, c + 1); i < end; ++i)
@@ -298,6 +313,16 @@ DFLASH_HD inline double chunks_total(const RowShared& s) {
   double total = 0.0;
   for (int c = 0; c < kChunks; ++c) total += s.chunk[c];
   return total;
+}
+
+// chunks_total for every thread: summed by one, read by all (each thread walking the chunks of a
+// cluster's shared memory itself cost more than the pass that filled them). Called after the chunks'
+// sync, and every thread reads it before the next chunk pass's sync, so one slot serves every call.
+template <class Threads>
+DFLASH_HD double shared_total(RowShared& s) {
+  if (Threads::id() == 0) s.total = chunks_total(s);
+  Threads::sync();
+  return s.total;
 }
 
 // order[0..n) sorted by `before` over p: the flip form of bitonic sort (every comparator puts the
@@ -332,7 +357,7 @@ DFLASH_HD void bitonic_sort(int32_t* order, int64_t n, const float* p) {
 template <class Threads>
 DFLASH_HD int64_t nucleus_by(const float* p, const int32_t* order, int64_t n, double base, float threshold,
                              RowShared& s) {
-  for (int c = Threads::id(); c < kChunks; c += Threads::count()) {
+  for (int c = Threads::worker(); c < kChunks; c += Threads::count()) {
     double sum = 0.0;
     DFLASH_UNROLL(8)
     for (int64_t i = chunk_start(n, c), end = chunk_start(n, c + 1); i < end; ++i) sum += p[order[i]];
@@ -348,7 +373,7 @@ DFLASH_HD int64_t nucleus_by(const float* p, const int32_t* order, int64_t n, do
     }
   }
   Threads::sync();
-  for (int c = Threads::id(); c < kChunks; c += Threads::count()) {  // -> the mass kept and where it ends
+  for (int c = Threads::worker(); c < kChunks; c += Threads::count()) {  // -> the mass kept and where it ends
     double running = s.chunk[c], kept = running;
     int64_t i = chunk_start(n, c);
     for (const int64_t end = chunk_start(n, c + 1); i < end; ++i) {
@@ -416,7 +441,7 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
     Threads::sync();
   }
   const float top = row_max<Threads>(probs, vocab, s);
-  for (int c = Threads::id(); c < kChunks; c += Threads::count()) {  // exp and its sum, chunk by chunk
+  for (int c = Threads::worker(); c < kChunks; c += Threads::count()) {  // exp and its sum, chunk by chunk
     double sum = 0.0;
     DFLASH_UNROLL(8)
     for (int64_t i = chunk_start(vocab, c), end = chunk_start(vocab, c + 1); i < end; ++i) {
@@ -426,7 +451,7 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
     s.chunk[c] = sum;
   }
   Threads::sync();
-  const float inv = float(1.0 / chunks_total(s));
+  const float inv = float(1.0 / shared_total<Threads>(s));
   strided<Threads>(probs, vocab, [&](int64_t i, float p) { probs[i] = p * inv; });
   Threads::sync();
   if (params.top_p >= 1.0) return;
@@ -452,7 +477,7 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
     floor = radix_select<Threads>(probs, vocab, need_floor, true, s);
   }
   chunk_sums<Threads>(probs, vocab, s, ceiling);
-  const double above = chunks_total(s);
+  const double above = shared_total<Threads>(s);
   Threads::sync();  // every thread has read s.chunk before the walk rewrites it
   const float threshold = float(params.top_p);
   for (;;) {
@@ -560,7 +585,7 @@ DFLASH_HD void logprobs_row_by(const float* logits, int64_t vocab, int64_t token
                                int32_t* order, RowShared& s) {
   using namespace decide_detail;
   const float high = row_max<Threads>(logits, vocab, s);
-  for (int c = Threads::id(); c < kChunks; c += Threads::count()) {
+  for (int c = Threads::worker(); c < kChunks; c += Threads::count()) {
     double sum = 0.0;
     DFLASH_UNROLL(8)
     for (int64_t i = chunk_start(vocab, c), end = chunk_start(vocab, c + 1); i < end; ++i)
@@ -568,7 +593,7 @@ DFLASH_HD void logprobs_row_by(const float* logits, int64_t vocab, int64_t token
     s.chunk[c] = sum;
   }
   Threads::sync();
-  const double normaliser = double(high) + log_of(chunks_total(s));
+  const double normaliser = double(high) + log_of(shared_total<Threads>(s));
   if (top > vocab) top = int32_t(vocab);
   if (top > 0) {  // the top ones: every logit >= the top-th largest, sorted
     const float kth = radix_select<Threads>(logits, vocab, double(top), false, s);
@@ -639,7 +664,7 @@ DFLASH_HD int64_t drafter_position_by(const float* logits, int64_t vocab, int64_
   });
   Threads::sync();
   chunk_sums<Threads>(p, vocab, s);
-  const bool empty = !(chunks_total(s) > 0.0);
+  const bool empty = !(shared_total<Threads>(s) > 0.0);
   Threads::sync();  // every thread has read s.chunk before the next pass rewrites it
   if (empty) probs_row_by<Threads>(logits, vocab, params, p, order, s);
   return draw_row_by<Threads>(p, vocab, uniform(params.seed, stream, position, kCategoricalDraw), s);

@@ -10,6 +10,10 @@
 // never tokens. dflash_decide_rows then walks each row's positions to the first not kept, and
 // dflash_decided_logprobs takes the decided tokens' log-probabilities where a row asks, one block per
 // (row, position) again. A draft under the drafter rule runs dflash_draw_drafts after the block pass.
+// For few (row, position) pairs, SM 9.0 and later run dflash_target_tokens_wide instead: the same rules
+// over a cluster of blocks per pair (ClusterThreads), so one row's verify spreads over the GPU.
+#include <cooperative_groups.h>
+
 #include "decide.h"
 
 namespace {
@@ -20,6 +24,7 @@ static_assert(kThreads <= dflash::kMaxThreads, "RowShared.partial holds a value 
 // decide.h's Threads policy for a CUDA block.
 struct BlockThreads {
   __device__ static int id() { return threadIdx.x; }
+  __device__ static int worker() { return threadIdx.x; }
   __device__ static int count() { return blockDim.x; }
   __device__ static void sync() { __syncthreads(); }
   __device__ static unsigned add(unsigned* at, unsigned value) { return atomicAdd(at, value); }
@@ -43,11 +48,12 @@ __device__ bool beats(float av, int64_t ai, float bv, int64_t bi) {
 // ~260 us for a 152k-token row on an H200, 2 GB/s).
 constexpr int kLoads = 8;
 
-__device__ int64_t block_argmax(const float* __restrict__ row, int64_t vocab, float* values, int64_t* indices) {
+// The block's argmax over the tokens first + threadIdx.x + k * stride (-1 if it has none).
+__device__ int64_t block_argmax(const float* __restrict__ row, int64_t vocab, int64_t first, int64_t stride,
+                                float* values, int64_t* indices) {
   float best = 0.0f;
   int64_t at = -1;
-  const int64_t stride = blockDim.x;
-  for (int64_t base = threadIdx.x; base < vocab; base += stride * kLoads) {
+  for (int64_t base = first + threadIdx.x; base < vocab; base += stride * kLoads) {
     float loaded[kLoads];
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
@@ -79,6 +85,22 @@ __device__ int64_t block_argmax(const float* __restrict__ row, int64_t vocab, fl
   return out;
 }
 
+// A sampled position's token, or the drafter rule's verdict on draft j there (-1: kept): decide.h's rules
+// run by `Threads` together. The caller handles a greedy position.
+template <class Threads>
+__device__ int64_t sampled_token(const float* logits_row, int64_t vocab, const dflash::DecideRow& row, int64_t j,
+                                 const int64_t* drafts, const dflash::DraftQ& drafter, float* probs, int32_t* order,
+                                 dflash::RowShared& shared) {
+  const uint32_t position = row.position + uint32_t(j);
+  if (j < row.num_drafts && row.q >= 0)
+    return dflash::drafter_position_by<Threads>(logits_row, vocab, drafts[row.drafts + j],
+                                                drafter.q + row.q + j * drafter.draft_vocab, drafter.draft_of,
+                                                row.sampling, row.stream, position, probs, order, shared);
+  const int64_t token = dflash::sample_row_by<Threads>(logits_row, vocab, row.sampling, row.stream, position, probs,
+                                                       order, shared);
+  return j < row.num_drafts && token == drafts[row.drafts + j] ? -1 : token;
+}
+
 }  // namespace
 
 // What each row's positions 0..num_drafts decided -> tokens[b * positions + j]: -1 where draft j is kept,
@@ -98,22 +120,86 @@ extern "C" __global__ void __launch_bounds__(kThreads)
   const int64_t j = blockIdx.y, at = blockIdx.x * int64_t(gridDim.y) + j;
   if (j > row.num_drafts) return;  // the same for the whole block
   const float* logits_row = logits + (row.first + j) * vocab;
-  const uint32_t position = row.position + uint32_t(j);
   int64_t token;
-  if (j < row.num_drafts && row.q >= 0 && !row.sampling.greedy()) {
-    token = dflash::drafter_position_by<BlockThreads>(logits_row, vocab, drafts[row.drafts + j],
-                                                      drafter.q + row.q + j * drafter.draft_vocab, drafter.draft_of,
-                                                      row.sampling, row.stream, position, probs + at * vocab,
-                                                      order + at * vocab, shared);
-  } else {
-    token = row.sampling.greedy() ? block_argmax(logits_row, vocab, values, indices)
-                                  : dflash::sample_row_by<BlockThreads>(logits_row, vocab, row.sampling, row.stream,
-                                                                        position, probs + at * vocab,
-                                                                        order + at * vocab, shared);
+  if (row.sampling.greedy()) {
+    token = block_argmax(logits_row, vocab, 0, blockDim.x, values, indices);
     if (j < row.num_drafts && token == drafts[row.drafts + j]) token = -1;
+  } else {
+    token = sampled_token<BlockThreads>(logits_row, vocab, row, j, drafts, drafter, probs + at * vocab,
+                                        order + at * vocab, shared);
   }
   if (threadIdx.x == 0) tokens[at] = int32_t(token);
 }
+
+#if __CUDA_ARCH__ >= 900
+namespace {
+
+namespace cg = cooperative_groups;
+constexpr int kCluster = dflash::kDecideCluster;
+static_assert(kCluster * kThreads <= dflash::kMaxThreads, "RowShared.partial holds a value per cluster thread");
+
+// decide.h's Threads policy for a cluster of kCluster blocks: their threads numbered block after block
+// (a strided pass's neighbours read neighbouring memory), the chunk walkers interleaved across the blocks,
+// cluster-wide barriers, and the shared state of block 0 (distributed shared memory) for all.
+struct ClusterThreads {
+  __device__ static int id() { return int(cg::this_cluster().block_rank()) * blockDim.x + threadIdx.x; }
+  __device__ static int worker() { return threadIdx.x * kCluster + int(cg::this_cluster().block_rank()); }
+  __device__ static int count() { return kCluster * blockDim.x; }
+  __device__ static void sync() { cg::this_cluster().sync(); }
+  __device__ static unsigned add(unsigned* at, unsigned value) { return atomicAdd(at, value); }
+  __device__ static void sort(int32_t* order, int64_t n, const float* p) {
+    dflash::decide_detail::bitonic_sort<ClusterThreads>(order, n, p);
+  }
+};
+
+}  // namespace
+
+// dflash_target_tokens with a cluster of kCluster blocks per (row, position), for few positions: one
+// block's SM alone takes ~40 us a pass over a 152k-token row, so one row's sampled verify of 16 left
+// all but 16 SMs idle. The same rules (decide.h over ClusterThreads), the same tokens.
+// Launch: grid = (number of rows x kCluster, positions), block = kThreads; SM 9.0 and later.
+extern "C" __global__ void __cluster_dims__(dflash::kDecideCluster, 1, 1) __launch_bounds__(kThreads)
+    dflash_target_tokens_wide(const float* logits, int64_t vocab, const dflash::DecideRow* rows, const int64_t* drafts,
+                              dflash::DraftQ drafter, float* probs, int32_t* order, int32_t* tokens) {
+  __shared__ float values[kThreads];
+  __shared__ int64_t indices[kThreads];
+  __shared__ dflash::RowShared local;
+  __shared__ float cluster_values[kCluster];
+  __shared__ int64_t cluster_indices[kCluster];
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank());
+  const int64_t b = blockIdx.x / kCluster, j = blockIdx.y, at = b * int64_t(gridDim.y) + j;
+  const dflash::DecideRow row = rows[b];
+  if (j > row.num_drafts) return;  // the same for the whole cluster
+  const float* logits_row = logits + (row.first + j) * vocab;
+  int64_t token;
+  if (row.sampling.greedy()) {  // each block's argmax over its share, then block 0's thread 0 over theirs
+    const int64_t mine = block_argmax(logits_row, vocab, int64_t(rank) * blockDim.x, kCluster * blockDim.x, values,
+                                      indices);
+    if (threadIdx.x == 0) {
+      cluster.map_shared_rank(cluster_values, 0)[rank] = mine >= 0 ? logits_row[mine] : 0.0f;
+      cluster.map_shared_rank(cluster_indices, 0)[rank] = mine;
+    }
+    cluster.sync();  // block 0's shared memory is written by every block, and read after this alone
+    if (rank != 0 || threadIdx.x != 0) return;
+    token = -1;
+    float best = 0.0f;
+    for (int r = 0; r < kCluster; ++r)
+      if (beats(cluster_values[r], cluster_indices[r], best, token)) {
+        best = cluster_values[r];
+        token = cluster_indices[r];
+      }
+    if (j < row.num_drafts && token == drafts[row.drafts + j]) token = -1;
+  } else {
+    dflash::RowShared& shared = *cluster.map_shared_rank(&local, 0);
+    token = sampled_token<ClusterThreads>(logits_row, vocab, row, j, drafts, drafter, probs + at * vocab,
+                                          order + at * vocab, shared);
+    cluster.sync();  // block 0 stays until every block is done with its shared memory
+    if (rank != 0) return;
+  }
+  if (threadIdx.x == 0) tokens[at] = int32_t(token);
+}
+#endif
 
 // rows[b] -> out[b], from what their positions decided (dflash_target_tokens): the drafts kept up to
 // the first position that emits a token of its own. Launch: grid = number of rows, block = 1 thread.

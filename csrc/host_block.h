@@ -16,6 +16,8 @@ namespace dflash {
 
 struct HostBlock {
   static int id() { return id_; }
+  // the chunk walkers in reverse: like a cluster's (decide_kernel.cu), not the ids' order
+  static int worker() { return count_ - 1 - id_; }
   static int count() { return count_; }
   static void sync() { pthread_barrier_wait(&barrier_); }  // a full memory barrier, as __syncthreads
   static unsigned add(unsigned* at, unsigned value) { return __atomic_fetch_add(at, value, __ATOMIC_SEQ_CST); }

@@ -19,10 +19,10 @@ def counted(driver, name: str) -> int:
     return counter()
 
 
-def mixed_batch(llm, max_batch: int = 4, **runner) -> list[list[int]]:
+def mixed_batch(llm, max_batch: int = 4, block_size: int = 4, **runner) -> list[list[int]]:
     """Each prompt with its own PARAMS, all in one batch (max_batch 4) or rows joining as others end;
     `runner`: more of BatchRunner's arguments (a static capacity)."""
-    runner = BatchRunner(llm, max_batch=max_batch, block_size=4, **runner)
+    runner = BatchRunner(llm, max_batch=max_batch, block_size=block_size, **runner)
     requests = [runner.prepare(p, params) for p, params in zip(PROMPTS, PARAMS)]
     for request in requests:
         runner.submit(request)

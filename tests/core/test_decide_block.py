@@ -31,6 +31,17 @@ def test_the_block_code_gives_the_hosts_probabilities_on_any_thread_count(core, 
             assert np.array_equal(got, core.target_probs(row[None], sampling)[0])
 
 
+@pytest.mark.parametrize("params", [PARAMS[3], PARAMS[4]], ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_the_block_code_gives_the_hosts_probabilities_with_more_threads_than_a_block(core, params):
+    """More threads than a CUDA block holds, as the cluster kernel runs it on a GPU (8 blocks of 512):
+    600 here, not a multiple of the maximum's fold (the chunk walkers, as in every block test here, numbered in
+    reverse of the ids)."""
+    sampling = core.SamplingParams(**params)
+    for row in rows(11, 1537, count=1):
+        got = core.block_probs(row[None], sampling, 600)
+        assert np.array_equal(got, core.target_probs(row[None], sampling)[0])
+
+
 @pytest.mark.parametrize("threads", [1, 7, 64])
 @pytest.mark.parametrize("params", PARAMS[:6], ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
 def test_the_block_code_decides_what_the_host_decides(core, params, threads):
@@ -115,5 +126,5 @@ def test_the_block_comparison_can_fail(core):
 def test_a_thread_count_past_the_blocks_is_one_line(core):
     from dflash_trt.errors import DFlashError
 
-    with pytest.raises(DFlashError, match=r"threads must be in \[1, 512\]"):
-        core.block_probs(np.zeros((1, 4), np.float32), core.SamplingParams(temperature=1.0), 513)
+    with pytest.raises(DFlashError, match=r"threads must be in \[1, 4096\]"):
+        core.block_probs(np.zeros((1, 4), np.float32), core.SamplingParams(temperature=1.0), 4097)

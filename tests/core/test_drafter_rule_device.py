@@ -10,42 +10,13 @@ tokens, alone and batched, for a drafter with a draft vocabulary and for a DFlas
 kernels' block code equals the host rules is tests/core/test_decide_block.py's; the kernels themselves on
 a GPU are the `gpu` tests' (tests/core/test_torch_graph_executor_gpu.py)."""
 
-import ctypes
-
 import pytest
 from factories import make_dflash2_drafter, make_target
+from fake_cuda_core import FakeCudaCore
 from seeded_batches import PARAMS, PROMPTS, counted, mixed_batch
 
 from dflash_trt import LLM
 from dflash_trt.runtime import torch_graphs
-
-
-class FakeCudaCore:
-    """dflash_trt._core as torch_executor uses it, but every executor it makes is on the fake CUDA device."""
-
-    HAS_CUDA_DEVICE = True
-
-    def __init__(self, core, driver):
-        self.core, self.driver = core, driver
-
-    def PyGraphExecutor(self, config, graphs, device):
-        config.driver_path = str(self.driver)
-        graphs.use_stream = lambda handle: None  # the graphs run on the CPU, over the fake's host memory
-        flush = ctypes.CDLL(str(self.driver)).fake_cuda_flush  # the stream's queued work, run in order
-        open_graph = graphs.open
-        graphs.open = lambda name: OnTheStream(open_graph(name), flush)
-        return self.core.PyGraphExecutor(config, graphs, "cuda")
-
-
-class OnTheStream:
-    """A graph whose run follows the work queued on the fake stream before it, as a GPU's would."""
-
-    def __init__(self, graph, flush):
-        self.graph, self.flush = graph, flush
-
-    def run(self, what, inputs, outputs):
-        self.flush()
-        self.graph.run(what, inputs, outputs)
 
 
 def small_pairs(tmp_path, tiny_pairs):

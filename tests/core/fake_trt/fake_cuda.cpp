@@ -12,7 +12,9 @@
 // thread, as the real driver's do. fake_cuda_live() counts live allocations (device and pinned host),
 // so a test can see that an executor frees every buffer it made; fake_cuda_unpinned_copies() counts
 // host <-> device copies whose host side is not page-locked memory from cuMemHostAlloc;
-// fake_cuda_draft_draws() and fake_cuda_drafter_positions() count the drafter rule's work on the device.
+// fake_cuda_draft_draws() and fake_cuda_drafter_positions() count the drafter rule's work on the device;
+// fake_cuda_block_launches() and fake_cuda_wide_launches() the target-token launches in the one-block and
+// the cluster form (this fake plays a GPU of SM 9.0 or later, which has both).
 #include <cuda.h>
 
 #include <atomic>
@@ -38,6 +40,8 @@ std::map<const char*, size_t> pinned;
 std::atomic<long> unpinned_copies{0};
 // the drafter rule on the "device": draft-kernel launches, and verify positions decided by its test
 std::atomic<long> draft_draws{0}, drafter_positions{0};
+// launches of the target-token kernel in its one-block and its cluster form
+std::atomic<long> block_launches{0}, wide_launches{0};
 bool is_pinned(const void* p, size_t bytes) {
   std::lock_guard<std::mutex> hold(pinned_lock);
   auto at = pinned.upper_bound(static_cast<const char*>(p));
@@ -73,6 +77,8 @@ EXPORT long fake_cuda_unpinned_copies() { return unpinned_copies.load(); }
 EXPORT void fake_cuda_flush() { flush(); }
 EXPORT long fake_cuda_draft_draws() { return draft_draws.load(); }
 EXPORT long fake_cuda_drafter_positions() { return drafter_positions.load(); }
+EXPORT long fake_cuda_wide_launches() { return wide_launches.load(); }
+EXPORT long fake_cuda_block_launches() { return block_launches.load(); }
 EXPORT CUresult cuInit(unsigned int) { return CUDA_SUCCESS; }
 EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
   *device = ordinal;
@@ -177,6 +183,7 @@ EXPORT CUresult cuGetErrorString(CUresult, const char** message) {
 namespace {
 int module_image;  // the one module: whatever image is loaded, its functions are the core's kernels
 int tokens_function;
+int tokens_wide_function;  // dflash_target_tokens_wide: this fake plays a GPU of SM 9.0 or later
 int decide_function;
 int logprobs_function;
 int draw_function;
@@ -194,6 +201,8 @@ EXPORT CUresult cuModuleUnload(CUmodule) { return CUDA_SUCCESS; }
 EXPORT CUresult cuModuleGetFunction(CUfunction* function, CUmodule, const char* name) {
   if (std::strcmp(name, "dflash_target_tokens") == 0)
     *function = reinterpret_cast<CUfunction>(&tokens_function);
+  else if (std::strcmp(name, "dflash_target_tokens_wide") == 0)
+    *function = reinterpret_cast<CUfunction>(&tokens_wide_function);
   else if (std::strcmp(name, "dflash_decide_rows") == 0)
     *function = reinterpret_cast<CUfunction>(&decide_function);
   else if (std::strcmp(name, "dflash_draw_drafts") == 0)
@@ -212,9 +221,15 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
                                unsigned, unsigned, unsigned, CUstream, void** args, void**) {
   NEEDS_CONTEXT;
   if (grid_z != 1) return CUDA_ERROR_INVALID_VALUE;
-  if (function == reinterpret_cast<CUfunction>(&tokens_function)) {
+  const bool wide = function == reinterpret_cast<CUfunction>(&tokens_wide_function);
+  if (wide && grid_x % dflash::kDecideCluster != 0) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+  if (wide) ++wide_launches;
+  if (function == reinterpret_cast<CUfunction>(&tokens_function)) ++block_launches;
+  if (function == reinterpret_cast<CUfunction>(&tokens_function) || wide) {
     // dflash_target_tokens(logits, vocab, rows, drafts, drafter, probs, order, tokens): block (b, j) ->
-    // tokens[b * grid_y + j], -1 where draft j is kept
+    // tokens[b * grid_y + j], -1 where draft j is kept; dflash_target_tokens_wide: the same from a cluster
+    // of kDecideCluster blocks (b * kDecideCluster + rank, j)
+    const unsigned count = wide ? grid_x / dflash::kDecideCluster : grid_x;
     const float* logits = *static_cast<const float**>(args[0]);
     const int64_t vocab = *static_cast<int64_t*>(args[1]);
     const dflash::DecideRow* rows = *static_cast<const dflash::DecideRow**>(args[2]);
@@ -224,7 +239,7 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
     int32_t* order = *static_cast<int32_t**>(args[6]);
     int32_t* tokens = *static_cast<int32_t**>(args[7]);
     enqueue([=] {  // runs when the stream gets to it
-      for (unsigned b = 0; b < grid_x; ++b)
+      for (unsigned b = 0; b < count; ++b)
         for (unsigned j = 0; j < grid_y; ++j) {
           const dflash::DecideRow& row = rows[b];
           if (j > row.num_drafts) continue;
