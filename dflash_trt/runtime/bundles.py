@@ -25,7 +25,7 @@ def _fingerprint(path: Path) -> list:
 
 
 def bundle_key(target: str, draft: str, flavour: str = "slots", capacity: int | None = None,
-               quant: str | None = None, draft_quant: str | None = None) -> str:
+               quant: str | None = None, draft_quant: str | None = None, draft_distribution: bool | None = None) -> str:
     """`<pair>-g<graphs revision>`: the pair's files and the export's settings, then what the exporter
     writes for them (a new revision exports afresh; `forget_other_revisions` removes the old export)."""
     target_dir = Path(resolve_target(target))
@@ -35,6 +35,7 @@ def bundle_key(target: str, draft: str, flavour: str = "slots", capacity: int | 
         "capacity": capacity,
         **({"quant": quant} if quant else {}),
         **({"draft_quant": draft_quant} if draft_quant else {}),
+        **({"draft_distribution": draft_distribution} if draft_distribution is not None else {}),
         "target": _fingerprint(target_dir) if target_dir.is_dir() else target,
         "draft": _fingerprint(Path(draft)),
     }
@@ -53,11 +54,14 @@ def forget_other_revisions(root: Path, key: str) -> None:
 
 
 def cached_bundle(target: str, draft: str, flavour: str = "slots", capacity: int | None = None,
-                  quant: str | None = None, draft_quant: str | None = None) -> Path:
+                  quant: str | None = None, draft_quant: str | None = None,
+                  draft_distribution: bool | None = None) -> Path:
     """The pair's bundle of `flavour` (slots: for the C++ onnxruntime executor; slots-trt, with its
     static `capacity`: for TensorRT engines), its target's and drafter's weights quantized as `quant`
-    and `draft_quant` name (export/quantize.py), exported at first use."""
-    out = embedded.cache_root() / "bundles" / bundle_key(target, draft, flavour, capacity, quant, draft_quant)
+    and `draft_quant` name (export/quantize.py), its draft block graph returning the drafter's
+    distribution as `draft_distribution` says (None: the flavour's default), exported at first use."""
+    key = bundle_key(target, draft, flavour, capacity, quant, draft_quant, draft_distribution)
+    out = embedded.cache_root() / "bundles" / key
     if (out / "bundle.json").is_file():
         return out
     from dflash_trt.export.bundle import export_bundle
@@ -69,17 +73,17 @@ def cached_bundle(target: str, draft: str, flavour: str = "slots", capacity: int
     drafter = load_drafter(draft)
     validate_pair(target_model, drafter.config, tokenizer, load_tokenizer(draft))
     bundle = export_bundle(target_model, drafter, tokenizer, out, flavour=flavour, force=True, capacity=capacity,
-                           quant=quant, draft_quant=draft_quant)
+                           quant=quant, draft_quant=draft_quant, draft_distribution=draft_distribution)
     forget_other_revisions(out.parent, out.name)
     return bundle
 
 
 def cached_engines(target: str, draft: str, capacity: int, max_batch: int, quant: str | None = None,
-                   draft_quant: str | None = None) -> Path:
+                   draft_quant: str | None = None, draft_distribution: bool | None = None) -> Path:
     """`LLM(..., backend="tensorrt")` from checkpoints: TensorRT engines for this GPU and the C++
     TensorRT executor, built once from a cached slots-trt bundle of KV slots of `capacity` tokens, for
     up to `max_batch` rows, into the user cache (keyed by the bundle, the rows and the GPU's compute
-    capability)."""
+    capability); `draft_distribution`: as cached_bundle's (the drafter rule needs it)."""
     from dflash_trt.engines.machine import gpu_compute_capability
     from dflash_trt.errors import DFlashError
 
@@ -87,14 +91,14 @@ def cached_engines(target: str, draft: str, capacity: int, max_batch: int, quant
     if gpu is None:
         raise DFlashError("backend 'tensorrt' runs TensorRT engines on an NVIDIA GPU, and none is visible here: "
                           "use backend 'onnxruntime' or 'torch'")
-    key = bundle_key(target, draft, "slots-trt", capacity, quant, draft_quant)
+    key = bundle_key(target, draft, "slots-trt", capacity, quant, draft_quant, draft_distribution)
     out = embedded.cache_root() / "engines" / f"{key}-b{max_batch}-sm{gpu.replace('.', '')}"
     if (out / "engine.json").is_file():
         return out
     from dflash_trt.engines.build import build_engines
     from dflash_trt.engines.config import BuildConfig
 
-    source = cached_bundle(target, draft, "slots-trt", capacity, quant, draft_quant)
+    source = cached_bundle(target, draft, "slots-trt", capacity, quant, draft_quant, draft_distribution)
     build_engines(source, out, BuildConfig(engine="tensorrt", max_batch=max_batch, max_seq_len=capacity,
                                                  force=True))
     forget_other_revisions(out.parent, key)

@@ -59,6 +59,18 @@ def _check_block_size(block_size) -> None:
         raise DFlashError(f"block_size must be an integer >= 2, got {block_size!r}")
 
 
+def _check_draft_rule(rule: str, adaptive: bool) -> None:
+    """The draft rule's checks that need no graphs: one line before anything loads, exports or builds."""
+    from dflash_trt.runtime.ort_executor import draft_rule_refusal
+
+    refusal = draft_rule_refusal(rule, None)
+    if refusal:
+        raise DFlashError(refusal)
+    if rule == "drafter" and adaptive:
+        raise DFlashError("draft_rule 'drafter' needs a fixed block_size: its tokens depend on where each block "
+                          "starts, so blocks chosen per step would make a seeded request's tokens depend on its batch")
+
+
 def torch_placement(device: str | None, dtype: str | None):
     """(torch.device, torch.dtype) of the torch backend's models; one line for anything else."""
     import torch
@@ -107,6 +119,7 @@ class LLM:
             raise DFlashError(f"draft_quant must be one of {', '.join(DRAFT_QUANTS)}, on backend onnxruntime or "
                               f"tensorrt; got draft_quant={draft_quant!r} on backend '{backend}'")
         _check_block_size(block_size)
+        _check_draft_rule(draft_rule, adaptive=block_size is None)
         self._batching(max_batch, capacity, prefill_chunk)
         # PyTorch model code is imported here, on the torch path only: from_bundle never loads it.
         from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, resolve_draft
@@ -133,7 +146,9 @@ class LLM:
             if backend == "onnxruntime":
                 bundle = cached_bundle(target, draft, quant=quant, draft_quant=draft_quant)
             else:
-                bundle = cached_engines(target, draft, capacity, max_batch, quant, draft_quant)
+                # the drafter rule draws from the draft block's distribution: slots-trt exports it when asked
+                bundle = cached_engines(target, draft, capacity, max_batch, quant, draft_quant,
+                                        draft_distribution=True if draft_rule == "drafter" else None)
             self._load_bundle(bundle, block_size, max_batch)
             self._set_draft_rule(draft_rule)
             return
@@ -195,14 +210,12 @@ class LLM:
         from dflash_trt.runtime.ort_executor import draft_rule_refusal
 
         self.draft_rule = rule
+        _check_draft_rule(rule, self.adaptive)
         refusal = draft_rule_refusal(rule, None if self.backend == "torch" else self._bundle.manifest)
         if refusal:
             raise DFlashError(refusal)
         if rule == "point-mass":
             return
-        if self.adaptive:
-            raise DFlashError("draft_rule 'drafter' needs a fixed block_size: its tokens depend on where each block "
-                              "starts, so blocks chosen per step would make a seeded request's tokens depend on its batch")
         if self.backend == "torch" and not self.has_drafter:
             raise DFlashError("draft_rule 'drafter' needs a drafter")
 

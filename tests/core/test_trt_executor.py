@@ -253,23 +253,30 @@ def fake_build(library: str):
     return build
 
 
-def tensorrt_engines(bundle: Path, out: Path, ort, fakes, monkeypatch) -> Path:
-    """`build --engine tensorrt` of `bundle` (3 rows, 64 tokens) with the fake builder, opened from then
-    on by LLM on the fake libnvinfer and CUDA driver -> the engine bundle."""
+def fake_tensorrt(ort, fakes, monkeypatch) -> None:
+    """From here on, as on an SM 9.0 GPU with TensorRT: engines are built by the fake builder and opened on
+    the fake libnvinfer and CUDA driver."""
     import types
 
-    from dflash_trt.engines import build as build_module
     from dflash_trt.engines import machine, trt_engine
-    from dflash_trt.engines.config import BuildConfig
 
     fake = types.ModuleType("tensorrt")  # the builder is faked below; build_engines reads the version
     fake.__version__ = "10.99.0-fake"  # 10.x, as the headers
     monkeypatch.setitem(__import__("sys").modules, "tensorrt", fake)
     monkeypatch.setattr(machine, "gpu_compute_capability", lambda: "9.0")
     monkeypatch.setattr(trt_engine, "build_trt_graph", fake_build(str(ort.onnxruntime_library())))
-    build_module.build_engines(bundle, out, BuildConfig(engine="tensorrt", max_batch=3, max_seq_len=64))
     monkeypatch.setattr(ort.SlotBundle, "cuda_driver", str(fakes[1]))
     monkeypatch.setattr(ort, "tensorrt_library", lambda major: str(fakes[0]))
+
+
+def tensorrt_engines(bundle: Path, out: Path, ort, fakes, monkeypatch) -> Path:
+    """`build --engine tensorrt` of `bundle` (3 rows, 64 tokens) with the fake builder, opened from then
+    on by LLM on the fake libnvinfer and CUDA driver -> the engine bundle."""
+    from dflash_trt.engines import build as build_module
+    from dflash_trt.engines.config import BuildConfig
+
+    fake_tensorrt(ort, fakes, monkeypatch)
+    build_module.build_engines(bundle, out, BuildConfig(engine="tensorrt", max_batch=3, max_seq_len=64))
     return out
 
 
@@ -368,3 +375,32 @@ def test_the_drafter_rule_on_tensorrt_engines_gives_the_onnxruntime_executors_se
     need = "selector_scores" if kind == "dflash2" else "draft_logits"
     with pytest.raises(DFlashError, match=f"needs the draft block graph's {need}.*--draft-distribution"):
         LLM.from_bundle(engines, block_size=4, draft_rule="drafter")
+
+
+def test_llm_on_tensorrt_from_checkpoints_exports_what_the_drafter_rule_draws_from(core, ort, fakes, tiny_pairs,
+                                                                                  tmp_path, monkeypatch):
+    """LLM(target, draft, backend="tensorrt", draft_rule="drafter"): the cached slots-trt export returns the
+    draft block's distribution (an export of its own in the cache: point mass keeps the default without it),
+    built into (fake) engines; it gives the seeded tokens of that bundle on the onnxruntime executor. A
+    drafter rule with adaptive blocks is refused before anything is exported."""
+    from seeded_batches import mixed_batch
+
+    from dflash_trt import LLM
+    from dflash_trt.runtime.bundles import bundle_key
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    fake_tensorrt(ort, fakes, monkeypatch)
+    target, draft = map(str, tiny_pairs["llama"])
+    with pytest.raises(DFlashError, match="draft_rule 'drafter' needs a fixed block_size"):
+        LLM(target, draft, backend="tensorrt", draft_rule="drafter", capacity=64, max_batch=3)
+    assert not (tmp_path / "cache").exists()
+
+    device = LLM(target, draft, block_size=4, backend="tensorrt", draft_rule="drafter", capacity=64, max_batch=3)
+    assert device.backend == "tensorrt"
+    bundle = tmp_path / "cache" / "dflash-trt" / "bundles" / bundle_key(target, draft, "slots-trt", 64,
+                                                                        draft_distribution=True)
+    host = LLM.from_bundle(bundle, block_size=4, max_batch=3, capacity=64, draft_rule="drafter")
+    assert mixed_batch(device, max_batch=3, capacity=64) == mixed_batch(host, max_batch=3, capacity=64)
+
+    LLM(target, draft, block_size=4, backend="tensorrt", capacity=64, max_batch=3)  # point mass: the default export
+    assert len(list((tmp_path / "cache" / "dflash-trt" / "bundles").iterdir())) == 2
