@@ -76,6 +76,8 @@ setup(
         Pybind11Extension(
             "dflash_trt._core",
             sorted(f for f in glob("csrc/*.cpp") if compiled(f)),
+            # a header or kernel edit rebuilds the module too (setuptools compares only these dates)
+            depends=sorted(glob("csrc/*.h") + glob("csrc/*.cu")),
             include_dirs=["csrc"] + ([str(ORT_HEADERS)] if WITH_ORT else []) + ([str(CUDA_HEADERS)] if WITH_CUDA else [])
             + ([str(TRT_HEADERS)] if WITH_TRT else []) + ([str(GENERATED)] if WITH_DEVICE_DECIDE else []),
             define_macros=[("DFLASH_WITH_ORT", "1")] * WITH_ORT + [("DFLASH_WITH_CUDA", "1")] * WITH_CUDA

@@ -177,8 +177,10 @@ PYBIND11_MODULE(_core, m) {
   };
   m.def(
       "block_probs",
-      [block_threads](const FloatArray& logits, const SamplingParams& params, int threads, double margin) {
+      [block_threads](const FloatArray& logits, const SamplingParams& params, int threads, double margin, int blocks) {
         block_threads(threads);
+        if (blocks < 1 || threads % blocks != 0)
+          throw Error("blocks must divide threads, got " + std::to_string(blocks) + " blocks of " + std::to_string(threads));
         params.validate();
         if (params.greedy()) throw Error("block_probs needs temperature > 0");
         int64_t vocab = 0;
@@ -186,13 +188,16 @@ PYBIND11_MODULE(_core, m) {
         FloatArray probs({py::ssize_t(vocab)});
         std::vector<int32_t> order(vocab);
         RowShared shared;
-        HostBlock::run(threads, [&] {
-          probs_row_by<HostBlock>(in, vocab, params, probs.mutable_data(), order.data(), shared, margin);
-        });
+        HostBlock::run(
+            threads,
+            [&] { probs_row_by<HostBlock>(in, vocab, params, probs.mutable_data(), order.data(), shared, margin); },
+            blocks);
         return probs;
       },
       py::arg("logits"), py::arg("params"), py::arg("threads"), py::arg("margin") = kNucleusMargin,
-      "logits [1, vocab] -> probs [vocab]; `margin`: the nucleus candidates' mass past top_p (tests).");
+      py::arg("blocks") = 1,
+      "logits [1, vocab] -> probs [vocab]; `margin`: the nucleus candidates' mass past top_p; `blocks`: the "
+      "threads split as a cluster's blocks, each adding its radix bins apart (tests).");
   auto logprob_list = [](const std::vector<TokenLogprob>& entries) {
     py::list out;
     for (const TokenLogprob& e : entries) out.append(py::make_tuple(e.token, e.logprob));

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
@@ -103,6 +104,8 @@ CudaDevice::CudaDevice(const std::string& driver_path, const std::string& who)
   check(driver_->retain(&context_, device), "retaining GPU 0's primary context");
   check(driver_->set_current(context_), "making GPU 0's context current");
   check(driver_->stream_create(&stream_, CU_STREAM_NON_BLOCKING), "creating a stream");
+  // scripts/decide_bench.py times both forms of the target-token kernel at the same rows through this
+  if (const char* pairs = std::getenv("DFLASH_DECIDE_WIDE_PAIRS")) wide_pairs_ = std::atoll(pairs);
 }
 
 CudaDevice::~CudaDevice() {
@@ -240,7 +243,7 @@ void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* row
   DraftQ q = drafter;
   void* token_args[] = {&logits, &vocab, &rows, &drafts, &q, &probs, &ids, &tokens};
   // Few (row, position) pairs leave most SMs idle with a block each: a cluster of blocks each then.
-  const bool wide = tokens_wide_ && count * positions <= kWidePairs;
+  const bool wide = tokens_wide_ && count * positions <= wide_pairs_;
   check(driver_->launch(wide ? tokens_wide_ : tokens_, unsigned(count * (wide ? kDecideCluster : 1)),
                         unsigned(positions), 1, kDecideThreads, 1, 1, 0, stream_, token_args, nullptr),
         "launching the target-token kernel");

@@ -66,6 +66,7 @@ class CudaDevice final : public Device {
   CUmodule module_ = nullptr;  // the decision kernels', loaded at the first decide
   CUfunction tokens_ = nullptr;
   CUfunction tokens_wide_ = nullptr;  // null where the GPU's image lacks it (before SM 9.0)
+  int64_t wide_pairs_ = kWidePairs;  // DFLASH_DECIDE_WIDE_PAIRS overrides it (benchmarks)
   CUfunction decide_ = nullptr;
   CUfunction logprobs_ = nullptr;
   CUfunction draw_ = nullptr;

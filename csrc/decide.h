@@ -89,9 +89,21 @@ struct RowShared {
   int draw_chunk;
 };
 
+// The radix passes' bins of a policy whose threads share one RowShared (the host; a CUDA block): every
+// add goes to s.bins. A cluster's blocks (decide_kernel.cu) add into bins of their own and gather them
+// into s.bins once a pass, instead of one add to another SM's shared memory per run of values.
+template <class Threads>
+struct SharedBins {
+  DFLASH_HD static unsigned (*bins(RowShared& s))[256] { return s.bins; }
+  DFLASH_HD static void clear_bins(RowShared& s, int ways) {
+    for (int b = Threads::id(); b < 256 * ways; b += Threads::count()) s.bins[b / 256][b % 256] = 0;
+  }
+  DFLASH_HD static void gather_bins(RowShared&, int) {}  // callers sync after it
+};
+
 // One thread: the host. A policy's worker() numbers the threads that walk the fixed chunks (the
 // loops over kChunks): id() here; a cluster interleaves its blocks so the walks spread over its SMs.
-struct HostThreads {
+struct HostThreads : SharedBins<HostThreads> {
   DFLASH_HD static int id() { return 0; }
   DFLASH_HD static int worker() { return 0; }
   DFLASH_HD static int count() { return 1; }
@@ -217,8 +229,9 @@ DFLASH_HD void radix_select_ways(const float* values, int64_t vocab, const doubl
       s.remaining[w] = need[w];
     }
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = Threads::id(); b < 256 * Ways; b += Threads::count()) s.bins[b / 256][b % 256] = 0;
+    Threads::clear_bins(s, Ways);
     Threads::sync();
+    unsigned (*bins)[256] = Threads::bins(s);
     const uint32_t high = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
     // A thread adds a run of its values that share a bin at once: a near-flat row puts nearly every
     // value in one bin, and one shared-memory atomic per value serialised the whole block on it.
@@ -232,7 +245,7 @@ DFLASH_HD void radix_select_ways(const float* values, int64_t vocab, const doubl
     }
     auto flush = [&](int w) {
       if (run_bin[w] < 256)
-        Threads::add(&s.bins[w][run_bin[w]], mass ? unsigned(run[w] * kMassScale + 0.5) : unsigned(run[w]));
+        Threads::add(&bins[w][run_bin[w]], mass ? unsigned(run[w] * kMassScale + 0.5) : unsigned(run[w]));
       run[w] = 0.0;
     };
     strided<Threads>(values, vocab, [&](int64_t, float value) {
@@ -248,6 +261,7 @@ DFLASH_HD void radix_select_ways(const float* values, int64_t vocab, const doubl
       }
     });
     for (int w = 0; w < Ways; ++w) flush(w);
+    Threads::gather_bins(s, Ways);
     Threads::sync();
     if (Threads::id() == 0)
       for (int w = 0; w < Ways; ++w) {

@@ -22,7 +22,7 @@ constexpr int kThreads = 512;
 static_assert(kThreads <= dflash::kMaxThreads, "RowShared.partial holds a value per thread");
 
 // decide.h's Threads policy for a CUDA block.
-struct BlockThreads {
+struct BlockThreads : dflash::SharedBins<BlockThreads> {
   __device__ static int id() { return threadIdx.x; }
   __device__ static int worker() { return threadIdx.x; }
   __device__ static int count() { return blockDim.x; }
@@ -138,9 +138,15 @@ namespace cg = cooperative_groups;
 constexpr int kCluster = dflash::kDecideCluster;
 static_assert(kCluster * kThreads <= dflash::kMaxThreads, "RowShared.partial holds a value per cluster thread");
 
+// Each block's own RowShared: block 0's is the cluster's shared state (every block reaches it through
+// distributed shared memory); the others' hold only their radix bins.
+__shared__ dflash::RowShared cluster_local;
+
 // decide.h's Threads policy for a cluster of kCluster blocks: their threads numbered block after block
 // (a strided pass's neighbours read neighbouring memory), the chunk walkers interleaved across the blocks,
-// cluster-wide barriers, and the shared state of block 0 (distributed shared memory) for all.
+// cluster-wide barriers, and the shared state of block 0 for all. A radix pass adds into each block's own
+// bins (block 0's are the shared ones), gathered into block 0's after the pass: a near-flat row's runs are
+// short, and one add to another SM's shared memory per run left the passes no faster than a block's.
 struct ClusterThreads {
   __device__ static int id() { return int(cg::this_cluster().block_rank()) * blockDim.x + threadIdx.x; }
   __device__ static int worker() { return threadIdx.x * kCluster + int(cg::this_cluster().block_rank()); }
@@ -149,6 +155,16 @@ struct ClusterThreads {
   __device__ static unsigned add(unsigned* at, unsigned value) { return atomicAdd(at, value); }
   __device__ static void sort(int32_t* order, int64_t n, const float* p) {
     dflash::decide_detail::bitonic_sort<ClusterThreads>(order, n, p);
+  }
+  __device__ static unsigned (*bins(dflash::RowShared&))[256] { return cluster_local.bins; }
+  __device__ static void clear_bins(dflash::RowShared&, int ways) {
+    for (int b = threadIdx.x; b < 256 * ways; b += blockDim.x) cluster_local.bins[b / 256][b % 256] = 0;
+  }
+  __device__ static void gather_bins(dflash::RowShared& s, int ways) {
+    sync();  // every block's adds are in
+    if (cg::this_cluster().block_rank() == 0) return;
+    for (int b = threadIdx.x; b < 256 * ways; b += blockDim.x)
+      if (const unsigned value = cluster_local.bins[b / 256][b % 256]) atomicAdd(&s.bins[b / 256][b % 256], value);
   }
 };
 
@@ -163,7 +179,6 @@ extern "C" __global__ void __cluster_dims__(dflash::kDecideCluster, 1, 1) __laun
                               dflash::DraftQ drafter, float* probs, int32_t* order, int32_t* tokens) {
   __shared__ float values[kThreads];
   __shared__ int64_t indices[kThreads];
-  __shared__ dflash::RowShared local;
   __shared__ float cluster_values[kCluster];
   __shared__ int64_t cluster_indices[kCluster];
   const cg::cluster_group cluster = cg::this_cluster();
@@ -191,7 +206,7 @@ extern "C" __global__ void __cluster_dims__(dflash::kDecideCluster, 1, 1) __laun
       }
     if (j < row.num_drafts && token == drafts[row.drafts + j]) token = -1;
   } else {
-    dflash::RowShared& shared = *cluster.map_shared_rank(&local, 0);
+    dflash::RowShared& shared = *cluster.map_shared_rank(&cluster_local, 0);
     token = sampled_token<ClusterThreads>(logits_row, vocab, row, j, drafts, drafter, probs + at * vocab,
                                           order + at * vocab, shared);
     cluster.sync();  // block 0 stays until every block is done with its shared memory

@@ -8,12 +8,18 @@ what random-weight models give) and "peaked" (normal x 3 with one token holding 
 every other position, as a trained model's rows often are).
 
     python3 scripts/decide_bench.py [--device cuda] [--vocab 151936] [--rows 1,8,32] [--block 16] [--json out.json]
+        [--wide-pairs 0,16]
+
+--wide-pairs times the target-token decisions with each limit on the (row, position) pairs a cluster of
+blocks decides (csrc/cuda_device.cpp: 0, a block per pair always; the default 16): both forms at the same
+rows, on a GPU of SM 9.0 or later.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -64,8 +70,11 @@ def rows_of(kind: str, rows: int, block: int, vocab: int, device: torch.device) 
     return logits
 
 
-def measure(core, kind: str, rows: int, block: int, vocab: int, device: torch.device, repeat: int) -> list[dict]:
+def measure(core, kind: str, rows: int, block: int, vocab: int, device: torch.device, repeat: int,
+            wide_pairs: int | None = None) -> list[dict]:
     table = rows_of(kind, rows, block, vocab, device)
+    if wide_pairs is not None:  # read as the executor opens its device
+        os.environ["DFLASH_DECIDE_WIDE_PAIRS"] = str(wide_pairs)
     config = core.ExecutorConfig()
     config.target_path, config.library_path = "target", "torch"
     config.max_batch, config.capacity, config.vocab = rows, 64, vocab
@@ -91,7 +100,8 @@ def measure(core, kind: str, rows: int, block: int, vocab: int, device: torch.de
             verify()
         sync()
         out.append({"rows_kind": kind, "rows": rows, "block": block, "case": name,
-                    "ms": round((time.perf_counter() - began) / repeat * 1e3, 3)})
+                    "ms": round((time.perf_counter() - began) / repeat * 1e3, 3),
+                    **({"wide_pairs": wide_pairs} if wide_pairs is not None else {})})
     return out
 
 
@@ -103,19 +113,23 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--json")
+    parser.add_argument("--wide-pairs", help="comma-separated limits on the pairs a cluster decides (default: the core's)")
     args = parser.parse_args()
     core, device = native_core(), torch.device(args.device)
-    results = [r for kind in ("flat", "peaked") for rows in map(int, args.rows.split(","))
-               for r in measure(core, kind, rows, args.block, args.vocab, device, args.repeat)]
+    limits = [int(n) for n in args.wide_pairs.split(",")] if args.wide_pairs else [None]
+    results = [r for limit in limits for kind in ("flat", "peaked") for rows in map(int, args.rows.split(","))
+               for r in measure(core, kind, rows, args.block, args.vocab, device, args.repeat, limit)]
     print(f"a verify of {args.block} tokens over {args.vocab:,} logits on {args.device}: the logits' copy and the "
           "decisions, ms per call")
-    print("| rows | kind | " + " | ".join(CASES) + " |")
-    print("|---|---|" + "---|" * len(CASES))
-    for kind in ("flat", "peaked"):
-        for rows in map(int, args.rows.split(",")):
-            cells = [next(r["ms"] for r in results if (r["rows_kind"], r["rows"], r["case"]) == (kind, rows, c))
-                     for c in CASES]
-            print(f"| {rows} | {kind} | " + " | ".join(str(c) for c in cells) + " |")
+    print("| wide pairs | rows | kind | " + " | ".join(CASES) + " |")
+    print("|---|---|---|" + "---|" * len(CASES))
+    for limit in limits:
+        for kind in ("flat", "peaked"):
+            for rows in map(int, args.rows.split(",")):
+                cells = [next(r["ms"] for r in results if (r["rows_kind"], r["rows"], r["case"], r.get("wide_pairs"))
+                              == (kind, rows, c, limit)) for c in CASES]
+                print(f"| {'default' if limit is None else limit} | {rows} | {kind} | "
+                      + " | ".join(str(c) for c in cells) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": args.device, "vocab": args.vocab, "block": args.block, "repeat": args.repeat,

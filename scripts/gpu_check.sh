@@ -126,7 +126,7 @@ else
   step step_bench 240 "$python" scripts/gpu_step_bench.py --json "$work/step_bench.json"
   step pytest_gpu 300 "$python" -m pytest -m gpu tests -q -p no:cacheprovider --continue-on-collection-errors \
     --junitxml "$work/pytest.xml"
-  step decide_bench 120 "$python" scripts/decide_bench.py --json "$work/decide_bench.json"
+  step decide_bench 120 "$python" scripts/decide_bench.py --rows 1,2,8,32 --wide-pairs 0,16 --json "$work/decide_bench.json"
   step executor_bench 240 "$python" scripts/executor_step_bench.py --profile --kernels off \
     --json "$work/executor_bench.json"
   step executor_bench_kernels 120 "$python" scripts/executor_step_bench.py --rows 1,8 --blocks 4,16 --repeat 5 \

@@ -32,13 +32,15 @@ def test_the_block_code_gives_the_hosts_probabilities_on_any_thread_count(core, 
 
 
 @pytest.mark.parametrize("params", [PARAMS[3], PARAMS[4]], ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
-def test_the_block_code_gives_the_hosts_probabilities_with_more_threads_than_a_block(core, params):
+@pytest.mark.parametrize("blocks", [1, 8])
+def test_the_block_code_gives_the_hosts_probabilities_as_a_cluster(core, params, blocks):
     """More threads than a CUDA block holds, as the cluster kernel runs it on a GPU (8 blocks of 512):
-    600 here, not a multiple of the maximum's fold (the chunk walkers, as in every block test here, numbered in
-    reverse of the ids)."""
+    600 here, not a multiple of the maximum's fold, in one group or in 8 whose radix bins are added apart
+    and gathered after each pass (the chunk walkers, as in every block test here, numbered in reverse of
+    the ids)."""
     sampling = core.SamplingParams(**params)
     for row in rows(11, 1537, count=1):
-        got = core.block_probs(row[None], sampling, 600)
+        got = core.block_probs(row[None], sampling, 600, blocks=blocks)
         assert np.array_equal(got, core.target_probs(row[None], sampling)[0])
 
 
