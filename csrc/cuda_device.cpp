@@ -222,6 +222,7 @@ void CudaDevice::load_decide_module() {
   check(driver_->module_load(&module_, kDecideKernelFatbin), "loading the decision kernel");
   check(driver_->function(&tokens_, module_, "dflash_target_tokens"), "finding the target-token kernel");
   if (driver_->function(&tokens_wide_, module_, "dflash_target_tokens_wide") != CUDA_SUCCESS) tokens_wide_ = nullptr;
+  if (driver_->function(&draw_wide_, module_, "dflash_draw_drafts_wide") != CUDA_SUCCESS) draw_wide_ = nullptr;
   check(driver_->function(&decide_, module_, "dflash_decide_rows"), "finding the decision kernel");
   check(driver_->function(&logprobs_, module_, "dflash_decided_logprobs"), "finding the logprobs kernel");
   check(driver_->function(&draw_, module_, "dflash_draw_drafts"), "finding the draft kernel");
@@ -265,8 +266,10 @@ void CudaDevice::draw_drafts(const float* scores, const int64_t* columns, int64_
   if (count == 0 || drafts == 0) return;
   DraftQ out = q;
   void* args[] = {&scores, &columns, &top_k, &rows, &ids, &out, &probs, &order, &tokens};
-  check(driver_->launch(draw_, unsigned(count), unsigned(top_k > 0 ? 1 : drafts), 1, kDecideThreads, 1, 1, 0, stream_,
-                        args, nullptr),
+  // a DFlash drafter's few draws by a cluster of blocks each, as decide's target tokens
+  const bool wide = draw_wide_ && top_k == 0 && count * drafts <= wide_pairs_;
+  check(driver_->launch(wide ? draw_wide_ : draw_, unsigned(count * (wide ? kDecideCluster : 1)),
+                        unsigned(top_k > 0 ? 1 : drafts), 1, kDecideThreads, 1, 1, 0, stream_, args, nullptr),
         "launching the draft kernel");
 }
 

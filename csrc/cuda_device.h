@@ -70,6 +70,7 @@ class CudaDevice final : public Device {
   CUfunction decide_ = nullptr;
   CUfunction logprobs_ = nullptr;
   CUfunction draw_ = nullptr;
+  CUfunction draw_wide_ = nullptr;  // as tokens_wide_
   CUmodule state_module_ = nullptr;  // the state kernels', loaded at the first partial commit
   CUfunction rebuild_delta_ = nullptr;
   CUfunction rebuild_conv_ = nullptr;

@@ -214,6 +214,24 @@ extern "C" __global__ void __cluster_dims__(dflash::kDecideCluster, 1, 1) __laun
   }
   if (threadIdx.x == 0) tokens[at] = int32_t(token);
 }
+
+// dflash_draw_drafts for a DFlash drafter (top_k 0) with a cluster of kCluster blocks per (row, draft), for
+// few pairs: the same draws (draft_row_by over ClusterThreads). The same arguments; columns and top_k unused.
+// Launch: grid = (number of rows x kCluster, the most drafts), block = kThreads; SM 9.0 and later.
+extern "C" __global__ void __cluster_dims__(dflash::kDecideCluster, 1, 1) __launch_bounds__(kThreads)
+    dflash_draw_drafts_wide(const float* scores, const int64_t*, int64_t, const dflash::DecideRow* rows,
+                            const int64_t* ids, dflash::DraftQ q, float*, int32_t* order, int64_t* tokens) {
+  const cg::cluster_group cluster = cg::this_cluster();
+  const dflash::DecideRow row = rows[blockIdx.x / kCluster];
+  const int64_t V = q.draft_vocab, j = blockIdx.y, at = row.first + j;
+  if (j >= row.num_drafts) return;  // the same for the whole cluster
+  dflash::RowShared& shared = *cluster.map_shared_rank(&cluster_local, 0);
+  const int64_t id = dflash::draft_row_by<ClusterThreads>(scores + at * V, V, row.sampling, row.stream,
+                                                          row.position + uint32_t(j), q.q + at * V, order + at * V,
+                                                          shared);
+  cluster.sync();  // block 0 stays until every block is done with its shared memory
+  if (cluster.block_rank() == 0 && threadIdx.x == 0) tokens[at] = ids ? ids[id] : id;
+}
 #endif
 
 // rows[b] -> out[b], from what their positions decided (dflash_target_tokens): the drafts kept up to

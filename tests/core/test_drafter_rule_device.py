@@ -38,6 +38,7 @@ def test_the_rule_decided_on_the_device_gives_the_host_executors_tokens(core, fa
 
     monkeypatch.setattr(torch_graphs, "native_core", lambda: FakeCudaCore(core, fake_cuda))
     draws, positions = counted(fake_cuda, "fake_cuda_draft_draws"), counted(fake_cuda, "fake_cuda_drafter_positions")
+    wide_draws = counted(fake_cuda, "fake_cuda_wide_draws")
     device = LLM(target, draft, block_size=4, backend="torch", draft_rule="drafter")
     assert mixed_batch(device) == want
     assert mixed_batch(device, max_batch=2) == want
@@ -46,6 +47,9 @@ def test_the_rule_decided_on_the_device_gives_the_host_executors_tokens(core, fa
     ran_on_device = core.HAS_DEVICE_DECIDE
     assert (counted(fake_cuda, "fake_cuda_draft_draws") > draws) == ran_on_device
     assert (counted(fake_cuda, "fake_cuda_drafter_positions") > positions) == ran_on_device
+    # a DFlash drafter's few draws (at most 16 (row, draft) pairs: all of these) by a cluster of blocks
+    # each on an SM 9.0 GPU, as the fake plays one; a DFlash2 selector's walk by a block per row
+    assert (counted(fake_cuda, "fake_cuda_wide_draws") > wide_draws) == (ran_on_device and pair == "draft-vocabulary")
 
 
 def test_the_device_comparison_can_fail(core, fake_cuda, tiny_pairs, tmp_path, monkeypatch):

@@ -14,7 +14,8 @@
 // host <-> device copies whose host side is not page-locked memory from cuMemHostAlloc;
 // fake_cuda_draft_draws() and fake_cuda_drafter_positions() count the drafter rule's work on the device;
 // fake_cuda_block_launches() and fake_cuda_wide_launches() the target-token launches in the one-block and
-// the cluster form (this fake plays a GPU of SM 9.0 or later, which has both).
+// the cluster form (this fake plays a GPU of SM 9.0 or later, which has both), fake_cuda_wide_draws() the
+// draft kernel's in the cluster form.
 #include <cuda.h>
 
 #include <atomic>
@@ -40,8 +41,8 @@ std::map<const char*, size_t> pinned;
 std::atomic<long> unpinned_copies{0};
 // the drafter rule on the "device": draft-kernel launches, and verify positions decided by its test
 std::atomic<long> draft_draws{0}, drafter_positions{0};
-// launches of the target-token kernel in its one-block and its cluster form
-std::atomic<long> block_launches{0}, wide_launches{0};
+// launches of the target-token kernel in its one-block and its cluster form; of the draft kernel's cluster form
+std::atomic<long> block_launches{0}, wide_launches{0}, wide_draws{0};
 bool is_pinned(const void* p, size_t bytes) {
   std::lock_guard<std::mutex> hold(pinned_lock);
   auto at = pinned.upper_bound(static_cast<const char*>(p));
@@ -79,6 +80,7 @@ EXPORT long fake_cuda_draft_draws() { return draft_draws.load(); }
 EXPORT long fake_cuda_drafter_positions() { return drafter_positions.load(); }
 EXPORT long fake_cuda_wide_launches() { return wide_launches.load(); }
 EXPORT long fake_cuda_block_launches() { return block_launches.load(); }
+EXPORT long fake_cuda_wide_draws() { return wide_draws.load(); }
 EXPORT CUresult cuInit(unsigned int) { return CUDA_SUCCESS; }
 EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
   *device = ordinal;
@@ -187,6 +189,7 @@ int tokens_wide_function;  // dflash_target_tokens_wide: this fake plays a GPU o
 int decide_function;
 int logprobs_function;
 int draw_function;
+int draw_wide_function;  // dflash_draw_drafts_wide
 int rebuild_delta_function;
 int rebuild_conv_function;
 }  // namespace
@@ -207,6 +210,8 @@ EXPORT CUresult cuModuleGetFunction(CUfunction* function, CUmodule, const char* 
     *function = reinterpret_cast<CUfunction>(&decide_function);
   else if (std::strcmp(name, "dflash_draw_drafts") == 0)
     *function = reinterpret_cast<CUfunction>(&draw_function);
+  else if (std::strcmp(name, "dflash_draw_drafts_wide") == 0)
+    *function = reinterpret_cast<CUfunction>(&draw_wide_function);
   else if (std::strcmp(name, "dflash_decided_logprobs") == 0)
     *function = reinterpret_cast<CUfunction>(&logprobs_function);
   else if (std::strcmp(name, "dflash_rebuild_delta") == 0)
@@ -221,11 +226,14 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
                                unsigned, unsigned, unsigned, CUstream, void** args, void**) {
   NEEDS_CONTEXT;
   if (grid_z != 1) return CUDA_ERROR_INVALID_VALUE;
-  const bool wide = function == reinterpret_cast<CUfunction>(&tokens_wide_function);
+  const bool wide = function == reinterpret_cast<CUfunction>(&tokens_wide_function) ||
+                    function == reinterpret_cast<CUfunction>(&draw_wide_function);
   if (wide && grid_x % dflash::kDecideCluster != 0) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
-  if (wide) ++wide_launches;
+  if (function == reinterpret_cast<CUfunction>(&tokens_wide_function)) ++wide_launches;
   if (function == reinterpret_cast<CUfunction>(&tokens_function)) ++block_launches;
-  if (function == reinterpret_cast<CUfunction>(&tokens_function) || wide) {
+  if (function == reinterpret_cast<CUfunction>(&draw_wide_function)) ++wide_draws;
+  if (function == reinterpret_cast<CUfunction>(&tokens_function) ||
+      function == reinterpret_cast<CUfunction>(&tokens_wide_function)) {
     // dflash_target_tokens(logits, vocab, rows, drafts, drafter, probs, order, tokens): block (b, j) ->
     // tokens[b * grid_y + j], -1 where draft j is kept; dflash_target_tokens_wide: the same from a cluster
     // of kDecideCluster blocks (b * kDecideCluster + rank, j)
@@ -261,9 +269,10 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
     });
     return CUDA_SUCCESS;
   }
-  if (function == reinterpret_cast<CUfunction>(&draw_function)) {
+  if (function == reinterpret_cast<CUfunction>(&draw_function) || wide) {
     // dflash_draw_drafts(scores, columns, top_k, rows, ids, q, probs, order, tokens): DFlash, block (b, j);
-    // DFlash2, block (b, 0) walking the row's positions
+    // DFlash2, block (b, 0) walking the row's positions; dflash_draw_drafts_wide: DFlash's from a cluster of
+    // kDecideCluster blocks (b * kDecideCluster + rank, j)
     const float* scores = *static_cast<const float**>(args[0]);
     const int64_t* columns = *static_cast<const int64_t**>(args[1]);
     const int64_t top_k = *static_cast<int64_t*>(args[2]);
@@ -274,10 +283,11 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
     int32_t* order = *static_cast<int32_t**>(args[7]);
     int64_t* tokens = *static_cast<int64_t**>(args[8]);
     const int64_t V = q.draft_vocab;
-    if (top_k > 0 && grid_y != 1) return CUDA_ERROR_INVALID_VALUE;
+    if (top_k > 0 && (grid_y != 1 || wide)) return CUDA_ERROR_INVALID_VALUE;
+    const unsigned count = wide ? grid_x / dflash::kDecideCluster : grid_x;
     ++draft_draws;
     enqueue([=] {  // runs when the stream gets to it
-      for (unsigned b = 0; b < grid_x; ++b) {
+      for (unsigned b = 0; b < count; ++b) {
         const dflash::DecideRow& row = rows[b];
         if (top_k > 0) {
           if (row.num_drafts == 0) continue;
