@@ -4,6 +4,8 @@
 // 256 experts 512 wide, top-8) against their memory-bandwidth floor: the bytes each call must move
 // at least (plugins/*/README.md), over a peak bandwidth, and their arithmetic (FLOPs), which bounds
 // the prefill shapes instead. Prints a table; --json PATH also writes it.
+// Each row also counts the kernels a call launches, and an empty kernel is timed the same way (launch_us):
+// a call cannot take less than its launches times that, however few its bytes.
 // Usage: kernel_bench [--json PATH] [--peak-tbps 3.35] [--once]. Exit 77 without a GPU.
 #include <cuda_runtime_api.h>
 
@@ -29,6 +31,7 @@ constexpr int64_t kHeads = 32, kKv = 8, kD = 128, kHidden = 4096, kBlock = 16, k
 struct Row {
   std::string op, shape;
   double bytes, micros, flops;
+  int64_t launches;  // kernels per call, as the launch functions plan them
 };
 
 // Device buffer of `bytes` filled with small bfloat16-ish values (0x3c00 = 0.0078 as bf16), never zeros.
@@ -95,7 +98,8 @@ Row inject_kv(int64_t batch, int64_t tokens) {
   const double bytes =
       kElem * double(2 * kKv * kD * kHidden + rows * kHidden + 2 * rows * kD + kD + 2 * rows * kKv * kD);
   const double flops = 2.0 * rows * kHidden * 2 * kKv * kD;
-  return {"InjectKV", "b=" + std::to_string(batch) + " n=" + std::to_string(tokens), bytes, micros, flops};
+  const int64_t launches = 2 * ((rows + dflash::InjectKVPlan::kRowsPerLaunch - 1) / dflash::InjectKVPlan::kRowsPerLaunch);
+  return {"InjectKV", "b=" + std::to_string(batch) + " n=" + std::to_string(tokens), bytes, micros, flops, launches};
 }
 
 Row block_attention(int64_t batch, int64_t context) {
@@ -119,8 +123,9 @@ Row block_attention(int64_t batch, int64_t context) {
   const double bytes =
       kElem * double(2 * batch * kHeads * kBlock * kD + 2 * batch * kKv * (kBlock + context) * kD) + 8.0 * batch;
   const double flops = 2.0 * 2 * batch * kHeads * kBlock * (context + kBlock) * kD;  // q k^T and p v
+  const int64_t launches = dflash::block_attention_plan(s, true).splits > 1 ? 2 : 1;  // the combine pass
   return {"BlockAttention", "b=" + std::to_string(batch) + " context=" + std::to_string(context), bytes, micros,
-          flops};
+          flops, launches};
 }
 
 Row gated_delta_rule(int64_t batch, int64_t tokens, int64_t states_from) {
@@ -147,7 +152,7 @@ Row gated_delta_rule(int64_t batch, int64_t tokens, int64_t states_from) {
                        4.0 * double(heads + batch * kValueHeads * state + batch * kept * kValueHeads * state);
   return {"GatedDeltaRule",
           "b=" + std::to_string(batch) + " s=" + std::to_string(tokens) + " from=" + std::to_string(states_from), bytes,
-          micros, 8.0 * heads * state};  // per head and token: decay, k^T S, the rank-1 update, q S
+          micros, 8.0 * heads * state, 1};  // per head and token: decay, k^T S, the rank-1 update, q S
 }
 
 // Random routing (normal logits), or every token routed as the first (`shared`). The floor is the
@@ -189,10 +194,13 @@ Row moe(int64_t tokens, bool shared) {
   const double bytes = kElem * 3.0 * kInter * kHiddenMoE * double(picked.size());
   const double flops = 2.0 * 3 * kInter * kHiddenMoE * tokens * kTopK;
   const std::string shape = "T=" + std::to_string(tokens) + " experts=" + std::to_string(picked.size());
-  return {"MoE", shape + (shared ? " shared" : ""), bytes, micros, flops};
+  const int64_t launches = 4 * ((tokens + dflash::kMoETokensPerLaunch - 1) / dflash::kMoETokensPerLaunch);
+  return {"MoE", shape + (shared ? " shared" : ""), bytes, micros, flops, launches};
 }
 
 }  // namespace
+
+cudaError_t launch_empty_kernel(cudaStream_t stream);  // launch_floor.cu
 
 int main(int argc, char** argv) {
   const char* json = nullptr;
@@ -224,12 +232,13 @@ int main(int argc, char** argv) {
     for (const Row& r : rows) std::printf("%s %s\n", r.op.c_str(), r.shape.c_str());
     return 0;
   }
-  std::printf("%s, bfloat16, floor at %.2f TB/s\n%-15s %-24s %10s %10s %10s %8s\n", prop.name, peak_tbps, "op", "shape",
-              "MB", "floor us", "time us", "floor %");
+  const double launch_us = time_calls([] { return launch_empty_kernel(nullptr); });
+  std::printf("%s, bfloat16, floor at %.2f TB/s, an empty kernel %.2f us\n%-15s %-24s %10s %10s %10s %8s %9s\n",
+              prop.name, peak_tbps, launch_us, "op", "shape", "MB", "floor us", "time us", "floor %", "launches");
   for (const Row& r : rows) {
     const double floor_us = r.bytes / (peak_tbps * 1e12) * 1e6;
-    std::printf("%-15s %-24s %10.2f %10.2f %10.2f %7.0f%%\n", r.op.c_str(), r.shape.c_str(), r.bytes / 1e6, floor_us,
-                r.micros, 100.0 * floor_us / r.micros);
+    std::printf("%-15s %-24s %10.2f %10.2f %10.2f %7.0f%% %9lld\n", r.op.c_str(), r.shape.c_str(), r.bytes / 1e6,
+                floor_us, r.micros, 100.0 * floor_us / r.micros, static_cast<long long>(r.launches));
   }
   if (json != nullptr) {
     FILE* f = std::fopen(json, "w");
@@ -237,12 +246,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "cannot write %s\n", json);
       return 1;
     }
-    std::fprintf(f, "{\"device\": \"%s\", \"dtype\": \"bfloat16\", \"peak_tbps\": %.3f, \"rows\": [\n", prop.name,
-                 peak_tbps);
+    std::fprintf(f, "{\"device\": \"%s\", \"dtype\": \"bfloat16\", \"peak_tbps\": %.3f, \"launch_us\": %.3f, \"rows\": [\n",
+                 prop.name, peak_tbps, launch_us);
     for (size_t i = 0; i < rows.size(); ++i)
-      std::fprintf(f, "  {\"op\": \"%s\", \"shape\": \"%s\", \"bytes\": %.0f, \"flops\": %.0f, \"time_us\": %.3f}%s\n",
+      std::fprintf(f,
+                   "  {\"op\": \"%s\", \"shape\": \"%s\", \"bytes\": %.0f, \"flops\": %.0f, \"time_us\": %.3f, "
+                   "\"launches\": %lld}%s\n",
                    rows[i].op.c_str(), rows[i].shape.c_str(), rows[i].bytes, rows[i].flops, rows[i].micros,
-                   i + 1 < rows.size() ? "," : "");
+                   static_cast<long long>(rows[i].launches), i + 1 < rows.size() ? "," : "");
     std::fprintf(f, "]}\n");
     std::fclose(f);
   }

@@ -33,9 +33,10 @@ def write_inputs(work: Path, steps: str) -> None:
     (work / "smi.csv").write_text("NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB, 9.0\n")
     (work / "steps.tsv").write_text(steps)
     (work / "kernel_parity.log").write_text(PARITY)
-    (work / "kernel_bench.json").write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "peak_tbps": 2.0, "rows": [
-        {"op": "InjectKV", "shape": "b=1 n=16", "bytes": 4e6, "flops": 1e6, "time_us": 3.0},
-        {"op": "InjectKV", "shape": "b=1 n=4096", "bytes": 4e6, "flops": 1e9, "time_us": 20.0}]}))
+    (work / "kernel_bench.json").write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "peak_tbps": 2.0,
+                                                        "launch_us": 0.5, "rows": [
+        {"op": "InjectKV", "shape": "b=1 n=16", "bytes": 4e6, "flops": 1e6, "time_us": 3.0, "launches": 2},
+        {"op": "InjectKV", "shape": "b=1 n=4096", "bytes": 4e6, "flops": 1e9, "time_us": 20.0, "launches": 8}]}))
     (work / "pytest.xml").write_text(JUNIT)
 
 
@@ -55,6 +56,9 @@ def test_the_record_gathers_every_input_and_names_what_failed(tmp_path):
         2.0, 0.01, 1.5, 1.5)
     # 1 GFLOP at 100 TFLOP/s is 10 us, more than the 2 us of bytes: 20 us is 2x the roofline
     assert (large["compute_floor_us"], large["x_bandwidth_floor"], large["x_floor"]) == (10.0, 10.0, 2.0)
+    # an empty kernel's 0.5 us a launch: 2 us + 2 launches is 3 us (1x); 10 us + 8 launches 14 us
+    assert (small["launch_floor_us"], small["x_floor_with_launches"]) == (1.0, 1.0)
+    assert (large["launch_floor_us"], large["x_floor_with_launches"]) == (4.0, round(20 / 14, 2))
     outcomes = record["pytest_gpu"]["outcomes"]
     assert outcomes == {"tests.plugins.test_trt_plugins::test_parity": "passed",
                         "tests.runtime.test_trt_backend::test_engine": "skipped: needs TensorRT",
