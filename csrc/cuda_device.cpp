@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <functional>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -49,6 +50,12 @@ struct Driver {
   decltype(&::cuModuleUnload) module_unload;
   decltype(&::cuModuleGetFunction) function;
   decltype(&::cuLaunchKernel) launch;
+  decltype(&::cuStreamBeginCapture_v2) begin_capture;
+  decltype(&::cuStreamEndCapture) end_capture;
+  decltype(&::cuGraphInstantiateWithFlags) instantiate;
+  decltype(&::cuGraphLaunch) graph_launch;
+  decltype(&::cuGraphExecDestroy) graph_exec_destroy;
+  decltype(&::cuGraphDestroy) graph_destroy;
 
   // Loaded once per process and path; the library is never unloaded.
   static std::shared_ptr<const Driver> load(const std::string& path, const std::string& who) {
@@ -88,6 +95,12 @@ struct Driver {
     get(d->module_unload, "cuModuleUnload");
     get(d->function, "cuModuleGetFunction");
     get(d->launch, "cuLaunchKernel");
+    get(d->begin_capture, "cuStreamBeginCapture_v2");
+    get(d->end_capture, "cuStreamEndCapture");
+    get(d->instantiate, "cuGraphInstantiateWithFlags");
+    get(d->graph_launch, "cuGraphLaunch");
+    get(d->graph_exec_destroy, "cuGraphExecDestroy");
+    get(d->graph_destroy, "cuGraphDestroy");
     loaded[path] = d;
     return d;
   }
@@ -206,6 +219,45 @@ void CudaDevice::zero(void* dst, size_t bytes) {
 void CudaDevice::synchronize() {
   bind();
   check(driver_->synchronize(stream_), "waiting for the stream");
+}
+
+CUgraphExec CudaDevice::capture(const std::function<bool()>& enqueue) {
+  bind();
+  // thread-local: another thread's CUDA calls meanwhile are not this capture's business
+  check(driver_->begin_capture(stream_, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "beginning a CUDA graph capture");
+  bool queued = false;
+  try {
+    queued = enqueue();
+  } catch (...) {
+    CUgraph dropped = nullptr;
+    driver_->end_capture(stream_, &dropped);  // out of capture mode whatever the work did
+    if (dropped) driver_->graph_destroy(dropped);
+    throw;
+  }
+  CUgraph graph = nullptr;
+  const CUresult ended = driver_->end_capture(stream_, &graph);
+  CUgraphExec exec = nullptr;
+  // work the driver could not capture invalidates the capture: the caller runs it eagerly instead
+  if (queued && ended == CUDA_SUCCESS && graph && driver_->instantiate(&exec, graph, 0) != CUDA_SUCCESS)
+    exec = nullptr;
+  if (graph) driver_->graph_destroy(graph);
+  return exec;
+}
+
+void CudaDevice::launch(CUgraphExec graph) {
+  bind();
+  check(driver_->graph_launch(graph, stream_), "launching a CUDA graph");
+}
+
+void CudaDevice::destroy(CUgraphExec graph) noexcept {
+  if (!graph) return;
+  try {
+    bind();
+  } catch (const Error&) {
+    return;  // as free: no context on this thread (process teardown)
+  }
+  driver_->synchronize(stream_);  // nothing queued may still run it
+  driver_->graph_exec_destroy(graph);
 }
 
 bool CudaDevice::decides() const {

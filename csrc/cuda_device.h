@@ -10,6 +10,7 @@
 
 #include <cuda.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -48,6 +49,12 @@ class CudaDevice final : public Device {
                    int64_t* tokens) override;
   void rebuild_states(const StateRebuild& job) override;  // state_kernel.cu (built with the decision kernels)
   CUstream stream() const { return stream_; }
+  // A CUDA graph of the work enqueue() queues on this stream (captured, not run), instantiated; null if
+  // enqueue() said it failed or the driver could not capture or instantiate it: that work was not
+  // queued, so the caller queues it again eagerly.
+  CUgraphExec capture(const std::function<bool()>& enqueue);
+  void launch(CUgraphExec graph);  // queues the graph's work on this stream
+  void destroy(CUgraphExec graph) noexcept;
 
   static constexpr unsigned kDecideThreads = 512;  // decide_kernel.cu's kThreads (its block-wide kernels)
   // The most (row, position) pairs dflash_target_tokens_wide decides: one wave of clusters of 8 blocks

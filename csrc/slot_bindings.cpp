@@ -47,6 +47,7 @@ void bind_slot_executors(py::module_& m) {
           .def_readwrite("draft_block_path", &Config::draft_block_path)
           .def_readwrite("library_path", &Config::library_path)
           .def_readwrite("driver_path", &Config::driver_path)
+          .def_readwrite("cuda_graphs", &Config::cuda_graphs)
           .def_readwrite("dtype", &Config::dtype)
           .def_readwrite("threads", &Config::threads)
           .def_readwrite("max_batch", &Config::max_batch)

@@ -53,6 +53,7 @@ struct SlotExecutorConfig {
   std::string target_path, draft_context_path, draft_block_path;  // the bundle's three graphs
   std::string library_path;  // libonnxruntime.so.<version> | libnvinfer.so.<major>
   std::string driver_path = "libcuda.so.1";  // TensorRT: the CUDA driver library (tests load a fake one)
+  bool cuda_graphs = true;  // TensorRT: decode-sized runs replayed as CUDA graphs (trt_api.cpp's TrtGraph)
   std::string dtype = "float32";
   int64_t threads = 0;  // onnxruntime: intra-op threads per session; 0: its default
   int64_t max_batch = 8;

@@ -60,10 +60,19 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 // phase: prefill, verify, ...). A run takes the first profile whose box holds every input's shape.
 // Outputs the executor does not bind (draft_logits) go to scratch sized from the shapes the inputs
 // imply.
+//
+// With `graphed`, a run of at most kGraphedTokens new tokens per row (decode, verify, draft steps; the
+// first input bound: [rows, tokens, ...]) is captured as a CUDA graph around enqueueV3 the second time
+// its bindings (profile, shapes, addresses) recur, and replayed from then on (as the torch graphs
+// capture their forward: runtime/torch_graphs.py). The first run of a binding is eager, so TensorRT
+// has done its shape-dependent setup before the capture. Prefill chunks stay eager.
 class TrtGraph final : public Graph {
  public:
-  TrtGraph(nvinfer1::ICudaEngine* engine, CudaDevice& device, Logger& logger, std::string path)
-      : engine_(engine), device_(device), logger_(logger), path_(std::move(path)) {
+  static constexpr int64_t kGraphedTokens = 16;  // torch_graphs.GRAPHED_TOKENS
+  static constexpr size_t kGraphsKept = 64;      // per graph; later bindings run eagerly
+
+  TrtGraph(nvinfer1::ICudaEngine* engine, CudaDevice& device, Logger& logger, std::string path, bool graphed)
+      : engine_(engine), device_(device), logger_(logger), path_(std::move(path)), graphed_(graphed) {
     for (int32_t i = 0; i < engine_->getNbIOTensors(); ++i) names_.emplace_back(engine_->getIOTensorName(i));
     for (int32_t p = 0; p < std::max(engine_->getNbOptimizationProfiles(), 1); ++p) {
       contexts_.push_back(engine_->createExecutionContext());
@@ -74,6 +83,7 @@ class TrtGraph final : public Graph {
     device_.synchronize();
   }
   ~TrtGraph() override {
+    for (const auto& [key, graph] : graphs_) device_.destroy(graph);
     for (nvinfer1::IExecutionContext* context : contexts_) delete context;
     delete engine_;
   }
@@ -81,10 +91,12 @@ class TrtGraph final : public Graph {
   void clear() override {
     inputs_.clear();
     outputs_.clear();
+    first_shape_.clear();
   }
   void input(const std::string& name, const TensorRef& t) override {
     check(name, t, nvinfer1::TensorIOMode::kINPUT);
     if (t.shape.size() > size_t(nvinfer1::Dims::MAX_DIMS)) fail(name + ": too many dimensions");
+    if (inputs_.empty()) first_shape_ = t.shape;
     inputs_[name] = t;
   }
   void output(const std::string& name, const TensorRef& t) override {
@@ -96,12 +108,18 @@ class TrtGraph final : public Graph {
     if (profile < 0) fail(what + ": " + shapes() + " are outside every optimization profile of " + path_ +
                           ": rebuild with a larger --max-batch / --max-seq-len");
     nvinfer1::IExecutionContext* context = contexts_[profile];
+    std::string key = std::to_string(profile);  // the bindings a captured graph is valid for
+    const auto keyed = [&key](const std::string& name, const void* data, const std::vector<int64_t>* shape) {
+      key += '|' + name + '@' + std::to_string(reinterpret_cast<uintptr_t>(data));
+      if (shape) key += shape_text(*shape);
+    };
     for (const auto& [name, t] : inputs_) {
       nvinfer1::Dims dims{};
       dims.nbDims = int32_t(t.shape.size());
       for (size_t i = 0; i < t.shape.size(); ++i) dims.d[i] = t.shape[i];
       if (!context->setInputShape(name.c_str(), dims)) fail(what + ": setting the shape of " + name);
       bind(context, name, t.data);
+      keyed(name, t.data, &t.shape);
     }
     for (const std::string& name : names_) {
       if (inputs_.count(name)) continue;
@@ -110,6 +128,7 @@ class TrtGraph final : public Graph {
       auto bound = outputs_.find(name);
       if (bound != outputs_.end()) {
         bind(context, name, bound->second);
+        keyed(name, bound->second, nullptr);
         continue;
       }
       const nvinfer1::Dims dims = context->getTensorShape(name.c_str());
@@ -118,11 +137,31 @@ class TrtGraph final : public Graph {
       Buffer& buffer = scratch_.emplace(name, Buffer(device_, DType::float32)).first->second;
       buffer.reserve((count * trt_size(engine_->getTensorDataType(name.c_str())) + 3) / 4);
       bind(context, name, buffer.at(0));
+      keyed(name, buffer.at(0), nullptr);
     }
+    const bool graphable = graphed_ && first_shape_.size() >= 2 && first_shape_[1] <= kGraphedTokens;
+    if (graphable && replay_or_capture(key, context)) return;
     if (!context->enqueueV3(device_.stream())) fail(what);
   }
 
  private:
+  // Replays the graph captured for `key`, or captures it the second time `key` recurs; false: run
+  // eagerly (the first time, past kGraphsKept graphs, or where the capture failed).
+  bool replay_or_capture(const std::string& key, nvinfer1::IExecutionContext* context) {
+    auto found = graphs_.find(key);
+    if (found == graphs_.end()) {
+      if (seen_[key]++ == 0) return false;
+      if (captured_ >= kGraphsKept) {
+        graphs_.emplace(key, nullptr);
+        return false;
+      }
+      found = graphs_.emplace(key, device_.capture([&] { return context->enqueueV3(device_.stream()); })).first;
+      captured_ += found->second != nullptr;
+    }
+    if (!found->second) return false;
+    device_.launch(found->second);
+    return true;
+  }
   [[noreturn]] void fail(const std::string& what) const {
     const std::string why = logger_.last_error();
     throw Error("TensorRT: " + what + (why.empty() ? "" : ": " + why));
@@ -167,12 +206,17 @@ class TrtGraph final : public Graph {
   std::map<std::string, TensorRef> inputs_;
   std::map<std::string, void*> outputs_;
   std::map<std::string, Buffer> scratch_;
+  bool graphed_;
+  std::vector<int64_t> first_shape_;  // the first input bound since clear: [rows, tokens, ...]
+  std::map<std::string, int> seen_;   // eager runs per binding key
+  std::map<std::string, CUgraphExec> graphs_;  // null: eager (not capturable, or past kGraphsKept)
+  size_t captured_ = 0;
 };
 
 }  // namespace
 
-TrtBackend::TrtBackend(const std::string& library_path, const std::string& driver_path)
-    : device_(std::make_unique<CudaDevice>(driver_path, kWhy)) {
+TrtBackend::TrtBackend(const std::string& library_path, const std::string& driver_path, bool cuda_graphs)
+    : device_(std::make_unique<CudaDevice>(driver_path, kWhy)), cuda_graphs_(cuda_graphs) {
   library_ = dlopen(library_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!library_) {
     const char* why = dlerror();
@@ -201,7 +245,7 @@ std::unique_ptr<Graph> TrtBackend::open(const std::string& path) {
   if (!engine)
     throw Error("TensorRT: cannot load " + path + " (built for another GPU or TensorRT version?): " +
                 logger_.last_error());
-  return std::make_unique<TrtGraph>(engine, *device_, logger_, path);
+  return std::make_unique<TrtGraph>(engine, *device_, logger_, path, cuda_graphs_);
 }
 
 }  // namespace dflash::trt

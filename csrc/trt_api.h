@@ -30,7 +30,8 @@ class Logger final : public nvinfer1::ILogger {
 
 class TrtBackend final : public GraphBackend {
  public:
-  TrtBackend(const std::string& library_path, const std::string& driver_path);
+  // cuda_graphs: decode-sized runs captured as CUDA graphs around enqueueV3 (TrtGraph)
+  TrtBackend(const std::string& library_path, const std::string& driver_path, bool cuda_graphs = true);
   ~TrtBackend() override;
   Device& device() override { return *device_; }
   std::unique_ptr<Graph> open(const std::string& path) override;
@@ -43,6 +44,7 @@ class TrtBackend final : public GraphBackend {
   void* library_ = nullptr;
   nvinfer1::IRuntime* runtime_ = nullptr;
   std::string version_;
+  bool cuda_graphs_;
 };
 
 }  // namespace dflash::trt

@@ -14,7 +14,7 @@ constexpr char kWhy[] = "the C++ TensorRT executor";
 // Every check before the GPU or TensorRT is touched: refusals come before any work.
 std::unique_ptr<GraphBackend> checked_backend(const SlotExecutorConfig& config) {
   config.validate(kWhy);
-  return std::make_unique<trt::TrtBackend>(config.library_path, config.driver_path);
+  return std::make_unique<trt::TrtBackend>(config.library_path, config.driver_path, config.cuda_graphs);
 }
 
 }  // namespace

@@ -147,6 +147,7 @@ class SlotBundle:
     manifest."""
 
     cuda_driver = "libcuda.so.1"  # the CUDA driver library the TensorRT executor loads
+    cuda_graphs = True  # the TensorRT executor replays decode-sized runs as CUDA graphs (tests compare eager)
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -209,8 +210,10 @@ class SlotBundle:
         """The `_core.ExecutorConfig` for `max_batch` slots of `capacity` tokens."""
         self.check_limits(max_batch, capacity)
         paths = {name: str(self.root / graph["file"]) for name, graph in self.manifest["graphs"].items()}
-        return slot_config(self.manifest, paths, self.library, max_batch, capacity, threads, self.cuda_driver,
-                           draft_rule, self.draft_vocab() if draft_rule != "point-mass" else None)
+        config = slot_config(self.manifest, paths, self.library, max_batch, capacity, threads, self.cuda_driver,
+                             draft_rule, self.draft_vocab() if draft_rule != "point-mass" else None)
+        config.cuda_graphs = self.cuda_graphs
+        return config
 
     def draft_vocab(self) -> list[int] | None:
         """The target ids of the draft_logits columns (the bundle's draft_vocab.json), None: the target's ids."""

@@ -212,6 +212,32 @@ def test_the_executor_frees_every_device_buffer_and_copies_through_page_locked_m
     assert live() == before
 
 
+def test_decode_sized_runs_replay_cuda_graphs_captured_around_enqueue_with_the_eager_tokens(
+        core, ort, fakes, tiny_pairs, tmp_path, monkeypatch):
+    """Each run of at most 16 new tokens per row (a plain step, a verify, a draft; not a prefill chunk) is
+    captured as a CUDA graph around enqueueV3 the second time its bindings (shapes, addresses) recur, then
+    replayed: greedy and seeded rows, in one batch and joining as others end (rows and slots change from
+    step to step), give the tokens of eager runs (cuda_graphs off), where the fake driver replayed none.
+    The fake records the engine's run with its bindings at capture and reruns it on their memory at each
+    launch, as a GPU replays kernels; that every graph is freed with the executor is the test above's."""
+    from seeded_batches import mixed_batch
+
+    from dflash_trt import LLM
+
+    target, drafter = load_target(str(tiny_pairs["llama"][0]))[0], load_drafter(tiny_pairs["llama"][1])
+    bundle = export_bundle(target, drafter, None, tmp_path / "bundle", flavour="slots-trt", capacity=64, check=False)
+    engines = tensorrt_engines(bundle, tmp_path / "engines", ort, fakes, monkeypatch)
+    launches = fake_counter(fakes, "fake_cuda_graph_launches")
+    monkeypatch.setattr(ort.SlotBundle, "cuda_graphs", False)
+    before = launches()
+    eager = [mixed_batch(LLM.from_bundle(engines, block_size=4), max_batch=rows, capacity=64) for rows in (3, 2)]
+    assert launches() == before
+    monkeypatch.setattr(ort.SlotBundle, "cuda_graphs", True)
+    graphed = [mixed_batch(LLM.from_bundle(engines, block_size=4), max_batch=rows, capacity=64) for rows in (3, 2)]
+    assert launches() > before
+    assert graphed == eager
+
+
 def test_shapes_outside_every_optimization_profile_are_refused_in_one_line(core, ort, fakes, pair, tmp_path):
     bundle, *_ = pair
     engines = fake_engines(bundle, tmp_path, ort.onnxruntime_library(), max_batch=2)  # engines for 2 rows

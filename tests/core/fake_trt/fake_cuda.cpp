@@ -15,7 +15,8 @@
 // fake_cuda_draft_draws() and fake_cuda_drafter_positions() count the drafter rule's work on the device;
 // fake_cuda_block_launches() and fake_cuda_wide_launches() the target-token launches in the one-block and
 // the cluster form (this fake plays a GPU of SM 9.0 or later, which has both), fake_cuda_wide_draws() the
-// draft kernel's in the cluster form.
+// draft kernel's in the cluster form; fake_cuda_graph_launches() the CUDA graphs launched (a capture records
+// the stream's work, each launch queues it again).
 #include <cuda.h>
 
 #include <atomic>
@@ -55,9 +56,17 @@ thread_local CUcontext current = nullptr;
 // The stream's queued work, run in order by flush().
 std::mutex queue_lock;
 std::vector<std::function<void()>> queue;
+// A CUDA graph: the work recorded while it was captured. While capturing, work is recorded, not queued.
+using Recorded = std::vector<std::function<void()>>;
+Recorded* capture = nullptr;
+std::atomic<long> graph_launches{0};
 void enqueue(std::function<void()> work) {
   std::lock_guard<std::mutex> hold(queue_lock);
-  queue.push_back(std::move(work));
+  (capture ? *capture : queue).push_back(std::move(work));
+}
+bool capturing() {
+  std::lock_guard<std::mutex> hold(queue_lock);
+  return capture != nullptr;
 }
 void flush() {
   std::vector<std::function<void()>> work;
@@ -67,7 +76,7 @@ void flush() {
   }
   for (auto& w : work) w();
 }
-FakeStream stream{&flush};
+FakeStream stream{&flush, &capturing, &enqueue};
 }
 
 #define NEEDS_CONTEXT \
@@ -80,6 +89,47 @@ EXPORT long fake_cuda_draft_draws() { return draft_draws.load(); }
 EXPORT long fake_cuda_drafter_positions() { return drafter_positions.load(); }
 EXPORT long fake_cuda_wide_launches() { return wide_launches.load(); }
 EXPORT long fake_cuda_block_launches() { return block_launches.load(); }
+EXPORT long fake_cuda_graph_launches() { return graph_launches.load(); }
+// CUDA graphs: capture records the stream's work (a graph's and an instantiated graph's live count as
+// allocations, so an executor that leaves one behind shows in fake_cuda_live); a launch queues a copy.
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode) {
+  NEEDS_CONTEXT;
+  std::lock_guard<std::mutex> hold(queue_lock);
+  if (capture) return CUDA_ERROR_ILLEGAL_STATE;
+  capture = new Recorded;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamEndCapture(CUstream, CUgraph* graph) {
+  NEEDS_CONTEXT;
+  std::lock_guard<std::mutex> hold(queue_lock);
+  if (!capture) return CUDA_ERROR_ILLEGAL_STATE;
+  *graph = reinterpret_cast<CUgraph>(capture);
+  capture = nullptr;
+  ++live;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph, unsigned long long) {
+  NEEDS_CONTEXT;
+  *exec = reinterpret_cast<CUgraphExec>(new Recorded(*reinterpret_cast<Recorded*>(graph)));
+  ++live;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream) {
+  NEEDS_CONTEXT;
+  for (const auto& work : *reinterpret_cast<Recorded*>(exec)) enqueue(work);
+  ++graph_launches;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
+  delete reinterpret_cast<Recorded*>(exec);
+  --live;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphDestroy(CUgraph graph) {
+  delete reinterpret_cast<Recorded*>(graph);
+  --live;
+  return CUDA_SUCCESS;
+}
 EXPORT long fake_cuda_wide_draws() { return wide_draws.load(); }
 EXPORT CUresult cuInit(unsigned int) { return CUDA_SUCCESS; }
 EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {

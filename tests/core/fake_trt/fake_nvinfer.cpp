@@ -153,9 +153,8 @@ class ContextImpl final : public apiv::VExecutionContext {
   }
   bool enqueueV3(cudaStream_t stream) noexcept override {
     try {
-      // the run reads what the work queued before it wrote (uploads, kernels): that work first
-      reinterpret_cast<FakeStream*>(stream)->flush();
-      graph_->clear();
+      // the bindings as they are now: a CUDA graph captured here replays them, whatever is set later
+      std::vector<std::pair<const Tensor*, dflash::TensorRef>> bound;
       for (bool inputs : {true, false})  // inputs first: an output bound to an input's memory reuses its value
         for (const Tensor& t : spec_.tensors) {
           if (t.input != inputs) continue;
@@ -164,13 +163,15 @@ class ContextImpl final : public apiv::VExecutionContext {
             error("fake TensorRT: tensor " + t.name + " has no address");
             return false;
           }
-          const dflash::TensorRef ref{address->second, t.dtype, resolve(t)};
-          if (t.input)
-            graph_->input(t.name, ref);
-          else
-            graph_->output(t.name, ref);
+          bound.emplace_back(&t, dflash::TensorRef{address->second, t.dtype, resolve(t)});
         }
-      graph_->run("fake TensorRT enqueueV3");
+      FakeStream& fake = *reinterpret_cast<FakeStream*>(stream);
+      if (fake.capturing()) {  // recorded into the graph, run at each of its launches
+        fake.enqueue([this, bound] { run(bound); });
+        return true;
+      }
+      fake.flush();  // the run reads what the work queued before it wrote (uploads, kernels): that work first
+      run(bound);
       return true;
     } catch (const std::exception& e) {
       error(e.what());
@@ -180,6 +181,16 @@ class ContextImpl final : public apiv::VExecutionContext {
   ICudaEngine const& getEngine() const noexcept override;
 
  private:
+  void run(const std::vector<std::pair<const Tensor*, dflash::TensorRef>>& bound) {
+    graph_->clear();
+    for (const auto& [t, ref] : bound) {
+      if (t->input)
+        graph_->input(t->name, ref);
+      else
+        graph_->output(t->name, ref);
+    }
+    graph_->run("fake TensorRT enqueueV3");
+  }
   // An input's set shape; an output's dims with each symbol read off the inputs' shapes.
   std::vector<int64_t> resolve(const Tensor& t) const {
     if (t.input) {
