@@ -4,8 +4,8 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <functional>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -285,6 +285,15 @@ void CudaDevice::load_decide_module() {
 }
 #endif
 
+void CudaDevice::launch_pairs(CUfunction block, CUfunction wide, int64_t rows, int64_t y, void** args,
+                              const char* what) {
+  // few pairs leave most SMs idle with a block each: a cluster of blocks each then
+  const bool clustered = wide && rows * y <= wide_pairs_;
+  check(driver_->launch(clustered ? wide : block, unsigned(rows * (clustered ? kDecideCluster : 1)), unsigned(y), 1,
+                        kDecideThreads, 1, 1, 0, stream_, args, nullptr),
+        what);
+}
+
 void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
                         const int64_t* drafts, const DraftQ& drafter, float* probs, int32_t* order, Verdict* out,
                         TokenLogprob* logprobs) {
@@ -295,11 +304,7 @@ void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* row
   int32_t* ids = order + count * positions;
   DraftQ q = drafter;
   void* token_args[] = {&logits, &vocab, &rows, &drafts, &q, &probs, &ids, &tokens};
-  // Few (row, position) pairs leave most SMs idle with a block each: a cluster of blocks each then.
-  const bool wide = tokens_wide_ && count * positions <= wide_pairs_;
-  check(driver_->launch(wide ? tokens_wide_ : tokens_, unsigned(count * (wide ? kDecideCluster : 1)),
-                        unsigned(positions), 1, kDecideThreads, 1, 1, 0, stream_, token_args, nullptr),
-        "launching the target-token kernel");
+  launch_pairs(tokens_, tokens_wide_, count, positions, token_args, "launching the target-token kernel");
   void* args[] = {&rows, &tokens, &out, &positions};
   check(driver_->launch(decide_, unsigned(count), 1, 1, 1, 1, 1, 0, stream_, args, nullptr),
         "launching the decision kernel");
@@ -318,11 +323,9 @@ void CudaDevice::draw_drafts(const float* scores, const int64_t* columns, int64_
   if (count == 0 || drafts == 0) return;
   DraftQ out = q;
   void* args[] = {&scores, &columns, &top_k, &rows, &ids, &out, &probs, &order, &tokens};
-  // a DFlash drafter's few draws by a cluster of blocks each, as decide's target tokens
-  const bool wide = draw_wide_ && top_k == 0 && count * drafts <= wide_pairs_;
-  check(driver_->launch(wide ? draw_wide_ : draw_, unsigned(count * (wide ? kDecideCluster : 1)),
-                        unsigned(top_k > 0 ? 1 : drafts), 1, kDecideThreads, 1, 1, 0, stream_, args, nullptr),
-        "launching the draft kernel");
+  // a DFlash2 selector's walk is a block per row whatever the rows (no cluster form)
+  launch_pairs(draw_, top_k == 0 ? draw_wide_ : nullptr, count, top_k > 0 ? 1 : drafts, args,
+               "launching the draft kernel");
 }
 
 void CudaDevice::rebuild_states(const StateRebuild& job) {

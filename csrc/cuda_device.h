@@ -66,6 +66,9 @@ class CudaDevice final : public Device {
   void check(CUresult result, const char* what) const;
   void bind() const;  // our context current on the calling thread
   void load_decide_module();  // the decision kernels, once
+  // A decision kernel with a block per (row, y) pair of its grid, or, where its cluster form `wide`
+  // exists (null: none) and the pairs are at most wide_pairs_, that form with a cluster per pair.
+  void launch_pairs(CUfunction block, CUfunction wide, int64_t rows, int64_t y, void** args, const char* what);
   std::string who_;
   std::shared_ptr<const Driver> driver_;
   CUcontext context_ = nullptr;
