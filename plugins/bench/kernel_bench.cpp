@@ -223,7 +223,8 @@ int main(int argc, char** argv) {
   for (int64_t batch : {1, 8})
     for (int64_t context : {1024, 4096, 16384}) rows.push_back(block_attention(batch, context));
   for (int64_t batch : {1, 8}) rows.push_back(gated_delta_rule(batch, kBlock, 0));  // verify: every state kept
-  rows.push_back(gated_delta_rule(1, 4096, 4095));                                    // prefill: the last one
+  rows.push_back(gated_delta_rule(1, 4096, 4095));  // prefill: the last state (the chunked form)
+  rows.push_back(gated_delta_rule(8, 512, 511));    // 8 rows' prefill chunks of 512
   rows.push_back(moe(1, false));   // decode
   rows.push_back(moe(16, false));  // verify: random routing, ~102 distinct experts
   rows.push_back(moe(16, true));   // verify: every token on the same 8

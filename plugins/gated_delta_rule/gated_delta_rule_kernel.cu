@@ -1,5 +1,6 @@
-// dflash::GatedDeltaRule v1 CUDA kernel: one thread block per (batch row, value head, 32 columns of
-// the state), the state held in registers, a loop over the tokens.
+// dflash::GatedDeltaRule v1 CUDA kernels: one thread block per (batch row, value head, 32 columns of
+// the state). A verify (every state kept) loops over the tokens with the state in registers; a
+// prefill (the last state only) of a chunk or more takes the chunked form (gated_delta_chunks.h).
 #include "gated_delta_rule/gated_delta_rule_kernel.h"
 
 #include <cuda_bf16.h>
@@ -8,6 +9,7 @@
 #include <cmath>
 
 #include "common/convert.cuh"
+#include "gated_delta_rule/gated_delta_chunks.h"
 
 namespace dflash {
 namespace {
@@ -152,6 +154,58 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// gated_delta_chunks.h's policies on a CUDA block.
+struct BlockThreads {
+  __device__ static int id() { return threadIdx.x; }
+  __device__ static int count() { return blockDim.x; }
+  __device__ static void sync() { __syncthreads(); }
+};
+
+struct DeviceIo {
+  template <typename T>
+  __device__ static float load(const T* p) {
+    return dflash::load(p);
+  }
+  template <typename T>
+  __device__ static void store(T* p, float x) {
+    *p = from_float<T>(x);
+  }
+};
+
+// The chunked prefill: grid as the token loop's, delta_chunks::kThreads threads, delta_chunks::Shared
+// as dynamic shared memory; `states` holds the one state kept, [b, 1, Hv, Dk, Dv].
+template <typename T>
+__global__ void __launch_bounds__(delta_chunks::kThreads)
+    gated_delta_chunks_kernel(GatedDeltaRuleShape a, const T* query, const T* key, const T* value, const float* g,
+                              const T* beta, const float* initial_state, T* out, float* states) {
+  extern __shared__ float4 shared_memory[];
+  auto& shared = *reinterpret_cast<delta_chunks::Shared*>(shared_memory);
+  const int64_t row = blockIdx.x / a.value_heads, h = blockIdx.x % a.value_heads;
+  delta_chunks::scan_block<BlockThreads, DeviceIo>(a, row, h, int64_t(blockIdx.y) * delta_chunks::kColumns, query,
+                                                   key, value, g, beta, initial_state, out,
+                                                   states + (row * a.value_heads + h) * a.key_dim * a.value_dim,
+                                                   shared);
+}
+
+// Launches the chunked prefill where the GPU lets a block have delta_chunks::Shared; false (nothing
+// launched, no error left behind) where it does not, and the token loop runs instead.
+template <typename T>
+bool launch_chunks(const GatedDeltaRuleShape& s, dim3 grid, cudaStream_t stream, const void* query, const void* key,
+                   const void* value, const float* g, const void* beta, const float* initial_state, void* out,
+                   float* states, cudaError_t* launched) {
+  const auto kernel = gated_delta_chunks_kernel<T>;
+  const int bytes = int(sizeof(delta_chunks::Shared));
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  kernel<<<grid, delta_chunks::kThreads, bytes, stream>>>(
+      s, static_cast<const T*>(query), static_cast<const T*>(key), static_cast<const T*>(value), g,
+      static_cast<const T*>(beta), initial_state, static_cast<T*>(out), states);
+  *launched = cudaGetLastError();
+  return true;
+}
+
 template <typename T, int kRows>
 cudaError_t launch_rows(const Launch& a, dim3 grid, cudaStream_t stream, const void* query, const void* key,
                         const void* value, const float* g, const void* beta, const float* initial_state,
@@ -172,8 +226,14 @@ cudaError_t gated_delta_rule_launch(const GatedDeltaRuleShape& s, DType dtype, c
   const Launch a{s.tokens, s.key_heads, s.value_heads, s.key_dim, s.value_dim, states_from};
   const dim3 grid(static_cast<unsigned>(s.batch * s.value_heads),
                   static_cast<unsigned>((s.value_dim + kColumns - 1) / kColumns));
+  // A prefill of a chunk or more: the chunks' products in parallel, a serial chain of tokens / kChunk.
+  const bool chunked = states_from == s.tokens - 1 && s.tokens >= delta_chunks::kChunk &&
+                       s.key_dim <= delta_chunks::kMaxKeyDim;
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    cudaError_t launched = cudaSuccess;
+    if (chunked && launch_chunks<T>(s, grid, stream, query, key, value, g, beta, initial_state, out, states, &launched))
+      return launched;
     // The fewest registers that hold Dk / 4 rows: Qwen3-Next's Dk = 128 takes 32 per thread.
     if (s.key_dim <= 8 * kLanesPerColumn)
       return launch_rows<T, 8>(a, grid, stream, query, key, value, g, beta, initial_state, out, states);

@@ -321,6 +321,12 @@ int main() {
     gated_delta_rule_case(1, 5, 2, 4, 100, 20, 3, dtype);         // Dk not a multiple of 4
     gated_delta_rule_case(1, 16, 16, 32, 128, 128, 0, dtype);     // Qwen3-Next verify of a 16-token block
     gated_delta_rule_case(2, 40, 1, 2, 256, 64, 5, dtype);        // widest key head
+    // a prefill of a chunk or more (the last state kept, Dk <= 128) takes the chunked form:
+    gated_delta_rule_case(2, 77, 2, 4, 64, 40, 76, dtype);        // a short last chunk; Dv past a 32-column block
+    gated_delta_rule_case(1, 96, 16, 32, 128, 128, 95, dtype);    // Qwen3-Next heads, three whole chunks
+    gated_delta_rule_case(1, 300, 1, 2, 100, 20, 299, dtype);     // Dk not a multiple of 4, ten chunks
+    gated_delta_rule_case(1, 32, 1, 1, 8, 4, 31, dtype);          // one chunk exactly
+    gated_delta_rule_case(1, 600, 1, 1, 200, 16, 599, dtype);     // Dk past the chunked form's 128: the token loop
     moe_case(1, 64, 8, 32, 2, true, false, dtype);                // decode
     moe_case(4, 128, 16, 64, 4, false, false, dtype);
     moe_case(16, 256, 64, 128, 8, true, false, dtype);            // a verify block: experts shared, some unused
