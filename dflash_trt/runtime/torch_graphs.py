@@ -25,6 +25,7 @@ from collections import Counter
 
 import torch
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.runtime.native import native_core
@@ -54,13 +55,31 @@ ROUTED_MOE: bool | str = "auto"
 
 
 SPAN_BUCKET = 128  # on a GPU, eager attention spans a multiple of this many keys
+# The attention kernels an eager run on a GPU may take: not cuDNN's, which builds an execution plan for
+# every new shape (about 9 ms each on an H200): a prefill chunk's length is its prompt's, so every new
+# length paid it. Memory-efficient attention takes the mask with no plan; it has no grouped-query
+# form, so the kv heads are repeated for it (MATH remains for shapes it refuses).
+EAGER_ATTENTION = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+           eager_gpu: bool) -> torch.Tensor:
+    """Softmax attention of q [b, heads, s, d] over k, v [b, kv_heads, span, d] under a boolean mask
+    [b, 1, s, span]; grouped-query heads read kv head h // (heads // kv_heads). `eager_gpu`: an eager
+    run on a GPU, kept off cuDNN's attention (EAGER_ATTENTION)."""
+    if not eager_gpu:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
+    with sdpa_kernel(EAGER_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
 def attention_span(longest: int, capacity: int, cuda: bool) -> int:
     """How many cache slots an eager run attends over: the longest row's, rounded up on a GPU to a
-    multiple of SPAN_BUCKET (masked), so that the attention's shapes recur from step to step: cuDNN's
-    attention builds a plan per new shape (about 9 ms each on an H200), which a span growing by a token
-    every step would pay every step in eager runs (prefill chunks)."""
+    multiple of SPAN_BUCKET (masked), so that the attention's shapes recur from step to step (a kernel
+    that prepares per shape, as cuDNN's plans did at about 9 ms each on an H200, pays once a bucket)."""
     if cuda:
         longest = -(-longest // SPAN_BUCKET) * SPAN_BUCKET
     return max(1, min(longest, capacity))
@@ -86,7 +105,8 @@ class InPlaceSlotAttention:
         for new, cache in ((key, key_cache), (value, value_cache)):
             new = new.view(b, s, kv_heads, d).transpose(1, 2).to(cache.dtype)
             cache.scatter_(2, index, torch.where(valid[:, None, :, None], new, cache.gather(2, index)))
-        if query.is_cuda and torch.cuda.is_current_stream_capturing():
+        capturing = query.is_cuda and torch.cuda.is_current_stream_capturing()
+        if capturing:
             span = key_cache.shape[2]  # a CUDA graph replays with other lengths: the whole capacity, masked
         else:
             span = attention_span(int((cache_lengths + query_lengths).max()), key_cache.shape[2], query.is_cuda)
@@ -99,7 +119,7 @@ class InPlaceSlotAttention:
         visible = (visible & valid[:, :, None]) | ((slot == 0)[None, None] & ~valid[:, :, None])
         q = query.view(b, s, num_heads, d).transpose(1, 2)
         k, v = (c[:, :, :span].to(q.dtype) for c in (key_cache, value_cache))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None], scale=scale, enable_gqa=True)
+        out = attend(q, k, v, visible[:, None], scale, eager_gpu=query.is_cuda and not capturing)
         out = torch.where(valid[:, None, :, None], out, 0.0)
         return out.transpose(1, 2).reshape(b, s, -1), key_cache, value_cache
 

@@ -148,6 +148,24 @@ def test_eager_attention_spans_recur_on_a_gpu_and_are_exact_on_the_cpu():
         SPAN_BUCKET, SPAN_BUCKET, 2 * SPAN_BUCKET, 1000]  # never past the capacity
 
 
+def test_the_eager_gpu_attention_form_reads_each_query_heads_own_kv_head():
+    """attend's form for eager GPU runs (kv heads repeated, cuDNN's attention excluded; on the CPU it
+    takes SDPA's math kernel) equals the grouped-query form on the same inputs, the masked slots too."""
+    from dflash_trt.runtime.torch_graphs import attend
+
+    g = torch.Generator().manual_seed(1)
+    b, heads, kv, s, span, d = 2, 6, 2, 5, 11, 8
+    q = torch.randn(b, heads, s, d, generator=g)
+    k, v = (torch.randn(b, kv, span, d, generator=g) for _ in range(2))
+    mask = torch.rand(b, 1, s, span, generator=g) < 0.6
+    mask[..., 0] = True  # every query sees a key
+    want = attend(q, k, v, mask, 0.3, eager_gpu=False)
+    torch.testing.assert_close(attend(q, k, v, mask, 0.3, eager_gpu=True), want, rtol=1e-5, atol=1e-6)
+    # a kv head read by the wrong query heads would not be: heads 0-2 read kv head 0, 3-5 kv head 1
+    swapped = attend(q, k.flip(1), v.flip(1), mask, 0.3, eager_gpu=True)
+    assert not torch.allclose(swapped, want, atol=1e-3)
+
+
 def test_a_cuda_graph_is_keyed_on_every_binding_and_only_for_decode_sized_runs():
     """TorchGraph's capture key (the replay is only valid for the same addresses, dtypes and shapes), as
     the executor hands bindings over: name -> (address, dtype, shape tuple) in name order."""
