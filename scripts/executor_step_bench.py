@@ -16,9 +16,12 @@ reads the executor's host-boundary accounting per call. Prints a table; --json w
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import shutil
 import time
 from collections import Counter
+from pathlib import Path
 
 import torch
 from real_width_bench import PRESETS as MOE_PRESETS
@@ -88,10 +91,11 @@ def timed(call, repeat: int, sync) -> float:
 
 
 def profile_verify(executor, block: int, repeat: int, device: torch.device, sync, sampling=None,
-                   label: str = "greedy") -> float | None:
+                   label: str = "greedy", trace: Path | None = None) -> float | None:
     """torch.profiler over `repeat` 1-row verifies of `block` tokens (each rolled back) deciding by
     `sampling` (default greedy): where a step's time goes, host side and device side. Returns the
-    GPU's busy time per verify in ms (the kernels' own time; None on the CPU)."""
+    GPU's busy time per verify in ms (the kernels' own time; None on the CPU). `trace`: also write the
+    profile's timeline there (Chrome trace format, gzipped), to read where the GPU waits on the host."""
     from torch.profiler import ProfilerActivity, profile
 
     from dflash_trt.runtime.native import native_core
@@ -104,6 +108,13 @@ def profile_verify(executor, block: int, repeat: int, device: torch.device, sync
             executor.verify([0], [[1] * block], [deciding])
             executor.commit([0], [0])
         sync()
+    if trace is not None:
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        plain = trace.with_suffix("")
+        prof.export_chrome_trace(str(plain))
+        with open(plain, "rb") as raw, gzip.open(trace, "wb") as packed:
+            shutil.copyfileobj(raw, packed)
+        plain.unlink()
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     print(f"profile: {repeat} {label} verifies of 1 row x {block} tokens")
     print(prof.key_averages().table(sort_by=sort, row_limit=15, max_name_column_width=60))
@@ -137,6 +148,8 @@ def main() -> None:
                              "verify draw from the drafter's distribution on the device with 'drafter'")
     parser.add_argument("--profile", action="store_true",
                         help="also profile a 1-row verify of the largest block (torch.profiler: top ops)")
+    parser.add_argument("--trace", type=Path,
+                        help="with --profile: a folder for the profiles' timelines (<phase>.json.gz, Chrome trace)")
     parser.add_argument("--json")
     args = parser.parse_args()
 
@@ -233,7 +246,8 @@ def main() -> None:
     profiles = []
     if args.profile:
         for phase, sampling in (("verify", None), ("verify T=0.8 top-p 0.95", sampled[0])):
-            busy = profile_verify(executor, max(blocks), args.repeat, device, sync, sampling, phase)
+            trace = args.trace / (phase.replace(" ", "_").replace("=", "") + ".json.gz") if args.trace else None
+            busy = profile_verify(executor, max(blocks), args.repeat, device, sync, sampling, phase, trace)
             wall = [r["ms"] for r in results if (r["phase"], r["rows"], r["block"]) == (phase, 1, max(blocks))]
             if busy is not None and wall:
                 # the share of a timed verify (its commit included) the GPU sat idle, waiting on the host

@@ -127,8 +127,12 @@ else
   step pytest_gpu 300 "$python" -m pytest -m gpu tests -q -p no:cacheprovider --continue-on-collection-errors \
     --junitxml "$work/pytest.xml"
   step decide_bench 120 "$python" scripts/decide_bench.py --rows 1,2,8,32 --wide-pairs 0,16 --json "$work/decide_bench.json"
-  step executor_bench 240 "$python" scripts/executor_step_bench.py --profile --kernels off \
+  step executor_bench 240 "$python" scripts/executor_step_bench.py --profile --trace "$out/traces" --kernels off \
     --json "$work/executor_bench.json"
+  # where a 1-row verify's GPU waits on the host (the profiled timelines above; target: 5 % of the verify)
+  for trace in "$out"/traces/*.json.gz; do
+    step trace_gaps 30 "$python" scripts/trace_gaps.py "$trace" --top 8
+  done
   step executor_bench_kernels 120 "$python" scripts/executor_step_bench.py --rows 1,8 --blocks 4,16 --repeat 5 \
     --json "$work/executor_bench_kernels.json"
   step executor_bench_drafter 120 "$python" scripts/executor_step_bench.py --draft-rule drafter --rows 1,8 \
