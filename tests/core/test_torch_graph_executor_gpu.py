@@ -126,11 +126,13 @@ def test_hybrid_and_moe_targets_take_our_kernels_for_their_own_ops(pair_dirs):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("kept", [[[0, 5, 16], [3, 3, 9], [16, 1, 0]], [[16], [12], [9]]], ids=["from-0", "from-9"])
-def test_the_gated_delta_rule_kernel_equals_the_ops_reference_body(dtype, kept):
+@pytest.mark.parametrize("s, kept", [(17, [[0, 5, 16], [3, 3, 9], [16, 1, 0]]), (17, [[16], [12], [9]]),
+                                     (77, [[76], [76], [76]])], ids=["from-0", "from-9", "chunked-prefill"])
+def test_the_gated_delta_rule_kernel_equals_the_ops_reference_body(dtype, s, kept):
     """dflash::delta_rule_at on CUDA (our kernel, runtime/cuda_ops.py) against the op's PyTorch body on the
     same inputs: ragged kept positions, grouped key heads; kept positions from 0, and a prefill's (the
-    kernel then writes states only from the earliest)."""
+    kernel then writes states only from the earliest; every row's last state of 77 tokens: the chunked
+    form, gated_delta_chunks.h)."""
     from dflash_trt.export.delta_rule import delta_rule_scan_at
     from dflash_trt.runtime.cuda_ops import LIBRARY, register_target_kernels
 
@@ -138,7 +140,7 @@ def test_the_gated_delta_rule_kernel_equals_the_ops_reference_body(dtype, kept):
         pytest.skip(f"{LIBRARY.name} not built (bash scripts/build_plugins.sh)")
     assert register_target_kernels()
     g = torch.Generator(device="cuda").manual_seed(0)
-    b, s, hk, hv, dk, dv = 3, 17, 2, 4, 32, 24
+    b, hk, hv, dk, dv = 3, 2, 4, 32, 24
     query, key = (torch.randn(b, s, hk, dk, device="cuda", generator=g).to(dtype) for _ in range(2))
     value = torch.randn(b, s, hv, dv, device="cuda", generator=g).to(dtype)
     gate = -torch.rand(b, s, hv, device="cuda", generator=g)
