@@ -95,60 +95,74 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  // Token t + 1's inputs are loaded while token t is computed: the loop would otherwise wait out a
-  // memory latency per token.
-  TokenInputs<kLoads> next;
-  next.load(a, query, key, value, g, beta, row, h, kh, j, column_ok, 0);
+  // Token t + kAhead's inputs are loaded while token t is computed, from a ring of kAhead tokens'
+  // registers: with only the next token in flight, a token cost a memory latency (1.3 us a token of a
+  // verify on an H200, several times its arithmetic).
+  constexpr int kAhead = kRows <= 32 ? 4 : 2;  // Dk = 256 holds fewer: its registers already spill
+  TokenInputs<kLoads> ring[kAhead];
+#pragma unroll
+  for (int u = 0; u < kAhead; ++u)
+    if (u < a.tokens) ring[u].load(a, query, key, value, g, beta, row, h, kh, j, column_ok, u);
 #pragma unroll 1
-  for (int64_t t = 0; t < a.tokens; ++t) {
-    const int buf = static_cast<int>(t & 1);
-    const int64_t head_row = (row * a.tokens + t) * a.value_heads + h;
-    const float decay = expf(next.g), b_t = next.beta, v_j = next.v;
-    float qq = 0.f, kk = 0.f;
+  for (int64_t t0 = 0; t0 < a.tokens; t0 += kAhead) {
 #pragma unroll
-    for (int l = 0; l < kLoads; ++l) {
-      const int64_t i = threadIdx.x + l * kThreads;
-      if (i >= dk) break;
-      q_s[buf][i] = next.q[l];
-      k_s[buf][i] = next.k[l];
-      qq += next.q[l] * next.q[l];
-      kk += next.k[l] * next.k[l];
-    }
-    if (t + 1 < a.tokens) next.load(a, query, key, value, g, beta, row, h, kh, j, column_ok, t + 1);
-    qq = warp_sum(qq);
-    kk = warp_sum(kk);
-    if (lane == 0) sums_s[buf][warp] = make_float2(qq, kk);
-    __syncthreads();
-    qq = kk = 0.f;
+    for (int u = 0; u < kAhead; ++u) {
+      const int64_t t = t0 + u;
+      if (t >= a.tokens) break;
+      TokenInputs<kLoads>& now = ring[u];  // token t's inputs; then token t + kAhead's
+      const int buf = static_cast<int>(t & 1);
+      const int64_t head_row = (row * a.tokens + t) * a.value_heads + h;
+      const float decay = expf(now.g), b_t = now.beta, v_j = now.v;
+      float qq = 0.f, kk = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      qq += sums_s[buf][w].x;
-      kk += sums_s[buf][w].y;
-    }
-    const float rq = rsqrtf(qq + kGatedDeltaRuleEpsilon) * inv_sqrt_dk, rk = rsqrtf(kk + kGatedDeltaRuleEpsilon);
+      for (int l = 0; l < kLoads; ++l) {
+        const int64_t i = threadIdx.x + l * kThreads;
+        if (i >= dk) break;
+        q_s[buf][i] = now.q[l];
+        k_s[buf][i] = now.k[l];
+        qq += now.q[l] * now.q[l];
+        kk += now.k[l] * now.k[l];
+      }
+      if (t + kAhead < a.tokens) now.load(a, query, key, value, g, beta, row, h, kh, j, column_ok, t + kAhead);
+      qq = warp_sum(qq);
+      kk = warp_sum(kk);
+      if (lane == 0) sums_s[buf][warp] = make_float2(qq, kk);
+      __syncthreads();
+      qq = kk = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        qq += sums_s[buf][w].x;
+        kk += sums_s[buf][w].y;
+      }
+      const float rq = rsqrtf(qq + kGatedDeltaRuleEpsilon) * inv_sqrt_dk, rk = rsqrtf(kk + kGatedDeltaRuleEpsilon);
 
-    float recalled = 0.f;  // (S^T k)[j], this lane's rows
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      state[r] *= decay;
-      recalled += state[r] * k_s[buf][r * kLanesPerColumn + part];
-    }
-    const float delta = b_t * (v_j - column_sum(recalled) * rk);
-    float o = 0.f;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int i = r * kLanesPerColumn + part;
-      state[r] += k_s[buf][i] * rk * delta;
-      o += state[r] * q_s[buf][i];
-    }
-    o = column_sum(o) * rq;
-    if (column_ok && part == 0) out[head_row * dv + j] = from_float<T>(o);
-    if (column_ok && t >= first) {
-      float* kept_state = states + ((row * kept + t - first) * a.value_heads + h) * dk * dv;
+      // The two sums over this lane's rows in kChains running sums: one of kRows was a chain of
+      // dependent multiply-adds on every token's critical path.
+      constexpr int kChains = 4;
+      float recalled[kChains] = {};  // (S^T k)[j], this lane's rows
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        const int64_t i = r * kLanesPerColumn + part;
-        if (i < dk) kept_state[i * dv + j] = state[r];
+        state[r] *= decay;
+        recalled[r % kChains] += state[r] * k_s[buf][r * kLanesPerColumn + part];
+      }
+      const float recall = (recalled[0] + recalled[1]) + (recalled[2] + recalled[3]);
+      const float delta = b_t * (v_j - column_sum(recall) * rk);
+      float outs[kChains] = {};
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int i = r * kLanesPerColumn + part;
+        state[r] += k_s[buf][i] * rk * delta;
+        outs[r % kChains] += state[r] * q_s[buf][i];
+      }
+      const float o = column_sum((outs[0] + outs[1]) + (outs[2] + outs[3])) * rq;
+      if (column_ok && part == 0) out[head_row * dv + j] = from_float<T>(o);
+      if (column_ok && t >= first) {
+        float* kept_state = states + ((row * kept + t - first) * a.value_heads + h) * dk * dv;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const int64_t i = r * kLanesPerColumn + part;
+          if (i < dk) kept_state[i * dv + j] = state[r];
+        }
       }
     }
   }
