@@ -90,23 +90,19 @@ def timed(call, repeat: int, sync) -> float:
     return (time.perf_counter() - began) / repeat * 1e3
 
 
-def profile_verify(executor, block: int, repeat: int, device: torch.device, sync, sampling=None,
-                   label: str = "greedy", trace: Path | None = None) -> float | None:
-    """torch.profiler over `repeat` 1-row verifies of `block` tokens (each rolled back) deciding by
-    `sampling` (default greedy): where a step's time goes, host side and device side. Returns the
-    GPU's busy time per verify in ms (the kernels' own time; None on the CPU). `trace`: also write the
-    profile's timeline there (Chrome trace format, gzipped), to read where the GPU waits on the host."""
+def profile_calls(call, repeat: int, device: torch.device, sync, label: str,
+                  trace: Path | None = None) -> float | None:
+    """torch.profiler over `repeat` calls of `call`: where their time goes, host side and device side
+    (top operators printed). Returns the GPU's busy time per call in ms (the kernels' own time; None on
+    the CPU). `trace`: also write the timeline there (Chrome trace format, gzipped), to read where the GPU
+    waits on the host (scripts/trace_gaps.py)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from dflash_trt.runtime.native import native_core
-
-    deciding = sampling or native_core().RowSampling()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sync()
     with profile(activities=activities) as prof:
         for _ in range(repeat):
-            executor.verify([0], [[1] * block], [deciding])
-            executor.commit([0], [0])
+            call()
         sync()
     if trace is not None:
         trace.parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +112,7 @@ def profile_verify(executor, block: int, repeat: int, device: torch.device, sync
             shutil.copyfileobj(raw, packed)
         plain.unlink()
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    print(f"profile: {repeat} {label} verifies of 1 row x {block} tokens")
+    print(f"profile: {repeat} x {label}")
     print(prof.key_averages().table(sort_by=sort, row_limit=15, max_name_column_width=60))
     if device.type != "cuda":
         return None
@@ -124,6 +120,10 @@ def profile_verify(executor, block: int, repeat: int, device: torch.device, sync
     busy_us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
                   for e in prof.key_averages())
     return busy_us / repeat / 1e3
+
+
+def trace_path(folder: Path | None, phase: str) -> Path | None:
+    return folder / (phase.replace(" ", "_").replace("=", "") + ".json.gz") if folder else None
 
 
 def main() -> None:
@@ -168,7 +168,7 @@ def main() -> None:
     rows_list, blocks = [int(r) for r in args.rows.split(",")], [int(b) for b in args.blocks.split(",")]
     pair = RandomPair(args.preset, args.layers, device, dtype)
     pair.draft_rule = args.draft_rule  # read by torch_executor: the block pass returns its logits for the rule
-    capacity = args.cached + 2 * args.chunk + max(blocks) + 8  # two prefill chunks past --cached
+    capacity = args.cached + 3 * args.chunk + max(blocks) + 8  # up to three prefill chunks past --cached
     executor = torch_executor(pair, max(rows_list), capacity)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     greedy = core.RowSampling()
@@ -243,11 +243,15 @@ def main() -> None:
     for r in results:
         runs = " ".join(f"{k} {v}" for k, v in sorted(r.get("graph_runs", {}).items()))
         print(f"| {r['phase']} | {r['rows']} | {r['block']} | {r['ms']} | {r['host_bytes_per_call']} | {runs} |")
-    profiles = []
+    profiles, prefill_profile = [], None
     if args.profile:
-        for phase, sampling in (("verify", None), ("verify T=0.8 top-p 0.95", sampled[0])):
-            trace = args.trace / (phase.replace(" ", "_").replace("=", "") + ".json.gz") if args.trace else None
-            busy = profile_verify(executor, max(blocks), args.repeat, device, sync, sampling, phase, trace)
+        block = max(blocks)
+        for phase, sampling in (("verify", greedy), ("verify T=0.8 top-p 0.95", sampled[0])):
+            def verify(sampling=sampling):  # a 1-row verify, rolled back
+                executor.verify([0], [[1] * block], [sampling])
+                executor.commit([0], [0])
+            busy = profile_calls(verify, args.repeat, device, sync, f"{phase} of 1 row x {block} tokens",
+                                 trace_path(args.trace, phase))
             wall = [r["ms"] for r in results if (r["phase"], r["rows"], r["block"]) == (phase, 1, max(blocks))]
             if busy is not None and wall:
                 # the share of a timed verify (its commit included) the GPU sat idle, waiting on the host
@@ -255,6 +259,15 @@ def main() -> None:
                                  "ms": wall[0], "gpu_idle_share": round(1 - busy / wall[0], 3)})
                 print(f"{phase}, 1 row x {max(blocks)}: GPU busy {busy:.3f} of {wall[0]} ms "
                       f"({1 - busy / wall[0]:.0%} idle)")
+        # one prefill chunk of a length no call has had (row 0 keeps it): what a new prompt's chunk pays
+        length = args.chunk - args.chunk // 4
+        began = time.perf_counter()
+        busy = profile_calls(lambda: executor.prefill([0], [[2] * length], [greedy]), 1, device, sync,
+                             f"prefill of 1 row x {length} tokens (a new length)",
+                             trace_path(args.trace, f"prefill {length}"))
+        prefill_profile = {"phase": f"prefill {length}", "rows": 1, "block": length,
+                           "ms_profiled": round((time.perf_counter() - began) * 1e3, 3),
+                           "gpu_busy_ms": None if busy is None else round(busy, 3)}
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "shape": preset, "layers": args.layers, "dtype": args.dtype,
@@ -262,7 +275,7 @@ def main() -> None:
                        "device": args.device, "graphs": mode.startswith("CUDA graphs"),
                        "draft_kernels": list(pair.draft_kernels),
                        "target_kernels": list(pair.target_kernels), "cached": args.cached, "repeat": args.repeat,
-                       "results": results, "profile": profiles},
+                       "results": results, "profile": profiles, "prefill_profile": prefill_profile},
                       f, indent=2)
 
 

@@ -17,11 +17,12 @@ SCRIPT = Path(__file__).parents[2] / "scripts" / "executor_step_bench.py"
 @pytest.mark.parametrize("preset, layers, rule", [("tiny", 2, "point-mass"), ("tiny", 2, "drafter"),
                                                  ("tiny-qwen3.5-moe", 4, "point-mass")])  # dense; hybrid sparse MoE
 def test_the_bench_runs_every_phase_through_the_executor_and_records_it(tmp_path, preset, layers, rule):
-    out = tmp_path / "executor_bench.json"
+    out, traces = tmp_path / "executor_bench.json", tmp_path / "traces"
+    profiled = ["--profile", "--trace", str(traces)] if rule == "drafter" else []  # once: the profiles' path
     done = subprocess.run([sys.executable, str(SCRIPT), "--preset", preset, "--layers", str(layers), "--rows", "1,3",
                            "--blocks", "1,4", "--chunk", "8", "--cached", "16", "--repeat", "2", "--device", "cpu",
-                           "--dtype", "float32", "--draft-rule", rule, "--json", str(out)], capture_output=True,
-                          text=True, timeout=300)
+                           "--dtype", "float32", "--draft-rule", rule, "--json", str(out), *profiled],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     record = json.loads(out.read_text())
     cases = {(r["phase"], r["rows"], r["block"]) for r in record["results"]}
@@ -32,3 +33,8 @@ def test_the_bench_runs_every_phase_through_the_executor_and_records_it(tmp_path
     # on the CPU the executor's memory is the host's: nothing crosses a host boundary
     assert all(r["host_bytes_per_call"] == 0 and r["ms"] > 0 for r in record["results"])
     assert "| verify | 3 | 4 |" in done.stdout
+    if profiled:  # the verifies' and a new-length prefill's timelines (on the CPU: host events only)
+        assert sorted(p.name for p in traces.iterdir()) == [
+            "prefill_6.json.gz", "verify.json.gz", "verify_T0.8_top-p_0.95.json.gz"]
+        assert record["prefill_profile"]["phase"] == "prefill 6" and record["prefill_profile"]["gpu_busy_ms"] is None
+        assert "profile: 1 x prefill of 1 row x 6 tokens (a new length)" in done.stdout
