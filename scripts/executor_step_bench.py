@@ -168,7 +168,7 @@ def main() -> None:
     rows_list, blocks = [int(r) for r in args.rows.split(",")], [int(b) for b in args.blocks.split(",")]
     pair = RandomPair(args.preset, args.layers, device, dtype)
     pair.draft_rule = args.draft_rule  # read by torch_executor: the block pass returns its logits for the rule
-    capacity = args.cached + 3 * args.chunk + max(blocks) + 8  # up to three prefill chunks past --cached
+    capacity = args.cached + args.chunk + max(blocks) + 8  # a captured run attends over all of it
     executor = torch_executor(pair, max(rows_list), capacity)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     greedy = core.RowSampling()
@@ -218,17 +218,20 @@ def main() -> None:
                     executor.verify(rows, [[1, *d] for d in drafts], plain_t * n)
                     executor.commit(rows, [0] * n)
                 measure("step T=0.8", block, sampled_step, args.cached)
-        # Each prefill commits its chunk: one call per row set and length (fresh rows would re-zero states).
-        # The second length is one no run has had: what a prompt of a new length pays (an attention kernel
-        # that plans per shape pays it here).
-        for length in (args.chunk, args.chunk - args.chunk // 8):
+        # Each prefill commits its chunk: one call per row set and length. The first goes after --cached
+        # tokens; the second starts the rows afresh (a new request's first chunk) at a length no call has
+        # had: what a prompt of a new length pays (an attention kernel that plans per shape pays it there).
+        for length, fresh in ((args.chunk, False), (args.chunk - args.chunk // 8, True)):
+            if fresh:
+                for row in rows:
+                    executor.release(row)
             before = executor.host_bytes
             sync()
             began = time.perf_counter()
             executor.prefill(rows, [[2] * length for _ in rows], [greedy] * n)
             sync()
-            results.append({"phase": f"prefill {length}", "rows": n, "block": length,
-                            "ms": round((time.perf_counter() - began) * 1e3, 3),
+            results.append({"phase": f"prefill {length}" + (" (fresh rows)" if fresh else ""), "rows": n,
+                            "block": length, "ms": round((time.perf_counter() - began) * 1e3, 3),
                             "host_bytes_per_call": executor.host_bytes - before})
     scale = preset["full_layers"] / args.layers
     mode = "eager" if args.eager or device.type != "cuda" else "CUDA graphs"
@@ -259,8 +262,9 @@ def main() -> None:
                                  "ms": wall[0], "gpu_idle_share": round(1 - busy / wall[0], 3)})
                 print(f"{phase}, 1 row x {max(blocks)}: GPU busy {busy:.3f} of {wall[0]} ms "
                       f"({1 - busy / wall[0]:.0%} idle)")
-        # one prefill chunk of a length no call has had (row 0 keeps it): what a new prompt's chunk pays
+        # a new request's first prefill chunk, of a length no call has had (row 0 starts afresh)
         length = args.chunk - args.chunk // 4
+        executor.release(0)
         began = time.perf_counter()
         busy = profile_calls(lambda: executor.prefill([0], [[2] * length], [greedy]), 1, device, sync,
                              f"prefill of 1 row x {length} tokens (a new length)",

@@ -27,7 +27,7 @@ def test_the_bench_runs_every_phase_through_the_executor_and_records_it(tmp_path
     record = json.loads(out.read_text())
     cases = {(r["phase"], r["rows"], r["block"]) for r in record["results"]}
     assert cases == {(phase, rows, block) for rows in (1, 3) for phase, block in
-                     (("verify", 1), ("verify", 4), ("draft", 4), ("prefill 8", 8), ("prefill 7", 7), ("verify T=0.8 top-p 0.95", 4),
+                     (("verify", 1), ("verify", 4), ("draft", 4), ("prefill 8", 8), ("prefill 7 (fresh rows)", 7), ("verify T=0.8 top-p 0.95", 4),
                       ("verify T=0.8", 4), ("step T=0.8", 4))}
     assert record["draft_rule"] == rule
     # on the CPU the executor's memory is the host's: nothing crosses a host boundary
