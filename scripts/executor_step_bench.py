@@ -134,6 +134,9 @@ def main() -> None:
     parser.add_argument("--blocks", default="1,4,8,16")
     parser.add_argument("--chunk", type=int, default=512)
     parser.add_argument("--cached", type=int, default=1024)
+    parser.add_argument("--capacity", type=int,
+                        help="tokens per KV slot (default: just what the phases need); a captured run attends over "
+                             "all of them whatever the rows hold, so this is what a server's capacity costs a step")
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16")
@@ -166,9 +169,12 @@ def main() -> None:
     preset = PRESETS[args.preset] if args.preset in PRESETS else dict(MOE_PRESETS[args.preset]["config"],
                                                                       full_layers=MOE_PRESETS[args.preset]["full_layers"])
     rows_list, blocks = [int(r) for r in args.rows.split(",")], [int(b) for b in args.blocks.split(",")]
+    need = args.cached + args.chunk + max(blocks) + 8
+    if args.capacity is not None and args.capacity < need:
+        parser.error(f"--capacity {args.capacity} is below the {need} tokens the phases need")
     pair = RandomPair(args.preset, args.layers, device, dtype)
     pair.draft_rule = args.draft_rule  # read by torch_executor: the block pass returns its logits for the rule
-    capacity = args.cached + args.chunk + max(blocks) + 8  # a captured run attends over all of it
+    capacity = args.capacity or need  # a captured run attends over all of it
     executor = torch_executor(pair, max(rows_list), capacity)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     greedy = core.RowSampling()
@@ -240,7 +246,7 @@ def main() -> None:
     if pair.target_kernels:
         mode += ", target kernels " + "/".join(pair.target_kernels)
     print(f"{args.preset}-shaped, {args.layers} of {preset['full_layers']} layers, {args.dtype} on {args.device} ({mode}), "
-          f"{args.cached} cached; ms per call (x{scale:.1f} for the full depth, roughly: the LM head does not scale)")
+          f"{args.cached} cached of {capacity} a slot; ms per call (x{scale:.1f} for the full depth, roughly: the LM head does not scale)")
     print("| phase | rows | B | ms | host bytes per call | graph runs |")
     print("|---|---|---|---|---|---|")
     for r in results:
@@ -278,7 +284,8 @@ def main() -> None:
                        "draft_rule": args.draft_rule,
                        "device": args.device, "graphs": mode.startswith("CUDA graphs"),
                        "draft_kernels": list(pair.draft_kernels),
-                       "target_kernels": list(pair.target_kernels), "cached": args.cached, "repeat": args.repeat,
+                       "target_kernels": list(pair.target_kernels), "cached": args.cached, "capacity": capacity,
+                       "repeat": args.repeat,
                        "results": results, "profile": profiles, "prefill_profile": prefill_profile},
                       f, indent=2)
 

@@ -137,6 +137,10 @@ else
     --json "$work/executor_bench_kernels.json"
   step executor_bench_drafter 120 "$python" scripts/executor_step_bench.py --draft-rule drafter --rows 1,8 \
     --blocks 16 --repeat 5 --json "$work/executor_bench_drafter.json"
+  # a server's default slot (4,096 tokens, runtime/engine.py) under the same 1,024 cached: what a captured
+  # run's attention over the whole slot costs beside executor_bench's
+  step executor_bench_capacity 120 "$python" scripts/executor_step_bench.py --kernels off --rows 1,32 \
+    --blocks 1,16 --repeat 5 --capacity 4096 --json "$work/executor_bench_capacity.json"
   step executor_bench_eager 120 "$python" scripts/executor_step_bench.py --eager --kernels off --rows 1,8 \
     --json "$work/executor_bench_eager.json"
   step executor_bench_moe 180 "$python" scripts/executor_step_bench.py --preset qwen3.5-35b-a3b --kernels off \

@@ -141,7 +141,8 @@ def build_record(work: Path, commit: str, peak_tflops: float) -> dict:
                "executor_bench_drafter": ("executor_bench_drafter.json", lambda p: json.loads(p.read_text())),
                "executor_bench_moe": ("executor_bench_moe.json", lambda p: json.loads(p.read_text())),
                "executor_bench_moe_kernels": ("executor_bench_moe_kernels.json", lambda p: json.loads(p.read_text())),
-               "executor_bench_kernels": ("executor_bench_kernels.json", lambda p: json.loads(p.read_text()))}
+               "executor_bench_kernels": ("executor_bench_kernels.json", lambda p: json.loads(p.read_text())),
+               "executor_bench_capacity": ("executor_bench_capacity.json", lambda p: json.loads(p.read_text()))}
     for key, (name, read) in readers.items():
         if (work / name).is_file():
             record[key] = read(work / name)

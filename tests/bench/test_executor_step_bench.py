@@ -19,9 +19,10 @@ SCRIPT = Path(__file__).parents[2] / "scripts" / "executor_step_bench.py"
 def test_the_bench_runs_every_phase_through_the_executor_and_records_it(tmp_path, preset, layers, rule):
     out, traces = tmp_path / "executor_bench.json", tmp_path / "traces"
     profiled = ["--profile", "--trace", str(traces)] if rule == "drafter" else []  # once: the profiles' path
+    wide = ["--capacity", "64"] if preset != "tiny" else []  # once: a slot wider than the phases need
     done = subprocess.run([sys.executable, str(SCRIPT), "--preset", preset, "--layers", str(layers), "--rows", "1,3",
                            "--blocks", "1,4", "--chunk", "8", "--cached", "16", "--repeat", "2", "--device", "cpu",
-                           "--dtype", "float32", "--draft-rule", rule, "--json", str(out), *profiled],
+                           "--dtype", "float32", "--draft-rule", rule, "--json", str(out), *profiled, *wide],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     record = json.loads(out.read_text())
@@ -30,6 +31,7 @@ def test_the_bench_runs_every_phase_through_the_executor_and_records_it(tmp_path
                      (("verify", 1), ("verify", 4), ("draft", 4), ("prefill 8", 8), ("prefill 7 (fresh rows)", 7), ("verify T=0.8 top-p 0.95", 4),
                       ("verify T=0.8", 4), ("step T=0.8", 4))}
     assert record["draft_rule"] == rule
+    assert record["capacity"] == (64 if wide else 16 + 8 + 4 + 8)  # --cached + --chunk + the largest block + 8
     # on the CPU the executor's memory is the host's: nothing crosses a host boundary
     assert all(r["host_bytes_per_call"] == 0 and r["ms"] > 0 for r in record["results"])
     assert "| verify | 3 | 4 |" in done.stdout
@@ -38,3 +40,11 @@ def test_the_bench_runs_every_phase_through_the_executor_and_records_it(tmp_path
             "prefill_6.json.gz", "verify.json.gz", "verify_T0.8_top-p_0.95.json.gz"]
         assert record["prefill_profile"]["phase"] == "prefill 6" and record["prefill_profile"]["gpu_busy_ms"] is None
         assert "profile: 1 x prefill of 1 row x 6 tokens (a new length)" in done.stdout
+
+
+def test_a_slot_too_small_for_the_phases_is_refused_before_any_work():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--preset", "tiny", "--layers", "1", "--device", "cpu",
+                           "--cached", "16", "--chunk", "8", "--blocks", "1,4", "--capacity", "20"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].endswith("--capacity 20 is below the 36 tokens the phases need")
