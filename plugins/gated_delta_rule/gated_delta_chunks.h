@@ -21,8 +21,8 @@
 // A block carries kColumns columns of one (batch row, value head)'s state: the columns evolve apart
 // (column c needs only the keys, queries, gates and column c of the values), while the chunk's L, T,
 // W and M, the same for every column, are recomputed by each of the head's Dv / kColumns blocks.
-// Every product is a 4 x 4 tile a thread: both operands stored with the summed index outermost, so
-// each step of the sum reads four consecutive floats of each.
+// Every product is a 4 x 4 or 4 x 2 tile a thread: both operands stored with the summed index
+// outermost, so each step of the sum reads four (two) consecutive floats of each.
 #pragma once
 
 #include <cstdint>
@@ -46,7 +46,10 @@ constexpr int kThreads = 256;       // the CUDA block (the host test runs other 
 // 8 banks, not 1 (a 4-way conflict instead of a 32-way one).
 constexpr int kTokenPitch = kChunk + 4;       // rows indexed by a key dim or a token, holding kChunk tokens
 constexpr int kKeyPitch = kMaxKeyDim + 4;     // rows holding a token's Dk values
-constexpr int kChunkTiles = kChunk / 4, kColumnTiles = kColumns / 4;
+constexpr int kChunkTiles = kChunk / 4, kColumnTiles = kColumns / 4;  // 4-wide tiles
+constexpr int kChunkPairs = kChunk / 2, kColumnPairs = kColumns / 2;  // 2-wide tiles
+constexpr int kNormParts = kThreads / kChunk;  // threads summing one token's squared norms
+static_assert(2 * kNormParts <= kChunk && kChunk <= kColumns, "the norms' pieces fit Shared::qs");
 
 // A block's working set (a CUDA block's dynamic shared memory: 100,352 bytes, within what every GPU
 // from SM 8.0 on lets one block have).
@@ -85,26 +88,39 @@ DFLASH_HOST_DEVICE inline float inverse_sqrt(float x) {
 #endif
 }
 
-struct Four {
-  float v[4];
+template <int N>
+struct Floats {
+  float v[N];
 };
 
-DFLASH_HOST_DEVICE inline Four four(const float* at) {
+// N = 2 or 4 consecutive floats (8- or 16-byte aligned): one load on the device.
+template <int N>
+DFLASH_HOST_DEVICE inline Floats<N> floats(const float* at) {
+  static_assert(N == 2 || N == 4, "a float2 or a float4");
 #ifdef __CUDA_ARCH__
-  const float4 f = *reinterpret_cast<const float4*>(at);
-  return {{f.x, f.y, f.z, f.w}};
+  if constexpr (N == 4) {
+    const float4 f = *reinterpret_cast<const float4*>(at);
+    return {{f.x, f.y, f.z, f.w}};
+  } else {
+    const float2 f = *reinterpret_cast<const float2*>(at);
+    return {{f.x, f.y}};
+  }
 #else
-  return {{at[0], at[1], at[2], at[3]}};
+  Floats<N> f;
+  for (int i = 0; i < N; ++i) f.v[i] = at[i];
+  return f;
 #endif
 }
 
-// acc[r][c] += sum over d < depth of a[d * lda + r] * b[d * ldb + c]: a 4 x 4 tile of A^T B, with A
-// and B stored summed index first (a, b and both pitches multiples of 4 floats).
-DFLASH_HOST_DEVICE inline void tile(const float* a, int lda, const float* b, int ldb, int depth, float (&acc)[4][4]) {
+// acc[r][c] += sum over d < depth of a[d * lda + r] * b[d * ldb + c]: a 4 x C tile of A^T B, with A
+// and B stored summed index first (a, b and both pitches multiples of 4 floats; b of C floats).
+template <int C = 4>
+DFLASH_HOST_DEVICE inline void tile(const float* a, int lda, const float* b, int ldb, int depth, float (&acc)[4][C]) {
   for (int d = 0; d < depth; ++d) {
-    const Four x = four(a + d * lda), y = four(b + d * ldb);
+    const Floats<4> x = floats<4>(a + d * lda);
+    const Floats<C> y = floats<C>(b + d * ldb);
     for (int r = 0; r < 4; ++r)
-      for (int c = 0; c < 4; ++c) acc[r][c] += x.v[r] * y.v[c];
+      for (int c = 0; c < C; ++c) acc[r][c] += x.v[r] * y.v[c];
   }
 }
 
@@ -181,18 +197,36 @@ DFLASH_HOST_DEVICE void scan_block(const GatedDeltaRuleShape& a, int64_t row, in
     }
     Threads::sync();
 
-    // 2. Each token's norms (a thread a token); G, the running sum of g (thread 0).
-    for (int i = id; i < kChunk; i += count) {
+    // 2. Each token's squared norms in kNormParts pieces of its Dk values (into qs, free until step 7:
+    //    rows [0, kNormParts) for q, the next kNormParts for k), then summed a thread a token; G, the
+    //    running sum of g, by thread 0 from registers.
+    for (int e = id; e < kChunk * kNormParts; e += count) {
+      const int i = e % kChunk, part = e / kChunk;
       float qq = 0.f, kk = 0.f;
-      for (int d = 0; d < pad; ++d) {
+      for (int d = part; d < pad; d += kNormParts) {
         qq += s.qt[d][i] * s.qt[d][i];
         kk += s.kt[d][i] * s.kt[d][i];
+      }
+      s.qs[part][i] = qq;
+      s.qs[kNormParts + part][i] = kk;
+    }
+    if (id == 0) {
+      float g_of[kChunk], running = 0.f;
+      DFLASH_UNROLL_ALL
+      for (int i = 0; i < kChunk; ++i) g_of[i] = s.decay[i];
+      DFLASH_UNROLL_ALL
+      for (int i = 0; i < kChunk; ++i) s.decay[i] = running += g_of[i];
+    }
+    Threads::sync();
+    for (int i = id; i < kChunk; i += count) {
+      float qq = 0.f, kk = 0.f;
+      for (int part = 0; part < kNormParts; ++part) {
+        qq += s.qs[part][i];
+        kk += s.qs[kNormParts + part][i];
       }
       s.q_scale[i] = inverse_sqrt(qq + kGatedDeltaRuleEpsilon) * inv_sqrt_dk;
       s.k_scale[i] = inverse_sqrt(kk + kGatedDeltaRuleEpsilon);
     }
-    if (id == 0)
-      for (int i = 1; i < kChunk; ++i) s.decay[i] += s.decay[i - 1];
     Threads::sync();
 
     // 3. Normalised: K (both layouts) and Q^T.
@@ -204,16 +238,16 @@ DFLASH_HOST_DEVICE void scan_block(const GatedDeltaRuleShape& a, int64_t row, in
     }
     Threads::sync();
 
-    // 4. L and M^T.
-    for (int job = id; job < 2 * kChunkTiles * kChunkTiles; job += count) {
-      const bool is_l = job < kChunkTiles * kChunkTiles;
-      const int at = job % (kChunkTiles * kChunkTiles), rt = at / kChunkTiles, ct = at % kChunkTiles;
-      float acc[4][4] = {};
+    // 4. L and M^T, in 4 x 2 tiles (the two products' tiles then keep a CUDA block's 256 threads busy).
+    for (int job = id; job < 2 * kChunkTiles * kChunkPairs; job += count) {
+      const bool is_l = job < kChunkTiles * kChunkPairs;
+      const int at = job % (kChunkTiles * kChunkPairs), rt = at / kChunkPairs, ct = at % kChunkPairs;
+      float acc[4][2] = {};
       // L: k_i . k_j (rows i, columns j); M^T: k_j . q_i (rows j, columns i)
-      tile(&s.kt[0][4 * rt], kTokenPitch, is_l ? &s.kt[0][4 * ct] : &s.qt[0][4 * ct], kTokenPitch, pad, acc);
+      tile<2>(&s.kt[0][4 * rt], kTokenPitch, is_l ? &s.kt[0][2 * ct] : &s.qt[0][2 * ct], kTokenPitch, pad, acc);
       for (int r = 0; r < 4; ++r)
-        for (int c = 0; c < 4; ++c) {
-          const int i = 4 * rt + r, j = 4 * ct + c;
+        for (int c = 0; c < 2; ++c) {
+          const int i = 4 * rt + r, j = 2 * ct + c;
           if (is_l)
             s.l[i][j] = j < i ? s.beta[i] * exp_of(s.decay[i] - s.decay[j]) * acc[r][c] : 0.f;
           else  // here i is the key's token and j the query's
@@ -227,10 +261,10 @@ DFLASH_HOST_DEVICE void scan_block(const GatedDeltaRuleShape& a, int64_t row, in
       float x[kChunk];
       DFLASH_UNROLL_ALL
       for (int i = 0; i < kChunk; ++i) {
-        float sum = 0.f;
+        float sums[2] = {0.f, 0.f};  // two chains: the substitution is the chunk's longest serial run
         DFLASH_UNROLL_ALL
-        for (int j = 0; j < i; ++j) sum += s.l[i][j] * x[j];
-        x[i] = i < m ? 0.f : i == m ? 1.f : -sum;
+        for (int j = 0; j < i; ++j) sums[j % 2] += s.l[i][j] * x[j];
+        x[i] = i < m ? 0.f : i == m ? 1.f : -(sums[0] + sums[1]);
       }
       const float bu = s.beta[m], bw = bu * exp_of(s.decay[m]);
       for (int i = 0; i < kChunk; ++i) {
@@ -261,15 +295,16 @@ DFLASH_HOST_DEVICE void scan_block(const GatedDeltaRuleShape& a, int64_t row, in
     }
     Threads::sync();
 
-    // 7. V' = U - W S (into u) and diag(e^G) Q S; K scaled by e^(G_last - G) for the state's update.
-    for (int job = id; job < 2 * kChunkTiles * kColumnTiles; job += count) {
-      const bool is_w = job < kChunkTiles * kColumnTiles;
-      const int at = job % (kChunkTiles * kColumnTiles), it = at / kColumnTiles, ct = at % kColumnTiles;
-      float acc[4][4] = {};
-      tile(is_w ? &s.kt[0][4 * it] : &s.qt[0][4 * it], kTokenPitch, &s.state[0][4 * ct], kColumns, pad, acc);
+    // 7. V' = U - W S (into u) and diag(e^G) Q S, in 4 x 2 tiles; K scaled by e^(G_last - G) for the
+    //    state's update.
+    for (int job = id; job < 2 * kChunkTiles * kColumnPairs; job += count) {
+      const bool is_w = job < kChunkTiles * kColumnPairs;
+      const int at = job % (kChunkTiles * kColumnPairs), it = at / kColumnPairs, ct = at % kColumnPairs;
+      float acc[4][2] = {};
+      tile<2>(is_w ? &s.kt[0][4 * it] : &s.qt[0][4 * it], kTokenPitch, &s.state[0][2 * ct], kColumns, pad, acc);
       for (int r = 0; r < 4; ++r)
-        for (int c = 0; c < 4; ++c) {
-          float& to = is_w ? s.u[4 * it + r][4 * ct + c] : s.qs[4 * it + r][4 * ct + c];
+        for (int c = 0; c < 2; ++c) {
+          float& to = is_w ? s.u[4 * it + r][2 * ct + c] : s.qs[4 * it + r][2 * ct + c];
           to = is_w ? to - acc[r][c] : acc[r][c];
         }
     }
