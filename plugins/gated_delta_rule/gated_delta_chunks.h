@@ -31,7 +31,6 @@
 #include "gated_delta_rule/gated_delta_rule_ref.h"
 
 #ifndef __CUDA_ARCH__
-#include <algorithm>
 #include <cmath>
 #endif
 
@@ -64,7 +63,7 @@ struct Shared {
   float mt[kChunk][kChunk];          // M^T
   float v[kChunk][kColumns];         // V: this block's columns
   float u[kChunk][kColumns];         // U, then V'
-  float qs[kChunk][kColumns];        // diag(e^G) Q S
+  float qs[kChunk][kColumns];        // first the tokens' squared norms in pieces; then diag(e^G) Q S
   float decay[kChunk];               // g, then G
   float beta[kChunk];
   float q_scale[kChunk], k_scale[kChunk];
