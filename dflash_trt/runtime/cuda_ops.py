@@ -51,6 +51,32 @@ def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
+def scan_by_kept_position(scan, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
+                          beta: torch.Tensor, state: torch.Tensor, kept: list[int]):
+    """dflash::delta_rule_at for a prefill, whose rows keep one state each, after position kept[b] (a
+    ragged batch: each row's last real token), through `scan` (delta_rule_scan's contract: inputs, the
+    state before them and states_from -> (out, the states from states_from on)). The rows keeping the
+    same position p scan their first p + 1 tokens keeping the last state only (what the GatedDeltaRule
+    kernel runs in its chunked form), then the tokens after p from that state, for their outputs alone.
+    Returns (out [b, s, Hv, Dv], states [b, 1, Hv, Dk, Dv]), as delta_rule_scan_at does."""
+    b, s = query.shape[:2]
+    inputs = (query, key, value, g, beta)
+    out = torch.empty_like(value)
+    states = torch.empty(b, 1, *state.shape[1:], dtype=torch.float32, device=state.device)
+    for p in sorted(set(kept)):
+        rows = torch.tensor([i for i, at in enumerate(kept) if at == p], device=query.device)
+        # every row at once keeps its tensors as they are (the common case: one prompt, or equal ones)
+        mine = inputs if len(rows) == b else tuple(t.index_select(0, rows) for t in inputs)
+        start = state if len(rows) == b else state.index_select(0, rows)
+        head_out, head_states = scan(*(t[:, :p + 1] for t in mine), start, p)
+        out[rows, :p + 1] = head_out
+        states[rows, 0] = head_states[:, -1]
+        if p + 1 < s:
+            tail_out, _ = scan(*(t[:, p + 1:] for t in mine), head_states[:, -1], s - p - 2)
+            out[rows, p + 1:] = tail_out
+    return out, states
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     """The plugin library with its entry points declared; None where there is no GPU or no library."""
@@ -84,22 +110,30 @@ def register_target_kernels() -> bool:
         return False
     import dflash_trt.export.moe_ops  # noqa: F401  defines dflash::moe
 
-    @torch.library.register_kernel("dflash::delta_rule_at", "cuda")
-    def _(query, key, value, g, beta, state, positions):
+    def scan(query, key, value, g, beta, state, first: int):
+        """The kernel over these rows: out, and the state after every position from `first` on."""
         b, s, hk, dk = query.shape
         hv, dv = value.shape[2], value.shape[3]
         query, key, beta = (t.to(value.dtype).contiguous() for t in (query, key, beta))
         value, g, state = value.contiguous(), g.float().contiguous(), state.float().contiguous()
         out = torch.empty_like(value)
-        # The kernel writes the state after every position from `first` on. Outside a CUDA graph's
-        # capture (a prefill) the earliest kept position is read, so a long chunk writes one state
-        # per row, not one per position; a captured verify (at most a block's positions) writes all.
-        first = 0 if torch.cuda.is_current_stream_capturing() else int(positions.min())
         every = torch.empty(b, s - first, hv, dk, dv, dtype=torch.float32, device=value.device)
         _check("GatedDeltaRule", library.dflash_gated_delta_rule(
             b, s, hk, hv, dk, dv, _DTYPES[value.dtype], *map(_ptr, (query, key, value, g, beta, state)), first,
             _ptr(out), _ptr(every), torch.cuda.current_stream().cuda_stream))
-        index = (positions - first)[:, :, None, None, None].expand(-1, -1, hv, dk, dv)
+        return out, every
+
+    @torch.library.register_kernel("dflash::delta_rule_at", "cuda")
+    def _(query, key, value, g, beta, state, positions):
+        # A prefill (one kept state a row, outside a CUDA graph's capture) keeps the last state of each
+        # row's own length: the kernel's chunked form, and one state a row, not one a position.
+        if positions.shape[1] == 1 and not torch.cuda.is_current_stream_capturing():
+            return scan_by_kept_position(scan, query, key, value, g, beta, state, positions[:, 0].tolist())
+        # A verify: every position's state from the earliest kept one on (from 0 while captured: the
+        # positions are not known until replay), then each row's kept ones.
+        first = 0 if torch.cuda.is_current_stream_capturing() else int(positions.min())
+        out, every = scan(query, key, value, g, beta, state, first)
+        index = (positions - first)[:, :, None, None, None].expand(-1, -1, *every.shape[2:])
         return out, every.gather(1, index)
 
     @torch.library.register_kernel("dflash::moe", "cuda")

@@ -166,6 +166,36 @@ def test_the_eager_gpu_attention_form_reads_each_query_heads_own_kv_head():
     assert not torch.allclose(swapped, want, atol=1e-3)
 
 
+def test_a_ragged_prefill_keeps_each_rows_state_through_scans_that_keep_only_their_last():
+    """runtime/cuda_ops.scan_by_kept_position (how the GatedDeltaRule kernel runs a prefill of rows of
+    different lengths: each group of rows scans up to its own last token keeping that state alone, then its
+    padding from there) over the reference scan equals delta_rule_scan_at, outputs and kept states: rows
+    keeping the last position, the first, and a shared middle one."""
+    from dflash_trt.export.delta_rule import delta_rule_scan, delta_rule_scan_at
+    from dflash_trt.runtime.cuda_ops import scan_by_kept_position
+
+    calls = []
+
+    def reference_scan(query, key, value, g, beta, state, first):
+        calls.append((query.shape[0], query.shape[1], first))
+        return delta_rule_scan(query, key, value, g, beta, state, torch.tensor(first))
+
+    gen = torch.Generator().manual_seed(2)
+    b, s, hk, hv, dk, dv = 4, 9, 1, 2, 8, 4
+    query, key = (torch.randn(b, s, hk, dk, generator=gen) for _ in range(2))
+    value = torch.randn(b, s, hv, dv, generator=gen)
+    gate, beta = -torch.rand(b, s, hv, generator=gen), torch.rand(b, s, hv, generator=gen)
+    state = torch.randn(b, hv, dk, dv, generator=gen)
+    kept = [8, 4, 0, 4]
+    out, states = scan_by_kept_position(reference_scan, query, key, value, gate, beta, state, kept)
+    want_out, want_states = delta_rule_scan_at(query, key, value, gate, beta, state, torch.tensor(kept)[:, None])
+    torch.testing.assert_close(out, want_out, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(states, want_states, rtol=1e-6, atol=1e-6)
+    # (rows, tokens, states_from) of each scan: a group's tokens up to its kept position, keeping that state
+    # alone, then the rest of its tokens (for their outputs) keeping their last
+    assert calls == [(1, 1, 0), (1, 8, 7), (2, 5, 4), (2, 4, 3), (1, 9, 8)]
+
+
 def test_a_cuda_graph_is_keyed_on_every_binding_and_only_for_decode_sized_runs():
     """TorchGraph's capture key (the replay is only valid for the same addresses, dtypes and shapes), as
     the executor hands bindings over: name -> (address, dtype, shape tuple) in name order."""
