@@ -21,6 +21,9 @@ from dflash_trt.errors import DFlashError
 
 LIBRARY = Path(__file__).resolve().parent.parent / "_ops" / "libdflash_trt_plugins.so"
 KERNEL_OPS = ("InjectKV", "BlockAttention")  # the draft graphs'
+# The fewest tokens a GatedDeltaRule call keeping only its last state runs in the kernel's chunked form
+# (plugins/gated_delta_rule/gated_delta_chunks.h: kChunk)
+CHUNK_TOKENS = 32
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _I64, _F32, _I32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_int32, ctypes.c_void_p
 
@@ -125,13 +128,17 @@ def register_target_kernels() -> bool:
 
     @torch.library.register_kernel("dflash::delta_rule_at", "cuda")
     def _(query, key, value, g, beta, state, positions):
-        # A prefill (one kept state a row, outside a CUDA graph's capture) keeps the last state of each
-        # row's own length: the kernel's chunked form, and one state a row, not one a position.
-        if positions.shape[1] == 1 and not torch.cuda.is_current_stream_capturing():
-            return scan_by_kept_position(scan, query, key, value, g, beta, state, positions[:, 0].tolist())
-        # A verify: every position's state from the earliest kept one on (from 0 while captured: the
+        capturing = torch.cuda.is_current_stream_capturing()
+        # A prefill (one kept state a row, outside a CUDA graph's capture) whose longest row reaches a
+        # chunk keeps the last state of each row's own length: the kernel's chunked form, one state a
+        # row. (Shorter ones all run the token loop anyway: one call serves them.)
+        if positions.shape[1] == 1 and not capturing:
+            kept = positions[:, 0].tolist()
+            if max(kept) + 1 >= CHUNK_TOKENS:
+                return scan_by_kept_position(scan, query, key, value, g, beta, state, kept)
+        # Otherwise every position's state from the earliest kept one on (from 0 while captured: the
         # positions are not known until replay), then each row's kept ones.
-        first = 0 if torch.cuda.is_current_stream_capturing() else int(positions.min())
+        first = 0 if capturing else int(positions.min())
         out, every = scan(query, key, value, g, beta, state, first)
         index = (positions - first)[:, :, None, None, None].expand(-1, -1, *every.shape[2:])
         return out, every.gather(1, index)

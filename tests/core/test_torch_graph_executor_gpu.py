@@ -127,12 +127,13 @@ def test_hybrid_and_moe_targets_take_our_kernels_for_their_own_ops(pair_dirs):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("s, kept", [(17, [[0, 5, 16], [3, 3, 9], [16, 1, 0]]), (17, [[16], [12], [9]]),
-                                     (77, [[76], [76], [76]])], ids=["from-0", "from-9", "chunked-prefill"])
+                                     (77, [[76], [76], [76]]), (77, [[76], [40], [12]])],
+                         ids=["from-0", "from-9", "chunked-prefill", "ragged-chunked-prefill"])
 def test_the_gated_delta_rule_kernel_equals_the_ops_reference_body(dtype, s, kept):
     """dflash::delta_rule_at on CUDA (our kernel, runtime/cuda_ops.py) against the op's PyTorch body on the
     same inputs: ragged kept positions, grouped key heads; kept positions from 0, and a prefill's (one a
-    row: each group of rows scans to its own kept position keeping that state alone, then its padding;
-    every row's last of 77 tokens: the chunked form, gated_delta_chunks.h)."""
+    row: where the longest reaches a chunk, each group of rows scans to its own kept position keeping
+    that state alone, then its padding; 32 tokens or more: the chunked form, gated_delta_chunks.h)."""
     from dflash_trt.export.delta_rule import delta_rule_scan_at
     from dflash_trt.runtime.cuda_ops import LIBRARY, register_target_kernels
 
