@@ -16,9 +16,7 @@ reads the executor's host-boundary accounting per call. Prints a table; --json w
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -106,11 +104,7 @@ def profile_calls(call, repeat: int, device: torch.device, sync, label: str,
         sync()
     if trace is not None:
         trace.parent.mkdir(parents=True, exist_ok=True)
-        plain = trace.with_suffix("")
-        prof.export_chrome_trace(str(plain))
-        with open(plain, "rb") as raw, gzip.open(trace, "wb") as packed:
-            shutil.copyfileobj(raw, packed)
-        plain.unlink()
+        prof.export_chrome_trace(str(trace))  # gzipped by torch: the path ends in .gz
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     print(f"profile: {repeat} x {label}")
     print(prof.key_averages().table(sort_by=sort, row_limit=15, max_name_column_width=60))
@@ -261,12 +255,12 @@ def main() -> None:
                 executor.commit([0], [0])
             busy = profile_calls(verify, args.repeat, device, sync, f"{phase} of 1 row x {block} tokens",
                                  trace_path(args.trace, phase))
-            wall = [r["ms"] for r in results if (r["phase"], r["rows"], r["block"]) == (phase, 1, max(blocks))]
+            wall = [r["ms"] for r in results if (r["phase"], r["rows"], r["block"]) == (phase, 1, block)]
             if busy is not None and wall:
                 # the share of a timed verify (its commit included) the GPU sat idle, waiting on the host
-                profiles.append({"phase": phase, "rows": 1, "block": max(blocks), "gpu_busy_ms": round(busy, 3),
+                profiles.append({"phase": phase, "rows": 1, "block": block, "gpu_busy_ms": round(busy, 3),
                                  "ms": wall[0], "gpu_idle_share": round(1 - busy / wall[0], 3)})
-                print(f"{phase}, 1 row x {max(blocks)}: GPU busy {busy:.3f} of {wall[0]} ms "
+                print(f"{phase}, 1 row x {block}: GPU busy {busy:.3f} of {wall[0]} ms "
                       f"({1 - busy / wall[0]:.0%} idle)")
         # a new request's first prefill chunk, of a length no call has had (row 0 starts afresh)
         length = args.chunk - args.chunk // 4
