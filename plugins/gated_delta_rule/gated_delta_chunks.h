@@ -30,9 +30,7 @@
 #include "common/host_device.h"
 #include "gated_delta_rule/gated_delta_rule_ref.h"
 
-#ifndef __CUDA_ARCH__
 #include <cmath>
-#endif
 
 namespace dflash {
 namespace delta_chunks {
@@ -70,14 +68,6 @@ struct Shared {
 };
 // 99 KiB: the most one block may have on SM 8.6, 8.9 and 12.0 (more on 8.0, 9.0 and 10.0)
 static_assert(sizeof(Shared) <= 99 * 1024, "a block's shared memory must fit every GPU the library targets");
-
-DFLASH_HOST_DEVICE inline float exp_of(float x) {
-#ifdef __CUDA_ARCH__
-  return expf(x);
-#else
-  return std::exp(x);
-#endif
-}
 
 DFLASH_HOST_DEVICE inline float inverse_sqrt(float x) {
 #ifdef __CUDA_ARCH__
@@ -248,9 +238,9 @@ DFLASH_HOST_DEVICE void scan_block(const GatedDeltaRuleShape& a, int64_t row, in
         for (int c = 0; c < 2; ++c) {
           const int i = 4 * rt + r, j = 2 * ct + c;
           if (is_l)
-            s.l[i][j] = j < i ? s.beta[i] * exp_of(s.decay[i] - s.decay[j]) * acc[r][c] : 0.f;
+            s.l[i][j] = j < i ? s.beta[i] * expf(s.decay[i] - s.decay[j]) * acc[r][c] : 0.f;
           else  // here i is the key's token and j the query's
-            s.mt[i][j] = i <= j ? exp_of(s.decay[j] - s.decay[i]) * acc[r][c] : 0.f;
+            s.mt[i][j] = i <= j ? expf(s.decay[j] - s.decay[i]) * acc[r][c] : 0.f;
         }
     }
     Threads::sync();
@@ -265,7 +255,7 @@ DFLASH_HOST_DEVICE void scan_block(const GatedDeltaRuleShape& a, int64_t row, in
         for (int j = 0; j < i; ++j) sums[j % 2] += s.l[i][j] * x[j];
         x[i] = i < m ? 0.f : i == m ? 1.f : -(sums[0] + sums[1]);
       }
-      const float bu = s.beta[m], bw = bu * exp_of(s.decay[m]);
+      const float bu = s.beta[m], bw = bu * expf(s.decay[m]);
       for (int i = 0; i < kChunk; ++i) {
         s.tu[m][i] = x[i] * bu;
         s.tw[m][i] = x[i] * bw;
@@ -290,7 +280,7 @@ DFLASH_HOST_DEVICE void scan_block(const GatedDeltaRuleShape& a, int64_t row, in
     }
     for (int e = id; e < pad * kChunk; e += count) {
       const int d = e / kChunk, i = e % kChunk;
-      s.qt[d][i] *= exp_of(s.decay[i]);
+      s.qt[d][i] *= expf(s.decay[i]);
     }
     Threads::sync();
 
@@ -310,12 +300,12 @@ DFLASH_HOST_DEVICE void scan_block(const GatedDeltaRuleShape& a, int64_t row, in
     const float last = s.decay[kChunk - 1];
     for (int e = id; e < kChunk * pad; e += count) {
       const int i = e / pad, d = e % pad;
-      s.k[i][d] *= exp_of(last - s.decay[i]);
+      s.k[i][d] *= expf(last - s.decay[i]);
     }
     Threads::sync();
 
     // 8. O = diag(e^G) Q S + M V' for the chunk's real tokens; S <- e^(G_last) S + K^T V'.
-    const float carried = exp_of(last);
+    const float carried = expf(last);
     for (int job = id; job < kChunkTiles * kColumnTiles + key_tiles * kColumnTiles; job += count) {
       float acc[4][4] = {};
       if (job < kChunkTiles * kColumnTiles) {

@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kThreads)
   // Token t + kAhead's inputs are loaded while token t is computed, from a ring of kAhead tokens'
   // registers: with only the next token in flight, a token cost a memory latency (1.3 us a token of a
   // verify on an H200, several times its arithmetic).
-  constexpr int kAhead = kRows <= 32 ? 4 : 2;  // Dk = 256 holds fewer: its registers already spill
+  constexpr int kAhead = kRows <= 32 ? 4 : 2;  // Dk = 256: its 64 state rows a thread leave room for fewer
   TokenInputs<kLoads> ring[kAhead];
 #pragma unroll
   for (int u = 0; u < kAhead; ++u)
