@@ -136,10 +136,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (what capture saves)")
     parser.add_argument("--kernels", choices=["auto", "off"], default="auto",
-                        help="auto: on a GPU the draft graphs run our InjectKV/BlockAttention kernels, a hybrid "
-                             "target our GatedDeltaRule and a sparse one our MoE where the plugin library is built "
-                             "(runtime/cuda_ops.py); off: standard graphs, the recurrence's PyTorch body and the "
-                             "MoE's standard-op form")
+                        help="auto: on a GPU the draft graphs run our InjectKV/BlockAttention kernels, the target's "
+                             "decode-sized attention BlockAttention, a hybrid target our GatedDeltaRule and a sparse "
+                             "one our MoE where the plugin library is built (runtime/cuda_ops.py); off: standard "
+                             "graphs, PyTorch's attention, the recurrence's PyTorch body and the MoE's standard-op "
+                             "form")
     parser.add_argument("--draft-rule", choices=["point-mass", "drafter"], default="point-mass",
                         help="how T>0 rows draft (runtime/llm.py's draft_rule): the 'step T=0.8' row's draft and "
                              "verify draw from the drafter's distribution on the device with 'drafter'")

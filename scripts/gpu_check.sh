@@ -141,6 +141,9 @@ else
   # run's attention over the whole slot costs beside executor_bench's
   step executor_bench_capacity 120 "$python" scripts/executor_step_bench.py --kernels off --rows 1,32 \
     --blocks 1,16 --repeat 5 --capacity 4096 --json "$work/executor_bench_capacity.json"
+  # the same through our BlockAttention kernel, which reads each row's length on the device
+  step executor_bench_capacity_kernels 120 "$python" scripts/executor_step_bench.py --rows 1,32 \
+    --blocks 1,16 --repeat 5 --capacity 4096 --json "$work/executor_bench_capacity_kernels.json"
   step executor_bench_eager 120 "$python" scripts/executor_step_bench.py --eager --kernels off --rows 1,8 \
     --json "$work/executor_bench_eager.json"
   step executor_bench_moe 180 "$python" scripts/executor_step_bench.py --preset qwen3.5-35b-a3b --kernels off \

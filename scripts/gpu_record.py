@@ -142,13 +142,18 @@ def build_record(work: Path, commit: str, peak_tflops: float) -> dict:
                "executor_bench_moe": ("executor_bench_moe.json", lambda p: json.loads(p.read_text())),
                "executor_bench_moe_kernels": ("executor_bench_moe_kernels.json", lambda p: json.loads(p.read_text())),
                "executor_bench_kernels": ("executor_bench_kernels.json", lambda p: json.loads(p.read_text())),
-               "executor_bench_capacity": ("executor_bench_capacity.json", lambda p: json.loads(p.read_text()))}
+               "executor_bench_capacity": ("executor_bench_capacity.json", lambda p: json.loads(p.read_text())),
+               "executor_bench_capacity_kernels": ("executor_bench_capacity_kernels.json",
+                                                   lambda p: json.loads(p.read_text()))}
     for key, (name, read) in readers.items():
         if (work / name).is_file():
             record[key] = read(work / name)
     projected = projected_speedups(record)
     if projected:
         record["projected_speedup"] = projected
+    spans = attention_spans(record)
+    if spans:
+        record["attention_spans"] = spans
     return record
 
 
@@ -179,6 +184,28 @@ def projected_speedups(record: dict, block: int = 16) -> list[dict]:
             step = verify + draft
             found.append({"rows": rows, "block": block, "depth": depth, "plain_ms": plain, "step_ms": round(step, 3),
                           "speedup": {name: round(tau * plain / step, 2) for name, tau, _ in PUBLISHED}})
+    return found
+
+
+# The runs that compare what a verify's attention reads: (record key, its label). The first is the default
+# slot size under SDPA; the others a server's 4,096-token slot, under SDPA (a captured run spans it all,
+# masked) and under our BlockAttention kernel (each row's length read on the device).
+ATTENTION_RUNS = (("executor_bench", "SDPA"), ("executor_bench_capacity", "SDPA"),
+                  ("executor_bench_capacity_kernels", "BlockAttention"))
+
+
+def attention_spans(record: dict) -> list[dict]:
+    """Per (rows, block) of the verifies the capacity runs timed: each run's ms with its slot size."""
+    runs = [(record[key], label) for key, label in ATTENTION_RUNS if key in record]
+    if len(runs) < 2:
+        return []
+    cost = [{(r["rows"], r["block"]): r["ms"] for r in bench["results"] if r["phase"] == "verify"}
+            for bench, _ in runs]
+    found = []
+    for rows, block in sorted(cost[-1]):
+        found.append({"rows": rows, "block": block, "ms": {
+            f"{label}, {bench.get('capacity', 'default')} slots": c[(rows, block)]
+            for (bench, label), c in zip(runs, cost, strict=True) if (rows, block) in c}})
     return found
 
 
@@ -219,6 +246,8 @@ def main() -> int:
     for p in record.get("projected_speedup", []):
         gains = ", ".join(f"{name} {x}x" for name, x in p["speedup"].items())
         print(f"    {p['rows']:>2} rows, {p['depth']}: plain {p['plain_ms']} ms, step {p['step_ms']} ms -> {gains}")
+    for a in record.get("attention_spans", []):
+        print(f"  verify {a['rows']} row x {a['block']}: " + ", ".join(f"{k} {ms} ms" for k, ms in a["ms"].items()))
     for p in record.get("executor_bench", {}).get("profile", []):
         print(f"  {p['phase']}, {p['rows']} row x {p['block']}: GPU busy {p['gpu_busy_ms']} of {p['ms']} ms, "
               f"idle {p['gpu_idle_share']:.0%} (the host's share; target 5 %)")

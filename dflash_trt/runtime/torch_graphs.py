@@ -10,7 +10,7 @@ share every matrix multiply of a phase, as on the other executors.
 
 Two parts run as a runtime runs them, not as the exporters trace them: slot attention in place
 (`InPlaceSlotAttention`: the new K/V rows are written into the executor's cache buffers themselves
-and each run attends over the longest row's keys, not the whole capacity; the exported graphs'
+and each run attends over the keys its rows hold, not the whole capacity; the exported graphs'
 reference op returns new caches, which would copy them every step), and, on the CPU, sparse MoE blocks
 as the model defines them (each token through its own top-k experts; on a GPU the export's fixed-shape
 form, which CUDA graphs can capture: ROUTED_MOE).
@@ -46,6 +46,12 @@ DRAFT_KERNELS: bool | str = "auto"
 # (False: the op's PyTorch body, a loop of small kernels per token), and routed MoE layers through our
 # MoE kernel (each picked expert's weights read once per call; False: ROUTED_MOE's standard-op form).
 TARGET_KERNELS = True
+# A target's attention in decode-sized runs (at most GRAPHED_TOKENS new tokens a row) through
+# dflash::block_attention (InPlaceSlotAttention): "auto" on a GPU where our CUDA kernels register and
+# TARGET_KERNELS holds, where it reads the keys each row holds (a captured SDPA step reads the whole
+# capacity, masked); True also elsewhere, on the op's PyTorch reference body (tests); False never.
+TARGET_ATTENTION_KERNEL: bool | str = "auto"
+BLOCK_ATTENTION_HEAD_DIM = 256  # the widest head BlockAttention's kernel takes (plugins/block_attention)
 # A sparse MoE block as the export writes it (export/moe.py: the experts the call's tokens picked, every
 # token through each, in fixed shapes): "auto" on a GPU, where HF's own block (a loop over the picked
 # experts, decided on the host) would stop every step at a host sync and keep its target out of CUDA
@@ -91,8 +97,20 @@ class InPlaceSlotAttention:
     tensors, and queries attend over the first max(cache_lengths + query_lengths) slots only (over
     the whole capacity while a CUDA graph is captured: the span is not known until replay).
 
+    With `kernel`, runs of at most GRAPHED_TOKENS new tokens per row (decode, verify: the captured
+    ones) attend through dflash::block_attention instead (on a GPU our BlockAttention kernel, which
+    reads each row's length on the device and so reads the keys a row holds, captured or not): the
+    cache's first cache_lengths[b] slots are its context, the run's own keys its block, causal.
+
     The executor guarantees cache_lengths[b] + s <= capacity for every row of a run (idle ones too),
     so every row's write window is inside its slot; padding rows write back what the cache held."""
+
+    def __init__(self, kernel: bool = False):
+        self.kernel = kernel
+        if kernel:
+            from dflash_trt.export.plugin_ops import block_attention  # defines the op
+
+            self._block_attention = block_attention
 
     def __call__(self, query, key, value, key_cache, value_cache, cache_lengths, query_lengths, num_heads: int,
                  kv_heads: int, scale: float, window: int):
@@ -102,9 +120,18 @@ class InPlaceSlotAttention:
         at = cache_lengths[:, None] + steps[None]  # [b, s]: the slot (and position) of each query row
         valid = steps[None] < query_lengths[:, None]  # [b, s]
         index = at[:, None, :, None].expand(b, kv_heads, s, d)
+        block = []  # the run's own K/V, [b, kv_heads, s, d]
         for new, cache in ((key, key_cache), (value, value_cache)):
             new = new.view(b, s, kv_heads, d).transpose(1, 2).to(cache.dtype)
             cache.scatter_(2, index, torch.where(valid[:, None, :, None], new, cache.gather(2, index)))
+            block.append(new)
+        q = query.view(b, s, num_heads, d).transpose(1, 2)
+        if self.kernel and s <= GRAPHED_TOKENS:
+            # the cache past cache_lengths is not read: the block's keys come from `block`, padding
+            # queries (past query_lengths) come after every valid one, so no valid query sees their keys
+            out = self._block_attention(q, key_cache, value_cache, *block, cache_lengths, scale, 1, window)
+            out = torch.where(valid[:, None, :, None], out, 0.0)
+            return out.transpose(1, 2).reshape(b, s, -1), key_cache, value_cache
         capturing = query.is_cuda and torch.cuda.is_current_stream_capturing()
         if capturing:
             span = key_cache.shape[2]  # a CUDA graph replays with other lengths: the whole capacity, masked
@@ -117,7 +144,6 @@ class InPlaceSlotAttention:
             visible = visible & (diff < window)
         # a padding row sees slot 0 (a fully masked row would be NaN); its output is zeroed below
         visible = (visible & valid[:, :, None]) | ((slot == 0)[None, None] & ~valid[:, :, None])
-        q = query.view(b, s, num_heads, d).transpose(1, 2)
         k, v = (c[:, :, :span].to(q.dtype) for c in (key_cache, value_cache))
         out = attend(q, k, v, visible[:, None], scale, eager_gpu=query.is_cuda and not capturing)
         out = torch.where(valid[:, None, :, None], out, 0.0)
@@ -245,6 +271,19 @@ def _draft_kernels(drafter, device: torch.device) -> bool:
     return device.type == "cuda" and register_cuda_kernels()
 
 
+def _target_attention_kernel(target, device: torch.device) -> bool:
+    """Whether the target's decode-sized runs attend through dflash::block_attention (TARGET_ATTENTION_KERNEL)."""
+    from dflash_trt.export.bundle import _head_dim
+
+    if TARGET_ATTENTION_KERNEL is False or _head_dim(target.config) > BLOCK_ATTENTION_HEAD_DIM:
+        return False
+    if TARGET_ATTENTION_KERNEL is True:
+        return True
+    from dflash_trt.runtime.cuda_ops import register_cuda_kernels
+
+    return TARGET_KERNELS and device.type == "cuda" and register_cuda_kernels()
+
+
 def _cuda_view(address: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
     class Memory:  # the CUDA array interface (v3) of executor memory; no stream: the caller orders it
         __cuda_array_interface__ = {"shape": tuple(shape), "typestr": _TYPESTR[dtype], "data": (address, False),
@@ -266,13 +305,14 @@ class TorchGraphs:
 
         taps = tuple(llm.drafter.config.target_layer_ids) if llm.has_drafter else ()
         target = (HybridSlotTargetGraph if llm.target.is_stateful else SlotTargetGraph)(llm.target, taps)
-        target.attend = InPlaceSlotAttention()
+        attention_kernel = _target_attention_kernel(llm.target, device)
+        target.attend = InPlaceSlotAttention(kernel=attention_kernel)
         routed = ROUTED_MOE is True or (ROUTED_MOE == "auto" and device.type == "cuda")
         target.mlps = torch.nn.ModuleList(export_mlp(layer.mlp) if routed else layer.mlp
                                           for layer in target.model.layers)
         self.modules = {"target": target}
         self.draft_kernels: tuple[str, ...] = ()  # the dflash:: ops the draft graphs run
-        self.target_kernels: tuple[str, ...] = ()  # and the target graph
+        self.target_kernels: tuple[str, ...] = ("BlockAttention",) if attention_kernel else ()  # and the target's
         routed_layers = [m for m in target.mlps if isinstance(m, RoutedMoE)]
         if TARGET_KERNELS and device.type == "cuda" and (llm.target.is_stateful or routed_layers):
             from dflash_trt.runtime.cuda_ops import moe_kernel_refusal, register_target_kernels
@@ -281,7 +321,7 @@ class TorchGraphs:
                 # experts our kernel cannot run (another gate, widths past its limits) stay in standard ops
                 fused_moe = bool(routed_layers) and fused_moe_refusal(target) is None and not any(
                     moe_kernel_refusal(m.block.experts.gate_up_proj.shape, m.top_k) for m in routed_layers)
-                self.target_kernels = (("GatedDeltaRule",) if llm.target.is_stateful else ()) + \
+                self.target_kernels += (("GatedDeltaRule",) if llm.target.is_stateful else ()) + \
                     (("MoE",) if fused_moe else ())
                 if fused_moe:
                     use_moe_op(target, "dflash")

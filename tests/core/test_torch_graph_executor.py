@@ -22,9 +22,12 @@ from dflash_trt.runtime.engine import BatchRunner
 from dflash_trt.runtime.ort_executor import SlotBundle
 from dflash_trt.runtime.torch_graphs import InPlaceSlotAttention
 
+@pytest.mark.parametrize("kernel", [False, True], ids=["sdpa", "block-attention-op"])
 @pytest.mark.parametrize("window", [0, 3])
-def test_in_place_attention_equals_the_reference_op(window):
-    """Ragged rows (5, 0 and 9 cached; 4, 2 and 0 new: the last is idle), garbage past each length."""
+def test_in_place_attention_equals_the_reference_op(window, kernel):
+    """Ragged rows (5, 0 and 9 cached; 4, 2 and 0 new: the last is idle), garbage past each length; with
+    `kernel`, through dflash::block_attention's reference body (its CUDA kernel's oracle in kernel_parity):
+    the slot attention's contract mapped onto the block attention's."""
     g = torch.Generator().manual_seed(0)
     b, s, capacity, heads, kv, d = 3, 4, 16, 4, 2, 8
     query = torch.randn(b, s, heads * d, generator=g)
@@ -34,7 +37,7 @@ def test_in_place_attention_equals_the_reference_op(window):
     args = (cache_lengths, query_lengths, heads, kv, d ** -0.5, window)
     want, want_key, want_value = slot_attention(query, key, value, *caches, *args)
     in_place = [c.clone() for c in caches]
-    out, got_key, got_value = InPlaceSlotAttention()(query, key, value, *in_place, *args)
+    out, got_key, got_value = InPlaceSlotAttention(kernel=kernel)(query, key, value, *in_place, *args)
     assert got_key is in_place[0] and got_value is in_place[1], "the caches are written where they are"
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     assert torch.equal(got_key, want_key) and torch.equal(got_value, want_value)
@@ -138,6 +141,40 @@ def test_the_plugin_flavours_draft_graphs_run_a_dflash2_drafter(tmp_path, monkey
     llm = LLM(str(target), str(draft), block_size=4, backend="torch")
     assert llm.drafter.config.method == "dflash2"
     check_draft_kernels(llm, monkeypatch, True)
+
+
+def test_the_targets_attention_through_the_block_attention_op_decodes_as_autoregressive(pair, monkeypatch):
+    """The target's decode-sized runs through dflash::block_attention (what a GPU runs through our
+    BlockAttention kernel), here on the op's reference body: each phase's logits equal the SDPA form's, and
+    greedy output equals autoregressive decoding at concurrency 3 (sliding windows and hybrids included)."""
+    from dflash_trt.runtime import torch_graphs
+
+    _, llm = pair
+    monkeypatch.setattr(torch_graphs, "TARGET_ATTENTION_KERNEL", False)
+    standard = llm.executor(2, 64)
+    assert "BlockAttention" not in llm.target_kernels
+    monkeypatch.setattr(torch_graphs, "TARGET_ATTENTION_KERNEL", True)
+    kernel = llm.executor(2, 64)
+    assert llm.target_kernels[:1] == ("BlockAttention",)
+    executors = (standard, kernel)
+
+    def close(call, *args):
+        want, got = (getattr(e, call)(*args) for e in executors)
+        for w, g in zip(want, got, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+    close("prefill_logits", [0, 1], [[3, 1, 4, 1, 5, 9, 2], [2, 7, 1]])
+    for block, kept in (([[7, 1, 2, 3], [11, 4]], [2, 0]), ([[4, 5, 6, 7], [5]], [3, 1])):
+        close("verify_logits", [0, 1], block)
+        for e in executors:
+            e.commit([0, 1], kept)
+    work = workload(llm.vocab_size, 5, seed=21)
+    runner = BatchRunner(llm, max_batch=3, capacity=64, block_size=4)
+    requests = [runner.add(prompt, params) for _, prompt, params in work]
+    while runner.has_work:
+        runner.step()
+    for request, (_, prompt, params) in zip(requests, work, strict=True):
+        assert request.token_ids == reference_output(llm, prompt, params).token_ids
 
 
 def test_eager_attention_spans_recur_on_a_gpu_and_are_exact_on_the_cpu():

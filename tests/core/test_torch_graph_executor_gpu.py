@@ -114,7 +114,7 @@ def test_cuda_graphs_replay_what_eager_decoding_gives(pair_dirs, monkeypatch):
     assert eager.graph_stats["captured"] == 0
 
 
-def test_hybrid_and_moe_targets_take_our_kernels_for_their_own_ops(pair_dirs):
+def test_targets_take_our_kernels_for_their_attention_and_own_ops(pair_dirs):
     from dflash_trt.runtime.cuda_ops import LIBRARY
 
     if not LIBRARY.is_file():
@@ -122,7 +122,63 @@ def test_hybrid_and_moe_targets_take_our_kernels_for_their_own_ops(pair_dirs):
     llm = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
     llm.executor(1, 64)
     moe = any(is_sparse_moe(module) for module in llm.target.model.modules())
-    assert llm.target_kernels == (("GatedDeltaRule",) if llm.target.is_stateful else ()) + (("MoE",) if moe else ())
+    assert llm.target_kernels == ("BlockAttention",) + (("GatedDeltaRule",) if llm.target.is_stateful else ()) + \
+        (("MoE",) if moe else ())
+
+
+def slot_attention_case(dtype, window, generator):
+    """Random slot-attention inputs on CUDA: 3 ragged rows (garbage past each length), grouped heads, head
+    dim 128 (the tensor-core form in 16-bit dtypes) -> (query, key, value, caches, cache_lengths,
+    query_lengths, heads, kv, scale, window)."""
+    b, s, capacity, heads, kv, d = 3, 16, 300, 8, 2, 128
+    query = torch.randn(b, s, heads * d, device="cuda", generator=generator).to(dtype)
+    key, value = (torch.randn(b, s, kv * d, device="cuda", generator=generator).to(dtype) for _ in range(2))
+    caches = [torch.randn(b, kv, capacity, d, device="cuda", generator=generator).to(dtype) for _ in range(2)]
+    lengths = torch.tensor([200, 0, 37], device="cuda"), torch.tensor([16, 5, 1], device="cuda")
+    return query, key, value, caches, *lengths, heads, kv, d ** -0.5, window
+
+
+@pytest.mark.parametrize("window", [0, 50])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_targets_attention_kernel_reads_each_rows_length_when_replayed(dtype, window):
+    """The target's decode-sized attention through our BlockAttention kernel equals the SDPA form on the
+    same inputs, and a CUDA graph captured at some lengths, replayed after they change on the device,
+    gives the new lengths' attention (the SDPA form's capture spans the whole capacity for this reason)."""
+    from dflash_trt.runtime.cuda_ops import LIBRARY, register_cuda_kernels
+    from dflash_trt.runtime.torch_graphs import InPlaceSlotAttention
+
+    if not LIBRARY.is_file():
+        pytest.skip(f"{LIBRARY.name} not built (bash scripts/build_plugins.sh)")
+    assert register_cuda_kernels()
+    query, key, value, caches, cache_lengths, query_lengths, *rest = slot_attention_case(
+        dtype, window, torch.Generator(device="cuda").manual_seed(0))
+    tolerance = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
+
+    def attend(kernel, lengths, in_place):
+        return InPlaceSlotAttention(kernel=kernel)(query, key, value, *in_place, *lengths, *rest)
+
+    with torch.inference_mode():
+        want = attend(False, (cache_lengths, query_lengths), [c.clone() for c in caches])
+        got = attend(True, (cache_lengths, query_lengths), [c.clone() for c in caches])
+        torch.testing.assert_close(got[0], want[0], **tolerance)
+        assert all(torch.equal(g, w) for g, w in zip(got[1:], want[1:]))
+        # captured at these lengths, replayed at others written into the same tensors
+        lengths = (cache_lengths.clone(), query_lengths.clone())
+        in_place = [c.clone() for c in caches]
+        graph = torch.cuda.CUDAGraph()
+        attend(True, lengths, in_place)  # warm up (workspace, registration) off the capture
+        for c, original in zip(in_place, caches):
+            c.copy_(original)
+        with torch.cuda.graph(graph):
+            captured = attend(True, lengths, in_place)
+        for c, original in zip(in_place, caches):
+            c.copy_(original)
+        lengths[0].copy_(torch.tensor([7, 284, 100], device="cuda"))
+        lengths[1].copy_(torch.tensor([3, 16, 9], device="cuda"))
+        graph.replay()
+        want = attend(False, lengths, [c.clone() for c in caches])
+        torch.testing.assert_close(captured[0], want[0], **tolerance)
+        assert all(torch.equal(g, w) for g, w in zip(captured[1:], want[1:]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
