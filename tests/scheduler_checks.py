@@ -128,7 +128,6 @@ def check_draft_kernels(llm, monkeypatch, mode) -> None:
     phase they draft what the standard graphs draft, and greedy output equals autoregressive decoding."""
     from dflash_trt.runtime import torch_graphs
     from dflash_trt.runtime.cuda_ops import KERNEL_OPS
-    from dflash_trt.runtime.engine import BatchRunner
 
     monkeypatch.setattr(torch_graphs, "DRAFT_KERNELS", False)
     standard = llm.executor(2, 64)
@@ -143,11 +142,19 @@ def check_draft_kernels(llm, monkeypatch, mode) -> None:
         for executor in (standard, kernels):
             executor.verify_logits([0, 1], [[t, *d] for t, d in zip(bonus, drafts[0], strict=True)])
             executor.commit([0, 1], kept)
-    work = workload(llm.vocab_size, 4, seed=9)
+    check_batched_greedy(llm, 4, seed=9)
+    assert llm.draft_kernels == KERNEL_OPS
+
+
+def check_batched_greedy(llm, count: int, seed: int) -> None:
+    """`count` workload requests through a BatchRunner of 3 slots (blocks of 4): each greedy output equals
+    autoregressive decoding."""
+    from dflash_trt.runtime.engine import BatchRunner
+
+    work = workload(llm.vocab_size, count, seed=seed)
     runner = BatchRunner(llm, max_batch=3, capacity=64, block_size=4)
     requests = [runner.add(prompt, params) for _, prompt, params in work]
     while runner.has_work:
         runner.step()
-    assert llm.draft_kernels == KERNEL_OPS
     for request, (_, prompt, params) in zip(requests, work, strict=True):
         assert request.token_ids == reference_output(llm, prompt, params).token_ids

@@ -13,7 +13,7 @@ import pytest
 import torch
 from factories import SLOT_KINDS, make_dflash2_drafter, make_target, tiny_slots_pair
 from reference import reference_output
-from scheduler_checks import check_draft_kernels, workload
+from scheduler_checks import check_batched_greedy, check_draft_kernels, workload
 
 from dflash_trt import LLM
 from dflash_trt.errors import DFlashError
@@ -168,13 +168,7 @@ def test_the_targets_attention_through_the_block_attention_op_decodes_as_autoreg
         close("verify_logits", [0, 1], block)
         for e in executors:
             e.commit([0, 1], kept)
-    work = workload(llm.vocab_size, 5, seed=21)
-    runner = BatchRunner(llm, max_batch=3, capacity=64, block_size=4)
-    requests = [runner.add(prompt, params) for _, prompt, params in work]
-    while runner.has_work:
-        runner.step()
-    for request, (_, prompt, params) in zip(requests, work, strict=True):
-        assert request.token_ids == reference_output(llm, prompt, params).token_ids
+    check_batched_greedy(llm, 5, seed=21)
 
 
 def test_eager_attention_spans_recur_on_a_gpu_and_are_exact_on_the_cpu():
