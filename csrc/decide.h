@@ -324,11 +324,9 @@ DFLASH_HD float radix_select(const float* values, int64_t vocab, double need, bo
   return out[0];
 }
 
-// The largest of values[0..vocab) (NaNs aside), shared by every thread.
+// The largest of every thread's `top`, shared by every thread.
 template <class Threads>
-DFLASH_HD float row_max(const float* values, int64_t vocab, RowShared& s) {
-  float top = -__builtin_huge_valf();
-  strided<Threads>(values, vocab, [&](int64_t, float value) { top = value > top ? value : top; });
+DFLASH_HD float fold_max(float top, RowShared& s) {
   s.partial[Threads::id()] = top;
   Threads::sync();
   // folded to kFold values by as many threads, then one: a cluster's 4096 values walked by one thread
@@ -346,6 +344,14 @@ DFLASH_HD float row_max(const float* values, int64_t vocab, RowShared& s) {
   }
   Threads::sync();
   return s.top;
+}
+
+// The largest of values[0..vocab) (NaNs aside), shared by every thread.
+template <class Threads>
+DFLASH_HD float row_max(const float* values, int64_t vocab, RowShared& s) {
+  float top = -__builtin_huge_valf();
+  strided<Threads>(values, vocab, [&](int64_t, float value) { top = value > top ? value : top; });
+  return fold_max<Threads>(top, s);
 }
 
 // s.chunk[c] = the sum over chunk c in index order (double) of the p that are > `above`, each chunk by
@@ -481,10 +487,16 @@ template <class Threads>
 DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingParams& params, float* probs,
                             int32_t* order, RowShared& s, double margin = kNucleusMargin) {
   using namespace decide_detail;
-  // scores = logits / T in float32, as the oracle divides a float tensor by a Python float
+  // scores = logits / T in float32, as the oracle divides a float tensor by a Python float; their
+  // largest taken in the same pass (a top-k cut below keeps it)
   const float temperature = float(params.temperature);
-  strided<Threads>(logits, vocab, [&](int64_t i, float logit) { probs[i] = logit / temperature; });
-  Threads::sync();
+  float mine = -__builtin_huge_valf();
+  strided<Threads>(logits, vocab, [&](int64_t i, float logit) {
+    const float score = logit / temperature;
+    probs[i] = score;
+    mine = score > mine ? score : mine;
+  });
+  const float top = fold_max<Threads>(mine, s);  // its first barrier: every score is written
   if (params.top_k > 0 && params.top_k < vocab) {  // keep every score >= the k-th largest (ties stay)
     const float kth = radix_select<Threads>(probs, vocab, double(params.top_k), false, s);
     strided<Threads>(probs, vocab, [&](int64_t i, float score) {
@@ -492,7 +504,6 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
     });
     Threads::sync();
   }
-  const float top = row_max<Threads>(probs, vocab, s);
   for (int c = Threads::worker(); c < kChunks; c += Threads::count()) {  // exp and its sum, chunk by chunk
     double sum = 0.0;
     walk_chunk(probs, chunk_start(vocab, c), chunk_start(vocab, c + 1), [&](int64_t, float score) {
