@@ -127,14 +127,16 @@ else
   step pytest_gpu 300 "$python" -m pytest -m gpu tests -q -p no:cacheprovider --continue-on-collection-errors \
     --junitxml "$work/pytest.xml"
   step decide_bench 120 "$python" scripts/decide_bench.py --rows 1,2,8,32 --wide-pairs 0,16 --json "$work/decide_bench.json"
-  step executor_bench 240 "$python" scripts/executor_step_bench.py --profile --trace "$out/traces" --kernels off \
+  # the default path (our kernels where the plugin library is built): the projected speedup's step costs
+  step executor_bench 240 "$python" scripts/executor_step_bench.py --profile --trace "$out/traces" \
     --json "$work/executor_bench.json"
   # where a 1-row verify's GPU waits on the host (the profiled timelines above; target: 5 % of the verify)
   for trace in "$out"/traces/*.json.gz; do
     step trace_gaps 30 "$python" scripts/trace_gaps.py "$trace" --top 8
   done
-  step executor_bench_kernels 120 "$python" scripts/executor_step_bench.py --rows 1,8 --blocks 4,16 --repeat 5 \
-    --json "$work/executor_bench_kernels.json"
+  # the same phases in standard ops alone (PyTorch's attention, the standard draft graphs): what the kernels save
+  step executor_bench_standard 120 "$python" scripts/executor_step_bench.py --kernels off --rows 1,8 --blocks 1,4,16 \
+    --repeat 5 --json "$work/executor_bench_standard.json"
   step executor_bench_drafter 120 "$python" scripts/executor_step_bench.py --draft-rule drafter --rows 1,8 \
     --blocks 16 --repeat 5 --json "$work/executor_bench_drafter.json"
   # a server's default slot (4,096 tokens, runtime/engine.py) under the same 1,024 cached: what a captured
@@ -144,7 +146,7 @@ else
   # the same through our BlockAttention kernel, which reads each row's length on the device
   step executor_bench_capacity_kernels 120 "$python" scripts/executor_step_bench.py --rows 1,32 \
     --blocks 1,16 --repeat 5 --capacity 4096 --json "$work/executor_bench_capacity_kernels.json"
-  step executor_bench_eager 120 "$python" scripts/executor_step_bench.py --eager --kernels off --rows 1,8 \
+  step executor_bench_eager 120 "$python" scripts/executor_step_bench.py --eager --rows 1,8 \
     --json "$work/executor_bench_eager.json"
   step executor_bench_moe 180 "$python" scripts/executor_step_bench.py --preset qwen3.5-35b-a3b --kernels off \
     --rows 1,8 --blocks 1,16 --chunk 256 --cached 512 --repeat 5 --json "$work/executor_bench_moe.json"

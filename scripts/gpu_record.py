@@ -141,7 +141,7 @@ def build_record(work: Path, commit: str, peak_tflops: float) -> dict:
                "executor_bench_drafter": ("executor_bench_drafter.json", lambda p: json.loads(p.read_text())),
                "executor_bench_moe": ("executor_bench_moe.json", lambda p: json.loads(p.read_text())),
                "executor_bench_moe_kernels": ("executor_bench_moe_kernels.json", lambda p: json.loads(p.read_text())),
-               "executor_bench_kernels": ("executor_bench_kernels.json", lambda p: json.loads(p.read_text())),
+               "executor_bench_standard": ("executor_bench_standard.json", lambda p: json.loads(p.read_text())),
                "executor_bench_capacity": ("executor_bench_capacity.json", lambda p: json.loads(p.read_text())),
                "executor_bench_capacity_kernels": ("executor_bench_capacity_kernels.json",
                                                    lambda p: json.loads(p.read_text()))}
@@ -187,25 +187,25 @@ def projected_speedups(record: dict, block: int = 16) -> list[dict]:
     return found
 
 
-# The runs that compare what a verify's attention reads: (record key, its label). The first is the default
-# slot size under SDPA; the others a server's 4,096-token slot, under SDPA (a captured run spans it all,
-# masked) and under our BlockAttention kernel (each row's length read on the device).
-ATTENTION_RUNS = (("executor_bench", "SDPA"), ("executor_bench_capacity", "SDPA"),
-                  ("executor_bench_capacity_kernels", "BlockAttention"))
+# The runs that compare what a verify's attention reads: (record key, its label): PyTorch's attention (a
+# captured run spans the whole slot, masked) and our BlockAttention kernel (each row's length read on the
+# device), at the bench's default slots and at a server's 4,096-token ones.
+ATTENTION_RUNS = (("executor_bench_standard", "SDPA"), ("executor_bench", "BlockAttention"),
+                  ("executor_bench_capacity", "SDPA"), ("executor_bench_capacity_kernels", "BlockAttention"))
 
 
 def attention_spans(record: dict) -> list[dict]:
-    """Per (rows, block) of the verifies the capacity runs timed: each run's ms with its slot size."""
+    """Per (rows, block) of the verifies that two or more of those runs timed: each run's ms, labelled with
+    its attention and slot size."""
     runs = [(record[key], label) for key, label in ATTENTION_RUNS if key in record]
-    if len(runs) < 2:
-        return []
     cost = [{(r["rows"], r["block"]): r["ms"] for r in bench["results"] if r["phase"] == "verify"}
             for bench, _ in runs]
     found = []
-    for rows, block in sorted(cost[-1]):
-        found.append({"rows": rows, "block": block, "ms": {
-            f"{label}, {bench.get('capacity', 'default')} slots": c[(rows, block)]
-            for (bench, label), c in zip(runs, cost, strict=True) if (rows, block) in c}})
+    for rows, block in sorted(set().union(*cost)):
+        ms = {f"{label}, {bench.get('capacity', 'default')} slots": c[(rows, block)]
+              for (bench, label), c in zip(runs, cost, strict=True) if (rows, block) in c}
+        if len(ms) >= 2:
+            found.append({"rows": rows, "block": block, "ms": ms})
     return found
 
 

@@ -106,12 +106,14 @@ def test_the_attention_spans_line_up_each_verify_across_the_capacity_runs():
         return {"capacity": capacity, "results": [{"phase": phase, "rows": r, "block": b, "ms": ms}
                                                   for phase, r, b, ms in rows]}
 
-    record = {"executor_bench": bench(1560, ("verify", 1, 16, 2.0), ("draft", 1, 16, 0.7), ("verify", 8, 16, 2.5)),
+    record = {"executor_bench": bench(1560, ("verify", 1, 16, 1.8), ("draft", 1, 16, 0.7), ("verify", 8, 4, 2.0)),
+              "executor_bench_standard": bench(1560, ("verify", 1, 16, 2.0), ("verify", 8, 16, 2.5)),
               "executor_bench_capacity": bench(4096, ("verify", 1, 16, 3.0), ("verify", 32, 16, 9.0)),
               "executor_bench_capacity_kernels": bench(4096, ("verify", 1, 16, 1.9), ("verify", 32, 16, 5.0))}
+    # (8, 4) and (8, 16): one run each, nothing to compare
     assert gpu_record.attention_spans(record) == [
-        {"rows": 1, "block": 16, "ms": {"SDPA, 1560 slots": 2.0, "SDPA, 4096 slots": 3.0,
-                                        "BlockAttention, 4096 slots": 1.9}},
+        {"rows": 1, "block": 16, "ms": {"SDPA, 1560 slots": 2.0, "BlockAttention, 1560 slots": 1.8,
+                                        "SDPA, 4096 slots": 3.0, "BlockAttention, 4096 slots": 1.9}},
         {"rows": 32, "block": 16, "ms": {"SDPA, 4096 slots": 9.0, "BlockAttention, 4096 slots": 5.0}}]
     assert gpu_record.attention_spans({"executor_bench": record["executor_bench"]}) == []
 
