@@ -30,6 +30,7 @@ void* symbol(void* library, const char* name, const std::string& where, const st
 struct Driver {
   decltype(&::cuInit) init;
   decltype(&::cuDeviceGet) device_get;
+  decltype(&::cuDeviceGetAttribute) device_attribute;
   decltype(&::cuDevicePrimaryCtxRetain) retain;
   decltype(&::cuDevicePrimaryCtxRelease_v2) release;
   decltype(&::cuCtxSetCurrent) set_current;
@@ -75,6 +76,7 @@ struct Driver {
     };
     get(d->init, "cuInit");
     get(d->device_get, "cuDeviceGet");
+    get(d->device_attribute, "cuDeviceGetAttribute");
     get(d->retain, "cuDevicePrimaryCtxRetain");
     get(d->release, "cuDevicePrimaryCtxRelease_v2");
     get(d->set_current, "cuCtxSetCurrent");
@@ -117,8 +119,13 @@ CudaDevice::CudaDevice(const std::string& driver_path, const std::string& who)
   check(driver_->retain(&context_, device), "retaining GPU 0's primary context");
   check(driver_->set_current(context_), "making GPU 0's context current");
   check(driver_->stream_create(&stream_, CU_STREAM_NON_BLOCKING), "creating a stream");
-  // scripts/decide_bench.py times both forms of the target-token kernel at the same rows through this
+  int sms = 0;
+  check(driver_->device_attribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), "reading GPU 0's SM count");
+  sms_ = sms;
+  // scripts/decide_bench.py times both forms of the target-token kernel, and both block sizes, at the same
+  // rows through these
   if (const char* pairs = std::getenv("DFLASH_DECIDE_WIDE_PAIRS")) wide_pairs_ = std::atoll(pairs);
+  if (const char* threads = std::getenv("DFLASH_DECIDE_THREADS")) decide_threads_ = unsigned(std::atoi(threads));
 }
 
 CudaDevice::~CudaDevice() {
@@ -285,12 +292,18 @@ void CudaDevice::load_decide_module() {
 }
 #endif
 
+unsigned CudaDevice::decide_threads(int64_t pairs) const {
+  if (decide_threads_ > 0) return decide_threads_;
+  return pairs <= sms_ ? kDecideThreads : kDecideThreads / 2;
+}
+
 void CudaDevice::launch_pairs(CUfunction block, CUfunction wide, int64_t rows, int64_t y, void** args,
                               const char* what) {
   // few pairs leave most SMs idle with a block each: a cluster of blocks each then
   const bool clustered = wide && rows * y <= wide_pairs_;
+  unsigned threads = clustered ? kDecideThreads : decide_threads(rows * y);
   check(driver_->launch(clustered ? wide : block, unsigned(rows * (clustered ? kDecideCluster : 1)), unsigned(y), 1,
-                        kDecideThreads, 1, 1, 0, stream_, args, nullptr),
+                        threads, 1, 1, 0, stream_, args, nullptr),
         what);
 }
 

@@ -61,6 +61,10 @@ class CudaDevice final : public Device {
   // (of 512 threads, 128 registers: a block an SM). On an H200, 16 pairs (1 row x 16) took 0.26 ms
   // against 0.45 with a block each at T=0.8; 32 (2 rows) with clusters took longer than 8 rows' 128 blocks.
   static constexpr int64_t kWidePairs = 16;
+  // The threads of a block-per-pair decision kernel for `pairs` blocks: kDecideThreads while they fit one
+  // block an SM; past that, half as many, two blocks an SM (each block's result is the same whatever its
+  // threads: decide.h), so the blocks past the SMs run beside the others, not in a wave after them.
+  unsigned decide_threads(int64_t pairs) const;
 
  private:
   void check(CUresult result, const char* what) const;
@@ -77,6 +81,8 @@ class CudaDevice final : public Device {
   CUfunction tokens_ = nullptr;
   CUfunction tokens_wide_ = nullptr;  // null where the GPU's image lacks it (before SM 9.0)
   int64_t wide_pairs_ = kWidePairs;  // DFLASH_DECIDE_WIDE_PAIRS overrides it (benchmarks)
+  int64_t sms_ = 0;                  // GPU 0's streaming multiprocessors
+  unsigned decide_threads_ = 0;      // DFLASH_DECIDE_THREADS: decide_threads' answer always (benchmarks)
   CUfunction decide_ = nullptr;
   CUfunction logprobs_ = nullptr;
   CUfunction draw_ = nullptr;

@@ -8,11 +8,13 @@ what random-weight models give) and "peaked" (normal x 3 with one token holding 
 every other position, as a trained model's rows often are).
 
     python3 scripts/decide_bench.py [--device cuda] [--vocab 151936] [--rows 1,8,32] [--block 16] [--json out.json]
-        [--wide-pairs 0,16]
+        [--wide-pairs 0,16] [--threads 512]
 
 --wide-pairs times the target-token decisions with each limit on the (row, position) pairs a cluster of
 blocks decides (csrc/cuda_device.cpp: 0, a block per pair always; the default 16): both forms at the same
-rows, on a GPU of SM 9.0 or later.
+rows, on a GPU of SM 9.0 or later. --threads fixes the threads of a block-per-pair launch (the core's rule:
+512 while the blocks fit the SMs, 256 past them): with 512 at rows whose pairs pass the SMs, what the
+rule saves.
 """
 
 from __future__ import annotations
@@ -71,10 +73,13 @@ def rows_of(kind: str, rows: int, block: int, vocab: int, device: torch.device) 
 
 
 def measure(core, kind: str, rows: int, block: int, vocab: int, device: torch.device, repeat: int,
-            wide_pairs: int | None = None) -> list[dict]:
+            wide_pairs: int | None = None, threads: int | None = None) -> list[dict]:
     table = rows_of(kind, rows, block, vocab, device)
-    if wide_pairs is not None:  # read as the executor opens its device
-        os.environ["DFLASH_DECIDE_WIDE_PAIRS"] = str(wide_pairs)
+    for name, value in (("DFLASH_DECIDE_WIDE_PAIRS", wide_pairs), ("DFLASH_DECIDE_THREADS", threads)):
+        if value is None:  # read as the executor opens its device
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = str(value)
     config = core.ExecutorConfig()
     config.target_path, config.library_path = "target", "torch"
     config.max_batch, config.capacity, config.vocab = rows, 64, vocab
@@ -101,7 +106,8 @@ def measure(core, kind: str, rows: int, block: int, vocab: int, device: torch.de
         sync()
         out.append({"rows_kind": kind, "rows": rows, "block": block, "case": name,
                     "ms": round((time.perf_counter() - began) / repeat * 1e3, 3),
-                    **({"wide_pairs": wide_pairs} if wide_pairs is not None else {})})
+                    **({"wide_pairs": wide_pairs} if wide_pairs is not None else {}),
+                    **({"threads": threads} if threads is not None else {})})
     return out
 
 
@@ -114,13 +120,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--json")
     parser.add_argument("--wide-pairs", help="comma-separated limits on the pairs a cluster decides (default: the core's)")
+    parser.add_argument("--threads", type=int, help="the threads of every block-per-pair launch (default: the core's rule)")
     args = parser.parse_args()
     core, device = native_core(), torch.device(args.device)
     limits = [int(n) for n in args.wide_pairs.split(",")] if args.wide_pairs else [None]
     results = [r for limit in limits for kind in ("flat", "peaked") for rows in map(int, args.rows.split(","))
-               for r in measure(core, kind, rows, args.block, args.vocab, device, args.repeat, limit)]
-    print(f"a verify of {args.block} tokens over {args.vocab:,} logits on {args.device}: the logits' copy and the "
-          "decisions, ms per call")
+               for r in measure(core, kind, rows, args.block, args.vocab, device, args.repeat, limit, args.threads)]
+    threads = "the core's rule" if args.threads is None else args.threads
+    print(f"a verify of {args.block} tokens over {args.vocab:,} logits on {args.device} (block threads: {threads}): "
+          "the logits' copy and the decisions, ms per call")
     print("| wide pairs | rows | kind | " + " | ".join(CASES) + " |")
     print("|---|---|---|" + "---|" * len(CASES))
     for limit in limits:
@@ -133,6 +141,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": args.device, "vocab": args.vocab, "block": args.block, "repeat": args.repeat,
+                       "threads": args.threads,
                        "decides_on_device": bool(getattr(core, "HAS_DEVICE_DECIDE", False)) and device.type == "cuda",
                        "results": results}, f, indent=2)
 

@@ -136,6 +136,7 @@ def build_record(work: Path, commit: str, peak_tflops: float) -> dict:
                "pytest_gpu": ("pytest.xml", read_pytest),
                "step_bench": ("step_bench.json", lambda p: json.loads(p.read_text())),
                "decide_bench": ("decide_bench.json", lambda p: json.loads(p.read_text())),
+               "decide_bench_512": ("decide_bench_512.json", lambda p: json.loads(p.read_text())),
                "executor_bench": ("executor_bench.json", lambda p: json.loads(p.read_text())),
                "executor_bench_eager": ("executor_bench_eager.json", lambda p: json.loads(p.read_text())),
                "executor_bench_drafter": ("executor_bench_drafter.json", lambda p: json.loads(p.read_text())),

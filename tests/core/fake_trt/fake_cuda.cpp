@@ -14,7 +14,9 @@
 // host <-> device copies whose host side is not page-locked memory from cuMemHostAlloc;
 // fake_cuda_draft_draws() and fake_cuda_drafter_positions() count the drafter rule's work on the device;
 // fake_cuda_block_launches() and fake_cuda_wide_launches() the target-token launches in the one-block and
-// the cluster form (this fake plays a GPU of SM 9.0 or later, which has both), fake_cuda_wide_draws() the
+// the cluster form (this fake plays a GPU of SM 9.0 or later, which has both, and kSms SMs);
+// fake_cuda_misfit_blocks() the one-block launches whose threads break CudaDevice::decide_threads' rule
+// (512 while the blocks fit kSms, 256 past it), fake_cuda_halved_blocks() those of 256; fake_cuda_wide_draws() the
 // draft kernel's in the cluster form; fake_cuda_graph_launches() the CUDA graphs launched (a capture records
 // the stream's work, each launch queues it again).
 #include <cuda.h>
@@ -43,7 +45,8 @@ std::atomic<long> unpinned_copies{0};
 // the drafter rule on the "device": draft-kernel launches, and verify positions decided by its test
 std::atomic<long> draft_draws{0}, drafter_positions{0};
 // launches of the target-token kernel in its one-block and its cluster form; of the draft kernel's cluster form
-std::atomic<long> block_launches{0}, wide_launches{0}, wide_draws{0};
+std::atomic<long> block_launches{0}, wide_launches{0}, wide_draws{0}, misfit_blocks{0}, halved_blocks{0};
+constexpr int kSms = 32;  // the fake GPU's SMs (cuDeviceGetAttribute)
 bool is_pinned(const void* p, size_t bytes) {
   std::lock_guard<std::mutex> hold(pinned_lock);
   auto at = pinned.upper_bound(static_cast<const char*>(p));
@@ -131,7 +134,15 @@ EXPORT CUresult cuGraphDestroy(CUgraph graph) {
   return CUDA_SUCCESS;
 }
 EXPORT long fake_cuda_wide_draws() { return wide_draws.load(); }
+EXPORT long fake_cuda_misfit_blocks() { return misfit_blocks.load(); }
+EXPORT long fake_cuda_halved_blocks() { return halved_blocks.load(); }
 EXPORT CUresult cuInit(unsigned int) { return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice device) {
+  if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (attribute != CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) return CUDA_ERROR_INVALID_VALUE;
+  *value = kSms;
+  return CUDA_SUCCESS;
+}
 EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
   *device = ordinal;
   return ordinal == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
@@ -272,10 +283,15 @@ EXPORT CUresult cuModuleGetFunction(CUfunction* function, CUmodule, const char* 
     return CUDA_ERROR_NOT_FOUND;
   return CUDA_SUCCESS;
 }
-EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned,
+EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned threads,
                                unsigned, unsigned, unsigned, CUstream, void** args, void**) {
   NEEDS_CONTEXT;
   if (grid_z != 1) return CUDA_ERROR_INVALID_VALUE;
+  if (function == reinterpret_cast<CUfunction>(&tokens_function)) {
+    const bool fits = int64_t(grid_x) * grid_y <= kSms;
+    if (threads != (fits ? 512u : 256u)) ++misfit_blocks;
+    if (threads == 256) ++halved_blocks;
+  }
   const bool wide = function == reinterpret_cast<CUfunction>(&tokens_wide_function) ||
                     function == reinterpret_cast<CUfunction>(&draw_wide_function);
   if (wide && grid_x % dflash::kDecideCluster != 0) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
