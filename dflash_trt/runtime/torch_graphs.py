@@ -47,11 +47,14 @@ DRAFT_KERNELS: bool | str = "auto"
 # MoE kernel (each picked expert's weights read once per call; False: ROUTED_MOE's standard-op form).
 TARGET_KERNELS = True
 # A target's attention in decode-sized runs (at most GRAPHED_TOKENS new tokens a row) through
-# dflash::block_attention (InPlaceSlotAttention): "auto" on a GPU where our CUDA kernels register and
-# TARGET_KERNELS holds, where it reads the keys each row holds (a captured SDPA step reads the whole
-# capacity, masked); True also elsewhere, on the op's PyTorch reference body (tests); False never.
+# dflash::block_attention (InPlaceSlotAttention), which reads the keys each row holds (a captured SDPA step
+# reads the whole capacity, masked): "auto" on a GPU where our CUDA kernels register and TARGET_KERNELS
+# holds, for the shapes its tensor-core form takes (16-bit, head_dim 128: BlockAttention's README; its
+# float32 CUDA-core form is 3-4x slower); True for every shape it takes, and elsewhere on the op's PyTorch
+# reference body (tests); False never.
 TARGET_ATTENTION_KERNEL: bool | str = "auto"
-BLOCK_ATTENTION_HEAD_DIM = 256  # the widest head BlockAttention's kernel takes (plugins/block_attention)
+BLOCK_ATTENTION_HEAD_DIM = 256  # the widest head BlockAttention's kernels take (plugins/block_attention)
+BLOCK_ATTENTION_MMA = (128, (torch.float16, torch.bfloat16))  # its tensor-core form's head_dim and dtypes
 # A sparse MoE block as the export writes it (export/moe.py: the experts the call's tokens picked, every
 # token through each, in fixed shapes): "auto" on a GPU, where HF's own block (a loop over the picked
 # experts, decided on the host) would stop every step at a host sync and keep its target out of CUDA
@@ -275,13 +278,16 @@ def _target_attention_kernel(target, device: torch.device) -> bool:
     """Whether the target's decode-sized runs attend through dflash::block_attention (TARGET_ATTENTION_KERNEL)."""
     from dflash_trt.export.bundle import _head_dim
 
-    if TARGET_ATTENTION_KERNEL is False or _head_dim(target.config) > BLOCK_ATTENTION_HEAD_DIM:
+    head_dim = _head_dim(target.config)
+    if TARGET_ATTENTION_KERNEL is False or head_dim > BLOCK_ATTENTION_HEAD_DIM:
         return False
     if TARGET_ATTENTION_KERNEL is True:
         return True
     from dflash_trt.runtime.cuda_ops import register_cuda_kernels
 
-    return TARGET_KERNELS and device.type == "cuda" and register_cuda_kernels()
+    dtype = next(target.model.parameters()).dtype
+    mma = head_dim == BLOCK_ATTENTION_MMA[0] and dtype in BLOCK_ATTENTION_MMA[1]
+    return mma and TARGET_KERNELS and device.type == "cuda" and register_cuda_kernels()
 
 
 def _cuda_view(address: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:

@@ -4,7 +4,7 @@ in PyTorch on its stream. Skipped where PyTorch sees no GPU."""
 
 import pytest
 import torch
-from factories import make_dflash2_drafter, make_target, tiny_slots_pair
+from factories import SLOT_KINDS, make_dflash2_drafter, make_drafter, make_target, tiny_slots_pair
 from reference import reference_output
 from scheduler_checks import check_draft_kernels, workload
 
@@ -114,7 +114,9 @@ def test_cuda_graphs_replay_what_eager_decoding_gives(pair_dirs, monkeypatch):
     assert eager.graph_stats["captured"] == 0
 
 
-def test_targets_take_our_kernels_for_their_attention_and_own_ops(pair_dirs):
+def test_hybrid_and_moe_targets_take_our_kernels_for_their_own_ops(pair_dirs):
+    """float32 at head_dim 16: the attention stays PyTorch's (the BlockAttention kernel's tensor-core form
+    takes 16-bit heads of 128 only)."""
     from dflash_trt.runtime.cuda_ops import LIBRARY
 
     if not LIBRARY.is_file():
@@ -122,8 +124,42 @@ def test_targets_take_our_kernels_for_their_attention_and_own_ops(pair_dirs):
     llm = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
     llm.executor(1, 64)
     moe = any(is_sparse_moe(module) for module in llm.target.model.modules())
-    assert llm.target_kernels == ("BlockAttention",) + (("GatedDeltaRule",) if llm.target.is_stateful else ()) + \
-        (("MoE",) if moe else ())
+    assert llm.target_kernels == (("GatedDeltaRule",) if llm.target.is_stateful else ()) + (("MoE",) if moe else ())
+
+
+def test_the_targets_attention_through_our_kernel_decodes_as_autoregressive(pair_dirs, monkeypatch):
+    """Every shape the kernel takes (TARGET_ATTENTION_KERNEL True: its float32 CUDA-core form here), in
+    captured decoding at concurrency 8: greedy equals autoregressive decoding."""
+    from dflash_trt.runtime import torch_graphs
+    from dflash_trt.runtime.cuda_ops import LIBRARY
+
+    if not LIBRARY.is_file():
+        pytest.skip(f"{LIBRARY.name} not built (bash scripts/build_plugins.sh)")
+    monkeypatch.setattr(torch_graphs, "TARGET_ATTENTION_KERNEL", True)
+    llm = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
+    work = workload(llm.vocab_size, 8, seed=17)
+    for tokens, (_, prompt, params) in zip(run(llm, work, 8), work, strict=True):
+        assert tokens == reference_output(llm, prompt, params).token_ids
+    assert llm.target_kernels[:1] == ("BlockAttention",) and llm.graph_stats["replayed"] > 0
+
+
+@pytest.mark.parametrize("kind", ["dense", "sliding-window"])
+def test_bfloat16_heads_of_128_attend_through_our_kernel_as_they_decode_plainly(tmp_path, kind):
+    """The default on a GPU where the kernel's tensor-core form runs (bfloat16, head_dim 128): the target's
+    decode and verify attention is BlockAttention's, and a request alone decodes the same greedy tokens
+    with DFlash (verifies of 4) as plainly (steps of 1), CUDA-graphed."""
+    from dflash_trt.runtime.cuda_ops import LIBRARY
+
+    if not LIBRARY.is_file():
+        pytest.skip(f"{LIBRARY.name} not built (bash scripts/build_plugins.sh)")
+    config = {k: v for k, v in SLOT_KINDS[kind].items() if k != "family"}
+    target = make_target(tmp_path / "qwen3", "qwen3", head_dim=128, **config)
+    draft = make_drafter(tmp_path / "draft", block_size=4, target_layer_ids=[1, 2])
+    llm = LLM(str(target), str(draft), block_size=4, device="cuda", backend="torch")
+    assert llm.dtype == torch.bfloat16
+    work = workload(llm.vocab_size, 8, seed=19)
+    assert run(llm, work, 1) == run(llm, work, 1, speculative=False)
+    assert llm.target_kernels[:1] == ("BlockAttention",) and llm.graph_stats["replayed"] > 0
 
 
 def slot_attention_case(dtype, window, generator):
