@@ -21,6 +21,10 @@ struct TensorRef {
   std::vector<int64_t> shape;
 };
 
+inline bool operator==(const TensorRef& a, const TensorRef& b) {
+  return a.data == b.data && a.dtype == b.dtype && a.shape == b.shape;
+}
+
 class Graph {
  public:
   virtual ~Graph() = default;

@@ -191,13 +191,13 @@ class TorchGraph:
         self._views[key] = view
         return view
 
-    def run(self, what: str, inputs: dict, outputs: dict) -> None:
+    def run(self, what: str, inputs: dict, outputs: dict, bindings: int | None = None) -> None:
         missing = [name for name in self.inputs if name not in inputs]
         if missing:
             raise DFlashError(f"{what}: the executor bound no {missing[0]}")
         stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
         with torch.inference_mode(), stream:
-            key = self._graph_key(inputs, outputs)
+            key = self._graph_key(inputs, outputs, bindings)
             graph = self._graphs.get(key) if key is not None else None
             if graph is not None:
                 graph.replay()
@@ -231,13 +231,16 @@ class TorchGraph:
             if out.data_ptr() != result.data_ptr():  # a slot cache written in place is already there
                 out.copy_(result)
 
-    def _graph_key(self, inputs: dict, outputs: dict) -> tuple | None:
-        """The bindings a captured graph is valid for; None: this run is not graphed."""
+    def _graph_key(self, inputs: dict, outputs: dict, bindings: int | None = None) -> tuple | int | None:
+        """The bindings a captured graph is valid for: the executor's number for them (csrc/py_graph.h), else
+        the bindings themselves; None: this run is not graphed."""
         if not self.graphed:
             return None
         first = inputs[self.inputs[0]][2]  # input_ids / features / block_ids: [rows, tokens, ...]
         if len(first) < 2 or first[1] > GRAPHED_TOKENS:
             return None
+        if bindings is not None:
+            return bindings
         return tuple(inputs.items()), tuple(outputs.items())  # (address, dtype, shape tuple) per name, in name order
 
     def _capture(self, key: tuple, what: str, inputs: dict, outputs: dict) -> bool:

@@ -28,6 +28,6 @@ class OnTheStream:
     def __init__(self, graph, flush):
         self.graph, self.flush = graph, flush
 
-    def run(self, what, inputs, outputs):
+    def run(self, what, inputs, outputs, bindings=None):
         self.flush()
-        self.graph.run(what, inputs, outputs)
+        self.graph.run(what, inputs, outputs, bindings)

@@ -243,6 +243,35 @@ def test_a_cuda_graph_is_keyed_on_every_binding_and_only_for_decode_sized_runs()
     assert graph._graph_key({**inputs, "input_ids": (64, "int64", (2, GRAPHED_TOKENS + 1))}, outputs) is None
 
 
+def test_the_executor_numbers_each_set_of_bindings_the_same_every_time_it_recurs(pair, monkeypatch):
+    """csrc/py_graph.cpp hands a graph the same number (and the same dicts) whenever it binds the same
+    memory, dtypes and shapes, and another number otherwise: what a captured graph is keyed on."""
+    from dflash_trt.runtime.torch_graphs import TorchGraph
+
+    calls = []
+    run = TorchGraph.run
+
+    def recording(graph, what, inputs, outputs, bindings=None):
+        calls.append((id(graph), bindings, tuple(inputs.items()), tuple(outputs.items()), id(inputs)))
+        run(graph, what, inputs, outputs, bindings)
+
+    monkeypatch.setattr(TorchGraph, "run", recording)
+    _, llm = pair
+    executor = llm.executor(3, 64)
+    executor.prefill_logits([0, 1, 2], [[3, 1, 4, 1, 5], [2, 7], [9, 2, 6]])
+    for rows, bonus in (([0, 2], [7, 11]), ([0, 2], [4, 5]), ([0, 1, 2], [4, 5, 6]), ([0, 2], [6, 3])):
+        drafts = executor.draft(rows, bonus, 4)
+        executor.verify_logits(rows, [[t, *d] for t, d in zip(bonus, drafts, strict=True)])
+        executor.commit(rows, [1] * len(rows))
+    numbered = {}
+    for graph, bindings, inputs, outputs, dicts in calls:
+        assert isinstance(bindings, int)
+        numbered.setdefault((graph, bindings), set()).add((inputs, outputs, dicts))
+    assert all(len(seen) == 1 for seen in numbered.values()), "one number, one set of bindings (one dict)"
+    sets = {(graph, inputs, outputs) for graph, _, inputs, outputs, _ in calls}
+    assert len(sets) == len(numbered) < len(calls), "a set that recurs keeps its number"
+
+
 @pytest.mark.parametrize("kind", ["moe", "hybrid-moe"])
 def test_sparse_moe_blocks_in_the_exported_form_decode_as_autoregressive(kind, tmp_path, monkeypatch):
     """torch_graphs.ROUTED_MOE: on a GPU a sparse MoE block runs as the export writes it (fixed shapes and
