@@ -127,6 +127,9 @@ else
   step pytest_gpu 300 "$python" -m pytest -m gpu tests -q -p no:cacheprovider --continue-on-collection-errors \
     --junitxml "$work/pytest.xml"
   step decide_bench 120 "$python" scripts/decide_bench.py --rows 1,2,8,32 --wide-pairs 0,16 --json "$work/decide_bench.json"
+  # the host's share of a step at Qwen3-8B's depth: a verify whose replayed graph does nothing (target: 5 %)
+  step host_step_bench 60 "$python" scripts/host_step_bench.py --device cuda --layers 1,36 --rows 1,8 \
+    --json "$work/host_step_bench.json"
   # 32 rows of 16 are 512 blocks: the core runs them at 256 threads, two an SM; at 512, one an SM
   step decide_bench_512 60 "$python" scripts/decide_bench.py --rows 32 --threads 512 --json "$work/decide_bench_512.json"
   # the default path (our kernels where the plugin library is built): the projected speedup's step costs

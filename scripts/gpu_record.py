@@ -137,6 +137,7 @@ def build_record(work: Path, commit: str, peak_tflops: float) -> dict:
                "step_bench": ("step_bench.json", lambda p: json.loads(p.read_text())),
                "decide_bench": ("decide_bench.json", lambda p: json.loads(p.read_text())),
                "decide_bench_512": ("decide_bench_512.json", lambda p: json.loads(p.read_text())),
+               "host_step_bench": ("host_step_bench.json", lambda p: json.loads(p.read_text())),
                "executor_bench": ("executor_bench.json", lambda p: json.loads(p.read_text())),
                "executor_bench_eager": ("executor_bench_eager.json", lambda p: json.loads(p.read_text())),
                "executor_bench_drafter": ("executor_bench_drafter.json", lambda p: json.loads(p.read_text())),
@@ -247,6 +248,8 @@ def main() -> int:
     for p in record.get("projected_speedup", []):
         gains = ", ".join(f"{name} {x}x" for name, x in p["speedup"].items())
         print(f"    {p['rows']:>2} rows, {p['depth']}: plain {p['plain_ms']} ms, step {p['step_ms']} ms -> {gains}")
+    for h in record.get("host_step_bench", {}).get("results", []):
+        print(f"  host time of a replayed verify of {h['block']}, {h['layers']} layers x {h['rows']} rows: {h['us']} us")
     for a in record.get("attention_spans", []):
         print(f"  verify {a['rows']} row x {a['block']}: " + ", ".join(f"{k} {ms} ms" for k, ms in a["ms"].items()))
     for p in record.get("executor_bench", {}).get("profile", []):
