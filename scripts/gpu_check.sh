@@ -6,7 +6,8 @@
 # step-cost floor at Qwen3-8B widths, the decisions' own cost (scripts/decide_bench.py) and our executor's
 # phases at those widths (scripts/executor_step_bench.py), then writes the record gpu-<device>.json (scripts/gpu_record.py)
 # into OUT_DIR. A failed step is recorded and the next one still runs; the exit status is 1 if any
-# step, parity case or gpu test failed.
+# step, parity case or gpu test failed. Steps start within GPU_CHECK_BUDGET_S seconds (default 430) of the
+# start, most wanted first, so the record is written inside a call's limit; the rest are recorded as skipped.
 #
 #   bash scripts/gpu_check.sh --prepare           # first, where PyPI is reachable (after scripts/setup.sh)
 #   bash scripts/gpu_check.sh OUT_DIR [COMMIT]    # then on the GPU machine, carrying build/plugins/ort,
@@ -43,6 +44,11 @@ fi
 
 out=${1:?usage: $0 OUT_DIR [COMMIT]}
 commit=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+# Steps start only within this many seconds of the check's start (each cut to what is left), so the
+# record is still written inside the device call's limit; a step left out is recorded as skipped.
+budget=${GPU_CHECK_BUDGET_S:-430}
+started=$(date +%s)
+SKIPPED=125  # a skipped step's status in steps.tsv (scripts/gpu_record.py reads it)
 ORT_HEADERS=build/plugins/ort/usr/include/onnxruntime
 TRT_HEADERS=build/plugins/trt/kernel_lens/include/tensorrt
 work=build/gpu-check
@@ -74,8 +80,15 @@ echo "$name, sm_$arch, peak $peak_tbps TB/s, commit $commit" | tee -a "$log"
 
 # step NAME TIMEOUT COMMAND...: runs it with its output in the log, records exit status and seconds.
 step() {
-  local name=$1 limit=$2 began status
+  local name=$1 limit=$2 began status left
   shift 2
+  left=$((budget - ($(date +%s) - started)))
+  if [ "$left" -le 0 ]; then
+    echo "=== $name: skipped (past the check's $budget s budget)" | tee -a "$log"
+    printf '%s\t%s\t0.0\n' "$name" "$SKIPPED" >>"$work/steps.tsv"
+    return $SKIPPED
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   echo "=== $name: $*" | tee -a "$log"
   began=$(date +%s%N)
   timeout "$limit" "$@" >>"$log" 2>&1
@@ -109,29 +122,14 @@ if [ $plugins_built = 1 ]; then
   step kernel_parity 120 bash -c "set -o pipefail; $plugins/kernel_parity | tee $work/kernel_parity.log"
   step ctest 120 ctest --test-dir "$plugins" --label-exclude gpu --output-on-failure
   step kernel_bench 120 "$plugins/kernel_bench" --json "$work/kernel_bench.json" --peak-tbps "$peak_tbps"
-  # Where each kernel's time goes (Nsight Compute: one launch of each kernel at each bench shape).
-  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
-  if [ -n "$ncu" ]; then
-    step kernel_profile 300 bash -c "$ncu --csv --page details --section SpeedOfLight --section Occupancy \
-      --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis $plugins/kernel_bench --once \
-      >$work/kernel_profile.csv"
-  else
-    echo "note: no ncu (Nsight Compute): no kernel profile" | tee -a "$log"
-  fi
 fi
 if [ "${GPU_CHECK_PLUGINS_ONLY:-0}" = 1 ]; then
   echo "GPU_CHECK_PLUGINS_ONLY=1: the plugin kernels' steps only" | tee -a "$log"
 else
   step build_core 300 env DFLASH_CUDA_SMS="$arch" "$python" setup.py -q build_ext --inplace -j "$(nproc)"
-  step step_bench 240 "$python" scripts/gpu_step_bench.py --json "$work/step_bench.json"
   step pytest_gpu 300 "$python" -m pytest -m gpu tests -q -p no:cacheprovider --continue-on-collection-errors \
     --junitxml "$work/pytest.xml"
-  step decide_bench 120 "$python" scripts/decide_bench.py --rows 1,2,8,32 --wide-pairs 0,16 --json "$work/decide_bench.json"
-  # the host's share of a step at Qwen3-8B's depth: a verify whose replayed graph does nothing (target: 5 %)
-  step host_step_bench 60 "$python" scripts/host_step_bench.py --device cuda --layers 1,36 --rows 1,8 \
-    --json "$work/host_step_bench.json"
-  # 32 rows of 16 are 512 blocks: the core runs them at 256 threads, two an SM; at 512, one an SM
-  step decide_bench_512 60 "$python" scripts/decide_bench.py --rows 32 --threads 512 --json "$work/decide_bench_512.json"
+  # Most wanted first: a step past the budget is skipped.
   # the default path (our kernels where the plugin library is built): the projected speedup's step costs
   step executor_bench 240 "$python" scripts/executor_step_bench.py --profile --trace "$out/traces" \
     --json "$work/executor_bench.json"
@@ -142,21 +140,37 @@ else
   # the same phases in standard ops alone (PyTorch's attention, the standard draft graphs): what the kernels save
   step executor_bench_standard 120 "$python" scripts/executor_step_bench.py --kernels off --rows 1,8 --blocks 1,4,16 \
     --repeat 5 --json "$work/executor_bench_standard.json"
-  step executor_bench_drafter 120 "$python" scripts/executor_step_bench.py --draft-rule drafter --rows 1,8 \
-    --blocks 16 --repeat 5 --json "$work/executor_bench_drafter.json"
-  # a server's default slot (4,096 tokens, runtime/engine.py) under the same 1,024 cached: what a captured
-  # run's attention over the whole slot costs beside executor_bench's
+  # a server's default slot (4,096 tokens, runtime/engine.py) under the same 1,024 cached: a captured run's
+  # attention over the whole slot (PyTorch's), then through our BlockAttention kernel (each row's length)
   step executor_bench_capacity 120 "$python" scripts/executor_step_bench.py --kernels off --rows 1,32 \
     --blocks 1,16 --repeat 5 --capacity 4096 --json "$work/executor_bench_capacity.json"
-  # the same through our BlockAttention kernel, which reads each row's length on the device
   step executor_bench_capacity_kernels 120 "$python" scripts/executor_step_bench.py --rows 1,32 \
     --blocks 1,16 --repeat 5 --capacity 4096 --json "$work/executor_bench_capacity_kernels.json"
-  step executor_bench_eager 120 "$python" scripts/executor_step_bench.py --eager --rows 1,8 \
-    --json "$work/executor_bench_eager.json"
-  step executor_bench_moe 180 "$python" scripts/executor_step_bench.py --preset qwen3.5-35b-a3b --kernels off \
-    --rows 1,8 --blocks 1,16 --chunk 256 --cached 512 --repeat 5 --json "$work/executor_bench_moe.json"
+  step decide_bench 120 "$python" scripts/decide_bench.py --rows 1,2,8,32 --wide-pairs 0,16 --json "$work/decide_bench.json"
+  # 32 rows of 16 are 512 blocks: the core runs them at 256 threads, two an SM; at 512, one an SM
+  step decide_bench_512 60 "$python" scripts/decide_bench.py --rows 32 --threads 512 --json "$work/decide_bench_512.json"
+  # the host's share of a step at Qwen3-8B's depth: a verify whose replayed graph does nothing (target: 5 %)
+  step host_step_bench 60 "$python" scripts/host_step_bench.py --device cuda --layers 1,36 --rows 1,8 \
+    --json "$work/host_step_bench.json"
+  step step_bench 240 "$python" scripts/gpu_step_bench.py --json "$work/step_bench.json"
   step executor_bench_moe_kernels 180 "$python" scripts/executor_step_bench.py --preset qwen3.5-35b-a3b \
     --rows 1,8 --blocks 1,16 --chunk 256 --cached 512 --repeat 5 --json "$work/executor_bench_moe_kernels.json"
+  step executor_bench_moe 180 "$python" scripts/executor_step_bench.py --preset qwen3.5-35b-a3b --kernels off \
+    --rows 1,8 --blocks 1,16 --chunk 256 --cached 512 --repeat 5 --json "$work/executor_bench_moe.json"
+  step executor_bench_drafter 120 "$python" scripts/executor_step_bench.py --draft-rule drafter --rows 1,8 \
+    --blocks 16 --repeat 5 --json "$work/executor_bench_drafter.json"
+  step executor_bench_eager 120 "$python" scripts/executor_step_bench.py --eager --rows 1,8 \
+    --json "$work/executor_bench_eager.json"
+fi
+# Where each kernel's time goes (Nsight Compute: one launch of each kernel at each bench shape): last, as
+# what the budget leaves room for.
+ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+if [ $plugins_built = 1 ] && [ -n "$ncu" ]; then
+  step kernel_profile 300 bash -c "$ncu --csv --page details --section SpeedOfLight --section Occupancy \
+    --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis $plugins/kernel_bench --once \
+    >$work/kernel_profile.csv"
+elif [ -z "$ncu" ]; then
+  echo "note: no ncu (Nsight Compute): no kernel profile" | tee -a "$log"
 fi
 
 "$python" scripts/gpu_record.py "$work" --commit "$commit" -o "$out" --peak-tflops "$peak_tflops" 2>&1 |

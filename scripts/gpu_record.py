@@ -23,6 +23,8 @@ from pathlib import Path
 
 PARITY_LINE = re.compile(r"^(ok  |FAIL) (.+?)\s+(float32|float16|bfloat16)\s+max scaled error (\S+?)[ ,(]")
 
+SKIPPED = 125  # gpu_check.sh's status for a step it left out (its time budget)
+
 
 def device_slug(name: str) -> str:
     """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3': the record's file name."""
@@ -36,7 +38,8 @@ def read_smi(path: Path) -> dict:
 
 
 def read_steps(path: Path) -> list[dict]:
-    """steps.tsv: one 'name<TAB>exit status<TAB>seconds' line per step, in the order they ran."""
+    """steps.tsv: one 'name<TAB>exit status<TAB>seconds' line per step, in the order they ran (SKIPPED: not
+    run, past the check's time budget)."""
     steps = []
     for line in path.read_text().splitlines():
         name, status, seconds = line.split("\t")
@@ -213,7 +216,8 @@ def attention_spans(record: dict) -> list[dict]:
 
 def problems(record: dict) -> list[str]:
     """One line per thing that did not pass: a failed step, a parity case, a gpu test."""
-    found = [f"step {s['step']} exited {s['exit']}" for s in record["steps"] if s["exit"] != 0]
+    found = [f"step {s['step']} skipped: past the check's time budget" if s["exit"] == SKIPPED else
+             f"step {s['step']} exited {s['exit']}" for s in record["steps"] if s["exit"] != 0]
     found += [f"kernel parity: {p['case']} {p['dtype']} {p['max_scaled_error']:.2e}"
               for p in record.get("kernel_parity", []) if not p["ok"]]
     found += [f"pytest -m gpu: {name} {outcome}" for name, outcome in

@@ -41,12 +41,13 @@ def write_inputs(work: Path, steps: str) -> None:
 
 
 def test_the_record_gathers_every_input_and_names_what_failed(tmp_path):
-    write_inputs(tmp_path / "work", "build_plugins\t0\t61.2\nkernel_parity\t1\t2.0\n")
+    write_inputs(tmp_path / "work", "build_plugins\t0\t61.2\nkernel_parity\t1\t2.0\nstep_bench\t125\t0.0\n")
     record = gpu_record.build_record(tmp_path / "work", "abc123", peak_tflops=100.0)
     assert record["device"] == {"name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "memory": "81559 MiB",
                                 "compute_capability": "9.0"}
     assert record["steps"] == [{"step": "build_plugins", "exit": 0, "seconds": 61.2},
-                               {"step": "kernel_parity", "exit": 1, "seconds": 2.0}]
+                               {"step": "kernel_parity", "exit": 1, "seconds": 2.0},
+                               {"step": "step_bench", "exit": 125, "seconds": 0.0}]
     assert [(p["case"].split()[0], p["dtype"], p["ok"]) for p in record["kernel_parity"]] == [
         ("InjectKV", "float32", True), ("BlockAttention", "bfloat16", False), ("GatedDeltaRule", "float16", False)]
     assert record["kernel_parity"][1]["max_scaled_error"] == 0.04
@@ -65,8 +66,8 @@ def test_the_record_gathers_every_input_and_names_what_failed(tmp_path):
                         "tests.runtime.test_x::test_y": "failed"}
     assert "step_bench" not in record  # a step that did not run leaves its part out
     found = gpu_record.problems(record)
-    assert found[0] == "step kernel_parity exited 1"
-    assert len(found) == 4 and found[-1] == "pytest -m gpu: tests.runtime.test_x::test_y failed"
+    assert found[:2] == ["step kernel_parity exited 1", "step step_bench skipped: past the check's time budget"]
+    assert len(found) == 5 and found[-1] == "pytest -m gpu: tests.runtime.test_x::test_y failed"
 
 
 def test_the_command_writes_gpu_device_json_and_fails_on_a_problem(tmp_path):
