@@ -35,7 +35,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 _TYPESTR = {torch.float32: "<f4", torch.float16: "<f2", torch.bfloat16: "<i2", torch.int64: "<i8"}
 _VIEWS_KEPT = 512  # views made from addresses, reused across runs (the buffers are reused every step)
 GRAPHED_TOKENS = 16  # runs of at most this many new tokens per row are CUDA-graphed (not prefill chunks)
-GRAPHS_KEPT = 64  # captured graphs per graph and device, each with its own memory pool
+GRAPHS_KEPT = 256  # captured graphs per graph (one a rows x tokens shape: adaptive blocks make many)
 CUDA_GRAPHS = True  # capture on a GPU (tests compare against eager by turning it off)
 # The draft graphs as the plugin flavour writes them (dflash:: ops for KV injection and block attention):
 # "auto" on a GPU where our CUDA kernels register (runtime/cuda_ops.py), so decoding runs them; True
@@ -153,6 +153,22 @@ class InPlaceSlotAttention:
         return out.transpose(1, 2).reshape(b, s, -1), key_cache, value_cache
 
 
+class GraphMemory:
+    """One memory pool for every CUDA graph an executor captures. Its graphs replay one after another on
+    its stream, and none keeps anything in its scratch from one replay to the next (each copies its
+    outputs into the executor's buffers inside the graph), so they share it: the pool holds about the
+    largest capture's scratch, not the sum of all (a 32-row verify's logits alone are 0.3 GB at Qwen3's
+    vocabulary)."""
+
+    def __init__(self):
+        self._handle = None
+
+    def handle(self):
+        if self._handle is None:
+            self._handle = torch.cuda.graph_pool_handle()
+        return self._handle
+
+
 class TorchGraph:
     """One module as the slot executor's graph: `run(what, inputs, outputs)` with each binding
     name -> (address, dtype name, shape tuple) in the executor's device memory.
@@ -164,10 +180,11 @@ class TorchGraph:
     stays eager for those bindings."""
 
     def __init__(self, module: torch.nn.Module, inputs: list[str], outputs: list[str], device: torch.device,
-                 stream, graphed: bool = False, stats: Counter | None = None):
+                 stream, graphed: bool = False, stats: Counter | None = None, memory: GraphMemory | None = None):
         self.module, self.inputs, self.outputs = module, inputs, outputs
         self.device, self.stream, self.graphed = device, stream, graphed
         self.stats = Counter() if stats is None else stats
+        self.memory = GraphMemory() if memory is None else memory
         self._views: dict[tuple, torch.Tensor] = {}
         self._graphs: dict[tuple, torch.cuda.CUDAGraph | None] = {}  # None: eager (could not capture)
         self._seen: Counter = Counter()
@@ -249,7 +266,7 @@ class TorchGraph:
             return False
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, stream=self.stream):
+            with torch.cuda.graph(graph, pool=self.memory.handle(), stream=self.stream):
                 self._forward(what, inputs, outputs)
         except RuntimeError:  # a host sync inside (e.g. HF's MoE block, ROUTED_MOE off): eager from now on
             self._graphs[key] = None
@@ -348,6 +365,7 @@ class TorchGraphs:
             self.modules["draft_block"].export_logits = draws_drafts(llm)  # as graph_specs lists its outputs
         self.specs, self.device, self.stream = specs, device, None
         self.stats = Counter() if stats is None else stats  # CUDA graphs: captured, replayed, eager runs
+        self.memory = GraphMemory()  # every graph's captures share it
         graphed = CUDA_GRAPHS and device.type == "cuda"
         # HF's sparse MoE block routes on the host (which experts to run): such a target is not captured
         self.graphed = {"target": graphed and not any(is_sparse_moe(m) for m in target.mlps),
@@ -363,7 +381,7 @@ class TorchGraphs:
         spec = self.specs[name]
         return TorchGraph(self.modules[name].eval(), [io["name"] for io in spec["inputs"]],
                           [io["name"] for io in spec["outputs"]], self.device, self.stream, self.graphed[name],
-                          self.stats)
+                          self.stats, self.memory)
 
 
 def draws_drafts(llm) -> bool:
