@@ -170,8 +170,9 @@ class GraphMemory:
 
 
 class TorchGraph:
-    """One module as the slot executor's graph: `run(what, inputs, outputs)` with each binding
-    name -> (address, dtype name, shape tuple) in the executor's device memory.
+    """One module as the slot executor's graph: `run(what, inputs, outputs, bindings)` with each binding
+    name -> (address, dtype name, shape tuple) in the executor's device memory, and the executor's number
+    for that set of bindings (csrc/py_graph.h).
 
     On a GPU (`graphed`), a run of at most GRAPHED_TOKENS new tokens per row (decode, verify, draft
     steps) is captured as a CUDA graph the second time its bindings (addresses, dtypes, shapes) recur,
@@ -186,7 +187,7 @@ class TorchGraph:
         self.stats = Counter() if stats is None else stats
         self.memory = GraphMemory() if memory is None else memory
         self._views: dict[tuple, torch.Tensor] = {}
-        self._graphs: dict[tuple, torch.cuda.CUDAGraph | None] = {}  # None: eager (could not capture)
+        self._graphs: dict[tuple | int, torch.cuda.CUDAGraph | None] = {}  # None: eager (could not capture)
         self._seen: Counter = Counter()
 
     def _view(self, address: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -260,7 +261,7 @@ class TorchGraph:
             return bindings
         return tuple(inputs.items()), tuple(outputs.items())  # (address, dtype, shape tuple) per name, in name order
 
-    def _capture(self, key: tuple, what: str, inputs: dict, outputs: dict) -> bool:
+    def _capture(self, key: tuple | int, what: str, inputs: dict, outputs: dict) -> bool:
         if sum(graph is not None for graph in self._graphs.values()) >= GRAPHS_KEPT:
             self._graphs[key] = None
             return False
