@@ -3,7 +3,10 @@
 
 #include <pybind11/stl.h>
 
+#include <functional>
 #include <map>
+#include <optional>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -35,7 +38,8 @@ class PyGraph final : public Graph {
   explicit PyGraph(py::object graph) : graph_(std::move(graph)) {}
   ~PyGraph() override {
     py::gil_scoped_acquire gil;
-    known_.clear();
+    known_.clear();  // its dicts go while the GIL is held
+    unnumbered_.reset();
     graph_ = py::object();
   }
   void clear() override {
@@ -51,25 +55,44 @@ class PyGraph final : public Graph {
   }
 
  private:
-  // A set of bindings as the Python graph gets them, and its number: the same number for the same
-  // bindings, so a Python graph keys its CUDA graphs on it. A decode loop binds a few sets over and
+  // A set of bindings as the Python graph gets them, and its number: the same number whenever the same
+  // bindings recur, so a Python graph keys its CUDA graphs on it. A decode loop binds a few sets over and
   // over; converting a deep model's 150 bindings and hashing them again every run cost ~2 us a layer.
   struct Bindings {
     std::map<std::string, TensorRef> bound_inputs, bound_outputs;
     py::dict inputs, outputs;
-    int64_t id;
+    int64_t id;  // -1: past kKnown sets, not numbered (the graph runs it eagerly)
   };
-  static constexpr size_t kKnown = 64;  // sets kept; past it they are converted afresh
+  // Sets numbered, at most (more than a graph captures: runtime/torch_graphs.py's GRAPHS_KEPT); a set seen
+  // after them is converted each run and not numbered.
+  static constexpr size_t kKnown = 1024;
+
+  static size_t hash_of(const std::map<std::string, TensorRef>& bound) {
+    size_t h = bound.size();
+    const auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    for (const auto& [name, t] : bound) {
+      mix(std::hash<std::string>()(name));
+      mix(reinterpret_cast<uintptr_t>(t.data));
+      mix(size_t(t.dtype));
+      for (int64_t d : t.shape) mix(size_t(d));
+    }
+    return h;
+  }
+  bool same(const Bindings& b) const { return b.bound_inputs == inputs_ && b.bound_outputs == outputs_; }
 
   const Bindings& bindings() {
-    if (last_ < known_.size() && known_[last_].bound_inputs == inputs_ && known_[last_].bound_outputs == outputs_)
-      return known_[last_];
-    for (last_ = 0; last_ < known_.size(); ++last_)
-      if (known_[last_].bound_inputs == inputs_ && known_[last_].bound_outputs == outputs_) return known_[last_];
-    if (known_.size() == kKnown) known_.clear();
-    known_.push_back({inputs_, outputs_, as_dict(inputs_), as_dict(outputs_), next_id_++});
-    last_ = known_.size() - 1;
-    return known_.back();
+    if (last_ < known_.size() && same(known_[last_])) return known_[last_];
+    const size_t h = hash_of(inputs_) ^ (hash_of(outputs_) * 31);
+    const auto [first, end] = index_.equal_range(h);
+    for (auto at = first; at != end; ++at)
+      if (same(known_[at->second])) return known_[last_ = at->second];
+    if (known_.size() == kKnown) {
+      unnumbered_ = Bindings{inputs_, outputs_, as_dict(inputs_), as_dict(outputs_), -1};
+      return *unnumbered_;
+    }
+    index_.emplace(h, known_.size());
+    known_.push_back({inputs_, outputs_, as_dict(inputs_), as_dict(outputs_), int64_t(known_.size())});
+    return known_[last_ = known_.size() - 1];
   }
   // name -> (address, dtype name, shape tuple), in name order (a std::map's)
   static py::dict as_dict(const std::map<std::string, TensorRef>& bound) {
@@ -81,9 +104,10 @@ class PyGraph final : public Graph {
   }
   py::object graph_;
   std::map<std::string, TensorRef> inputs_, outputs_;
-  std::vector<Bindings> known_;
-  size_t last_ = 0;
-  int64_t next_id_ = 0;
+  std::vector<Bindings> known_;  // numbered by position
+  std::unordered_multimap<size_t, size_t> index_;  // hash_of both maps -> positions in known_
+  size_t last_ = 0;  // the last set run
+  std::optional<Bindings> unnumbered_;  // the last set run past kKnown
 };
 
 class PyGraphBackend final : public GraphBackend {

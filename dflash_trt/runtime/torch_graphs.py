@@ -258,7 +258,7 @@ class TorchGraph:
         if len(first) < 2 or first[1] > GRAPHED_TOKENS:
             return None
         if bindings is not None:
-            return bindings
+            return bindings if bindings >= 0 else None  # -1: the executor numbers no more sets: eager
         return tuple(inputs.items()), tuple(outputs.items())  # (address, dtype, shape tuple) per name, in name order
 
     def _capture(self, key: tuple | int, what: str, inputs: dict, outputs: dict) -> bool:

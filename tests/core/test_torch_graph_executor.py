@@ -241,6 +241,8 @@ def test_a_cuda_graph_is_keyed_on_every_binding_and_only_for_decode_sized_runs()
                     {"x": (128, "float32", (3, 4, 8))}):
         assert graph._graph_key({**inputs, **changed}, outputs) != key
     assert graph._graph_key({**inputs, "input_ids": (64, "int64", (2, GRAPHED_TOKENS + 1))}, outputs) is None
+    # the executor's number for the bindings (csrc/py_graph.cpp) keys them where it gives one; -1: eager
+    assert graph._graph_key(inputs, outputs, 5) == 5 and graph._graph_key(inputs, outputs, -1) is None
 
 
 def test_the_executor_numbers_each_set_of_bindings_the_same_every_time_it_recurs(pair, monkeypatch):
