@@ -4,28 +4,20 @@ not checked (benchmarks print them)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).parents[2] / "scripts" / "executor_step_bench.py"
+from bench_scripts import run_bench, run_script
 
 
 @pytest.mark.parametrize("preset, layers, rule", [("tiny", 2, "point-mass"), ("tiny", 2, "drafter"),
                                                  ("tiny-qwen3.5-moe", 4, "point-mass")])  # dense; hybrid sparse MoE
 def test_the_bench_runs_every_phase_through_the_executor_and_records_it(tmp_path, preset, layers, rule):
-    out, traces = tmp_path / "executor_bench.json", tmp_path / "traces"
-    profiled = ["--profile", "--trace", str(traces)] if rule == "drafter" else []  # once: the profiles' path
-    wide = ["--capacity", "64"] if preset != "tiny" else []  # once: a slot wider than the phases need
-    done = subprocess.run([sys.executable, str(SCRIPT), "--preset", preset, "--layers", str(layers), "--rows", "1,3",
-                           "--blocks", "1,4", "--chunk", "8", "--cached", "16", "--repeat", "2", "--device", "cpu",
-                           "--dtype", "float32", "--draft-rule", rule, "--json", str(out), *profiled, *wide],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    record = json.loads(out.read_text())
+    traces = tmp_path / "traces"
+    profiled = ["--profile", "--trace", traces] if rule == "drafter" else []  # once: the profiles' path
+    wide = ["--capacity", 64] if preset != "tiny" else []  # once: a slot wider than the phases need
+    stdout, record = run_bench("executor_step_bench.py", tmp_path / "executor_bench.json", "--preset", preset,
+                               "--layers", layers, "--rows", "1,3", "--blocks", "1,4", "--chunk", 8, "--cached", 16,
+                               "--repeat", 2, "--device", "cpu", "--dtype", "float32", "--draft-rule", rule,
+                               *profiled, *wide)
     cases = {(r["phase"], r["rows"], r["block"]) for r in record["results"]}
     assert cases == {(phase, rows, block) for rows in (1, 3) for phase, block in
                      (("verify", 1), ("verify", 4), ("draft", 4), ("prefill 8", 8), ("prefill 7 (fresh rows)", 7), ("verify T=0.8 top-p 0.95", 4),
@@ -34,17 +26,16 @@ def test_the_bench_runs_every_phase_through_the_executor_and_records_it(tmp_path
     assert record["capacity"] == (64 if wide else 16 + 8 + 4 + 8)  # --cached + --chunk + the largest block + 8
     # on the CPU the executor's memory is the host's: nothing crosses a host boundary
     assert all(r["host_bytes_per_call"] == 0 and r["ms"] > 0 for r in record["results"])
-    assert "| verify | 3 | 4 |" in done.stdout
+    assert "| verify | 3 | 4 |" in stdout
     if profiled:  # the verifies' and a new-length prefill's timelines (on the CPU: host events only)
         assert sorted(p.name for p in traces.iterdir()) == [
             "prefill_6.json.gz", "verify.json.gz", "verify_T0.8_top-p_0.95.json.gz"]
         assert record["prefill_profile"]["phase"] == "prefill 6" and record["prefill_profile"]["gpu_busy_ms"] is None
-        assert "profile: 1 x prefill of 1 row x 6 tokens (a new length)" in done.stdout
+        assert "profile: 1 x prefill of 1 row x 6 tokens (a new length)" in stdout
 
 
 def test_a_slot_too_small_for_the_phases_is_refused_before_any_work():
-    done = subprocess.run([sys.executable, str(SCRIPT), "--preset", "tiny", "--layers", "1", "--device", "cpu",
-                           "--cached", "16", "--chunk", "8", "--blocks", "1,4", "--capacity", "20"],
-                          capture_output=True, text=True, timeout=120)
+    done = run_script("executor_step_bench.py", "--preset", "tiny", "--layers", 1, "--device", "cpu", "--cached", 16,
+                      "--chunk", 8, "--blocks", "1,4", "--capacity", 20, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].endswith("--capacity 20 is below the 36 tokens the phases need")

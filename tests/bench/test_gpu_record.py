@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).parents[2] / "scripts" / "gpu_record.py"
-spec = importlib.util.spec_from_file_location("gpu_record", SCRIPT)
+from bench_scripts import SCRIPTS, run_script
+
+spec = importlib.util.spec_from_file_location("gpu_record", SCRIPTS / "gpu_record.py")
 gpu_record = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_record)
 
@@ -72,8 +71,7 @@ def test_the_record_gathers_every_input_and_names_what_failed(tmp_path):
 
 def test_the_command_writes_gpu_device_json_and_fails_on_a_problem(tmp_path):
     write_inputs(tmp_path / "work", "build_plugins\t0\t61.2\n")
-    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "work"), "--commit", "abc123", "-o",
-                           str(tmp_path / "out")], capture_output=True, text=True)
+    done = run_script("gpu_record.py", tmp_path / "work", "--commit", "abc123", "-o", tmp_path / "out")
     written = tmp_path / "out" / "gpu-nvidia-h100-80gb-hbm3.json"
     assert json.loads(written.read_text())["commit"] == "abc123"
     assert done.returncode == 1 and "problem: kernel parity: BlockAttention" in done.stdout
@@ -84,8 +82,7 @@ def test_the_command_passes_when_everything_did(tmp_path):
     write_inputs(work, "build_plugins\t0\t61.2\n")
     (work / "kernel_parity.log").write_text(PARITY.splitlines()[0] + "\n")
     (work / "pytest.xml").write_text(JUNIT.replace('failures="1"', 'failures="0"').replace('<failure message="boom"/>', ""))
-    done = subprocess.run([sys.executable, str(SCRIPT), str(work), "--commit", "abc", "-o", str(tmp_path)],
-                          capture_output=True, text=True)
+    done = run_script("gpu_record.py", work, "--commit", "abc", "-o", tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "problem" not in done.stdout
 

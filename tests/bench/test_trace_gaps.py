@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).parents[2] / "scripts" / "trace_gaps.py"
+from bench_scripts import run_script
 
 
 def event(cat, name, ts, dur):
@@ -31,8 +28,7 @@ def test_the_longest_gap_comes_with_the_host_work_that_spanned_it(tmp_path):
     path = tmp_path / "verify.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump(TRACE, f)
-    done = subprocess.run([sys.executable, str(SCRIPT), str(path), "--min-us", "2"], capture_output=True, text=True,
-                          timeout=60)
+    done = run_script("trace_gaps.py", path, "--min-us", 2, timeout=60)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "device busy 129 of 180 us between its first and last event (28.3% idle)"
