@@ -315,6 +315,10 @@ int main() {
     block_attention_case(1, 6, 2, 48, 100, 128, {77}, true, 0, dtype);    // 3 blocks of rows, causal
     block_attention_case(1, 2, 1, 100, 50, 128, {50}, true, 30, dtype);   // a block's slots wrap past n
     block_attention_case(3, 8, 8, 1, 200, 128, {200, 1, 64}, false, 0, dtype);  // one row per kv head
+    // a target's decode and verify attention (runtime/torch_graphs.py): a server's 4,096-token slot, rows
+    // holding far less; the plain step (one query a row) and a verify of 16, causal
+    block_attention_case(2, 32, 8, 1, 4096, 128, {1024, 3000}, true, 0, dtype);
+    block_attention_case(1, 32, 8, 16, 4096, 128, {1024}, true, 0, dtype);
     gated_delta_rule_case(1, 1, 1, 1, 8, 4, 0, dtype);           // one token
     gated_delta_rule_case(3, 17, 2, 4, 16, 8, 16, dtype);         // a prefill: the last state only
     gated_delta_rule_case(2, 4, 2, 2, 32, 33, 0, dtype);          // Dv past one 32-column tile
