@@ -129,6 +129,17 @@ def read_pytest(path: Path) -> dict:
     return {**counts, "outcomes": tests}
 
 
+# The benches' own records, each written by gpu_check.sh as <key>.json and kept as it is.
+BENCH_RECORDS = ("step_bench", "decide_bench", "decide_bench_512", "host_step_bench", "executor_bench",
+                 "executor_bench_eager", "executor_bench_drafter", "executor_bench_moe",
+                 "executor_bench_moe_kernels", "executor_bench_standard", "executor_bench_capacity",
+                 "executor_bench_capacity_kernels")
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
 def build_record(work: Path, commit: str, peak_tflops: float) -> dict:
     record = {"device": read_smi(work / "smi.csv"), "commit": commit,
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -137,19 +148,7 @@ def build_record(work: Path, commit: str, peak_tflops: float) -> dict:
                "kernel_bench": ("kernel_bench.json", lambda p: read_kernel_bench(p, peak_tflops)),
                "kernel_profile": ("kernel_profile.csv", read_kernel_profile),
                "pytest_gpu": ("pytest.xml", read_pytest),
-               "step_bench": ("step_bench.json", lambda p: json.loads(p.read_text())),
-               "decide_bench": ("decide_bench.json", lambda p: json.loads(p.read_text())),
-               "decide_bench_512": ("decide_bench_512.json", lambda p: json.loads(p.read_text())),
-               "host_step_bench": ("host_step_bench.json", lambda p: json.loads(p.read_text())),
-               "executor_bench": ("executor_bench.json", lambda p: json.loads(p.read_text())),
-               "executor_bench_eager": ("executor_bench_eager.json", lambda p: json.loads(p.read_text())),
-               "executor_bench_drafter": ("executor_bench_drafter.json", lambda p: json.loads(p.read_text())),
-               "executor_bench_moe": ("executor_bench_moe.json", lambda p: json.loads(p.read_text())),
-               "executor_bench_moe_kernels": ("executor_bench_moe_kernels.json", lambda p: json.loads(p.read_text())),
-               "executor_bench_standard": ("executor_bench_standard.json", lambda p: json.loads(p.read_text())),
-               "executor_bench_capacity": ("executor_bench_capacity.json", lambda p: json.loads(p.read_text())),
-               "executor_bench_capacity_kernels": ("executor_bench_capacity_kernels.json",
-                                                   lambda p: json.loads(p.read_text()))}
+               **{key: (f"{key}.json", read_json) for key in BENCH_RECORDS}}
     for key, (name, read) in readers.items():
         if (work / name).is_file():
             record[key] = read(work / name)
@@ -192,17 +191,20 @@ def projected_speedups(record: dict, block: int = 16) -> list[dict]:
     return found
 
 
-# The runs that compare what a verify's attention reads: (record key, its label): PyTorch's attention (a
-# captured run spans the whole slot, masked) and our BlockAttention kernel (each row's length read on the
-# device), at the bench's default slots and at a server's 4,096-token ones.
-ATTENTION_RUNS = (("executor_bench_standard", "SDPA"), ("executor_bench", "BlockAttention"),
-                  ("executor_bench_capacity", "SDPA"), ("executor_bench_capacity_kernels", "BlockAttention"))
+# The runs that compare what a verify's attention reads, at the bench's default slots and at a server's
+# 4,096-token ones: PyTorch's attention (a captured run spans the whole slot, masked) or our BlockAttention
+# kernel (each row's length read on the device), whichever the run's target took.
+ATTENTION_RUNS = ("executor_bench_standard", "executor_bench", "executor_bench_capacity",
+                  "executor_bench_capacity_kernels")
 
 
 def attention_spans(record: dict) -> list[dict]:
     """Per (rows, block) of the verifies that two or more of those runs timed: each run's ms, labelled with
-    its attention and slot size."""
-    runs = [(record[key], label) for key, label in ATTENTION_RUNS if key in record]
+    its attention (from the run's own target_kernels) and slot size."""
+    def attention(bench: dict) -> str:
+        return "BlockAttention" if "BlockAttention" in bench.get("target_kernels", ()) else "SDPA"
+
+    runs = [(record[key], attention(record[key])) for key in ATTENTION_RUNS if key in record]
     cost = [{(r["rows"], r["block"]): r["ms"] for r in bench["results"] if r["phase"] == "verify"}
             for bench, _ in runs]
     found = []

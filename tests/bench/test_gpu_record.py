@@ -100,14 +100,16 @@ def test_the_projected_speedup_is_tau_plain_steps_per_draft_and_verify():
 
 
 def test_the_attention_spans_line_up_each_verify_across_the_capacity_runs():
-    def bench(capacity, *rows):
-        return {"capacity": capacity, "results": [{"phase": phase, "rows": r, "block": b, "ms": ms}
-                                                  for phase, r, b, ms in rows]}
+    def bench(capacity, kernels, *rows):
+        return {"capacity": capacity, "target_kernels": kernels,
+                "results": [{"phase": phase, "rows": r, "block": b, "ms": ms} for phase, r, b, ms in rows]}
 
-    record = {"executor_bench": bench(1560, ("verify", 1, 16, 1.8), ("draft", 1, 16, 0.7), ("verify", 8, 4, 2.0)),
-              "executor_bench_standard": bench(1560, ("verify", 1, 16, 2.0), ("verify", 8, 16, 2.5)),
-              "executor_bench_capacity": bench(4096, ("verify", 1, 16, 3.0), ("verify", 32, 16, 9.0)),
-              "executor_bench_capacity_kernels": bench(4096, ("verify", 1, 16, 1.9), ("verify", 32, 16, 5.0))}
+    kernel = ["BlockAttention"]
+    record = {
+        "executor_bench": bench(1560, kernel, ("verify", 1, 16, 1.8), ("draft", 1, 16, 0.7), ("verify", 8, 4, 2.0)),
+        "executor_bench_standard": bench(1560, [], ("verify", 1, 16, 2.0), ("verify", 8, 16, 2.5)),
+        "executor_bench_capacity": bench(4096, [], ("verify", 1, 16, 3.0), ("verify", 32, 16, 9.0)),
+        "executor_bench_capacity_kernels": bench(4096, kernel, ("verify", 1, 16, 1.9), ("verify", 32, 16, 5.0))}
     # (8, 4) and (8, 16): one run each, nothing to compare
     assert gpu_record.attention_spans(record) == [
         {"rows": 1, "block": 16, "ms": {"SDPA, 1560 slots": 2.0, "BlockAttention, 1560 slots": 1.8,
