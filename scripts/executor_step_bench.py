@@ -129,8 +129,9 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=512)
     parser.add_argument("--cached", type=int, default=1024)
     parser.add_argument("--capacity", type=int,
-                        help="tokens per KV slot (default: just what the phases need); a captured run attends over "
-                             "all of them whatever the rows hold, so this is what a server's capacity costs a step")
+                        help="tokens per KV slot (default: just what the phases need); a captured run in PyTorch's "
+                             "attention (--kernels off, or a target the BlockAttention kernel does not take) attends "
+                             "over all of them whatever the rows hold: what a server's capacity costs a step")
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16")
@@ -169,7 +170,7 @@ def main() -> None:
         parser.error(f"--capacity {args.capacity} is below the {need} tokens the phases need")
     pair = RandomPair(args.preset, args.layers, device, dtype)
     pair.draft_rule = args.draft_rule  # read by torch_executor: the block pass returns its logits for the rule
-    capacity = args.capacity or need  # a captured run attends over all of it
+    capacity = args.capacity or need
     executor = torch_executor(pair, max(rows_list), capacity)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     greedy = core.RowSampling()
