@@ -33,6 +33,23 @@ CASES = {"greedy": {}, "T=0.8": dict(temperature=0.8), "T=0.8 top-k 50": dict(te
          "T=0.8 top-p 0.95": dict(temperature=0.8, top_p=0.95)}
 
 
+def target_io(layers: int) -> tuple[list[str], list[str]]:
+    """The bindings of a target graph of `layers` attention layers and no drafter: (inputs, outputs)."""
+    caches = [f"cache_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
+    return (["input_ids", "cache_lengths", "query_lengths", "logits_index", *caches],
+            ["logits", "features", *(f"cache_{kind}_out_{i}" for i in range(layers) for kind in ("key", "value"))])
+
+
+def target_config(core, rows: int, vocab: int, layers: int = 1):
+    """An executor config for that target (one KV head of 8 a layer) over `rows` slots of 64 tokens."""
+    config = core.ExecutorConfig()
+    config.target_path, config.library_path = "target", "torch"
+    config.max_batch, config.capacity, config.vocab = rows, 64, vocab
+    config.target_layers, config.attention_layers = layers, list(range(layers))
+    config.target_kv_heads, config.target_head_dim = 1, 8
+    return config
+
+
 class LogitsTarget(torch.nn.Module):
     """A target graph's I/O (one attention layer, no drafter) whose logits are `table` [rows, block, V]."""
 
@@ -58,9 +75,7 @@ class LogitsGraphs:
         self.stream = torch.cuda.ExternalStream(handle)
 
     def open(self, name: str) -> TorchGraph:
-        inputs = ["input_ids", "cache_lengths", "query_lengths", "logits_index", "cache_key_0", "cache_value_0"]
-        outputs = ["logits", "features", "cache_key_out_0", "cache_value_out_0"]
-        return TorchGraph(self.target, inputs, outputs, self.device, self.stream)
+        return TorchGraph(self.target, *target_io(1), self.device, self.stream)
 
 
 def rows_of(kind: str, rows: int, block: int, vocab: int, device: torch.device) -> torch.Tensor:
@@ -80,12 +95,7 @@ def measure(core, kind: str, rows: int, block: int, vocab: int, device: torch.de
             os.environ.pop(name, None)
         else:
             os.environ[name] = str(value)
-    config = core.ExecutorConfig()
-    config.target_path, config.library_path = "target", "torch"
-    config.max_batch, config.capacity, config.vocab = rows, 64, vocab
-    config.target_layers, config.attention_layers = 1, [0]
-    config.target_kv_heads, config.target_head_dim = 1, 8
-    executor = core.PyGraphExecutor(config, LogitsGraphs(table), device.type)
+    executor = core.PyGraphExecutor(target_config(core, rows, vocab), LogitsGraphs(table), device.type)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     slots = list(range(rows))
     executor.prefill(slots, [[1, 2, 3]] * rows, [core.RowSampling()] * rows)

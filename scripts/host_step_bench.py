@@ -17,6 +17,7 @@ import json
 import time
 
 import torch
+from decide_bench import target_config, target_io
 
 from dflash_trt.runtime.native import native_core
 from dflash_trt.runtime.torch_graphs import TorchGraph
@@ -52,22 +53,14 @@ class StandInGraphs:
         pass
 
     def open(self, name: str) -> TorchGraph:
-        layers = range(self.layers)
-        inputs = ["input_ids", "cache_lengths", "query_lengths", "logits_index"] + [
-            f"cache_{kind}_{i}" for i in layers for kind in ("key", "value")]
-        outputs = ["logits", "features"] + [f"cache_{kind}_out_{i}" for i in layers for kind in ("key", "value")]
-        graph = TorchGraph(torch.nn.Identity(), inputs, outputs, self.device, None, graphed=True)
+        graph = TorchGraph(torch.nn.Identity(), *target_io(self.layers), self.device, None, graphed=True)
         graph._graphs = EveryRunReplayed()
         return graph
 
 
 def measure(core, device: torch.device, layers: int, rows: int, block: int, repeat: int) -> dict:
-    config = core.ExecutorConfig()
-    config.target_path, config.library_path = "target", "torch"
-    config.max_batch, config.capacity, config.vocab = rows, 64, VOCAB
-    config.target_layers, config.attention_layers = layers, list(range(layers))
-    config.target_kv_heads, config.target_head_dim = 1, 8
-    executor = core.PyGraphExecutor(config, StandInGraphs(layers, device), device.type)
+    executor = core.PyGraphExecutor(target_config(core, rows, VOCAB, layers), StandInGraphs(layers, device),
+                                    device.type)
     slots = list(range(rows))
     greedy = [core.RowSampling()] * rows
     executor.prefill(slots, [[1, 2, 3]] * rows, greedy)
