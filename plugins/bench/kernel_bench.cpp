@@ -102,29 +102,32 @@ Row inject_kv(int64_t batch, int64_t tokens) {
   return {"InjectKV", "b=" + std::to_string(batch) + " n=" + std::to_string(tokens), bytes, micros, flops, launches};
 }
 
-Row block_attention(int64_t batch, int64_t context) {
-  const dflash::BlockAttentionShape s{batch, kHeads, kKv, kBlock, context, kD};
-  void* q = buffer(batch * kHeads * kBlock * kD * kElem);
+// `block` queries a row: the drafter's block of 16, or a target's decode step (1: the kernel's
+// key-split form, causal as the target's attention is).
+Row block_attention(int64_t batch, int64_t context, int64_t block = kBlock) {
+  const dflash::BlockAttentionShape s{batch, kHeads, kKv, block, context, kD};
+  void* q = buffer(batch * kHeads * block * kD * kElem);
   void* kc = buffer(batch * kKv * context * kD * kElem);
   void* vc = buffer(batch * kKv * context * kD * kElem);
-  void* kb = buffer(batch * kKv * kBlock * kD * kElem);
-  void* vb = buffer(batch * kKv * kBlock * kD * kElem);
-  void* out = buffer(batch * kHeads * kBlock * kD * kElem);
+  void* kb = buffer(batch * kKv * block * kD * kElem);
+  void* vb = buffer(batch * kKv * block * kD * kElem);
+  void* out = buffer(batch * kHeads * block * kD * kElem);
   void* ws = buffer(dflash::block_attention_workspace_size(s));
   std::vector<int64_t> full(batch, context);  // every row uses its whole context
   int64_t* lengths = static_cast<int64_t*>(buffer(batch * sizeof(int64_t)));
   cudaMemcpy(lengths, full.data(), batch * sizeof(int64_t), cudaMemcpyHostToDevice);
   const double micros = time_calls([&] {
-    return dflash::block_attention_launch(s, dflash::DType::kBFloat16, q, kc, vc, kb, vb, lengths, 0.0883883f, false, 0,
-                                          ws, out, nullptr);
+    return dflash::block_attention_launch(s, dflash::DType::kBFloat16, q, kc, vc, kb, vb, lengths, 0.0883883f,
+                                          block == 1, 0, ws, out, nullptr);
   });
   for (void* p : {q, kc, vc, kb, vb, out, ws, static_cast<void*>(lengths)}) cudaFree(p);
   // q in, out out, the block's K/V, the valid context's K/V, the lengths.
   const double bytes =
-      kElem * double(2 * batch * kHeads * kBlock * kD + 2 * batch * kKv * (kBlock + context) * kD) + 8.0 * batch;
-  const double flops = 2.0 * 2 * batch * kHeads * kBlock * (context + kBlock) * kD;  // q k^T and p v
+      kElem * double(2 * batch * kHeads * block * kD + 2 * batch * kKv * (block + context) * kD) + 8.0 * batch;
+  const double flops = 2.0 * 2 * batch * kHeads * block * (context + block) * kD;  // q k^T and p v
   const int64_t launches = dflash::block_attention_plan(s, true).splits > 1 ? 2 : 1;  // the combine pass
-  return {"BlockAttention", "b=" + std::to_string(batch) + " context=" + std::to_string(context), bytes, micros,
+  const std::string rows = block == kBlock ? "" : " n=" + std::to_string(block);
+  return {"BlockAttention", "b=" + std::to_string(batch) + rows + " context=" + std::to_string(context), bytes, micros,
           flops, launches};
 }
 
@@ -222,6 +225,8 @@ int main(int argc, char** argv) {
   rows.push_back(inject_kv(1, 4096));
   for (int64_t batch : {1, 8})
     for (int64_t context : {1024, 4096, 16384}) rows.push_back(block_attention(batch, context));
+  for (int64_t batch : {1, 32})  // a target's decode step: one query a row
+    for (int64_t context : {1024, 4096}) rows.push_back(block_attention(batch, context, 1));
   for (int64_t batch : {1, 8}) rows.push_back(gated_delta_rule(batch, kBlock, 0));  // verify: every state kept
   rows.push_back(gated_delta_rule(1, 4096, 4095));  // prefill: the last state (the chunked form)
   rows.push_back(gated_delta_rule(8, 512, 511));    // 8 rows' prefill chunks of 512

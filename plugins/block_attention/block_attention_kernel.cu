@@ -169,36 +169,50 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Tensor-core form, head_dim 128, 16-bit T, after FlashAttention-2: a block of 4 warps holds 64 query
-// rows (warp w rows 16w..16w+15) and walks its split in tiles of 64 keys, double-buffered: tile i + 1's
-// K and V are copied asynchronously into shared memory while tile i is multiplied. Every product is an
-// `mma.sync` m16n8k16 with float32 accumulators, whose register layout the PTX ISA documents, so the
-// scores S = Q K^T, the online softmax's running max and sum, and the output O stay in registers: the
-// score accumulators of two adjacent 8-key blocks are, packed to T, the A operand of O += P V. Q's
-// fragments are loaded once; K's and V's come from shared memory by `ldmatrix` (V's transposed).
-// Shared rows are padded by 8 halves (a 272-byte pitch puts the 8 rows an ldmatrix reads on 8
-// different 4-bank groups).
+// Tensor-core form, head_dim 128, 16-bit T, after FlashAttention-2: a block of 4 warps walks its
+// split of the keys in tiles of 64, double-buffered: tile i + 1's K and V are copied asynchronously
+// into shared memory while tile i is multiplied. Every product is an `mma.sync` m16n8k16 with float32
+// accumulators, whose register layout the PTX ISA documents, so the scores S = Q K^T, the online
+// softmax's running max and sum, and the output O stay in registers: the score accumulators of two
+// adjacent 8-key blocks are, packed to T, the A operand of O += P V. Q's fragments are loaded once;
+// K's and V's come from shared memory by `ldmatrix` (V's transposed). Shared rows are padded by 8
+// halves (a 272-byte pitch puts the 8 rows an ldmatrix reads on 8 different 4-bank groups).
+//
+// Two layouts of the block's warps (`kKeySplit`):
+// - 64 query rows, warp w rows 16w..16w+15 over all 64 keys of a tile (a drafter's block, a verify);
+// - 16 query rows (a GQA group of at most 16 rows: a decode step's few queries), all four warps on
+//   the same rows, warp w keys 16w..16w+15 of each tile, each with its own running max, sum and O,
+//   merged through shared memory at the end. The other layout would spend three warps of four on
+//   padding rows, and the kernel is bound by its instructions at these sizes, not by memory.
 namespace mma_tile {
-constexpr int D = 128, ROWS = 64, KEYS = 64, LD = D + 8;
+constexpr int D = 128, ROWS = 64, SPLIT_ROWS = 16, KEYS = 64, LD = D + 8, OUT_LD = D + 4;
+__host__ __device__ constexpr int block_rows(bool key_split) { return key_split ? SPLIT_ROWS : ROWS; }
 template <typename T>
-constexpr size_t bytes() {
-  return sizeof(T) * LD * (ROWS + 2 * 2 * KEYS);  // Q, then two stages of K and V
+constexpr size_t bytes(bool key_split) {
+  return sizeof(T) * LD * (block_rows(key_split) + 2 * 2 * KEYS);  // Q, then two stages of K and V
 }
+// The key-split merge's buffers (every warp's O rows, then their max and sum) reuse the K/V stages.
+static_assert(sizeof(float) * (4 * SPLIT_ROWS * OUT_LD + 4 * SPLIT_ROWS * 2) <= 2 * 2 * KEYS * LD * 2,
+              "the merge fits in the K/V stages");
 }  // namespace mma_tile
 
-// Starts copying `rows` rows of D elements in 16-byte vectors; row r comes from src(r), or zeros if
-// null. The copies are asynchronous, all of a thread's in flight at once; the caller commits and
-// waits for them (__pipeline_commit / __pipeline_wait_prior) before a barrier.
-template <typename T, typename Source>
-__device__ __forceinline__ void stage_rows(T* dst, int rows, Source src) {
-  constexpr int V = 16 / sizeof(T), PER_ROW = mma_tile::D / V;
-  for (int e = threadIdx.x; e < rows * PER_ROW; e += blockDim.x) {
-    const int r = e / PER_ROW, c = (e % PER_ROW) * V;
-    const T* from = src(r);
-    if (from != nullptr)
-      __pipeline_memcpy_async(dst + r * mma_tile::LD + c, from + c, 16);
+// Starts copying ROWS rows of D elements into dst (pitch LD): row r from src + r * D when r < valid,
+// else zeros. Thread t copies 16-byte vector t % 16 of rows t / 16 + 8 i, so its addresses step by a
+// fixed amount. Asynchronous: the caller commits and waits (__pipeline_commit / __pipeline_wait_prior)
+// before a barrier.
+template <int ROWS, typename T>
+__device__ __forceinline__ void stage_rows(T* dst, const T* src, int64_t valid) {
+  using namespace mma_tile;
+  constexpr int V = 16 / sizeof(T), PER_ROW = D / V, STEP = kWarps * 32 / PER_ROW;
+  static_assert(ROWS % STEP == 0, "whole passes of the block's threads");
+  const int r0 = threadIdx.x / PER_ROW, c = (threadIdx.x % PER_ROW) * V;
+#pragma unroll
+  for (int i = 0; i < ROWS / STEP; ++i) {
+    const int r = r0 + STEP * i;
+    if (r < valid)
+      __pipeline_memcpy_async(dst + r * LD + c, src + int64_t{r} * D + c, 16);
     else
-      *reinterpret_cast<uint4*>(dst + r * mma_tile::LD + c) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(dst + r * LD + c) = make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -249,41 +263,72 @@ __device__ __forceinline__ uint32_t pack(float lo, float hi) {
   return out;
 }
 
+// Starts copying keys [t0, t0 + KEYS) of one (batch row, kv head) into a stage: K at k_s, V KEYS rows
+// after it. Keys before `length` come from the context cache (k_context, v_context: that head's
+// rows), the next ones before `hi` from the block's own K/V (k_block, v_block: its rows), the rest
+// are zeros. Thread t copies 16-byte vector t % 16 of rows t / 16 + 8 i.
 template <typename T>
+__device__ __forceinline__ void stage_keys(T* k_s, const T* k_context, const T* v_context, const T* k_block,
+                                           const T* v_block, int64_t length, int64_t t0, int64_t hi) {
+  using namespace mma_tile;
+  constexpr int V = 16 / sizeof(T), PER_ROW = D / V, STEP = kWarps * 32 / PER_ROW;
+  const int r0 = threadIdx.x / PER_ROW, c = (threadIdx.x % PER_ROW) * V;
+  T* v_s = k_s + KEYS * LD;
+#pragma unroll
+  for (int i = 0; i < KEYS / STEP; ++i) {
+    const int r = r0 + STEP * i;
+    const int64_t pos = t0 + r;
+    T* k_to = k_s + r * LD + c;
+    T* v_to = v_s + r * LD + c;
+    if (pos < hi) {
+      const bool context = pos < length;
+      const int64_t at = (context ? pos : pos - length) * D + c;
+      __pipeline_memcpy_async(k_to, (context ? k_context : k_block) + at, 16);
+      __pipeline_memcpy_async(v_to, (context ? v_context : v_block) + at, 16);
+    } else {
+      *reinterpret_cast<uint4*>(k_to) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(v_to) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+template <typename T, bool kKeySplit>
 __global__ void __launch_bounds__(kWarps * 32)
     mma_attention_kernel(Args a, const T* q, const T* k_context, const T* v_context, const T* k_block,
                          const T* v_block, const int64_t* context_lengths, float* partial, T* out) {
   using namespace mma_tile;
-  constexpr int KB = KEYS / 8, DB = D / 8;  // 8-key blocks of a tile, 8-dim blocks of a row
+  constexpr int BLOCK_ROWS = block_rows(kKeySplit), WARP_KEYS = kKeySplit ? KEYS / kWarps : KEYS;
+  constexpr int KB = WARP_KEYS / 8, DB = D / 8;      // a warp's 8-key blocks of a tile, 8-dim blocks of a row
+  constexpr int OUT_DB = kKeySplit ? DB / kWarps : DB;  // the 8-dim blocks of O a warp stores
+  constexpr float kLog2e = 1.44269504088896341f, kLn2 = 0.693147180559945309f;
   extern __shared__ __align__(128) unsigned char smem[];
   T* q_s = reinterpret_cast<T*>(smem);
-  T* kv_s = q_s + ROWS * LD;  // stage s: K at kv_s + 2 s KEYS LD, V KEYS LD after it
+  T* kv_s = q_s + BLOCK_ROWS * LD;  // stage s: K at kv_s + 2 s KEYS LD, V KEYS LD after it
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, group = lane / 4, pair = lane % 4;
+  const int warp_row0 = kKeySplit ? 0 : 16 * warp, warp_key0 = kKeySplit ? WARP_KEYS * warp : 0;
   const int64_t b = blockIdx.y / a.kv_heads, g = blockIdx.y % a.kv_heads, split = blockIdx.z;
-  const int64_t n = a.block, group_rows = a.groups * n, row0 = blockIdx.x * ROWS;
+  const int64_t n = a.block, group_rows = a.groups * n, row0 = blockIdx.x * BLOCK_ROWS;
   const int64_t length = min(max(context_lengths[b], int64_t{0}), a.context);
   const int64_t kv_row = b * a.kv_heads + g;
 
   int64_t lo, hi;
-  block_key_range(a, length, row0, ROWS, split, KEYS, lo, hi);
+  block_key_range(a, length, row0, BLOCK_ROWS, split, KEYS, lo, hi);
+  // Keys before open_end are visible to every row of the block (no window; causal: up to the first
+  // block slot's position): a tile of them needs no mask.
+  const int64_t open_end = a.window > 0 ? 0 : a.causal ? min(hi, length + 1) : hi;
+  const T* head_k = k_context + kv_row * a.context * D;  // this kv head's cached keys, then its block's
+  const T* head_v = v_context + kv_row * a.context * D;
+  const T* block_k = k_block + kv_row * n * D;
+  const T* block_v = v_block + kv_row * n * D;
   const auto stage_tile = [&](int64_t t0, int stage) {
-    T* k_s = kv_s + 2 * stage * KEYS * LD;
-    const auto key_row = [&](const T* context, const T* block) {
-      return [=](int r) -> const T* {
-        const int64_t pos = t0 + r;
-        if (pos >= hi) return nullptr;
-        return pos < length ? context + (kv_row * a.context + pos) * D : block + (kv_row * n + pos - length) * D;
-      };
-    };
-    stage_rows(k_s, KEYS, key_row(k_context, k_block));
-    stage_rows(k_s + KEYS * LD, KEYS, key_row(v_context, v_block));
+    stage_keys(kv_s + 2 * stage * KEYS * LD, head_k, head_v, block_k, block_v, length, t0, hi);
   };
 
-  stage_rows(q_s, ROWS, [&](int r) -> const T* {
-    const int64_t row = row0 + r;
-    return row < group_rows ? q + ((b * a.heads + g * a.groups + row / n) * n + row % n) * D : nullptr;
-  });
+  // Row r of the group is query head g * groups + r / n, block slot r % n: the group's rows are
+  // consecutive rows of q and out, from first_row.
+  const int64_t first_row = (b * a.heads + g * a.groups) * n;
+  stage_rows<BLOCK_ROWS>(q_s, q + (first_row + row0) * D, group_rows - row0);
   if (lo < hi) stage_tile(lo, 0);
   __pipeline_commit();
   __pipeline_wait_prior(0);
@@ -294,15 +339,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   bool row_ok[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int64_t row = row0 + warp * 16 + group + 8 * h;
+    const int64_t row = row0 + warp_row0 + group + 8 * h;
     row_ok[h] = row < group_rows;
     q_pos[h] = length + row % n;
   }
   uint32_t q_frag[D / 16][4];
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks)
-    ldmatrix_x4<false>(q_frag[ks], q_s + (warp * 16 + lane % 16) * LD + ks * 16 + (lane / 16) * 8);
+    ldmatrix_x4<false>(q_frag[ks], q_s + (warp_row0 + lane % 16) * LD + ks * 16 + (lane / 16) * 8);
 
+  // Scores are kept in units of log2: scale * log2(e) folded into one multiply, exp2 after (m too).
+  const float scale_log2 = a.scale * kLog2e;
   float o[DB][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   int stage = 0;
   for (int64_t t0 = lo; t0 < hi; t0 += KEYS, stage ^= 1) {
@@ -311,10 +358,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     __pipeline_commit();
     __pipeline_wait_prior(1);  // this tile's copies (committed a tile ago, or before the loop)
     __syncthreads();
-    const T* k_s = kv_s + 2 * stage * KEYS * LD;
+    const T* k_s = kv_s + 2 * stage * KEYS * LD + warp_key0 * LD;  // this warp's keys of the tile
     const T* v_s = k_s + KEYS * LD;
 
-    // S[16 rows][64 keys] = Q K^T: keys are K's rows, so K's row-major tile is the column-major B.
+    // S[16 rows][this warp's keys] = Q K^T: keys are K's rows, so K's row-major tile is the column-major B.
     float s[KB][4] = {};
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
@@ -327,31 +374,41 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
 
-    // Online softmax, rows group and group + 8: a row's 64 scores sit on the 4 lanes of its group.
+    // Online softmax, rows group and group + 8: a row's scores of this warp sit on the 4 lanes of its group.
+    const bool open = t0 + KEYS <= open_end;
+    const int64_t lane_key0 = t0 + warp_key0 + pair * 2;  // this lane's score (kb, e) is key lane_key0 + 8 kb + e
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+      // Elsewhere the row sees the offsets [first, end) from lane_key0 (an empty range for a padding row).
+      int first = 0, end = KEYS;
+      if (!open) {
+        int64_t key_first, key_end;  // unbounded sides are INT64_MIN / MAX: clamped before subtracting
+        visible_keys(q_pos[h], a.causal, a.window, key_first, key_end);
+        first = static_cast<int>(min(max(key_first, lane_key0) - lane_key0, int64_t{KEYS}));
+        end = row_ok[h] ? static_cast<int>(min(max(min(key_end, hi), lane_key0) - lane_key0, int64_t{KEYS})) : 0;
+      }
       float tile_max = -INFINITY;
 #pragma unroll
       for (int kb = 0; kb < KB; ++kb)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int64_t pos = t0 + kb * 8 + pair * 2 + e;
-          const bool visible = row_ok[h] && pos < hi && key_visible(q_pos[h], pos, a.causal, a.window);
           float& x = s[kb][2 * h + e];
-          x = visible ? x * a.scale : -INFINITY;
+          const int offset = kb * 8 + e;
+          x = offset >= first && offset < end ? x * scale_log2 : -INFINITY;
           tile_max = fmaxf(tile_max, x);
         }
       tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 2));
       const float m_new = fmaxf(m[h], tile_max);
-      const float alpha = m[h] == -INFINITY ? 0.f : expf(m[h] - m_new);  // nothing seen yet: o is still 0
+      const float alpha = m[h] == -INFINITY ? 0.f : exp2f(m[h] - m_new);  // nothing seen yet: o is still 0
+      const float m_sub = m_new == -INFINITY ? 0.f : m_new;  // a masked score's exp2 is then 0, never NaN
       float sum = 0.f;
 #pragma unroll
       for (int kb = 0; kb < KB; ++kb)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = s[kb][2 * h + e];
-          x = x == -INFINITY ? 0.f : expf(x - m_new);
+          x = exp2f(x - m_sub);
           sum += x;
         }
       m[h] = m_new;
@@ -381,36 +438,87 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncthreads();  // this stage's buffers are read: the next tile may copy into them
   }
 
-  // My rows, dims db * 8 + 2 pair (+1): the normalised output (one split) or this split's partial
-  // sums and (max, total), laid out as attention_kernel's.
+  float total[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float total = l[h];
-    total += __shfl_xor_sync(kFullMask, total, 1);
-    total += __shfl_xor_sync(kFullMask, total, 2);
-    if (!row_ok[h]) continue;
-    const int64_t row = row0 + warp * 16 + group + 8 * h;
-    const int64_t out_row = (b * a.heads + g * a.groups + row / n) * n + row % n;
-    if (a.splits == 1) {
-      const float inv = total > 0.f ? 1.f / total : 0.f;  // no visible key: zeros
+    total[h] = l[h];
+    total[h] += __shfl_xor_sync(kFullMask, total[h], 1);
+    total[h] += __shfl_xor_sync(kFullMask, total[h], 2);
+  }
+  if constexpr (kKeySplit) {
+    // Every warp saw a quarter of the keys for the same rows: each puts its O rows, max and sum in
+    // shared memory (the K/V stages, free after the loop's last barrier), then warp w merges dims
+    // 32w..32w+31 of all four into o[0..OUT_DB), with the merged max and sum.
+    float* o_s = reinterpret_cast<float*>(kv_s);        // [warp][row][OUT_LD]
+    float* ml_s = o_s + kWarps * SPLIT_ROWS * OUT_LD;   // [warp][row][max, sum]
 #pragma unroll
-      for (int db = 0; db < DB; ++db) {
-        T* at = out + out_row * D + db * 8 + 2 * pair;
-        at[0] = from_float<T>(o[db][2 * h] * inv);
-        at[1] = from_float<T>(o[db][2 * h + 1] * inv);
+    for (int h = 0; h < 2; ++h) {
+      const int r = group + 8 * h;
+      float* at = o_s + (warp * SPLIT_ROWS + r) * OUT_LD + 2 * pair;
+#pragma unroll
+      for (int db = 0; db < DB; ++db)
+        *reinterpret_cast<float2*>(at + db * 8) = make_float2(o[db][2 * h], o[db][2 * h + 1]);
+      if (pair == 0) {
+        ml_s[(warp * SPLIT_ROWS + r) * 2] = m[h];
+        ml_s[(warp * SPLIT_ROWS + r) * 2 + 1] = total[h];
       }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = group + 8 * h;
+      float best = -INFINITY, weight[kWarps], sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) best = fmaxf(best, ml_s[(w * SPLIT_ROWS + r) * 2]);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float mw = ml_s[(w * SPLIT_ROWS + r) * 2];
+        weight[w] = mw == -INFINITY ? 0.f : exp2f(mw - best);
+        sum += weight[w] * ml_s[(w * SPLIT_ROWS + r) * 2 + 1];
+      }
+#pragma unroll
+      for (int i = 0; i < OUT_DB; ++i) {
+        float2 acc = make_float2(0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          const float* from = o_s + (w * SPLIT_ROWS + r) * OUT_LD + (warp * OUT_DB + i) * 8 + 2 * pair;
+          const float2 x = *reinterpret_cast<const float2*>(from);
+          acc.x += weight[w] * x.x;
+          acc.y += weight[w] * x.y;
+        }
+        o[i][2 * h] = acc.x;
+        o[i][2 * h + 1] = acc.y;
+      }
+      m[h] = best;
+      total[h] = sum;
+    }
+  }
+
+  // My rows, dims (db0 + i) * 8 + 2 pair (+1): the normalised output (one split) or this split's
+  // partial sums and (max, total) in natural units, laid out as attention_kernel's.
+  const int db0 = kKeySplit ? warp * OUT_DB : 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (!row_ok[h]) continue;
+    const int64_t row = row0 + warp_row0 + group + 8 * h;
+    const int64_t out_row = first_row + row;
+    if (a.splits == 1) {
+      const float inv = total[h] > 0.f ? 1.f / total[h] : 0.f;  // no visible key: zeros
+#pragma unroll
+      for (int i = 0; i < OUT_DB; ++i)
+        *reinterpret_cast<uint32_t*>(out + out_row * D + (db0 + i) * 8 + 2 * pair) =
+            pack<T>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
       continue;
     }
     const int64_t at = split * a.total_rows + out_row;
 #pragma unroll
-    for (int db = 0; db < DB; ++db) {
-      partial[at * D + db * 8 + 2 * pair] = o[db][2 * h];
-      partial[at * D + db * 8 + 2 * pair + 1] = o[db][2 * h + 1];
-    }
-    if (pair == 0) {
+    for (int i = 0; i < OUT_DB; ++i)
+      *reinterpret_cast<float2*>(partial + at * D + (db0 + i) * 8 + 2 * pair) =
+          make_float2(o[i][2 * h], o[i][2 * h + 1]);
+    if (pair == 0 && (!kKeySplit || warp == 0)) {
       float* ml = partial + a.splits * a.total_rows * D + at * 2;
-      ml[0] = m[h];
-      ml[1] = total;
+      ml[0] = m[h] * kLn2;
+      ml[1] = total[h];
     }
   }
 }
@@ -471,16 +579,18 @@ cudaError_t launch_config(const BlockAttentionShape& s, const BlockAttentionPlan
                              out, stream);
 }
 
-template <typename T>
+template <typename T, bool kKeySplit>
 cudaError_t launch_mma(const BlockAttentionShape& s, const BlockAttentionPlan& plan, const Args& a, const void* q,
                        const void* kc, const void* vc, const void* kb, const void* vb, const int64_t* lengths,
                        void* workspace, void* out, cudaStream_t stream) {
-  constexpr size_t smem = mma_tile::bytes<T>();
-  const cudaError_t opted =
-      cudaFuncSetAttribute(mma_attention_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  // The header's plan and this kernel agree on the rows a block holds:
+  if (plan.tile_rows != mma_tile::block_rows(kKeySplit)) return cudaErrorInvalidConfiguration;
+  constexpr size_t smem = mma_tile::bytes<T>(kKeySplit);
+  const cudaError_t opted = cudaFuncSetAttribute(mma_attention_kernel<T, kKeySplit>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (opted != cudaSuccess) return opted;
-  return launch_attention<T>(mma_attention_kernel<T>, smem, s, plan, a, q, kc, vc, kb, vb, lengths, workspace, out,
-                             stream);
+  return launch_attention<T>(mma_attention_kernel<T, kKeySplit>, smem, s, plan, a, q, kc, vc, kb, vb, lengths,
+                             workspace, out, stream);
 }
 
 template <typename T>
@@ -488,7 +598,8 @@ cudaError_t launch_typed(const BlockAttentionShape& s, const BlockAttentionPlan&
                          const void* kc, const void* vc, const void* kb, const void* vb, const int64_t* lengths,
                          void* workspace, void* out, cudaStream_t stream) {
   if constexpr (!std::is_same_v<T, float>) {
-    if (plan.mma) return launch_mma<T>(s, plan, a, q, kc, vc, kb, vb, lengths, workspace, out, stream);
+    if (plan.key_split) return launch_mma<T, true>(s, plan, a, q, kc, vc, kb, vb, lengths, workspace, out, stream);
+    if (plan.mma) return launch_mma<T, false>(s, plan, a, q, kc, vc, kb, vb, lengths, workspace, out, stream);
   }
   if (s.head_dim <= 64)
     return launch_config<T, 2, 32, 4>(s, plan, a, q, kc, vc, kb, vb, lengths, workspace, out, stream);
@@ -505,16 +616,19 @@ cudaError_t block_attention_launch(const BlockAttentionShape& s, DType dtype, co
                                    void* workspace, void* out, cudaStream_t stream) {
   if (block_attention_unsupported(s) != nullptr) return cudaErrorInvalidValue;
   if (s.batch * s.block == 0) return cudaSuccess;
-  // The tensor-core kernel loads 16-byte vectors (every input must start on a 16-byte boundary) and
-  // needs 85 KiB of shared memory per block: past the default 48 KiB, within what SM 8.0-12.x allow.
+  // The tensor-core kernel loads 16-byte vectors (every input must start on a 16-byte boundary), stores
+  // pairs (out and the workspace too), and needs 85 KiB of shared memory per block: past the default
+  // 48 KiB, within what SM 8.0-12.x allow.
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   int device = 0, shared_optin = 0;
+  const size_t shared_bytes =
+      dtype == DType::kFloat16 ? mma_tile::bytes<__half>(false) : mma_tile::bytes<__nv_bfloat16>(false);
   const bool mma = block_attention_mma_fits(s, dtype) && aligned(q) && aligned(k_context) && aligned(v_context) &&
-                   aligned(k_block) && aligned(v_block) && cudaGetDevice(&device) == cudaSuccess &&
+                   aligned(k_block) && aligned(v_block) && aligned(out) && aligned(workspace) &&
+                   cudaGetDevice(&device) == cudaSuccess &&
                    cudaDeviceGetAttribute(&shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
                        cudaSuccess &&
-                   static_cast<size_t>(shared_optin) >= (dtype == DType::kFloat16 ? mma_tile::bytes<__half>()
-                                                                                  : mma_tile::bytes<__nv_bfloat16>());
+                   static_cast<size_t>(shared_optin) >= shared_bytes;
   const BlockAttentionPlan plan = block_attention_plan(s, mma);
   const Args a{
       s.heads,     s.kv_heads, s.block, s.context, s.head_dim, s.heads / s.kv_heads, s.batch * s.heads * s.block,

@@ -22,10 +22,11 @@ constexpr int64_t kBlockAttentionMaxHeadDim = 256;
 // dozen blocks streaming a long context. More than one split adds a combine pass over float32
 // partial results in the workspace.
 //
-// Two kernels: with `mma` (16-bit dtypes, head_dim 128) a block of 4 warps holds 64 rows and
-// multiplies on tensor cores, 2 blocks per SM (85 KiB of shared memory each); otherwise 16 rows
-// (8 for wide heads) on CUDA cores in float32, about 8 blocks per SM. Either way splits x blocks x
-// rows per block stays within kMaxPartialRows, which bounds the workspace.
+// Two kernels: with `mma` (16-bit dtypes, head_dim 128) a block of 4 warps multiplies on tensor
+// cores, 2 blocks per SM (85 KiB of shared memory each), and holds 64 rows, or, when a GQA group has
+// at most 16 (`key_split`: a decode step's few queries a row), one tile of 16 rows whose keys its 4
+// warps split; otherwise 16 rows (8 for wide heads) on CUDA cores in float32, about 8 blocks per SM.
+// Either way splits x blocks x rows per block stays within kMaxPartialRows, which bounds the workspace.
 struct BlockAttentionPlan {
   static constexpr int64_t kTargetBlocks = 1024;     // CUDA cores: ~8 resident blocks per SM on 132 SMs
   static constexpr int64_t kMmaTargetBlocks = 256;   // tensor cores: ~2 resident blocks per SM
@@ -33,10 +34,11 @@ struct BlockAttentionPlan {
   static constexpr int64_t kMaxSplits = 64;
   static constexpr int64_t kMaxTileRows = 16;
   static constexpr int64_t kMmaTileRows = 64;
+  static constexpr int64_t kMmaKeySplitRows = 16;
   static constexpr int64_t kMaxPartialRows = kTargetBlocks * kMaxTileRows;
   static_assert(kMmaTargetBlocks * kMmaTileRows == kMaxPartialRows, "both plans fit one workspace bound");
   int64_t tile_rows, query_tiles, splits;
-  bool mma;
+  bool mma, key_split;
 };
 
 // The tensor-core kernel's shapes: 16-bit storage and head_dim 128 (every Qwen3 drafter's).
@@ -49,14 +51,17 @@ inline int64_t block_attention_tile_rows(int64_t head_dim) { return head_dim <= 
 
 inline BlockAttentionPlan block_attention_plan(const BlockAttentionShape& s, bool mma) {
   using P = BlockAttentionPlan;
-  const int64_t tile_rows = mma ? P::kMmaTileRows : block_attention_tile_rows(s.head_dim);
   const int64_t group_rows = s.heads / std::max<int64_t>(1, s.kv_heads) * s.block;
+  const bool key_split = mma && group_rows <= P::kMmaKeySplitRows;
+  const int64_t tile_rows = key_split ? P::kMmaKeySplitRows
+                            : mma     ? P::kMmaTileRows
+                                      : block_attention_tile_rows(s.head_dim);
   const int64_t query_tiles = std::max<int64_t>(1, (group_rows + tile_rows - 1) / tile_rows);
   const int64_t blocks = std::max<int64_t>(1, s.batch * s.kv_heads * query_tiles);
   const int64_t by_keys = (s.context + s.block + P::kMinKeysPerSplit - 1) / P::kMinKeysPerSplit;
   const int64_t target = mma ? P::kMmaTargetBlocks : P::kTargetBlocks;
   const int64_t splits = std::clamp<int64_t>(std::min(target / blocks, by_keys), 1, P::kMaxSplits);
-  return {tile_rows, query_tiles, splits, mma};
+  return {tile_rows, query_tiles, splits, mma, key_split};
 }
 
 // Workspace bytes for shape `s`: an upper bound on the partial results of block_attention_plan

@@ -16,12 +16,18 @@ struct BlockAttentionShape {
   int64_t batch, heads, kv_heads, block, context, head_dim;
 };
 
-// The CUDA kernel applies this same function, so the two cannot drift apart.
+// The positions a query at q_pos sees: [first, end). The CUDA kernels apply these same functions, so
+// the two cannot drift apart.
+DFLASH_HOST_DEVICE inline void visible_keys(int64_t q_pos, bool causal, int64_t window, int64_t& first,
+                                            int64_t& end) {
+  first = window > 0 ? q_pos - window + 1 : INT64_MIN;
+  end = causal ? q_pos + 1 : window > 0 ? q_pos + window : INT64_MAX;
+}
+
 DFLASH_HOST_DEVICE inline bool key_visible(int64_t q_pos, int64_t k_pos, bool causal, int64_t window) {
-  const int64_t diff = q_pos - k_pos;
-  if (causal && diff < 0) return false;
-  if (window > 0 && (diff >= window || (!causal && -diff >= window))) return false;
-  return true;
+  int64_t first, end;
+  visible_keys(q_pos, causal, window, first, end);
+  return first <= k_pos && k_pos < end;
 }
 
 // q [b, heads, n, d]; k_context, v_context [b, kv, C, d]; k_block, v_block [b, kv, n, d];

@@ -315,6 +315,11 @@ int main() {
     block_attention_case(1, 6, 2, 48, 100, 128, {77}, true, 0, dtype);    // 3 blocks of rows, causal
     block_attention_case(1, 2, 1, 100, 50, 128, {50}, true, 30, dtype);   // a block's slots wrap past n
     block_attention_case(3, 8, 8, 1, 200, 128, {200, 1, 64}, false, 0, dtype);  // one row per kv head
+    // at most 16 rows a GQA group: one 16-row tile whose 4 warps split each tile's keys, merged at the end
+    block_attention_case(2, 8, 2, 4, 300, 128, {300, 77}, true, 0, dtype);       // 16 rows, causal
+    block_attention_case(2, 4, 1, 2, 1000, 128, {999, 5}, false, 37, dtype);     // window both sides, split
+    block_attention_case(1, 4, 4, 3, 500, 128, {450}, true, 100, dtype);         // causal window, one row a head
+    block_attention_case(2, 32, 8, 1, 130, 128, {0, 129}, true, 0, dtype);       // an empty context: block keys only
     // a target's decode and verify attention (runtime/torch_graphs.py): a server's 4,096-token slot, rows
     // holding far less; the plain step (one query a row) and a verify of 16, causal
     block_attention_case(2, 32, 8, 1, 4096, 128, {1024, 3000}, true, 0, dtype);

@@ -176,4 +176,18 @@ TEST(a_long_context_at_batch_one_is_split_over_keys) {
   const dflash::BlockAttentionPlan mma = dflash::block_attention_plan({1, 32, 8, 16, 16384, 128}, true);
   CHECK_EQ(mma.query_tiles, 1);
   CHECK_EQ(mma.splits, 32);
+  CHECK(!mma.key_split);
+}
+
+TEST(a_decode_step_on_tensor_cores_splits_each_tile_s_keys_over_the_warps) {
+  // A target's plain step: one query a row, 4 query heads a kv head = 4 rows a group, which one
+  // 16-row tile holds (a 64-row tile would spend 3 of its 4 warps on padding).
+  const dflash::BlockAttentionPlan step = dflash::block_attention_plan({1, 32, 8, 1, 4096, 128}, true);
+  CHECK(step.key_split);
+  CHECK_EQ(step.tile_rows, 16);
+  CHECK_EQ(step.query_tiles, 1);
+  CHECK_EQ(step.splits, 32);  // 8 blocks split 32 ways fill 256, as the 64-row tiles do
+  CHECK(dflash::block_attention_plan({1, 32, 8, 4, 4096, 128}, true).key_split);    // 16 rows: still one tile
+  CHECK(!dflash::block_attention_plan({1, 32, 8, 5, 4096, 128}, true).key_split);   // 20 rows: 64-row tiles
+  CHECK(!dflash::block_attention_plan({1, 32, 8, 1, 4096, 128}, false).key_split);  // CUDA cores: never
 }
