@@ -6,8 +6,6 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_pipeline.h>
-#include <mma.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -145,94 +143,118 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32)
   }
 }
 
-// The tensor-core form for 16-bit T: a block of 4 warps computes 16 * RM rows x 64 columns over its
-// split of K, in chunks of 256 (a decode-sized split is one chunk). The rows' hidden chunk is staged
-// in shared memory once for the block; each warp multiplies it by its own 16 weight columns, whose
-// 16 fragments of the chunk it loads straight from global memory (a column's 16 K values are one
-// full 32-byte sector) before it waits for the staging: all of a chunk's loads are in flight at once. Needs hidden % 16 == 0,
-// kv * d % 16 == 0 (a warp's 16 columns are all keys or all values) and 32-byte aligned pointers
-// (mma_fits).
+// The tensor-core form for 16-bit T (mma.sync m16n8k16, float32 accumulators): a block of 4 warps
+// computes up to 16 * RM rows (one row tile for a decode call's few dozen rows, so the weights are
+// read once) by 64 columns over its split of K; warp w owns columns 16w..16w+15, two 8-column mma
+// tiles. Both operands come straight from global memory in 16-byte loads, with K permuted: within
+// each 32-wide slice, the lane of a quad at position p loads elements 8p..8p+7 of its weight column
+// and of its two rows, and uses them as the logical k = 2p, 2p+1, 2p+8, 2p+9 of two consecutive
+// k16 steps (the fragment layout the PTX ISA gives for A and B). Hidden and the weights are permuted
+// alike, so the products are the same sums over K. A warp issues the weight loads of 8 slices
+// (256 K; fewer for more rows) before the first product, and the rows' hidden (shared by the 4 warps) is read through
+// L1. Needs hidden % 8 == 0 and 16-byte aligned hidden and weights (mma_fits).
 namespace mma_project {
-constexpr int kWarps = 4, kCols = 16 * kWarps, kChunk = 256, kSteps = kChunk / 16;
-constexpr int kLd = kChunk + 8;    // padded rows of the staged hidden chunk (halves): spreads banks
-constexpr int kOutLd = 16 + 4;     // padded rows of a warp's 16 x 16 result tile (floats)
+constexpr int kWarps = 4, kCols = 16 * kWarps, kSlice = 32;
+constexpr int kChunk = 8 * kSlice;  // splits cut K in multiples of this
+// Slices whose weights a warp has in flight at once: fewer as the rows' accumulators take registers.
+__host__ __device__ constexpr int slices_in_flight(int rm) { return rm >= 8 ? 2 : rm >= 4 ? 4 : 8; }
 }  // namespace mma_project
+
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 16 bytes at p, or zeros where `ok` is false (past K, or a row past the launch's).
+__device__ __forceinline__ uint4 load16(const void* p, bool ok) {
+  return ok ? __ldg(static_cast<const uint4*>(p)) : make_uint4(0, 0, 0, 0);
+}
 
 template <typename T, int RM>
 __global__ void __launch_bounds__(mma_project::kWarps * 32)
     mma_project_kernel(Launch a, const T* hidden, const T* k_weight, const T* v_weight, float* partial) {
-  using namespace nvcuda;
   using namespace mma_project;
-  constexpr int ROWS = 16 * RM, V = 16 / static_cast<int>(sizeof(T)), PER_ROW = kChunk / V;
-  __shared__ __align__(32) T x_s[ROWS][kLd];
-  __shared__ __align__(32) float out_s[kWarps][16][kOutLd];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, quad = lane % 4;
   const int64_t kvd = a.kv_heads * a.head_dim, cols = 2 * kvd;
-  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kCols + warp * 16;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * ROWS;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * 16 * RM;
   const int64_t k_begin = blockIdx.z * a.k_per_split, k_end = min(a.hidden, k_begin + a.k_per_split);
-  const bool active = col0 < cols;  // a warp past the last column still stages its share of hidden
-  const T* w = !active ? k_weight : col0 < kvd ? k_weight + col0 * a.hidden : v_weight + (col0 - kvd) * a.hidden;
-
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[RM];
+  // This lane's weight column in each of the warp's two 8-column tiles (a column past the last
+  // repeats it; not stored), and its two rows in each 16-row tile (rows past the launch's read zeros).
+  const T* w[2];
+  int64_t col[2];
 #pragma unroll
-  for (int i = 0; i < RM; ++i) wmma::fill_fragment(acc[i], 0.f);
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += kChunk) {
-    const int steps = static_cast<int>(min(int64_t{kChunk}, k_end - k0) / 16);
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> w_frag[kSteps];
-    if (active) {
+  for (int t = 0; t < 2; ++t) {
+    col[t] = static_cast<int64_t>(blockIdx.x) * kCols + warp * 16 + t * 8 + group;
+    const int64_t c = min(col[t], cols - 1);
+    w[t] = (c < kvd ? k_weight + c * a.hidden : v_weight + (c - kvd) * a.hidden) + 8 * quad;
+  }
+  // Row (i, h) of this lane: row0 + 16 i + group + 8 h, at x + (16 i + 8 h) * hidden; one past the
+  // launch's rows reads zeros (its address is never loaded).
+  const T* x = hidden + (a.row_begin + row0 + group) * a.hidden + 8 * quad;
+  const int64_t rows_left = a.row_count - row0 - group;
+  constexpr int SLICES = slices_in_flight(RM);
+  float acc[RM][2][4] = {};
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += SLICES * kSlice) {
+    uint4 wv[SLICES][2];  // these slices' weights all in flight before the first product
 #pragma unroll
-      for (int s = 0; s < kSteps; ++s)
-        if (s < steps) wmma::load_matrix_sync(w_frag[s], w + k0 + 16 * s, static_cast<unsigned>(a.hidden));
+    for (int j = 0; j < SLICES; ++j) {
+      const int64_t k = k0 + j * kSlice;
+      const bool ok = k + 8 * quad < k_end;
+#pragma unroll
+      for (int t = 0; t < 2; ++t) wv[j][t] = load16(w[t] + k, ok);
     }
-    // Asynchronous copies: every thread's vectors are in flight at once (a load-then-store loop
-    // would wait out one memory latency per vector).
-    for (int e = threadIdx.x; e < ROWS * PER_ROW; e += blockDim.x) {
-      const int r = e / PER_ROW, c = (e % PER_ROW) * V;
-      const int64_t row = row0 + r, k = k0 + c;
-      if (row < a.row_count && k < k_end)
-        __pipeline_memcpy_async(&x_s[r][c], hidden + (a.row_begin + row) * a.hidden + k, 16);
-      else
-        *reinterpret_cast<uint4*>(&x_s[r][c]) = make_uint4(0, 0, 0, 0);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(0);
-    __syncthreads();
-    if (active) {
 #pragma unroll
-      for (int s = 0; s < kSteps; ++s) {
-        if (s >= steps) break;
+    for (int j = 0; j < SLICES; ++j) {
+      const int64_t k = k0 + j * kSlice;
+      if (k >= k_end) break;
+      const bool ok = k + 8 * quad < k_end;
 #pragma unroll
-        for (int i = 0; i < RM; ++i) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> x_frag;
-          wmma::load_matrix_sync(x_frag, &x_s[16 * i][16 * s], kLd);
-          wmma::mma_sync(acc[i], x_frag, w_frag[s], acc[i]);
+      for (int i = 0; i < RM; ++i) {
+        const uint4 lo = load16(x + (16 * i) * a.hidden + k, ok && 16 * i < rows_left);
+        const uint4 hi = load16(x + (16 * i + 8) * a.hidden + k, ok && 16 * i + 8 < rows_left);
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          mma_16816<T>(acc[i][t], lo.x, hi.x, lo.y, hi.y, wv[j][t].x, wv[j][t].y);  // logical k 0..15
+          mma_16816<T>(acc[i][t], lo.z, hi.z, lo.w, hi.w, wv[j][t].z, wv[j][t].w);  // logical k 16..31
         }
       }
     }
-    __syncthreads();  // the chunk is consumed before the next one is staged over it
   }
-  if (!active) return;
-  // Through shared memory: only the rows below row_count are stored (a split's region holds exactly
-  // row_count rows; storing a whole 16-row tile would write into the next split's).
+  // Accumulator (row group (+8), columns 2 quad, +1 of each 8-column tile) into this split's rows;
+  // only rows below row_count are stored (a split's region holds exactly row_count rows).
   float* out = partial + blockIdx.z * a.row_count * cols;
 #pragma unroll
-  for (int i = 0; i < RM; ++i) {
-    wmma::store_matrix_sync(&out_s[warp][0][0], acc[i], kOutLd, wmma::mem_row_major);
-    __syncwarp();
-    for (int e = lane; e < 16 * 16; e += 32) {
-      const int r = e / 16, c = e % 16;
-      const int64_t row = row0 + 16 * i + r;
-      if (row < a.row_count) out[row * cols + col0 + c] = out_s[warp][r][c];
+  for (int i = 0; i < RM; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = row0 + 16 * i + group + 8 * h;
+      if (row >= a.row_count) continue;
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        const int64_t c = col[t] - group + 2 * quad;  // the tile's first column + 2 quad
+        if (c + 1 < cols)
+          *reinterpret_cast<float2*>(out + row * cols + c) = make_float2(acc[i][t][2 * h], acc[i][t][2 * h + 1]);
+        else if (c < cols)
+          out[row * cols + c] = acc[i][t][2 * h];
+      }
     }
-    __syncwarp();
-  }
 }
 
 bool mma_fits(const InjectKVShape& s, const void* hidden, const void* k_weight, const void* v_weight) {
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 32 == 0; };
-  return s.hidden % 16 == 0 && (s.kv_heads * s.head_dim) % 16 == 0 && aligned(hidden) && aligned(k_weight) &&
-         aligned(v_weight);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return s.hidden % 8 == 0 && aligned(hidden) && aligned(k_weight) && aligned(v_weight);
 }
 
 template <typename T>
@@ -330,9 +352,12 @@ cudaError_t launch_typed(const InjectKVShape& s, const void* hidden, const void*
   };
   if constexpr (!std::is_same_v<T, float>) {
     if (mma_fits(s, hidden, k_weight, v_weight)) {
-      // One 16-row tile per block when the rows fit in it (a block of one draft block), else four.
-      return rows <= 16 ? launch_mma<T, 1>(s, epsilon, hidden, k_weight, v_weight, partial, stream, norm_rope)
-                        : launch_mma<T, 4>(s, epsilon, hidden, k_weight, v_weight, partial, stream, norm_rope);
+      // As few 16-row tiles a block as hold the rows (every block reads its columns' weights), at
+      // most 8: a decode call's rows in one block row, a prefill's 128 at a time.
+      if (rows <= 16) return launch_mma<T, 1>(s, epsilon, hidden, k_weight, v_weight, partial, stream, norm_rope);
+      if (rows <= 32) return launch_mma<T, 2>(s, epsilon, hidden, k_weight, v_weight, partial, stream, norm_rope);
+      if (rows <= 64) return launch_mma<T, 4>(s, epsilon, hidden, k_weight, v_weight, partial, stream, norm_rope);
+      return launch_mma<T, 8>(s, epsilon, hidden, k_weight, v_weight, partial, stream, norm_rope);
     }
   }
   if (skinny_fits<T>(s, hidden, k_weight, v_weight)) {

@@ -299,6 +299,8 @@ int main() {
     inject_kv_case(3, 5, 36, 2, 8, dtype);       // hidden 36: 16-byte loads fit float32 only
     inject_kv_case(9, 15, 64, 1, 16, dtype);     // 135 rows: just past the GEMV-shaped kernel
     inject_kv_case(5, 8, 4096, 8, 128, dtype);   // 40 rows: a part-filled 64-row tensor-core tile
+    inject_kv_case(3, 30, 520, 3, 64, dtype);    // 90 rows in one 128-row tile; K past its last 32-wide slice
+    inject_kv_case(2, 9, 200, 1, 12, dtype);     // 18 rows; 24 columns: a warp's tile past the last column
     block_attention_case(1, 2, 1, 4, 6, 8, {6}, false, 0, dtype);
     block_attention_case(2, 4, 2, 8, 9, 16, {9, 3}, false, 0, dtype);        // ragged context
     block_attention_case(2, 3, 3, 5, 7, 4, {7, 0}, true, 0, dtype);          // causal; an empty context
