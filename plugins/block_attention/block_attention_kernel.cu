@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "common/convert.cuh"
+#include "common/mma.cuh"
 
 namespace dflash {
 namespace {
@@ -230,37 +231,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(at));
-}
-
-// d += a b: a 16x16 A fragment (row-major), b a 16x8 B fragment (column-major), d 16x8 float32.
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two float32 values as a packed pair of T (the first in the low half, as mma operands hold them).
-template <typename T>
-__device__ __forceinline__ uint32_t pack(float lo, float hi) {
-  uint32_t out;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
-    memcpy(&out, &pair, sizeof out);
-  } else {
-    const __half2 pair = __floats2half2_rn(lo, hi);
-    memcpy(&out, &pair, sizeof out);
-  }
-  return out;
 }
 
 // Starts copying keys [t0, t0 + KEYS) of one (batch row, kv head) into a stage: K at k_s, V KEYS rows

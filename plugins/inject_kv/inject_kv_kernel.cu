@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "common/convert.cuh"
+#include "common/mma.cuh"
 
 namespace dflash {
 namespace {
@@ -159,23 +160,6 @@ constexpr int kChunk = 8 * kSlice;  // splits cut K in multiples of this
 // Slices whose weights a warp has in flight at once: fewer as the rows' accumulators take registers.
 __host__ __device__ constexpr int slices_in_flight(int rm) { return rm >= 8 ? 2 : rm >= 4 ? 4 : 8; }
 }  // namespace mma_project
-
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // 16 bytes at p, or zeros where `ok` is false (past K, or a row past the launch's).
 __device__ __forceinline__ uint4 load16(const void* p, bool ok) {
