@@ -1,10 +1,10 @@
 // dflash::MoE v1 CUDA kernels, grouped by expert so that the experts the tokens picked are read once
-// per call, not once per token (a warp passes over its weight rows once per kTokens pairs):
+// per call, not once per token (a warp passes over its weight rows once per 16 pairs, kTokens on CUDA cores):
 //   route    one block: a warp routes a token; then each expert's pairs (token, slot) in token order,
 //            and the list of picked experts
-//   gate/up  a block per (picked expert, 8 rows of I): every pair of that expert, silu(gate) * up
-//            rounded to T into the scratch
-//   down     a block per (picked expert, 16 rows of H): every pair's float32 partial
+//   gate/up  a block per (picked expert, rows of I): every pair of that expert, silu(gate) * up
+//            rounded to T into the scratch (on tensor cores for 16-bit T: 16 pairs a pass)
+//   down     a block per (picked expert, rows of H): every pair's float32 partial (likewise)
 //   combine  a thread per output element: the token's top_k partials times their weights, in slot order
 // Grids span every expert slot a call could pick; blocks past the picked ones return at once, so
 // nothing is read back to the host. No float atomics, and each dot product is summed in one fixed
@@ -17,8 +17,10 @@
 
 #include <climits>
 #include <cmath>
+#include <type_traits>
 
 #include "common/convert.cuh"
+#include "common/mma.cuh"
 
 namespace dflash {
 namespace {
@@ -301,6 +303,115 @@ __global__ void __launch_bounds__(kThreads) down_kernel(Launch a, const T* down)
   }
 }
 
+// Tensor-core forms of gate/up and down for 16-bit T (H and I multiples of 8, 16-byte aligned rows:
+// mma_fits): `mma.sync` m16n8k16 (common/mma.cuh) with an expert's pairs as the 16 rows of A, up to
+// 16 a pass, so a warp reads its weight rows once per 16 pairs, not per 4. Both operands come from
+// global memory in 16-byte loads, K permuted within each 32-wide slice exactly as InjectKV's
+// projection does (a lane's 8 consecutive values are its registers for two k16 steps; A and B alike,
+// so the same sums). A pair's sums run over K in one fixed order and a product's rows never mix, so
+// a token's output still depends on neither the other tokens nor where its pairs sit in a pass.
+namespace mma_moe {
+constexpr int kSlice = 32, kSlices = 8, kPass = 16;  // K a slice; slices a warp has in flight; pairs a pass
+}  // namespace mma_moe
+
+__device__ __forceinline__ uint4 load16(const void* p, bool ok) {
+  return ok ? __ldg(static_cast<const uint4*>(p)) : make_uint4(0, 0, 0, 0);
+}
+
+// The pair in row r of a pass from c0 (its 16 rows), or -1 past the expert's count.
+__device__ __forceinline__ int32_t pass_pair(const int32_t* list, int c0, int count, int r) {
+  return c0 + r < count ? __ldg(list + c0 + r) : -1;
+}
+
+// acc[t] += (rows lo, hi) x (weight tile t)^T over K = [0, n): lo and hi are this lane's two A rows
+// (null: a row past the pass, zeros), w[t] its weight column of tile t, all offset by 8 * quad.
+template <typename T, int kTiles>
+__device__ __forceinline__ void mma_rows(const T* lo, const T* hi, const T* const (&w)[kTiles], int64_t n, int quad,
+                                         float (&acc)[kTiles][4]) {
+  using namespace mma_moe;
+  for (int64_t k0 = 0; k0 < n; k0 += kSlices * kSlice) {
+    uint4 wv[kSlices][kTiles];  // these slices' weights all in flight before the first product
+#pragma unroll
+    for (int j = 0; j < kSlices; ++j) {
+      const int64_t k = k0 + j * kSlice;
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) wv[j][t] = load16(w[t] + k, k + 8 * quad < n);
+    }
+#pragma unroll
+    for (int j = 0; j < kSlices; ++j) {
+      const int64_t k = k0 + j * kSlice;
+      if (k >= n) break;
+      const bool ok = k + 8 * quad < n;
+      const uint4 a = load16(lo + k, ok && lo != nullptr), b = load16(hi + k, ok && hi != nullptr);
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+        mma_16816<T>(acc[t], a.x, b.x, a.y, b.y, wv[j][t].x, wv[j][t].y);
+        mma_16816<T>(acc[t], a.z, b.z, a.w, b.w, wv[j][t].z, wv[j][t].w);
+      }
+    }
+  }
+}
+
+// act[p, i] = silu(gate[e, i] . x) * (up[e, i] . x), rounded to T: a warp's 8 rows i of I, their
+// gate rows as one 8-column tile and their up rows as another, so a lane holds both of an element.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) gate_up_mma_kernel(Launch a, const T* hidden, const T* gate_up) {
+  int count = 0;
+  const int e = block_expert(a, &count);
+  const int lane = threadIdx.x % 32, group = lane / 4, quad = lane % 4;
+  const int64_t i0 = (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * 8;
+  if (e < 0 || i0 >= a.inter) return;  // whole warps: mma.sync
+  const int64_t h = a.hidden, n = a.inter;
+  const T* gate = gate_up + (e * 2 * n + i0 + group) * h + 8 * quad;  // I % 8 == 0: every row is there
+  const T* const w[2] = {gate, gate + n * h};
+  const int32_t* list = a.lists + e * a.tokens;
+  T* act = static_cast<T*>(a.act);
+  for (int c0 = 0; c0 < count; c0 += mma_moe::kPass) {
+    const int32_t pair[2] = {pass_pair(list, c0, count, group), pass_pair(list, c0, count, group + 8)};
+    const T* x[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) x[r] = pair[r] < 0 ? nullptr : hidden + pair[r] / a.top_k * h + 8 * quad;
+    float acc[2][4] = {};
+    mma_rows<T, 2>(x[0], x[1], w, h, quad, acc);
+#pragma unroll
+    for (int r = 0; r < 2; ++r)  // accumulator row group (+ 8), columns 2 quad, 2 quad + 1
+      if (pair[r] >= 0)
+        *reinterpret_cast<uint32_t*>(act + pair[r] * n + i0 + 2 * quad) =
+            pack<T>(moe_silu(acc[0][2 * r]) * acc[1][2 * r], moe_silu(acc[0][2 * r + 1]) * acc[1][2 * r + 1]);
+  }
+}
+
+// partial[p, j] = down[e, j] . act[p] in float32: a warp's 16 rows j of H, two 8-column tiles.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) down_mma_kernel(Launch a, const T* down) {
+  int count = 0;
+  const int e = block_expert(a, &count);
+  const int lane = threadIdx.x % 32, group = lane / 4, quad = lane % 4;
+  const int64_t j0 = (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * 16;
+  if (e < 0 || j0 >= a.hidden) return;  // whole warps: mma.sync
+  const int64_t h = a.hidden, n = a.inter;
+  // H % 8 == 0: a tile is all there or all past H (that one repeats the last row; not stored).
+  const T* const w[2] = {down + (e * h + j0 + group) * n + 8 * quad,
+                         down + (e * h + min(j0 + 8 + group, h - 1)) * n + 8 * quad};
+  const int32_t* list = a.lists + e * a.tokens;
+  const T* act = static_cast<const T*>(a.act);
+  for (int c0 = 0; c0 < count; c0 += mma_moe::kPass) {
+    const int32_t pair[2] = {pass_pair(list, c0, count, group), pass_pair(list, c0, count, group + 8)};
+    const T* y[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) y[r] = pair[r] < 0 ? nullptr : act + pair[r] * n + 8 * quad;
+    float acc[2][4] = {};
+    mma_rows<T, 2>(y[0], y[1], w, n, quad, acc);
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+        if (pair[r] >= 0 && j0 + 8 * t < h)
+          *reinterpret_cast<float2*>(a.partial + pair[r] * h + j0 + 8 * t + 2 * quad) =
+              make_float2(acc[t][2 * r], acc[t][2 * r + 1]);
+  }
+}
+
 // out[t, j] = sum over slots s in order of weight[t, s] * partial[t * top_k + s, j], rounded to T once.
 template <typename T>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(Launch a, T* out) {
@@ -326,6 +437,8 @@ cudaError_t launch_typed(const MoEShape& s, bool normalize, const T* hidden, con
   // 16-byte loads where every row starts on 16 bytes; the sums are the same either way.
   const bool vector_h = h % kVec<T> == 0 && aligned16(hidden) && aligned16(gate_up);
   const bool vector_i = n % kVec<T> == 0 && aligned16(down) && aligned16(workspace + w.act);
+  // Tensor cores for 16-bit T where both projections' rows are whole 16-byte vectors.
+  const bool mma = !std::is_same_v<T, float> && vector_h && vector_i && h % 8 == 0 && n % 8 == 0;
   const auto gate_up_launch = vector_h ? gate_up_kernel<T, true> : gate_up_kernel<T, false>;
   const auto down_launch = vector_i ? down_kernel<T, true> : down_kernel<T, false>;
   for (int64_t t0 = 0; t0 < s.tokens; t0 += kMoETokensPerLaunch) {
@@ -345,11 +458,21 @@ cudaError_t launch_typed(const MoEShape& s, bool normalize, const T* hidden, con
                    workspace + w.act};
     const auto slots = static_cast<unsigned>(std::min(tokens * s.top_k, s.experts));  // experts it may pick
     route_kernel<T><<<1, kRouteThreads, 0, stream>>>(a, logits + t0 * s.experts);
-    const int64_t gate_blocks = (n + kWarps * kGateRows - 1) / (kWarps * kGateRows);
-    gate_up_launch<<<dim3(static_cast<unsigned>(gate_blocks), slots), kThreads, 0, stream>>>(a, hidden + t0 * h,
-                                                                                               gate_up);
-    const int64_t down_blocks = (h + kWarps * kDownRows - 1) / (kWarps * kDownRows);
-    down_launch<<<dim3(static_cast<unsigned>(down_blocks), slots), kThreads, 0, stream>>>(a, down);
+    if constexpr (!std::is_same_v<T, float>) {
+      if (mma) {
+        const auto gate_blocks = static_cast<unsigned>((n + kWarps * 8 - 1) / (kWarps * 8));
+        gate_up_mma_kernel<T><<<dim3(gate_blocks, slots), kThreads, 0, stream>>>(a, hidden + t0 * h, gate_up);
+        const auto down_blocks = static_cast<unsigned>((h + kWarps * 16 - 1) / (kWarps * 16));
+        down_mma_kernel<T><<<dim3(down_blocks, slots), kThreads, 0, stream>>>(a, down);
+      }
+    }
+    if (!mma) {
+      const int64_t gate_blocks = (n + kWarps * kGateRows - 1) / (kWarps * kGateRows);
+      gate_up_launch<<<dim3(static_cast<unsigned>(gate_blocks), slots), kThreads, 0, stream>>>(a, hidden + t0 * h,
+                                                                                                 gate_up);
+      const int64_t down_blocks = (h + kWarps * kDownRows - 1) / (kWarps * kDownRows);
+      down_launch<<<dim3(static_cast<unsigned>(down_blocks), slots), kThreads, 0, stream>>>(a, down);
+    }
     const int64_t combine_blocks = (tokens * h + kCombineThreads - 1) / kCombineThreads;
     combine_kernel<T><<<static_cast<unsigned>(combine_blocks), kCombineThreads, 0, stream>>>(a, out + t0 * h);
     if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;

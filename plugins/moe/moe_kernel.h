@@ -68,7 +68,8 @@ inline const char* moe_unsupported(const MoEShape& s) {
 // its up rows); down [E, H, I], all of `dtype`; workspace: moe_workspace_size(s) bytes (16-byte
 // aligned, or the activations are read one element a load). Writes out [tokens, H] of `dtype`.
 // Routes each token as moe_route_token does and reads only the experts the tokens picked, each in one
-// pass per 4 of its (token, slot) pairs, not one per token; accumulates in float32, rounds the
+// pass per 16 of its (token, slot) pairs on tensor cores (16-bit dtypes, H and I multiples of 8,
+// 16-byte aligned), else per 4; not one per token; accumulates in float32, rounds the
 // activations to `dtype` before the down projection and `out` once, on the store. A token's output
 // does not depend on the other tokens of the call. No host sync: capturable in a CUDA graph.
 // Asynchronous on `stream`.

@@ -346,6 +346,7 @@ int main() {
     moe_case(5, 64, 4, 32, 4, true, false, dtype);                // top_k == E
     moe_case(3, 32, 6, 16, 6, false, false, dtype);               // top_k == E, the weights as the softmax gave
     moe_case(7, 37, 12, 13, 3, false, false, dtype);              // H, I not multiples of 8: one load an element
+    moe_case(40, 40, 4, 24, 2, true, false, dtype);               // H 40: tiles past H; ~20 pairs an expert
     moe_case(9, 64, 16, 32, 4, true, true, dtype);                // ties go to the lowest index
     moe_case(4, 32, 512, 16, 16, true, false, dtype);             // most experts, top 16
     moe_case(3, 32, 40, 16, 32, true, false, dtype);              // top 32
