@@ -40,6 +40,22 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
   mma_16816<T>(d, a[0], a[1], a[2], a[3], b0, b1);
 }
 
+// One 32-wide slice of K with both operands in 16-byte loads: the lane of quad q holds 8 consecutive
+// values (8q..8q+7 of the slice) of its two A rows (lo: row group, hi: group + 8) and of its B column
+// `group`, and uses them as the logical k = 2q, 2q+1, 2q+8, 2q+9 of two k16 steps, exactly the
+// registers the layout above gives each lane. A and B are permuted alike, so acc gains the same sum
+// over the slice, in an order that depends on nothing but K.
+template <typename T>
+__device__ __forceinline__ void mma_slice(float (&acc)[4], const uint4& lo, const uint4& hi, const uint4& w) {
+  mma_16816<T>(acc, lo.x, hi.x, lo.y, hi.y, w.x, w.y);
+  mma_16816<T>(acc, lo.z, hi.z, lo.w, hi.w, w.z, w.w);
+}
+
+// 16 bytes at p through the read-only cache, or zeros where `ok` is false (p is then never read).
+__device__ __forceinline__ uint4 load16(const void* p, bool ok) {
+  return ok ? __ldg(static_cast<const uint4*>(p)) : make_uint4(0, 0, 0, 0);
+}
+
 // Two float32 values as a packed pair of T (the first in the low half, as mma operands hold them).
 template <typename T>
 __device__ __forceinline__ uint32_t pack(float lo, float hi) {

@@ -147,24 +147,16 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32)
 // The tensor-core form for 16-bit T (mma.sync m16n8k16, float32 accumulators): a block of 4 warps
 // computes up to 16 * RM rows (one row tile for a decode call's few dozen rows, so the weights are
 // read once) by 64 columns over its split of K; warp w owns columns 16w..16w+15, two 8-column mma
-// tiles. Both operands come straight from global memory in 16-byte loads, with K permuted: within
-// each 32-wide slice, the lane of a quad at position p loads elements 8p..8p+7 of its weight column
-// and of its two rows, and uses them as the logical k = 2p, 2p+1, 2p+8, 2p+9 of two consecutive
-// k16 steps (the fragment layout the PTX ISA gives for A and B). Hidden and the weights are permuted
-// alike, so the products are the same sums over K. A warp issues the weight loads of 8 slices
-// (256 K; fewer for more rows) before the first product, and the rows' hidden (shared by the 4 warps) is read through
-// L1. Needs hidden % 8 == 0 and 16-byte aligned hidden and weights (mma_fits).
+// tiles. Both operands come straight from global memory in 16-byte loads, a 32-wide slice of K at a
+// time (mma_slice: K permuted alike in both, the same sums). A warp issues the weight loads of 8
+// slices (256 K; fewer for more rows) before the first product; the rows' hidden, shared by the 4
+// warps, is read through L1. Needs hidden % 8 == 0 and 16-byte aligned hidden and weights (mma_fits).
 namespace mma_project {
 constexpr int kWarps = 4, kCols = 16 * kWarps, kSlice = 32;
 constexpr int kChunk = 8 * kSlice;  // splits cut K in multiples of this
 // Slices whose weights a warp has in flight at once: fewer as the rows' accumulators take registers.
 __host__ __device__ constexpr int slices_in_flight(int rm) { return rm >= 8 ? 2 : rm >= 4 ? 4 : 8; }
 }  // namespace mma_project
-
-// 16 bytes at p, or zeros where `ok` is false (past K, or a row past the launch's).
-__device__ __forceinline__ uint4 load16(const void* p, bool ok) {
-  return ok ? __ldg(static_cast<const uint4*>(p)) : make_uint4(0, 0, 0, 0);
-}
 
 template <typename T, int RM>
 __global__ void __launch_bounds__(mma_project::kWarps * 32)
@@ -210,8 +202,7 @@ __global__ void __launch_bounds__(mma_project::kWarps * 32)
         const uint4 hi = load16(x + (16 * i + 8) * a.hidden + k, ok && 16 * i + 8 < rows_left);
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
-          mma_16816<T>(acc[i][t], lo.x, hi.x, lo.y, hi.y, wv[j][t].x, wv[j][t].y);  // logical k 0..15
-          mma_16816<T>(acc[i][t], lo.z, hi.z, lo.w, hi.w, wv[j][t].z, wv[j][t].w);  // logical k 16..31
+          mma_slice<T>(acc[i][t], lo, hi, wv[j][t]);
         }
       }
     }

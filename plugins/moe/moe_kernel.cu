@@ -306,17 +306,12 @@ __global__ void __launch_bounds__(kThreads) down_kernel(Launch a, const T* down)
 // Tensor-core forms of gate/up and down for 16-bit T (H and I multiples of 8, 16-byte aligned rows:
 // mma_fits): `mma.sync` m16n8k16 (common/mma.cuh) with an expert's pairs as the 16 rows of A, up to
 // 16 a pass, so a warp reads its weight rows once per 16 pairs, not per 4. Both operands come from
-// global memory in 16-byte loads, K permuted within each 32-wide slice exactly as InjectKV's
-// projection does (a lane's 8 consecutive values are its registers for two k16 steps; A and B alike,
-// so the same sums). A pair's sums run over K in one fixed order and a product's rows never mix, so
-// a token's output still depends on neither the other tokens nor where its pairs sit in a pass.
+// global memory in 16-byte loads, a 32-wide slice of K at a time (mma_slice). A pair's sums run over
+// K in one fixed order and a product's rows never mix, so a token's output still depends on neither
+// the other tokens nor where its pairs sit in a pass.
 namespace mma_moe {
 constexpr int kSlice = 32, kSlices = 8, kPass = 16;  // K a slice; slices a warp has in flight; pairs a pass
 }  // namespace mma_moe
-
-__device__ __forceinline__ uint4 load16(const void* p, bool ok) {
-  return ok ? __ldg(static_cast<const uint4*>(p)) : make_uint4(0, 0, 0, 0);
-}
 
 // The pair in row r of a pass from c0 (its 16 rows), or -1 past the expert's count.
 __device__ __forceinline__ int32_t pass_pair(const int32_t* list, int c0, int count, int r) {
@@ -345,8 +340,7 @@ __device__ __forceinline__ void mma_rows(const T* lo, const T* hi, const T* cons
       const uint4 a = load16(lo + k, ok && lo != nullptr), b = load16(hi + k, ok && hi != nullptr);
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
-        mma_16816<T>(acc[t], a.x, b.x, a.y, b.y, wv[j][t].x, wv[j][t].y);
-        mma_16816<T>(acc[t], a.z, b.z, a.w, b.w, wv[j][t].z, wv[j][t].w);
+        mma_slice<T>(acc[t], a, b, wv[j][t]);
       }
     }
   }
