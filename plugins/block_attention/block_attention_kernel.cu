@@ -494,29 +494,47 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // One warp per output row: rescale each split's sum to the common max and normalise by the total.
+// Lane l holds splits l and l + 32 (kMaxSplits <= 64): their max and weight are computed once, and
+// a split's weight reaches the lanes by a shuffle while they sum their dims of its partial output.
 template <typename T>
 __global__ void __launch_bounds__(128) combine_kernel(Args a, const float* partial, T* out) {
+  static_assert(BlockAttentionPlan::kMaxSplits <= 64, "two splits a lane");
+  constexpr int kDims = static_cast<int>(kBlockAttentionMaxHeadDim / 32);
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * 4 + threadIdx.x / 32;
   if (row >= a.total_rows) return;
   const int64_t d = a.head_dim;
+  const int splits = static_cast<int>(a.splits);
   const float* ml = partial + a.splits * a.total_rows * d;
-  float best = -INFINITY;
-  for (int64_t s = 0; s < a.splits; ++s) best = fmaxf(best, ml[(s * a.total_rows + row) * 2]);
-  float total = 0.f;
-  if (best != -INFINITY) {
-    for (int64_t s = 0; s < a.splits; ++s)
-      total += expf(ml[(s * a.total_rows + row) * 2] - best) * ml[(s * a.total_rows + row) * 2 + 1];
+  float m[2], l[2], best = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t split = lane + 32 * i;
+    m[i] = split < splits ? ml[(split * a.total_rows + row) * 2] : -INFINITY;
+    l[i] = split < splits ? ml[(split * a.total_rows + row) * 2 + 1] : 0.f;
+    best = fmaxf(best, m[i]);
   }
-  const float inv = total > 0.f ? 1.f / total : 0.f;
-  for (int64_t j = lane; j < d; j += 32) {
-    float acc = 0.f;
-    if (inv > 0.f) {
-      for (int64_t s = 0; s < a.splits; ++s)
-        acc += expf(ml[(s * a.total_rows + row) * 2] - best) * partial[(s * a.total_rows + row) * d + j];
-    }
-    out[row * d + j] = from_float<T>(acc * inv);
+  for (int offset = 16; offset > 0; offset /= 2) best = fmaxf(best, __shfl_xor_sync(kFullMask, best, offset));
+  float weight[2], total = 0.f;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    weight[i] = m[i] == -INFINITY ? 0.f : expf(m[i] - best);  // nothing visible in the split: no weight
+    total += weight[i] * l[i];
   }
+  for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(kFullMask, total, offset);
+  const float inv = total > 0.f ? 1.f / total : 0.f;  // no visible key at all: zeros
+  float acc[kDims] = {};
+#pragma unroll 4
+  for (int split = 0; split < splits; ++split) {
+    const float w = __shfl_sync(kFullMask, split < 32 ? weight[0] : weight[1], split % 32);
+    const float* sums = partial + (split * a.total_rows + row) * d;
+#pragma unroll
+    for (int c = 0; c < kDims; ++c)
+      if (lane + 32 * c < d) acc[c] += w * sums[lane + 32 * c];
+  }
+#pragma unroll
+  for (int c = 0; c < kDims; ++c)
+    if (lane + 32 * c < d) out[row * d + lane + 32 * c] = from_float<T>(acc[c] * inv);
 }
 
 template <typename T>
