@@ -88,12 +88,16 @@ def timed(call, repeat: int, sync) -> float:
     return (time.perf_counter() - began) / repeat * 1e3
 
 
+TOP_KERNELS = 12  # the kernels a profiled phase's record names, most device time first
+
+
 def profile_calls(call, repeat: int, device: torch.device, sync, label: str,
-                  trace: Path | None = None) -> float | None:
+                  trace: Path | None = None) -> tuple[float | None, list[dict]]:
     """torch.profiler over `repeat` calls of `call`: where their time goes, host side and device side
     (top operators printed). Returns the GPU's busy time per call in ms (the kernels' own time; None on
-    the CPU). `trace`: also write the timeline there (Chrome trace format, gzipped), to read where the GPU
-    waits on the host (scripts/trace_gaps.py)."""
+    the CPU) and its TOP_KERNELS kernels and operators by device time ({name, calls, us}, per call; empty
+    on the CPU). `trace`: also write the timeline there (Chrome trace format, gzipped), to read where the
+    GPU waits on the host (scripts/trace_gaps.py)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -109,11 +113,24 @@ def profile_calls(call, repeat: int, device: torch.device, sync, label: str,
     print(f"profile: {repeat} x {label}")
     print(prof.key_averages().table(sort_by=sort, row_limit=15, max_name_column_width=60))
     if device.type != "cuda":
-        return None
+        return None, []
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
-    busy_us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
-                  for e in prof.key_averages())
-    return busy_us / repeat / 1e3
+
+    events = prof.key_averages()
+    return sum(map(device_us, events)) / repeat / 1e3, top_device_events(events, repeat)
+
+
+def device_us(event) -> float:
+    """A profiler average's own device time in us (self_device_time_total, named self_cuda_time_total in
+    older PyTorch)."""
+    return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
+
+
+def top_device_events(events, repeat: int) -> list[dict]:
+    """The TOP_KERNELS profiler averages with the most device time, per call of `repeat`."""
+    ranked = sorted((e for e in events if device_us(e) > 0), key=device_us, reverse=True)
+    return [{"name": e.key[:120], "calls": round(e.count / repeat, 2), "us": round(device_us(e) / repeat, 1)}
+            for e in ranked[:TOP_KERNELS]]
 
 
 def trace_path(folder: Path | None, phase: str) -> Path | None:
@@ -251,29 +268,33 @@ def main() -> None:
     profiles, prefill_profile = [], None
     if args.profile:
         block = max(blocks)
-        for phase, sampling in (("verify", greedy), ("verify T=0.8 top-p 0.95", sampled[0])):
-            def verify(sampling=sampling):  # a 1-row verify, rolled back
-                executor.verify([0], [[1] * block], [sampling])
+        # a plain step (a verify of one token: the speedup's baseline), then the largest verify, greedy and top-p
+        profiled = [("plain step", "verify", greedy, 1)] if 1 in blocks else []
+        profiled += [("verify", "verify", greedy, block), ("verify T=0.8 top-p 0.95", "verify T=0.8 top-p 0.95",
+                                                           sampled[0], block)]
+        for label, phase, sampling, tokens in profiled:
+            def verify(sampling=sampling, tokens=tokens):  # a 1-row verify, rolled back
+                executor.verify([0], [[1] * tokens], [sampling])
                 executor.commit([0], [0])
-            busy = profile_calls(verify, args.repeat, device, sync, f"{phase} of 1 row x {block} tokens",
-                                 trace_path(args.trace, phase))
-            wall = [r["ms"] for r in results if (r["phase"], r["rows"], r["block"]) == (phase, 1, block)]
+            busy, top = profile_calls(verify, args.repeat, device, sync, f"{label} of 1 row x {tokens} tokens",
+                                      trace_path(args.trace, label))
+            wall = [r["ms"] for r in results if (r["phase"], r["rows"], r["block"]) == (phase, 1, tokens)]
             if busy is not None and wall:
                 # the share of a timed verify (its commit included) the GPU sat idle, waiting on the host
-                profiles.append({"phase": phase, "rows": 1, "block": block, "gpu_busy_ms": round(busy, 3),
-                                 "ms": wall[0], "gpu_idle_share": round(1 - busy / wall[0], 3)})
-                print(f"{phase}, 1 row x {block}: GPU busy {busy:.3f} of {wall[0]} ms "
+                profiles.append({"phase": label, "rows": 1, "block": tokens, "gpu_busy_ms": round(busy, 3),
+                                 "ms": wall[0], "gpu_idle_share": round(1 - busy / wall[0], 3), "top_kernels": top})
+                print(f"{label}, 1 row x {tokens}: GPU busy {busy:.3f} of {wall[0]} ms "
                       f"({1 - busy / wall[0]:.0%} idle)")
         # a new request's first prefill chunk, of a length no call has had (row 0 starts afresh)
         length = args.chunk - args.chunk // 4
         executor.release(0)
         began = time.perf_counter()
-        busy = profile_calls(lambda: executor.prefill([0], [[2] * length], [greedy]), 1, device, sync,
-                             f"prefill of 1 row x {length} tokens (a new length)",
-                             trace_path(args.trace, f"prefill {length}"))
+        busy, top = profile_calls(lambda: executor.prefill([0], [[2] * length], [greedy]), 1, device, sync,
+                                  f"prefill of 1 row x {length} tokens (a new length)",
+                                  trace_path(args.trace, f"prefill {length}"))
         prefill_profile = {"phase": f"prefill {length}", "rows": 1, "block": length,
                            "ms_profiled": round((time.perf_counter() - began) * 1e3, 3),
-                           "gpu_busy_ms": None if busy is None else round(busy, 3)}
+                           "gpu_busy_ms": None if busy is None else round(busy, 3), "top_kernels": top}
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "shape": preset, "layers": args.layers, "dtype": args.dtype,

@@ -261,6 +261,8 @@ def main() -> int:
     for p in record.get("executor_bench", {}).get("profile", []):
         print(f"  {p['phase']}, {p['rows']} row x {p['block']}: GPU busy {p['gpu_busy_ms']} of {p['ms']} ms, "
               f"idle {p['gpu_idle_share']:.0%} (the host's share; target 5 %)")
+        for k in p.get("top_kernels", [])[:5]:
+            print(f"      {k['us']:9.1f} us  {k['calls']:6g} calls  {k['name'][:90]}")
     found = problems(record)
     for line in found:
         print(f"problem: {line}")
