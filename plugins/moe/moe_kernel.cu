@@ -313,9 +313,19 @@ namespace mma_moe {
 constexpr int kSlice = 32, kSlices = 8, kPass = 16;  // K a slice; slices a warp has in flight; pairs a pass
 }  // namespace mma_moe
 
-// The pair in row r of a pass from c0 (its 16 rows), or -1 past the expert's count.
-__device__ __forceinline__ int32_t pass_pair(const int32_t* list, int c0, int count, int r) {
-  return c0 + r < count ? __ldg(list + c0 + r) : -1;
+// This lane's two A rows of the pass from c0 over an expert's `count` pairs: the pairs in rows group
+// and group + 8 of the pass (-1 past the count) and where their operand rows start (row_of(pair),
+// offset to the lane's 8 values; null past the count: zeros).
+template <typename T, typename RowOf>
+__device__ __forceinline__ void pass_rows(const int32_t* list, int c0, int count, RowOf row_of, int32_t (&pair)[2],
+                                          const T* (&rows)[2]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int at = c0 + lane / 4 + 8 * r;
+    pair[r] = at < count ? __ldg(list + at) : -1;
+    rows[r] = pair[r] < 0 ? nullptr : row_of(pair[r]) + 8 * (lane % 4);
+  }
 }
 
 // acc[t] += (rows lo, hi) x (weight tile t)^T over K = [0, n): lo and hi are this lane's two A rows
@@ -339,9 +349,7 @@ __device__ __forceinline__ void mma_rows(const T* lo, const T* hi, const T* cons
       const bool ok = k + 8 * quad < n;
       const uint4 a = load16(lo + k, ok && lo != nullptr), b = load16(hi + k, ok && hi != nullptr);
 #pragma unroll
-      for (int t = 0; t < kTiles; ++t) {
-        mma_slice<T>(acc[t], a, b, wv[j][t]);
-      }
+      for (int t = 0; t < kTiles; ++t) mma_slice<T>(acc[t], a, b, wv[j][t]);
     }
   }
 }
@@ -361,10 +369,9 @@ __global__ void __launch_bounds__(kThreads) gate_up_mma_kernel(Launch a, const T
   const int32_t* list = a.lists + e * a.tokens;
   T* act = static_cast<T*>(a.act);
   for (int c0 = 0; c0 < count; c0 += mma_moe::kPass) {
-    const int32_t pair[2] = {pass_pair(list, c0, count, group), pass_pair(list, c0, count, group + 8)};
+    int32_t pair[2];
     const T* x[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) x[r] = pair[r] < 0 ? nullptr : hidden + pair[r] / a.top_k * h + 8 * quad;
+    pass_rows(list, c0, count, [&](int32_t p) { return hidden + p / a.top_k * h; }, pair, x);
     float acc[2][4] = {};
     mma_rows<T, 2>(x[0], x[1], w, h, quad, acc);
 #pragma unroll
@@ -390,10 +397,9 @@ __global__ void __launch_bounds__(kThreads) down_mma_kernel(Launch a, const T* d
   const int32_t* list = a.lists + e * a.tokens;
   const T* act = static_cast<const T*>(a.act);
   for (int c0 = 0; c0 < count; c0 += mma_moe::kPass) {
-    const int32_t pair[2] = {pass_pair(list, c0, count, group), pass_pair(list, c0, count, group + 8)};
+    int32_t pair[2];
     const T* y[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) y[r] = pair[r] < 0 ? nullptr : act + pair[r] * n + 8 * quad;
+    pass_rows(list, c0, count, [&](int32_t p) { return act + p * n; }, pair, y);
     float acc[2][4] = {};
     mma_rows<T, 2>(y[0], y[1], w, n, quad, acc);
 #pragma unroll
