@@ -56,6 +56,40 @@ __device__ __forceinline__ uint4 load16(const void* p, bool ok) {
   return ok ? __ldg(static_cast<const uint4*>(p)) : make_uint4(0, 0, 0, 0);
 }
 
+// acc[i][t] += (A rows of tile i) x (weight tile t)^T over K = [k_begin, k_end), a 32-wide slice at a time
+// (mma_slice), the weights of SLICES slices all in flight before their products. rows[i][h]: this
+// lane's A row group + 8 h of tile i (null: a row past the call's, zeros); w[t]: its column `group` of
+// weight tile t; both offset to the lane's 8 values (8 * quad) and 16-byte aligned, and k_end - k_begin
+// a multiple of 8 (K past k_end reads zeros).
+template <typename T, int RM, int kTiles, int SLICES>
+__device__ __forceinline__ void mma_rows(const T* const (&rows)[RM][2], const T* const (&w)[kTiles], int64_t k_begin,
+                                         int64_t k_end, float (&acc)[RM][kTiles][4]) {
+  constexpr int kSlice = 32;
+  const int quad = threadIdx.x % 4;
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += SLICES * kSlice) {
+    uint4 wv[SLICES][kTiles];
+#pragma unroll
+    for (int j = 0; j < SLICES; ++j) {
+      const int64_t k = k0 + j * kSlice;
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) wv[j][t] = load16(w[t] + k, k + 8 * quad < k_end);
+    }
+#pragma unroll
+    for (int j = 0; j < SLICES; ++j) {
+      const int64_t k = k0 + j * kSlice;
+      if (k >= k_end) break;
+      const bool ok = k + 8 * quad < k_end;
+#pragma unroll
+      for (int i = 0; i < RM; ++i) {
+        const uint4 lo = load16(rows[i][0] + k, ok && rows[i][0] != nullptr);
+        const uint4 hi = load16(rows[i][1] + k, ok && rows[i][1] != nullptr);
+#pragma unroll
+        for (int t = 0; t < kTiles; ++t) mma_slice<T>(acc[i][t], lo, hi, wv[j][t]);
+      }
+    }
+  }
+}
+
 // Two float32 values as a packed pair of T (the first in the low half, as mma operands hold them).
 template <typename T>
 __device__ __forceinline__ uint32_t pack(float lo, float hi) {

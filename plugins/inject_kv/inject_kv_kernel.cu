@@ -148,12 +148,12 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32)
 // computes up to 16 * RM rows (one row tile for a decode call's few dozen rows, so the weights are
 // read once) by 64 columns over its split of K; warp w owns columns 16w..16w+15, two 8-column mma
 // tiles. Both operands come straight from global memory in 16-byte loads, a 32-wide slice of K at a
-// time (mma_slice: K permuted alike in both, the same sums). A warp issues the weight loads of 8
+// time (mma_rows: K permuted alike in both, the same sums). A warp issues the weight loads of 8
 // slices (256 K; fewer for more rows) before the first product; the rows' hidden, shared by the 4
 // warps, is read through L1. Needs hidden % 8 == 0 and 16-byte aligned hidden and weights (mma_fits).
 namespace mma_project {
-constexpr int kWarps = 4, kCols = 16 * kWarps, kSlice = 32;
-constexpr int kChunk = 8 * kSlice;  // splits cut K in multiples of this
+constexpr int kWarps = 4, kCols = 16 * kWarps;
+constexpr int kChunk = 256;  // splits cut K in multiples of this
 // Slices whose weights a warp has in flight at once: fewer as the rows' accumulators take registers.
 __host__ __device__ constexpr int slices_in_flight(int rm) { return rm >= 8 ? 2 : rm >= 4 ? 4 : 8; }
 }  // namespace mma_project
@@ -176,37 +176,17 @@ __global__ void __launch_bounds__(mma_project::kWarps * 32)
     const int64_t c = min(col[t], cols - 1);
     w[t] = (c < kvd ? k_weight + c * a.hidden : v_weight + (c - kvd) * a.hidden) + 8 * quad;
   }
-  // Row (i, h) of this lane: row0 + 16 i + group + 8 h, at x + (16 i + 8 h) * hidden; one past the
-  // launch's rows reads zeros (its address is never loaded).
-  const T* x = hidden + (a.row_begin + row0 + group) * a.hidden + 8 * quad;
-  const int64_t rows_left = a.row_count - row0 - group;
-  constexpr int SLICES = slices_in_flight(RM);
+  // Row (i, h) of this lane: row0 + 16 i + group + 8 h (past the launch's rows: none, zeros).
+  const T* rows[RM][2];
+#pragma unroll
+  for (int i = 0; i < RM; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = row0 + 16 * i + group + 8 * h;
+      rows[i][h] = row < a.row_count ? hidden + (a.row_begin + row) * a.hidden + 8 * quad : nullptr;
+    }
   float acc[RM][2][4] = {};
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += SLICES * kSlice) {
-    uint4 wv[SLICES][2];  // these slices' weights all in flight before the first product
-#pragma unroll
-    for (int j = 0; j < SLICES; ++j) {
-      const int64_t k = k0 + j * kSlice;
-      const bool ok = k + 8 * quad < k_end;
-#pragma unroll
-      for (int t = 0; t < 2; ++t) wv[j][t] = load16(w[t] + k, ok);
-    }
-#pragma unroll
-    for (int j = 0; j < SLICES; ++j) {
-      const int64_t k = k0 + j * kSlice;
-      if (k >= k_end) break;
-      const bool ok = k + 8 * quad < k_end;
-#pragma unroll
-      for (int i = 0; i < RM; ++i) {
-        const uint4 lo = load16(x + (16 * i) * a.hidden + k, ok && 16 * i < rows_left);
-        const uint4 hi = load16(x + (16 * i + 8) * a.hidden + k, ok && 16 * i + 8 < rows_left);
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-          mma_slice<T>(acc[i][t], lo, hi, wv[j][t]);
-        }
-      }
-    }
-  }
+  mma_rows<T, RM, 2, slices_in_flight(RM)>(rows, w, k_begin, k_end, acc);
   // Accumulator (row group (+8), columns 2 quad, +1 of each 8-column tile) into this split's rows;
   // only rows below row_count are stored (a split's region holds exactly row_count rows).
   float* out = partial + blockIdx.z * a.row_count * cols;

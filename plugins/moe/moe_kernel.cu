@@ -306,51 +306,31 @@ __global__ void __launch_bounds__(kThreads) down_kernel(Launch a, const T* down)
 // Tensor-core forms of gate/up and down for 16-bit T (H and I multiples of 8, 16-byte aligned rows:
 // mma_fits): `mma.sync` m16n8k16 (common/mma.cuh) with an expert's pairs as the 16 rows of A, up to
 // 16 a pass, so a warp reads its weight rows once per 16 pairs, not per 4. Both operands come from
-// global memory in 16-byte loads, a 32-wide slice of K at a time (mma_slice). A pair's sums run over
+// global memory in 16-byte loads, a 32-wide slice of K at a time (mma_rows). A pair's sums run over
 // K in one fixed order and a product's rows never mix, so a token's output still depends on neither
 // the other tokens nor where its pairs sit in a pass.
-namespace mma_moe {
-constexpr int kSlice = 32, kSlices = 8, kPass = 16;  // K a slice; slices a warp has in flight; pairs a pass
-}  // namespace mma_moe
+constexpr int kPass = 16;  // pairs a pass: the 16 rows of A
 
-// This lane's two A rows of the pass from c0 over an expert's `count` pairs: the pairs in rows group
-// and group + 8 of the pass (-1 past the count) and where their operand rows start (row_of(pair),
-// offset to the lane's 8 values; null past the count: zeros).
-template <typename T, typename RowOf>
-__device__ __forceinline__ void pass_rows(const int32_t* list, int c0, int count, RowOf row_of, int32_t (&pair)[2],
-                                          const T* (&rows)[2]) {
+// For each pass over an expert's `count` pairs (in list order), the products of its pairs' operand
+// rows (row_of(pair)) with the warp's two weight tiles w over K = [0, n), 8 slices in flight, then
+// store(pair, acc): pair[h] is the pair in this lane's row group + 8 h of the pass (-1 past the count),
+// acc[t] its tile t's accumulator (rows group, group + 8; columns 2 quad, 2 quad + 1).
+template <typename T, typename RowOf, typename Store>
+__device__ __forceinline__ void mma_passes(const int32_t* list, int count, RowOf row_of, const T* const (&w)[2],
+                                           int64_t n, Store store) {
   const int lane = threadIdx.x % 32;
+  for (int c0 = 0; c0 < count; c0 += kPass) {
+    int32_t pair[2];
+    const T* rows[1][2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int at = c0 + lane / 4 + 8 * r;
-    pair[r] = at < count ? __ldg(list + at) : -1;
-    rows[r] = pair[r] < 0 ? nullptr : row_of(pair[r]) + 8 * (lane % 4);
-  }
-}
-
-// acc[t] += (rows lo, hi) x (weight tile t)^T over K = [0, n): lo and hi are this lane's two A rows
-// (null: a row past the pass, zeros), w[t] its weight column of tile t, all offset by 8 * quad.
-template <typename T, int kTiles>
-__device__ __forceinline__ void mma_rows(const T* lo, const T* hi, const T* const (&w)[kTiles], int64_t n, int quad,
-                                         float (&acc)[kTiles][4]) {
-  using namespace mma_moe;
-  for (int64_t k0 = 0; k0 < n; k0 += kSlices * kSlice) {
-    uint4 wv[kSlices][kTiles];  // these slices' weights all in flight before the first product
-#pragma unroll
-    for (int j = 0; j < kSlices; ++j) {
-      const int64_t k = k0 + j * kSlice;
-#pragma unroll
-      for (int t = 0; t < kTiles; ++t) wv[j][t] = load16(w[t] + k, k + 8 * quad < n);
+    for (int h = 0; h < 2; ++h) {
+      const int at = c0 + lane / 4 + 8 * h;
+      pair[h] = at < count ? __ldg(list + at) : -1;
+      rows[0][h] = pair[h] < 0 ? nullptr : row_of(pair[h]) + 8 * (lane % 4);
     }
-#pragma unroll
-    for (int j = 0; j < kSlices; ++j) {
-      const int64_t k = k0 + j * kSlice;
-      if (k >= n) break;
-      const bool ok = k + 8 * quad < n;
-      const uint4 a = load16(lo + k, ok && lo != nullptr), b = load16(hi + k, ok && hi != nullptr);
-#pragma unroll
-      for (int t = 0; t < kTiles; ++t) mma_slice<T>(acc[t], a, b, wv[j][t]);
-    }
+    float acc[1][2][4] = {};
+    mma_rows<T, 1, 2, 8>(rows, w, 0, n, acc);
+    store(pair, acc[0]);
   }
 }
 
@@ -366,20 +346,15 @@ __global__ void __launch_bounds__(kThreads) gate_up_mma_kernel(Launch a, const T
   const int64_t h = a.hidden, n = a.inter;
   const T* gate = gate_up + (e * 2 * n + i0 + group) * h + 8 * quad;  // I % 8 == 0: every row is there
   const T* const w[2] = {gate, gate + n * h};
-  const int32_t* list = a.lists + e * a.tokens;
   T* act = static_cast<T*>(a.act);
-  for (int c0 = 0; c0 < count; c0 += mma_moe::kPass) {
-    int32_t pair[2];
-    const T* x[2];
-    pass_rows(list, c0, count, [&](int32_t p) { return hidden + p / a.top_k * h; }, pair, x);
-    float acc[2][4] = {};
-    mma_rows<T, 2>(x[0], x[1], w, h, quad, acc);
+  mma_passes(a.lists + e * a.tokens, count, [&](int32_t p) { return hidden + p / a.top_k * h; }, w, h,
+             [&](const int32_t (&pair)[2], const float (&acc)[2][4]) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r)  // accumulator row group (+ 8), columns 2 quad, 2 quad + 1
-      if (pair[r] >= 0)
-        *reinterpret_cast<uint32_t*>(act + pair[r] * n + i0 + 2 * quad) =
-            pack<T>(moe_silu(acc[0][2 * r]) * acc[1][2 * r], moe_silu(acc[0][2 * r + 1]) * acc[1][2 * r + 1]);
-  }
+               for (int r = 0; r < 2; ++r)  // accumulator row group (+ 8), columns 2 quad, 2 quad + 1
+                 if (pair[r] >= 0)
+                   *reinterpret_cast<uint32_t*>(act + pair[r] * n + i0 + 2 * quad) = pack<T>(
+                       moe_silu(acc[0][2 * r]) * acc[1][2 * r], moe_silu(acc[0][2 * r + 1]) * acc[1][2 * r + 1]);
+             });
 }
 
 // partial[p, j] = down[e, j] . act[p] in float32: a warp's 16 rows j of H, two 8-column tiles.
@@ -394,22 +369,17 @@ __global__ void __launch_bounds__(kThreads) down_mma_kernel(Launch a, const T* d
   // H % 8 == 0: a tile is all there or all past H (that one repeats the last row; not stored).
   const T* const w[2] = {down + (e * h + j0 + group) * n + 8 * quad,
                          down + (e * h + min(j0 + 8 + group, h - 1)) * n + 8 * quad};
-  const int32_t* list = a.lists + e * a.tokens;
   const T* act = static_cast<const T*>(a.act);
-  for (int c0 = 0; c0 < count; c0 += mma_moe::kPass) {
-    int32_t pair[2];
-    const T* y[2];
-    pass_rows(list, c0, count, [&](int32_t p) { return act + p * n; }, pair, y);
-    float acc[2][4] = {};
-    mma_rows<T, 2>(y[0], y[1], w, n, quad, acc);
+  mma_passes(a.lists + e * a.tokens, count, [&](int32_t p) { return act + p * n; }, w, n,
+             [&](const int32_t (&pair)[2], const float (&acc)[2][4]) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
+               for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int t = 0; t < 2; ++t)
-        if (pair[r] >= 0 && j0 + 8 * t < h)
-          *reinterpret_cast<float2*>(a.partial + pair[r] * h + j0 + 8 * t + 2 * quad) =
-              make_float2(acc[t][2 * r], acc[t][2 * r + 1]);
-  }
+                 for (int t = 0; t < 2; ++t)
+                   if (pair[r] >= 0 && j0 + 8 * t < h)
+                     *reinterpret_cast<float2*>(a.partial + pair[r] * h + j0 + 8 * t + 2 * quad) =
+                         make_float2(acc[t][2 * r], acc[t][2 * r + 1]);
+             });
 }
 
 // out[t, j] = sum over slots s in order of weight[t, s] * partial[t * top_k + s, j], rounded to T once.
