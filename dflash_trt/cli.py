@@ -683,13 +683,18 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
 @click.option("--draft-rule", "draft_rules", default="point-mass", show_default=True, callback=_csv(str),
               help="Offline: comma-separated draft rules (point-mass, drafter), each run on every setting; drafter "
                    "needs fixed block sizes.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
+              help="Offline --backend torch (auto picks it on a GPU): where its models run (default: cuda when "
+                   "PyTorch sees a GPU, else cpu).")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
+              help="Offline --backend torch: its models' dtype (default: bfloat16 on a GPU, float32 on the CPU).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--baseline/--no-baseline", default=True, show_default=True, help="Also run the autoregressive baseline (speedup, greedy check).")
 @click.option("--json-out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write the full record here.")
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write a PNG: throughput, speedup, τ histogram.")
 @user_errors
 def bench(bundle, target, draft, backend, base_url, baseline_url, model, api_key, datasets, prompts_file, num_prompts,
-          max_tokens, block_sizes, temperatures, concurrency, draft_rules, seed, baseline, json_out, plot):
+          max_tokens, block_sizes, temperatures, concurrency, draft_rules, device, dtype, seed, baseline, json_out, plot):
     """Throughput, speedup over autoregressive decoding, and acceptance, per dataset; prints a table.
 
     Offline (default): the pair (or the exported BUNDLE, on onnxruntime) runs in this process, DFlash
@@ -703,7 +708,8 @@ def bench(bundle, target, draft, backend, base_url, baseline_url, model, api_key
         datasets=datasets, prompts_file=prompts_file, num_prompts=num_prompts, max_tokens=max_tokens,
         block_sizes=block_sizes, temperatures=temperatures, concurrency=concurrency, draft_rules=draft_rules, seed=seed,
         baseline=baseline,
-        bundle=bundle, target=target, draft=draft, backend=backend, base_url=base_url, baseline_url=baseline_url, model=model,
+        bundle=bundle, target=target, draft=draft, backend=backend, device=device, dtype=dtype, base_url=base_url,
+        baseline_url=baseline_url, model=model,
     )
     if api_key and not base_url:
         raise DFlashError("--api-key is for server mode (--base-url)")

@@ -118,8 +118,8 @@ def table(results: list[SettingResult]) -> str:
             f"| {r.dataset}", block_label(r), f"{r.temperature:g}", str(r.concurrency),
             str(r.prompts), _f(d.mean_acceptance_length, ".2f"), _f(b.tokens_per_s if b else None),
             _f(d.tokens_per_s), _f(r.speedup, ".2f", "x"), _f(b.decode_tokens_per_s if b else None),
-            _f(d.decode_tokens_per_s), _f(r.decode_speedup, ".2f", "x"), _f(d.draft_ms_per_step, ".0f"),
-            _f(d.verify_ms_per_step, ".0f"), _f(d.other_ms_per_step, ".0f"), _f(d.overhead_pct, ".1f"), _check(r),
+            _f(d.decode_tokens_per_s), _f(r.decode_speedup, ".2f", "x"), _f(d.draft_ms_per_step, ".1f"),
+            _f(d.verify_ms_per_step, ".1f"), _f(d.other_ms_per_step, ".1f"), _f(d.overhead_pct, ".1f"), _check(r),
         ]) + " |")
     return "\n".join(rows)
 

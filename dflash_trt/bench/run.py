@@ -30,6 +30,8 @@ class BenchConfig:
     target: str | None = None
     draft: str | None = None
     backend: str | None = None  # None: auto for checkpoints (runtime/llm.py); a bundle's own (onnxruntime, or TensorRT)
+    device: str | None = None  # the torch backend's placement (None: cuda where PyTorch sees a GPU, else cpu)
+    dtype: str | None = None  # ... and dtype (None: bfloat16 on a GPU, float32 on the CPU)
     # server mode
     base_url: str | None = None
     baseline_url: str | None = None
@@ -69,6 +71,10 @@ class BenchConfig:
             raise DFlashError(f"a bundle DIR runs on the backend its graphs need (onnxruntime, or tensorrt for "
                               f"TensorRT engines), not --backend '{self.backend}': drop --backend, "
                               "or pass --target/--draft to run the checkpoints on it")
+        if (self.device or self.dtype) and (self.bundle or self.mode == "server"
+                                            or self.backend not in (None, "auto", "torch")):
+            raise DFlashError("--device and --dtype place the torch backend's models (offline, --target/--draft): "
+                              "a bundle runs as it was exported, a server as it was started")
         if self.baseline_url and not self.base_url:
             raise DFlashError("--baseline-url needs --base-url (the DFlash server to compare against it)")
         unknown = [name for name in self.datasets if name not in datasets.DATASETS]
@@ -158,10 +164,17 @@ def _offline_llm(config: BenchConfig, rule: str):
     else:
         target, draft = config.target or embedded.DEFAULT_TARGET, config.draft or AUTO
         llm = LLM(target=target, draft=draft, backend=config.backend or AUTO, capacity=2 * config.max_tokens + 2048,
-                  block_size=fixed, draft_rule=rule)
+                  block_size=fixed, draft_rule=rule, device=config.device, dtype=config.dtype)
     if not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{config.target}': pass --draft DIR")
     return llm
+
+
+def backend_label(llm) -> str:
+    """The backend, and for torch where its models run: "torch cuda bfloat16"."""
+    if llm.backend != "torch":
+        return llm.backend
+    return f"torch {llm.device.type} {str(llm.dtype).removeprefix('torch.')}"
 
 
 def _offline_settings(config: BenchConfig, llm, rule: str, name: str, prompts: list[str], temperature: float,
@@ -183,7 +196,7 @@ def _offline_settings(config: BenchConfig, llm, rule: str, name: str, prompts: l
             records, wall, times = run_offline(llm, prompts, params, True, size,
                                                f"{label} B={size or 'auto'} {rule}", concurrency)
             result = SettingResult(
-                mode="offline", backend=llm.backend, dataset=name, block_size=size,
+                mode="offline", backend=backend_label(llm), dataset=name, block_size=size,
                 temperature=temperature, concurrency=concurrency, prompts=len(prompts),
                 dflash=add_step_times(summarize(records, wall, largest), times), draft_rule=rule, baseline=baseline,
                 outputs=[r.text for r in records], draft_vocab_size=llm.draft_vocab_size, max_block_size=largest,
