@@ -75,6 +75,7 @@ py::dict output_dict(const RequestOutput& o) {
     d["new_logprobs"] = tokens;
   }
   d["num_tokens"] = o.num_tokens;
+  d["cached_tokens"] = o.cached_tokens;
   d["finish_reason"] = o.finish == Finish::kNone ? py::object(py::none()) : py::object(py::str(finish_name(o.finish)));
   py::dict metrics = to_dict(o.metrics);
   auto seconds = [](const std::optional<double>& s) { return s ? py::cast(*s) : py::object(py::none()); };
@@ -447,19 +448,21 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<SchedulerConfig>(m, "SchedulerConfig")
       .def(py::init([](int64_t max_batch, int64_t capacity, int64_t block_size, uint64_t engine_seed, bool adaptive,
-                       int64_t max_waiting, int64_t prefill_chunk) {
-             return SchedulerConfig{max_batch, capacity, block_size, engine_seed, adaptive, max_waiting, prefill_chunk};
+                       int64_t max_waiting, int64_t prefill_chunk, bool prefix_reuse) {
+             return SchedulerConfig{max_batch, capacity,   block_size,    engine_seed,
+                                    adaptive,  max_waiting, prefill_chunk, prefix_reuse};
            }),
            py::kw_only(), py::arg("max_batch") = 8, py::arg("capacity") = 2048, py::arg("block_size") = 4,
            py::arg("engine_seed") = 0, py::arg("adaptive") = false, py::arg("max_waiting") = -1,
-           py::arg("prefill_chunk") = 0)
+           py::arg("prefill_chunk") = 0, py::arg("prefix_reuse") = true)
       .def_readonly("max_batch", &SchedulerConfig::max_batch)
       .def_readonly("capacity", &SchedulerConfig::capacity)
       .def_readonly("block_size", &SchedulerConfig::block_size)
       .def_readonly("engine_seed", &SchedulerConfig::engine_seed)
       .def_readonly("adaptive", &SchedulerConfig::adaptive)
       .def_readonly("max_waiting", &SchedulerConfig::max_waiting)
-      .def_readonly("prefill_chunk", &SchedulerConfig::prefill_chunk);
+      .def_readonly("prefill_chunk", &SchedulerConfig::prefill_chunk)
+      .def_readonly("prefix_reuse", &SchedulerConfig::prefix_reuse);
 
   py::class_<RequestParams>(m, "RequestParams")
       .def(py::init([](int64_t max_tokens, double temperature, int64_t top_k, double top_p, py::object seed,
@@ -495,8 +498,8 @@ PYBIND11_MODULE(_core, m) {
           [](Scheduler& s) {
             std::vector<RequestOutput> outputs;
             {
-              // Models run without the GIL: other Python threads (a server's front, clients) go on; a
-              // Python executor's phases take it back (ExecutorTrampoline::call).
+              // Models run without the GIL: other Python threads (a server's front, clients) go on; the
+              // torch backend's graphs take it back (py_graph.cpp).
               py::gil_scoped_release release;
               outputs = s.step();
             }
@@ -522,6 +525,8 @@ PYBIND11_MODULE(_core, m) {
             seconds["step"] = st.seconds.step;
             d["seconds"] = seconds;
             d["steps"] = st.seconds.steps;
+            d["prompt_tokens"] = st.prompt_tokens;
+            d["cached_tokens"] = st.cached_tokens;
             d["last_block"] = st.last_block;
             d["steps_per_block"] = st.steps_per_block;
             d["acceptance"] = st.acceptance;

@@ -10,7 +10,7 @@
 // so no full-vocabulary logits leave an executor's phase.
 //
 // Per row the life is:
-//   prefill+ -> (draft? -> verify -> commit)* -> release
+//   (reopen?) prefill+ -> (draft? -> verify -> commit)* -> release
 // `draft` is skipped in a step where the row verifies only its bonus token (block of 1: plain
 // decoding, or no room left for drafts), so an executor must carry the features of committed
 // positions forward until the next draft.
@@ -87,8 +87,19 @@ class Executor {
                                       const std::vector<RowSampling>& sampling) = 0;
   // Keep the first kept[i] positions of row i's last verify block; drop the rest.
   virtual void commit(const std::vector<int64_t>& rows, const std::vector<int64_t>& kept) = 0;
-  // The row's request finished or was aborted: drop its state; the slot may be reused at once.
+  // The row's request finished or was aborted: drop its state; the slot may be reused at once. Where
+  // keep_released is on, the row keeps what its caches hold (its committed positions) for a later
+  // request starting with the same tokens, until the executor needs the memory for another row.
   virtual void release(int64_t row) = 0;
+  // Prefix reuse (SchedulerConfig::prefix_reuse): off, a released row keeps nothing.
+  virtual void keep_released(bool on) = 0;
+  // How many positions a released row can start its next request on, when that request's first
+  // `match` tokens equal what the row held: at most what it still keeps; 0 where none (a hybrid
+  // target's states exist only after all of them, so there it is all or nothing).
+  virtual int64_t reusable(int64_t row, int64_t match) const = 0;
+  // Start the row's next request on its first n kept positions (1 <= n == reusable(row, n)); its
+  // prefill then continues after them.
+  virtual void reopen(int64_t row, int64_t n) = 0;
   // The log-probabilities of the tokens the last prefill or verify decided for its i-th row, when that
   // row's SamplingParams::logprobs n >= 0: 1 + n TokenLogprobs per decided token (decide.h; a prefill:
   // its token; a verify: the kept drafts, then `next`); else empty.

@@ -36,6 +36,9 @@ Scheduler::Scheduler(Executor& executor, const SchedulerConfig& config)
                 std::to_string(config.prefill_chunk));
   if (config.max_waiting < -1)
     throw Error("max_waiting must be -1 (no cap) or at least 0, got " + std::to_string(config.max_waiting));
+  kept_tokens_.resize(config.max_batch);  // max_batch >= 1: slots_ checked it
+  freed_at_.assign(config.max_batch, 0);
+  executor_.keep_released(config.prefix_reuse);
 }
 
 int64_t Scheduler::add_request(const std::vector<int64_t>& prompt, const RequestParams& params) {
@@ -73,6 +76,7 @@ bool Scheduler::abort(int64_t request) {
     RequestOutput o;
     o.request = r.id;
     o.num_tokens = int64_t(r.tokens.size());
+    o.cached_tokens = r.cached;
     o.finish = Finish::kAbort;
     o.metrics = r.metrics;
     o.timing = r.timing;
@@ -127,10 +131,38 @@ std::vector<RequestOutput> Scheduler::step() {
 void Scheduler::admit() {
   while (!waiting_.empty() && slots_.num_free() > 0) {
     Request& r = waiting_.front();
-    r.slot = slots_.allocate(r.id, int64_t(r.prompt.size()), r.params.max_tokens);
+    const auto [slot, held] = choose_slot(r.prompt);
+    r.slot = slots_.allocate_at(slot, r.id, int64_t(r.prompt.size()), r.params.max_tokens, held);
+    if (held > 0) executor_.reopen(slot, held);
+    r.prompt_done = r.cached = held;
+    prompt_tokens_ += int64_t(r.prompt.size());
+    cached_tokens_ += held;
     live_.push_back(std::move(r));
     waiting_.pop_front();
   }
+}
+
+std::pair<int64_t, int64_t> Scheduler::choose_slot(const std::vector<int64_t>& prompt) const {
+  int64_t best = -1, held = 0;
+  for (int64_t slot = 0; slot < slots_.num_slots(); ++slot) {
+    if (slots_.request(slot) >= 0) continue;
+    const std::vector<int64_t>& kept = kept_tokens_[slot];
+    // at most all but the prompt's last token: the request's first output comes from its prefill
+    const size_t most = std::min(kept.size(), prompt.size() - 1);
+    const int64_t match = std::mismatch(kept.begin(), kept.begin() + most, prompt.begin()).first - kept.begin();
+    const int64_t reuse = config_.prefix_reuse ? executor_.reusable(slot, match) : 0;
+    // a longer reuse; else, at no reuse, a slot keeping nothing, then the one released longest ago
+    const auto rank = [&](int64_t s) {
+      const int64_t kept_here = int64_t(kept_tokens_[s].size());
+      return kept_here == 0 || executor_.reusable(s, kept_here) == 0 ? 0 : freed_at_[s];
+    };
+    if (best < 0 || reuse > held || (reuse == held && rank(slot) < rank(best))) {
+      best = slot;
+      held = reuse;
+    }
+  }
+  DFLASH_INVARIANT(best >= 0);  // admit asks only while a slot is free
+  return {best, held};
 }
 
 std::vector<Scheduler::Request*> Scheduler::pick_rows(bool prefilled) {
@@ -332,6 +364,7 @@ void Scheduler::emit_tokens(Request& r, const std::vector<int64_t>& tokens, std:
   }
   r.timing.tokens(RequestTiming::now(), int64_t(o.new_tokens.size()));
   o.num_tokens = int64_t(r.tokens.size());
+  o.cached_tokens = r.cached;
   o.metrics = r.metrics;
   if (o.finish != Finish::kNone) finish(r, o.finish);
   o.timing = r.timing;
@@ -346,6 +379,17 @@ void Scheduler::finish(Request& r, Finish why) {
   r.timing.finished = RequestTiming::now();
   if (r.slot < 0) return;  // still waiting: no slot, no executor row
   if (slots_.reserved(r.slot)) slots_.rollback(r.slot);
+  // what the slot's cache rows hold: the prompt, then the tokens fed since (a stop may have cut the
+  // output before the last committed position; what is past it is not known here, so not reused)
+  std::vector<int64_t>& kept = kept_tokens_[r.slot];
+  kept.clear();
+  if (config_.prefix_reuse) {
+    const int64_t length = slots_.length(r.slot);
+    kept.assign(r.prompt.begin(), r.prompt.begin() + std::min<int64_t>(length, int64_t(r.prompt.size())));
+    const int64_t fed = std::min<int64_t>(length - int64_t(kept.size()), int64_t(r.tokens.size()));
+    if (fed > 0) kept.insert(kept.end(), r.tokens.begin(), r.tokens.begin() + fed);
+  }
+  freed_at_[r.slot] = ++finishes_;
   slots_.free(r.slot);
   executor_.release(r.slot);
 }
@@ -367,6 +411,8 @@ void Scheduler::seed_cost(const std::string& phase, int64_t rows, int64_t block,
 SchedulerStats Scheduler::stats() const {
   SchedulerStats s;
   s.seconds = seconds_;
+  s.prompt_tokens = prompt_tokens_;
+  s.cached_tokens = cached_tokens_;
   s.last_block = step_block_;
   s.steps_per_block = steps_per_block_;
   s.acceptance = acceptance_.acceptance();

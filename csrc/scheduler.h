@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "adaptive.h"
@@ -37,6 +38,9 @@ struct SchedulerConfig {
   // Prompt tokens a request prefills per step; 0: the whole prompt at once. A long prompt then takes
   // several steps, and the running requests keep decoding in each of them instead of waiting for it.
   int64_t prefill_chunk = 0;
+  // A finished request's slot keeps what its cache holds; a request whose prompt starts with those
+  // tokens takes that slot and prefills only the rest (RequestOutput::cached_tokens).
+  bool prefix_reuse = true;
 };
 
 struct RequestParams {
@@ -62,6 +66,7 @@ struct RequestOutput {
   // SamplingParams::logprobs n >= 0: 1 + n entries per new token (its own, then the top n); else empty
   std::vector<TokenLogprob> new_logprobs;
   int64_t num_tokens = 0;  // output tokens so far, these included
+  int64_t cached_tokens = 0;  // prompt tokens its slot held already (prefix reuse), not prefilled
   Finish finish = Finish::kNone;
   SpecMetrics metrics;
   RequestTiming timing;
@@ -77,6 +82,7 @@ struct PhaseSeconds {
 // What the adaptive bookkeeping has learnt, for benches and logs.
 struct SchedulerStats {
   PhaseSeconds seconds;
+  int64_t prompt_tokens = 0, cached_tokens = 0;  // admitted requests' prompts, and what prefix reuse spared
   int64_t last_block = 0;                // the block of the latest step that verified (0: none yet)
   std::vector<int64_t> steps_per_block;  // [B - 1]: verify steps that chose B
   std::vector<double> acceptance;        // a_1..a_{max - 1}
@@ -118,6 +124,7 @@ class Scheduler {
     uint64_t seed = 0, stream = 0;  // counter RNG key
     std::vector<int64_t> tokens;    // output so far; tokens.back() is the bonus, not yet in the cache
     int64_t prompt_done = 0;  // prompt tokens in the cache (prefill_chunk at a time)
+    int64_t cached = 0;       // of those, what its slot held before it (prefix reuse)
     bool prefilled = false;   // the whole prompt is in, and its first token sampled
     Finish finish = Finish::kNone;
     SpecMetrics metrics;
@@ -132,6 +139,9 @@ class Scheduler {
 
   // The phases of step(), in order.
   void admit();
+  // The free slot for `prompt` and how many of its first tokens that slot's cache holds already: the
+  // longest reusable match; else a slot keeping nothing, else the one released longest ago.
+  std::pair<int64_t, int64_t> choose_slot(const std::vector<int64_t>& prompt) const;
   std::vector<Request*> pick_rows(bool prefilled);
   void prefill(const std::vector<Request*>& rows, std::vector<RequestOutput>& out);
   void choose_block(const std::vector<Request*>& rows);
@@ -155,6 +165,12 @@ class Scheduler {
   std::deque<Request> waiting_;          // FIFO, no slot yet
   std::vector<Request> live_;            // running, in admission order
   std::vector<RequestOutput> aborted_;   // emitted at the next step
+  // prefix reuse: per slot, the tokens its cache rows held when its last request finished, and when
+  // (a count of finishes; 0: never)
+  std::vector<std::vector<int64_t>> kept_tokens_;
+  std::vector<int64_t> freed_at_;
+  int64_t finishes_ = 0;
+  int64_t prompt_tokens_ = 0, cached_tokens_ = 0;
   // adaptive speculation
   int64_t step_block_ = 0;  // this step's block (each row's block is at most this)
   AcceptanceEstimate acceptance_;

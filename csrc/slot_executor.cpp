@@ -191,6 +191,8 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
 
 void SlotExecutor::reserve_memory() {
   if (!live_rows().empty()) throw Error(who_ + ": reserve_memory clears the slots; call it before any request");
+  for (int64_t row = 0; row < config_.max_batch; ++row)  // what released rows kept is cleared with them
+    if (retained(row)) forget(row);
   for (const std::vector<Buffer>* group : {&target_kv_, &draft_kv_, &conv_, &recurrent_})
     for (const Buffer& buffer : *group)
       if (buffer.bytes()) device_.zero(buffer.at(0), buffer.bytes());
@@ -525,10 +527,11 @@ std::vector<LogitsRows> SlotExecutor::prefill_logits(const std::vector<int64_t>&
 
 void SlotExecutor::prefill_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& prompts,
                                 const Decision* decision, const LogitsSink& sink) {
-  // A row not live yet starts a request (zero states; release left it empty); a live one takes its
-  // prompt's next chunk after what it holds.
+  // A row not live yet starts a request (zero states; what a release kept is dropped); a live one (or
+  // a reopened one) takes its prompt's next chunk after what it holds.
   for (int64_t row : rows)
     if (!state(row).live) {
+      if (state(row).place >= 0) forget(row);
       take_place(row);
       set_states(row, {}, {});
     }
@@ -644,22 +647,86 @@ std::vector<int64_t> SlotExecutor::live_rows() const {
 
 void SlotExecutor::release(int64_t row) {
   Row& r = state(row);
-  const int64_t freed = r.place;
+  const int64_t place = r.place, committed = r.committed;
   r = Row{};
-  if (freed < 0) return;
-  row_in_[freed] = -1;
-  int64_t last = config_.max_batch - 1;  // keep the places packed: the highest one fills the hole
-  while (last > freed && row_in_[last] < 0) --last;
-  if (last > freed) move_place(last, freed);
+  if (place < 0) return;
+  if (keep_released_ && committed > 0) {  // its place keeps the committed rows (and draft context, states)
+    r.place = place;
+    r.committed = r.drafted = committed;
+    r.released_at = ++releases_;
+  } else {
+    row_in_[place] = -1;
+  }
+  pack();
+}
+
+void SlotExecutor::keep_released(bool on) {
+  keep_released_ = on;
+  if (on) return;
+  for (size_t row = 0; row < rows_.size(); ++row)
+    if (retained(int64_t(row))) forget(int64_t(row));
+}
+
+int64_t SlotExecutor::reusable(int64_t row, int64_t match) const {
+  const int64_t kept = retained(row);
+  if (kept == 0 || match < 1) return 0;
+  // a hybrid target's linear-layer states are those after every kept position: all or nothing
+  if (!conv_.empty()) return match >= kept ? kept : 0;
+  return std::min(match, kept);
+}
+
+void SlotExecutor::reopen(int64_t row, int64_t n) {
+  DFLASH_INVARIANT(n >= 1 && reusable(row, n) == n);  // the scheduler asks reusable first
+  Row& r = state(row);
+  r.live = true;
+  r.committed = r.drafted = n;  // the rows after n are garbage to be overwritten, as after a rollback
+  r.released_at = 0;
+  pack();
 }
 
 void SlotExecutor::take_place(int64_t row) {
   Row& r = state(row);
   if (r.place >= 0) return;
-  const auto free = std::find(row_in_.begin(), row_in_.end(), int64_t(-1));
-  DFLASH_INVARIANT(free != row_in_.end());  // max_batch places for max_batch rows
-  r.place = int64_t(free - row_in_.begin());
-  *free = row;
+  int64_t p = 0;  // the live rows fill the places below it
+  while (row_in_[p] >= 0 && rows_[row_in_[p]].live) ++p;
+  clear_place(p);
+  r.place = p;
+  r.live = true;  // taken: the next row starting in this phase takes the place above
+  row_in_[p] = row;
+}
+
+void SlotExecutor::pack() {
+  const int64_t live = int64_t(live_rows().size());
+  for (int64_t p = 0; p < live; ++p) {
+    if (row_in_[p] >= 0 && rows_[row_in_[p]].live) continue;
+    int64_t highest = config_.max_batch - 1;  // a live row above `live` (one is, as fewer are below)
+    while (row_in_[highest] < 0 || !rows_[row_in_[highest]].live) --highest;
+    clear_place(p);
+    move_place(highest, p);
+  }
+}
+
+void SlotExecutor::clear_place(int64_t p) {
+  const int64_t held = row_in_[p];
+  if (held < 0) return;
+  DFLASH_INVARIANT(!rows_[held].live);
+  int64_t to = int64_t(std::find(row_in_.begin(), row_in_.end(), int64_t(-1)) - row_in_.begin());
+  if (to == config_.max_batch) {  // no free place: forget the retained row released longest ago
+    int64_t oldest = held;
+    for (int64_t row = 0; row < config_.max_batch; ++row)
+      if (retained(row) && rows_[row].released_at < rows_[oldest].released_at) oldest = row;
+    to = rows_[oldest].place;
+    forget(oldest);
+    if (oldest == held) return;
+  }
+  move_place(p, to);
+}
+
+void SlotExecutor::forget(int64_t row) {
+  Row& r = state(row);
+  DFLASH_INVARIANT(!r.live && r.place >= 0);
+  row_in_[r.place] = -1;
+  r = Row{};
 }
 
 void SlotExecutor::move_place(int64_t from, int64_t to) {

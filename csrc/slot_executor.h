@@ -8,7 +8,10 @@
 // (the scheduler's slot index) holds one slice of each, its place. Places are kept packed: a row
 // starting a request takes the lowest free place, and releasing a row moves the row in the highest
 // place into the one freed (a copy of its valid cache rows and states, once per finished request),
-// so the live rows always fill places [0, live). The target graph writes its new K/V rows in place:
+// so the live rows always fill places [0, live). With keep_released on, a released row keeps its
+// place and committed rows above the live ones (a retained row), for a later request that starts
+// with the same tokens (reopen): it moves down when reopened, up when a live row needs its place,
+// and is forgotten, the one released longest ago first, when no place is free. The target graph writes its new K/V rows in place:
 // each cache input and its `*_out` output are bound to the same memory over a range of places, and a
 // Run's range holds exactly rows of the phase (rows whose places are not adjacent run in separate
 // Runs): no row outside a phase is ever computed. Committing or rolling back moves a length.
@@ -125,6 +128,9 @@ class SlotExecutor : public Executor {
                                         const std::vector<std::vector<int64_t>>& blocks);
   void commit(const std::vector<int64_t>& rows, const std::vector<int64_t>& kept) override;
   void release(int64_t row) override;
+  void keep_released(bool on) override;
+  int64_t reusable(int64_t row, int64_t match) const override;
+  void reopen(int64_t row, int64_t n) override;
   // Writes zeros through every slot buffer (K/V caches, draft caches, linear-attention states), so
   // their memory is resident now rather than page by page as requests first fill the slots: a
   // server's memory under load is then its memory at start, and a pool the machine cannot hold
@@ -139,13 +145,16 @@ class SlotExecutor : public Executor {
 
   const SlotExecutorConfig& config() const { return config_; }
   std::string backend_version() const { return backend_->version(); }
-  // A row's committed target tokens and injected draft-context tokens (tests, diagnostics).
-  int64_t committed(int64_t row) const { return state(row).committed; }
-  int64_t drafted(int64_t row) const { return state(row).drafted; }
+  // A live row's committed target tokens and injected draft-context tokens (tests, diagnostics).
+  int64_t committed(int64_t row) const { return state(row).live ? state(row).committed : 0; }
+  int64_t drafted(int64_t row) const { return state(row).live ? state(row).drafted : 0; }
+  // A released row's kept positions (0: none; keep_released).
+  int64_t retained(int64_t row) const { return state(row).live ? 0 : state(row).committed; }
   std::vector<int64_t> live_rows() const;  // rows holding a request (prefilled, not released)
   int64_t target_runs() const { return target_runs_; }  // target Runs so far (a phase may split)
   int64_t target_rows() const { return target_rows_; }  // rows those Runs fed, summed
-  int64_t place(int64_t row) const { return state(row).place; }  // -1: the row holds no request
+  int64_t place(int64_t row) const { return state(row).live ? state(row).place : -1; }  // -1: the row holds no request
+  int64_t retained_place(int64_t row) const { return retained(row) ? state(row).place : -1; }
   // Bytes moved between host and device memory so far (0 on a host device: onnxruntime's CPU
   // provider reads and writes the staging arrays themselves).
   uint64_t host_bytes() const { return device_.host_bytes; }
@@ -170,9 +179,10 @@ class SlotExecutor : public Executor {
   // The decision kernel over one Run's logits [n, r, V] for the rows `group` of `rows` (Run row k: group[k]).
   void decide_run(const std::vector<size_t>& group, int64_t n, int64_t r, const Decision& decision);
   struct Row {
-    bool live = false;
+    bool live = false;         // holds a request; not live with a place: retained (keep_released)
     int64_t place = -1;        // its slice of every slot buffer; -1: none
     int64_t committed = 0;     // target cache rows that count (the write offset of the next run)
+    int64_t released_at = 0;   // a retained row: when it was released (releases_ then)
     int64_t drafted = 0;       // draft context rows kept (== committed: each Run's are injected at once)
     int64_t verify_rows = 0;
     // where the states and draft context rows of the last verify's positions lie until commit: Run
@@ -212,8 +222,15 @@ class SlotExecutor : public Executor {
   void rebuild_states(const std::vector<std::vector<RebuildRow>>& by_run);
   // Copies every linear layer's state out of (conv, recurrent) into `row`'s place (both empty: zeros).
   void set_states(int64_t row, const std::vector<const char*>& conv, const std::vector<const char*>& recurrent);
-  // Gives a row starting a request the lowest free place.
+  // Gives a row starting a request the lowest place no live row holds (clear_place).
   void take_place(int64_t row);
+  // Moves live rows down until they fill places [0, live) (after a release or a reopen).
+  void pack();
+  // Makes place p hold no row: a retained row there moves to a free place, one made by forgetting the
+  // retained row released longest ago where none is free (the row itself, if that is it).
+  void clear_place(int64_t p);
+  // A retained row gives its place back and keeps nothing.
+  void forget(int64_t row);
   // Moves the row in place `from` to the free place `to`: its valid target cache rows (committed and
   // a verify's pending ones), draft context rows and linear-layer states.
   void move_place(int64_t from, int64_t to);
@@ -252,7 +269,9 @@ class SlotExecutor : public Executor {
   std::vector<Buffer> draft_kv_;   // [2 * layer + (0 key | 1 value)] -> [max_batch, dkv, C, dd]
   std::vector<Buffer> conv_, recurrent_;  // per linear layer: [max_batch, conv_size_ | recurrent_size_]
   std::vector<Row> rows_;
-  std::vector<int64_t> row_in_;  // per place: the row holding it, or -1
+  std::vector<int64_t> row_in_;  // per place: the row holding it (live or retained), or -1
+  bool keep_released_ = false;
+  int64_t releases_ = 0;  // releases so far (the clock of Row::released_at)
   int64_t target_runs_ = 0, target_rows_ = 0;
   int64_t phase_ = 0;       // target phases (prefill or verify calls) so far
   int64_t run_ = -1;        // the Run of the current phase whose rows `take` sees

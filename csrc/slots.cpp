@@ -26,21 +26,31 @@ void SlotAllocator::check_fits(int64_t request, int64_t prompt_tokens, int64_t m
 }
 
 int64_t SlotAllocator::allocate(int64_t request, int64_t prompt_tokens, int64_t max_tokens) {
-  check_fits(request, prompt_tokens, max_tokens);
-  int64_t found = -1;
-  for (int64_t i = 0; i < num_slots(); ++i) {
-    if (slots_[i].request == request)
-      throw Error("request " + std::to_string(request) + " already holds KV slot " + std::to_string(i));
-    if (found < 0 && slots_[i].request < 0) found = i;
-  }
-  if (found < 0)
+  int64_t found = 0;
+  while (found < num_slots() && slots_[found].request >= 0) ++found;
+  if (found == num_slots()) {
+    check_fits(request, prompt_tokens, max_tokens);
     throw Error("no free KV slot for request " + std::to_string(request) + " (all " +
                 std::to_string(num_slots()) + " in use); wait for a request to finish or raise max_batch");
-  Slot& s = slots_[found];
-  check(s);
+  }
+  return allocate_at(found, request, prompt_tokens, max_tokens, 0);
+}
+
+int64_t SlotAllocator::allocate_at(int64_t slot, int64_t request, int64_t prompt_tokens, int64_t max_tokens,
+                                   int64_t held) {
+  check_fits(request, prompt_tokens, max_tokens);
+  for (int64_t i = 0; i < num_slots(); ++i)
+    if (slots_[i].request == request)
+      throw Error("request " + std::to_string(request) + " already holds KV slot " + std::to_string(i));
+  DFLASH_INVARIANT(slot >= 0 && slot < num_slots() && slots_[slot].request < 0);
+  // the request prefills at least its last prompt token (its first output comes from that position)
+  DFLASH_INVARIANT(held >= 0 && held < prompt_tokens);
+  Slot& s = slots_[slot];
   DFLASH_INVARIANT(s.length == 0 && s.reserved == 0);
   s.request = request;
-  return found;
+  s.length = held;
+  check(s);
+  return slot;
 }
 
 void SlotAllocator::free(int64_t slot) {

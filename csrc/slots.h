@@ -20,6 +20,9 @@ class SlotAllocator {
   // slot (so the allocator's state is a function of which slots are in use, not of history).
   // Throws dflash::Error, one line, when the request can never fit or no slot is free.
   int64_t allocate(int64_t request, int64_t prompt_tokens, int64_t max_tokens);
+  // Admit into a given free slot whose first `held` positions the request reuses (prefix reuse):
+  // they count as committed.
+  int64_t allocate_at(int64_t slot, int64_t request, int64_t prompt_tokens, int64_t max_tokens, int64_t held);
   // The first half of allocate: throws the same one line when the request can never fit a slot
   // (empty prompt, prompt + max_tokens over the capacity), whatever is free now.
   void check_fits(int64_t request, int64_t prompt_tokens, int64_t max_tokens) const;

@@ -640,9 +640,13 @@ def pack_corpus(src, dst):
               help="Serve the interactive API docs at /docs (/openapi.json is always served).")
 @click.option("--draft-rule", type=click.Choice(["point-mass", "drafter"]), default="point-mass", show_default=True,
               help=DRAFT_RULE_HELP)
+@click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
+              help="A request whose prompt starts with what a finished request's KV slot holds (a conversation's "
+                   "earlier turns, a shared system prompt) takes that slot and prefills only the rest; usage "
+                   "reports them as prompt_tokens_details.cached_tokens.")
 @user_errors
 def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block_size, prefill_chunk, backend,
-          max_waiting, docs, draft_rule):
+          max_waiting, docs, draft_rule, prefix_caching):
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models, /health,
     /metrics, /openapi.json, /docs) on Triton Inference Server: one decoupled Triton model runs every
     request through the batching engine."""
@@ -653,7 +657,8 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
         target = DEFAULT_TARGET
     config = ServeConfig(bundle=bundle, target=target, draft=draft, host=host, port=port, api_key=api_key,
                          max_batch=max_batch, capacity=capacity, block_size=block_size, prefill_chunk=prefill_chunk,
-                         backend=backend, max_waiting=max_waiting, docs=docs, draft_rule=draft_rule)
+                         backend=backend, max_waiting=max_waiting, docs=docs, draft_rule=draft_rule,
+                         prefix_caching=prefix_caching)
     run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
 
 
@@ -688,13 +693,17 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
                    "PyTorch sees a GPU, else cpu).")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
               help="Offline --backend torch: its models' dtype (default: bfloat16 on a GPU, float32 on the CPU).")
+@click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
+              help="Offline: a prompt that starts with a finished request's tokens (a chat template's default "
+                   "system prompt, say) reuses its KV slot and prefills only the rest.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--baseline/--no-baseline", default=True, show_default=True, help="Also run the autoregressive baseline (speedup, greedy check).")
 @click.option("--json-out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write the full record here.")
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write a PNG: throughput, speedup, τ histogram.")
 @user_errors
 def bench(bundle, target, draft, backend, base_url, baseline_url, model, api_key, datasets, prompts_file, num_prompts,
-          max_tokens, block_sizes, temperatures, concurrency, draft_rules, device, dtype, seed, baseline, json_out, plot):
+          max_tokens, block_sizes, temperatures, concurrency, draft_rules, device, dtype, prefix_caching, seed, baseline,
+          json_out, plot):
     """Throughput, speedup over autoregressive decoding, and acceptance, per dataset; prints a table.
 
     Offline (default): the pair (or the exported BUNDLE, on onnxruntime) runs in this process, DFlash
@@ -708,7 +717,8 @@ def bench(bundle, target, draft, backend, base_url, baseline_url, model, api_key
         datasets=datasets, prompts_file=prompts_file, num_prompts=num_prompts, max_tokens=max_tokens,
         block_sizes=block_sizes, temperatures=temperatures, concurrency=concurrency, draft_rules=draft_rules, seed=seed,
         baseline=baseline,
-        bundle=bundle, target=target, draft=draft, backend=backend, device=device, dtype=dtype, base_url=base_url,
+        bundle=bundle, target=target, draft=draft, backend=backend, device=device, dtype=dtype,
+        prefix_caching=prefix_caching, base_url=base_url,
         baseline_url=baseline_url, model=model,
     )
     if api_key and not base_url:

@@ -32,6 +32,7 @@ class BenchConfig:
     backend: str | None = None  # None: auto for checkpoints (runtime/llm.py); a bundle's own (onnxruntime, or TensorRT)
     device: str | None = None  # the torch backend's placement (None: cuda where PyTorch sees a GPU, else cpu)
     dtype: str | None = None  # ... and dtype (None: bfloat16 on a GPU, float32 on the CPU)
+    prefix_caching: bool = True  # offline: a prompt starting with a finished request's tokens reuses its slot
     # server mode
     base_url: str | None = None
     baseline_url: str | None = None
@@ -58,6 +59,9 @@ class BenchConfig:
         unknown = [rule for rule in self.draft_rules if rule not in DRAFT_RULES]
         if unknown or not self.draft_rules:
             raise DFlashError(f"draft rules must be some of {', '.join(DRAFT_RULES)}, got {list(self.draft_rules)}")
+        if self.mode == "server" and not self.prefix_caching:
+            raise DFlashError("--no-prefix-caching is an offline setting: a server caches as it was started "
+                              "(serve --no-prefix-caching)")
         if self.mode == "server" and self.draft_rules != ("point-mass",):
             raise DFlashError("--draft-rule is an offline setting: a server drafts by its own rule (serve --draft-rule)")
         if "drafter" in self.draft_rules and ADAPTIVE in self.block_sizes:
@@ -160,11 +164,12 @@ def _offline_llm(config: BenchConfig, rule: str):
     if config.bundle:
         # room for the prompt and the answer, unless the bundle's graphs fix the capacity (slots-trt)
         llm = LLM.from_bundle(config.bundle, capacity=bundle_capacity(config.bundle) or 2 * config.max_tokens + 2048,
-                              block_size=fixed, draft_rule=rule)
+                              block_size=fixed, draft_rule=rule, prefix_caching=config.prefix_caching)
     else:
         target, draft = config.target or embedded.DEFAULT_TARGET, config.draft or AUTO
         llm = LLM(target=target, draft=draft, backend=config.backend or AUTO, capacity=2 * config.max_tokens + 2048,
-                  block_size=fixed, draft_rule=rule, device=config.device, dtype=config.dtype)
+                  block_size=fixed, draft_rule=rule, device=config.device, dtype=config.dtype,
+                  prefix_caching=config.prefix_caching)
     if not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{config.target}': pass --draft DIR")
     return llm

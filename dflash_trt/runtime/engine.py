@@ -84,7 +84,7 @@ class BatchRunner:
     def __init__(self, llm, max_batch: int = DEFAULT_MAX_BATCH, capacity: int = DEFAULT_CAPACITY,
                  speculative: bool | None = None, block_size: int | None = None, engine_seed: int | None = None,
                  prefill_chunk: int = 0, adaptive: bool | None = None, calibrate: bool = True,
-                 max_waiting: int = -1, reserve_memory: bool = False):
+                 max_waiting: int = -1, reserve_memory: bool = False, prefix_caching: bool = True):
         """`speculative` is what a request added without saying does (default: speculative when the
         LLM has a drafter; plain requests verify blocks of 1 in the same slots). `block_size` pins the
         verify block; None lets every step choose it in 1..the drafter's trained block
@@ -92,7 +92,9 @@ class BatchRunner:
         `calibrate_costs` when `calibrate`). `prefill_chunk` N > 0 prefills N prompt tokens per step, so
         a long prompt does not stall the running requests' steps; 0 prefills each prompt whole.
         `max_waiting` caps the requests queued beyond the slots (-1: no cap). `reserve_memory` makes
-        the KV slots resident at once (a server: its memory at start is its memory under load)."""
+        the KV slots resident at once (a server: its memory at start is its memory under load).
+        `prefix_caching`: a finished request's KV slot keeps its tokens' cache, and a request whose prompt
+        starts with them takes that slot and prefills only the rest (its metrics' `cached_tokens`)."""
         check_batching(max_batch, capacity, prefill_chunk)
         core = native_core()
         speculative = llm.has_drafter if speculative is None else speculative
@@ -106,6 +108,7 @@ class BatchRunner:
                               "seeded request's tokens depend on its batch): pass block_size=")
         self.llm = llm
         self.max_batch, self.capacity, self.speculative = max_batch, capacity, speculative
+        self.prefix_caching = prefix_caching
         # the largest block a step verifies (the only one unless adaptive); metrics size their histograms by it
         self.block_size = (block_size or llm.max_block_size or llm.block_size) if llm.has_drafter else 1
         self.executor = llm.executor(max_batch, capacity)  # its KV slots are allocated here
@@ -113,7 +116,8 @@ class BatchRunner:
             self.executor.reserve_memory()
         config = core.SchedulerConfig(max_batch=max_batch, capacity=capacity, block_size=self.block_size,
                                       engine_seed=random.getrandbits(64) if engine_seed is None else engine_seed,
-                                      adaptive=adaptive, max_waiting=max_waiting, prefill_chunk=prefill_chunk)
+                                      adaptive=adaptive, max_waiting=max_waiting, prefill_chunk=prefill_chunk,
+                                      prefix_reuse=prefix_caching)
         self.scheduler = core.Scheduler(self.executor, config)
         if adaptive and calibrate and self.block_size > 1:
             calibrate_costs(self.scheduler, self.executor, sorted({1, max_batch}), sorted({1, self.block_size}),
@@ -176,6 +180,13 @@ class BatchRunner:
                 return request
         return None
 
+    def forget_cached(self) -> None:
+        """Drop what finished requests' slots keep for prefix caching (a benchmark's warm-up must not
+        serve its timed prompts)."""
+        if self.prefix_caching:
+            self.executor.keep_released(False)
+            self.executor.keep_released(True)
+
     def _read_counts(self) -> None:
         self.running, self.waiting = self.scheduler.num_running, self.scheduler.num_waiting
 
@@ -209,6 +220,9 @@ class BatchRunner:
         if new and request.first_token is None:
             request.first_token = time.perf_counter()
         stopped = request.stop.add(new) if new else False
+        if request.metrics.cached_tokens != out["cached_tokens"]:  # known at admission, the same in every output
+            request.metrics.cached_tokens = out["cached_tokens"]
+            self.counters["prefix_cache_hits_total"] += out["cached_tokens"]
         request.logprobs.extend(dict(entries) for entries in out.get("new_logprobs", ()))
         self._count(request, out["metrics"])
         if finish is not None or stopped:
@@ -270,7 +284,7 @@ class BatchRunner:
             "max_batch": self.max_batch,
             "capacity": self.capacity,
             **{name: self.counters[name] for name in (
-                "prompt_tokens_total", "generation_tokens_total", "spec_decode_num_drafts",
+                "prompt_tokens_total", "prefix_cache_hits_total", "generation_tokens_total", "spec_decode_num_drafts",
                 "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")},
             "spec_decode_num_accepted_tokens_per_pos": list(self.accepted_per_pos),
             "requests_finished": dict(self.finished),
@@ -309,12 +323,13 @@ class Engine:
 
     def __init__(self, llm, max_batch: int = DEFAULT_MAX_BATCH, capacity: int = DEFAULT_CAPACITY,
                  speculative: bool | None = None, block_size: int | None = None, engine_seed: int | None = None,
-                 prefill_chunk: int = 0, max_waiting: int = -1, reserve_memory: bool = False):
+                 prefill_chunk: int = 0, max_waiting: int = -1, reserve_memory: bool = False,
+                 prefix_caching: bool = True):
         """`max_waiting` caps the requests waiting for a slot (-1: no cap); one more is refused with
-        `Busy` (status 429) on the caller's thread. `reserve_memory`: as BatchRunner's."""
+        `Busy` (status 429) on the caller's thread. `reserve_memory`, `prefix_caching`: as BatchRunner's."""
         self.llm = llm
         self.runner = BatchRunner(llm, max_batch, capacity, speculative, block_size, engine_seed, prefill_chunk,
-                                  reserve_memory=reserve_memory)
+                                  reserve_memory=reserve_memory, prefix_caching=prefix_caching)
         self.max_batch, self.capacity, self.max_waiting = max_batch, capacity, max_waiting
         self._cv = threading.Condition()
         self._inbox: list[tuple[str, object]] = []

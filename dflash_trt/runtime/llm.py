@@ -101,6 +101,7 @@ class LLM:
         quant: str | None = None,
         draft_quant: str | None = None,
         draft_rule: str = "point-mass",
+        prefix_caching: bool = True,
     ):
         """`device` and `dtype` place the torch backend's models: "cuda" when PyTorch sees a GPU, else
         "cpu"; bfloat16 on a GPU, float32 on the CPU. A bundle's backend runs the bundle's own.
@@ -108,7 +109,8 @@ class LLM:
         (export/quantize.py); on backend torch "int4", "fp8" or "nvfp4" (runtime/weight_only.py); `draft_quant`
         ("int4", onnxruntime or tensorrt): the drafter's. `backend` "auto":
         resolve_backend's choice. `draft_rule` (ort_executor.DRAFT_RULES): how T>0 requests draft;
-        "drafter" needs a fixed `block_size` (and, from a bundle, a slots one)."""
+        "drafter" needs a fixed `block_size` (and, from a bundle, a slots one). `prefix_caching`: a
+        request whose prompt starts with what a finished request's KV slot holds reuses it (BatchRunner)."""
         backend = resolve_backend(backend, target, draft, device, dtype, quant is not None or draft_quant is not None)
         if backend not in BACKENDS:
             raise DFlashError(f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}")
@@ -120,7 +122,7 @@ class LLM:
                               f"tensorrt; got draft_quant={draft_quant!r} on backend '{backend}'")
         _check_block_size(block_size)
         _check_draft_rule(draft_rule, adaptive=block_size is None)
-        self._batching(max_batch, capacity, prefill_chunk)
+        self._batching(max_batch, capacity, prefill_chunk, prefix_caching)
         # PyTorch model code is imported here, on the torch path only: from_bundle never loads it.
         from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, resolve_draft
         from dflash_trt.models.pairing import validate_pair
@@ -186,7 +188,8 @@ class LLM:
 
     @classmethod
     def from_bundle(cls, path: str | Path, block_size: int | None = None, max_batch: int | None = None,
-                    capacity: int | None = None, prefill_chunk: int = 0, draft_rule: str = "point-mass") -> LLM:
+                    capacity: int | None = None, prefill_chunk: int = 0, draft_rule: str = "point-mass",
+                    prefix_caching: bool = True) -> LLM:
         """Run what `dflash-trt export` or `dflash-trt build` wrote on a C++ executor: a slots (or
         slots-trt) bundle or onnxruntime engines built from one on onnxruntime, TensorRT engines built
         from a slots-trt bundle on the GPU. Portable and plugin bundles (graph contract 1, for engine
@@ -200,7 +203,7 @@ class LLM:
         _check_block_size(block_size)
         llm = cls.__new__(cls)
         capacity = capacity or bundle_capacity(path) or DEFAULT_CAPACITY
-        llm._batching(max_batch or DEFAULT_MAX_BATCH, capacity, prefill_chunk)  # the user's values first
+        llm._batching(max_batch or DEFAULT_MAX_BATCH, capacity, prefill_chunk, prefix_caching)  # the user's values first
         llm._load_bundle(Path(path), block_size, max_batch)
         llm._set_draft_rule(draft_rule)
         return llm
@@ -219,12 +222,16 @@ class LLM:
         if self.backend == "torch" and not self.has_drafter:
             raise DFlashError("draft_rule 'drafter' needs a drafter")
 
-    def _batching(self, max_batch: int, capacity: int, prefill_chunk: int = 0) -> None:
+    def _batching(self, max_batch: int, capacity: int, prefill_chunk: int = 0, prefix_caching: bool = True) -> None:
         """How `generate` runs a list: up to `max_batch` requests at once, each in a KV slot of
         `capacity` tokens (prompt + max_tokens must fit), prompts `prefill_chunk` tokens per step
-        (0: whole)."""
+        (0: whole), reusing finished requests' slots for prompts that start with their tokens
+        (`prefix_caching`)."""
         check_batching(max_batch, capacity, prefill_chunk)
+        if not isinstance(prefix_caching, bool):
+            raise DFlashError(f"prefix_caching must be True or False, got {prefix_caching!r}")
         self.max_batch, self.capacity, self.prefill_chunk = max_batch, capacity, prefill_chunk
+        self.prefix_caching = prefix_caching
         self._core: tuple[tuple, BatchRunner] | None = None  # (its settings, the runner): made at first use
 
     def _load_bundle(self, path: Path, block_size: int | None, max_batch: int | None) -> None:
@@ -240,7 +247,7 @@ class LLM:
                               f"<= {chunk}, or rebuild with a larger --max-seq-len")
         if rows is not None:
             self._bundle.check_limits(max_batch or rows, self.capacity)  # before any request, not at the first
-            self._batching(max_batch or rows, self.capacity, self.prefill_chunk or chunk)
+            self._batching(max_batch or rows, self.capacity, self.prefill_chunk or chunk, self.prefix_caching)
         self.backend = "tensorrt" if self._bundle.kind == "tensorrt" else "onnxruntime"
         manifest = self._bundle.manifest
         self.target = self.drafter = None  # no PyTorch models behind this backend
@@ -329,11 +336,11 @@ class LLM:
         speculative requests share it. Unless the block size was pinned, each step chooses its block
         (adaptive speculation, plain steps included). Pinning a block afterwards replaces it."""
         pinned = None if self.adaptive or not self.has_drafter else self.block_size
-        settings = (pinned, self.prefill_chunk)
+        settings = (pinned, self.prefill_chunk, self.prefix_caching)
         if self._core is None or self._core[0] != settings:
             self._core = None  # the old runner's KV slots go before the new one's are allocated
             self._core = settings, BatchRunner(self, self.max_batch, self.capacity, block_size=pinned,
-                                               prefill_chunk=self.prefill_chunk)
+                                               prefill_chunk=self.prefill_chunk, prefix_caching=self.prefix_caching)
         return self._core[1]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, speculative: bool = True) -> Iterator[RequestOutput]:

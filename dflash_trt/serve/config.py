@@ -35,6 +35,7 @@ class ServeConfig:
     max_body_bytes: int = 1 << 20
     docs: bool = True  # /docs (Swagger UI)
     draft_rule: str = "point-mass"  # T>0 drafts (runtime/ort_executor.py DRAFT_RULES); "drafter" needs block_size
+    prefix_caching: bool = True  # a prompt starting with what a finished request's slot holds reuses it
 
     def __post_init__(self):
         if self.bundle is not None and (self.target or self.draft):
@@ -92,6 +93,7 @@ class ServeConfig:
             "max_waiting": str(self.max_waiting),
             "served_name": self.served_name,
             "draft_rule": self.draft_rule,
+            "prefix_caching": "1" if self.prefix_caching else "0",
         }
 
 

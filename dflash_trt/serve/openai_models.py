@@ -10,10 +10,16 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(description="prompt tokens a finished request's KV slot held already (prefix "
+                                           "caching): not prefilled")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
     acceptance_lengths: list[int] = Field(
         default_factory=list, description="dflash-trt: tokens committed per verify step that drafted (τ per step)")
     mean_acceptance_length: float | None = Field(None, description="dflash-trt: the mean of acceptance_lengths")

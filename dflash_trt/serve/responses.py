@@ -19,6 +19,7 @@ from dflash_trt.serve.openai_models import (
     ErrorDetail,
     ErrorResponse,
     MetaInfo,
+    PromptTokensDetails,
     TokenLogprob,
     TopLogprob,
     Usage,
@@ -41,6 +42,7 @@ def usage(info: dict | None) -> Usage:
     info = info or {}
     prompt, completion = info.get("prompt_tokens", 0), info.get("completion_tokens", 0)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=info.get("cached_tokens", 0)),
                  acceptance_lengths=info.get("acceptance_lengths", []),
                  mean_acceptance_length=info.get("mean_acceptance_length"))
 

@@ -18,6 +18,7 @@ class RequestMetrics:
     acceptance_lengths: list[int] = field(default_factory=list)  # τ per verify step
     num_draft_tokens: int = 0  # drafts proposed (an adaptive step may verify a smaller block)
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens its KV slot held already (prefix caching): not prefilled
     output_tokens: int = 0
     prefill_s: float = 0.0  # arrival to the first token (time to first token)
     decode_s: float = 0.0  # everything after the first token
@@ -71,6 +72,7 @@ class RequestMetrics:
         return {
             "block_size": self.block_size,
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "output_tokens": self.output_tokens,
             "num_drafts": self.num_drafts,
             "num_draft_tokens": self.num_draft_tokens,

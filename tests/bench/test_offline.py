@@ -177,6 +177,8 @@ def test_cli_flags_a_corrupted_dflash_output_loudly(pair, monkeypatch, tmp_path)
     ({"target": None, "bundle": "some/bundle", "dtype": "float16"}, "a bundle runs as it was exported"),
     ({"backend": "onnxruntime", "device": "cpu"}, "--device and --dtype place the torch backend's models"),
     ({"target": None, "base_url": "http://127.0.0.1:9/v1", "dtype": "bfloat16"}, "a server as it was started"),
+    ({"target": None, "base_url": "http://127.0.0.1:9/v1", "prefix_caching": False},
+     "--no-prefix-caching is an offline setting"),
 ])
 def test_bad_configurations_fail_before_any_work(changes, message):
     config = BenchConfig(**{"target": "no/such/dir", **changes})
@@ -188,12 +190,14 @@ def test_cli_places_the_torch_backends_models_and_records_where(pair, tmp_path):
     """--device/--dtype reach the torch backend (how the GPU check benches bfloat16 and float32 on CUDA);
     each setting's record names where its models ran."""
     args = ["bench", "--target", pair[0], "--draft", pair[1], "--dataset", "mt-bench", "--num-prompts", "1",
-            "--max-tokens", "6", "--block-size", "4", "--device", "cpu", "--dtype", "bfloat16",
+            "--max-tokens", "6", "--block-size", "4", "--device", "cpu", "--dtype", "bfloat16", "--no-prefix-caching",
             "--json-out", str(tmp_path / "r.json")]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    (setting,) = json.loads((tmp_path / "r.json").read_text())["results"]
+    record = json.loads((tmp_path / "r.json").read_text())
+    (setting,) = record["results"]
     assert setting["backend"] == "torch cpu bfloat16" and setting["mismatches"] == []
+    assert record["config"]["prefix_caching"] is False
 
 
 def test_cli_rejects_a_malformed_list_in_one_line():

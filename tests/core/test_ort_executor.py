@@ -126,9 +126,11 @@ def test_abort_frees_the_slot_for_reuse_and_leaves_the_others_alone(core, ort, p
 
 def test_a_release_keeps_the_places_packed_and_a_phase_runs_only_its_rows(core, ort, pairs):
     """Slot 0 finishes while slot 1 decodes on: slot 1's request moves to place 0 (its cache, draft
-    context and all), two late requests take slots 0 and 2 and places 1 and 2, so the step prefills
-    them in one Run of two rows and verifies slot 1 in one Run of one row: nothing else is computed,
-    and every request still equals its own autoregressive output."""
+    context and all; what slot 0 held moves up to place 2, kept for prefix reuse), two late requests
+    take slots 2 (never used: nothing to drop) and 0 (whose kept tokens neither prompt starts with)
+    and places 1 and 2, so the step prefills them in one Run of two rows and verifies slot 1 in one
+    Run of one row: nothing else is computed, and every request still equals its own autoregressive
+    output."""
     pair = pairs["small_vocab"]
     sched, executor = scheduler(core, ort, pair, 3)
     short = sched.add_request([1, 2], core.RequestParams(max_tokens=2, ignore_eos=True))  # slot 0, done soon
@@ -138,9 +140,10 @@ def test_a_release_keeps_the_places_packed_and_a_phase_runs_only_its_rows(core, 
         for out in sched.step():
             tokens[out["request"]] += out["new_tokens"]
     assert executor.place(1) == 0 and executor.place(0) == -1 and executor.committed(1) > 5
+    assert executor.retained_place(0) == 2 and executor.retained(0) == 3  # its prompt and first token
     prompts = [[2, 2, 3], [4, 1, 0, 3, 3, 2, 1]]
     late = [sched.add_request(p, core.RequestParams(max_tokens=12, ignore_eos=True)) for p in prompts]
-    assert [sched.slots.request(0), sched.slots.request(2)] == late
+    assert [sched.slots.request(2), sched.slots.request(0)] == late
     runs, fed = executor.target_runs, executor.target_rows
     for out in sched.step():  # prefill slots 0 and 2 (places 1, 2), verify slot 1 (place 0)
         tokens.setdefault(out["request"], []).extend(out["new_tokens"])

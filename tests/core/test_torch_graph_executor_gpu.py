@@ -43,6 +43,20 @@ def test_greedy_on_cuda_equals_autoregressive_decoding(pair_dirs, concurrency):
         assert tokens == reference_output(llm, prompt, params).token_ids
 
 
+def test_a_next_turn_on_cuda_reuses_its_slot_and_equals_autoregressive_decoding(pair_dirs):
+    """Prefix caching on the GPU: the second request starts with the first's prompt and reply, takes
+    its slot with every committed position (moved between places on the device) and prefills the rest."""
+    llm = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
+    runner = BatchRunner(llm, max_batch=2, capacity=64, block_size=4)
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    (first,) = runner.run([[5, 6, 7, 8, 9]], params)
+    runner.run([[9, 8, 7]], params)  # takes the other slot: the first's rows move up a place
+    turn = first.prompt_token_ids + first.token_ids + [3]
+    (out,) = runner.run([turn], params)
+    assert out.metrics.cached_tokens == len(first.prompt_token_ids) + len(first.token_ids) - 1
+    assert out.token_ids == reference_output(llm, turn, params).token_ids
+
+
 @pytest.mark.parametrize("quant", ["int4", "fp8", "nvfp4"])
 def test_a_quantized_target_on_cuda_decodes_greedy_as_its_own_autoregressive_decoding(pair_dirs, quant):
     """The slots-trt export's int4 / fp8 / nvfp4 weights (runtime/weight_only.py) held in the format on

@@ -10,7 +10,8 @@ from dflash_trt.serve.openai_api import FrontSettings, create_app
 from dflash_trt.serve.requests import RequestError
 from dflash_trt.serve.triton_client import Piece, UpstreamError
 
-USAGE = {"prompt_tokens": 3, "completion_tokens": 3, "acceptance_lengths": [2, 1], "mean_acceptance_length": 1.5}
+USAGE = {"prompt_tokens": 3, "cached_tokens": 2, "completion_tokens": 3, "acceptance_lengths": [2, 1],
+         "mean_acceptance_length": 1.5}
 
 
 class FakeTriton:
@@ -70,6 +71,7 @@ def test_chat_whole(front):
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "abc"}
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
+                             "prompt_tokens_details": {"cached_tokens": 2},
                              "acceptance_lengths": [2, 1], "mean_acceptance_length": 1.5}
     sent = front.triton.requests[0]
     assert json.loads(sent["sampling_parameters"]) == {"max_tokens": 3}

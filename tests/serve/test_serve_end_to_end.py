@@ -255,6 +255,22 @@ def test_metrics_move_by_a_requests_amounts(server, client):
     assert moved("vllm:time_to_first_token_seconds_count") == 1
 
 
+def test_a_repeated_prompt_reuses_a_finished_requests_slot(server, client):
+    """The same prompt again: a slot that held it serves it, all but its last token reused (the
+    first output comes from prefilling one), reported as OpenAI's cached_tokens and in vLLM's counters."""
+    prompt = "the same words twice, the same words twice"
+    first = client.completions.create(model=server.model, prompt=prompt, max_tokens=6, temperature=0)
+    before = samples(server)
+    again = client.completions.create(model=server.model, prompt=prompt, max_tokens=6, temperature=0)
+    after = samples(server)
+    assert again.choices[0].text == first.choices[0].text
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached == again.usage.prompt_tokens - 1
+    assert metric(after, "vllm:prefix_cache_hits_total") - metric(before, "vllm:prefix_cache_hits_total") == cached
+    assert (metric(after, "vllm:prefix_cache_queries_total") - metric(before, "vllm:prefix_cache_queries_total")
+            == again.usage.prompt_tokens)
+
+
 def test_disconnects_free_every_slot(server, client):
     before = samples(server)
     count = 200

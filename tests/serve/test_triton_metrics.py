@@ -46,12 +46,13 @@ def value(name, **labels):
 def test_a_finished_request_moves_the_vllm_counters():
     FakeMetricFamily.families = {}
     metrics = EngineMetrics(FakePbUtils, "tiny")
-    finished = {"prompt_tokens": 7, "output_tokens": 5, "num_drafts": 3, "num_draft_tokens": 9,
+    finished = {"prompt_tokens": 7, "cached_tokens": 4, "output_tokens": 5, "num_drafts": 3, "num_draft_tokens": 9,
                 "num_accepted_tokens": 2, "accepted_per_position": [2, 0, 0], "time_to_first_token_s": 0.1,
                 "time_per_output_token_s": 0.02, "e2e_latency_s": 0.2}
     metrics.finished(finished, "length")
     metrics.finished({**finished, "time_per_output_token_s": None}, "abort")
     assert value("vllm:prompt_tokens_total").value == 14
+    assert value("vllm:prefix_cache_queries_total").value == 14 and value("vllm:prefix_cache_hits_total").value == 8
     assert value("vllm:generation_tokens_total").value == 10
     assert value("vllm:spec_decode_num_drafts_total").value == 6
     assert value("vllm:spec_decode_num_draft_tokens_total").value == 18

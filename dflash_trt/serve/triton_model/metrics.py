@@ -10,6 +10,9 @@ from __future__ import annotations
 
 COUNTERS = {  # family -> (help, key in a finished request's metrics)
     "vllm:prompt_tokens_total": ("Prompt tokens processed.", "prompt_tokens"),
+    "vllm:prefix_cache_queries_total": ("Prompt tokens looked up in the prefix cache.", "prompt_tokens"),
+    "vllm:prefix_cache_hits_total": ("Prompt tokens found there (a finished request's KV slot held them).",
+                                     "cached_tokens"),
     "vllm:generation_tokens_total": ("Generated tokens.", "output_tokens"),
     "vllm:spec_decode_num_drafts_total": ("Speculative verify steps (drafts).", "num_drafts"),
     "vllm:spec_decode_num_draft_tokens_total": ("Draft tokens proposed.", "num_draft_tokens"),
@@ -42,8 +45,8 @@ class EngineMetrics:
             self.families.append(kind(name=name, description=help_text, kind=kind_value))
             return self.families[-1]
 
-        self.counters = {key: family(name, text, kind.COUNTER).Metric(labels=self.labels)
-                         for name, (text, key) in COUNTERS.items()}
+        self.counters = [(key, family(name, text, kind.COUNTER).Metric(labels=self.labels))
+                         for name, (text, key) in COUNTERS.items()]  # two families may count one key
         self.per_pos_family = family(PER_POS, "Draft tokens accepted, by position in the block.", kind.COUNTER)
         self.per_pos = []  # one metric per block position, made as positions first appear
         self.success = family(SUCCESS, "Finished requests, by finish reason.", kind.COUNTER)
@@ -55,7 +58,7 @@ class EngineMetrics:
 
     def finished(self, metrics: dict | None, reason: str) -> None:
         metrics = metrics or {}
-        for key, counter in self.counters.items():
+        for key, counter in self.counters:
             if metrics.get(key):
                 counter.increment(metrics[key])
         for k, count in enumerate(metrics.get("accepted_per_position") or []):

@@ -42,6 +42,7 @@ class TritonPythonModel:
                              block_size=block_size,
                              prefill_chunk=int(params.get("prefill_chunk") or 0),
                              max_waiting=int(params.get("max_waiting") or -1),
+                             prefix_caching=params.get("prefix_caching", "1") == "1",
                              reserve_memory=True)  # memory at start is memory under load; a pool too large runs out here
         self.metrics = EngineMetrics(pb_utils, params["served_name"])
         self.live = {}  # engine request id -> _Responder, for the cancellation poller

@@ -1,0 +1,66 @@
+"""Prefix caching through the Python entry points (LLM, BatchRunner): a conversation's next turn and
+prompts sharing a system prompt prefill only what no finished request's KV slot held, report it as
+`metrics.cached_tokens`, and give the tokens they give without it (greedy: the autoregressive
+reference; seeded T>0: the same draws), on the torch backend's slot executor."""
+
+import pytest
+from reference import reference_output
+
+from dflash_trt import LLM, DFlashError, SamplingParams
+from dflash_trt.runtime.engine import BatchRunner
+
+pytest.importorskip("dflash_trt._core", reason="dflash_trt._core is not built: run `bash scripts/setup.sh`")
+
+SYSTEM = [7, 3, 9, 12, 40, 41, 42, 43, 44, 45, 46, 47]  # a shared head of token ids
+QUESTIONS = [[50, 51], [60, 61, 62], [70], [80, 81, 82, 83]]
+
+
+@pytest.fixture(scope="module")
+def llms(tiny_pairs):
+    target, draft = map(str, tiny_pairs["qwen3"])
+    return {on: LLM(target, draft, max_batch=2, backend="torch", prefix_caching=on) for on in (True, False)}
+
+
+def test_the_next_turn_reuses_the_first_turns_positions_and_decodes_as_without(llms):
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    first = llms[True].generate("hello there", params)[0]
+    assert first.metrics.cached_tokens == 0
+    turn = first.prompt_token_ids + first.token_ids + [33, 34]
+    out = llms[True].generate(turn, params)[0]
+    # every position the first request committed: its prompt and its reply but the last token (never fed)
+    assert out.metrics.cached_tokens == len(first.prompt_token_ids) + len(first.token_ids) - 1
+    assert out.token_ids == reference_output(llms[True], turn, params, speculative=True).token_ids
+    plain = llms[False].generate(turn, params)[0]
+    assert plain.metrics.cached_tokens == 0 and plain.token_ids == out.token_ids
+
+
+def test_prompts_sharing_a_system_prompt_reuse_it_and_sample_as_without(llms):
+    """Four prompts through two slots: the last two take slots whose requests held the system prompt.
+    Seeded T>0 draws are keyed by position, so the reused prefix changes no token."""
+    prompts = [SYSTEM + q for q in QUESTIONS]
+    for params in (SamplingParams(max_tokens=8, ignore_eos=True),
+                   SamplingParams(max_tokens=8, temperature=0.9, top_p=0.9, seed=3, ignore_eos=True)):
+        cached = [llms[True].generate(p, params)[0] for p in prompts]  # one after another: each finds the last
+        batched = llms[True].generate(prompts, params)
+        fresh = llms[False].generate(prompts, params)
+        for a, b, c in zip(cached, batched, fresh, strict=True):
+            assert a.token_ids == b.token_ids == c.token_ids
+        assert all(o.metrics.cached_tokens >= len(SYSTEM) for o in cached[1:])
+        assert sum(o.metrics.cached_tokens for o in batched) >= 2 * len(SYSTEM)
+        assert all(o.metrics.cached_tokens == 0 for o in fresh)
+
+
+def test_the_runner_counts_what_prefix_caching_spared(llms):
+    runner = BatchRunner(llms[True], max_batch=1)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    outs = runner.run([SYSTEM + q for q in QUESTIONS], params)
+    stats = runner.stats()
+    assert stats["prefix_cache_hits_total"] == sum(o.metrics.cached_tokens for o in outs) >= 3 * len(SYSTEM)
+    assert stats["prompt_tokens_total"] == sum(len(SYSTEM + q) for q in QUESTIONS)
+    assert outs[1].metrics.to_dict()["cached_tokens"] == outs[1].metrics.cached_tokens > 0
+
+
+def test_prefix_caching_must_be_a_bool(tiny_pairs):
+    target, draft = map(str, tiny_pairs["qwen3"])
+    with pytest.raises(DFlashError, match="prefix_caching must be True or False, got 'yes'"):
+        LLM(target, draft, backend="torch", prefix_caching="yes")
