@@ -93,13 +93,14 @@ class Executor {
   virtual void release(int64_t row) = 0;
   // Prefix reuse (SchedulerConfig::prefix_reuse): off, a released row keeps nothing.
   virtual void keep_released(bool on) = 0;
-  // How many positions a released row can start its next request on, when that request's first
-  // `match` tokens equal what the row held: at most what it still keeps; 0 where none (a hybrid
-  // target's states exist only after all of them, so there it is all or nothing).
+  // How many of a row's positions a new request can start on, when its first `match` tokens equal
+  // what the row holds (a live row's committed positions, or what a released row still keeps): at
+  // most those; 0 where none (a hybrid target's states exist only after all of them: all or nothing).
   virtual int64_t reusable(int64_t row, int64_t match) const = 0;
-  // Start the row's next request on its first n kept positions (1 <= n == reusable(row, n)); its
-  // prefill then continues after them.
-  virtual void reopen(int64_t row, int64_t n) = 0;
+  // Start the (not live) row's next request on the first n positions of `source` (1 <= n ==
+  // reusable(source, n)): the row itself, released, or another row, released or live, whose positions
+  // are then copied; its prefill continues after them.
+  virtual void reopen(int64_t row, int64_t source, int64_t n) = 0;
   // The log-probabilities of the tokens the last prefill or verify decided for its i-th row, when that
   // row's SamplingParams::logprobs n >= 0: 1 + n TokenLogprobs per decided token (decide.h; a prefill:
   // its token; a verify: the kept drafts, then `next`); else empty.

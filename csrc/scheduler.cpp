@@ -131,38 +131,64 @@ std::vector<RequestOutput> Scheduler::step() {
 void Scheduler::admit() {
   while (!waiting_.empty() && slots_.num_free() > 0) {
     Request& r = waiting_.front();
-    const auto [slot, held] = choose_slot(r.prompt);
-    r.slot = slots_.allocate_at(slot, r.id, int64_t(r.prompt.size()), r.params.max_tokens, held);
-    if (held > 0) executor_.reopen(slot, held);
-    r.prompt_done = r.cached = held;
+    const Admission a = choose_slot(r.prompt);
+    r.slot = slots_.allocate_at(a.slot, r.id, int64_t(r.prompt.size()), r.params.max_tokens, a.held);
+    if (a.held > 0) executor_.reopen(a.slot, a.source, a.held);
+    r.prompt_done = r.cached = a.held;
     prompt_tokens_ += int64_t(r.prompt.size());
-    cached_tokens_ += held;
+    cached_tokens_ += a.held;
     live_.push_back(std::move(r));
     waiting_.pop_front();
   }
 }
 
-std::pair<int64_t, int64_t> Scheduler::choose_slot(const std::vector<int64_t>& prompt) const {
-  int64_t best = -1, held = 0;
-  for (int64_t slot = 0; slot < slots_.num_slots(); ++slot) {
-    if (slots_.request(slot) >= 0) continue;
-    const std::vector<int64_t>& kept = kept_tokens_[slot];
+std::vector<int64_t> Scheduler::held_tokens(int64_t slot) const {
+  if (slots_.request(slot) < 0) return kept_tokens_[slot];
+  for (const Request& r : live_) {
+    if (r.slot != slot) continue;
+    return cached_positions(r);
+  }
+  return {};
+}
+
+std::vector<int64_t> Scheduler::cached_positions(const Request& r) const {
+  const int64_t length = slots_.length(r.slot);
+  std::vector<int64_t> tokens(r.prompt.begin(), r.prompt.begin() + std::min<int64_t>(length, int64_t(r.prompt.size())));
+  const int64_t fed = std::min<int64_t>(length - int64_t(tokens.size()), int64_t(r.tokens.size()));
+  if (fed > 0) tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.begin() + fed);
+  return tokens;
+}
+
+Scheduler::Admission Scheduler::choose_slot(const std::vector<int64_t>& prompt) const {
+  // the source: the slot, free or running, whose positions the prompt reuses most of
+  Admission best{-1, -1, 0};
+  int64_t kept_by_source = 0;
+  for (int64_t slot = 0; config_.prefix_reuse && slot < slots_.num_slots(); ++slot) {
+    const std::vector<int64_t> held = held_tokens(slot);
     // at most all but the prompt's last token: the request's first output comes from its prefill
-    const size_t most = std::min(kept.size(), prompt.size() - 1);
-    const int64_t match = std::mismatch(kept.begin(), kept.begin() + most, prompt.begin()).first - kept.begin();
-    const int64_t reuse = config_.prefix_reuse ? executor_.reusable(slot, match) : 0;
-    // a longer reuse; else, at no reuse, a slot keeping nothing, then the one released longest ago
-    const auto rank = [&](int64_t s) {
-      const int64_t kept_here = int64_t(kept_tokens_[s].size());
-      return kept_here == 0 || executor_.reusable(s, kept_here) == 0 ? 0 : freed_at_[s];
-    };
-    if (best < 0 || reuse > held || (reuse == held && rank(slot) < rank(best))) {
-      best = slot;
-      held = reuse;
+    const size_t most = std::min(held.size(), prompt.size() - 1);
+    const int64_t match = std::mismatch(held.begin(), held.begin() + most, prompt.begin()).first - held.begin();
+    const int64_t reuse = executor_.reusable(slot, match);
+    if (reuse > best.held) {
+      best = {-1, slot, reuse};
+      kept_by_source = int64_t(held.size());
     }
   }
-  DFLASH_INVARIANT(best >= 0);  // admit asks only while a slot is free
-  return {best, held};
+  // a free source whose every noted token the prompt continues (a conversation's next turn) is taken
+  // itself: nothing is lost, nothing copied
+  if (best.held > 0 && slots_.request(best.source) < 0 && best.held >= kept_by_source - 1) {
+    best.slot = best.source;
+    return best;
+  }
+  // else the free slot worth least (keeping nothing, else released longest ago), the head copied into it
+  const auto rank = [&](int64_t s) {
+    const int64_t kept = int64_t(kept_tokens_[s].size());
+    return kept == 0 || executor_.reusable(s, kept) == 0 ? 0 : freed_at_[s];
+  };
+  for (int64_t slot = 0; slot < slots_.num_slots(); ++slot)
+    if (slots_.request(slot) < 0 && (best.slot < 0 || rank(slot) < rank(best.slot))) best.slot = slot;
+  DFLASH_INVARIANT(best.slot >= 0);  // admit asks only while a slot is free
+  return best;
 }
 
 std::vector<Scheduler::Request*> Scheduler::pick_rows(bool prefilled) {
@@ -379,16 +405,7 @@ void Scheduler::finish(Request& r, Finish why) {
   r.timing.finished = RequestTiming::now();
   if (r.slot < 0) return;  // still waiting: no slot, no executor row
   if (slots_.reserved(r.slot)) slots_.rollback(r.slot);
-  // what the slot's cache rows hold: the prompt, then the tokens fed since (a stop may have cut the
-  // output before the last committed position; what is past it is not known here, so not reused)
-  std::vector<int64_t>& kept = kept_tokens_[r.slot];
-  kept.clear();
-  if (config_.prefix_reuse) {
-    const int64_t length = slots_.length(r.slot);
-    kept.assign(r.prompt.begin(), r.prompt.begin() + std::min<int64_t>(length, int64_t(r.prompt.size())));
-    const int64_t fed = std::min<int64_t>(length - int64_t(kept.size()), int64_t(r.tokens.size()));
-    if (fed > 0) kept.insert(kept.end(), r.tokens.begin(), r.tokens.begin() + fed);
-  }
+  kept_tokens_[r.slot] = config_.prefix_reuse ? cached_positions(r) : std::vector<int64_t>{};
   freed_at_[r.slot] = ++finishes_;
   slots_.free(r.slot);
   executor_.release(r.slot);

@@ -139,9 +139,21 @@ class Scheduler {
 
   // The phases of step(), in order.
   void admit();
-  // The free slot for `prompt` and how many of its first tokens that slot's cache holds already: the
-  // longest reusable match; else a slot keeping nothing, else the one released longest ago.
-  std::pair<int64_t, int64_t> choose_slot(const std::vector<int64_t>& prompt) const;
+  // Where a request starts: its free slot, and the first `held` prompt tokens it reuses from slot
+  // `source`'s positions (-1: none).
+  struct Admission {
+    int64_t slot = -1, source = -1, held = 0;
+  };
+  // The longest reusable head among every slot's positions, free or running; the request takes a free
+  // source it continues whole (a chat's next turn), else the free slot worth least (keeping nothing,
+  // else released longest ago) and the head is copied there.
+  Admission choose_slot(const std::vector<int64_t>& prompt) const;
+  // The tokens at a slot's cache positions: a running request's committed ones, or what a finished
+  // one left (kept_tokens_).
+  std::vector<int64_t> held_tokens(int64_t slot) const;
+  // A request's tokens at its slot's committed positions: its prompt, then the output tokens fed since
+  // (a stop may have cut the output before the last committed position; past it nothing is known).
+  std::vector<int64_t> cached_positions(const Request& r) const;
   std::vector<Request*> pick_rows(bool prefilled);
   void prefill(const std::vector<Request*>& rows, std::vector<RequestOutput>& out);
   void choose_block(const std::vector<Request*>& rows);

@@ -89,7 +89,7 @@ void bind_slot_executors(py::module_& m) {
       .def("retained_place", &SlotExecutor::retained_place, py::arg("row"))
       .def("keep_released", &SlotExecutor::keep_released, py::arg("on"))
       .def("reusable", &SlotExecutor::reusable, py::arg("row"), py::arg("match"))
-      .def("reopen", &SlotExecutor::reopen, py::arg("row"), py::arg("n"))
+      .def("reopen", &SlotExecutor::reopen, py::arg("row"), py::arg("source"), py::arg("n"))
       .def_property_readonly("host_bytes", &SlotExecutor::host_bytes)
       .def("committed", &SlotExecutor::committed, py::arg("row"))
       .def("drafted", &SlotExecutor::drafted, py::arg("row"))

@@ -529,6 +529,7 @@ void SlotExecutor::prefill_rows(const std::vector<int64_t>& rows, const std::vec
                                 const Decision* decision, const LogitsSink& sink) {
   // A row not live yet starts a request (zero states; what a release kept is dropped); a live one (or
   // a reopened one) takes its prompt's next chunk after what it holds.
+  if (unpacked_) pack(true, -1);
   for (int64_t row : rows)
     if (!state(row).live) {
       if (state(row).place >= 0) forget(row);
@@ -596,6 +597,7 @@ std::vector<LogitsRows> SlotExecutor::verify_logits(const std::vector<int64_t>& 
 void SlotExecutor::verify_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks,
                                const Decision* decision, const LogitsSink& sink) {
   for (int64_t row : rows) DFLASH_INVARIANT(state(row).live);
+  if (unpacked_) pack(true, -1);
   run_target(rows, blocks, false, decision, [&](size_t i, int64_t j, const float* logits) {
     const int64_t len = int64_t(blocks[i].size());
     sink(i, logits);
@@ -657,7 +659,7 @@ void SlotExecutor::release(int64_t row) {
   } else {
     row_in_[place] = -1;
   }
-  pack();
+  pack(false, -1);
 }
 
 void SlotExecutor::keep_released(bool on) {
@@ -668,53 +670,70 @@ void SlotExecutor::keep_released(bool on) {
 }
 
 int64_t SlotExecutor::reusable(int64_t row, int64_t match) const {
-  const int64_t kept = retained(row);
+  const Row& r = state(row);
+  DFLASH_INVARIANT(r.verify_rows == 0);  // asked between steps
+  const int64_t kept = r.live ? r.committed : retained(row);
   if (kept == 0 || match < 1) return 0;
   // a hybrid target's linear-layer states are those after every kept position: all or nothing
   if (!conv_.empty()) return match >= kept ? kept : 0;
   return std::min(match, kept);
 }
 
-void SlotExecutor::reopen(int64_t row, int64_t n) {
-  DFLASH_INVARIANT(n >= 1 && reusable(row, n) == n);  // the scheduler asks reusable first
+void SlotExecutor::reopen(int64_t row, int64_t source, int64_t n) {
+  DFLASH_INVARIANT(n >= 1 && reusable(source, n) == n && !state(row).live);  // the scheduler asks reusable first
   Row& r = state(row);
+  if (row != source) {
+    if (r.place >= 0) forget(row);  // what it kept goes: it starts on the source's positions
+    if (unpacked_) pack(true, source);
+    take_place(row, source);
+    copy_rows(state(source).place, r.place, n, n);
+    if (!conv_.empty()) copy_states(state(source).place, r.place);  // hybrid: n is all the source holds
+  }
   r.live = true;
   r.committed = r.drafted = n;  // the rows after n are garbage to be overwritten, as after a rollback
   r.released_at = 0;
-  pack();
+  pack(true, source);
 }
 
-void SlotExecutor::take_place(int64_t row) {
+void SlotExecutor::take_place(int64_t row, int64_t keep) {
   Row& r = state(row);
   if (r.place >= 0) return;
   int64_t p = 0;  // the live rows fill the places below it
   while (row_in_[p] >= 0 && rows_[row_in_[p]].live) ++p;
-  clear_place(p);
+  clear_place(p, keep);
   r.place = p;
   r.live = true;  // taken: the next row starting in this phase takes the place above
   row_in_[p] = row;
 }
 
-void SlotExecutor::pack() {
+void SlotExecutor::pack(bool now, int64_t keep) {
+  unpacked_ = false;
   const int64_t live = int64_t(live_rows().size());
   for (int64_t p = 0; p < live; ++p) {
-    if (row_in_[p] >= 0 && rows_[row_in_[p]].live) continue;
+    const int64_t held = row_in_[p];
+    if (held >= 0 && rows_[held].live) continue;
+    if (held >= 0 && !now && std::find(row_in_.begin(), row_in_.end(), int64_t(-1)) == row_in_.end()) {
+      unpacked_ = true;  // moving a live row here would forget `held`: wait, its neighbours may finish too
+      return;
+    }
     int64_t highest = config_.max_batch - 1;  // a live row above `live` (one is, as fewer are below)
     while (row_in_[highest] < 0 || !rows_[row_in_[highest]].live) --highest;
-    clear_place(p);
+    clear_place(p, keep);
     move_place(highest, p);
   }
 }
 
-void SlotExecutor::clear_place(int64_t p) {
+void SlotExecutor::clear_place(int64_t p, int64_t keep) {
   const int64_t held = row_in_[p];
   if (held < 0) return;
   DFLASH_INVARIANT(!rows_[held].live);
   int64_t to = int64_t(std::find(row_in_.begin(), row_in_.end(), int64_t(-1)) - row_in_.begin());
   if (to == config_.max_batch) {  // no free place: forget the retained row released longest ago
-    int64_t oldest = held;
+    int64_t oldest = -1;
     for (int64_t row = 0; row < config_.max_batch; ++row)
-      if (retained(row) && rows_[row].released_at < rows_[oldest].released_at) oldest = row;
+      if (retained(row) && row != keep && (oldest < 0 || rows_[row].released_at < rows_[oldest].released_at))
+        oldest = row;
+    DFLASH_INVARIANT(oldest >= 0);  // `keep` is the only retained row only while a place is free
     to = rows_[oldest].place;
     forget(oldest);
     if (oldest == held) return;
@@ -730,29 +749,38 @@ void SlotExecutor::forget(int64_t row) {
 }
 
 void SlotExecutor::move_place(int64_t from, int64_t to) {
-  const SlotExecutorConfig& c = config_;
   const int64_t row = row_in_[from];
   Row& r = rows_[row];
+  copy_rows(from, to, r.committed + r.verify_rows, r.drafted);
+  copy_states(from, to);
+  r.place = to;
+  row_in_[to] = row;
+  row_in_[from] = -1;
+}
+
+void SlotExecutor::copy_rows(int64_t from, int64_t to, int64_t target_rows, int64_t context_rows) {
+  const SlotExecutorConfig& c = config_;
   const size_t element = dtype_size(dtype_);
-  // every head at once: a 2-D copy of `valid` rows per head, heads a slot's positions apart
-  const int64_t valid = r.committed + r.verify_rows, positions = slot_positions();
+  // every head at once: a 2-D copy of the rows per head, heads a slot's positions apart
+  const int64_t positions = slot_positions();
   const int64_t target_slot = c.target_kv_heads * positions * c.target_head_dim;
   for (Buffer& cache : target_kv_)
     device_.copy_rows(cache.at(to * target_slot), positions * c.target_head_dim * element, cache.at(from * target_slot),
-                      positions * c.target_head_dim * element, valid * c.target_head_dim * element,
+                      positions * c.target_head_dim * element, target_rows * c.target_head_dim * element,
                       c.target_kv_heads);
   const int64_t draft_slot = c.draft_kv_heads * c.capacity * c.draft_head_dim;
   for (Buffer& cache : draft_kv_)
     device_.copy_rows(cache.at(to * draft_slot), c.capacity * c.draft_head_dim * element, cache.at(from * draft_slot),
-                      c.capacity * c.draft_head_dim * element, r.drafted * c.draft_head_dim * element, c.draft_kv_heads);
+                      c.capacity * c.draft_head_dim * element, context_rows * c.draft_head_dim * element,
+                      c.draft_kv_heads);
+}
+
+void SlotExecutor::copy_states(int64_t from, int64_t to) {
   for (size_t k = 0; k < conv_.size(); ++k) {
     device_.copy(conv_[k].at(to * conv_size_), conv_[k].at(from * conv_size_), conv_size_ * conv_[k].element());
     device_.copy(recurrent_[k].at(to * recurrent_size_), recurrent_[k].at(from * recurrent_size_),
                  recurrent_size_ * sizeof(float));
   }
-  r.place = to;
-  row_in_[to] = row;
-  row_in_[from] = -1;
 }
 
 // -- the drafter --------------------------------------------------------------------------------

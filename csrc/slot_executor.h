@@ -11,7 +11,8 @@
 // so the live rows always fill places [0, live). With keep_released on, a released row keeps its
 // place and committed rows above the live ones (a retained row), for a later request that starts
 // with the same tokens (reopen): it moves down when reopened, up when a live row needs its place,
-// and is forgotten, the one released longest ago first, when no place is free. The target graph writes its new K/V rows in place:
+// and is forgotten, the one released longest ago first, when no place is free. A request may also
+// start on another row's first positions (released or live): they are copied into its place. The target graph writes its new K/V rows in place:
 // each cache input and its `*_out` output are bound to the same memory over a range of places, and a
 // Run's range holds exactly rows of the phase (rows whose places are not adjacent run in separate
 // Runs): no row outside a phase is ever computed. Committing or rolling back moves a length.
@@ -130,7 +131,7 @@ class SlotExecutor : public Executor {
   void release(int64_t row) override;
   void keep_released(bool on) override;
   int64_t reusable(int64_t row, int64_t match) const override;
-  void reopen(int64_t row, int64_t n) override;
+  void reopen(int64_t row, int64_t source, int64_t n) override;
   // Writes zeros through every slot buffer (K/V caches, draft caches, linear-attention states), so
   // their memory is resident now rather than page by page as requests first fill the slots: a
   // server's memory under load is then its memory at start, and a pool the machine cannot hold
@@ -222,18 +223,24 @@ class SlotExecutor : public Executor {
   void rebuild_states(const std::vector<std::vector<RebuildRow>>& by_run);
   // Copies every linear layer's state out of (conv, recurrent) into `row`'s place (both empty: zeros).
   void set_states(int64_t row, const std::vector<const char*>& conv, const std::vector<const char*>& recurrent);
-  // Gives a row starting a request the lowest place no live row holds (clear_place).
-  void take_place(int64_t row);
-  // Moves live rows down until they fill places [0, live) (after a release or a reopen).
-  void pack();
+  // Gives a row starting a request the lowest place no live row holds (clear_place; `keep` as there).
+  void take_place(int64_t row, int64_t keep = -1);
+  // Moves live rows down until they fill places [0, live) (after a release or a reopen). Where that
+  // would forget a retained row (no place is free) and `now` is false, it waits for the next target
+  // phase instead (`unpacked_`): rows finishing in the same step then all keep their tokens.
+  void pack(bool now, int64_t keep);
   // Makes place p hold no row: a retained row there moves to a free place, one made by forgetting the
-  // retained row released longest ago where none is free (the row itself, if that is it).
-  void clear_place(int64_t p);
+  // retained row released longest ago where none is free (the row itself, if that is it), never `keep`
+  // (a reopen's source, -1: none).
+  void clear_place(int64_t p, int64_t keep);
   // A retained row gives its place back and keeps nothing.
   void forget(int64_t row);
   // Moves the row in place `from` to the free place `to`: its valid target cache rows (committed and
   // a verify's pending ones), draft context rows and linear-layer states.
   void move_place(int64_t from, int64_t to);
+  // Copies the first rows of every target cache and draft context from place `from` to place `to`.
+  void copy_rows(int64_t from, int64_t to, int64_t target_rows, int64_t context_rows);
+  void copy_states(int64_t from, int64_t to);  // every linear layer's conv and recurrent state
   std::vector<std::vector<size_t>> target_groups(const std::vector<int64_t>& rows,
                                                  const std::vector<std::vector<int64_t>>& tokens) const;
   // Query rows a target Run feeds for an input of `len` tokens (min_query_tokens pads short ones).
@@ -271,6 +278,7 @@ class SlotExecutor : public Executor {
   std::vector<Row> rows_;
   std::vector<int64_t> row_in_;  // per place: the row holding it (live or retained), or -1
   bool keep_released_ = false;
+  bool unpacked_ = false;  // live rows may sit above a retained row until the next target phase (pack)
   int64_t releases_ = 0;  // releases so far (the clock of Row::released_at)
   int64_t target_runs_ = 0, target_rows_ = 0;
   int64_t phase_ = 0;       // target phases (prefill or verify calls) so far

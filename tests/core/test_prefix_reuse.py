@@ -40,9 +40,10 @@ def scheduler(core, ort, bundle, max_batch, prefix_reuse=True, capacity=64):
     return core.Scheduler(executor, config), executor
 
 
-def run(core, sched, prompts, max_tokens=10):
+def run(core, sched, prompts, max_tokens=10, max_block=0):
     """Add `prompts` at once, step until they finish -> [(tokens, cached_tokens, slot)] in order."""
-    ids = [sched.add_request(p, core.RequestParams(max_tokens=max_tokens, ignore_eos=True)) for p in prompts]
+    params = core.RequestParams(max_tokens=max_tokens, ignore_eos=True, max_block=max_block)
+    ids = [sched.add_request(p, params) for p in prompts]
     slots = {i: next(s for s in range(sched.slots.num_slots) if sched.slots.request(s) == i)
              for i in ids if any(sched.slots.request(s) == i for s in range(sched.slots.num_slots))}
     tokens, cached = {i: [] for i in ids}, {}
@@ -121,19 +122,21 @@ def test_retained_slots_move_up_for_live_rows_and_the_oldest_is_forgotten_first(
 
 
 def test_a_retained_slot_gives_its_place_to_live_rows_and_is_forgotten_when_none_is_free(core, ort, pair):
-    """Two slots, both running: the one that finishes first cannot stay (the other's live row needs
-    the lowest place and no place is free), the second keeps its tokens; a request on them reuses them
-    though a lower slot is free, and an abort keeps what was committed too."""
+    """Two slots, both running: the one that finishes first keeps its tokens until the next step's
+    target phase, where the other's live row needs the lowest place and none is free: then it is
+    forgotten; the second keeps its tokens; a request on them reuses them though a lower slot is
+    free, and an abort keeps what was committed too."""
     sched, executor = scheduler(core, ort, pair[1], 2)
     short, long = [1, 2, 3], [2, 3, 4, 1, 0]
     ids = [sched.add_request(short, core.RequestParams(max_tokens=3, ignore_eos=True)),
            sched.add_request(long, core.RequestParams(max_tokens=12, ignore_eos=True))]
-    tokens = {i: [] for i in ids}
+    tokens, seen = {i: [] for i in ids}, []
     while sched.has_work:
         for out in sched.step():
             tokens[out["request"]] += out["new_tokens"]
         if sched.num_running == 1:
-            assert executor.retained(0) == 0 and executor.place(1) == 0
+            seen.append((executor.retained(0), executor.place(1)))
+    assert seen[0] == (len(short) + 2, 1) and seen[1] == (0, 0)  # kept a step, then forgotten for the live row
     assert tokens[ids[1]] == reference(pair, long, 12)
     kept = len(long) + 11
     assert executor.retained(1) == kept
@@ -146,6 +149,86 @@ def test_a_retained_slot_gives_its_place_to_live_rows_and_is_forgotten_when_none
     ((tokens_again, cached, slot),) = run(core, sched, [again + [2]])
     assert slot == 1 and cached == len(again)
     assert tokens_again == reference(pair, again + [2])
+
+
+def test_requests_finishing_in_one_step_all_keep_their_tokens(core, ort, pair):
+    """Both slots' requests finish in the same step (plain decoding: a token a step each): neither has
+    to make room for a live row, so both keep their tokens, and each next turn reuses all of its own."""
+    sched, executor = scheduler(core, ort, pair[1], 2)
+    prompts = [[1, 2, 3, 4], [2, 2, 0, 1]]
+    firsts = run(core, sched, prompts, max_block=1)
+    assert [executor.retained(slot) for _, _, slot in firsts] == [len(p) + 9 for p in prompts]
+    turns = [p + reply + [3] for p, (reply, _, _) in zip(prompts, firsts, strict=True)]
+    for (tokens, cached, _), turn in zip(run(core, sched, turns), turns, strict=True):
+        assert cached == len(turn) - 2 and tokens == reference(pair, turn)
+
+
+def test_a_shared_head_is_copied_into_another_slot_and_the_first_keeps_all_it_held(core, ort, pair):
+    """B shares only A's head: it takes a slot keeping nothing and A's head is copied there (attention
+    targets; a hybrid target cannot start mid-slot), so A's slot still holds its whole turn for A's next
+    one."""
+    kind = pair[0]
+    sched, executor = scheduler(core, ort, pair[1], 3)
+    head = [1, 2, 3, 4, 0, 1]
+    ((reply_a, _, slot_a),) = run(core, sched, [head + [2, 2]])
+    ((tokens_b, cached_b, slot_b),) = run(core, sched, [head + [4, 4, 3]])
+    assert slot_b != slot_a and cached_b == (0 if kind == "hybrid" else len(head))
+    assert tokens_b == reference(pair, head + [4, 4, 3])
+    turn = head + [2, 2] + reply_a + [0]
+    ((tokens, cached, slot),) = run(core, sched, [turn])
+    assert slot == slot_a and cached == len(turn) - 2 and tokens == reference(pair, turn)
+
+
+def test_a_request_starts_on_a_running_requests_positions(core, ort, pair):
+    """A runs; B's prompt is what A's slot holds so far and one more token: B's slot gets A's positions
+    (and a hybrid target's states, since B continues all of them) copied while A decodes on, and both
+    equal their autoregressive outputs."""
+    sched, executor = scheduler(core, ort, pair[1], 2)
+    prompt_a = [3, 1, 4, 1, 0, 2]
+    a = sched.add_request(prompt_a, core.RequestParams(max_tokens=20, ignore_eos=True))
+    tokens = {a: []}
+    for _ in range(3):
+        for out in sched.step():
+            tokens[out["request"]] += out["new_tokens"]
+    turn = prompt_a + tokens[a][:-1] + [2]  # A's last token is not in its cache yet
+    b = sched.add_request(turn, core.RequestParams(max_tokens=10, ignore_eos=True))
+    tokens[b], cached = [], None
+    while sched.has_work:
+        for out in sched.step():
+            tokens[out["request"]] += out["new_tokens"]
+            if out["request"] == b:
+                cached = out["cached_tokens"]
+    assert cached == len(turn) - 1
+    assert tokens[a] == reference(pair, prompt_a, 20) and tokens[b] == reference(pair, turn)
+
+
+@pytest.mark.parametrize("source_live", [False, True])
+def test_a_reopened_row_gives_a_fresh_prefills_logits(ort, pair, source_live):
+    """The executor alone: row 1 reopened on row 0's first positions (copied; row 0 released or still
+    live) then prefilled with the rest gives the logits of prefilling the whole prompt on a fresh
+    executor; reopened on itself after a release, the same."""
+    import numpy as np
+
+    kind, bundle = pair[0], pair[1]
+    first, rest = [1, 2, 3, 4, 0, 1, 2], [4, 3]
+    n = len(first) if kind == "hybrid" else 5  # a hybrid row starts only on all of a row's positions
+    prompt = first[:n] + rest
+    fresh = ort.ort_executor(bundle, max_batch=2, capacity=64).prefill_logits([0], [prompt])[0]
+    executor = ort.ort_executor(bundle, max_batch=3, capacity=64)
+    executor.keep_released(True)
+    executor.prefill_logits([2], [[3, 3, 3]])  # a row in place 0: row 0 takes place 1
+    executor.prefill_logits([0], [first])
+    if not source_live:
+        executor.release(0)
+        assert executor.retained(0) == len(first)
+    assert executor.reusable(0, n) == n and executor.reusable(0, n - 1) == (0 if kind == "hybrid" else n - 1)
+    executor.reopen(1, 0, n)
+    assert executor.committed(1) == n
+    np.testing.assert_allclose(executor.prefill_logits([1], [rest])[0], fresh, rtol=1e-5, atol=1e-5)
+    if not source_live:  # and on itself: the rows it kept, moved between places as others came and went
+        executor.release(1)
+        executor.reopen(0, 0, n)
+        np.testing.assert_allclose(executor.prefill_logits([0], [rest])[0], fresh, rtol=1e-5, atol=1e-5)
 
 
 def test_without_prefix_reuse_nothing_is_kept(core, ort, pair):
