@@ -671,9 +671,9 @@ void SlotExecutor::keep_released(bool on) {
 
 int64_t SlotExecutor::reusable(int64_t row, int64_t match) const {
   const Row& r = state(row);
-  DFLASH_INVARIANT(r.verify_rows == 0);  // asked between steps
   const int64_t kept = r.live ? r.committed : retained(row);
-  if (kept == 0 || match < 1) return 0;
+  // between steps no verify is pending (one is only after a phase failed: then nothing is reused)
+  if (kept == 0 || match < 1 || r.verify_rows > 0) return 0;
   // a hybrid target's linear-layer states are those after every kept position: all or nothing
   if (!conv_.empty()) return match >= kept ? kept : 0;
   return std::min(match, kept);

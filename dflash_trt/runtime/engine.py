@@ -122,6 +122,7 @@ class BatchRunner:
         if adaptive and calibrate and self.block_size > 1:
             calibrate_costs(self.scheduler, self.executor, sorted({1, max_batch}), sorted({1, self.block_size}),
                             [0] * max(1, min(8, capacity // 2)))
+            self.forget_cached()  # the calibration's rows are no request's
         self._ids = itertools.count()
         self.live: dict[int, _Request] = {}  # core id -> request, waiting or running in the core
         # the core's running / waiting counts, read after each call into it: stats() may come from another

@@ -52,6 +52,8 @@ def test_prompts_sharing_a_system_prompt_reuse_it_and_sample_as_without(llms):
 
 def test_the_runner_counts_what_prefix_caching_spared(llms):
     runner = BatchRunner(llms[True], max_batch=1)
+    assert runner.scheduler.stats()["verify_cost"]  # calibrated at load, on rows of no request's: none kept
+    assert runner.executor.retained(0) == 0
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     outs = runner.run([SYSTEM + q for q in QUESTIONS], params)
     stats = runner.stats()
