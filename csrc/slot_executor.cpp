@@ -125,6 +125,7 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
       backend_(std::move(backend)),
       device_(backend_->device()),
       dtype_(float_dtype(config.dtype, who)),
+      swap_scratch_(device_, DType::float32),
       ids_(device_, DType::int64),
       cache_lengths_(device_, DType::int64),
       query_lengths_(device_, DType::int64),
@@ -529,7 +530,6 @@ void SlotExecutor::prefill_rows(const std::vector<int64_t>& rows, const std::vec
                                 const Decision* decision, const LogitsSink& sink) {
   // A row not live yet starts a request (zero states; what a release kept is dropped); a live one (or
   // a reopened one) takes its prompt's next chunk after what it holds.
-  if (unpacked_) pack(true, -1);
   for (int64_t row : rows)
     if (!state(row).live) {
       if (state(row).place >= 0) forget(row);
@@ -597,7 +597,6 @@ std::vector<LogitsRows> SlotExecutor::verify_logits(const std::vector<int64_t>& 
 void SlotExecutor::verify_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks,
                                const Decision* decision, const LogitsSink& sink) {
   for (int64_t row : rows) DFLASH_INVARIANT(state(row).live);
-  if (unpacked_) pack(true, -1);
   run_target(rows, blocks, false, decision, [&](size_t i, int64_t j, const float* logits) {
     const int64_t len = int64_t(blocks[i].size());
     sink(i, logits);
@@ -659,7 +658,7 @@ void SlotExecutor::release(int64_t row) {
   } else {
     row_in_[place] = -1;
   }
-  pack(false, -1);
+  pack();
 }
 
 void SlotExecutor::keep_released(bool on) {
@@ -684,7 +683,6 @@ void SlotExecutor::reopen(int64_t row, int64_t source, int64_t n) {
   Row& r = state(row);
   if (row != source) {
     if (r.place >= 0) forget(row);  // what it kept goes: it starts on the source's positions
-    if (unpacked_) pack(true, source);
     take_place(row, source);
     copy_rows(state(source).place, r.place, n, n);
     if (!conv_.empty()) copy_states(state(source).place, r.place);  // hybrid: n is all the source holds
@@ -692,7 +690,7 @@ void SlotExecutor::reopen(int64_t row, int64_t source, int64_t n) {
   r.live = true;
   r.committed = r.drafted = n;  // the rows after n are garbage to be overwritten, as after a rollback
   r.released_at = 0;
-  pack(true, source);
+  pack();
 }
 
 void SlotExecutor::take_place(int64_t row, int64_t keep) {
@@ -706,20 +704,15 @@ void SlotExecutor::take_place(int64_t row, int64_t keep) {
   row_in_[p] = row;
 }
 
-void SlotExecutor::pack(bool now, int64_t keep) {
-  unpacked_ = false;
+void SlotExecutor::pack() {
   const int64_t live = int64_t(live_rows().size());
   for (int64_t p = 0; p < live; ++p) {
     const int64_t held = row_in_[p];
     if (held >= 0 && rows_[held].live) continue;
-    if (held >= 0 && !now && std::find(row_in_.begin(), row_in_.end(), int64_t(-1)) == row_in_.end()) {
-      unpacked_ = true;  // moving a live row here would forget `held`: wait, its neighbours may finish too
-      return;
-    }
     int64_t highest = config_.max_batch - 1;  // a live row above `live` (one is, as fewer are below)
     while (row_in_[highest] < 0 || !rows_[row_in_[highest]].live) --highest;
-    clear_place(p, keep);
-    move_place(highest, p);
+    if (held >= 0) swap_places(p, highest);  // the retained row goes up, kept
+    else move_place(highest, p);
   }
 }
 
@@ -781,6 +774,41 @@ void SlotExecutor::copy_states(int64_t from, int64_t to) {
     device_.copy(recurrent_[k].at(to * recurrent_size_), recurrent_[k].at(from * recurrent_size_),
                  recurrent_size_ * sizeof(float));
   }
+}
+
+void SlotExecutor::swap_places(int64_t p, int64_t q) {
+  const SlotExecutorConfig& c = config_;
+  Row& a = rows_[row_in_[p]];
+  Row& b = rows_[row_in_[q]];
+  const size_t element = dtype_size(dtype_);
+  const int64_t positions = slot_positions();
+  // one cache slot at a time through a scratch of one slot: p -> scratch, q -> p, scratch -> q
+  const size_t target_pitch = positions * c.target_head_dim * element, draft_pitch = c.capacity * c.draft_head_dim * element;
+  const size_t most = std::max({c.target_kv_heads * target_pitch, c.draft_kv_heads * draft_pitch,
+                                conv_size_ * element, recurrent_size_ * sizeof(float)});
+  swap_scratch_.reserve((most + sizeof(float) - 1) / sizeof(float));
+  char* scratch = swap_scratch_.at(0);
+  const auto swap_rows = [&](Buffer& cache, size_t slot, size_t pitch, size_t width, int64_t heads) {
+    char* x = cache.at(p * slot);
+    char* y = cache.at(q * slot);
+    device_.copy_rows(scratch, width, x, pitch, width, heads);
+    device_.copy_rows(x, pitch, y, pitch, width, heads);
+    device_.copy_rows(y, pitch, scratch, width, width, heads);
+  };
+  const int64_t target_rows = std::max(a.committed + a.verify_rows, b.committed + b.verify_rows);
+  for (Buffer& cache : target_kv_)
+    swap_rows(cache, c.target_kv_heads * positions * c.target_head_dim, target_pitch,
+              target_rows * c.target_head_dim * element, c.target_kv_heads);
+  const int64_t context_rows = std::max(a.drafted, b.drafted);
+  for (Buffer& cache : draft_kv_)
+    swap_rows(cache, c.draft_kv_heads * c.capacity * c.draft_head_dim, draft_pitch,
+              context_rows * c.draft_head_dim * element, c.draft_kv_heads);
+  for (size_t k = 0; k < conv_.size(); ++k) {
+    swap_rows(conv_[k], conv_size_, conv_size_ * element, conv_size_ * element, 1);
+    swap_rows(recurrent_[k], recurrent_size_, recurrent_size_ * sizeof(float), recurrent_size_ * sizeof(float), 1);
+  }
+  std::swap(a.place, b.place);
+  std::swap(row_in_[p], row_in_[q]);
 }
 
 // -- the drafter --------------------------------------------------------------------------------

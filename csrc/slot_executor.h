@@ -10,8 +10,8 @@
 // place into the one freed (a copy of its valid cache rows and states, once per finished request),
 // so the live rows always fill places [0, live). With keep_released on, a released row keeps its
 // place and committed rows above the live ones (a retained row), for a later request that starts
-// with the same tokens (reopen): it moves down when reopened, up when a live row needs its place,
-// and is forgotten, the one released longest ago first, when no place is free. A request may also
+// with the same tokens (reopen): it moves down when reopened, changes places with a live row in its
+// way, and is forgotten, the one released longest ago first, when a starting row finds no free place. A request may also
 // start on another row's first positions (released or live): they are copied into its place. The target graph writes its new K/V rows in place:
 // each cache input and its `*_out` output are bound to the same memory over a range of places, and a
 // Run's range holds exactly rows of the phase (rows whose places are not adjacent run in separate
@@ -225,10 +225,9 @@ class SlotExecutor : public Executor {
   void set_states(int64_t row, const std::vector<const char*>& conv, const std::vector<const char*>& recurrent);
   // Gives a row starting a request the lowest place no live row holds (clear_place; `keep` as there).
   void take_place(int64_t row, int64_t keep = -1);
-  // Moves live rows down until they fill places [0, live) (after a release or a reopen). Where that
-  // would forget a retained row (no place is free) and `now` is false, it waits for the next target
-  // phase instead (`unpacked_`): rows finishing in the same step then all keep their tokens.
-  void pack(bool now, int64_t keep);
+  // Moves live rows down until they fill places [0, live) (after a release or a reopen); a retained
+  // row in the way changes places with the live row (swap_places), so it is kept.
+  void pack();
   // Makes place p hold no row: a retained row there moves to a free place, one made by forgetting the
   // retained row released longest ago where none is free (the row itself, if that is it), never `keep`
   // (a reopen's source, -1: none).
@@ -241,6 +240,9 @@ class SlotExecutor : public Executor {
   // Copies the first rows of every target cache and draft context from place `from` to place `to`.
   void copy_rows(int64_t from, int64_t to, int64_t target_rows, int64_t context_rows);
   void copy_states(int64_t from, int64_t to);  // every linear layer's conv and recurrent state
+  // Exchanges what places p and q hold (both held): their valid cache rows, draft context and states,
+  // one cache slot at a time through swap_scratch_.
+  void swap_places(int64_t p, int64_t q);
   std::vector<std::vector<size_t>> target_groups(const std::vector<int64_t>& rows,
                                                  const std::vector<std::vector<int64_t>>& tokens) const;
   // Query rows a target Run feeds for an input of `len` tokens (min_query_tokens pads short ones).
@@ -278,7 +280,7 @@ class SlotExecutor : public Executor {
   std::vector<Row> rows_;
   std::vector<int64_t> row_in_;  // per place: the row holding it (live or retained), or -1
   bool keep_released_ = false;
-  bool unpacked_ = false;  // live rows may sit above a retained row until the next target phase (pack)
+  Buffer swap_scratch_;  // one cache slot (or state), for swap_places
   int64_t releases_ = 0;  // releases so far (the clock of Row::released_at)
   int64_t target_runs_ = 0, target_rows_ = 0;
   int64_t phase_ = 0;       // target phases (prefill or verify calls) so far

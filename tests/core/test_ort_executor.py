@@ -126,7 +126,7 @@ def test_abort_frees_the_slot_for_reuse_and_leaves_the_others_alone(core, ort, p
 
 def test_a_release_keeps_the_places_packed_and_a_phase_runs_only_its_rows(core, ort, pairs):
     """Slot 0 finishes while slot 1 decodes on: slot 1's request moves to place 0 (its cache, draft
-    context and all; what slot 0 held moves up to place 2, kept for prefix reuse), two late requests
+    context and all; what slot 0 held changes places with it, kept for prefix reuse), two late requests
     take slots 2 (never used: nothing to drop) and 0 (whose kept tokens neither prompt starts with)
     and places 1 and 2, so the step prefills them in one Run of two rows and verifies slot 1 in one
     Run of one row: nothing else is computed, and every request still equals its own autoregressive
@@ -140,7 +140,7 @@ def test_a_release_keeps_the_places_packed_and_a_phase_runs_only_its_rows(core, 
         for out in sched.step():
             tokens[out["request"]] += out["new_tokens"]
     assert executor.place(1) == 0 and executor.place(0) == -1 and executor.committed(1) > 5
-    assert executor.retained_place(0) == 2 and executor.retained(0) == 3  # its prompt and first token
+    assert executor.retained_place(0) == 1 and executor.retained(0) == 3  # its prompt and first token
     prompts = [[2, 2, 3], [4, 1, 0, 3, 3, 2, 1]]
     late = [sched.add_request(p, core.RequestParams(max_tokens=12, ignore_eos=True)) for p in prompts]
     assert [sched.slots.request(2), sched.slots.request(0)] == late
