@@ -23,6 +23,7 @@ def record_of(output) -> RequestRecord:
         ttft_s=m.prefill_s,
         token_ids=list(output.token_ids),
         acceptance_lengths=list(m.acceptance_lengths) if m.block_size else None,
+        cached_tokens=m.cached_tokens,
     )
 
 

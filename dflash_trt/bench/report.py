@@ -110,8 +110,8 @@ def block_label(result: SettingResult) -> str:
 
 def table(results: list[SettingResult]) -> str:
     head = ("| dataset | B | T | C | n | τ | base tok/s | DFlash tok/s | speedup | base decode | DFlash decode "
-            "| decode speedup | draft ms | verify ms | other ms | overhead % | greedy check |")
-    rows = [head, "|" + "---|" * 17]
+            "| decode speedup | draft ms | verify ms | other ms | overhead % | cached prompt tok | greedy check |")
+    rows = [head, "|" + "---|" * 18]
     for r in results:
         d, b = r.dflash, r.baseline
         rows.append(" | ".join([
@@ -119,7 +119,8 @@ def table(results: list[SettingResult]) -> str:
             str(r.prompts), _f(d.mean_acceptance_length, ".2f"), _f(b.tokens_per_s if b else None),
             _f(d.tokens_per_s), _f(r.speedup, ".2f", "x"), _f(b.decode_tokens_per_s if b else None),
             _f(d.decode_tokens_per_s), _f(r.decode_speedup, ".2f", "x"), _f(d.draft_ms_per_step, ".1f"),
-            _f(d.verify_ms_per_step, ".1f"), _f(d.other_ms_per_step, ".1f"), _f(d.overhead_pct, ".1f"), _check(r),
+            _f(d.verify_ms_per_step, ".1f"), _f(d.other_ms_per_step, ".1f"), _f(d.overhead_pct, ".1f"),
+            "-" if d.cached_tokens is None else str(d.cached_tokens), _check(r),
         ]) + " |")
     return "\n".join(rows)
 

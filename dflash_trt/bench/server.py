@@ -80,8 +80,10 @@ def _request(client, endpoint: Endpoint, prompt: str, max_tokens: int, temperatu
     if usage is None:
         raise DFlashError(f"the server at {endpoint.base_url} sent no usage (needs stream_options.include_usage)")
     extra = usage.model_extra or {}
+    details = getattr(usage, "prompt_tokens_details", None)  # OpenAI's: the prompt tokens a prefix cache served
     return RequestRecord(text="".join(parts), output_tokens=usage.completion_tokens, latency_s=latency,
-                         ttft_s=ttft, acceptance_lengths=extra.get("acceptance_lengths"))
+                         ttft_s=ttft, acceptance_lengths=extra.get("acceptance_lengths"),
+                         cached_tokens=getattr(details, "cached_tokens", None))
 
 
 def run_server(endpoint: Endpoint, prompts: list[str], max_tokens: int, temperature: float, seed: int,

@@ -26,6 +26,7 @@ class RequestRecord:
     acceptance_lengths: list[int] | None = None  # τ per verify step (None: not reported)
     draft_s: float = 0.0
     verify_s: float = 0.0
+    cached_tokens: int | None = None  # prompt tokens served from the prefix cache (None: not reported)
 
 
 @dataclass
@@ -53,6 +54,7 @@ class SideSummary:
     # bytes the executor moved between host and device memory per core step (its own accounting:
     # 0 for onnxruntime's CPU provider; None where the executor keeps none)
     host_bytes_per_step: float | None = None
+    cached_tokens: int | None = None  # prompt tokens served from the prefix cache, summed (None: not reported)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -77,6 +79,8 @@ def summarize(records: list[RequestRecord], wall_s: float, block_size: int | Non
         mean_latency_s=statistics.fmean(r.latency_s for r in records) if records else 0.0,
         mean_ttft_s=statistics.fmean(r.ttft_s for r in streamed) if streamed else None,
     )
+    cached = [r.cached_tokens for r in records if r.cached_tokens is not None]
+    side.cached_tokens = sum(cached) if cached else None
     reported = [r for r in records if r.acceptance_lengths]
     if block_size is None or not reported:
         return side

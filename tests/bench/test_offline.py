@@ -197,7 +197,18 @@ def test_cli_places_the_torch_backends_models_and_records_where(pair, tmp_path):
     record = json.loads((tmp_path / "r.json").read_text())
     (setting,) = record["results"]
     assert setting["backend"] == "torch cpu bfloat16" and setting["mismatches"] == []
-    assert record["config"]["prefix_caching"] is False
+    assert record["config"]["prefix_caching"] is False and setting["dflash"]["cached_tokens"] == 0
+
+
+def test_the_prefix_caches_share_of_the_prompts_is_counted(pair):
+    """The chat template's shared head: every request after the first takes it from the prefix cache
+    (offline, one at a time), so the DFlash side counts it, and without prefix caching counts none."""
+    config = BenchConfig(target=pair[0], draft=pair[1], datasets=("mt-bench",), num_prompts=3, max_tokens=4,
+                         block_sizes=(4,), temperatures=(0.0,))
+    (on,) = run_bench(config)
+    (off,) = run_bench(replace(config, prefix_caching=False))
+    assert on.dflash.cached_tokens > 0 and off.dflash.cached_tokens == 0
+    assert on.baseline.cached_tokens > 0 and "| " + str(on.dflash.cached_tokens) + " |" in report.table([on])
 
 
 def test_cli_rejects_a_malformed_list_in_one_line():
