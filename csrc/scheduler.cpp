@@ -174,20 +174,25 @@ Scheduler::Admission Scheduler::choose_slot(const std::vector<int64_t>& prompt) 
       kept_by_source = int64_t(held.size());
     }
   }
-  // a free source whose every noted token the prompt continues (a conversation's next turn) is taken
-  // itself: nothing is lost, nothing copied
-  if (best.held > 0 && slots_.request(best.source) < 0 && best.held >= kept_by_source - 1) {
+  // The other free slot worth least: keeping nothing, else released longest ago.
+  const auto kept_here = [&](int64_t s) {  // what a free slot still keeps that a request could reuse
+    const int64_t kept = int64_t(kept_tokens_[s].size());
+    return kept == 0 ? 0 : executor_.reusable(s, kept);
+  };
+  const auto rank = [&](int64_t s) { return kept_here(s) == 0 ? 0 : freed_at_[s]; };
+  int64_t other = -1;
+  for (int64_t slot = 0; slot < slots_.num_slots(); ++slot)
+    if (slots_.request(slot) < 0 && slot != best.source && (other < 0 || rank(slot) < rank(other))) other = slot;
+  // A free source loses only its tail past the head (nothing, for a chat's next turn), the other slot
+  // all it keeps: the request takes whichever loses less (the source on a tie: nothing to copy); else
+  // the head is copied into the other.
+  const bool free_source = best.source >= 0 && slots_.request(best.source) < 0;
+  if (free_source && (other < 0 || kept_by_source - best.held <= kept_here(other))) {
     best.slot = best.source;
     return best;
   }
-  // else the free slot worth least (keeping nothing, else released longest ago), the head copied into it
-  const auto rank = [&](int64_t s) {
-    const int64_t kept = int64_t(kept_tokens_[s].size());
-    return kept == 0 || executor_.reusable(s, kept) == 0 ? 0 : freed_at_[s];
-  };
-  for (int64_t slot = 0; slot < slots_.num_slots(); ++slot)
-    if (slots_.request(slot) < 0 && (best.slot < 0 || rank(slot) < rank(best.slot))) best.slot = slot;
-  DFLASH_INVARIANT(best.slot >= 0);  // admit asks only while a slot is free
+  DFLASH_INVARIANT(other >= 0);  // admit asks only while a slot is free
+  best.slot = other;
   return best;
 }
 

@@ -144,9 +144,10 @@ class Scheduler {
   struct Admission {
     int64_t slot = -1, source = -1, held = 0;
   };
-  // The longest reusable head among every slot's positions, free or running; the request takes a free
-  // source it continues whole (a chat's next turn), else the free slot worth least (keeping nothing,
-  // else released longest ago) and the head is copied there.
+  // The longest reusable head among every slot's positions, free or running. The request takes a free
+  // source when that loses no more kept tokens (its tail past the head: none for a chat's next turn)
+  // than the other free slot worth least (keeping nothing, else released longest ago) would; else that
+  // slot, and the head is copied there.
   Admission choose_slot(const std::vector<int64_t>& prompt) const;
   // The tokens at a slot's cache positions: a running request's committed ones, or what a finished
   // one left (kept_tokens_).

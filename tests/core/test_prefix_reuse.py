@@ -182,6 +182,25 @@ def test_a_shared_head_is_copied_into_another_slot_and_the_first_keeps_all_it_he
     assert slot == slot_a and cached == len(turn) - 2 and tokens == reference(pair, turn)
 
 
+def test_a_partial_head_takes_its_own_slot_when_that_loses_less_than_another(core, ort, pair):
+    """Both slots keep a finished turn. C shares all but the last two of A's kept tokens: taking A's slot
+    loses those two, taking B's would lose all of B's, so C takes A's (a hybrid target reuses nothing
+    mid-slot and takes the slot released longest ago: A's too); B's next turn still finds all of B's."""
+    kind = pair[0]
+    sched, executor = scheduler(core, ort, pair[1], 2)
+    prompt_a, prompt_b = [1, 2, 3, 4, 0, 1, 2, 3], [4, 4, 3, 2, 0, 0, 1]
+    ((reply_a, _, slot_a),) = run(core, sched, [prompt_a])
+    ((reply_b, _, slot_b),) = run(core, sched, [prompt_b])
+    kept_a = prompt_a + reply_a[:-1]
+    partial = kept_a[:-2] + [(kept_a[-2] + 1) % 5]
+    ((tokens_c, cached_c, slot_c),) = run(core, sched, [partial])
+    assert slot_c == slot_a and cached_c == (0 if kind == "hybrid" else len(kept_a) - 2)
+    assert tokens_c == reference(pair, partial)
+    turn = prompt_b + reply_b + [2]
+    ((tokens, cached, slot),) = run(core, sched, [turn])
+    assert slot == slot_b and cached == len(prompt_b) + len(reply_b) - 1 and tokens == reference(pair, turn)
+
+
 def test_a_request_starts_on_a_running_requests_positions(core, ort, pair):
     """A runs; B's prompt is what A's slot holds so far and one more token: B's slot gets A's positions
     (and a hybrid target's states, since B continues all of them) copied while A decodes on, and both
