@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <deque>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "adaptive.h"

@@ -88,6 +88,7 @@ void bind_slot_executors(py::module_& m) {
       .def("retained", &SlotExecutor::retained, py::arg("row"), "a released row's kept positions (prefix reuse)")
       .def("retained_place", &SlotExecutor::retained_place, py::arg("row"))
       .def("keep_released", &SlotExecutor::keep_released, py::arg("on"))
+      .def("forget_retained", &SlotExecutor::forget_retained)
       .def("reusable", &SlotExecutor::reusable, py::arg("row"), py::arg("match"))
       .def("reopen", &SlotExecutor::reopen, py::arg("row"), py::arg("source"), py::arg("n"))
       .def_property_readonly("host_bytes", &SlotExecutor::host_bytes)

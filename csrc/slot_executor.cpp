@@ -192,8 +192,7 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
 
 void SlotExecutor::reserve_memory() {
   if (!live_rows().empty()) throw Error(who_ + ": reserve_memory clears the slots; call it before any request");
-  for (int64_t row = 0; row < config_.max_batch; ++row)  // what released rows kept is cleared with them
-    if (retained(row)) forget(row);
+  forget_retained();  // what released rows kept is cleared with them
   for (const std::vector<Buffer>* group : {&target_kv_, &draft_kv_, &conv_, &recurrent_})
     for (const Buffer& buffer : *group)
       if (buffer.bytes()) device_.zero(buffer.at(0), buffer.bytes());
@@ -549,10 +548,7 @@ void SlotExecutor::prefill_rows(const std::vector<int64_t>& rows, const std::vec
     }
     set_states(rows[i], conv, recurrent);
   });
-  for (size_t i = 0; i < rows.size(); ++i) {
-    rows_[rows[i]].live = true;
-    rows_[rows[i]].committed += int64_t(prompts[i].size());
-  }
+  for (size_t i = 0; i < rows.size(); ++i) rows_[rows[i]].committed += int64_t(prompts[i].size());  // live since take_place
 }
 
 std::vector<Verdict> SlotExecutor::verify(const std::vector<int64_t>& rows,
@@ -663,9 +659,12 @@ void SlotExecutor::release(int64_t row) {
 
 void SlotExecutor::keep_released(bool on) {
   keep_released_ = on;
-  if (on) return;
-  for (size_t row = 0; row < rows_.size(); ++row)
-    if (retained(int64_t(row))) forget(int64_t(row));
+  if (!on) forget_retained();
+}
+
+void SlotExecutor::forget_retained() {
+  for (int64_t row = 0; row < config_.max_batch; ++row)
+    if (retained(row)) forget(row);
 }
 
 int64_t SlotExecutor::reusable(int64_t row, int64_t match) const {
@@ -751,21 +750,22 @@ void SlotExecutor::move_place(int64_t from, int64_t to) {
   row_in_[from] = -1;
 }
 
-void SlotExecutor::copy_rows(int64_t from, int64_t to, int64_t target_rows, int64_t context_rows) {
+SlotExecutor::SlotLayout SlotExecutor::cache_layout(bool draft) const {
   const SlotExecutorConfig& c = config_;
+  const int64_t positions = draft ? c.capacity : slot_positions();
+  const int64_t dim = draft ? c.draft_head_dim : c.target_head_dim, heads = draft ? c.draft_kv_heads : c.target_kv_heads;
   const size_t element = dtype_size(dtype_);
+  return {heads * positions * dim, dim, heads, size_t(positions * dim) * element, size_t(dim) * element};
+}
+
+void SlotExecutor::copy_rows(int64_t from, int64_t to, int64_t target_rows, int64_t context_rows) {
   // every head at once: a 2-D copy of the rows per head, heads a slot's positions apart
-  const int64_t positions = slot_positions();
-  const int64_t target_slot = c.target_kv_heads * positions * c.target_head_dim;
-  for (Buffer& cache : target_kv_)
-    device_.copy_rows(cache.at(to * target_slot), positions * c.target_head_dim * element, cache.at(from * target_slot),
-                      positions * c.target_head_dim * element, target_rows * c.target_head_dim * element,
-                      c.target_kv_heads);
-  const int64_t draft_slot = c.draft_kv_heads * c.capacity * c.draft_head_dim;
-  for (Buffer& cache : draft_kv_)
-    device_.copy_rows(cache.at(to * draft_slot), c.capacity * c.draft_head_dim * element, cache.at(from * draft_slot),
-                      c.capacity * c.draft_head_dim * element, context_rows * c.draft_head_dim * element,
-                      c.draft_kv_heads);
+  const auto copy = [&](std::vector<Buffer>& caches, const SlotLayout& l, int64_t rows) {
+    for (Buffer& cache : caches)
+      device_.copy_rows(cache.at(to * l.slot), l.pitch, cache.at(from * l.slot), l.pitch, rows * l.row, l.heads);
+  };
+  copy(target_kv_, cache_layout(false), target_rows);
+  copy(draft_kv_, cache_layout(true), context_rows);
 }
 
 void SlotExecutor::copy_states(int64_t from, int64_t to) {
@@ -777,18 +777,15 @@ void SlotExecutor::copy_states(int64_t from, int64_t to) {
 }
 
 void SlotExecutor::swap_places(int64_t p, int64_t q) {
-  const SlotExecutorConfig& c = config_;
   Row& a = rows_[row_in_[p]];
   Row& b = rows_[row_in_[q]];
-  const size_t element = dtype_size(dtype_);
-  const int64_t positions = slot_positions();
+  const SlotLayout target = cache_layout(false), draft = cache_layout(true);
   // one cache slot at a time through a scratch of one slot: p -> scratch, q -> p, scratch -> q
-  const size_t target_pitch = positions * c.target_head_dim * element, draft_pitch = c.capacity * c.draft_head_dim * element;
-  const size_t most = std::max({c.target_kv_heads * target_pitch, c.draft_kv_heads * draft_pitch,
-                                conv_size_ * element, recurrent_size_ * sizeof(float)});
+  const size_t most = std::max({target.heads * target.pitch, draft.heads * draft.pitch,
+                                conv_size_ * dtype_size(dtype_), recurrent_size_ * sizeof(float)});
   swap_scratch_.reserve((most + sizeof(float) - 1) / sizeof(float));
   char* scratch = swap_scratch_.at(0);
-  const auto swap_rows = [&](Buffer& cache, size_t slot, size_t pitch, size_t width, int64_t heads) {
+  const auto swap_rows = [&](Buffer& cache, int64_t slot, size_t pitch, size_t width, int64_t heads) {
     char* x = cache.at(p * slot);
     char* y = cache.at(q * slot);
     device_.copy_rows(scratch, width, x, pitch, width, heads);
@@ -796,16 +793,13 @@ void SlotExecutor::swap_places(int64_t p, int64_t q) {
     device_.copy_rows(y, pitch, scratch, width, width, heads);
   };
   const int64_t target_rows = std::max(a.committed + a.verify_rows, b.committed + b.verify_rows);
-  for (Buffer& cache : target_kv_)
-    swap_rows(cache, c.target_kv_heads * positions * c.target_head_dim, target_pitch,
-              target_rows * c.target_head_dim * element, c.target_kv_heads);
+  for (Buffer& cache : target_kv_) swap_rows(cache, target.slot, target.pitch, target_rows * target.row, target.heads);
   const int64_t context_rows = std::max(a.drafted, b.drafted);
-  for (Buffer& cache : draft_kv_)
-    swap_rows(cache, c.draft_kv_heads * c.capacity * c.draft_head_dim, draft_pitch,
-              context_rows * c.draft_head_dim * element, c.draft_kv_heads);
+  for (Buffer& cache : draft_kv_) swap_rows(cache, draft.slot, draft.pitch, context_rows * draft.row, draft.heads);
   for (size_t k = 0; k < conv_.size(); ++k) {
-    swap_rows(conv_[k], conv_size_, conv_size_ * element, conv_size_ * element, 1);
-    swap_rows(recurrent_[k], recurrent_size_, recurrent_size_ * sizeof(float), recurrent_size_ * sizeof(float), 1);
+    const size_t conv_bytes = conv_size_ * conv_[k].element(), recurrent_bytes = recurrent_size_ * sizeof(float);
+    swap_rows(conv_[k], conv_size_, conv_bytes, conv_bytes, 1);
+    swap_rows(recurrent_[k], recurrent_size_, recurrent_bytes, recurrent_bytes, 1);
   }
   std::swap(a.place, b.place);
   std::swap(row_in_[p], row_in_[q]);
@@ -837,12 +831,11 @@ void SlotExecutor::keep_context(int64_t row, int64_t run, int64_t j, int64_t cou
   DFLASH_INVARIANT(r.drafted + count <= c.capacity);
   const StateRun& from = state_runs_[run];
   const int64_t head_rows = from.tokens * c.draft_head_dim;  // one head's rows in the Run's output, in elements
-  const int64_t slot_size = c.draft_kv_heads * c.capacity * c.draft_head_dim;
-  const size_t element = dtype_size(dtype_);
+  const SlotLayout l = cache_layout(true);
   for (size_t k = 0; k < context_.size(); ++k)  // every head at once: rows C*dd apart in the slot, s*dd in the output
-    device_.copy_rows(draft_kv_[k].at(r.place * slot_size + r.drafted * c.draft_head_dim),
-                      c.capacity * c.draft_head_dim * element, from.context[k].at(j * c.draft_kv_heads * head_rows),
-                      head_rows * element, count * c.draft_head_dim * element, c.draft_kv_heads);
+    device_.copy_rows(draft_kv_[k].at(r.place * l.slot + r.drafted * l.dim), l.pitch,
+                      from.context[k].at(j * l.heads * head_rows), head_rows * dtype_size(dtype_), count * l.row,
+                      l.heads);
   r.drafted += count;
 }
 
@@ -865,14 +858,12 @@ std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>
   // (its CUDA graph replays; a TensorRT profile stays warm). Rows past each length are masked, and
   // the padding holds zeros or earlier context rows, all finite: no token changes.
   if (!device_.is_host()) ctx = std::min(c.capacity, (ctx + kContextBucket - 1) / kContextBucket * kContextBucket);
-  const int64_t slot_size = c.draft_kv_heads * c.capacity * c.draft_head_dim;
-  const size_t element = dtype_size(dtype_);
+  const SlotLayout l = cache_layout(true);
   for (size_t k = 0; k < context_.size(); ++k) {
-    context_[k].reserve(m * c.draft_kv_heads * ctx * c.draft_head_dim);
+    context_[k].reserve(m * l.heads * ctx * l.dim);
     for (int64_t i = 0; i < m; ++i)  // every head of the row at once: rows C*dd apart in the slot, ctx*dd packed
-      device_.copy_rows(context_[k].at(i * c.draft_kv_heads * ctx * c.draft_head_dim), ctx * c.draft_head_dim * element,
-                        draft_kv_[k].at(rows_[rows[i]].place * slot_size), c.capacity * c.draft_head_dim * element,
-                        rows_[rows[i]].drafted * c.draft_head_dim * element, c.draft_kv_heads);
+      device_.copy_rows(context_[k].at(i * l.heads * ctx * l.dim), ctx * l.row, draft_kv_[k].at(rows_[rows[i]].place * l.slot),
+                        l.pitch, rows_[rows[i]].drafted * l.row, l.heads);
   }
   ids_.host.resize(m * B);
   lengths_.host.resize(m);

@@ -130,6 +130,8 @@ class SlotExecutor : public Executor {
   void commit(const std::vector<int64_t>& rows, const std::vector<int64_t>& kept) override;
   void release(int64_t row) override;
   void keep_released(bool on) override;
+  // Every released row gives its place back and keeps nothing (a benchmark's warm-up, reserve_memory).
+  void forget_retained();
   int64_t reusable(int64_t row, int64_t match) const override;
   void reopen(int64_t row, int64_t source, int64_t n) override;
   // Writes zeros through every slot buffer (K/V caches, draft caches, linear-attention states), so
@@ -237,6 +239,13 @@ class SlotExecutor : public Executor {
   // Moves the row in place `from` to the free place `to`: its valid target cache rows (committed and
   // a verify's pending ones), draft context rows and linear-layer states.
   void move_place(int64_t from, int64_t to);
+  // Where a place's rows lie in a target (draft: false) or draft-context cache buffer: `slot` elements
+  // a place, `heads` runs of positions `pitch` bytes apart, a position `dim` elements, `row` bytes.
+  struct SlotLayout {
+    int64_t slot, dim, heads;
+    size_t pitch, row;
+  };
+  SlotLayout cache_layout(bool draft) const;
   // Copies the first rows of every target cache and draft context from place `from` to place `to`.
   void copy_rows(int64_t from, int64_t to, int64_t target_rows, int64_t context_rows);
   void copy_states(int64_t from, int64_t to);  // every linear layer's conv and recurrent state

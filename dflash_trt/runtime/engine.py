@@ -108,7 +108,6 @@ class BatchRunner:
                               "seeded request's tokens depend on its batch): pass block_size=")
         self.llm = llm
         self.max_batch, self.capacity, self.speculative = max_batch, capacity, speculative
-        self.prefix_caching = prefix_caching
         # the largest block a step verifies (the only one unless adaptive); metrics size their histograms by it
         self.block_size = (block_size or llm.max_block_size or llm.block_size) if llm.has_drafter else 1
         self.executor = llm.executor(max_batch, capacity)  # its KV slots are allocated here
@@ -184,9 +183,7 @@ class BatchRunner:
     def forget_cached(self) -> None:
         """Drop what finished requests' slots keep for prefix caching (a benchmark's warm-up must not
         serve its timed prompts)."""
-        if self.prefix_caching:
-            self.executor.keep_released(False)
-            self.executor.keep_released(True)
+        self.executor.forget_retained()
 
     def _read_counts(self) -> None:
         self.running, self.waiting = self.scheduler.num_running, self.scheduler.num_waiting
