@@ -1,8 +1,9 @@
 """OpenAI request bodies: pydantic models, parsed strictly, every refusal naming its field.
 
-Fields OpenAI clients send that change nothing here (user, presence_penalty, ...) are accepted and
-ignored; fields that would change the reply in a way we cannot honour (n > 1, echo, several prompts)
-are refused, never silently dropped.
+Fields OpenAI clients send that change nothing here (user, metadata, ...) are accepted and ignored;
+fields that would change the reply in a way we cannot honour (n > 1, echo, several prompts, penalties,
+logit_bias, response_format, tools) are refused unless they hold the value that changes nothing
+(frameworks send the defaults explicitly), never silently dropped.
 """
 
 from __future__ import annotations
@@ -50,6 +51,31 @@ JsonInt = Annotated[int, BeforeValidator(_integral)]
 StopString = Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})]
 
 
+# Each field this server does not implement -> the values that change nothing (frameworks send them
+# explicitly): OpenAI's, then vLLM's and SGLang's extensions that change the distribution or constrain
+# the output. Any other value is refused (`_Sampling.check_unsupported`).
+NO_OP_VALUES = {
+    "presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": ({},), "response_format": ({"type": "text"},),
+    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",), "suffix": ("",),
+    "repetition_penalty": (1,), "min_p": (0,), "min_tokens": (0,), "prompt_logprobs": (),
+    "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+}
+
+
+def _no_op(name: str) -> Any:
+    """The type of the unimplemented field `name`: its no-op values or null, as the schema says."""
+    return Annotated[Any, WithJsonSchema({
+        "anyOf": [*({"const": v} for v in NO_OP_VALUES[name]), {"type": "null"}],
+        "description": "not supported by this server: accepted only as a value that changes nothing"})]
+
+
+def _same(value: Any, expected: Any) -> bool:
+    """JSON equality: 0 and 0.0 are one number; false is not 0."""
+    if isinstance(value, bool) or isinstance(expected, bool):
+        return value is expected
+    return value == expected
+
+
 def _has_lone_surrogate(value: Any) -> bool:
     if isinstance(value, str):
         return any("\ud800" <= ch <= "\udfff" for ch in value)
@@ -78,6 +104,23 @@ class _Sampling(BaseModel):
     # SGLang's extension, which the DFlash authors' benchmark client sends: the reply then carries
     # `meta_info` with the verify steps and the mean acceptance length
     return_meta_info: bool = False
+    # vLLM's and SGLang's sampling extensions that SamplingParams has (benchmark clients send ignore_eos
+    # for replies of a fixed length)
+    ignore_eos: bool | None = None
+    stop_token_ids: list[JsonInt] | None = None
+    # what this server does not implement (NO_OP_VALUES)
+    presence_penalty: _no_op("presence_penalty") = None
+    frequency_penalty: _no_op("frequency_penalty") = None
+    logit_bias: _no_op("logit_bias") = None
+    response_format: _no_op("response_format") = None
+    repetition_penalty: _no_op("repetition_penalty") = None
+    min_p: _no_op("min_p") = None
+    min_tokens: _no_op("min_tokens") = None
+    prompt_logprobs: _no_op("prompt_logprobs") = None
+    guided_json: _no_op("guided_json") = None
+    guided_regex: _no_op("guided_regex") = None
+    guided_choice: _no_op("guided_choice") = None
+    guided_grammar: _no_op("guided_grammar") = None
 
     @model_validator(mode="before")
     @classmethod
@@ -95,12 +138,25 @@ class _Sampling(BaseModel):
     def sampling(self, max_tokens: int | None) -> dict:
         """The Triton model's sampling_parameters (None: its default)."""
         values = {"max_tokens": max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                  "top_k": self.top_k, "seed": self.seed, "stop": self.stop, "logprobs": self.logprob_count()}
+                  "top_k": self.top_k, "seed": self.seed, "stop": self.stop, "logprobs": self.logprob_count(),
+                  "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids}
         return {k: v for k, v in values.items() if v is not None}
 
     def check_sampling(self) -> None:
-        """The sampling fields through SamplingParams' own checks."""
+        """The fields this server does not implement, then the sampling fields through SamplingParams'
+        own checks."""
+        self.check_unsupported()
         sampling_params(self.sampling(self.max_tokens))
+
+    def check_unsupported(self) -> None:
+        """A field this server does not implement, holding a value that would change the reply: refused."""
+        for name, values in NO_OP_VALUES.items():
+            value = getattr(self, name, None)
+            if value is None or any(_same(value, v) for v in values):
+                continue
+            allowed = " or ".join(json.dumps(v) for v in values)
+            raise RequestError(name, f"this server does not support {name}: leave it out"
+                                     + (f" or send {allowed}" if allowed else ""))
 
     @property
     def include_usage(self) -> bool:
@@ -118,6 +174,11 @@ class ChatRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: JsonInt | None = Field(None, json_schema_extra=RANGES["logprobs"])
+    # tool calling: the reply would have to carry parsed tool_calls, which this server does not produce
+    tools: _no_op("tools") = None
+    tool_choice: _no_op("tool_choice") = None
+    functions: _no_op("functions") = None
+    function_call: _no_op("function_call") = None
 
     def logprob_count(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:
@@ -151,6 +212,7 @@ class CompletionRequest(_Sampling):
     prompt: str | list[JsonInt] | list[str] | list[list[JsonInt]]
     max_tokens: JsonInt | None = Field(16, json_schema_extra=RANGES["max_tokens"])  # OpenAI's default for completions
     echo: Literal[False] | None = None
+    suffix: _no_op("suffix") = None
     best_of: JsonInt | None = Field(None, ge=1, le=1, json_schema_extra={"minimum": 1, "maximum": 1})
     logprobs: JsonInt | None = Field(None, json_schema_extra=RANGES["logprobs"])
 

@@ -81,3 +81,39 @@ def test_completion_refuses_echo():
     with pytest.raises(RequestError) as err:
         parse(json.dumps({"model": "m", "prompt": "x", "echo": True}).encode(), CompletionRequest)
     assert err.value.param == "echo"
+
+
+def test_vllm_sampling_extensions_reach_the_sampling_parameters():
+    inputs = parse(chat(ignore_eos=True, stop_token_ids=[7, 9]), ChatRequest).triton_inputs()
+    assert json.loads(inputs["sampling_parameters"]) == {"ignore_eos": True, "stop_token_ids": [7, 9]}
+
+
+# what frameworks send by default: the values that change nothing, accepted (and not passed on)
+NO_OP_FIELDS = {"presence_penalty": 0.0, "frequency_penalty": 0, "logit_bias": {}, "response_format": {"type": "text"},
+                "tools": [], "tool_choice": "none", "repetition_penalty": 1.0, "min_p": 0, "min_tokens": 0,
+                "guided_json": None, "prompt_logprobs": None}
+
+
+def test_unimplemented_fields_at_their_no_op_values_are_accepted():
+    request = parse(chat(**NO_OP_FIELDS), ChatRequest)
+    assert json.loads(request.triton_inputs()["sampling_parameters"]) == {}
+    parse(json.dumps({"model": "m", "prompt": "x", "suffix": "", "presence_penalty": 0}).encode(), CompletionRequest)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("presence_penalty", 0.5), ("presence_penalty", False), ("frequency_penalty", -1), ("logit_bias", {"5": 100}),
+    ("response_format", {"type": "json_object"}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("tool_choice", "auto"), ("functions", [{"name": "f"}]), ("repetition_penalty", 1.1), ("min_p", 0.05),
+    ("min_tokens", 4), ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]), ("prompt_logprobs", 1),
+])
+def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, value):
+    with pytest.raises(RequestError) as err:
+        parse(chat(**{field: value}), ChatRequest)
+    assert err.value.status == 400 and err.value.param == field
+    assert err.value.message.startswith(f"this server does not support {field}: leave it out")
+
+
+def test_a_completion_refuses_a_suffix():
+    with pytest.raises(RequestError) as err:
+        parse(json.dumps({"model": "m", "prompt": "x", "suffix": "end"}).encode(), CompletionRequest)
+    assert err.value.param == "suffix"

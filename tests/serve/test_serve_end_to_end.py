@@ -101,6 +101,18 @@ def test_a_seeded_sampled_reply_equals_offline(server, client, offline):
     assert reply.usage.completion_tokens == len(expected.token_ids)
 
 
+def test_vllm_s_stop_token_ids_end_a_reply_where_offline_generate_ends_it(server, client, offline):
+    """stop_token_ids (vLLM's extension, sent in extra_body) reach the core: the reply stops at the first
+    one generated, as LLM.generate's does with the same SamplingParams."""
+    ids = offline.generate(PROMPTS[1], SamplingParams(max_tokens=24))[0].token_ids
+    at = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i])  # its first occurrence, a few tokens in
+    expected = offline.generate(PROMPTS[1], SamplingParams(max_tokens=24, stop_token_ids=(ids[at],)))[0]
+    assert expected.token_ids == ids[:at + 1] and expected.finish_reason == "stop"
+    reply = chat(client, server, PROMPTS[1], max_tokens=24, temperature=0, extra_body={"stop_token_ids": [ids[at]]})
+    assert reply.choices[0].message.content == expected.text and reply.choices[0].finish_reason == "stop"
+    assert reply.usage.completion_tokens == at + 1
+
+
 def test_the_dflash_authors_benchmark_client_gets_its_template_switch_and_meta_info(server, offline):
     """Exactly the body `python -m dflash.benchmark --backend sglang --reasoning off` sends: its
     chat_template_kwargs reach the chat template, and `meta_info` answers what it reads."""
