@@ -27,6 +27,7 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dflash_trt.serve import protocol
+from dflash_trt.serve.choices import Choices
 from dflash_trt.serve.openai_models import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -37,7 +38,7 @@ from dflash_trt.serve.openai_models import (
     ModelList,
 )
 from dflash_trt.serve.requests import RequestError
-from dflash_trt.serve.responses import Reply, error_body
+from dflash_trt.serve.responses import Outcome, Reply, error_body, merged_usage
 from dflash_trt.serve.triton_client import Piece, TritonClient, UpstreamError
 
 DISCONNECT_POLL_S = 0.1
@@ -173,16 +174,21 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         if parsed.model != settings.model:
             return _error(404, f"model '{parsed.model}' does not exist; this server serves '{settings.model}'",
                           "model", "model_not_found")
-        inputs = parsed.triton_inputs()
         chat = isinstance(parsed, protocol.ChatRequest)
         reply = Reply(chat=chat, model=settings.model, with_meta_info=parsed.return_meta_info,
                       logprobs=parsed.logprob_count() is not None)
-        pieces = _renamed(triton.generate(inputs), "messages" if chat else "prompt")
+        # each choice is a request of its own in the engine
+        choices = Choices([_renamed(triton.generate(parsed.triton_inputs(choice)), "messages" if chat else "prompt")
+                           for choice in range(parsed.n)])
         if not parsed.stream:
-            return await _whole(request, reply, pieces)
-        first = await anext(pieces)  # refusals (prompt too long, ...) come first: a 4xx, not a broken stream
+            return await _whole(request, reply, choices)
+        try:  # refusals (prompt too long, ...) come first: a 4xx, not a broken stream
+            early = await choices.first_pieces()
+        except BaseException:
+            await choices.close()
+            raise
         # sse-starlette ends its streams when the server begins to stop; a drain lets them finish
-        return EventSourceResponse(_events(reply, first, pieces, parsed.include_usage), sep="\n",
+        return EventSourceResponse(_events(reply, choices, early, parsed.include_usage), sep="\n",
                                    shutdown_grace_period=settings.drain_s)
 
     @app.post("/v1/chat/completions", response_model=None, responses=_replies(ChatCompletion, ChatCompletionChunk))
@@ -209,51 +215,59 @@ async def _renamed(pieces: AsyncIterator[Piece], prompt_field: str) -> AsyncIter
         await pieces.aclose()
 
 
-async def _whole(request: Request, reply: Reply, pieces: AsyncIterator[Piece]) -> Response:
-    """Collect the reply; if the client leaves first, stop (closing the Triton stream cancels it)."""
+async def _whole(request: Request, reply: Reply, choices: Choices) -> Response:
+    """Collect every choice's reply; if one is refused, or the client leaves first, stop them all."""
+    texts, logprobs, last = ([[] for _ in range(choices.count)] for _ in range(3))
 
     async def collect():
-        text, logprobs, last = [], [], None
-        async for piece in pieces:
-            text.append(piece.text)
-            logprobs += piece.logprobs or []
-            last = piece
-        return "".join(text), (logprobs if reply.logprobs else None), last
+        while not choices.done:
+            choice, piece = await choices.next()
+            texts[choice].append(piece.text)
+            logprobs[choice] += piece.logprobs or []
+            last[choice] = piece
 
     task = asyncio.ensure_future(collect())
-    while not task.done():
-        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if not task.done() and await request.is_disconnected():
-            task.cancel()
-            return Response(status_code=499)  # nobody reads it
-    text, logprobs, last = task.result()
-    return JSONResponse(reply.whole(text, last.finish_reason, last.usage, logprobs))
+    try:
+        while not task.done():  # the client is asked every poll, however fast the pieces come
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                return Response(status_code=499)  # nobody reads it
+        task.result()  # a choice's refusal or failure
+    finally:
+        await choices.close()
+    outcomes = [Outcome("".join(text), piece.finish_reason, found if reply.logprobs else None)
+                for text, found, piece in zip(texts, logprobs, last)]
+    return JSONResponse(reply.whole(outcomes, merged_usage([piece.usage for piece in last])))
 
 
-async def _events(reply: Reply, first: Piece, pieces: AsyncIterator[Piece], include_usage: bool):
-    """SSE data: the role, content deltas, the finish reason, usage if asked, [DONE]. sse-starlette
-    cancels this generator when the client disconnects; `pieces` is then closed, and Triton cancels."""
+async def _events(reply: Reply, choices: Choices, early: list[tuple[int, Piece]], include_usage: bool):
+    """SSE data: each choice's role, content deltas and finish reason, the usage of all if asked,
+    [DONE]. `early`: the pieces read before the reply began. sse-starlette cancels this generator when
+    the client disconnects; the choices are then closed, and Triton cancels them."""
 
     def event(data: dict | str) -> dict:
         return {"data": data if isinstance(data, str) else json.dumps(data)}
 
+    sent = [0] * choices.count  # per choice, the text so far, where a completion's token offsets count from
+    usages = [None] * choices.count
     try:
         if reply.chat:
-            yield event(reply.chunk(None, role=True))
-        piece, sent = first, 0  # sent: the text so far, where a completion's token offsets count from
-        while True:
+            for choice in range(choices.count):
+                yield event(reply.chunk(None, role=True, index=choice))
+        while early or not choices.done:
+            choice, piece = early.pop(0) if early else await choices.next()
             if piece.text or piece.logprobs:
-                yield event(reply.chunk(piece.text, logprobs=piece.logprobs, offset=sent))
-                sent += len(piece.text)
+                yield event(reply.chunk(piece.text, logprobs=piece.logprobs, offset=sent[choice], index=choice))
+                sent[choice] += len(piece.text)
             if piece.finish_reason is not None:
-                yield event(reply.chunk(None, piece.finish_reason))
-                if include_usage:
-                    yield event(reply.usage_chunk(piece.usage))
-                break
-            piece = await anext(pieces)
+                yield event(reply.chunk(None, piece.finish_reason, index=choice))
+                usages[choice] = piece.usage
+        if include_usage:
+            yield event(reply.usage_chunk(merged_usage(usages)))
         yield event("[DONE]")
     except (RequestError, UpstreamError) as err:  # mid-stream: the status line has gone already
         status = err.status if isinstance(err, RequestError) else 503
         yield event(error_body(status, str(err), getattr(err, "param", None)))
     finally:
-        await pieces.aclose()
+        await choices.close()

@@ -1,7 +1,7 @@
 """OpenAI request bodies: pydantic models, parsed strictly, every refusal naming its field.
 
 Fields OpenAI clients send that change nothing here (user, metadata, ...) are accepted and ignored;
-fields that would change the reply in a way we cannot honour (n > 1, echo, several prompts, penalties,
+fields that would change the reply in a way we cannot honour (echo, several prompts, penalties,
 logit_bias, response_format, tools) are refused unless they hold the value that changes nothing
 (frameworks send the defaults explicitly), never silently dropped.
 """
@@ -62,6 +62,9 @@ NO_OP_VALUES = {
 }
 
 
+MAX_CHOICES = 64  # n: each choice takes a KV slot of its own
+
+
 def _no_op(name: str) -> Any:
     """The type of the unimplemented field `name`: its no-op values or null, as the schema says."""
     return Annotated[Any, WithJsonSchema({
@@ -98,7 +101,8 @@ class _Sampling(BaseModel):
     # SamplingParams takes [0, 2**64); the schema promises JSON's exact integers, which clients can send
     seed: JsonInt | None = Field(None, json_schema_extra={"minimum": 0, "maximum": 2**53 - 1})
     stop: StopString | list[StopString] | None = None
-    n: JsonInt = Field(1, ge=1, le=1, description="one choice per request")
+    n: JsonInt = Field(1, ge=1, le=MAX_CHOICES, description="choices: each a request of its own in the engine; "
+                                                             "choice i samples with seed + i")
     stream: bool = False
     stream_options: StreamOptions | None = None
     # SGLang's extension, which the DFlash authors' benchmark client sends: the reply then carries
@@ -135,10 +139,12 @@ class _Sampling(BaseModel):
         """How many top tokens' log-probabilities each output token carries (None: no logprobs)."""
         return None
 
-    def sampling(self, max_tokens: int | None) -> dict:
-        """The Triton model's sampling_parameters (None: its default)."""
+    def sampling(self, max_tokens: int | None, choice: int = 0) -> dict:
+        """The Triton model's sampling_parameters (None: its default) for choice `choice` of n: seeded,
+        choice i draws with seed + i, so choice 0 is the reply of the same request with n = 1."""
+        seed = None if self.seed is None else self.seed + choice
         values = {"max_tokens": max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                  "top_k": self.top_k, "seed": self.seed, "stop": self.stop, "logprobs": self.logprob_count(),
+                  "top_k": self.top_k, "seed": seed, "stop": self.stop, "logprobs": self.logprob_count(),
                   "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids}
         return {k: v for k, v in values.items() if v is not None}
 
@@ -199,10 +205,11 @@ class ChatRequest(_Sampling):
                 raise RequestError("max_completion_tokens", err.message.replace("max_tokens", "max_completion_tokens",
                                                                                 1)) from None
 
-    def triton_inputs(self) -> dict:
+    def triton_inputs(self, choice: int = 0) -> dict:
         messages = [{"role": m.role, "content": m.text()} for m in self.messages]
         tokens = self.max_completion_tokens or self.max_tokens
-        inputs = {"messages": json.dumps(messages), "sampling_parameters": json.dumps(self.sampling(tokens))}
+        inputs = {"messages": json.dumps(messages),
+                  "sampling_parameters": json.dumps(self.sampling(tokens, choice))}
         if self.chat_template_kwargs:
             inputs["chat_template_kwargs"] = json.dumps(self.chat_template_kwargs)
         return inputs
@@ -213,13 +220,14 @@ class CompletionRequest(_Sampling):
     max_tokens: JsonInt | None = Field(16, json_schema_extra=RANGES["max_tokens"])  # OpenAI's default for completions
     echo: Literal[False] | None = None
     suffix: _no_op("suffix") = None
+    # no server-side best-of: each of the n choices is returned
     best_of: JsonInt | None = Field(None, ge=1, le=1, json_schema_extra={"minimum": 1, "maximum": 1})
     logprobs: JsonInt | None = Field(None, json_schema_extra=RANGES["logprobs"])
 
     def logprob_count(self) -> int | None:
         return self.logprobs
 
-    def triton_inputs(self) -> dict:
+    def triton_inputs(self, choice: int = 0) -> dict:
         prompt = self.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
@@ -228,7 +236,7 @@ class CompletionRequest(_Sampling):
         if isinstance(prompt, list) and not prompt:
             raise RequestError("prompt", "prompt is empty")
         key = "text_input" if isinstance(prompt, str) else "input_ids"
-        return {key: prompt, "sampling_parameters": json.dumps(self.sampling(self.max_tokens))}
+        return {key: prompt, "sampling_parameters": json.dumps(self.sampling(self.max_tokens, choice))}
 
 
 def refusal(errors: list[dict], data: Any) -> RequestError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 
 from dflash_trt.serve.openai_models import (
     AssistantMessage,
@@ -81,6 +82,28 @@ def completion_logprobs(entries: list | None, offset: int = 0) -> CompletionLogp
                               top_logprobs=[dict((t, lp) for t, lp in e[2]) for e in entries], text_offset=offsets)
 
 
+def merged_usage(infos: list[dict | None]) -> dict | None:
+    """The usage of a request's choices (Triton's usage JSON each): the prompt counted once (its cached
+    tokens: choice 0's), the completions and verify steps of all, τ over all their steps."""
+    if len(infos) == 1:
+        return infos[0]
+    infos = [info or {} for info in infos]
+    lengths = [tau for info in infos for tau in info.get("acceptance_lengths", [])]
+    return {"prompt_tokens": infos[0].get("prompt_tokens", 0), "cached_tokens": infos[0].get("cached_tokens", 0),
+            "completion_tokens": sum(info.get("completion_tokens", 0) for info in infos),
+            "num_drafts": len(lengths), "acceptance_lengths": lengths,
+            "mean_acceptance_length": sum(lengths) / len(lengths) if lengths else None}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One choice of a whole reply."""
+
+    text: str
+    finish_reason: str | None
+    logprobs: list | None = None
+
+
 class Reply:
     """One request's identity and the shapes of its chat or completion objects."""
 
@@ -92,25 +115,28 @@ class Reply:
     def _head(self) -> dict:
         return {"id": self.id, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, finish_reason: str | None, info: dict | None, logprobs: list | None = None) -> dict:
+    def whole(self, outcomes: list[Outcome], info: dict | None) -> dict:
+        """The reply of every choice, in choice order; `info`: their merged usage."""
         extra = {"usage": usage(info), **({"meta_info": meta_info(info)} if self.with_meta_info else {})}
         if self.chat:
-            choice = ChatChoice(index=0, message=AssistantMessage(role="assistant", content=text),
-                                logprobs=chat_logprobs(logprobs), finish_reason=finish_reason)
-            return dump(ChatCompletion(object="chat.completion", choices=[choice], **self._head(), **extra))
-        choice = CompletionChoice(index=0, text=text, logprobs=completion_logprobs(logprobs),
-                                  finish_reason=finish_reason)
-        return dump(Completion(object="text_completion", choices=[choice], **self._head(), **extra))
+            choices = [ChatChoice(index=i, message=AssistantMessage(role="assistant", content=o.text),
+                                  logprobs=chat_logprobs(o.logprobs), finish_reason=o.finish_reason)
+                       for i, o in enumerate(outcomes)]
+            return dump(ChatCompletion(object="chat.completion", choices=choices, **self._head(), **extra))
+        choices = [CompletionChoice(index=i, text=o.text, logprobs=completion_logprobs(o.logprobs),
+                                    finish_reason=o.finish_reason) for i, o in enumerate(outcomes)]
+        return dump(Completion(object="text_completion", choices=choices, **self._head(), **extra))
 
     def chunk(self, text: str | None, finish_reason: str | None = None, role: bool = False,
-              logprobs: list | None = None, offset: int = 0) -> dict:
+              logprobs: list | None = None, offset: int = 0, index: int = 0) -> dict:
+        """A stream chunk of choice `index`."""
         if self.chat:
             delta = (ChatDelta(role="assistant", content="") if role
                      else ChatDelta() if text is None else ChatDelta(content=text))
-            choice = ChatChunkChoice(index=0, delta=delta, logprobs=chat_logprobs(logprobs),
+            choice = ChatChunkChoice(index=index, delta=delta, logprobs=chat_logprobs(logprobs),
                                      finish_reason=finish_reason)
             return dump(ChatCompletionChunk(object="chat.completion.chunk", choices=[choice], **self._head()))
-        choice = CompletionChoice(index=0, text=text or "", logprobs=completion_logprobs(logprobs, offset),
+        choice = CompletionChoice(index=index, text=text or "", logprobs=completion_logprobs(logprobs, offset),
                                   finish_reason=finish_reason)
         return dump(Completion(object="text_completion", choices=[choice], **self._head()))
 

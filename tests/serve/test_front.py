@@ -1,5 +1,6 @@
 """The OpenAI front in-process over a stand-in Triton client: shapes, SSE, auth, and the 4xx table."""
 
+import asyncio
 import json
 
 import pytest
@@ -15,7 +16,8 @@ USAGE = {"prompt_tokens": 3, "cached_tokens": 2, "completion_tokens": 3, "accept
 
 
 class FakeTriton:
-    """Answers 'abc' in three pieces; a prompt saying 'long' is refused as Triton's model would."""
+    """Answers 'abc' in three pieces (a seeded request: its seed in three digits); a prompt saying 'long'
+    is refused as Triton's model would, as is seed 13 with a full queue."""
 
     def __init__(self):
         self.requests = []
@@ -29,11 +31,13 @@ class FakeTriton:
             raise RequestError("prompt", "the prompt has 999 tokens; the context capacity is 64 tokens")
         if "down" in str(prompt):
             raise UpstreamError("Stub process is not healthy")
-        if "busy" in str(prompt):
+        seed = json.loads(inputs.get("sampling_parameters") or "{}").get("seed")
+        if "busy" in str(prompt) or seed == 13:
             raise RequestError(None, "all 4 slots are taken and 8 requests already wait; retry shortly", 429)
         try:
-            for i, ch in enumerate("abc"):
+            for i, ch in enumerate("abc" if seed is None else f"{seed:03d}"):
                 yield Piece(ch, [i], "length" if i == 2 else None, USAGE if i == 2 else None)
+                await asyncio.sleep(0.001)  # the engine's next step: other requests' pieces come between
         finally:
             self.closed += 1
 
@@ -109,7 +113,7 @@ def test_models_health_metrics(front):
     ("/v1/chat/completions", {"json": {"model": "tiny", "messages": [{"role": "user"}], "top_p": 0}}, 400, "top_p"),
     ("/v1/chat/completions", {"json": chat(temperature=-1)}, 400, "temperature"),
     ("/v1/chat/completions", {"json": chat(max_tokens=0)}, 400, "max_tokens"),
-    ("/v1/chat/completions", {"json": chat(n=3)}, 400, "n"),
+    ("/v1/chat/completions", {"json": chat(n=65)}, 400, "n"),
     ("/v1/chat/completions", {"json": chat(presence_penalty=1.5)}, 400, "presence_penalty"),
     ("/v1/chat/completions", {"json": chat(response_format={"type": "json_object"}, stream=True)}, 400,
      "response_format"),
@@ -161,3 +165,47 @@ def test_a_full_queue_is_a_429_with_retry_after(front):
     response = front.post("/v1/chat/completions", json=body)
     assert response.status_code == 429 and response.headers["Retry-After"] == "1"
     assert response.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_n_choices_are_requests_of_their_own_seeded_seed_plus_i(front):
+    body = front.post("/v1/chat/completions", json=chat(n=3, seed=5, logprobs=True)).json()
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in body["choices"]] == [
+        (0, "005", "length"), (1, "006", "length"), (2, "007", "length")]
+    assert [json.loads(r["sampling_parameters"])["seed"] for r in front.triton.requests] == [5, 6, 7]
+    # the prompt counted once, the completions and verify steps of all three
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12,
+                             "prompt_tokens_details": {"cached_tokens": 2},
+                             "acceptance_lengths": [2, 1] * 3, "mean_acceptance_length": 1.5}
+    completion = front.post("/v1/completions", json={"model": "tiny", "prompt": "x", "n": 2}).json()
+    assert [c["text"] for c in completion["choices"]] == ["abc", "abc"]
+
+
+def test_n_choices_stream_side_by_side(front):
+    _, data = events(front, "/v1/chat/completions", chat(n=2, stream=True, stream_options={"include_usage": True}))
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    by_choice = {0: [], 1: []}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk["choices"]
+        by_choice[choice["index"]].append(choice)
+    for pieces in by_choice.values():
+        assert pieces[0]["delta"] == {"role": "assistant", "content": ""}
+        assert "".join(p["delta"].get("content") or "" for p in pieces) == "abc"
+        assert [p["finish_reason"] for p in pieces].count("length") == 1 and pieces[-1]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+    assert len({c["id"] for c in chunks}) == 1
+    _, data = events(front, "/v1/completions", {"model": "tiny", "prompt": "x", "n": 2, "seed": 1, "stream": True})
+    texts = {0: "", 1: ""}
+    for d in data[:-1]:
+        (choice,) = json.loads(d)["choices"]
+        texts[choice["index"]] += choice["text"]
+    assert texts == {0: "001", 1: "002"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_one_refused_choice_refuses_the_request_and_stops_the_others(front, stream):
+    """Choice 1 (seed 13) finds the queue full: a 429 before any reply, and choices 0 and 2 are closed
+    (which cancels them in the engine)."""
+    response = front.post("/v1/chat/completions", json=chat(n=3, seed=12, stream=stream))
+    assert response.status_code == 429 and response.json()["error"]["type"] == "rate_limit_error"
+    assert len(front.triton.requests) == 3 and front.triton.closed == 2

@@ -55,7 +55,7 @@ def test_completion_prompts(prompt, key, value):
     (chat(top_p=1.01), "top_p"),
     (chat(max_tokens=0), "max_tokens"),
     (chat(max_tokens=2.5), "max_tokens"),
-    (chat(n=2), "n"),
+    (chat(n=65), "n"),  # more than MAX_CHOICES
     (chat(stream="yes"), "stream"),
     (chat(logprobs="yes"), "logprobs"),
     (chat(logprobs=True, top_logprobs=21), "top_logprobs"),

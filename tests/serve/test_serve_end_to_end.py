@@ -101,6 +101,22 @@ def test_a_seeded_sampled_reply_equals_offline(server, client, offline):
     assert reply.usage.completion_tokens == len(expected.token_ids)
 
 
+def test_n_choices_are_the_offline_replies_of_seed_plus_i(server, client, offline):
+    """n = 3, seeded, T>0: choice i is LLM.generate's reply with seed + i (choice 0: the n = 1 reply);
+    streamed greedy choices are each the greedy reply."""
+    params = [SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=21 + i) for i in range(3)]
+    expected = [offline.generate(PROMPTS[2], p)[0] for p in params]
+    reply = chat(client, server, PROMPTS[2], max_tokens=12, temperature=0.9, top_p=0.95, seed=21, n=3)
+    assert [c.message.content for c in sorted(reply.choices, key=lambda c: c.index)] == [e.text for e in expected]
+    assert reply.usage.completion_tokens == sum(len(e.token_ids) for e in expected)
+    greedy = offline.generate(PROMPTS[3], SamplingParams(max_tokens=12))[0].text
+    texts = {}
+    for chunk in chat(client, server, PROMPTS[3], max_tokens=12, temperature=0, n=2, stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+    assert texts == {0: greedy, 1: greedy}
+
+
 def test_vllm_s_stop_token_ids_end_a_reply_where_offline_generate_ends_it(server, client, offline):
     """stop_token_ids (vLLM's extension, sent in extra_body) reach the core: the reply stops at the first
     one generated, as LLM.generate's does with the same SamplingParams."""
@@ -199,7 +215,7 @@ def test_concurrent_streams_equal_sequential_replies(server, client):
     ({"model": "MODEL", "messages": [{"role": "user", "content": "x" * 1100}]}, 400, "messages"),
     ({"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10_000}, 400, "max_tokens"),
     ({"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
-    ({"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
+    ({"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "n": 65}, 400, "n"),
     ({"model": "MODEL", "messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "temperature"),
     ({"model": "MODEL", "messages": "x"}, 400, "messages"),
     ({"model": "MODEL", "prompt": [10**9]}, 400, "prompt"),  # a token id outside the vocabulary
@@ -287,16 +303,18 @@ def test_disconnects_free_every_slot(server, client):
     before = samples(server)
     count = 200
 
-    def leave_early(prompt):
+    def leave_early(prompt, n=1):
         body = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 200,
-                "stream": True}
+                "stream": True, "n": n}
         with httpx.stream("POST", f"{server.url}/chat/completions", json=body, timeout=60) as response:
             for line in response.iter_lines():
                 if line.startswith("data: "):
                     return  # closing the connection after the first event
 
     with ThreadPoolExecutor(32) as pool:
-        list(pool.map(leave_early, [PROMPTS[i % len(PROMPTS)] for i in range(count)]))
+        list(pool.map(leave_early, [PROMPTS[i % len(PROMPTS)] for i in range(count - 30)]))
+        # and requests of 3 choices, streamed side by side: each of the 30 choices is cancelled
+        list(pool.map(lambda p: leave_early(p, n=3), PROMPTS[:10]))
     deadline = time.monotonic() + 30
     while True:
         now = samples(server)
