@@ -448,13 +448,13 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<SchedulerConfig>(m, "SchedulerConfig")
       .def(py::init([](int64_t max_batch, int64_t capacity, int64_t block_size, uint64_t engine_seed, bool adaptive,
-                       int64_t max_waiting, int64_t prefill_chunk, bool prefix_reuse) {
-             return SchedulerConfig{max_batch, capacity,   block_size,    engine_seed,
-                                    adaptive,  max_waiting, prefill_chunk, prefix_reuse};
+                       int64_t max_waiting, int64_t prefill_chunk, bool prefix_reuse, int64_t prefix_wait_tokens) {
+             return SchedulerConfig{max_batch,   capacity,      block_size,   engine_seed,       adaptive,
+                                    max_waiting, prefill_chunk, prefix_reuse, prefix_wait_tokens};
            }),
            py::kw_only(), py::arg("max_batch") = 8, py::arg("capacity") = 2048, py::arg("block_size") = 4,
            py::arg("engine_seed") = 0, py::arg("adaptive") = false, py::arg("max_waiting") = -1,
-           py::arg("prefill_chunk") = 0, py::arg("prefix_reuse") = true)
+           py::arg("prefill_chunk") = 0, py::arg("prefix_reuse") = true, py::arg("prefix_wait_tokens") = 128)
       .def_readonly("max_batch", &SchedulerConfig::max_batch)
       .def_readonly("capacity", &SchedulerConfig::capacity)
       .def_readonly("block_size", &SchedulerConfig::block_size)
@@ -462,7 +462,8 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("adaptive", &SchedulerConfig::adaptive)
       .def_readonly("max_waiting", &SchedulerConfig::max_waiting)
       .def_readonly("prefill_chunk", &SchedulerConfig::prefill_chunk)
-      .def_readonly("prefix_reuse", &SchedulerConfig::prefix_reuse);
+      .def_readonly("prefix_reuse", &SchedulerConfig::prefix_reuse)
+      .def_readonly("prefix_wait_tokens", &SchedulerConfig::prefix_wait_tokens);
 
   py::class_<RequestParams>(m, "RequestParams")
       .def(py::init([](int64_t max_tokens, double temperature, int64_t top_k, double top_p, py::object seed,

@@ -97,6 +97,8 @@ class Executor {
   // what the row holds (a live row's committed positions, or what a released row still keeps): at
   // most those; 0 where none (a hybrid target's states exist only after all of them: all or nothing).
   virtual int64_t reusable(int64_t row, int64_t match) const = 0;
+  // Whether a request can start on any head of a row's positions (false: only on all of them).
+  virtual bool reuses_heads() const = 0;
   // Start the (not live) row's next request on the first n positions of `source` (1 <= n ==
   // reusable(source, n)): the row itself, released, or another row, released or live, whose positions
   // are then copied; its prefill continues after them.

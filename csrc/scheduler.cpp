@@ -132,6 +132,7 @@ void Scheduler::admit() {
   while (!waiting_.empty() && slots_.num_free() > 0) {
     Request& r = waiting_.front();
     const Admission a = choose_slot(r.prompt);
+    if (waits_for_prefill(r.prompt, a.held)) break;  // FIFO: the queue behind it waits too, a step or so
     r.slot = slots_.allocate_at(a.slot, r.id, int64_t(r.prompt.size()), r.params.max_tokens, a.held);
     if (a.held > 0) executor_.reopen(a.slot, a.source, a.held);
     r.prompt_done = r.cached = a.held;
@@ -157,6 +158,20 @@ std::vector<int64_t> Scheduler::cached_positions(const Request& r) const {
   const int64_t fed = std::min<int64_t>(length - int64_t(tokens.size()), int64_t(r.tokens.size()));
   if (fed > 0) tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.begin() + fed);
   return tokens;
+}
+
+bool Scheduler::waits_for_prefill(const std::vector<int64_t>& prompt, int64_t reusable_now) const {
+  // a hybrid target reuses only all of a row's positions: never a head of another prompt
+  if (!config_.prefix_reuse || config_.prefix_wait_tokens <= 0 || !executor_.reuses_heads()) return false;
+  for (const Request& r : live_) {
+    if (r.prefilled || r.finish != Finish::kNone) continue;
+    // at most all but the prompt's last token, as choose_slot will reuse once that prefill is done
+    const size_t most = std::min(r.prompt.size(), prompt.size() - 1);
+    const int64_t shared = std::mismatch(r.prompt.begin(), r.prompt.begin() + most, prompt.begin()).first -
+                           r.prompt.begin();
+    if (shared - reusable_now >= config_.prefix_wait_tokens) return true;
+  }
+  return false;
 }
 
 Scheduler::Admission Scheduler::choose_slot(const std::vector<int64_t>& prompt) const {

@@ -40,6 +40,13 @@ struct SchedulerConfig {
   // A finished request's slot keeps what its cache holds; a request whose prompt starts with those
   // tokens takes that slot and prefills only the rest (RequestOutput::cached_tokens).
   bool prefix_reuse = true;
+  // With prefix_reuse: a waiting request whose prompt shares at least this many more tokens with the
+  // prompt of a request still prefilling than any slot holds now waits (and the queue behind it) for
+  // that prefill, then starts on its positions; n choices of one long prompt prefill it once. Waiting
+  // costs a step, so a short shared head is prefilled again instead: on a GPU a prefill of up to ~128
+  // tokens costs about a step (the weights' read; an estimate), on a CPU far more (measured:
+  // docs/batching.md). 0: never wait.
+  int64_t prefix_wait_tokens = 128;
 };
 
 struct RequestParams {
@@ -148,6 +155,9 @@ class Scheduler {
   // than the other free slot worth least (keeping nothing, else released longest ago) would; else that
   // slot, and the head is copied there.
   Admission choose_slot(const std::vector<int64_t>& prompt) const;
+  // Whether a prompt that can reuse `reusable_now` tokens should wait for a running request's prefill
+  // (SchedulerConfig::prefix_wait_tokens).
+  bool waits_for_prefill(const std::vector<int64_t>& prompt, int64_t reusable_now) const;
   // The tokens at a slot's cache positions: a running request's committed ones, or what a finished
   // one left (kept_tokens_).
   std::vector<int64_t> held_tokens(int64_t slot) const;

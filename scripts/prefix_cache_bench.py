@@ -3,13 +3,17 @@
 Two workloads through one LLM's C++ core, each with prefix caching on and then off, on the same prompts:
 - conversations: C chats of T turns side by side (one KV slot each); every turn's prompt is the chat so
   far (the chat template over the earlier turns and replies) and a new user message;
-- a shared system prompt: N questions (mt-bench) behind one long system prompt, one at a time.
+- a shared system prompt: N questions (mt-bench) behind one long system prompt, one at a time;
+- choices: K copies of one prompt (system prompt and question) sent together, as an OpenAI request with
+  n = K is, first with the core waiting for the first copy's prefill and starting the others on its
+  positions (`prefix_wait_tokens`), then without waiting.
 Per turn it reports the prompt tokens, those reused (`metrics.cached_tokens`), the mean time to first
 token and the turn's wall time; greedy replies must be the same with and without (lossless), else it
 exits with status 3. Prints a table and writes JSON.
 
     python3 scripts/prefix_cache_bench.py [--target smollm2-135m] [--backend auto] [--conversations 4]
-        [--turns 4] [--max-tokens 48] [--json docs/bench/prefix-cache-smollm2-135m.json]
+        [--turns 4] [--choices 4] [--wait-tokens 64] [--max-tokens 48]
+        [--json docs/bench/prefix-cache-smollm2-135m.json]
 """
 
 from __future__ import annotations
@@ -38,11 +42,12 @@ def chat_ids(llm: LLM, messages: list[dict]) -> list[int]:
 
 
 def run_turns(llm: LLM, turns: list[list[list[dict]]], caching: bool, max_tokens: int, replies_from=None,
-              chat: bool = True) -> dict:
+              chat: bool = True, wait_tokens: int = 0) -> dict:
     """Each turn's requests together (one per conversation). `chat`: a conversation's next turn follows
     its replies (or, when `replies_from` is given, those: both settings then see the same prompts);
     else every turn's messages stand alone."""
-    runner = BatchRunner(llm, max_batch=len(turns[0]), capacity=llm.capacity, prefix_caching=caching)
+    runner = BatchRunner(llm, max_batch=len(turns[0]), capacity=llm.capacity, prefix_caching=caching,
+                         prefix_wait_tokens=wait_tokens)
     params = SamplingParams(max_tokens=max_tokens)
     runner.run([[1, 2, 3, 4]], SamplingParams(max_tokens=4))  # untimed: lazy set-up
     runner.forget_cached()
@@ -83,6 +88,8 @@ def main() -> int:
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--questions", type=int, default=8, help="shared-system-prompt requests")
+    parser.add_argument("--choices", type=int, default=4, help="copies of one prompt sent together")
+    parser.add_argument("--wait-tokens", type=int, default=64, help="prefix_wait_tokens for the choices")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -98,7 +105,11 @@ def main() -> int:
                  for q in users[args.conversations * args.turns:]]
     shared_on = run_turns(llm, questions, True, args.max_tokens, chat=False)
     shared_off = run_turns(llm, questions, False, args.max_tokens, chat=False)
-    table = compare("conversations", chats_on, chats_off) + compare("system prompt", shared_on, shared_off)
+    copies = [[q[0]] * args.choices for q in questions[:4]]  # each turn: one prompt K times
+    waited = run_turns(llm, copies, True, args.max_tokens, chat=False, wait_tokens=args.wait_tokens)
+    no_wait = run_turns(llm, copies, True, args.max_tokens, chat=False, wait_tokens=0)
+    table = (compare("conversations", chats_on, chats_off) + compare("system prompt", shared_on, shared_off)
+             + compare(f"{args.choices} choices, on: wait, off: no wait", waited, no_wait))
 
     print("| workload | turn | requests | prompt tokens | cached | TTFT ms on | TTFT ms off | wall s on | wall s off | same tokens |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -84,7 +84,8 @@ class BatchRunner:
     def __init__(self, llm, max_batch: int = DEFAULT_MAX_BATCH, capacity: int = DEFAULT_CAPACITY,
                  speculative: bool | None = None, block_size: int | None = None, engine_seed: int | None = None,
                  prefill_chunk: int = 0, adaptive: bool | None = None, calibrate: bool = True,
-                 max_waiting: int = -1, reserve_memory: bool = False, prefix_caching: bool = True):
+                 max_waiting: int = -1, reserve_memory: bool = False, prefix_caching: bool = True,
+                 prefix_wait_tokens: int = 128):
         """`speculative` is what a request added without saying does (default: speculative when the
         LLM has a drafter; plain requests verify blocks of 1 in the same slots). `block_size` pins the
         verify block; None lets every step choose it in 1..the drafter's trained block
@@ -94,7 +95,9 @@ class BatchRunner:
         `max_waiting` caps the requests queued beyond the slots (-1: no cap). `reserve_memory` makes
         the KV slots resident at once (a server: its memory at start is its memory under load).
         `prefix_caching`: a finished request's KV slot keeps its tokens' cache, and a request whose prompt
-        starts with them takes that slot and prefills only the rest (its metrics' `cached_tokens`)."""
+        starts with them takes that slot and prefills only the rest (its metrics' `cached_tokens`).
+        `prefix_wait_tokens` N > 0: a request that would reuse at least N more of its prompt once a
+        request still prefilling is done (n copies of one prompt sent together) waits for that prefill."""
         check_batching(max_batch, capacity, prefill_chunk)
         core = native_core()
         speculative = llm.has_drafter if speculative is None else speculative
@@ -116,7 +119,7 @@ class BatchRunner:
         config = core.SchedulerConfig(max_batch=max_batch, capacity=capacity, block_size=self.block_size,
                                       engine_seed=random.getrandbits(64) if engine_seed is None else engine_seed,
                                       adaptive=adaptive, max_waiting=max_waiting, prefill_chunk=prefill_chunk,
-                                      prefix_reuse=prefix_caching)
+                                      prefix_reuse=prefix_caching, prefix_wait_tokens=prefix_wait_tokens)
         self.scheduler = core.Scheduler(self.executor, config)
         if adaptive and calibrate and self.block_size > 1:
             calibrate_costs(self.scheduler, self.executor, sorted({1, max_batch}), sorted({1, self.block_size}),

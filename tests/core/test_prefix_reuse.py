@@ -33,10 +33,10 @@ def pair(ort, request, tmp_path_factory):
     return request.param, bundle, target, drafter
 
 
-def scheduler(core, ort, bundle, max_batch, prefix_reuse=True, capacity=64):
+def scheduler(core, ort, bundle, max_batch, prefix_reuse=True, capacity=64, prefix_wait_tokens=128):
     executor = ort.ort_executor(bundle, max_batch=max_batch, capacity=capacity)
     config = core.SchedulerConfig(max_batch=max_batch, capacity=capacity, block_size=4, engine_seed=0,
-                                  prefix_reuse=prefix_reuse)
+                                  prefix_reuse=prefix_reuse, prefix_wait_tokens=prefix_wait_tokens)
     return core.Scheduler(executor, config), executor
 
 
@@ -222,6 +222,29 @@ def test_a_request_starts_on_a_running_requests_positions(core, ort, pair):
                 cached = out["cached_tokens"]
     assert cached == len(turn) - 1
     assert tokens[a] == reference(pair, prompt_a, 20) and tokens[b] == reference(pair, turn)
+
+
+@pytest.mark.parametrize("wait_tokens", [4, 9, 10, 0])
+def test_requests_sharing_a_long_head_with_one_still_prefilling_wait_for_its_prefill(core, ort, pair, wait_tokens):
+    """Three requests sent at once (n choices of one prompt, then one sharing 8 tokens): the first
+    prefills; where the others would reuse at least prefix_wait_tokens more of their prompts after it
+    (9 and 8 tokens here), they wait one step and start on its positions; a hybrid target (whole rows
+    only) and a larger threshold never wait. Every output equals its autoregressive one."""
+    kind = pair[0]
+    sched, _ = scheduler(core, ort, pair[1], 4, prefix_wait_tokens=wait_tokens)
+    prompt = [1, 2, 3, 4, 0, 1, 2, 3, 4, 0]
+    prompts = [prompt, prompt, prompt[:8] + [2, 1]]
+    params = core.RequestParams(max_tokens=8, ignore_eos=True)
+    ids = [sched.add_request(p, params) for p in prompts]
+    waits = kind != "hybrid" and 0 < wait_tokens <= 9
+    assert sched.num_waiting == (2 if waits else 0)
+    tokens, cached = {i: [] for i in ids}, {}
+    while sched.has_work:
+        for out in sched.step():
+            tokens[out["request"]] += out["new_tokens"]
+            cached[out["request"]] = out["cached_tokens"]
+    assert [cached[i] for i in ids] == ([0, 9, 8] if waits else [0, 0, 0])
+    assert [tokens[i] for i in ids] == [reference(pair, p, 8) for p in prompts]
 
 
 @pytest.mark.parametrize("source_live", [False, True])
