@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "acceptance.h"
@@ -22,6 +23,7 @@
 #include "host_block.h"
 #include "executor.h"
 #include "metrics.h"
+#include "penalties.h"
 #include "rng.h"
 #include "sampling.h"
 #include "scheduler.h"
@@ -135,18 +137,50 @@ PYBIND11_MODULE(_core, m) {
       "an idle engine calls it, so memory freed after a burst of large steps does not stay resident.");
 
   py::class_<SamplingParams>(m, "SamplingParams")
-      .def(py::init([](double temperature, int64_t top_k, double top_p, uint64_t seed, int32_t logprobs) {
-             SamplingParams p{temperature, top_k, top_p, seed, logprobs};
+      .def(py::init([](double temperature, int64_t top_k, double top_p, uint64_t seed, int32_t logprobs,
+                       double repetition_penalty, double frequency_penalty, double presence_penalty) {
+             SamplingParams p{temperature,        top_k,
+                              top_p,              seed,
+                              logprobs,           repetition_penalty,
+                              frequency_penalty,  presence_penalty};
              p.validate();
              return p;
            }),
            py::kw_only(), py::arg("temperature") = 0.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0,
-           py::arg("seed") = 0, py::arg("logprobs") = -1)
+           py::arg("seed") = 0, py::arg("logprobs") = -1, py::arg("repetition_penalty") = 1.0,
+           py::arg("frequency_penalty") = 0.0, py::arg("presence_penalty") = 0.0)
       .def_readonly("temperature", &SamplingParams::temperature)
       .def_readonly("top_k", &SamplingParams::top_k)
       .def_readonly("top_p", &SamplingParams::top_p)
       .def_readonly("seed", &SamplingParams::seed)
       .def_readonly("logprobs", &SamplingParams::logprobs);
+
+  m.def(
+      "penalized_logits",
+      [](const FloatArray& logits, const std::vector<std::tuple<int32_t, int32_t, bool>>& history,
+         const std::vector<int64_t>& block, const SamplingParams& params, int threads) {
+        params.validate();
+        if (threads < 1) throw Error("threads must be >= 1");
+        int64_t vocab = 0;
+        const float* in = rows_of(logits, -1, &vocab);
+        const int64_t positions = logits.shape(0);
+        if (positions < 1 || int64_t(block.size()) < positions)
+          throw Error("logits need 1 to len(block) rows, got " + std::to_string(positions));
+        PenaltyHistory seen;
+        for (const auto& [token, count, in_prompt] : history) seen[token] = {count, in_prompt};
+        std::vector<PenaltyList> lists;
+        std::vector<PenaltyEntry> entries;
+        penalty_lists(seen, block, positions, 0, params, lists, entries);
+        FloatArray out({py::ssize_t(positions), py::ssize_t(vocab)});
+        std::copy(in, in + positions * vocab, out.mutable_data());
+        for (const PenaltyList& list : lists)
+          for (int t = 0; t < threads; ++t)  // a block's threads, one after another: the kernel's strides
+            apply_penalties(out.mutable_data(), vocab, list, entries.data(), t, threads);
+        return out;
+      },
+      py::arg("logits"), py::arg("history"), py::arg("block"), py::arg("params"), py::arg("threads") = 1,
+      "logits [positions, vocab] of a verify block (block[0] the bonus) -> the rows penalized as an executor "
+      "does (penalties.h); history: (token, output count, in the prompt) before the block's position 0.");
 
   m.def(
       "target_probs",
@@ -468,10 +502,13 @@ PYBIND11_MODULE(_core, m) {
   py::class_<RequestParams>(m, "RequestParams")
       .def(py::init([](int64_t max_tokens, double temperature, int64_t top_k, double top_p, py::object seed,
                        std::vector<int64_t> stop_token_ids, std::vector<int64_t> eos_token_ids, bool ignore_eos,
-                       int64_t max_block, int32_t logprobs) {
+                       int64_t max_block, int32_t logprobs, double repetition_penalty, double frequency_penalty,
+                       double presence_penalty) {
              RequestParams p;
-             p.sampling = SamplingParams{temperature, top_k, top_p, seed.is_none() ? 0 : seed.cast<uint64_t>(),
-                                         logprobs};
+             p.sampling = SamplingParams{temperature,        top_k,
+                                         top_p,              seed.is_none() ? 0 : seed.cast<uint64_t>(),
+                                         logprobs,           repetition_penalty,
+                                         frequency_penalty,  presence_penalty};
              p.sampling.validate();
              p.seeded = !seed.is_none();
              p.max_tokens = max_tokens;
@@ -484,7 +521,8 @@ PYBIND11_MODULE(_core, m) {
            py::kw_only(), py::arg("max_tokens") = 256, py::arg("temperature") = 0.0, py::arg("top_k") = 0,
            py::arg("top_p") = 1.0, py::arg("seed") = py::none(), py::arg("stop_token_ids") = std::vector<int64_t>{},
            py::arg("eos_token_ids") = std::vector<int64_t>{}, py::arg("ignore_eos") = false,
-           py::arg("max_block") = 0, py::arg("logprobs") = -1)
+           py::arg("max_block") = 0, py::arg("logprobs") = -1, py::arg("repetition_penalty") = 1.0,
+           py::arg("frequency_penalty") = 0.0, py::arg("presence_penalty") = 0.0)
       .def_readonly("max_tokens", &RequestParams::max_tokens)
       .def_readonly("max_block", &RequestParams::max_block)
       .def_readonly("seeded", &RequestParams::seeded);

@@ -285,6 +285,7 @@ void CudaDevice::load_decide_module() {
   check(driver_->function(&decide_, module_, "dflash_decide_rows"), "finding the decision kernel");
   check(driver_->function(&logprobs_, module_, "dflash_decided_logprobs"), "finding the logprobs kernel");
   check(driver_->function(&draw_, module_, "dflash_draw_drafts"), "finding the draft kernel");
+  check(driver_->function(&penalize_, module_, "dflash_penalize"), "finding the penalty kernel");
 }
 #else
 void CudaDevice::load_decide_module() {
@@ -305,6 +306,16 @@ void CudaDevice::launch_pairs(CUfunction block, CUfunction wide, int64_t rows, i
   check(driver_->launch(clustered ? wide : block, unsigned(rows * (clustered ? kDecideCluster : 1)), unsigned(y), 1,
                         threads, 1, 1, 0, stream_, args, nullptr),
         what);
+}
+
+void CudaDevice::penalize(float* logits, int64_t vocab, const PenaltyList* lists, int64_t count,
+                          const PenaltyEntry* entries) {
+  bind();
+  load_decide_module();
+  if (count == 0) return;
+  void* args[] = {&logits, &vocab, &lists, &entries};
+  check(driver_->launch(penalize_, unsigned(count), 1, 1, kPenaltyThreads, 1, 1, 0, stream_, args, nullptr),
+        "launching the penalty kernel");
 }
 
 void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,

@@ -15,6 +15,7 @@
 #include <cooperative_groups.h>
 
 #include "decide.h"
+#include "penalties.h"
 
 namespace {
 
@@ -233,6 +234,13 @@ extern "C" __global__ void __cluster_dims__(dflash::kDecideCluster, 1, 1) __laun
   if (cluster.block_rank() == 0 && threadIdx.x == 0) tokens[at] = ids ? ids[id] : id;
 }
 #endif
+
+// The penalties of lists[b] (penalties.h) applied to its logits row in place, its entries strided over
+// the block's threads (a list holds each token once). Launch: grid = number of lists, any block size.
+extern "C" __global__ void dflash_penalize(float* logits, int64_t vocab, const dflash::PenaltyList* lists,
+                                           const dflash::PenaltyEntry* entries) {
+  dflash::apply_penalties(logits, vocab, lists[blockIdx.x], entries, threadIdx.x, blockDim.x);
+}
 
 // rows[b] -> out[b], from what their positions decided (dflash_target_tokens): the drafts kept up to
 // the first position that emits a token of its own. Launch: grid = number of rows, block = 1 thread.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "decide.h"
+#include "penalties.h"
 #include "errors.h"
 #include "state_rebuild.h"
 
@@ -78,6 +79,13 @@ class Device {
                       TokenLogprob* logprobs) {
     (void)logits, (void)vocab, (void)rows, (void)count, (void)positions, (void)drafts, (void)drafter, (void)probs,
         (void)order, (void)out, (void)logprobs;
+    DFLASH_INVARIANT(false);
+  }
+  // Penalties (penalties.h) of `count` lists over logits [*, vocab], in place; lists and entries are this
+  // device's memory. Only where `decides`; ordered after the calls before it.
+  virtual void penalize(float* logits, int64_t vocab, const PenaltyList* lists, int64_t count,
+                        const PenaltyEntry* entries) {
+    (void)logits, (void)vocab, (void)lists, (void)count, (void)entries;
     DFLASH_INVARIANT(false);
   }
   // The drafter rule's drafts of a block pass's rows (decide_kernel.cu's dflash_draw_drafts states the

@@ -24,6 +24,7 @@
 
 #include "acceptance.h"
 #include "errors.h"
+#include "penalties.h"
 
 namespace dflash {
 
@@ -34,6 +35,8 @@ struct RowSampling {
   SamplingParams sampling;
   uint64_t stream = 0;
   uint32_t position = 0;
+  // the request's tokens so far, for its penalties (penalties.h): read only when it asks for one
+  const PenaltyHistory* history = nullptr;
 };
 
 // The host forms of the rules, for executors whose logits are in host memory.

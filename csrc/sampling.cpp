@@ -15,6 +15,12 @@ void SamplingParams::validate() const {
   if (!(top_p > 0.0 && top_p <= 1.0))
     throw Error("SamplingParams.top_p must be in (0, 1], got " + std::to_string(top_p));
   if (top_k < 0) throw Error("SamplingParams.top_k must be an integer >= 0, got " + std::to_string(top_k));
+  if (!(repetition_penalty > 0.0 && repetition_penalty <= 2.0))
+    throw Error("SamplingParams.repetition_penalty must be in (0, 2], got " + std::to_string(repetition_penalty));
+  if (!(frequency_penalty >= -2.0 && frequency_penalty <= 2.0))
+    throw Error("SamplingParams.frequency_penalty must be in [-2, 2], got " + std::to_string(frequency_penalty));
+  if (!(presence_penalty >= -2.0 && presence_penalty <= 2.0))
+    throw Error("SamplingParams.presence_penalty must be in [-2, 2], got " + std::to_string(presence_penalty));
   if (logprobs < -1 || logprobs > kMaxLogprobs)
     throw Error("SamplingParams.logprobs must be -1 (none) or in [0, " + std::to_string(kMaxLogprobs) + "], got " +
                 std::to_string(logprobs));

@@ -22,6 +22,8 @@ struct SamplingParams {
   // -1: none; n in [0, kMaxLogprobs]: each decided token's log-probability under the target's raw
   // logits (log_softmax, before temperature and the cuts) and the n most probable tokens' (decide.h)
   int32_t logprobs = -1;
+  // penalties.h: applied to the logits before everything above (1, 0, 0: none)
+  double repetition_penalty = 1.0, frequency_penalty = 0.0, presence_penalty = 0.0;
 
   DFLASH_HD bool greedy() const { return temperature == 0.0; }
   // Throws dflash::Error (one line) on values SamplingParams in Python would refuse.

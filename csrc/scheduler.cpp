@@ -136,6 +136,8 @@ void Scheduler::admit() {
     r.slot = slots_.allocate_at(a.slot, r.id, int64_t(r.prompt.size()), r.params.max_tokens, a.held);
     if (a.held > 0) executor_.reopen(a.slot, a.source, a.held);
     r.prompt_done = r.cached = a.held;
+    if (r.params.sampling.repetition_penalty != 1.0)  // the only penalty that reads the prompt
+      for (int64_t t : r.prompt) r.history[int32_t(t)].in_prompt = true;
     prompt_tokens_ += int64_t(r.prompt.size());
     cached_tokens_ += a.held;
     live_.push_back(std::move(r));
@@ -219,6 +221,14 @@ std::vector<Scheduler::Request*> Scheduler::pick_rows(bool prefilled) {
   return rows;
 }
 
+RowSampling Scheduler::row_sampling(Request& r, uint32_t position) {
+  RowSampling s{r.params.sampling, r.stream, position, nullptr};
+  if (!penalizes(r.params.sampling)) return s;
+  for (; r.counted < r.tokens.size(); ++r.counted) ++r.history[int32_t(r.tokens[r.counted])].count;
+  s.history = &r.history;
+  return s;
+}
+
 void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOutput>& out) {
   if (rows.empty()) return;
   const double start = RequestTiming::now();
@@ -231,7 +241,7 @@ void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOu
     slots.push_back(r->slot);
     chunks.emplace_back(r->prompt.begin() + r->prompt_done, r->prompt.begin() + r->prompt_done + n);
     // The first token sits at sequence position len(prompt) (only the last chunk's draw is kept).
-    sampling.push_back({r->params.sampling, r->stream, uint32_t(r->prompt.size())});
+    sampling.push_back(row_sampling(*r, uint32_t(r->prompt.size())));
     slots_.reserve(r->slot, n);
     if (!r->timing.scheduled) r->timing.scheduled = start;
   }
@@ -323,7 +333,7 @@ std::vector<Verdict> Scheduler::verify(const std::vector<Request*>& rows) {
     std::vector<int64_t> block{r->tokens.back()};
     block.insert(block.end(), r->drafts.begin(), r->drafts.end());
     // drafts[0] sits one after the bonus, whose position is the committed length.
-    sampling.push_back({r->params.sampling, r->stream, uint32_t(slots_.length(r->slot) + 1)});
+    sampling.push_back(row_sampling(*r, uint32_t(slots_.length(r->slot) + 1)));
     slots_.reserve(r->slot, int64_t(block.size()));
     widest = std::max(widest, int64_t(block.size()));
     slots.push_back(r->slot);

@@ -141,7 +141,14 @@ class Scheduler {
     int64_t accepted = 0;
     int64_t next = -1;  // the target's token after the accepted drafts
     std::vector<TokenLogprob> logprobs;  // the executor's entries for the tokens this step decided
+    // penalties (penalties.h), when its params ask: each token's count in `tokens` (the first `counted`
+    // of them) and whether the prompt holds it
+    PenaltyHistory history;
+    size_t counted = 0;
   };
+  // A row's RowSampling for a decision at sequence position `position`; its penalty history brought
+  // up to its tokens first.
+  static RowSampling row_sampling(Request& r, uint32_t position);
 
   // The phases of step(), in order.
   void admit();

@@ -139,6 +139,8 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
       decide_logprobs_(device_, DType::int64),
       rebuild_rows_(device_, DType::int64),
       decide_drafts_(device_, DType::int64),
+      penalty_lists_(device_, DType::int64),
+      penalty_entries_(device_, DType::int64),
       decide_probs_(device_, DType::float32),
       decide_order_(device_, DType::float32),
       draft_scores_(device_, DType::float32),
@@ -266,7 +268,8 @@ std::vector<std::vector<size_t>> SlotExecutor::target_groups(const std::vector<i
 
 template <typename F>
 void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& tokens,
-                              bool last_only, const Decision* decision, F&& take) {
+                              bool last_only, const std::vector<RowSampling>* sampling, const Decision* decision,
+                              F&& take) {
   DFLASH_INVARIANT(rows.size() == tokens.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& row = state(rows[i]);
@@ -322,10 +325,39 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
       states.delta_inputs[k].reserve(n * s * delta_shape_.width());
     }
     run_target_range(lo, n, s, r, decision == nullptr);
+    if (sampling) penalize_run(group, r, *sampling, tokens, last_only, decision != nullptr);
     if (config_.has_drafter()) inject_run(n, s);
     if (decision) decide_run(group, n, r, *decision);
     for (int64_t j = 0; j < n; ++j) take(group[j], j, decision ? nullptr : logits_.host.data() + j * r * config_.vocab);
   }
+}
+
+void SlotExecutor::penalize_run(const std::vector<size_t>& group, int64_t r, const std::vector<RowSampling>& sampling,
+                                const std::vector<std::vector<int64_t>>& tokens, bool last_only, bool on_device) {
+  std::vector<PenaltyList> lists;
+  std::vector<PenaltyEntry> entries;
+  for (size_t j = 0; j < group.size(); ++j) {
+    const RowSampling& s = sampling[group[j]];
+    if (s.history == nullptr || !penalizes(s.sampling)) continue;
+    // a prefill decides after its last token; a verify at each position of its block
+    const int64_t positions = last_only ? 1 : int64_t(tokens[group[j]].size());
+    penalty_lists(*s.history, tokens[group[j]], positions, int64_t(j) * r, s.sampling, lists, entries);
+  }
+  if (lists.empty()) return;  // no row asks: nothing runs
+  const int64_t V = config_.vocab;
+  if (!on_device) {
+    for (const PenaltyList& list : lists) apply_penalties(logits_.host.data(), V, list, entries.data(), 0, 1);
+    return;
+  }
+  penalty_lists_.host.resize(lists.size() * sizeof(PenaltyList));
+  std::memcpy(penalty_lists_.host.data(), lists.data(), penalty_lists_.host.size());
+  penalty_entries_.host.resize(std::max<size_t>(1, entries.size()) * sizeof(PenaltyEntry));
+  if (!entries.empty()) std::memcpy(penalty_entries_.host.data(), entries.data(), entries.size() * sizeof(PenaltyEntry));
+  penalty_lists_.upload();
+  penalty_entries_.upload();
+  device_.penalize(static_cast<float*>(logits_.device_data(group.size() * r * V)), V,
+                   reinterpret_cast<const PenaltyList*>(penalty_lists_.device_data()), int64_t(lists.size()),
+                   reinterpret_cast<const PenaltyEntry*>(penalty_entries_.device_data()));
 }
 
 void SlotExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r, bool logits_to_host) {
@@ -437,7 +469,7 @@ std::vector<int64_t> SlotExecutor::prefill(const std::vector<int64_t>& rows,
   std::vector<Verdict> verdicts(rows.size());
   logprobs_.assign(rows.size(), {});
   const Decision on_device{rows, sampling, nullptr, verdicts, logprobs_};
-  prefill_rows(rows, prompts, device_.decides() ? &on_device : nullptr, [&](size_t i, const float* logits) {
+  prefill_rows(rows, prompts, &sampling, device_.decides() ? &on_device : nullptr, [&](size_t i, const float* logits) {
     if (!logits) {
       out[i] = verdicts[i].next;
       return;
@@ -519,14 +551,15 @@ void SlotExecutor::decide_run(const std::vector<size_t>& group, int64_t n, int64
 std::vector<LogitsRows> SlotExecutor::prefill_logits(const std::vector<int64_t>& rows,
                                                      const std::vector<std::vector<int64_t>>& prompts) {
   std::vector<LogitsRows> out(rows.size());
-  prefill_rows(rows, prompts, nullptr, [&](size_t i, const float* logits) {
+  prefill_rows(rows, prompts, nullptr, nullptr, [&](size_t i, const float* logits) {
     out[i] = {1, config_.vocab, std::vector<float>(logits, logits + config_.vocab)};
   });
   return out;
 }
 
 void SlotExecutor::prefill_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& prompts,
-                                const Decision* decision, const LogitsSink& sink) {
+                                const std::vector<RowSampling>* sampling, const Decision* decision,
+                                const LogitsSink& sink) {
   // A row not live yet starts a request (zero states; what a release kept is dropped); a live one (or
   // a reopened one) takes its prompt's next chunk after what it holds.
   for (int64_t row : rows)
@@ -537,7 +570,7 @@ void SlotExecutor::prefill_rows(const std::vector<int64_t>& rows, const std::vec
     }
   const size_t linear = conv_.size();
   std::vector<const char*> conv(linear), recurrent(linear);
-  run_target(rows, prompts, true, decision, [&](size_t i, int64_t j, const float* logits) {
+  run_target(rows, prompts, true, sampling, decision, [&](size_t i, int64_t j, const float* logits) {
     sink(i, logits);
     // a prefill commits all of its chunk: its context rows are kept now
     if (config_.has_drafter()) keep_context(rows[i], run_, j, int64_t(prompts[i].size()));
@@ -558,7 +591,7 @@ std::vector<Verdict> SlotExecutor::verify(const std::vector<int64_t>& rows,
   std::vector<Verdict> out(rows.size());
   logprobs_.assign(rows.size(), {});
   const Decision on_device{rows, sampling, &blocks, out, logprobs_};
-  verify_rows(rows, blocks, device_.decides() ? &on_device : nullptr, [&](size_t i, const float* logits) {
+  verify_rows(rows, blocks, &sampling, device_.decides() ? &on_device : nullptr, [&](size_t i, const float* logits) {
     if (!logits) return;
     std::vector<float>& q = rows_[rows[i]].draft_q;  // its drafts' distributions, when they were drawn
     const int64_t drafts = int64_t(blocks[i].size()) - 1;
@@ -583,7 +616,7 @@ std::vector<LogitsRows> SlotExecutor::verify_logits(const std::vector<int64_t>& 
                                                     const std::vector<std::vector<int64_t>>& blocks) {
   std::vector<LogitsRows> out(rows.size());
   const int64_t V = config_.vocab;
-  verify_rows(rows, blocks, nullptr, [&](size_t i, const float* logits) {
+  verify_rows(rows, blocks, nullptr, nullptr, [&](size_t i, const float* logits) {
     const int64_t len = int64_t(blocks[i].size());
     out[i] = {len, V, std::vector<float>(logits, logits + len * V)};
   });
@@ -591,9 +624,10 @@ std::vector<LogitsRows> SlotExecutor::verify_logits(const std::vector<int64_t>& 
 }
 
 void SlotExecutor::verify_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks,
-                               const Decision* decision, const LogitsSink& sink) {
+                               const std::vector<RowSampling>* sampling, const Decision* decision,
+                               const LogitsSink& sink) {
   for (int64_t row : rows) DFLASH_INVARIANT(state(row).live);
-  run_target(rows, blocks, false, decision, [&](size_t i, int64_t j, const float* logits) {
+  run_target(rows, blocks, false, sampling, decision, [&](size_t i, int64_t j, const float* logits) {
     const int64_t len = int64_t(blocks[i].size());
     sink(i, logits);
     Row& row = rows_[rows[i]];

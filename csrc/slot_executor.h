@@ -176,10 +176,11 @@ class SlotExecutor : public Executor {
     std::vector<Verdict>& out;
     std::vector<std::vector<TokenLogprob>>& logprobs;
   };
+  // `sampling` (null: the raw logits, for tests): the rows' penalties are applied before any decision
   void prefill_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& prompts,
-                    const Decision* decision, const LogitsSink& sink);
+                    const std::vector<RowSampling>* sampling, const Decision* decision, const LogitsSink& sink);
   void verify_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks,
-                   const Decision* decision, const LogitsSink& sink);
+                   const std::vector<RowSampling>* sampling, const Decision* decision, const LogitsSink& sink);
   // The decision kernel over one Run's logits [n, r, V] for the rows `group` of `rows` (Run row k: group[k]).
   void decide_run(const std::vector<size_t>& group, int64_t n, int64_t r, const Decision& decision);
   struct Row {
@@ -215,7 +216,11 @@ class SlotExecutor : public Executor {
   // leave the device. Calls take(i, j, logits) per row, j = its row in the Run (for the Run's outputs).
   template <typename F>
   void run_target(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& tokens, bool last_only,
-                  const Decision* decision, F&& take);
+                  const std::vector<RowSampling>* sampling, const Decision* decision, F&& take);
+  // The penalties (penalties.h) of a Run's rows that ask for them, applied to its logits in place: on the
+  // device where it decides, else on the host array.
+  void penalize_run(const std::vector<size_t>& group, int64_t r, const std::vector<RowSampling>& sampling,
+                    const std::vector<std::vector<int64_t>>& tokens, bool last_only, bool on_device);
   void run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r, bool logits_to_host);
   // Linear layer k's conv / recurrent state after Run row j's last logits row, in Run `run` of the
   // current phase (device memory).
@@ -304,6 +309,7 @@ class SlotExecutor : public Executor {
   Staged<char> decide_rows_, verdicts_, decide_logprobs_, rebuild_rows_;  // rebuild: RebuildRow bytes  // logprobs: [rows, positions, 1 + kMaxLogprobs]
   std::vector<std::vector<TokenLogprob>> logprobs_;        // the last prefill's or verify's, per row
   Staged<int64_t> decide_drafts_;
+  Staged<char> penalty_lists_, penalty_entries_;  // PenaltyList and PenaltyEntry bytes
   Buffer decide_probs_, decide_order_;  // float32 [rows, positions, V]; order holds int32 tokens, then ids
   // the drafter-distribution rule's inputs from the block pass: its logits [m, B-1, V'], or a DFlash2
   // selector's scores [m, B-1, k, k] and candidate columns [m, B-1, k]

@@ -103,6 +103,13 @@ def main():
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 disables top-k.")
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="Stop string (repeatable); cut from the output.")
+@click.option("--presence-penalty", type=float, default=0.0, show_default=True,
+              help="Subtracted from the logit of each token the reply has (OpenAI's; in [-2, 2]).")
+@click.option("--frequency-penalty", type=float, default=0.0, show_default=True,
+              help="Times a token's count in the reply, subtracted from its logit (OpenAI's; in [-2, 2]).")
+@click.option("--repetition-penalty", type=float, default=1.0, show_default=True,
+              help="Divides a positive logit (multiplies a negative one) of each token the prompt or reply has "
+                   "(vLLM's; in (0, 2]).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, metrics) instead of streaming.")
 @click.option("--logprobs", type=int, default=None,
               help="With --json: each token's log-probability and the N most probable tokens' (the target's raw "
@@ -117,8 +124,9 @@ def main():
 @click.option("--draft-rule", type=click.Choice(["point-mass", "drafter"]), default="point-mass", show_default=True,
               help=DRAFT_RULE_HELP)
 @user_errors
-def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop, as_json,
-             logprobs, device, dtype, quant, draft_quant, draft_rule):
+def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop,
+             presence_penalty, frequency_penalty, repetition_penalty, as_json, logprobs, device, dtype, quant, draft_quant,
+             draft_rule):
     """Generate a reply to PROMPT, streaming it, then print the acceptance summary."""
     from dflash_trt.runtime.llm import AUTO, LLM
     from dflash_trt.spec.metrics import summary_line
@@ -127,7 +135,8 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
     if logprobs is not None and not as_json:
         raise DFlashError("--logprobs goes with --json (the streamed text has nowhere to put them)")
     params = SamplingParams(
-        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop, logprobs=logprobs
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop, logprobs=logprobs,
+        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty,
     )
     if bundle:
         if device or dtype or quant or draft_quant:

@@ -19,7 +19,7 @@ def reference_output(llm, prompt, params: SamplingParams | None = None, speculat
     `block_size`, default the LLM's block)."""
     params = params or SamplingParams()
     ids = llm.encode(prompt)
-    sampler = Sampler(params)
+    sampler = Sampler(params, ids)
     target, drafter = sessions(llm, speculative)
     block = block_size or llm.block_size
     steps = speculative_decode(target, drafter, ids, block, sampler) if speculative else autoregressive_decode(

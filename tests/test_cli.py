@@ -46,6 +46,14 @@ def test_generate_json_matches_the_api(pair_args, tiny_pairs):
     assert all(abs(lp - e[t]) < 1e-5 for entries, e in zip(got, want.logprobs, strict=True) for t, lp in entries)
     refused = CliRunner().invoke(main, ["generate", *pair_args, "--logprobs", "2", "hello"])
     assert refused.exit_code != 0 and "--logprobs goes with --json" in refused.output
+    penalized = CliRunner().invoke(main, ["generate", *pair_args, "--max-tokens", "10", "--json", "--presence-penalty",
+                                          "1.5", "--repetition-penalty", "1.3", "hello"])
+    assert penalized.exit_code == 0, penalized.output
+    penalized_want = LLM(str(target), str(draft), backend="torch").generate("hello", SamplingParams(
+        max_tokens=10, presence_penalty=1.5, repetition_penalty=1.3))[0]
+    assert json.loads(penalized.stdout)["token_ids"] == penalized_want.token_ids != expected.token_ids
+    refused = CliRunner().invoke(main, ["generate", *pair_args, "--presence-penalty", "3", "hello"])
+    assert refused.exit_code != 0 and "presence_penalty must be in [-2, 2]" in refused.output
 
 
 def test_no_speculative_runs_without_a_drafter(tiny_pairs):

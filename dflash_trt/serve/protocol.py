@@ -1,7 +1,7 @@
 """OpenAI request bodies: pydantic models, parsed strictly, every refusal naming its field.
 
 Fields OpenAI clients send that change nothing here (user, metadata, ...) are accepted and ignored;
-fields that would change the reply in a way we cannot honour (echo, several prompts, penalties,
+fields that would change the reply in a way we cannot honour (echo, several prompts, min_p,
 logit_bias, response_format, tools) are refused unless they hold the value that changes nothing
 (frameworks send the defaults explicitly), never silently dropped.
 """
@@ -55,9 +55,9 @@ StopString = Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})]
 # explicitly): OpenAI's, then vLLM's and SGLang's extensions that change the distribution or constrain
 # the output. Any other value is refused (`_Sampling.check_unsupported`).
 NO_OP_VALUES = {
-    "presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": ({},), "response_format": ({"type": "text"},),
+    "logit_bias": ({},), "response_format": ({"type": "text"},),
     "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",), "suffix": ("",),
-    "repetition_penalty": (1,), "min_p": (0,), "min_tokens": (0,), "prompt_logprobs": (),
+    "min_p": (0,), "min_tokens": (0,), "prompt_logprobs": (),
     "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
 }
 
@@ -112,12 +112,13 @@ class _Sampling(BaseModel):
     # for replies of a fixed length)
     ignore_eos: bool | None = None
     stop_token_ids: list[JsonInt] | None = None
+    # OpenAI's penalties and vLLM's repetition_penalty (SamplingParams: on the raw logits, greedy too)
+    presence_penalty: float | None = Field(None, json_schema_extra=RANGES["presence_penalty"])
+    frequency_penalty: float | None = Field(None, json_schema_extra=RANGES["frequency_penalty"])
+    repetition_penalty: float | None = Field(None, json_schema_extra=RANGES["repetition_penalty"])
     # what this server does not implement (NO_OP_VALUES)
-    presence_penalty: _no_op("presence_penalty") = None
-    frequency_penalty: _no_op("frequency_penalty") = None
     logit_bias: _no_op("logit_bias") = None
     response_format: _no_op("response_format") = None
-    repetition_penalty: _no_op("repetition_penalty") = None
     min_p: _no_op("min_p") = None
     min_tokens: _no_op("min_tokens") = None
     prompt_logprobs: _no_op("prompt_logprobs") = None
@@ -145,7 +146,9 @@ class _Sampling(BaseModel):
         seed = None if self.seed is None else self.seed + choice
         values = {"max_tokens": max_tokens, "temperature": self.temperature, "top_p": self.top_p,
                   "top_k": self.top_k, "seed": seed, "stop": self.stop, "logprobs": self.logprob_count(),
-                  "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids}
+                  "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids,
+                  "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+                  "repetition_penalty": self.repetition_penalty}
         return {k: v for k, v in values.items() if v is not None}
 
     def check_sampling(self) -> None:

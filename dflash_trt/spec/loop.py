@@ -50,6 +50,8 @@ class Step:
 def speculative_decode(
     target: TargetSession, drafter: DraftSession, prompt: list[int], block_size: int, sampler: Sampler
 ) -> Iterator[Step]:
+    if sampler.params.penalized:
+        raise ValueError("the reference speculative loop does not apply penalties (autoregressive_decode does)")
     logits, features = target.prefill(prompt)
     bonus = sampler.sample(logits)
     yield Step([bonus])
@@ -68,10 +70,12 @@ def autoregressive_decode(target: TargetSession, prompt: list[int], sampler: Sam
     """The baseline: one target forward per token, on the same backend."""
     logits, _ = target.prefill(prompt)
     token = sampler.sample(logits)
+    outputs = [token]
     yield Step([token])
     while True:
         t0 = time.perf_counter()
         logits, _ = target.forward([token])
         target.commit(1)
-        token = sampler.sample(logits[-1])
+        token = sampler.sample(logits[-1], outputs)
+        outputs.append(token)
         yield Step([token], verify_s=time.perf_counter() - t0)

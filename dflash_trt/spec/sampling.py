@@ -1,4 +1,4 @@
-"""SamplingParams and the target distribution they define (temperature, top-k, top-p, seed)."""
+"""SamplingParams and the target distribution they define (penalties, temperature, top-k, top-p, seed)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from dflash_trt.errors import DFlashError
 # The integer bounds fit the core's int64 fields and are exact in a JSON double.
 RANGES = {"max_tokens": {"minimum": 1, "maximum": 2**31 - 1}, "temperature": {"minimum": 0},
           "top_p": {"exclusiveMinimum": 0, "maximum": 1}, "top_k": {"minimum": 0, "maximum": 2**31 - 1},
-          "logprobs": {"minimum": 0, "maximum": 20}}
+          "logprobs": {"minimum": 0, "maximum": 20},
+          # vLLM's ranges
+          "repetition_penalty": {"exclusiveMinimum": 0, "maximum": 2},
+          "frequency_penalty": {"minimum": -2, "maximum": 2}, "presence_penalty": {"minimum": -2, "maximum": 2}}
 SEED_RANGE = {"minimum": 0, "maximum": 2**64 - 1}  # the core keys its RNG with 64 bits
 
 
@@ -39,6 +42,13 @@ class SamplingParams:
     # None: no log-probabilities; n: each output token's and the n most probable tokens' log-probability
     # under the target's raw logits (log_softmax before temperature and the cuts, as vLLM reports)
     logprobs: int | None = None
+    # vLLM's penalties, on the raw logits before everything above (greedy too): a token seen in the prompt
+    # or the output so far has its logit divided by repetition_penalty where positive, multiplied where
+    # not; then frequency_penalty x its count in the output is subtracted, and presence_penalty once if
+    # it occurs there. With penalties, logprobs are those of the penalized logits.
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def __post_init__(self):
         # The one check of sampling values: the Python API, the CLI, the Triton model and the OpenAI
@@ -75,10 +85,40 @@ class SamplingParams:
             raise bad("ignore_eos", "a bool", self.ignore_eos)
         if self.logprobs is not None and not (integer(self.logprobs) and in_range(self.logprobs, "logprobs")):
             raise bad("logprobs", "an integer in [0, 20] or None", self.logprobs)
+        if not number(self.repetition_penalty) or not in_range(self.repetition_penalty, "repetition_penalty"):
+            raise bad("repetition_penalty", "in (0, 2]", self.repetition_penalty)
+        for field in ("frequency_penalty", "presence_penalty"):
+            if not number(getattr(self, field)) or not in_range(getattr(self, field), field):
+                raise bad(field, "in [-2, 2]", getattr(self, field))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty != 1 or self.frequency_penalty != 0 or self.presence_penalty != 0
+
+
+def penalize(logits: torch.Tensor, prompt_ids: list[int], output_ids: list[int], params: SamplingParams) -> torch.Tensor:
+    """logits [V] -> float32 logits with the params' penalties for a position after `output_ids`
+    (vLLM's order: repetition over the prompt and output, then frequency and presence over the output).
+    float32 throughout, each product and difference rounded alone, as the core computes them."""
+    logits = logits.float().clone()
+    if not params.penalized:
+        return logits
+    vocab = logits.shape[-1]
+    counts = torch.bincount(torch.tensor(output_ids, dtype=torch.long), minlength=vocab)[:vocab]
+    if params.repetition_penalty != 1:
+        seen = counts > 0
+        seen[torch.tensor(prompt_ids, dtype=torch.long)] = True
+        r = torch.tensor(params.repetition_penalty, dtype=torch.float32)
+        logits[seen] = torch.where(logits[seen] > 0, logits[seen] / r, logits[seen] * r)
+    out = counts > 0
+    frequency = torch.tensor(params.frequency_penalty, dtype=torch.float32)
+    presence = torch.tensor(params.presence_penalty, dtype=torch.float32)
+    logits[out] = (logits[out] - frequency * counts[out].float()) - presence
+    return logits
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -103,18 +143,21 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 class Sampler:
-    """Per-request sampling state: the params and a seeded generator."""
+    """Per-request sampling state: the params, a seeded generator and, for penalties, the prompt."""
 
-    def __init__(self, params: SamplingParams):
+    def __init__(self, params: SamplingParams, prompt_ids: list[int] | None = None):
         self.params = params
+        self.prompt_ids = list(prompt_ids or [])
         self.generator = torch.Generator()
         if params.seed is None:
             self.generator.seed()
         else:
             self.generator.manual_seed(params.seed)
 
-    def sample(self, logits: torch.Tensor) -> int:
-        """One token from logits [V]."""
+    def sample(self, logits: torch.Tensor, output_ids: list[int] | None = None) -> int:
+        """One token from logits [V] at the position after `output_ids` (what penalties count)."""
+        if self.params.penalized:
+            logits = penalize(logits, self.prompt_ids, output_ids or [], self.params)
         if self.params.greedy:
             return int(logits.argmax())
         return self.draw(target_probs(logits, self.params))

@@ -92,6 +92,21 @@ def test_seeded_sampling_on_cuda_gives_the_cpu_executors_tokens(pair_dirs):
     assert run(cuda, work, 4) == run(cpu, work, 4)
 
 
+def test_penalties_applied_on_cuda_give_the_reference_and_the_cpu_executors_tokens(pair_dirs):
+    """The penalty kernel (dflash_penalize) before the decision kernels: greedy with penalties equals the
+    reference loop's penalized autoregressive decoding; seeded T>0 the CPU executor's tokens."""
+    cuda = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
+    cpu = LLM(*pair_dirs, block_size=4, device="cpu", backend="torch")
+    penalties = dict(presence_penalty=1.5, frequency_penalty=0.3, repetition_penalty=1.2, ignore_eos=True)
+    prompts = [prompt for _, prompt, _ in workload(cpu.vocab_size, 4, seed=9)]
+    greedy = [(0, prompt, SamplingParams(max_tokens=12, **penalties)) for prompt in prompts]
+    for tokens, (_, prompt, params) in zip(run(cuda, greedy, 4), greedy, strict=True):
+        assert tokens == reference_output(cpu, prompt, params).token_ids
+    sampled = [(0, prompt, SamplingParams(max_tokens=12, temperature=0.8, seed=i, **penalties))
+               for i, prompt in enumerate(prompts)]
+    assert run(cuda, sampled, 4) == run(cpu, sampled, 4)
+
+
 def test_bfloat16_on_cuda_decodes_and_frees_its_slots(pair_dirs):
     free_before = torch.cuda.mem_get_info()[0]
     llm = LLM(*pair_dirs, block_size=4, device="cuda", backend="torch")

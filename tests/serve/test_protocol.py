@@ -62,6 +62,9 @@ def test_completion_prompts(prompt, key, value):
     (chat(top_logprobs=2), "top_logprobs"),  # without logprobs: true
     (chat(seed="1"), "seed"),
     (chat(stop=[1]), "stop"),
+    (chat(presence_penalty=2.5), "presence_penalty"),
+    (chat(frequency_penalty="1"), "frequency_penalty"),
+    (chat(repetition_penalty=0), "repetition_penalty"),
 ])
 def test_chat_refusals_name_the_field(body, param):
     with pytest.raises(RequestError) as err:
@@ -83,27 +86,30 @@ def test_completion_refuses_echo():
     assert err.value.param == "echo"
 
 
-def test_vllm_sampling_extensions_reach_the_sampling_parameters():
-    inputs = parse(chat(ignore_eos=True, stop_token_ids=[7, 9]), ChatRequest).triton_inputs()
-    assert json.loads(inputs["sampling_parameters"]) == {"ignore_eos": True, "stop_token_ids": [7, 9]}
+def test_vllm_sampling_extensions_and_penalties_reach_the_sampling_parameters():
+    inputs = parse(chat(ignore_eos=True, stop_token_ids=[7, 9], presence_penalty=1.5, frequency_penalty=-0.5,
+                        repetition_penalty=1.1), ChatRequest).triton_inputs()
+    assert json.loads(inputs["sampling_parameters"]) == {"ignore_eos": True, "stop_token_ids": [7, 9],
+                                                         "presence_penalty": 1.5, "frequency_penalty": -0.5,
+                                                         "repetition_penalty": 1.1}
 
 
 # what frameworks send by default: the values that change nothing, accepted (and not passed on)
-NO_OP_FIELDS = {"presence_penalty": 0.0, "frequency_penalty": 0, "logit_bias": {}, "response_format": {"type": "text"},
-                "tools": [], "tool_choice": "none", "repetition_penalty": 1.0, "min_p": 0, "min_tokens": 0,
+NO_OP_FIELDS = {"logit_bias": {}, "response_format": {"type": "text"},
+                "tools": [], "tool_choice": "none", "min_p": 0, "min_tokens": 0,
                 "guided_json": None, "prompt_logprobs": None}
 
 
 def test_unimplemented_fields_at_their_no_op_values_are_accepted():
     request = parse(chat(**NO_OP_FIELDS), ChatRequest)
     assert json.loads(request.triton_inputs()["sampling_parameters"]) == {}
-    parse(json.dumps({"model": "m", "prompt": "x", "suffix": "", "presence_penalty": 0}).encode(), CompletionRequest)
+    parse(json.dumps({"model": "m", "prompt": "x", "suffix": "", "min_p": 0}).encode(), CompletionRequest)
 
 
 @pytest.mark.parametrize("field, value", [
-    ("presence_penalty", 0.5), ("presence_penalty", False), ("frequency_penalty", -1), ("logit_bias", {"5": 100}),
+    ("min_p", False), ("logit_bias", {"5": 100}),
     ("response_format", {"type": "json_object"}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("tool_choice", "auto"), ("functions", [{"name": "f"}]), ("repetition_penalty", 1.1), ("min_p", 0.05),
+    ("tool_choice", "auto"), ("functions", [{"name": "f"}]), ("min_p", 0.05),
     ("min_tokens", 4), ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]), ("prompt_logprobs", 1),
 ])
 def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, value):

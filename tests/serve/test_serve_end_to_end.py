@@ -117,6 +117,17 @@ def test_n_choices_are_the_offline_replies_of_seed_plus_i(server, client, offlin
     assert texts == {0: greedy, 1: greedy}
 
 
+def test_penalties_reach_the_core_and_give_offline_generate_s_reply(server, client, offline):
+    """presence_penalty and frequency_penalty (OpenAI's) and repetition_penalty (vLLM's, in extra_body)."""
+    params = SamplingParams(max_tokens=16, presence_penalty=1.5, frequency_penalty=0.5, repetition_penalty=1.2)
+    expected = offline.generate(PROMPTS[4], params)[0]
+    assert expected.token_ids != offline.generate(PROMPTS[4], SamplingParams(max_tokens=16))[0].token_ids
+    reply = chat(client, server, PROMPTS[4], max_tokens=16, temperature=0, presence_penalty=1.5,
+                 frequency_penalty=0.5, extra_body={"repetition_penalty": 1.2})
+    assert reply.choices[0].message.content == expected.text
+    assert reply.usage.completion_tokens == len(expected.token_ids)
+
+
 def test_vllm_s_stop_token_ids_end_a_reply_where_offline_generate_ends_it(server, client, offline):
     """stop_token_ids (vLLM's extension, sent in extra_body) reach the core: the reply stops at the first
     one generated, as LLM.generate's does with the same SamplingParams."""
