@@ -168,14 +168,15 @@ PYBIND11_MODULE(_core, m) {
           throw Error("logits need 1 to len(block) rows, got " + std::to_string(positions));
         PenaltyHistory seen;
         for (const auto& [token, count, in_prompt] : history) seen[token] = {count, in_prompt};
-        std::vector<PenaltyList> lists;
+        std::vector<PenaltyRow> rows;
         std::vector<PenaltyEntry> entries;
-        penalty_lists(seen, block, positions, 0, params, lists, entries);
+        std::vector<int32_t> tokens;
+        add_penalty_row(seen, block, positions, 0, params, rows, entries, tokens);
         FloatArray out({py::ssize_t(positions), py::ssize_t(vocab)});
         std::copy(in, in + positions * vocab, out.mutable_data());
-        for (const PenaltyList& list : lists)
+        for (int64_t k = 0; k < positions; ++k)
           for (int t = 0; t < threads; ++t)  // a block's threads, one after another: the kernel's strides
-            apply_penalties(out.mutable_data(), vocab, list, entries.data(), t, threads);
+            penalize_position(out.mutable_data(), vocab, rows[0], k, entries.data(), tokens.data(), t, threads);
         return out;
       },
       py::arg("logits"), py::arg("history"), py::arg("block"), py::arg("params"), py::arg("threads") = 1,

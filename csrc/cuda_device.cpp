@@ -308,13 +308,14 @@ void CudaDevice::launch_pairs(CUfunction block, CUfunction wide, int64_t rows, i
         what);
 }
 
-void CudaDevice::penalize(float* logits, int64_t vocab, const PenaltyList* lists, int64_t count,
-                          const PenaltyEntry* entries) {
+void CudaDevice::penalize(float* logits, int64_t vocab, const PenaltyRow* rows, int64_t count, int64_t positions,
+                          const PenaltyEntry* entries, const int32_t* tokens) {
   bind();
   load_decide_module();
   if (count == 0) return;
-  void* args[] = {&logits, &vocab, &lists, &entries};
-  check(driver_->launch(penalize_, unsigned(count), 1, 1, kPenaltyThreads, 1, 1, 0, stream_, args, nullptr),
+  void* args[] = {&logits, &vocab, &rows, &entries, &tokens};
+  check(driver_->launch(penalize_, unsigned(count), unsigned(positions), 1, kPenaltyThreads, 1, 1, 0, stream_, args,
+                        nullptr),
         "launching the penalty kernel");
 }
 

@@ -41,8 +41,8 @@ class CudaDevice final : public Device {
   void zero(void* dst, size_t bytes) override;
   void synchronize() override;
   bool decides() const override;  // where setup.py built decide_kernel.cu (nvcc found)
-  void penalize(float* logits, int64_t vocab, const PenaltyList* lists, int64_t count,
-                const PenaltyEntry* entries) override;
+  void penalize(float* logits, int64_t vocab, const PenaltyRow* rows, int64_t count, int64_t positions,
+                const PenaltyEntry* entries, const int32_t* tokens) override;
   void decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
               const int64_t* drafts, const DraftQ& drafter, float* probs, int32_t* order, Verdict* out,
               TokenLogprob* logprobs) override;
@@ -90,7 +90,7 @@ class CudaDevice final : public Device {
   CUfunction draw_ = nullptr;
   CUfunction draw_wide_ = nullptr;  // as tokens_wide_
   CUfunction penalize_ = nullptr;
-  static constexpr unsigned kPenaltyThreads = 256;  // a list's entries, strided over a block
+  static constexpr unsigned kPenaltyThreads = 256;  // a position's history, strided over a block
   CUmodule state_module_ = nullptr;  // the state kernels', loaded at the first partial commit
   CUfunction rebuild_delta_ = nullptr;
   CUfunction rebuild_conv_ = nullptr;

@@ -235,11 +235,14 @@ extern "C" __global__ void __cluster_dims__(dflash::kDecideCluster, 1, 1) __laun
 }
 #endif
 
-// The penalties of lists[b] (penalties.h) applied to its logits row in place, its entries strided over
-// the block's threads (a list holds each token once). Launch: grid = number of lists, any block size.
-extern "C" __global__ void dflash_penalize(float* logits, int64_t vocab, const dflash::PenaltyList* lists,
-                                           const dflash::PenaltyEntry* entries) {
-  dflash::apply_penalties(logits, vocab, lists[blockIdx.x], entries, threadIdx.x, blockDim.x);
+// The penalties of rows[b] (penalties.h) at its position k, in place, its tokens strided over the block's
+// threads (each token written by one thread). Launch: grid = (number of rows, the most positions), any
+// block size.
+extern "C" __global__ void dflash_penalize(float* logits, int64_t vocab, const dflash::PenaltyRow* rows,
+                                           const dflash::PenaltyEntry* entries, const int32_t* tokens) {
+  const dflash::PenaltyRow row = rows[blockIdx.x];
+  if (int64_t(blockIdx.y) >= row.positions) return;
+  dflash::penalize_position(logits, vocab, row, blockIdx.y, entries, tokens, threadIdx.x, blockDim.x);
 }
 
 // rows[b] -> out[b], from what their positions decided (dflash_target_tokens): the drafts kept up to

@@ -8,9 +8,9 @@
 //
 // Lossless under speculation: the row at a verify position is penalized by the output up to that
 // position: the committed tokens (the bonus included) and the block's drafts before it, which are the
-// tokens there if the draft at that position is reached. Each (row, position) gets one list of its
-// tokens with their counts (`PenaltyList`), built on the host from the request's counts and its block
-// (penalty_lists): a GPU receives the lists, not the history.
+// tokens there if the draft at that position is reached. A phase hands each row that asks its history
+// once (`PenaltyRow`: its tokens with their counts, sorted by token) and its block; each position adds
+// the drafts before it itself, so what crosses to a GPU is a row's history, not one per position.
 #pragma once
 
 #include <cstdint>
@@ -22,26 +22,29 @@
 
 namespace dflash {
 
-// One token of a (row, position)'s history: its occurrences in the output and whether the prompt has it.
+// One token of a row's history: its occurrences in the output and whether the prompt has it.
 struct PenaltyEntry {
   int32_t token = 0;
   int32_t count = 0;
   int32_t in_prompt = 0;
 };
 
-// The entries [begin, end) of one logits row (`row` of the phase's logits), with its request's penalties.
-struct PenaltyList {
-  int64_t row = 0;
+// One row of a phase that asks for penalties: logits rows [first, first + positions) (a verify: its
+// block's positions; a prefill: its last), history entries [begin, end) (by token ascending), and its
+// block at `block` in the phase's tokens (the bonus, then the drafts: position k follows drafts 1..k).
+struct PenaltyRow {
+  int64_t first = 0, positions = 0;
   int64_t begin = 0, end = 0;
+  int64_t block = 0;
   float repetition = 1.0f, frequency = 0.0f, presence = 0.0f;
 };
 
-// A token's history in a request, for its PenaltyEntry: output occurrences, in the prompt or not.
+// A token's history in a request: output occurrences, in the prompt or not.
 struct TokenHistory {
   int32_t count = 0;
   bool in_prompt = false;
 };
-using PenaltyHistory = std::map<int32_t, TokenHistory>;  // ordered: a list's entries in token order
+using PenaltyHistory = std::map<int32_t, TokenHistory>;  // ordered: a row's entries by token
 
 namespace penalty_detail {
 // Products and differences rounded alone (no fused multiply-add), so host and device agree bit for bit.
@@ -66,25 +69,54 @@ DFLASH_HD inline float div(float a, float b) {
   return a / b;
 #endif
 }
-}  // namespace penalty_detail
 
-DFLASH_HD inline float penalized(float logit, const PenaltyEntry& e, const PenaltyList& list) {
-  using namespace penalty_detail;
-  if (list.repetition != 1.0f && (e.count > 0 || e.in_prompt))
-    logit = logit > 0.0f ? div(logit, list.repetition) : mul(logit, list.repetition);
-  if (e.count > 0) {
-    logit = sub(logit, mul(list.frequency, float(e.count)));
-    logit = sub(logit, list.presence);
+DFLASH_HD inline float penalized(float logit, int32_t count, bool in_prompt, const PenaltyRow& row) {
+  if (row.repetition != 1.0f && (count > 0 || in_prompt))
+    logit = logit > 0.0f ? div(logit, row.repetition) : mul(logit, row.repetition);
+  if (count > 0) {
+    logit = sub(logit, mul(row.frequency, float(count)));
+    logit = sub(logit, row.presence);
   }
   return logit;
 }
 
-// Entries [first, end) of `list` (stride `step`: a thread's share) applied to logits [*, vocab] in place.
-DFLASH_HD inline void apply_penalties(float* logits, int64_t vocab, const PenaltyList& list,
-                                      const PenaltyEntry* entries, int64_t first, int64_t step) {
-  float* row = logits + list.row * vocab;
-  for (int64_t k = list.begin + first; k < list.end; k += step) row[entries[k].token] = penalized(row[entries[k].token],
-                                                                                                 entries[k], list);
+// How often `token` is among drafts[1..k] of a block.
+DFLASH_HD inline int32_t in_drafts(const int32_t* block, int64_t k, int32_t token) {
+  int32_t n = 0;
+  for (int64_t j = 1; j <= k; ++j) n += block[j] == token;
+  return n;
+}
+
+// Whether the row's history (sorted by token) holds `token`.
+DFLASH_HD inline bool in_history(const PenaltyEntry* entries, int64_t begin, int64_t end, int32_t token) {
+  while (begin < end) {
+    const int64_t mid = begin + (end - begin) / 2;
+    if (entries[mid].token == token) return true;
+    if (entries[mid].token < token) begin = mid + 1;
+    else end = mid;
+  }
+  return false;
+}
+}  // namespace penalty_detail
+
+// Position k of `row` penalized in place, logits [*, vocab]: this thread's share (from `first`, stride
+// `step`) of the history's tokens, then of the drafts before k that the history lacks (each token once:
+// at its first draft). A token is written by one thread only, so the threads need no barrier.
+DFLASH_HD inline void penalize_position(float* logits, int64_t vocab, const PenaltyRow& row, int64_t k,
+                                        const PenaltyEntry* entries, const int32_t* tokens, int64_t first,
+                                        int64_t step) {
+  using namespace penalty_detail;
+  float* out = logits + (row.first + k) * vocab;
+  const int32_t* block = tokens + row.block;
+  for (int64_t e = row.begin + first; e < row.end; e += step) {
+    const PenaltyEntry& h = entries[e];
+    out[h.token] = penalized(out[h.token], h.count + in_drafts(block, k, h.token), h.in_prompt != 0, row);
+  }
+  for (int64_t j = 1 + first; j <= k; j += step) {
+    const int32_t token = block[j];
+    if (in_drafts(block, j - 1, token) > 0 || in_history(entries, row.begin, row.end, token)) continue;
+    out[token] = penalized(out[token], in_drafts(block, k, token), false, row);
+  }
 }
 
 // Whether a request's params ask for any penalty.
@@ -92,10 +124,11 @@ inline bool penalizes(const SamplingParams& p) {
   return p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
 }
 
-// Append the lists of `positions` logits rows from `first_row` on: position k's history is `history`
-// and block tokens 1..k (drafts before it; block[0], the bonus, is in `history` already).
-void penalty_lists(const PenaltyHistory& history, const std::vector<int64_t>& block, int64_t positions,
-                   int64_t first_row, const SamplingParams& params, std::vector<PenaltyList>& lists,
-                   std::vector<PenaltyEntry>& entries);
+// Append a row's PenaltyRow (logits rows from `first`, `positions` of them), its history's entries
+// (prompt-only tokens only under a repetition penalty) and its block (block[0] the bonus; a prefill
+// passes none) to the phase's arrays.
+void add_penalty_row(const PenaltyHistory& history, const std::vector<int64_t>& block, int64_t positions,
+                     int64_t first, const SamplingParams& params, std::vector<PenaltyRow>& rows,
+                     std::vector<PenaltyEntry>& entries, std::vector<int32_t>& tokens);
 
 }  // namespace dflash

@@ -139,8 +139,9 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
       decide_logprobs_(device_, DType::int64),
       rebuild_rows_(device_, DType::int64),
       decide_drafts_(device_, DType::int64),
-      penalty_lists_(device_, DType::int64),
+      penalty_rows_(device_, DType::int64),
       penalty_entries_(device_, DType::int64),
+      penalty_tokens_(device_, DType::int64),
       decide_probs_(device_, DType::float32),
       decide_order_(device_, DType::float32),
       draft_scores_(device_, DType::float32),
@@ -334,30 +335,39 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
 
 void SlotExecutor::penalize_run(const std::vector<size_t>& group, int64_t r, const std::vector<RowSampling>& sampling,
                                 const std::vector<std::vector<int64_t>>& tokens, bool last_only, bool on_device) {
-  std::vector<PenaltyList> lists;
+  std::vector<PenaltyRow> rows;
   std::vector<PenaltyEntry> entries;
+  std::vector<int32_t> blocks;
+  int64_t positions = 1;
   for (size_t j = 0; j < group.size(); ++j) {
     const RowSampling& s = sampling[group[j]];
     if (s.history == nullptr || !penalizes(s.sampling)) continue;
     // a prefill decides after its last token; a verify at each position of its block
-    const int64_t positions = last_only ? 1 : int64_t(tokens[group[j]].size());
-    penalty_lists(*s.history, tokens[group[j]], positions, int64_t(j) * r, s.sampling, lists, entries);
+    const int64_t n = last_only ? 1 : int64_t(tokens[group[j]].size());
+    add_penalty_row(*s.history, tokens[group[j]], n, int64_t(j) * r, s.sampling, rows, entries, blocks);
+    positions = std::max(positions, n);
   }
-  if (lists.empty()) return;  // no row asks: nothing runs
+  if (rows.empty()) return;  // no row asks: nothing runs
   const int64_t V = config_.vocab;
   if (!on_device) {
-    for (const PenaltyList& list : lists) apply_penalties(logits_.host.data(), V, list, entries.data(), 0, 1);
+    for (const PenaltyRow& row : rows)
+      for (int64_t k = 0; k < row.positions; ++k)
+        penalize_position(logits_.host.data(), V, row, k, entries.data(), blocks.data(), 0, 1);
     return;
   }
-  penalty_lists_.host.resize(lists.size() * sizeof(PenaltyList));
-  std::memcpy(penalty_lists_.host.data(), lists.data(), penalty_lists_.host.size());
-  penalty_entries_.host.resize(std::max<size_t>(1, entries.size()) * sizeof(PenaltyEntry));
-  if (!entries.empty()) std::memcpy(penalty_entries_.host.data(), entries.data(), entries.size() * sizeof(PenaltyEntry));
-  penalty_lists_.upload();
-  penalty_entries_.upload();
+  entries.emplace_back();  // never empty: its device mirror is always a valid pointer
+  const auto stage = [](Staged<char>& staged, const void* data, size_t bytes) {
+    staged.host.resize(bytes);
+    std::memcpy(staged.host.data(), data, bytes);
+    staged.upload();
+  };
+  stage(penalty_rows_, rows.data(), rows.size() * sizeof(PenaltyRow));
+  stage(penalty_entries_, entries.data(), entries.size() * sizeof(PenaltyEntry));
+  stage(penalty_tokens_, blocks.data(), blocks.size() * sizeof(int32_t));
   device_.penalize(static_cast<float*>(logits_.device_data(group.size() * r * V)), V,
-                   reinterpret_cast<const PenaltyList*>(penalty_lists_.device_data()), int64_t(lists.size()),
-                   reinterpret_cast<const PenaltyEntry*>(penalty_entries_.device_data()));
+                   reinterpret_cast<const PenaltyRow*>(penalty_rows_.device_data()), int64_t(rows.size()), positions,
+                   reinterpret_cast<const PenaltyEntry*>(penalty_entries_.device_data()),
+                   reinterpret_cast<const int32_t*>(penalty_tokens_.device_data()));
 }
 
 void SlotExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r, bool logits_to_host) {

@@ -218,7 +218,7 @@ class SlotExecutor : public Executor {
   void run_target(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& tokens, bool last_only,
                   const std::vector<RowSampling>* sampling, const Decision* decision, F&& take);
   // The penalties (penalties.h) of a Run's rows that ask for them, applied to its logits in place: on the
-  // device where it decides, else on the host array.
+  // device where it decides (what crosses: each such row's history and block), else on the host array.
   void penalize_run(const std::vector<size_t>& group, int64_t r, const std::vector<RowSampling>& sampling,
                     const std::vector<std::vector<int64_t>>& tokens, bool last_only, bool on_device);
   void run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r, bool logits_to_host);
@@ -309,7 +309,7 @@ class SlotExecutor : public Executor {
   Staged<char> decide_rows_, verdicts_, decide_logprobs_, rebuild_rows_;  // rebuild: RebuildRow bytes  // logprobs: [rows, positions, 1 + kMaxLogprobs]
   std::vector<std::vector<TokenLogprob>> logprobs_;        // the last prefill's or verify's, per row
   Staged<int64_t> decide_drafts_;
-  Staged<char> penalty_lists_, penalty_entries_;  // PenaltyList and PenaltyEntry bytes
+  Staged<char> penalty_rows_, penalty_entries_, penalty_tokens_;  // PenaltyRow, PenaltyEntry, int32 bytes
   Buffer decide_probs_, decide_order_;  // float32 [rows, positions, V]; order holds int32 tokens, then ids
   // the drafter-distribution rule's inputs from the block pass: its logits [m, B-1, V'], or a DFlash2
   // selector's scores [m, B-1, k, k] and candidate columns [m, B-1, k]

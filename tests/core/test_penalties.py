@@ -28,9 +28,10 @@ PENALTIES = [dict(repetition_penalty=1.3), dict(frequency_penalty=0.7), dict(pre
 def test_every_verify_position_is_penalized_as_the_reference_says(core, penalties, threads):
     rng = np.random.default_rng(len(penalties) + threads)
     vocab = 50
-    prompt = [int(t) for t in rng.integers(0, vocab, 12)]
-    outputs = [int(t) for t in rng.integers(0, vocab, 9)]
-    block = [outputs[-1], outputs[2], 7, 7, prompt[0]]  # the bonus, then drafts repeating history and each other
+    prompt = [int(t) for t in rng.integers(10, 30, 12)]
+    outputs = [int(t) for t in rng.integers(0, 20, 9)]
+    # the bonus, then drafts: one in the output, one the history lacks (twice), one only the prompt has
+    block = [outputs[-1], outputs[2], 45, 45, max(set(prompt) - set(outputs)), 46]
     logits = (rng.standard_normal((len(block), vocab)) * 3).astype(np.float32)
     counts = Counter(outputs)
     history = [(t, counts[t], t in prompt) for t in sorted(set(prompt) | set(outputs))]
