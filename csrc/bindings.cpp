@@ -157,8 +157,8 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "penalized_logits",
-      [](const FloatArray& logits, const std::vector<std::tuple<int32_t, int32_t, bool>>& history,
-         const std::vector<int64_t>& block, const SamplingParams& params, int threads) {
+      [](const FloatArray& logits, const std::vector<std::tuple<int32_t, int32_t, bool, bool, float>>& history,
+         const std::vector<int64_t>& block, const SamplingParams& params, int64_t ban, int threads) {
         params.validate();
         if (threads < 1) throw Error("threads must be >= 1");
         int64_t vocab = 0;
@@ -167,11 +167,11 @@ PYBIND11_MODULE(_core, m) {
         if (positions < 1 || int64_t(block.size()) < positions)
           throw Error("logits need 1 to len(block) rows, got " + std::to_string(positions));
         PenaltyHistory seen;
-        for (const auto& [token, count, in_prompt] : history) seen[token] = {count, in_prompt};
+        for (const auto& [token, count, in_prompt, stop, bias] : history) seen[token] = {count, in_prompt, stop, bias};
         std::vector<PenaltyRow> rows;
         std::vector<PenaltyEntry> entries;
         std::vector<int32_t> tokens;
-        add_penalty_row(seen, block, positions, 0, params, rows, entries, tokens);
+        add_penalty_row(seen, block, positions, 0, params, ban, rows, entries, tokens);
         FloatArray out({py::ssize_t(positions), py::ssize_t(vocab)});
         std::copy(in, in + positions * vocab, out.mutable_data());
         for (int64_t k = 0; k < positions; ++k)
@@ -179,9 +179,11 @@ PYBIND11_MODULE(_core, m) {
             penalize_position(out.mutable_data(), vocab, rows[0], k, entries.data(), tokens.data(), t, threads);
         return out;
       },
-      py::arg("logits"), py::arg("history"), py::arg("block"), py::arg("params"), py::arg("threads") = 1,
-      "logits [positions, vocab] of a verify block (block[0] the bonus) -> the rows penalized as an executor "
-      "does (penalties.h); history: (token, output count, in the prompt) before the block's position 0.");
+      py::arg("logits"), py::arg("history"), py::arg("block"), py::arg("params"), py::arg("ban") = 0,
+      py::arg("threads") = 1,
+      "logits [positions, vocab] of a verify block (block[0] the bonus) -> the rows adjusted as an executor "
+      "does (penalties.h); history: (token, output count, in the prompt, a stop token, logit bias) before "
+      "the block's position 0; stop tokens banned at the first `ban` positions.");
 
   m.def(
       "target_probs",
@@ -504,7 +506,8 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init([](int64_t max_tokens, double temperature, int64_t top_k, double top_p, py::object seed,
                        std::vector<int64_t> stop_token_ids, std::vector<int64_t> eos_token_ids, bool ignore_eos,
                        int64_t max_block, int32_t logprobs, double repetition_penalty, double frequency_penalty,
-                       double presence_penalty) {
+                       double presence_penalty, std::vector<std::pair<int64_t, double>> logit_bias,
+                       int64_t min_tokens) {
              RequestParams p;
              p.sampling = SamplingParams{temperature,        top_k,
                                          top_p,              seed.is_none() ? 0 : seed.cast<uint64_t>(),
@@ -517,13 +520,16 @@ PYBIND11_MODULE(_core, m) {
              p.eos_token_ids = std::move(eos_token_ids);
              p.ignore_eos = ignore_eos;
              p.max_block = max_block;
+             p.logit_bias = std::move(logit_bias);
+             p.min_tokens = min_tokens;
              return p;
            }),
            py::kw_only(), py::arg("max_tokens") = 256, py::arg("temperature") = 0.0, py::arg("top_k") = 0,
            py::arg("top_p") = 1.0, py::arg("seed") = py::none(), py::arg("stop_token_ids") = std::vector<int64_t>{},
            py::arg("eos_token_ids") = std::vector<int64_t>{}, py::arg("ignore_eos") = false,
            py::arg("max_block") = 0, py::arg("logprobs") = -1, py::arg("repetition_penalty") = 1.0,
-           py::arg("frequency_penalty") = 0.0, py::arg("presence_penalty") = 0.0)
+           py::arg("frequency_penalty") = 0.0, py::arg("presence_penalty") = 0.0,
+           py::arg("logit_bias") = std::vector<std::pair<int64_t, double>>{}, py::arg("min_tokens") = 0)
       .def_readonly("max_tokens", &RequestParams::max_tokens)
       .def_readonly("max_block", &RequestParams::max_block)
       .def_readonly("seeded", &RequestParams::seeded);

@@ -35,8 +35,10 @@ struct RowSampling {
   SamplingParams sampling;
   uint64_t stream = 0;
   uint32_t position = 0;
-  // the request's tokens so far, for its penalties (penalties.h): read only when it asks for one
+  // what its logits get before the decision (penalties.h; null: nothing): its tokens so far, stop
+  // tokens and biases, with stop tokens banned at the phase's first `ban` positions (min_tokens)
   const PenaltyHistory* history = nullptr;
+  int64_t ban = 0;
 };
 
 // The host forms of the rules, for executors whose logits are in host memory.
@@ -102,6 +104,8 @@ class Executor {
   virtual int64_t reusable(int64_t row, int64_t match) const = 0;
   // Whether a request can start on any head of a row's positions (false: only on all of them).
   virtual bool reuses_heads() const = 0;
+  // The target's vocabulary size: token ids a request names must be below it.
+  virtual int64_t vocab() const = 0;
   // Start the (not live) row's next request on the first n positions of `source` (1 <= n ==
   // reusable(source, n)): the row itself, released, or another row, released or live, whose positions
   // are then copied; its prefill continues after them.

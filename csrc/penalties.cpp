@@ -6,7 +6,7 @@
 namespace dflash {
 
 void add_penalty_row(const PenaltyHistory& history, const std::vector<int64_t>& block, int64_t positions,
-                     int64_t first, const SamplingParams& params, std::vector<PenaltyRow>& rows,
+                     int64_t first, const SamplingParams& params, int64_t ban, std::vector<PenaltyRow>& rows,
                      std::vector<PenaltyEntry>& entries, std::vector<int32_t>& tokens) {
   DFLASH_INVARIANT(positions >= 1 && (positions == 1 || int64_t(block.size()) >= positions));
   PenaltyRow row;
@@ -15,11 +15,15 @@ void add_penalty_row(const PenaltyHistory& history, const std::vector<int64_t>& 
   row.repetition = float(params.repetition_penalty);
   row.frequency = float(params.frequency_penalty);
   row.presence = float(params.presence_penalty);
+  row.ban = ban;
   row.begin = int64_t(entries.size());
   for (const auto& [token, h] : history) {
-    // without a repetition penalty a prompt token the output lacks is left as it is
-    if (h.count == 0 && row.repetition == 1.0f) continue;
-    entries.push_back({token, h.count, h.in_prompt ? 1 : 0});
+    // what changes nothing here stays out: a prompt token without a repetition penalty, a stop token
+    // once min_tokens is reached
+    const bool repeated = h.count > 0 || (h.in_prompt && row.repetition != 1.0f);
+    if (!repeated && h.bias == 0.0f && !(h.stop && ban > 0)) continue;
+    const int32_t flags = (h.in_prompt ? PenaltyEntry::kInPrompt : 0) | (h.stop ? PenaltyEntry::kStop : 0);
+    entries.push_back({token, h.count, flags, h.bias});
   }
   row.end = int64_t(entries.size());
   row.block = int64_t(tokens.size());

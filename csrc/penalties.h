@@ -1,10 +1,12 @@
-// penalties.h: the repetition, frequency and presence penalties (vLLM's and OpenAI's), applied to a
-// logits row in place before any decision, written once for the host and the device (hd.h).
+// penalties.h: what a request's logits get before any decision, written once for the host and the device
+// (hd.h): min_tokens, logit_bias, then the repetition, frequency and presence penalties.
 //
-// Over the raw logits, in vLLM's order: a token seen in the prompt or the output so far has its logit
-// divided by repetition_penalty where positive, multiplied where not; then frequency_penalty times the
-// token's count in the output is subtracted, then presence_penalty once if it occurs there. The rest
-// (temperature, top-k, top-p, argmax) sees the penalized row, so greedy decoding is penalized too.
+// Over the raw logits, in vLLM's order: while the output is shorter than min_tokens its stop tokens
+// (EOS and stop_token_ids) are banned (-inf); each token's logit_bias is added; a token seen in the
+// prompt or the output so far has its logit divided by repetition_penalty where positive, multiplied
+// where not; then frequency_penalty times the token's count in the output is subtracted, then
+// presence_penalty once if it occurs there. The rest (temperature, top-k, top-p, argmax) sees the
+// adjusted row, so greedy decoding is adjusted too.
 //
 // Lossless under speculation: the row at a verify position is penalized by the output up to that
 // position: the committed tokens (the bonus included) and the block's drafts before it, which are the
@@ -13,6 +15,7 @@
 // the drafts before it itself, so what crosses to a GPU is a row's history, not one per position.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <vector>
@@ -22,27 +25,34 @@
 
 namespace dflash {
 
-// One token of a row's history: its occurrences in the output and whether the prompt has it.
+// One token of a row's history: its occurrences in the output, flags, and its logit_bias.
 struct PenaltyEntry {
+  static constexpr int32_t kInPrompt = 1, kStop = 2;
   int32_t token = 0;
   int32_t count = 0;
-  int32_t in_prompt = 0;
+  int32_t flags = 0;
+  float bias = 0.0f;
 };
 
 // One row of a phase that asks for penalties: logits rows [first, first + positions) (a verify: its
 // block's positions; a prefill: its last), history entries [begin, end) (by token ascending), and its
 // block at `block` in the phase's tokens (the bonus, then the drafts: position k follows drafts 1..k).
+// Positions k < ban decide an output token before min_tokens: its stop tokens are banned there.
 struct PenaltyRow {
   int64_t first = 0, positions = 0;
   int64_t begin = 0, end = 0;
   int64_t block = 0;
+  int64_t ban = 0;
   float repetition = 1.0f, frequency = 0.0f, presence = 0.0f;
 };
 
-// A token's history in a request: output occurrences, in the prompt or not.
+// A token's history in a request: output occurrences, in the prompt or not, a stop token or not (kept
+// only under min_tokens), its logit_bias.
 struct TokenHistory {
   int32_t count = 0;
   bool in_prompt = false;
+  bool stop = false;
+  float bias = 0.0f;
 };
 using PenaltyHistory = std::map<int32_t, TokenHistory>;  // ordered: a row's entries by token
 
@@ -62,6 +72,13 @@ DFLASH_HD inline float sub(float a, float b) {
   return a - b;
 #endif
 }
+DFLASH_HD inline float add(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
 DFLASH_HD inline float div(float a, float b) {
 #ifdef __CUDA_ARCH__
   return __fdiv_rn(a, b);
@@ -70,8 +87,11 @@ DFLASH_HD inline float div(float a, float b) {
 #endif
 }
 
-DFLASH_HD inline float penalized(float logit, int32_t count, bool in_prompt, const PenaltyRow& row) {
-  if (row.repetition != 1.0f && (count > 0 || in_prompt))
+DFLASH_HD inline float penalized(float logit, int32_t count, int32_t flags, float bias, bool banned,
+                                 const PenaltyRow& row) {
+  if (banned && (flags & PenaltyEntry::kStop)) return -INFINITY;
+  if (bias != 0.0f) logit = add(logit, bias);
+  if (row.repetition != 1.0f && (count > 0 || (flags & PenaltyEntry::kInPrompt)))
     logit = logit > 0.0f ? div(logit, row.repetition) : mul(logit, row.repetition);
   if (count > 0) {
     logit = sub(logit, mul(row.frequency, float(count)));
@@ -110,12 +130,12 @@ DFLASH_HD inline void penalize_position(float* logits, int64_t vocab, const Pena
   const int32_t* block = tokens + row.block;
   for (int64_t e = row.begin + first; e < row.end; e += step) {
     const PenaltyEntry& h = entries[e];
-    out[h.token] = penalized(out[h.token], h.count + in_drafts(block, k, h.token), h.in_prompt != 0, row);
+    out[h.token] = penalized(out[h.token], h.count + in_drafts(block, k, h.token), h.flags, h.bias, k < row.ban, row);
   }
   for (int64_t j = 1 + first; j <= k; j += step) {
     const int32_t token = block[j];
     if (in_drafts(block, j - 1, token) > 0 || in_history(entries, row.begin, row.end, token)) continue;
-    out[token] = penalized(out[token], in_drafts(block, k, token), false, row);
+    out[token] = penalized(out[token], in_drafts(block, k, token), 0, 0.0f, false, row);
   }
 }
 
@@ -124,11 +144,11 @@ inline bool penalizes(const SamplingParams& p) {
   return p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
 }
 
-// Append a row's PenaltyRow (logits rows from `first`, `positions` of them), its history's entries
-// (prompt-only tokens only under a repetition penalty) and its block (block[0] the bonus; a prefill
-// passes none) to the phase's arrays.
+// Append a row's PenaltyRow (logits rows from `first`, `positions` of them; stop tokens banned at the
+// first `ban`), the entries of its history that change something there and its block (block[0] the
+// bonus; a prefill passes none) to the phase's arrays.
 void add_penalty_row(const PenaltyHistory& history, const std::vector<int64_t>& block, int64_t positions,
-                     int64_t first, const SamplingParams& params, std::vector<PenaltyRow>& rows,
+                     int64_t first, const SamplingParams& params, int64_t ban, std::vector<PenaltyRow>& rows,
                      std::vector<PenaltyEntry>& entries, std::vector<int32_t>& tokens);
 
 }  // namespace dflash

@@ -46,6 +46,14 @@ int64_t Scheduler::add_request(const std::vector<int64_t>& prompt, const Request
   if (params.max_tokens < 1) throw Error("max_tokens must be at least 1, got " + std::to_string(params.max_tokens));
   if (params.max_block < 0)
     throw Error("max_block must be at least 0 (0: the scheduler's block size), got " + std::to_string(params.max_block));
+  if (params.min_tokens < 0) throw Error("min_tokens must be at least 0, got " + std::to_string(params.min_tokens));
+  for (const auto& [token, bias] : params.logit_bias) {
+    if (token < 0 || token >= executor_.vocab())
+      throw Error("logit_bias names token " + std::to_string(token) + ", outside the vocabulary (" +
+                  std::to_string(executor_.vocab()) + ")");
+    if (!(bias >= -100.0 && bias <= 100.0))
+      throw Error("logit_bias values must be in [-100, 100], got " + std::to_string(bias));
+  }
   const int64_t id = next_id_;
   // The allocator's one line for a request that can never fit, whatever is free now.
   slots_.check_fits(id, int64_t(prompt.size()), params.max_tokens);
@@ -64,6 +72,19 @@ int64_t Scheduler::add_request(const std::vector<int64_t>& prompt, const Request
   r.seed = params.seeded ? params.sampling.seed : config_.engine_seed;
   r.stream = params.seeded ? 0 : uint64_t(id) + 1;
   r.params.sampling.seed = r.seed;
+  // what its logits get before a decision (penalties.h): the prompt only matters to a repetition penalty
+  r.adjusts = penalizes(params.sampling) || !params.logit_bias.empty() || params.min_tokens > 0;
+  if (params.sampling.repetition_penalty != 1.0)
+    for (int64_t t : prompt) r.history[int32_t(t)].in_prompt = true;
+  for (const auto& [token, bias] : params.logit_bias) r.history[int32_t(token)].bias = float(bias);
+  if (params.min_tokens > 0) {  // a stop id past the vocabulary can never come: nothing to ban
+    const auto ban = [&](int64_t t) {
+      if (t >= 0 && t < executor_.vocab()) r.history[int32_t(t)].stop = true;
+    };
+    for (int64_t t : params.stop_token_ids) ban(t);
+    if (!params.ignore_eos)
+      for (int64_t t : params.eos_token_ids) ban(t);
+  }
   waiting_.push_back(std::move(r));
   if (!queued) admit();
   return id;
@@ -136,8 +157,6 @@ void Scheduler::admit() {
     r.slot = slots_.allocate_at(a.slot, r.id, int64_t(r.prompt.size()), r.params.max_tokens, a.held);
     if (a.held > 0) executor_.reopen(a.slot, a.source, a.held);
     r.prompt_done = r.cached = a.held;
-    if (r.params.sampling.repetition_penalty != 1.0)  // the only penalty that reads the prompt
-      for (int64_t t : r.prompt) r.history[int32_t(t)].in_prompt = true;
     prompt_tokens_ += int64_t(r.prompt.size());
     cached_tokens_ += a.held;
     live_.push_back(std::move(r));
@@ -222,10 +241,12 @@ std::vector<Scheduler::Request*> Scheduler::pick_rows(bool prefilled) {
 }
 
 RowSampling Scheduler::row_sampling(Request& r, uint32_t position) {
-  RowSampling s{r.params.sampling, r.stream, position, nullptr};
-  if (!penalizes(r.params.sampling)) return s;
+  RowSampling s{r.params.sampling, r.stream, position, nullptr, 0};
+  if (!r.adjusts) return s;
   for (; r.counted < r.tokens.size(); ++r.counted) ++r.history[int32_t(r.tokens[r.counted])].count;
   s.history = &r.history;
+  // the phase's first position decides output token tokens.size()
+  s.ban = std::max<int64_t>(0, r.params.min_tokens - int64_t(r.tokens.size()));
   return s;
 }
 

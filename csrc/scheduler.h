@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "adaptive.h"
@@ -59,6 +60,10 @@ struct RequestParams {
   std::vector<int64_t> stop_token_ids;
   std::vector<int64_t> eos_token_ids;
   bool ignore_eos = false;
+  // penalties.h: added to a token's logit (OpenAI's logit_bias, in [-100, 100]), and the output tokens
+  // before which the stop tokens (EOS unless ignore_eos, stop_token_ids) cannot come (vLLM's min_tokens)
+  std::vector<std::pair<int64_t, double>> logit_bias;
+  int64_t min_tokens = 0;
 };
 
 enum class Finish { kNone, kStop, kLength, kAbort };
@@ -141,8 +146,9 @@ class Scheduler {
     int64_t accepted = 0;
     int64_t next = -1;  // the target's token after the accepted drafts
     std::vector<TokenLogprob> logprobs;  // the executor's entries for the tokens this step decided
-    // penalties (penalties.h), when its params ask: each token's count in `tokens` (the first `counted`
-    // of them) and whether the prompt holds it
+    // what its logits get before a decision (penalties.h), when its params ask: each token's count in
+    // `tokens` (the first `counted` of them), whether the prompt holds it, a stop token's flag, its bias
+    bool adjusts = false;
     PenaltyHistory history;
     size_t counted = 0;
   };

@@ -341,10 +341,10 @@ void SlotExecutor::penalize_run(const std::vector<size_t>& group, int64_t r, con
   int64_t positions = 1;
   for (size_t j = 0; j < group.size(); ++j) {
     const RowSampling& s = sampling[group[j]];
-    if (s.history == nullptr || !penalizes(s.sampling)) continue;
+    if (s.history == nullptr) continue;
     // a prefill decides after its last token; a verify at each position of its block
     const int64_t n = last_only ? 1 : int64_t(tokens[group[j]].size());
-    add_penalty_row(*s.history, tokens[group[j]], n, int64_t(j) * r, s.sampling, rows, entries, blocks);
+    add_penalty_row(*s.history, tokens[group[j]], n, int64_t(j) * r, s.sampling, s.ban, rows, entries, blocks);
     positions = std::max(positions, n);
   }
   if (rows.empty()) return;  // no row asks: nothing runs

@@ -19,7 +19,8 @@ def reference_output(llm, prompt, params: SamplingParams | None = None, speculat
     `block_size`, default the LLM's block)."""
     params = params or SamplingParams()
     ids = llm.encode(prompt)
-    sampler = Sampler(params, ids)
+    stop_ids = tuple(params.stop_token_ids) + (() if params.ignore_eos else tuple(llm.eos_token_ids))
+    sampler = Sampler(params, ids, stop_ids)
     target, drafter = sessions(llm, speculative)
     block = block_size or llm.block_size
     steps = speculative_decode(target, drafter, ids, block, sampler) if speculative else autoregressive_decode(

@@ -355,3 +355,6 @@ class LLM:
             raise DFlashError("speculative=True needs a drafter: pass draft=... or use speculative=False")
         if params.stop and self.tokenizer is None:
             raise DFlashError("stop strings need a tokenizer; this target has none (use stop_token_ids)")
+        outside = [token for token, _ in params.logit_bias if token >= self.vocab_size]
+        if outside:
+            raise DFlashError(f"logit_bias names token {outside[0]}, outside the target's vocabulary ({self.vocab_size})")

@@ -2,7 +2,7 @@
 
 Fields OpenAI clients send that change nothing here (user, metadata, ...) are accepted and ignored;
 fields that would change the reply in a way we cannot honour (echo, several prompts, min_p,
-logit_bias, response_format, tools) are refused unless they hold the value that changes nothing
+response_format, tools) are refused unless they hold the value that changes nothing
 (frameworks send the defaults explicitly), never silently dropped.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, WithJsonSchema, model_validator
 
 from dflash_trt.serve.requests import RequestError, sampling_params
 from dflash_trt.spec.sampling import RANGES
@@ -55,9 +55,9 @@ StopString = Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})]
 # explicitly): OpenAI's, then vLLM's and SGLang's extensions that change the distribution or constrain
 # the output. Any other value is refused (`_Sampling.check_unsupported`).
 NO_OP_VALUES = {
-    "logit_bias": ({},), "response_format": ({"type": "text"},),
+    "response_format": ({"type": "text"},),
     "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",), "suffix": ("",),
-    "min_p": (0,), "min_tokens": (0,), "prompt_logprobs": (),
+    "min_p": (0,), "prompt_logprobs": (),
     "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
 }
 
@@ -116,11 +116,15 @@ class _Sampling(BaseModel):
     presence_penalty: float | None = Field(None, json_schema_extra=RANGES["presence_penalty"])
     frequency_penalty: float | None = Field(None, json_schema_extra=RANGES["frequency_penalty"])
     repetition_penalty: float | None = Field(None, json_schema_extra=RANGES["repetition_penalty"])
+    # OpenAI's: token ids (as strings, JSON's keys) -> a bias added to their logits
+    logit_bias: Annotated[dict[Annotated[str, StringConstraints(pattern=r"^(0|[1-9][0-9]*)$")],
+                               Annotated[float, Field(ge=-100, le=100)]],
+                          WithJsonSchema({"type": "object", "additionalProperties": False, "patternProperties": {
+                              "^(0|[1-9][0-9]*)$": {"type": "number", **RANGES["logit_bias"]}}})] | None = None
+    min_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["min_tokens"])  # vLLM's
     # what this server does not implement (NO_OP_VALUES)
-    logit_bias: _no_op("logit_bias") = None
     response_format: _no_op("response_format") = None
     min_p: _no_op("min_p") = None
-    min_tokens: _no_op("min_tokens") = None
     prompt_logprobs: _no_op("prompt_logprobs") = None
     guided_json: _no_op("guided_json") = None
     guided_regex: _no_op("guided_regex") = None
@@ -148,7 +152,8 @@ class _Sampling(BaseModel):
                   "top_k": self.top_k, "seed": seed, "stop": self.stop, "logprobs": self.logprob_count(),
                   "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids,
                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
-                  "repetition_penalty": self.repetition_penalty}
+                  "repetition_penalty": self.repetition_penalty, "logit_bias": self.logit_bias,
+                  "min_tokens": self.min_tokens}
         return {k: v for k, v in values.items() if v is not None}
 
     def check_sampling(self) -> None:
@@ -160,7 +165,8 @@ class _Sampling(BaseModel):
     def check_unsupported(self) -> None:
         """A field this server does not implement, holding a value that would change the reply: refused."""
         for name, values in NO_OP_VALUES.items():
-            value = getattr(self, name, None)
+            # only this body's own fields: another endpoint's (a chat's tools in a completion) are extras
+            value = getattr(self, name) if name in type(self).model_fields else None
             if value is None or any(_same(value, v) for v in values):
                 continue
             allowed = " or ".join(json.dumps(v) for v in values)

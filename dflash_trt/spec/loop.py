@@ -50,8 +50,8 @@ class Step:
 def speculative_decode(
     target: TargetSession, drafter: DraftSession, prompt: list[int], block_size: int, sampler: Sampler
 ) -> Iterator[Step]:
-    if sampler.params.penalized:
-        raise ValueError("the reference speculative loop does not apply penalties (autoregressive_decode does)")
+    if sampler.params.adjusts_logits:
+        raise ValueError("the reference speculative loop does not adjust logits (autoregressive_decode does)")
     logits, features = target.prefill(prompt)
     bonus = sampler.sample(logits)
     yield Step([bonus])

@@ -1,4 +1,5 @@
-"""SamplingParams and the target distribution they define (penalties, temperature, top-k, top-p, seed)."""
+"""SamplingParams and the target distribution they define (min_tokens, logit_bias, penalties, temperature,
+top-k, top-p, seed)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ RANGES = {"max_tokens": {"minimum": 1, "maximum": 2**31 - 1}, "temperature": {"m
           "logprobs": {"minimum": 0, "maximum": 20},
           # vLLM's ranges
           "repetition_penalty": {"exclusiveMinimum": 0, "maximum": 2},
-          "frequency_penalty": {"minimum": -2, "maximum": 2}, "presence_penalty": {"minimum": -2, "maximum": 2}}
+          "frequency_penalty": {"minimum": -2, "maximum": 2}, "presence_penalty": {"minimum": -2, "maximum": 2},
+          "logit_bias": {"minimum": -100, "maximum": 100}, "min_tokens": {"minimum": 0, "maximum": 2**31 - 1}}
 SEED_RANGE = {"minimum": 0, "maximum": 2**64 - 1}  # the core keys its RNG with 64 bits
 
 
@@ -42,10 +44,14 @@ class SamplingParams:
     # None: no log-probabilities; n: each output token's and the n most probable tokens' log-probability
     # under the target's raw logits (log_softmax before temperature and the cuts, as vLLM reports)
     logprobs: int | None = None
-    # vLLM's penalties, on the raw logits before everything above (greedy too): a token seen in the prompt
-    # or the output so far has its logit divided by repetition_penalty where positive, multiplied where
-    # not; then frequency_penalty x its count in the output is subtracted, and presence_penalty once if
-    # it occurs there. With penalties, logprobs are those of the penalized logits.
+    # What the raw logits get before everything above (greedy too), in vLLM's order: while the output is
+    # shorter than min_tokens its stop tokens (EOS unless ignore_eos, stop_token_ids) are banned, and stop
+    # strings are not looked for; logit_bias ({token id: bias in [-100, 100]}) is added; a token seen in the
+    # prompt or the output so far has its logit divided by repetition_penalty where positive, multiplied
+    # where not; then frequency_penalty x its count in the output is subtracted, and presence_penalty once
+    # if it occurs there. With any of them, logprobs are those of the adjusted logits.
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # a dict is accepted (keys may be digit strings, as OpenAI's)
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
@@ -85,6 +91,20 @@ class SamplingParams:
             raise bad("ignore_eos", "a bool", self.ignore_eos)
         if self.logprobs is not None and not (integer(self.logprobs) and in_range(self.logprobs, "logprobs")):
             raise bad("logprobs", "an integer in [0, 20] or None", self.logprobs)
+        # past max_tokens it holds the stop tokens back for the whole reply
+        if not integer(self.min_tokens) or not in_range(self.min_tokens, "min_tokens"):
+            raise bad("min_tokens", "an integer in [0, 2**31)", self.min_tokens)
+        bias = self.logit_bias or ()
+        pairs = list(bias.items()) if isinstance(bias, dict) else bias
+        try:
+            pairs = sorted((int(token) if isinstance(token, str) and token.isdigit() else token, value)
+                           for token, value in pairs)
+        except (TypeError, ValueError):
+            raise bad("logit_bias", "{token id: bias}", self.logit_bias) from None
+        if len({t for t, _ in pairs}) < len(pairs) or not all(
+                integer(t) and t >= 0 and number(v) and in_range(v, "logit_bias") for t, v in pairs):
+            raise bad("logit_bias", "{token id: bias in [-100, 100]}", self.logit_bias)
+        object.__setattr__(self, "logit_bias", tuple((t, float(v)) for t, v in pairs))
         if not number(self.repetition_penalty) or not in_range(self.repetition_penalty, "repetition_penalty"):
             raise bad("repetition_penalty", "in (0, 2]", self.repetition_penalty)
         for field in ("frequency_penalty", "presence_penalty"):
@@ -96,18 +116,24 @@ class SamplingParams:
         return self.temperature == 0
 
     @property
-    def penalized(self) -> bool:
-        return self.repetition_penalty != 1 or self.frequency_penalty != 0 or self.presence_penalty != 0
+    def adjusts_logits(self) -> bool:
+        """Whether min_tokens, logit_bias or a penalty changes the raw logits."""
+        return (self.min_tokens > 0 or bool(self.logit_bias) or self.repetition_penalty != 1
+                or self.frequency_penalty != 0 or self.presence_penalty != 0)
 
 
-def penalize(logits: torch.Tensor, prompt_ids: list[int], output_ids: list[int], params: SamplingParams) -> torch.Tensor:
-    """logits [V] -> float32 logits with the params' penalties for a position after `output_ids`
-    (vLLM's order: repetition over the prompt and output, then frequency and presence over the output).
-    float32 throughout, each product and difference rounded alone, as the core computes them."""
+def penalize(logits: torch.Tensor, prompt_ids: list[int], output_ids: list[int], params: SamplingParams,
+             stop_ids: tuple[int, ...] = ()) -> torch.Tensor:
+    """logits [V] -> float32 logits as the params adjust them at a position after `output_ids` (vLLM's
+    order: `stop_ids` banned while the output is shorter than min_tokens, logit_bias added, repetition
+    over the prompt and output, then frequency and presence over the output). float32 throughout, each
+    sum, product and difference rounded alone, as the core computes them."""
     logits = logits.float().clone()
-    if not params.penalized:
+    if not params.adjusts_logits:
         return logits
     vocab = logits.shape[-1]
+    for token, bias in params.logit_bias:
+        logits[token] = logits[token] + torch.tensor(bias, dtype=torch.float32)
     counts = torch.bincount(torch.tensor(output_ids, dtype=torch.long), minlength=vocab)[:vocab]
     if params.repetition_penalty != 1:
         seen = counts > 0
@@ -118,6 +144,8 @@ def penalize(logits: torch.Tensor, prompt_ids: list[int], output_ids: list[int],
     frequency = torch.tensor(params.frequency_penalty, dtype=torch.float32)
     presence = torch.tensor(params.presence_penalty, dtype=torch.float32)
     logits[out] = (logits[out] - frequency * counts[out].float()) - presence
+    if len(output_ids) < params.min_tokens:
+        logits[[t for t in stop_ids if 0 <= t < vocab]] = float("-inf")
     return logits
 
 
@@ -145,9 +173,10 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 class Sampler:
     """Per-request sampling state: the params, a seeded generator and, for penalties, the prompt."""
 
-    def __init__(self, params: SamplingParams, prompt_ids: list[int] | None = None):
+    def __init__(self, params: SamplingParams, prompt_ids: list[int] | None = None, stop_ids: tuple[int, ...] = ()):
         self.params = params
         self.prompt_ids = list(prompt_ids or [])
+        self.stop_ids = tuple(stop_ids)  # what min_tokens bans
         self.generator = torch.Generator()
         if params.seed is None:
             self.generator.seed()
@@ -156,8 +185,8 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, output_ids: list[int] | None = None) -> int:
         """One token from logits [V] at the position after `output_ids` (what penalties count)."""
-        if self.params.penalized:
-            logits = penalize(logits, self.prompt_ids, output_ids or [], self.params)
+        if self.params.adjusts_logits:
+            logits = penalize(logits, self.prompt_ids, output_ids or [], self.params, self.stop_ids)
         if self.params.greedy:
             return int(logits.argmax())
         return self.draw(target_probs(logits, self.params))

@@ -17,7 +17,7 @@ class StopChecker:
     """Collects committed tokens and their text, and says when (and why) the request is finished.
 
     Stop tokens (EOS and `stop_token_ids`) stay in `token_ids`, as in vLLM; stop strings are cut
-    from the text. Text grows one token at a time through `text_steps` (None: no tokenizer, no
+    from the text, and are not looked for before min_tokens tokens (the stop tokens are banned there). Text grows one token at a time through `text_steps` (None: no tokenizer, no
     text), and a stop string is looked for only where the newest token's text could complete one,
     so each token costs the same however long the output is.
     """
@@ -47,7 +47,7 @@ class StopChecker:
                 self._text += self.text_steps.step(token)
             if token in self.stop_ids:
                 self.finish_reason = "stop"
-            elif self.params.stop and self._find_stop_string(before):
+            elif self.params.stop and len(self.token_ids) >= self.params.min_tokens and self._find_stop_string(before):
                 self.finish_reason = "stop"
             elif len(self.token_ids) >= self.params.max_tokens:
                 self.finish_reason = "length"

@@ -18,29 +18,40 @@ from dflash_trt.models.checkpoints import load_drafter, load_target
 from dflash_trt.runtime.torch_backend import TorchTargetSession
 from dflash_trt.spec.loop import autoregressive_decode
 from dflash_trt.spec.sampling import Sampler, penalize
+from dflash_trt.spec.stopping import StopChecker
 
 PENALTIES = [dict(repetition_penalty=1.3), dict(frequency_penalty=0.7), dict(presence_penalty=1.5),
              dict(repetition_penalty=0.8, frequency_penalty=-0.4, presence_penalty=0.6)]
+# min_tokens bans the stop tokens (3 and 45 here) while the output is shorter; logit_bias adds
+ADJUSTMENTS = PENALTIES + [dict(logit_bias={4: 5.0, 45: -2.5, 11: 100.0}), dict(min_tokens=11),
+                           dict(min_tokens=13, logit_bias={3: 7.0}, presence_penalty=1.0, repetition_penalty=1.2)]
+STOP = (3, 45)
 
 
 @pytest.mark.parametrize("threads", [1, 7, 256])  # 1: the host rule; more: the kernel's strides
-@pytest.mark.parametrize("penalties", PENALTIES, ids=lambda p: ",".join(p))
-def test_every_verify_position_is_penalized_as_the_reference_says(core, penalties, threads):
-    rng = np.random.default_rng(len(penalties) + threads)
+@pytest.mark.parametrize("adjust", ADJUSTMENTS, ids=lambda p: ",".join(p))
+def test_every_verify_position_is_adjusted_as_the_reference_says(core, adjust, threads):
+    rng = np.random.default_rng(len(adjust) + threads)
     vocab = 50
     prompt = [int(t) for t in rng.integers(10, 30, 12)]
-    outputs = [int(t) for t in rng.integers(0, 20, 9)]
+    outputs = [int(t) for t in rng.integers(4, 20, 9)]
     # the bonus, then drafts: one in the output, one the history lacks (twice), one only the prompt has
     block = [outputs[-1], outputs[2], 45, 45, max(set(prompt) - set(outputs)), 46]
     logits = (rng.standard_normal((len(block), vocab)) * 3).astype(np.float32)
-    counts = Counter(outputs)
-    history = [(t, counts[t], t in prompt) for t in sorted(set(prompt) | set(outputs))]
-    got = core.penalized_logits(logits, history, block, core.SamplingParams(**penalties), threads)
-    params = SamplingParams(**penalties)
+    params = SamplingParams(max_tokens=32, **adjust)
+    counts, bias = Counter(outputs), dict(params.logit_bias)
+    stop = set(STOP) if params.min_tokens else set()
+    history = [(t, counts[t], t in prompt, t in stop, bias.get(t, 0.0))
+               for t in sorted(set(prompt) | set(outputs) | set(bias) | stop)]
+    ban = max(0, params.min_tokens - len(outputs))  # position k decides output token len(outputs) + k
+    native = core.SamplingParams(**{k: v for k, v in adjust.items() if k not in ("logit_bias", "min_tokens")})
+    got = core.penalized_logits(logits, history, block, native, ban, threads)
     for k in range(len(block)):  # position k follows the output and the drafts block[1..k]
-        expected = penalize(torch.from_numpy(logits[k]), prompt, outputs + block[1:k + 1], params).numpy()
+        expected = penalize(torch.from_numpy(logits[k]), prompt, outputs + block[1:k + 1], params, STOP).numpy()
         np.testing.assert_array_equal(got[k], expected)
-        assert not np.array_equal(got[k], logits[k])
+    assert not np.array_equal(got, logits)
+    if params.min_tokens:  # banned while the output is short, then free
+        assert np.isneginf(got[:ban, list(STOP)]).all() and np.isfinite(got[ban:, list(STOP)]).all()
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +70,8 @@ def decode(core, ort, bundle, prompts, max_block, **params):
     """Each prompt's tokens (and the drafts accepted in all), added at once to a fresh scheduler."""
     executor = ort.ort_executor(bundle, max_batch=3, capacity=64)
     sched = core.Scheduler(executor, core.SchedulerConfig(max_batch=3, capacity=64, block_size=4, engine_seed=0))
+    if "logit_bias" in params:
+        params = {**params, "logit_bias": list(params["logit_bias"].items())}
     ids = [sched.add_request(p, core.RequestParams(ignore_eos=True, max_block=max_block, **params)) for p in prompts]
     tokens, accepted = {i: [] for i in ids}, 0
     while sched.has_work:
@@ -72,24 +85,42 @@ def decode(core, ort, bundle, prompts, max_block, **params):
 PROMPTS = [[1, 2, 3, 4, 0, 1], [3, 3, 1], [4, 0, 2, 2, 1, 3, 0]]
 
 
-@pytest.mark.parametrize("penalties", PENALTIES, ids=lambda p: ",".join(p))
-def test_greedy_decoding_with_penalties_equals_the_penalized_autoregressive_reference(core, ort, pair, penalties):
+def autoregressive(target, prompt, params):
+    """The reference loop's greedy reply, adjusted and stopped by `params` (no EOS: ignore_eos)."""
+    stop = StopChecker(params, (), None)
+    sampler = Sampler(params, prompt, tuple(params.stop_token_ids))
+    for step in autoregressive_decode(TorchTargetSession(target, ()), prompt, sampler):
+        if stop.add(step.tokens):
+            return stop.token_ids
+
+
+@pytest.mark.parametrize("adjust", PENALTIES + [dict(logit_bias={0: -100.0, 3: 0.5})], ids=lambda p: ",".join(p))
+def test_greedy_decoding_with_penalties_equals_the_penalized_autoregressive_reference(core, ort, pair, adjust):
     bundle, target = pair
-    params = SamplingParams(max_tokens=16, ignore_eos=True, **penalties)
-    expected = []
-    for prompt in PROMPTS:
-        tokens = []
-        for step in autoregressive_decode(TorchTargetSession(target, ()), prompt, Sampler(params, prompt)):
-            tokens += step.tokens
-            if len(tokens) >= 16:
-                break
-        expected.append(tokens[:16])
+    expected = [autoregressive(target, prompt, SamplingParams(max_tokens=16, ignore_eos=True, **adjust))
+                for prompt in PROMPTS]
     unpenalized, _ = decode(core, ort, bundle, PROMPTS, 0, max_tokens=16)
     assert unpenalized != expected  # the penalties change these replies
-    dflash, accepted = decode(core, ort, bundle, PROMPTS, 0, max_tokens=16, **penalties)
-    plain, _ = decode(core, ort, bundle, PROMPTS, 1, max_tokens=16, **penalties)
+    dflash, accepted = decode(core, ort, bundle, PROMPTS, 0, max_tokens=16, **adjust)
+    plain, _ = decode(core, ort, bundle, PROMPTS, 1, max_tokens=16, **adjust)
     assert dflash == expected and plain == expected
     assert accepted > 0  # drafts were verified against penalized positions, and kept
+
+
+def test_min_tokens_holds_a_stop_token_back_until_then(core, ort, pair):
+    """A stop token the greedy reply emits early: with min_tokens 10 it cannot come before the 11th
+    token (banned at the verify positions before it), and the replies equal the reference loop's."""
+    bundle, target = pair
+    free, _ = decode(core, ort, bundle, PROMPTS, 0, max_tokens=16)
+    stop = free[0][1]  # the first reply's second token
+    stopped, _ = decode(core, ort, bundle, PROMPTS, 0, max_tokens=16, stop_token_ids=[stop])
+    assert len(stopped[0]) <= 2  # without min_tokens it ends the first reply at once
+    params = SamplingParams(max_tokens=16, ignore_eos=True, stop_token_ids=(stop,), min_tokens=10)
+    expected = [autoregressive(target, prompt, params) for prompt in PROMPTS]
+    for max_block in (0, 1):
+        held, _ = decode(core, ort, bundle, PROMPTS, max_block, max_tokens=16, stop_token_ids=[stop], min_tokens=10)
+        assert held == expected
+        assert all(stop not in reply[:10] and len(reply) >= 10 for reply in held)
 
 
 @pytest.mark.parametrize("penalties", PENALTIES, ids=lambda p: ",".join(p))

@@ -118,7 +118,7 @@ def test_models_health_metrics(front):
     ("/v1/chat/completions", {"json": chat(min_p=0.1)}, 400, "min_p"),
     ("/v1/chat/completions", {"json": chat(response_format={"type": "json_object"}, stream=True)}, 400,
      "response_format"),
-    ("/v1/completions", {"json": {"model": "tiny", "prompt": "x", "logit_bias": {"1": 5}}}, 400, "logit_bias"),
+    ("/v1/completions", {"json": {"model": "tiny", "prompt": "x", "logit_bias": {"1": 500}}}, 400, "logit_bias.1"),
     ("/v1/chat/completions", {"json": chat(model="other")}, 404, "model"),
     ("/v1/chat/completions", {"json": chat(messages=[{"role": "user", "content": "long"}])}, 400, "messages"),
     ("/v1/chat/completions", {"json": chat(stream=True, messages=[{"role": "user", "content": "long"}])}, 400, "messages"),

@@ -65,6 +65,9 @@ def test_completion_prompts(prompt, key, value):
     (chat(presence_penalty=2.5), "presence_penalty"),
     (chat(frequency_penalty="1"), "frequency_penalty"),
     (chat(repetition_penalty=0), "repetition_penalty"),
+    (chat(logit_bias={"5": 101}), "logit_bias.5"),
+    (chat(logit_bias={"x": 1}), "logit_bias.x"),
+    (chat(min_tokens=-1), "min_tokens"),
 ])
 def test_chat_refusals_name_the_field(body, param):
     with pytest.raises(RequestError) as err:
@@ -88,15 +91,17 @@ def test_completion_refuses_echo():
 
 def test_vllm_sampling_extensions_and_penalties_reach_the_sampling_parameters():
     inputs = parse(chat(ignore_eos=True, stop_token_ids=[7, 9], presence_penalty=1.5, frequency_penalty=-0.5,
-                        repetition_penalty=1.1), ChatRequest).triton_inputs()
+                        repetition_penalty=1.1, logit_bias={"50": -100, "7": 2.5}, min_tokens=3),
+                   ChatRequest).triton_inputs()
     assert json.loads(inputs["sampling_parameters"]) == {"ignore_eos": True, "stop_token_ids": [7, 9],
                                                          "presence_penalty": 1.5, "frequency_penalty": -0.5,
-                                                         "repetition_penalty": 1.1}
+                                                         "repetition_penalty": 1.1, "logit_bias": {"50": -100, "7": 2.5},
+                                                         "min_tokens": 3}
 
 
 # what frameworks send by default: the values that change nothing, accepted (and not passed on)
-NO_OP_FIELDS = {"logit_bias": {}, "response_format": {"type": "text"},
-                "tools": [], "tool_choice": "none", "min_p": 0, "min_tokens": 0,
+NO_OP_FIELDS = {"response_format": {"type": "text"},
+                "tools": [], "tool_choice": "none", "min_p": 0,
                 "guided_json": None, "prompt_logprobs": None}
 
 
@@ -107,10 +112,10 @@ def test_unimplemented_fields_at_their_no_op_values_are_accepted():
 
 
 @pytest.mark.parametrize("field, value", [
-    ("min_p", False), ("logit_bias", {"5": 100}),
+    ("min_p", False),
     ("response_format", {"type": "json_object"}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
     ("tool_choice", "auto"), ("functions", [{"name": "f"}]), ("min_p", 0.05),
-    ("min_tokens", 4), ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]), ("prompt_logprobs", 1),
+    ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]), ("prompt_logprobs", 1),
 ])
 def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, value):
     with pytest.raises(RequestError) as err:
@@ -123,3 +128,8 @@ def test_a_completion_refuses_a_suffix():
     with pytest.raises(RequestError) as err:
         parse(json.dumps({"model": "m", "prompt": "x", "suffix": "end"}).encode(), CompletionRequest)
     assert err.value.param == "suffix"
+
+
+def test_another_endpoints_unimplemented_field_is_an_extra_here():
+    """tools belong to chat bodies: a completion carrying them is only carrying an unknown field."""
+    parse(json.dumps({"model": "m", "prompt": "x", "tools": [{"type": "function"}]}).encode(), CompletionRequest)

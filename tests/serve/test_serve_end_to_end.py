@@ -126,6 +126,15 @@ def test_penalties_reach_the_core_and_give_offline_generate_s_reply(server, clie
                  frequency_penalty=0.5, extra_body={"repetition_penalty": 1.2})
     assert reply.choices[0].message.content == expected.text
     assert reply.usage.completion_tokens == len(expected.token_ids)
+    # logit_bias (OpenAI's, token ids as strings) banning the reply's first token; min_tokens (vLLM's)
+    # holding back a stop token the reply has early
+    free = offline.generate(PROMPTS[4], SamplingParams(max_tokens=16))[0].token_ids
+    params = SamplingParams(max_tokens=16, logit_bias={free[0]: -100}, stop_token_ids=(free[2],), min_tokens=12)
+    expected = offline.generate(PROMPTS[4], params)[0]
+    assert expected.token_ids[0] != free[0] and len(expected.token_ids) >= 12
+    reply = chat(client, server, PROMPTS[4], max_tokens=16, temperature=0, logit_bias={str(free[0]): -100},
+                 extra_body={"stop_token_ids": [free[2]], "min_tokens": 12})
+    assert reply.choices[0].message.content == expected.text
 
 
 def test_vllm_s_stop_token_ids_end_a_reply_where_offline_generate_ends_it(server, client, offline):
