@@ -58,7 +58,8 @@ int64_t Scheduler::add_request(const std::vector<int64_t>& prompt, const Request
   // The allocator's one line for a request that can never fit, whatever is free now.
   slots_.check_fits(id, int64_t(prompt.size()), params.max_tokens);
   const bool queued = !waiting_.empty() || slots_.num_free() == 0;
-  if (queued && config_.max_waiting >= 0 && num_waiting() >= config_.max_waiting)
+  // the requests waiting beyond the free slots (one waiting for a prefill holds a free slot in reserve)
+  if (queued && config_.max_waiting >= 0 && num_waiting() - slots_.num_free() >= config_.max_waiting)
     throw Error("no free KV slot for request " + std::to_string(id) + " and the waiting queue is full (" +
                 std::to_string(config_.max_waiting) + " requests); retry after a request finishes or raise max_waiting");
   ++next_id_;

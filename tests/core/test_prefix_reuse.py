@@ -33,10 +33,11 @@ def pair(ort, request, tmp_path_factory):
     return request.param, bundle, target, drafter
 
 
-def scheduler(core, ort, bundle, max_batch, prefix_reuse=True, capacity=64, prefix_wait_tokens=128):
+def scheduler(core, ort, bundle, max_batch, prefix_reuse=True, capacity=64, prefix_wait_tokens=128, max_waiting=-1):
     executor = ort.ort_executor(bundle, max_batch=max_batch, capacity=capacity)
     config = core.SchedulerConfig(max_batch=max_batch, capacity=capacity, block_size=4, engine_seed=0,
-                                  prefix_reuse=prefix_reuse, prefix_wait_tokens=prefix_wait_tokens)
+                                  prefix_reuse=prefix_reuse, prefix_wait_tokens=prefix_wait_tokens,
+                                  max_waiting=max_waiting)
     return core.Scheduler(executor, config), executor
 
 
@@ -245,6 +246,24 @@ def test_requests_sharing_a_long_head_with_one_still_prefilling_wait_for_its_pre
             cached[out["request"]] = out["cached_tokens"]
     assert [cached[i] for i in ids] == ([0, 9, 8] if waits else [0, 0, 0])
     assert [tokens[i] for i in ids] == [reference(pair, p, 8) for p in prompts]
+
+
+def test_a_request_waiting_for_a_prefill_holds_a_free_slot_not_a_place_in_a_full_queue(core, ort, pair):
+    """max_waiting 0 refuses requests beyond the free slots; one waiting for another's prefill keeps a
+    slot free for itself, so the next request, with slots still free, is taken, not refused."""
+    if pair[0] == "hybrid":
+        pytest.skip("a hybrid target never waits for a prefill")
+    sched, _ = scheduler(core, ort, pair[1], 3, prefix_wait_tokens=4, max_waiting=0)
+    prompt = [1, 2, 3, 4, 0, 1, 2, 3]
+    params = core.RequestParams(max_tokens=4, ignore_eos=True)
+    sched.add_request(prompt, params)
+    sched.add_request(prompt, params)
+    assert sched.num_waiting == 1 and sched.slots.num_free == 2
+    sched.add_request(prompt, params)  # queued behind it, with a slot for each
+    with pytest.raises(Exception, match="waiting queue is full"):
+        sched.add_request(prompt, params)  # a fourth has no slot
+    while sched.has_work:
+        sched.step()
 
 
 @pytest.mark.parametrize("source_live", [False, True])
