@@ -138,17 +138,18 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<SamplingParams>(m, "SamplingParams")
       .def(py::init([](double temperature, int64_t top_k, double top_p, uint64_t seed, int32_t logprobs,
-                       double repetition_penalty, double frequency_penalty, double presence_penalty) {
-             SamplingParams p{temperature,        top_k,
-                              top_p,              seed,
-                              logprobs,           repetition_penalty,
-                              frequency_penalty,  presence_penalty};
+                       double repetition_penalty, double frequency_penalty, double presence_penalty, double min_p) {
+             SamplingParams p{temperature,       top_k,
+                              top_p,             seed,
+                              logprobs,          repetition_penalty,
+                              frequency_penalty, presence_penalty,
+                              min_p};
              p.validate();
              return p;
            }),
            py::kw_only(), py::arg("temperature") = 0.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0,
            py::arg("seed") = 0, py::arg("logprobs") = -1, py::arg("repetition_penalty") = 1.0,
-           py::arg("frequency_penalty") = 0.0, py::arg("presence_penalty") = 0.0)
+           py::arg("frequency_penalty") = 0.0, py::arg("presence_penalty") = 0.0, py::arg("min_p") = 0.0)
       .def_readonly("temperature", &SamplingParams::temperature)
       .def_readonly("top_k", &SamplingParams::top_k)
       .def_readonly("top_p", &SamplingParams::top_p)
@@ -174,9 +175,11 @@ PYBIND11_MODULE(_core, m) {
         add_penalty_row(seen, block, positions, 0, params, ban, rows, entries, tokens);
         FloatArray out({py::ssize_t(positions), py::ssize_t(vocab)});
         std::copy(in, in + positions * vocab, out.mutable_data());
-        for (int64_t k = 0; k < positions; ++k)
+        for (int64_t k = 0; k < positions; ++k) {
           for (int t = 0; t < threads; ++t)  // a block's threads, one after another: the kernel's strides
             penalize_position(out.mutable_data(), vocab, rows[0], k, entries.data(), tokens.data(), t, threads);
+          if (rows[0].min_p_margin != 0.0f) cut_min_p(out.mutable_data() + k * vocab, vocab, rows[0]);
+        }
         return out;
       },
       py::arg("logits"), py::arg("history"), py::arg("block"), py::arg("params"), py::arg("ban") = 0,
@@ -507,12 +510,13 @@ PYBIND11_MODULE(_core, m) {
                        std::vector<int64_t> stop_token_ids, std::vector<int64_t> eos_token_ids, bool ignore_eos,
                        int64_t max_block, int32_t logprobs, double repetition_penalty, double frequency_penalty,
                        double presence_penalty, std::vector<std::pair<int64_t, double>> logit_bias,
-                       int64_t min_tokens) {
+                       int64_t min_tokens, double min_p) {
              RequestParams p;
-             p.sampling = SamplingParams{temperature,        top_k,
-                                         top_p,              seed.is_none() ? 0 : seed.cast<uint64_t>(),
-                                         logprobs,           repetition_penalty,
-                                         frequency_penalty,  presence_penalty};
+             p.sampling = SamplingParams{temperature,       top_k,
+                                         top_p,             seed.is_none() ? 0 : seed.cast<uint64_t>(),
+                                         logprobs,          repetition_penalty,
+                                         frequency_penalty, presence_penalty,
+                                         min_p};
              p.sampling.validate();
              p.seeded = !seed.is_none();
              p.max_tokens = max_tokens;
@@ -529,7 +533,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("eos_token_ids") = std::vector<int64_t>{}, py::arg("ignore_eos") = false,
            py::arg("max_block") = 0, py::arg("logprobs") = -1, py::arg("repetition_penalty") = 1.0,
            py::arg("frequency_penalty") = 0.0, py::arg("presence_penalty") = 0.0,
-           py::arg("logit_bias") = std::vector<std::pair<int64_t, double>>{}, py::arg("min_tokens") = 0)
+           py::arg("logit_bias") = std::vector<std::pair<int64_t, double>>{}, py::arg("min_tokens") = 0,
+           py::arg("min_p") = 0.0)
       .def_readonly("max_tokens", &RequestParams::max_tokens)
       .def_readonly("max_block", &RequestParams::max_block)
       .def_readonly("seeded", &RequestParams::seeded);

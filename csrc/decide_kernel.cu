@@ -238,11 +238,29 @@ extern "C" __global__ void __cluster_dims__(dflash::kDecideCluster, 1, 1) __laun
 // The penalties of rows[b] (penalties.h) at its position k, in place, its tokens strided over the block's
 // threads (each token written by one thread). Launch: grid = (number of rows, the most positions), any
 // block size.
-extern "C" __global__ void dflash_penalize(float* logits, int64_t vocab, const dflash::PenaltyRow* rows,
-                                           const dflash::PenaltyEntry* entries, const int32_t* tokens) {
+// Then, for a row with min_p, the block's largest logit at that position (a shared-memory reduction;
+// block = kPenaltyThreads, a power of two) and min_p's cut (penalties.h).
+extern "C" __global__ void __launch_bounds__(256)
+    dflash_penalize(float* logits, int64_t vocab, const dflash::PenaltyRow* rows, const dflash::PenaltyEntry* entries,
+                    const int32_t* tokens) {
   const dflash::PenaltyRow row = rows[blockIdx.x];
-  if (int64_t(blockIdx.y) >= row.positions) return;
+  if (int64_t(blockIdx.y) >= row.positions) return;  // the same for the whole block
   dflash::penalize_position(logits, vocab, row, blockIdx.y, entries, tokens, threadIdx.x, blockDim.x);
+  if (row.min_p_margin == 0.0f) return;
+  __shared__ float largest[256];
+  float* out = logits + (row.first + int64_t(blockIdx.y)) * vocab;
+  __syncthreads();  // every penalty written
+  float max = -INFINITY;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) max = fmaxf(max, out[i]);
+  largest[threadIdx.x] = max;
+  __syncthreads();
+  for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) largest[threadIdx.x] = fmaxf(largest[threadIdx.x], largest[threadIdx.x + half]);
+    __syncthreads();
+  }
+  const float threshold = dflash::min_p_threshold(largest[0], row);
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x)
+    if (out[i] < threshold) out[i] = -INFINITY;
 }
 
 // rows[b] -> out[b], from what their positions decided (dflash_target_tokens): the drafts kept up to

@@ -1,12 +1,14 @@
 // penalties.h: what a request's logits get before any decision, written once for the host and the device
-// (hd.h): min_tokens, logit_bias, then the repetition, frequency and presence penalties.
+// (hd.h): min_tokens, logit_bias, the repetition, frequency and presence penalties, then min_p.
 //
 // Over the raw logits, in vLLM's order: while the output is shorter than min_tokens its stop tokens
 // (EOS and stop_token_ids) are banned (-inf); each token's logit_bias is added; a token seen in the
 // prompt or the output so far has its logit divided by repetition_penalty where positive, multiplied
 // where not; then frequency_penalty times the token's count in the output is subtracted, then
-// presence_penalty once if it occurs there. The rest (temperature, top-k, top-p, argmax) sees the
-// adjusted row, so greedy decoding is adjusted too.
+// presence_penalty once if it occurs there. Then, for a sampled row, min_p keeps the tokens whose
+// probability after temperature is at least min_p times the largest: in logits, those at least
+// max + T ln(min_p) (the rest -inf). The rest (temperature, top-k, top-p, argmax) sees the adjusted row,
+// so greedy decoding is adjusted too (min_p aside: it never changes an argmax).
 //
 // Lossless under speculation: the row at a verify position is penalized by the output up to that
 // position: the committed tokens (the bonus included) and the block's drafts before it, which are the
@@ -44,6 +46,7 @@ struct PenaltyRow {
   int64_t block = 0;
   int64_t ban = 0;
   float repetition = 1.0f, frequency = 0.0f, presence = 0.0f;
+  float min_p_margin = 0.0f;  // min_p: T ln(min_p), computed once on the host (< 0); 0: no min_p cut
 };
 
 // A token's history in a request: output occurrences, in the prompt or not, a stop token or not (kept
@@ -139,9 +142,25 @@ DFLASH_HD inline void penalize_position(float* logits, int64_t vocab, const Pena
   }
 }
 
+// min_p's cut of a position whose largest adjusted logit is `max`: logits below it become -inf.
+DFLASH_HD inline float min_p_threshold(float max, const PenaltyRow& row) {
+  return penalty_detail::add(max, row.min_p_margin);
+}
+
 // Whether a request's params ask for any penalty.
 inline bool penalizes(const SamplingParams& p) {
   return p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
+}
+// Whether min_p cuts a request's rows (only sampled ones: the largest logit always stays).
+inline bool cuts_min_p(const SamplingParams& p) { return p.min_p > 0.0 && !p.greedy(); }
+
+// The host's min_p cut of a position's row (the kernel's is a block reduction of the same max).
+inline void cut_min_p(float* row, int64_t vocab, const PenaltyRow& penalty) {
+  float max = -INFINITY;
+  for (int64_t i = 0; i < vocab; ++i) max = row[i] > max ? row[i] : max;
+  const float threshold = min_p_threshold(max, penalty);
+  for (int64_t i = 0; i < vocab; ++i)
+    if (row[i] < threshold) row[i] = -INFINITY;
 }
 
 // Append a row's PenaltyRow (logits rows from `first`, `positions` of them; stop tokens banned at the

@@ -21,6 +21,7 @@ void SamplingParams::validate() const {
     throw Error("SamplingParams.frequency_penalty must be in [-2, 2], got " + std::to_string(frequency_penalty));
   if (!(presence_penalty >= -2.0 && presence_penalty <= 2.0))
     throw Error("SamplingParams.presence_penalty must be in [-2, 2], got " + std::to_string(presence_penalty));
+  if (!(min_p >= 0.0 && min_p <= 1.0)) throw Error("SamplingParams.min_p must be in [0, 1], got " + std::to_string(min_p));
   if (logprobs < -1 || logprobs > kMaxLogprobs)
     throw Error("SamplingParams.logprobs must be -1 (none) or in [0, " + std::to_string(kMaxLogprobs) + "], got " +
                 std::to_string(logprobs));

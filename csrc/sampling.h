@@ -24,6 +24,7 @@ struct SamplingParams {
   int32_t logprobs = -1;
   // penalties.h: applied to the logits before everything above (1, 0, 0: none)
   double repetition_penalty = 1.0, frequency_penalty = 0.0, presence_penalty = 0.0;
+  double min_p = 0.0;  // penalties.h: a sampled row keeps tokens of probability >= min_p x the largest
 
   DFLASH_HD bool greedy() const { return temperature == 0.0; }
   // Throws dflash::Error (one line) on values SamplingParams in Python would refuse.

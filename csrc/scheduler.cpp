@@ -74,7 +74,8 @@ int64_t Scheduler::add_request(const std::vector<int64_t>& prompt, const Request
   r.stream = params.seeded ? 0 : uint64_t(id) + 1;
   r.params.sampling.seed = r.seed;
   // what its logits get before a decision (penalties.h): the prompt only matters to a repetition penalty
-  r.adjusts = penalizes(params.sampling) || !params.logit_bias.empty() || params.min_tokens > 0;
+  r.adjusts = penalizes(params.sampling) || cuts_min_p(params.sampling) || !params.logit_bias.empty() ||
+              params.min_tokens > 0;
   if (params.sampling.repetition_penalty != 1.0)
     for (int64_t t : prompt) r.history[int32_t(t)].in_prompt = true;
   for (const auto& [token, bias] : params.logit_bias) r.history[int32_t(token)].bias = float(bias);

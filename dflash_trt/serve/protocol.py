@@ -1,7 +1,7 @@
 """OpenAI request bodies: pydantic models, parsed strictly, every refusal naming its field.
 
 Fields OpenAI clients send that change nothing here (user, metadata, ...) are accepted and ignored;
-fields that would change the reply in a way we cannot honour (echo, several prompts, min_p,
+fields that would change the reply in a way we cannot honour (echo, several prompts,
 response_format, tools) are refused unless they hold the value that changes nothing
 (frameworks send the defaults explicitly), never silently dropped.
 """
@@ -57,7 +57,7 @@ StopString = Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})]
 NO_OP_VALUES = {
     "response_format": ({"type": "text"},),
     "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",), "suffix": ("",),
-    "min_p": (0,), "prompt_logprobs": (),
+    "prompt_logprobs": (),
     "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
 }
 
@@ -122,9 +122,9 @@ class _Sampling(BaseModel):
                           WithJsonSchema({"type": "object", "additionalProperties": False, "patternProperties": {
                               "^(0|[1-9][0-9]*)$": {"type": "number", **RANGES["logit_bias"]}}})] | None = None
     min_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["min_tokens"])  # vLLM's
+    min_p: float | None = Field(None, json_schema_extra=RANGES["min_p"])  # vLLM's
     # what this server does not implement (NO_OP_VALUES)
     response_format: _no_op("response_format") = None
-    min_p: _no_op("min_p") = None
     prompt_logprobs: _no_op("prompt_logprobs") = None
     guided_json: _no_op("guided_json") = None
     guided_regex: _no_op("guided_regex") = None
@@ -153,7 +153,7 @@ class _Sampling(BaseModel):
                   "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids,
                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                   "repetition_penalty": self.repetition_penalty, "logit_bias": self.logit_bias,
-                  "min_tokens": self.min_tokens}
+                  "min_tokens": self.min_tokens, "min_p": self.min_p}
         return {k: v for k, v in values.items() if v is not None}
 
     def check_sampling(self) -> None:

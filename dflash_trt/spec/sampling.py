@@ -3,6 +3,7 @@ top-k, top-p, seed)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +20,8 @@ RANGES = {"max_tokens": {"minimum": 1, "maximum": 2**31 - 1}, "temperature": {"m
           # vLLM's ranges
           "repetition_penalty": {"exclusiveMinimum": 0, "maximum": 2},
           "frequency_penalty": {"minimum": -2, "maximum": 2}, "presence_penalty": {"minimum": -2, "maximum": 2},
-          "logit_bias": {"minimum": -100, "maximum": 100}, "min_tokens": {"minimum": 0, "maximum": 2**31 - 1}}
+          "logit_bias": {"minimum": -100, "maximum": 100}, "min_tokens": {"minimum": 0, "maximum": 2**31 - 1},
+          "min_p": {"minimum": 0, "maximum": 1}}
 SEED_RANGE = {"minimum": 0, "maximum": 2**64 - 1}  # the core keys its RNG with 64 bits
 
 
@@ -49,12 +51,15 @@ class SamplingParams:
     # strings are not looked for; logit_bias ({token id: bias in [-100, 100]}) is added; a token seen in the
     # prompt or the output so far has its logit divided by repetition_penalty where positive, multiplied
     # where not; then frequency_penalty x its count in the output is subtracted, and presence_penalty once
-    # if it occurs there. With any of them, logprobs are those of the adjusted logits.
+    # if it occurs there. Then, when sampling (T > 0), min_p keeps the tokens whose probability is at least
+    # min_p x the largest (in logits: >= max + T ln(min_p)). With any of them, logprobs are those of the
+    # adjusted logits.
     min_tokens: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()  # a dict is accepted (keys may be digit strings, as OpenAI's)
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    min_p: float = 0.0
 
     def __post_init__(self):
         # The one check of sampling values: the Python API, the CLI, the Triton model and the OpenAI
@@ -107,6 +112,8 @@ class SamplingParams:
         object.__setattr__(self, "logit_bias", tuple((t, float(v)) for t, v in pairs))
         if not number(self.repetition_penalty) or not in_range(self.repetition_penalty, "repetition_penalty"):
             raise bad("repetition_penalty", "in (0, 2]", self.repetition_penalty)
+        if not number(self.min_p) or not in_range(self.min_p, "min_p"):
+            raise bad("min_p", "in [0, 1]", self.min_p)
         for field in ("frequency_penalty", "presence_penalty"):
             if not number(getattr(self, field)) or not in_range(getattr(self, field), field):
                 raise bad(field, "in [-2, 2]", getattr(self, field))
@@ -119,7 +126,7 @@ class SamplingParams:
     def adjusts_logits(self) -> bool:
         """Whether min_tokens, logit_bias or a penalty changes the raw logits."""
         return (self.min_tokens > 0 or bool(self.logit_bias) or self.repetition_penalty != 1
-                or self.frequency_penalty != 0 or self.presence_penalty != 0)
+                or self.frequency_penalty != 0 or self.presence_penalty != 0 or (self.min_p > 0 and not self.greedy))
 
 
 def penalize(logits: torch.Tensor, prompt_ids: list[int], output_ids: list[int], params: SamplingParams,
@@ -146,6 +153,9 @@ def penalize(logits: torch.Tensor, prompt_ids: list[int], output_ids: list[int],
     logits[out] = (logits[out] - frequency * counts[out].float()) - presence
     if len(output_ids) < params.min_tokens:
         logits[[t for t in stop_ids if 0 <= t < vocab]] = float("-inf")
+    if params.min_p > 0 and not params.greedy:
+        margin = torch.tensor(params.temperature * math.log(params.min_p), dtype=torch.float32)
+        logits[logits < logits.max() + margin] = float("-inf")
     return logits
 
 

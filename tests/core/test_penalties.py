@@ -24,7 +24,8 @@ PENALTIES = [dict(repetition_penalty=1.3), dict(frequency_penalty=0.7), dict(pre
              dict(repetition_penalty=0.8, frequency_penalty=-0.4, presence_penalty=0.6)]
 # min_tokens bans the stop tokens (3 and 45 here) while the output is shorter; logit_bias adds
 ADJUSTMENTS = PENALTIES + [dict(logit_bias={4: 5.0, 45: -2.5, 11: 100.0}), dict(min_tokens=11),
-                           dict(min_tokens=13, logit_bias={3: 7.0}, presence_penalty=1.0, repetition_penalty=1.2)]
+                           dict(min_tokens=13, logit_bias={3: 7.0}, presence_penalty=1.0, repetition_penalty=1.2),
+                           dict(min_p=0.05, temperature=0.7), dict(min_p=0.2, temperature=1.3, frequency_penalty=0.5)]
 STOP = (3, 45)
 
 
@@ -50,6 +51,8 @@ def test_every_verify_position_is_adjusted_as_the_reference_says(core, adjust, t
         expected = penalize(torch.from_numpy(logits[k]), prompt, outputs + block[1:k + 1], params, STOP).numpy()
         np.testing.assert_array_equal(got[k], expected)
     assert not np.array_equal(got, logits)
+    if params.min_p:  # a cut: most tokens go, the largest stays
+        assert all(np.isneginf(row).sum() > vocab // 2 and np.isfinite(row.max()) for row in got)
     if params.min_tokens:  # banned while the output is short, then free
         assert np.isneginf(got[:ban, list(STOP)]).all() and np.isfinite(got[ban:, list(STOP)]).all()
 
@@ -123,7 +126,7 @@ def test_min_tokens_holds_a_stop_token_back_until_then(core, ort, pair):
         assert all(stop not in reply[:10] and len(reply) >= 10 for reply in held)
 
 
-@pytest.mark.parametrize("penalties", PENALTIES, ids=lambda p: ",".join(p))
+@pytest.mark.parametrize("penalties", PENALTIES + [dict(min_p=0.3)], ids=lambda p: ",".join(p))
 def test_a_seeded_sampled_request_with_penalties_is_the_same_with_dflash_plainly_and_in_a_batch(core, ort, pair,
                                                                                                penalties):
     bundle, _ = pair

@@ -115,7 +115,7 @@ def test_models_health_metrics(front):
     ("/v1/chat/completions", {"json": chat(max_tokens=0)}, 400, "max_tokens"),
     ("/v1/chat/completions", {"json": chat(n=65)}, 400, "n"),
     ("/v1/chat/completions", {"json": chat(presence_penalty=2.5)}, 400, "presence_penalty"),
-    ("/v1/chat/completions", {"json": chat(min_p=0.1)}, 400, "min_p"),
+    ("/v1/chat/completions", {"json": chat(min_p=1.1)}, 400, "min_p"),
     ("/v1/chat/completions", {"json": chat(response_format={"type": "json_object"}, stream=True)}, 400,
      "response_format"),
     ("/v1/completions", {"json": {"model": "tiny", "prompt": "x", "logit_bias": {"1": 500}}}, 400, "logit_bias.1"),

@@ -68,6 +68,7 @@ def test_completion_prompts(prompt, key, value):
     (chat(logit_bias={"5": 101}), "logit_bias.5"),
     (chat(logit_bias={"x": 1}), "logit_bias.x"),
     (chat(min_tokens=-1), "min_tokens"),
+    (chat(min_p=1.5), "min_p"),
 ])
 def test_chat_refusals_name_the_field(body, param):
     with pytest.raises(RequestError) as err:
@@ -91,30 +92,29 @@ def test_completion_refuses_echo():
 
 def test_vllm_sampling_extensions_and_penalties_reach_the_sampling_parameters():
     inputs = parse(chat(ignore_eos=True, stop_token_ids=[7, 9], presence_penalty=1.5, frequency_penalty=-0.5,
-                        repetition_penalty=1.1, logit_bias={"50": -100, "7": 2.5}, min_tokens=3),
+                        repetition_penalty=1.1, logit_bias={"50": -100, "7": 2.5}, min_tokens=3, min_p=0.05),
                    ChatRequest).triton_inputs()
     assert json.loads(inputs["sampling_parameters"]) == {"ignore_eos": True, "stop_token_ids": [7, 9],
                                                          "presence_penalty": 1.5, "frequency_penalty": -0.5,
                                                          "repetition_penalty": 1.1, "logit_bias": {"50": -100, "7": 2.5},
-                                                         "min_tokens": 3}
+                                                         "min_tokens": 3, "min_p": 0.05}
 
 
 # what frameworks send by default: the values that change nothing, accepted (and not passed on)
 NO_OP_FIELDS = {"response_format": {"type": "text"},
-                "tools": [], "tool_choice": "none", "min_p": 0,
+                "tools": [], "tool_choice": "none",
                 "guided_json": None, "prompt_logprobs": None}
 
 
 def test_unimplemented_fields_at_their_no_op_values_are_accepted():
     request = parse(chat(**NO_OP_FIELDS), ChatRequest)
     assert json.loads(request.triton_inputs()["sampling_parameters"]) == {}
-    parse(json.dumps({"model": "m", "prompt": "x", "suffix": "", "min_p": 0}).encode(), CompletionRequest)
+    parse(json.dumps({"model": "m", "prompt": "x", "suffix": "", "guided_regex": None}).encode(), CompletionRequest)
 
 
 @pytest.mark.parametrize("field, value", [
-    ("min_p", False),
     ("response_format", {"type": "json_object"}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("tool_choice", "auto"), ("functions", [{"name": "f"}]), ("min_p", 0.05),
+    ("tool_choice", "auto"), ("functions", [{"name": "f"}]),
     ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]), ("prompt_logprobs", 1),
 ])
 def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, value):
