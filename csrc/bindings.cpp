@@ -178,7 +178,7 @@ PYBIND11_MODULE(_core, m) {
         for (int64_t k = 0; k < positions; ++k) {
           for (int t = 0; t < threads; ++t)  // a block's threads, one after another: the kernel's strides
             penalize_position(out.mutable_data(), vocab, rows[0], k, entries.data(), tokens.data(), t, threads);
-          if (rows[0].min_p_margin != 0.0f) cut_min_p(out.mutable_data() + k * vocab, vocab, rows[0]);
+          if (rows[0].min_p_cut) cut_min_p(out.mutable_data() + k * vocab, vocab, rows[0]);
         }
         return out;
       },

@@ -246,7 +246,7 @@ extern "C" __global__ void __launch_bounds__(256)
   const dflash::PenaltyRow row = rows[blockIdx.x];
   if (int64_t(blockIdx.y) >= row.positions) return;  // the same for the whole block
   dflash::penalize_position(logits, vocab, row, blockIdx.y, entries, tokens, threadIdx.x, blockDim.x);
-  if (row.min_p_margin == 0.0f) return;
+  if (!row.min_p_cut) return;
   __shared__ float largest[256];
   float* out = logits + (row.first + int64_t(blockIdx.y)) * vocab;
   __syncthreads();  // every penalty written

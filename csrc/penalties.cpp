@@ -18,7 +18,10 @@ void add_penalty_row(const PenaltyHistory& history, const std::vector<int64_t>& 
   row.frequency = float(params.frequency_penalty);
   row.presence = float(params.presence_penalty);
   row.ban = ban;
-  if (cuts_min_p(params)) row.min_p_margin = float(params.temperature * std::log(params.min_p));
+  if (cuts_min_p(params)) {
+    row.min_p_cut = 1;
+    row.min_p_margin = float(params.temperature * std::log(params.min_p));
+  }
   row.begin = int64_t(entries.size());
   for (const auto& [token, h] : history) {
     // what changes nothing here stays out: a prompt token without a repetition penalty, a stop token

@@ -46,7 +46,8 @@ struct PenaltyRow {
   int64_t block = 0;
   int64_t ban = 0;
   float repetition = 1.0f, frequency = 0.0f, presence = 0.0f;
-  float min_p_margin = 0.0f;  // min_p: T ln(min_p), computed once on the host (< 0); 0: no min_p cut
+  int32_t min_p_cut = 0;      // whether min_p cuts this row's positions (a sampled row with min_p > 0)
+  float min_p_margin = 0.0f;  // then T ln(min_p), computed once on the host (<= 0)
 };
 
 // A token's history in a request: output occurrences, in the prompt or not, a stop token or not (kept

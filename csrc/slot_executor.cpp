@@ -353,7 +353,7 @@ void SlotExecutor::penalize_run(const std::vector<size_t>& group, int64_t r, con
     for (const PenaltyRow& row : rows)
       for (int64_t k = 0; k < row.positions; ++k) {
         penalize_position(logits_.host.data(), V, row, k, entries.data(), blocks.data(), 0, 1);
-        if (row.min_p_margin != 0.0f) cut_min_p(logits_.host.data() + (row.first + k) * V, V, row);
+        if (row.min_p_cut) cut_min_p(logits_.host.data() + (row.first + k) * V, V, row);
       }
     return;
   }

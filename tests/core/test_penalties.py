@@ -25,7 +25,8 @@ PENALTIES = [dict(repetition_penalty=1.3), dict(frequency_penalty=0.7), dict(pre
 # min_tokens bans the stop tokens (3 and 45 here) while the output is shorter; logit_bias adds
 ADJUSTMENTS = PENALTIES + [dict(logit_bias={4: 5.0, 45: -2.5, 11: 100.0}), dict(min_tokens=11),
                            dict(min_tokens=13, logit_bias={3: 7.0}, presence_penalty=1.0, repetition_penalty=1.2),
-                           dict(min_p=0.05, temperature=0.7), dict(min_p=0.2, temperature=1.3, frequency_penalty=0.5)]
+                           dict(min_p=0.05, temperature=0.7), dict(min_p=0.2, temperature=1.3, frequency_penalty=0.5),
+                           dict(min_p=1.0, temperature=0.5)]  # only the largest stays
 STOP = (3, 45)
 
 
