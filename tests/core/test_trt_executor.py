@@ -57,7 +57,7 @@ def fakes(ort, fake_cuda, tmp_path_factory):
     # the slot executor decides tokens itself (csrc/executor.h), so the acceptance rules come along
     sources = [FAKES / "fake_nvinfer.cpp", *(ROOT / "csrc" / f for f in ("ort_executor.cpp", "ort_api.cpp",
                                                                          "slot_executor.cpp", "acceptance.cpp",
-                                                                         "sampling.cpp"))]
+                                                                         "sampling.cpp", "penalties.cpp"))]
     subprocess.run([*flags, *map(str, sources), "-ldl", "-o", str(nvinfer)], check=True)
     return nvinfer, fake_cuda  # its kernel launch runs the decision rules' source (csrc/decide.h) for the host
 
@@ -130,6 +130,33 @@ def test_greedy_on_the_tensorrt_executor_equals_autoregressive_and_the_onnxrunti
     if block > 1:
         steps = [a for row in ours[1] for a in row]
         assert max(steps) >= 1 and min(steps) == 0  # accepted and rejected drafts: commit kept every kind
+
+
+def test_penalties_on_the_tensorrt_executor_run_on_the_device_and_give_the_onnxruntime_executors_tokens(
+        core, ort, fakes, pair):
+    """Penalties, logit_bias, min_tokens (greedy) and min_p (seeded T>0) through the device path
+    (dflash_penalize, run by the fake driver with penalties.h's code before the decision kernels) give
+    the tokens the onnxruntime executor's host path gives."""
+    bundle, engines, *_ = pair
+
+    def run(executor, **params):
+        sched = core.Scheduler(executor, core.SchedulerConfig(max_batch=3, capacity=64, block_size=4, engine_seed=0))
+        ids = [sched.add_request(p, core.RequestParams(max_tokens=12, ignore_eos=True, **params)) for p in PROMPTS[:3]]
+        tokens = {i: [] for i in ids}
+        while sched.has_work:
+            for out in sched.step():
+                tokens[out["request"]] += out["new_tokens"]
+        return [tokens[i] for i in ids]
+
+    launches = fake_counter(fakes, "fake_cuda_penalty_launches")
+    for params in (dict(presence_penalty=1.5, repetition_penalty=1.3, logit_bias=[(2, 1.5)]),
+                   dict(frequency_penalty=0.6, min_tokens=8, stop_token_ids=[1]),
+                   dict(temperature=0.9, seed=4, min_p=0.2, presence_penalty=0.5)):
+        before = launches()
+        device = run(core.TrtExecutor(trt_config(ort, fakes, bundle, engines)), **params)
+        assert device == run(ort.ort_executor(bundle, max_batch=3, capacity=64), **params)
+        assert (launches() > before) == core.HAS_DEVICE_DECIDE
+    gc.collect()  # the executors go now: a later test counts the driver's live buffers
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5_text"])
@@ -358,7 +385,7 @@ def test_each_executor_counts_the_bytes_it_moves_across_the_host_boundary(core, 
     trt.verify([0, 1], blocks, [core.RowSampling(), core.RowSampling()])
     n, s = 2, 4
     target = 8 * (n * s + n + n + n * s + n * s)  # ids, lengths, logits_index; the drafter's positions
-    decision = n * 88 + (1 + n * (s - 1)) * 8 + n * 16  # DecideRow (11 words), drafts (+1 pad), Verdict (2 words)
+    decision = n * 120 + (1 + n * (s - 1)) * 8 + n * 16  # DecideRow (15 words), drafts (+1 pad), Verdict (2 words)
     assert trt.host_bytes - before == target + decision
 
 

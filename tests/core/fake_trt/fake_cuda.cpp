@@ -31,6 +31,7 @@
 
 #include "decide.h"
 #include "fake_stream.h"
+#include "penalties.h"
 #include "state_rebuild.h"
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
@@ -45,7 +46,8 @@ std::atomic<long> unpinned_copies{0};
 // the drafter rule on the "device": draft-kernel launches, and verify positions decided by its test
 std::atomic<long> draft_draws{0}, drafter_positions{0};
 // launches of the target-token kernel in its one-block and its cluster form; of the draft kernel's cluster form
-std::atomic<long> block_launches{0}, wide_launches{0}, wide_draws{0}, misfit_blocks{0}, halved_blocks{0};
+std::atomic<long> block_launches{0}, wide_launches{0}, wide_draws{0}, misfit_blocks{0}, halved_blocks{0},
+    penalty_launches{0};
 constexpr int kSms = 32;  // the fake GPU's SMs (cuDeviceGetAttribute)
 bool is_pinned(const void* p, size_t bytes) {
   std::lock_guard<std::mutex> hold(pinned_lock);
@@ -134,6 +136,7 @@ EXPORT CUresult cuGraphDestroy(CUgraph graph) {
   return CUDA_SUCCESS;
 }
 EXPORT long fake_cuda_wide_draws() { return wide_draws.load(); }
+EXPORT long fake_cuda_penalty_launches() { return penalty_launches.load(); }
 EXPORT long fake_cuda_misfit_blocks() { return misfit_blocks.load(); }
 EXPORT long fake_cuda_halved_blocks() { return halved_blocks.load(); }
 EXPORT CUresult cuInit(unsigned int) { return CUDA_SUCCESS; }
@@ -249,6 +252,7 @@ int tokens_function;
 int tokens_wide_function;  // dflash_target_tokens_wide: this fake plays a GPU of SM 9.0 or later
 int decide_function;
 int logprobs_function;
+int penalize_function;
 int draw_function;
 int draw_wide_function;  // dflash_draw_drafts_wide
 int rebuild_delta_function;
@@ -275,6 +279,8 @@ EXPORT CUresult cuModuleGetFunction(CUfunction* function, CUmodule, const char* 
     *function = reinterpret_cast<CUfunction>(&draw_wide_function);
   else if (std::strcmp(name, "dflash_decided_logprobs") == 0)
     *function = reinterpret_cast<CUfunction>(&logprobs_function);
+  else if (std::strcmp(name, "dflash_penalize") == 0)
+    *function = reinterpret_cast<CUfunction>(&penalize_function);
   else if (std::strcmp(name, "dflash_rebuild_delta") == 0)
     *function = reinterpret_cast<CUfunction>(&rebuild_delta_function);
   else if (std::strcmp(name, "dflash_rebuild_conv") == 0)
@@ -405,6 +411,25 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
           dflash::rebuild_conv_channel(states + (rows[b].place * channels + c) * width * element,
                                        inputs + (rows[b].run_row * channels + c) * tokens * element, rows[b].kept, width,
                                        element);
+    });
+    return CUDA_SUCCESS;
+  }
+  if (function == reinterpret_cast<CUfunction>(&penalize_function)) {
+    // dflash_penalize(logits, vocab, rows, entries, tokens): block (b, k), for k < the row's positions,
+    // adjusts that logits row in place (penalties.h), then min_p's cut over the whole row
+    float* logits = *static_cast<float**>(args[0]);
+    const int64_t vocab = *static_cast<int64_t*>(args[1]);
+    const dflash::PenaltyRow* rows = *static_cast<const dflash::PenaltyRow**>(args[2]);
+    const dflash::PenaltyEntry* entries = *static_cast<const dflash::PenaltyEntry**>(args[3]);
+    const int32_t* tokens = *static_cast<const int32_t**>(args[4]);
+    ++penalty_launches;
+    enqueue([=] {  // runs when the stream gets to it
+      for (unsigned b = 0; b < grid_x; ++b)
+        for (unsigned k = 0; k < grid_y && k < rows[b].positions; ++k) {
+          for (unsigned t = 0; t < threads; ++t)  // the block's threads, one after another
+            dflash::penalize_position(logits, vocab, rows[b], k, entries, tokens, t, threads);
+          if (rows[b].min_p_cut) dflash::cut_min_p(logits + (rows[b].first + k) * vocab, vocab, rows[b]);
+        }
     });
     return CUDA_SUCCESS;
   }
