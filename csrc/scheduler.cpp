@@ -183,16 +183,22 @@ std::vector<int64_t> Scheduler::cached_positions(const Request& r) const {
   return tokens;
 }
 
+namespace {
+// How many of `prompt`'s first tokens equal `held`'s: at most all but the prompt's last token, whose
+// prefill gives the request's first output.
+int64_t shared_head(const std::vector<int64_t>& held, const std::vector<int64_t>& prompt) {
+  const size_t most = std::min(held.size(), prompt.size() - 1);
+  return std::mismatch(held.begin(), held.begin() + most, prompt.begin()).first - held.begin();
+}
+}  // namespace
+
 bool Scheduler::waits_for_prefill(const std::vector<int64_t>& prompt, int64_t reusable_now) const {
   // a hybrid target reuses only all of a row's positions: never a head of another prompt
   if (!config_.prefix_reuse || config_.prefix_wait_tokens <= 0 || !executor_.reuses_heads()) return false;
   for (const Request& r : live_) {
     if (r.prefilled || r.finish != Finish::kNone) continue;
-    // at most all but the prompt's last token, as choose_slot will reuse once that prefill is done
-    const size_t most = std::min(r.prompt.size(), prompt.size() - 1);
-    const int64_t shared = std::mismatch(r.prompt.begin(), r.prompt.begin() + most, prompt.begin()).first -
-                           r.prompt.begin();
-    if (shared - reusable_now >= config_.prefix_wait_tokens) return true;
+    // what choose_slot will reuse of its prompt once that prefill is done
+    if (shared_head(r.prompt, prompt) - reusable_now >= config_.prefix_wait_tokens) return true;
   }
   return false;
 }
@@ -203,10 +209,7 @@ Scheduler::Admission Scheduler::choose_slot(const std::vector<int64_t>& prompt) 
   int64_t kept_by_source = 0;
   for (int64_t slot = 0; config_.prefix_reuse && slot < slots_.num_slots(); ++slot) {
     const std::vector<int64_t> held = held_tokens(slot);
-    // at most all but the prompt's last token: the request's first output comes from its prefill
-    const size_t most = std::min(held.size(), prompt.size() - 1);
-    const int64_t match = std::mismatch(held.begin(), held.begin() + most, prompt.begin()).first - held.begin();
-    const int64_t reuse = executor_.reusable(slot, match);
+    const int64_t reuse = executor_.reusable(slot, shared_head(held, prompt));
     if (reuse > best.held) {
       best = {-1, slot, reuse};
       kept_by_source = int64_t(held.size());

@@ -49,12 +49,16 @@ class Choices:
 
     async def first_pieces(self) -> list[tuple[int, Piece]]:
         """What came until every choice has sent a piece (so that a refusal, which comes first, is
-        raised before a reply begins)."""
+        raised before a reply begins, every choice closed)."""
         seen, pieces = set(), []
-        while len(seen) < self.count:
-            choice, piece = await self.next()
-            seen.add(choice)
-            pieces.append((choice, piece))
+        try:
+            while len(seen) < self.count:
+                choice, piece = await self.next()
+                seen.add(choice)
+                pieces.append((choice, piece))
+        except BaseException:
+            await self.close()
+            raise
         return pieces
 
     async def close(self) -> None:

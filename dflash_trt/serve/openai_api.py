@@ -182,11 +182,7 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
                            for choice in range(parsed.n)])
         if not parsed.stream:
             return await _whole(request, reply, choices)
-        try:  # refusals (prompt too long, ...) come first: a 4xx, not a broken stream
-            early = await choices.first_pieces()
-        except BaseException:
-            await choices.close()
-            raise
+        early = await choices.first_pieces()  # refusals (prompt too long, ...) come first: a 4xx, not a broken stream
         # sse-starlette ends its streams when the server begins to stop; a drain lets them finish
         return EventSourceResponse(_events(reply, choices, early, parsed.include_usage), sep="\n",
                                    shutdown_grace_period=settings.drain_s)

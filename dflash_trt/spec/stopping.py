@@ -17,9 +17,10 @@ class StopChecker:
     """Collects committed tokens and their text, and says when (and why) the request is finished.
 
     Stop tokens (EOS and `stop_token_ids`) stay in `token_ids`, as in vLLM; stop strings are cut
-    from the text, and are not looked for before min_tokens tokens (the stop tokens are banned there). Text grows one token at a time through `text_steps` (None: no tokenizer, no
-    text), and a stop string is looked for only where the newest token's text could complete one,
-    so each token costs the same however long the output is.
+    from the text, and are not looked for before min_tokens tokens (the stop tokens are banned there).
+    Text grows one token at a time through `text_steps` (None: no tokenizer, no text), and a stop
+    string is looked for only where the newest token's text could complete one, so each token costs
+    the same however long the output is.
     """
 
     def __init__(self, params: SamplingParams, eos_token_ids: tuple[int, ...], text_steps: TextSteps | None):
