@@ -36,6 +36,8 @@ class ServeConfig:
     docs: bool = True  # /docs (Swagger UI)
     draft_rule: str = "point-mass"  # T>0 drafts (runtime/ort_executor.py DRAFT_RULES); "drafter" needs block_size
     prefix_caching: bool = True  # a prompt starting with what a finished request's slot holds reuses it
+    chat_template: Path | None = None  # a Jinja file in place of the checkpoint's chat template
+    tool_call_parser: str = "auto"  # how replies write tool calls (tool_calls.PARSERS); auto: from the template
 
     def __post_init__(self):
         if self.bundle is not None and (self.target or self.draft):
@@ -69,6 +71,16 @@ class ServeConfig:
             raise DFlashError(f"--block-size must be >= 2, got {self.block_size}")
         if not isinstance(self.max_waiting, int) or self.max_waiting < -1:
             raise DFlashError(f"--max-waiting must be an integer >= -1 (-1: no cap), got {self.max_waiting!r}")
+        from dflash_trt.serve.tool_calls import PARSERS
+
+        if self.tool_call_parser not in ("auto", "none", *PARSERS):
+            raise DFlashError(f"--tool-call-parser must be auto, none, {' or '.join(PARSERS)}, "
+                              f"got {self.tool_call_parser!r}")
+        if self.chat_template is not None:
+            try:
+                Path(self.chat_template).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as err:
+                raise DFlashError(f"--chat-template {self.chat_template}: cannot read it as text ({err})") from None
         if not 0 <= self.port <= 65535:
             raise DFlashError(f"--port must be in 0..65535, got {self.port}")
 
@@ -94,6 +106,7 @@ class ServeConfig:
             "served_name": self.served_name,
             "draft_rule": self.draft_rule,
             "prefix_caching": "1" if self.prefix_caching else "0",
+            "chat_template": "" if self.chat_template is None else str(Path(self.chat_template).resolve()),
         }
 
 

@@ -39,6 +39,7 @@ from dflash_trt.serve.openai_models import (
 )
 from dflash_trt.serve.requests import RequestError
 from dflash_trt.serve.responses import Outcome, Reply, error_body, merged_usage
+from dflash_trt.serve.tool_calls import ToolCallStream
 from dflash_trt.serve.triton_client import Piece, TritonClient, UpstreamError
 
 DISCONNECT_POLL_S = 0.1
@@ -51,6 +52,7 @@ class FrontSettings:
     max_body_bytes: int = 1 << 20
     docs: bool = True  # /docs (Swagger UI); /openapi.json is always served
     drain_s: float = 60  # on shutdown, how long an in-flight stream may go on to its end
+    tool_parser: str | None = None  # the format of the model's tool calls (tool_calls.PARSERS); None: tools refused
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -175,16 +177,23 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
             return _error(404, f"model '{parsed.model}' does not exist; this server serves '{settings.model}'",
                           "model", "model_not_found")
         chat = isinstance(parsed, protocol.ChatRequest)
+        tools = parsed.offered_tools() if chat else {}
+        if tools and settings.tool_parser is None:
+            raise RequestError("tools", "this server parses no tool calls: its chat template writes none in a "
+                                        "format it knows; start it with --tool-call-parser (and --chat-template)")
         reply = Reply(chat=chat, model=settings.model, with_meta_info=parsed.return_meta_info,
                       logprobs=parsed.logprob_count() is not None)
+        # one per choice; None: the text is all content
+        most = 1 if getattr(parsed, "parallel_tool_calls", None) is False else None
+        readers = [ToolCallStream(settings.tool_parser, tools, most) if tools else None for _ in range(parsed.n)]
         # each choice is a request of its own in the engine
         choices = Choices([_renamed(triton.generate(parsed.triton_inputs(choice)), "messages" if chat else "prompt")
                            for choice in range(parsed.n)])
         if not parsed.stream:
-            return await _whole(request, reply, choices)
+            return await _whole(request, reply, choices, readers)
         early = await choices.first_pieces()  # refusals (prompt too long, ...) come first: a 4xx, not a broken stream
         # sse-starlette ends its streams when the server begins to stop; a drain lets them finish
-        return EventSourceResponse(_events(reply, choices, early, parsed.include_usage), sep="\n",
+        return EventSourceResponse(_events(reply, choices, early, parsed.include_usage, readers), sep="\n",
                                    shutdown_grace_period=settings.drain_s)
 
     @app.post("/v1/chat/completions", response_model=None, responses=_replies(ChatCompletion, ChatCompletionChunk))
@@ -211,7 +220,12 @@ async def _renamed(pieces: AsyncIterator[Piece], prompt_field: str) -> AsyncIter
         await pieces.aclose()
 
 
-async def _whole(request: Request, reply: Reply, choices: Choices) -> Response:
+def _finish(reason: str | None, reader: ToolCallStream | None) -> str | None:
+    """A reply that ended on its own after calling tools ends for them (OpenAI's "tool_calls")."""
+    return "tool_calls" if reason == "stop" and reader is not None and reader.calls else reason
+
+
+async def _whole(request: Request, reply: Reply, choices: Choices, readers: list[ToolCallStream | None]) -> Response:
     """Collect every choice's reply; if one is refused, or the client leaves first, stop them all."""
     texts, logprobs, last = ([[] for _ in range(choices.count)] for _ in range(3))
 
@@ -232,20 +246,28 @@ async def _whole(request: Request, reply: Reply, choices: Choices) -> Response:
         task.result()  # a choice's refusal or failure
     finally:
         await choices.close()
-    outcomes = [Outcome("".join(text), piece.finish_reason, found if reply.logprobs else None)
-                for text, found, piece in zip(texts, logprobs, last)]
+    outcomes = []
+    for text, found, piece, reader in zip(texts, logprobs, last, readers):
+        text = "".join(text)
+        if reader is not None:
+            text, _ = reader.next(text, final=True)
+        outcomes.append(Outcome(text, _finish(piece.finish_reason, reader), found if reply.logprobs else None,
+                                None if reader is None else reader.calls))
     return JSONResponse(reply.whole(outcomes, merged_usage([piece.usage for piece in last])))
 
 
-async def _events(reply: Reply, choices: Choices, early: list[tuple[int, Piece]], include_usage: bool):
-    """SSE data: each choice's role, content deltas and finish reason, the usage of all if asked,
-    [DONE]. `early`: the pieces read before the reply began. sse-starlette cancels this generator when
-    the client disconnects; the choices are then closed, and Triton cancels them."""
+async def _events(reply: Reply, choices: Choices, early: list[tuple[int, Piece]], include_usage: bool,
+                  readers: list[ToolCallStream | None]):
+    """SSE data: each choice's role, content deltas (and tool calls, each whole once its block closes)
+    and finish reason, the usage of all if asked, [DONE]. `early`: the pieces read before the reply
+    began. sse-starlette cancels this generator when the client disconnects; the choices are then
+    closed, and Triton cancels them."""
 
     def event(data: dict | str) -> dict:
         return {"data": data if isinstance(data, str) else json.dumps(data)}
 
     sent = [0] * choices.count  # per choice, the text so far, where a completion's token offsets count from
+    texts = [""] * choices.count  # per choice with tools, the text so far, calls included
     usages = [None] * choices.count
     try:
         if reply.chat:
@@ -253,11 +275,18 @@ async def _events(reply: Reply, choices: Choices, early: list[tuple[int, Piece]]
                 yield event(reply.chunk(None, role=True, index=choice))
         while early or not choices.done:
             choice, piece = early.pop(0) if early else await choices.next()
-            if piece.text or piece.logprobs:
-                yield event(reply.chunk(piece.text, logprobs=piece.logprobs, offset=sent[choice], index=choice))
-                sent[choice] += len(piece.text)
+            reader, text, calls = readers[choice], piece.text, []
+            if reader is not None:
+                texts[choice] += piece.text
+                text, calls = reader.next(texts[choice], final=piece.finish_reason is not None)
+            if text or piece.logprobs:
+                yield event(reply.chunk(text, logprobs=piece.logprobs, offset=sent[choice], index=choice))
+                sent[choice] += len(text)
+            if calls:
+                first = len(reader.calls) - len(calls)
+                yield event(reply.chunk(None, index=choice, tool_calls=tuple(enumerate(calls, first))))
             if piece.finish_reason is not None:
-                yield event(reply.chunk(None, piece.finish_reason, index=choice))
+                yield event(reply.chunk(None, _finish(piece.finish_reason, reader), index=choice))
                 usages[choice] = piece.usage
         if include_usage:
             yield event(reply.usage_chunk(merged_usage(usages)))

@@ -59,9 +59,27 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
+class CalledFunction(BaseModel):
+    name: str
+    arguments: str = Field(description="a JSON object's text")
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
+class ToolCallDelta(ToolCall):
+    """A streamed call: sent once, whole (its name and all its arguments in one chunk)."""
+
+    index: int = Field(description="the call's place among the choice's calls")
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None = Field(description="null when the reply is only tool calls")
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -84,6 +102,7 @@ class ChatCompletion(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

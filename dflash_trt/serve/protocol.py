@@ -2,8 +2,8 @@
 
 Fields OpenAI clients send that change nothing here (user, metadata, ...) are accepted and ignored;
 fields that would change the reply in a way we cannot honour (echo, several prompts,
-response_format, tools) are refused unless they hold the value that changes nothing
-(frameworks send the defaults explicitly), never silently dropped.
+response_format, a tool_choice that forces a call) are refused unless they hold the value that
+changes nothing (frameworks send the defaults explicitly), never silently dropped.
 """
 
 from __future__ import annotations
@@ -23,15 +23,78 @@ class ContentPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: str = Field(description="the arguments as a JSON object's text")
+
+
+class MessageToolCall(BaseModel):
+    """A tool call of an earlier assistant turn, as this server (or OpenAI) returned it."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant turn's
+    tool_call_id: str | None = None  # a tool turn's: the call it answers
+    name: str | None = None
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
         return "".join(part.text for part in self.content)
+
+    def for_template(self, at: int) -> dict:
+        """The turn as chat templates read it: a call's arguments as an object (Qwen's and Llama's
+        templates print them as JSON, or iterate over them)."""
+        turn = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            turn["tool_calls"] = [{"id": call.id, "type": "function", "function": {
+                "name": call.function.name, "arguments": _arguments(call.function.arguments,
+                                                                    f"messages[{at}].tool_calls[{i}]")}}
+                for i, call in enumerate(self.tool_calls)]
+        for key in ("tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                turn[key] = getattr(self, key)
+        return turn
+
+
+def _arguments(text: str, where: str) -> dict:
+    if not text.strip():  # a call without arguments
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise RequestError(f"{where}.function.arguments", f"{where}.function.arguments must be a JSON object's text")
+    return value
+
+
+# OpenAI's function names
+FunctionName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="the arguments' JSON schema")
+    strict: Literal[False] | None = Field(None, description="true is refused: this server does not constrain "
+                                                            "decoding, so arguments are what the model wrote")
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    function: FunctionDefinition
 
 
 class StreamOptions(BaseModel):
@@ -56,7 +119,7 @@ StopString = Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})]
 # the output. Any other value is refused (`_Sampling.check_unsupported`).
 NO_OP_VALUES = {
     "response_format": ({"type": "text"},),
-    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",), "suffix": ("",),
+    "functions": ([],), "function_call": ("none",), "suffix": ("",),
     "prompt_logprobs": (),
     "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
 }
@@ -189,9 +252,14 @@ class ChatRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: JsonInt | None = Field(None, json_schema_extra=RANGES["logprobs"])
-    # tool calling: the reply would have to carry parsed tool_calls, which this server does not produce
-    tools: _no_op("tools") = None
-    tool_choice: _no_op("tool_choice") = None
+    # tool calling: the tools go to the chat template, the calls the model writes come back parsed
+    # (tool_calls.py); "required" or a named function would need constrained decoding
+    tools: list[Tool] | None = None
+    tool_choice: Annotated[Any, WithJsonSchema({"anyOf": [{"enum": ["none", "auto"]}, {"type": "null"}],
+                                                "description": "default: auto with tools; 'required' and a named "
+                                                               "function are refused"})] = None
+    parallel_tool_calls: bool | None = Field(None, description="false: at most the first call is returned")
+    # the deprecated forms of tools
     functions: _no_op("functions") = None
     function_call: _no_op("function_call") = None
 
@@ -201,6 +269,10 @@ class ChatRequest(_Sampling):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def check_sampling(self) -> None:
+        if self.tool_choice not in (None, "none", "auto"):
+            forced = "'required'" if self.tool_choice == "required" else "a named function"
+            raise RequestError("tool_choice", f"tool_choice {forced} needs constrained decoding, which this server "
+                                              "does not have: send 'auto' (the model decides) or 'none'")
         try:
             super().check_sampling()
         except RequestError as err:  # the chat API names the count top_logprobs
@@ -214,13 +286,21 @@ class ChatRequest(_Sampling):
                 raise RequestError("max_completion_tokens", err.message.replace("max_tokens", "max_completion_tokens",
                                                                                 1)) from None
 
+    def offered_tools(self) -> dict[str, dict]:
+        """The functions the model may call, by name ({}: none; tool_choice "none" offers none)."""
+        if not self.tools or self.tool_choice == "none":
+            return {}
+        return {tool.function.name: tool.function.model_dump(exclude_none=True) for tool in self.tools}
+
     def triton_inputs(self, choice: int = 0) -> dict:
-        messages = [{"role": m.role, "content": m.text()} for m in self.messages]
+        messages = [m.for_template(i) for i, m in enumerate(self.messages)]
         tokens = self.max_completion_tokens or self.max_tokens
         inputs = {"messages": json.dumps(messages),
                   "sampling_parameters": json.dumps(self.sampling(tokens, choice))}
         if self.chat_template_kwargs:
             inputs["chat_template_kwargs"] = json.dumps(self.chat_template_kwargs)
+        if self.offered_tools():
+            inputs["tools"] = json.dumps([tool.model_dump(exclude_none=True) for tool in self.tools])
         return inputs
 
 

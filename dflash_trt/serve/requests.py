@@ -99,3 +99,22 @@ def template_kwargs(text: str | None) -> dict:
         raise RequestError("chat_template_kwargs", f"chat_template_kwargs may not set {taken[0]!r}, an argument of "
                                                    "the chat template call itself")
     return values
+
+
+def template_tools(text: str | None, chat_template: str | None) -> list | None:
+    """The request's tools (a JSON list of OpenAI tool objects) for the chat template; None: none. A
+    template that never reads `tools` would drop them silently: refused."""
+    if not text:
+        return None
+    try:
+        tools = json.loads(text)
+    except ValueError:
+        raise RequestError("tools", "tools is not valid JSON") from None
+    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+        raise RequestError("tools", "tools must be a JSON list of objects")
+    if not tools:
+        return None
+    if not chat_template or "tools" not in chat_template:
+        raise RequestError("tools", "this model's chat template does not render tools: serve it with "
+                                    "--chat-template FILE, a template that does")
+    return tools

@@ -20,8 +20,11 @@ from dflash_trt.serve.openai_models import (
     ErrorDetail,
     ErrorResponse,
     MetaInfo,
+    CalledFunction,
     PromptTokensDetails,
     TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
     TopLogprob,
     Usage,
     dump,
@@ -97,11 +100,26 @@ def merged_usage(infos: list[dict | None]) -> dict | None:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One choice of a whole reply."""
+    """One choice of a whole reply; `tool_calls`: tool_calls.ToolCall's (None: tools were not offered)."""
 
     text: str
     finish_reason: str | None
     logprobs: list | None = None
+    tool_calls: list | None = None
+
+
+def _tool_call(call, index: int | None = None) -> ToolCall:
+    function = CalledFunction(name=call.name, arguments=call.arguments)
+    if index is None:
+        return ToolCall(id=call.id, type="function", function=function)
+    return ToolCallDelta(index=index, id=call.id, type="function", function=function)
+
+
+def _message(outcome: Outcome) -> AssistantMessage:
+    if not outcome.tool_calls:
+        return AssistantMessage(role="assistant", content=outcome.text)
+    return AssistantMessage(role="assistant", content=outcome.text or None,
+                            tool_calls=[_tool_call(call) for call in outcome.tool_calls])
 
 
 class Reply:
@@ -119,8 +137,8 @@ class Reply:
         """The reply of every choice, in choice order; `info`: their merged usage."""
         extra = {"usage": usage(info), **({"meta_info": meta_info(info)} if self.with_meta_info else {})}
         if self.chat:
-            choices = [ChatChoice(index=i, message=AssistantMessage(role="assistant", content=o.text),
-                                  logprobs=chat_logprobs(o.logprobs), finish_reason=o.finish_reason)
+            choices = [ChatChoice(index=i, message=_message(o), logprobs=chat_logprobs(o.logprobs),
+                                  finish_reason=o.finish_reason)
                        for i, o in enumerate(outcomes)]
             return dump(ChatCompletion(object="chat.completion", choices=choices, **self._head(), **extra))
         choices = [CompletionChoice(index=i, text=o.text, logprobs=completion_logprobs(o.logprobs),
@@ -128,10 +146,11 @@ class Reply:
         return dump(Completion(object="text_completion", choices=choices, **self._head(), **extra))
 
     def chunk(self, text: str | None, finish_reason: str | None = None, role: bool = False,
-              logprobs: list | None = None, offset: int = 0, index: int = 0) -> dict:
-        """A stream chunk of choice `index`."""
+              logprobs: list | None = None, offset: int = 0, index: int = 0, tool_calls: tuple = ()) -> dict:
+        """A stream chunk of choice `index`; `tool_calls`: (place among the choice's calls, call) pairs."""
         if self.chat:
             delta = (ChatDelta(role="assistant", content="") if role
+                     else ChatDelta(tool_calls=[_tool_call(call, at) for at, call in tool_calls]) if tool_calls
                      else ChatDelta() if text is None else ChatDelta(content=text))
             choice = ChatChunkChoice(index=index, delta=delta, logprobs=chat_logprobs(logprobs),
                                      finish_reason=finish_reason)

@@ -21,20 +21,40 @@ DRAIN_S = 60  # how long in-flight requests may take to finish on SIGTERM
 READY_S = 900  # model load inside Triton (weights, engines)
 
 
-def check_inputs(config: ServeConfig) -> None:
-    """What the model's initialize would refuse, refused here in one line, before Triton starts."""
+def check_inputs(config: ServeConfig) -> str | None:
+    """What the model's initialize would refuse, refused here in one line, before Triton starts ->
+    the format of the model's tool calls (None: tools are refused)."""
     if config.bundle is not None:
         from dflash_trt.runtime.engine_bundles import open_bundle
 
         open_bundle(config.bundle)
-        return
-    from dflash_trt.models.checkpoints import check_pair
-    from dflash_trt.models.embedded import default_drafter
+    else:
+        from dflash_trt.models.checkpoints import check_pair
+        from dflash_trt.models.embedded import default_drafter
 
-    draft = config.draft or default_drafter(config.target)
-    if draft is None:
-        raise DFlashError(f"no drafter for target '{config.target}': pass --draft DIR")
-    check_pair(config.target, draft)
+        draft = config.draft or default_drafter(config.target)
+        if draft is None:
+            raise DFlashError(f"no drafter for target '{config.target}': pass --draft DIR")
+        check_pair(config.target, draft)
+    return tool_parser(config)
+
+
+def tool_parser(config: ServeConfig) -> str | None:
+    """--tool-call-parser, or for auto the format the chat template teaches (tool_calls.detect_parser)."""
+    from dflash_trt.models.checkpoints import resolve_target
+    from dflash_trt.models.tokenizers import load_tokenizer
+    from dflash_trt.serve.tool_calls import detect_parser
+
+    tokenizer = load_tokenizer(str(config.bundle) if config.bundle is not None else resolve_target(config.target))
+    if config.chat_template is not None and tokenizer is None:
+        raise DFlashError("--chat-template needs the model's tokenizer, and this model has none")
+    if config.tool_call_parser == "none":
+        return None
+    if config.tool_call_parser != "auto":
+        return config.tool_call_parser
+    template = (Path(config.chat_template).read_text(encoding="utf-8") if config.chat_template is not None
+                else tokenizer and tokenizer.chat_template)
+    return detect_parser(template if isinstance(template, str) else None)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -59,7 +79,7 @@ def serve(config: ServeConfig, say: Callable[[str], None] = print) -> None:
     from dflash_trt.serve.triton import find_triton, start_triton
     from dflash_trt.serve.triton_client import TritonClient
 
-    check_inputs(config)
+    tools = check_inputs(config)
     sock = bind(config.host, config.port)
     try:
         install = find_triton()
@@ -74,10 +94,11 @@ def serve(config: ServeConfig, say: Callable[[str], None] = print) -> None:
         triton.wait_ready(READY_S)
         client = TritonClient(triton.url, triton.metrics_url)
         app = create_app(FrontSettings(config.served_name, config.api_key, config.max_body_bytes, config.docs,
-                                       drain_s=DRAIN_S), client)
+                                       drain_s=DRAIN_S, tool_parser=tools), client)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=DRAIN_S))
         host, port = sock.getsockname()[:2]
-        say(f"serving '{config.served_name}' at http://{host}:{port}/v1 (Triton at {triton.url})")
+        say(f"serving '{config.served_name}' at http://{host}:{port}/v1 (Triton at {triton.url}); tool calls: "
+            f"{tools or 'none'}")
         _quiet_after_capture()
         server.run(sockets=[sock])
     finally:

@@ -15,6 +15,12 @@ USAGE = {"prompt_tokens": 3, "cached_tokens": 2, "completion_tokens": 3, "accept
          "mean_acceptance_length": 1.5}
 
 
+CALLING = ('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Milan"}}\n</tool_call>\n'
+           '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
 class FakeTriton:
     """Answers 'abc' in three pieces (a seeded request: its seed in three digits); a prompt saying 'long'
     is refused as Triton's model would, as is seed 13 with a full queue."""
@@ -34,6 +40,11 @@ class FakeTriton:
         seed = json.loads(inputs.get("sampling_parameters") or "{}").get("seed")
         if "busy" in str(prompt) or seed == 13:
             raise RequestError(None, "all 4 slots are taken and 8 requests already wait; retry shortly", 429)
+        if "tools" in inputs:  # a reply that calls them, a few characters per piece
+            for at in range(0, len(CALLING), 7):
+                end = at + 7 >= len(CALLING)
+                yield Piece(CALLING[at:at + 7], [at], "stop" if end else None, USAGE if end else None)
+            return
         try:
             for i, ch in enumerate("abc" if seed is None else f"{seed:03d}"):
                 yield Piece(ch, [i], "length" if i == 2 else None, USAGE if i == 2 else None)
@@ -210,3 +221,52 @@ def test_one_refused_choice_refuses_the_request_and_stops_the_others(front, stre
     response = front.post("/v1/chat/completions", json=chat(n=3, seed=12, stream=stream))
     assert response.status_code == 429 and response.json()["error"]["type"] == "rate_limit_error"
     assert len(front.triton.requests) == 3 and front.triton.closed == 2
+
+
+@pytest.fixture
+def tool_front():
+    triton = FakeTriton()
+    client = TestClient(create_app(FrontSettings("tiny", tool_parser="hermes"), triton))
+    client.triton = triton
+    return client
+
+
+def test_tool_calls_come_back_parsed_through_the_openai_client(tool_front):
+    from openai import OpenAI
+
+    client = OpenAI(base_url="http://testserver/v1", api_key="none", http_client=tool_front)
+    reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                           tools=[WEATHER])
+    (choice,) = reply.choices
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    assert [(c.type, c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == [
+        ("function", "get_weather", {"city": "Milan"}), ("function", "get_weather", {"city": "Oslo"})]
+    assert json.loads(tool_front.triton.requests[0]["tools"]) == [WEATHER]
+    # streamed: the content as it comes, each call whole once its block closes
+    content, calls, reasons = "", {}, []
+    for chunk in client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                tools=[WEATHER], stream=True):
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for call in delta.tool_calls or []:
+            assert call.index not in calls and call.id.startswith("call_")
+            calls[call.index] = (call.function.name, json.loads(call.function.arguments))
+        reasons.append(chunk.choices[0].finish_reason)
+    assert content == "Checking."
+    assert calls == {0: ("get_weather", {"city": "Milan"}), 1: ("get_weather", {"city": "Oslo"})}
+    assert [r for r in reasons if r] == ["tool_calls"]
+    one = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                         tools=[WEATHER], parallel_tool_calls=False)
+    assert [c.function.arguments for c in one.choices[0].message.tool_calls] == ['{"city": "Milan"}']
+
+
+def test_tool_choice_none_sends_no_tools_and_parses_nothing(tool_front):
+    body = tool_front.post("/v1/chat/completions", json=chat(tools=[WEATHER], tool_choice="none")).json()
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "abc"}
+    assert "tools" not in tool_front.triton.requests[0]
+
+
+def test_tools_on_a_server_that_parses_none_are_refused(front):
+    response = front.post("/v1/chat/completions", json=chat(tools=[WEATHER]))
+    assert response.status_code == 400 and response.json()["error"]["param"] == "tools"
+    assert "--tool-call-parser" in response.json()["error"]["message"] and not front.triton.requests

@@ -113,8 +113,7 @@ def test_unimplemented_fields_at_their_no_op_values_are_accepted():
 
 
 @pytest.mark.parametrize("field, value", [
-    ("response_format", {"type": "json_object"}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("tool_choice", "auto"), ("functions", [{"name": "f"}]),
+    ("response_format", {"type": "json_object"}), ("functions", [{"name": "f"}]), ("function_call", "auto"),
     ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]), ("prompt_logprobs", 1),
 ])
 def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, value):
@@ -122,6 +121,61 @@ def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, val
         parse(chat(**{field: value}), ChatRequest)
     assert err.value.status == 400 and err.value.param == field
     assert err.value.message.startswith(f"this server does not support {field}: leave it out")
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "today's weather",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+TURNS = [{"role": "user", "content": "Weather in Milan?"},
+         {"role": "assistant", "content": None, "tool_calls": [
+             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Milan"}'}},
+             {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]},
+         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+
+
+def test_tools_and_earlier_calls_reach_the_chat_template():
+    request = parse(chat(messages=TURNS, tools=[WEATHER], parallel_tool_calls=True), ChatRequest)
+    request.check_sampling()
+    inputs = request.triton_inputs()
+    assert json.loads(inputs["tools"]) == [WEATHER]
+    assert json.loads(inputs["messages"]) == [  # arguments as objects, as templates iterate over them
+        {"role": "user", "content": "Weather in Milan?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Milan"}}},
+            {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": {}}}]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}]
+    assert request.offered_tools() == {"get_weather": WEATHER["function"]}
+
+
+def test_tool_choice_none_offers_no_tools():
+    request = parse(chat(tools=[WEATHER], tool_choice="none"), ChatRequest)
+    assert "tools" not in request.triton_inputs() and request.offered_tools() == {}
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ({"tool_choice": "required"}, "tool_choice", "tool_choice 'required' needs constrained decoding"),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
+     "tool_choice a named function needs constrained decoding"),
+    ({"messages": [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]},
+     "messages[0].tool_calls[0].function.arguments", "must be a JSON object's text"),
+])
+def test_what_tool_calling_cannot_honour_is_refused(fields, param, words):
+    with pytest.raises(RequestError) as err:
+        request = parse(chat(tools=[WEATHER], **fields), ChatRequest)
+        request.check_sampling()
+        request.triton_inputs()
+    assert (err.value.status, err.value.param) == (400, param) and words in err.value.message
+
+
+@pytest.mark.parametrize("tool, param", [
+    ({"type": "function", "function": {"name": "get_weather", "strict": True}}, "tools[0].function.strict"),
+    ({"type": "function", "function": {"name": "get weather"}}, "tools[0].function.name"),
+    ({"type": "retrieval"}, "tools[0].type"),
+])
+def test_a_tool_this_server_cannot_honour_is_refused(tool, param):
+    with pytest.raises(RequestError) as err:
+        parse(chat(tools=[tool]), ChatRequest)
+    assert err.value.param == param
 
 
 def test_a_completion_refuses_a_suffix():

@@ -89,3 +89,26 @@ def test_the_drafter_rule_needs_a_block_size_and_a_bundle_that_returns_what_it_d
     with pytest.raises(DFlashError, match="needs the draft block graph's draft_logits"):
         ServeConfig(bundle=bundle, block_size=4, draft_rule="drafter")
     assert ServeConfig(bundle=bundle, block_size=4).draft_rule == "point-mass"
+
+
+def test_a_chat_template_file_and_the_tool_call_parser(tmp_path, tiny_pairs):
+    from factories import TOOLS_TEMPLATE
+
+    from dflash_trt.serve.server import tool_parser
+
+    target, draft = tiny_pairs["qwen3"]
+    template = tmp_path / "tools.jinja"
+    template.write_text(TOOLS_TEMPLATE)
+    config = ServeConfig(target=str(target), draft=str(draft), chat_template=template)
+    assert config.model_parameters()["chat_template"] == str(template.resolve())
+    assert tool_parser(config) == "hermes"  # auto: the format the template teaches
+    assert tool_parser(ServeConfig(target=str(target), draft=str(draft))) is None  # its own renders no tools
+    assert tool_parser(ServeConfig(target=str(target), draft=str(draft), tool_call_parser="qwen3_coder")) == \
+        "qwen3_coder"
+    assert tool_parser(ServeConfig(target=str(target), draft=str(draft), chat_template=template,
+                                   tool_call_parser="none")) is None
+    with pytest.raises(DFlashError, match="--tool-call-parser must be auto, none, hermes or qwen3_coder"):
+        ServeConfig(target=str(target), tool_call_parser="mistral")
+    (tmp_path / "binary.jinja").write_bytes(b"\xff\xfe")
+    with pytest.raises(DFlashError, match="--chat-template .*binary.jinja: cannot read it as text"):
+        ServeConfig(target=str(target), chat_template=tmp_path / "binary.jinja")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dflash_trt.serve.requests import RequestError, parse_sampling, template_kwargs
+from dflash_trt.serve.requests import RequestError, parse_sampling, template_kwargs, template_tools
 
 
 def test_defaults_fill_the_context():
@@ -86,3 +86,15 @@ def test_chat_template_kwargs_are_a_json_object_of_template_variables():
         with pytest.raises(RequestError) as err:
             template_kwargs(text)
         assert err.value.param == "chat_template_kwargs" and message in err.value.message
+
+
+def test_tools_reach_only_a_template_that_renders_them():
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert template_tools(json.dumps(tools), "{% for t in tools %}{{ t }}{% endfor %}") == tools
+    assert template_tools(None, None) is None and template_tools("[]", "{{ x }}") is None
+    for text, template, words in [("[1]", "tools", "a JSON list of objects"), ("{", "tools", "not valid JSON"),
+                                  (json.dumps(tools), "{{ messages }}", "does not render tools"),
+                                  (json.dumps(tools), None, "does not render tools")]:
+        with pytest.raises(RequestError) as err:
+            template_tools(text, template)
+        assert err.value.param == "tools" and words in err.value.message

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from factories import TOOLS_TEMPLATE
 from server_process import need_triton, start_server
 
 from dflash_trt.spec.sampling import SamplingParams
@@ -25,13 +26,17 @@ def pair(tiny_pairs):
 
 
 @pytest.fixture(scope="module")
-def server(pair):
+def server(pair, tmp_path_factory):
     need_triton()
     target, draft = pair
+    # the target's own template, which renders tools too (tool calls: hermes, as the ready line says)
+    template = tmp_path_factory.mktemp("template") / "tools.jinja"
+    template.write_text(TOOLS_TEMPLATE)
     # torch: the offline oracle's backend, and slow enough for the cancellation tests to leave mid-reply
     # (serving a slots bundle on the onnxruntime executor: test_server_bundle.py)
     started = start_server(["--target", str(target), "--draft", str(draft), "--capacity", str(CAPACITY),
-                            "--max-batch", "4", "--backend", "torch"])
+                            "--max-batch", "4", "--backend", "torch", "--chat-template", str(template)])
+    assert any(line.endswith("tool calls: hermes") for line in started.output)
     yield started
     started.stop()
 
@@ -170,6 +175,38 @@ def test_the_dflash_authors_benchmark_client_gets_its_template_switch_and_meta_i
     assert meta["spec_verify_ct"] == len(taus)
     if taus:
         assert meta["spec_accept_length"] == pytest.approx(sum(taus) / len(taus))
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "today's weather",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": "Weather in Milan?"}],
+    [{"role": "user", "content": "Weather in Milan?"},
+     {"role": "assistant", "content": None, "tool_calls": [
+         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Milan"}'}}]},
+     {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}],
+])
+def test_tools_and_a_tool_turn_reach_the_chat_template(server, client, offline, messages):
+    """The real server renders the tools a request offers, and a conversation's earlier calls and their
+    answers, through --chat-template: the engine sees transformers' own rendering of them (greedy: the
+    offline reply to those ids). The tiny random target writes no tool call of its own; parsing one is
+    tests/serve/test_front.py's and test_tool_calls.py's."""
+    history = [{**m, "content": m["content"] or ""} for m in messages]
+    if len(history) > 1:  # templates get a call's arguments as an object
+        call = history[1]["tool_calls"][0]["function"]
+        history[1] = {**history[1], "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            **call, "arguments": json.loads(call["arguments"])}}]}
+    rendered = offline.tokenizer.apply_chat_template(history, tools=[WEATHER], add_generation_prompt=True,
+                                                     tokenize=False, chat_template=TOOLS_TEMPLATE)
+    assert "get_weather" in rendered and (len(messages) == 1 or "sunny, 21 C" in rendered)
+    prompt = offline.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    expected = offline.generate(prompt, SamplingParams(max_tokens=12))[0]
+    reply = client.chat.completions.create(model=server.model, messages=messages, tools=[WEATHER], max_tokens=12,
+                                           temperature=0)
+    assert reply.usage.prompt_tokens == len(prompt)
+    assert reply.choices[0].message.content == expected.text and not reply.choices[0].message.tool_calls
 
 
 def test_completion_of_token_ids_equals_offline(server, client, offline):

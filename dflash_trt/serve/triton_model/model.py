@@ -16,7 +16,7 @@ import triton_python_backend_utils as pb_utils
 
 from dflash_trt.errors import Busy, DFlashError
 from dflash_trt.serve.deltas import DeltaStream
-from dflash_trt.serve.requests import RequestError, parse_sampling, template_kwargs
+from dflash_trt.serve.requests import RequestError, parse_sampling, template_kwargs, template_tools
 from dflash_trt.serve.triton_model.metrics import EngineMetrics
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -44,6 +44,9 @@ class TritonPythonModel:
                              max_waiting=int(params.get("max_waiting") or -1),
                              prefix_caching=params.get("prefix_caching", "1") == "1",
                              reserve_memory=True)  # memory at start is memory under load; a pool too large runs out here
+        if params.get("chat_template"):  # serve --chat-template: in place of the checkpoint's
+            with open(params["chat_template"], encoding="utf-8") as template:
+                self.llm.tokenizer.chat_template = template.read()
         self.metrics = EngineMetrics(pb_utils, params["served_name"])
         self.live = {}  # engine request id -> _Responder, for the cancellation poller
         self.lock = threading.Lock()
@@ -102,11 +105,13 @@ class TritonPythonModel:
             chat = json.loads(messages)
         except ValueError:
             raise RequestError("messages", "messages is not valid JSON") from None
+        tools = template_tools(_string(request, "tools"), tokenizer.chat_template)
         if not tokenizer.chat_template:  # a base model: the turns' text, one after another
             return tokenizer("\n".join(str(m.get("content", "")) for m in chat))["input_ids"]
         extra = template_kwargs(_string(request, "chat_template_kwargs"))
         try:
-            rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, **extra)
+            rendered = tokenizer.apply_chat_template(chat, tools=tools, add_generation_prompt=True, tokenize=False,
+                                                     **extra)
         except Exception as err:  # a template that refuses these messages (roles, order) says why
             raise RequestError("messages", f"the chat template refused the messages: {err}") from None
         return tokenizer(rendered, add_special_tokens=False)["input_ids"]
