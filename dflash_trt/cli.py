@@ -660,9 +660,13 @@ def pack_corpus(src, dst):
               help="How the model writes tool calls, which /v1/chat/completions returns as tool_calls: hermes "
                    "(<tool_call>{json}</tool_call>: Qwen2.5, Qwen3), qwen3_coder (<function=...> XML: Qwen3.5, "
                    "Qwen3.6, Qwen3-Coder); auto: from the chat template; none: requests with tools are refused.")
+@click.option("--reasoning-parser", type=click.Choice(["none", "qwen3"]), default="none", show_default=True,
+              help="qwen3: a chat reply's thinking (up to </think>; Qwen3, Qwen3.5, DeepSeek-R1 style) comes back "
+                   "as message.reasoning_content, the rest as content; none: all of it is content.")
 @user_errors
 def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block_size, prefill_chunk, backend,
-          max_waiting, docs, draft_rule, prefix_caching, chat_template, tool_call_parser):
+          max_waiting, docs, draft_rule, prefix_caching, chat_template, tool_call_parser,
+          reasoning_parser):
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models, /health,
     /metrics, /openapi.json, /docs) on Triton Inference Server: one decoupled Triton model runs every
     request through the batching engine."""
@@ -675,7 +679,7 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
                          max_batch=max_batch, capacity=capacity, block_size=block_size, prefill_chunk=prefill_chunk,
                          backend=backend, max_waiting=max_waiting, docs=docs, draft_rule=draft_rule,
                          prefix_caching=prefix_caching, chat_template=chat_template,
-                         tool_call_parser=tool_call_parser)
+                         tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser)
     run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
 
 

@@ -38,6 +38,7 @@ class ServeConfig:
     prefix_caching: bool = True  # a prompt starting with what a finished request's slot holds reuses it
     chat_template: Path | None = None  # a Jinja file in place of the checkpoint's chat template
     tool_call_parser: str = "auto"  # how replies write tool calls (tool_calls.PARSERS); auto: from the template
+    reasoning_parser: str = "none"  # qwen3: a chat reply's <think> block is its reasoning_content
 
     def __post_init__(self):
         if self.bundle is not None and (self.target or self.draft):
@@ -76,6 +77,11 @@ class ServeConfig:
         if self.tool_call_parser not in ("auto", "none", *PARSERS):
             raise DFlashError(f"--tool-call-parser must be auto, none, {' or '.join(PARSERS)}, "
                               f"got {self.tool_call_parser!r}")
+        from dflash_trt.serve.reply_text import REASONING_PARSERS
+
+        if self.reasoning_parser not in ("none", *REASONING_PARSERS):
+            raise DFlashError(f"--reasoning-parser must be none or {' or '.join(REASONING_PARSERS)}, "
+                              f"got {self.reasoning_parser!r}")
         if self.chat_template is not None:
             try:
                 Path(self.chat_template).read_text(encoding="utf-8")

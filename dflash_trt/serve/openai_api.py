@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -39,7 +39,7 @@ from dflash_trt.serve.openai_models import (
 )
 from dflash_trt.serve.requests import RequestError
 from dflash_trt.serve.responses import Outcome, Reply, error_body, merged_usage
-from dflash_trt.serve.tool_calls import ToolCallStream
+from dflash_trt.serve.reply_text import ReplyText
 from dflash_trt.serve.triton_client import Piece, TritonClient, UpstreamError
 
 DISCONNECT_POLL_S = 0.1
@@ -53,6 +53,9 @@ class FrontSettings:
     docs: bool = True  # /docs (Swagger UI); /openapi.json is always served
     drain_s: float = 60  # on shutdown, how long an in-flight stream may go on to its end
     tool_parser: str | None = None  # the format of the model's tool calls (tool_calls.PARSERS); None: tools refused
+    # with a reasoning parser: chat_template_kwargs -> whether the prompt leaves a think block open
+    # (reply_text.py); None: replies are all content
+    thinking: Callable[[dict], bool] | None = None
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -181,11 +184,11 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         if tools and settings.tool_parser is None:
             raise RequestError("tools", "this server parses no tool calls: its chat template writes none in a "
                                         "format it knows; start it with --tool-call-parser (and --chat-template)")
+        thinking = settings.thinking(parsed.chat_template_kwargs or {}) if chat and settings.thinking else None
         reply = Reply(chat=chat, model=settings.model, with_meta_info=parsed.return_meta_info,
-                      logprobs=parsed.logprob_count() is not None)
-        # one per choice; None: the text is all content
+                      logprobs=parsed.logprob_count() is not None, reasoning=thinking is not None)
         most = 1 if getattr(parsed, "parallel_tool_calls", None) is False else None
-        readers = [ToolCallStream(settings.tool_parser, tools, most) if tools else None for _ in range(parsed.n)]
+        readers = [ReplyText(thinking, settings.tool_parser, tools, most) for _ in range(parsed.n)]
         # each choice is a request of its own in the engine
         choices = Choices([_renamed(triton.generate(parsed.triton_inputs(choice)), "messages" if chat else "prompt")
                            for choice in range(parsed.n)])
@@ -220,12 +223,12 @@ async def _renamed(pieces: AsyncIterator[Piece], prompt_field: str) -> AsyncIter
         await pieces.aclose()
 
 
-def _finish(reason: str | None, reader: ToolCallStream | None) -> str | None:
+def _finish(reason: str | None, reader: ReplyText) -> str | None:
     """A reply that ended on its own after calling tools ends for them (OpenAI's "tool_calls")."""
-    return "tool_calls" if reason == "stop" and reader is not None and reader.calls else reason
+    return "tool_calls" if reason == "stop" and reader.calls else reason
 
 
-async def _whole(request: Request, reply: Reply, choices: Choices, readers: list[ToolCallStream | None]) -> Response:
+async def _whole(request: Request, reply: Reply, choices: Choices, readers: list[ReplyText]) -> Response:
     """Collect every choice's reply; if one is refused, or the client leaves first, stop them all."""
     texts, logprobs, last = ([[] for _ in range(choices.count)] for _ in range(3))
 
@@ -248,16 +251,14 @@ async def _whole(request: Request, reply: Reply, choices: Choices, readers: list
         await choices.close()
     outcomes = []
     for text, found, piece, reader in zip(texts, logprobs, last, readers):
-        text = "".join(text)
-        if reader is not None:
-            text, _ = reader.next(text, final=True)
-        outcomes.append(Outcome(text, _finish(piece.finish_reason, reader), found if reply.logprobs else None,
-                                None if reader is None else reader.calls))
+        reader.next("".join(text), final=True)
+        outcomes.append(Outcome(reader.content, _finish(piece.finish_reason, reader),
+                                found if reply.logprobs else None, reader.calls, reader.reasoning))
     return JSONResponse(reply.whole(outcomes, merged_usage([piece.usage for piece in last])))
 
 
 async def _events(reply: Reply, choices: Choices, early: list[tuple[int, Piece]], include_usage: bool,
-                  readers: list[ToolCallStream | None]):
+                  readers: list[ReplyText]):
     """SSE data: each choice's role, content deltas (and tool calls, each whole once its block closes)
     and finish reason, the usage of all if asked, [DONE]. `early`: the pieces read before the reply
     began. sse-starlette cancels this generator when the client disconnects; the choices are then
@@ -267,7 +268,7 @@ async def _events(reply: Reply, choices: Choices, early: list[tuple[int, Piece]]
         return {"data": data if isinstance(data, str) else json.dumps(data)}
 
     sent = [0] * choices.count  # per choice, the text so far, where a completion's token offsets count from
-    texts = [""] * choices.count  # per choice with tools, the text so far, calls included
+    texts = [""] * choices.count  # per choice, the text so far (reasoning and calls included)
     usages = [None] * choices.count
     try:
         if reply.chat:
@@ -275,16 +276,16 @@ async def _events(reply: Reply, choices: Choices, early: list[tuple[int, Piece]]
                 yield event(reply.chunk(None, role=True, index=choice))
         while early or not choices.done:
             choice, piece = early.pop(0) if early else await choices.next()
-            reader, text, calls = readers[choice], piece.text, []
-            if reader is not None:
-                texts[choice] += piece.text
-                text, calls = reader.next(texts[choice], final=piece.finish_reason is not None)
-            if text or piece.logprobs:
-                yield event(reply.chunk(text, logprobs=piece.logprobs, offset=sent[choice], index=choice))
-                sent[choice] += len(text)
-            if calls:
-                first = len(reader.calls) - len(calls)
-                yield event(reply.chunk(None, index=choice, tool_calls=tuple(enumerate(calls, first))))
+            reader = readers[choice]
+            texts[choice] += piece.text
+            new = reader.next(texts[choice], final=piece.finish_reason is not None)
+            if new.content or new.reasoning or piece.logprobs:
+                yield event(reply.chunk(new.content, logprobs=piece.logprobs, offset=sent[choice], index=choice,
+                                        reasoning=new.reasoning))
+                sent[choice] += len(new.content)
+            if new.calls:
+                first = len(reader.calls) - len(new.calls)
+                yield event(reply.chunk(None, index=choice, tool_calls=tuple(enumerate(new.calls, first))))
             if piece.finish_reason is not None:
                 yield event(reply.chunk(None, _finish(piece.finish_reason, reader), index=choice))
                 usages[choice] = piece.usage

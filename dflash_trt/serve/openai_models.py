@@ -79,6 +79,8 @@ class ToolCallDelta(ToolCall):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None = Field(description="null when the reply is only tool calls")
+    reasoning_content: str | None = Field(None, description="with --reasoning-parser: the reply's thinking "
+                                                            "(null: it did not think)")
     tool_calls: list[ToolCall] | None = None
 
 
@@ -102,6 +104,7 @@ class ChatCompletion(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 

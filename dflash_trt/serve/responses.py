@@ -100,12 +100,14 @@ def merged_usage(infos: list[dict | None]) -> dict | None:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One choice of a whole reply; `tool_calls`: tool_calls.ToolCall's (None: tools were not offered)."""
+    """One choice of a whole reply: its content, and its tool_calls.ToolCall's and reasoning when the
+    request offered tools / the server parses reasoning (Reply says which)."""
 
     text: str
     finish_reason: str | None
     logprobs: list | None = None
-    tool_calls: list | None = None
+    tool_calls: list = ()
+    reasoning: str | None = None
 
 
 def _tool_call(call, index: int | None = None) -> ToolCall:
@@ -115,18 +117,21 @@ def _tool_call(call, index: int | None = None) -> ToolCall:
     return ToolCallDelta(index=index, id=call.id, type="function", function=function)
 
 
-def _message(outcome: Outcome) -> AssistantMessage:
+def _message(outcome: Outcome, reasoning: bool) -> AssistantMessage:
+    extra = {"reasoning_content": outcome.reasoning} if reasoning else {}
     if not outcome.tool_calls:
-        return AssistantMessage(role="assistant", content=outcome.text)
+        return AssistantMessage(role="assistant", content=outcome.text, **extra)
     return AssistantMessage(role="assistant", content=outcome.text or None,
-                            tool_calls=[_tool_call(call) for call in outcome.tool_calls])
+                            tool_calls=[_tool_call(call) for call in outcome.tool_calls], **extra)
 
 
 class Reply:
     """One request's identity and the shapes of its chat or completion objects."""
 
-    def __init__(self, chat: bool, model: str, with_meta_info: bool = False, logprobs: bool = False):
+    def __init__(self, chat: bool, model: str, with_meta_info: bool = False, logprobs: bool = False,
+                 reasoning: bool = False):
         self.chat, self.model, self.with_meta_info, self.logprobs = chat, model, with_meta_info, logprobs
+        self.reasoning = reasoning  # replies carry reasoning_content
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
@@ -137,7 +142,7 @@ class Reply:
         """The reply of every choice, in choice order; `info`: their merged usage."""
         extra = {"usage": usage(info), **({"meta_info": meta_info(info)} if self.with_meta_info else {})}
         if self.chat:
-            choices = [ChatChoice(index=i, message=_message(o), logprobs=chat_logprobs(o.logprobs),
+            choices = [ChatChoice(index=i, message=_message(o, self.reasoning), logprobs=chat_logprobs(o.logprobs),
                                   finish_reason=o.finish_reason)
                        for i, o in enumerate(outcomes)]
             return dump(ChatCompletion(object="chat.completion", choices=choices, **self._head(), **extra))
@@ -146,11 +151,14 @@ class Reply:
         return dump(Completion(object="text_completion", choices=choices, **self._head(), **extra))
 
     def chunk(self, text: str | None, finish_reason: str | None = None, role: bool = False,
-              logprobs: list | None = None, offset: int = 0, index: int = 0, tool_calls: tuple = ()) -> dict:
-        """A stream chunk of choice `index`; `tool_calls`: (place among the choice's calls, call) pairs."""
+              logprobs: list | None = None, offset: int = 0, index: int = 0, tool_calls: tuple = (),
+              reasoning: str = "") -> dict:
+        """A stream chunk of choice `index`; `tool_calls`: (place among the choice's calls, call) pairs;
+        `reasoning`: new reasoning text (with `text`, new content, when there is any)."""
         if self.chat:
             delta = (ChatDelta(role="assistant", content="") if role
                      else ChatDelta(tool_calls=[_tool_call(call, at) for at, call in tool_calls]) if tool_calls
+                     else ChatDelta(reasoning_content=reasoning, **({"content": text} if text else {})) if reasoning
                      else ChatDelta() if text is None else ChatDelta(content=text))
             choice = ChatChunkChoice(index=index, delta=delta, logprobs=chat_logprobs(logprobs),
                                      finish_reason=finish_reason)

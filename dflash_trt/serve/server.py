@@ -7,6 +7,8 @@ tritonserver gets SIGTERM (its model's finalize drains the engine), then the tem
 
 from __future__ import annotations
 
+import functools
+import json
 import shutil
 import signal
 import socket
@@ -21,9 +23,9 @@ DRAIN_S = 60  # how long in-flight requests may take to finish on SIGTERM
 READY_S = 900  # model load inside Triton (weights, engines)
 
 
-def check_inputs(config: ServeConfig) -> str | None:
+def check_inputs(config: ServeConfig) -> dict:
     """What the model's initialize would refuse, refused here in one line, before Triton starts ->
-    the format of the model's tool calls (None: tools are refused)."""
+    how the front reads replies (`front_options`)."""
     if config.bundle is not None:
         from dflash_trt.runtime.engine_bundles import open_bundle
 
@@ -36,25 +38,40 @@ def check_inputs(config: ServeConfig) -> str | None:
         if draft is None:
             raise DFlashError(f"no drafter for target '{config.target}': pass --draft DIR")
         check_pair(config.target, draft)
-    return tool_parser(config)
+    return front_options(config)
 
 
-def tool_parser(config: ServeConfig) -> str | None:
-    """--tool-call-parser, or for auto the format the chat template teaches (tool_calls.detect_parser)."""
+def front_options(config: ServeConfig) -> dict:
+    """FrontSettings' tool_parser (--tool-call-parser, or for auto the format the chat template
+    teaches: tool_calls.detect_parser) and thinking (with --reasoning-parser: whether the template's
+    generation prompt, under a request's chat_template_kwargs, leaves a think block open)."""
     from dflash_trt.models.checkpoints import resolve_target
     from dflash_trt.models.tokenizers import load_tokenizer
+    from dflash_trt.serve.reply_text import opens_thinking
     from dflash_trt.serve.tool_calls import detect_parser
 
     tokenizer = load_tokenizer(str(config.bundle) if config.bundle is not None else resolve_target(config.target))
-    if config.chat_template is not None and tokenizer is None:
-        raise DFlashError("--chat-template needs the model's tokenizer, and this model has none")
-    if config.tool_call_parser == "none":
-        return None
-    if config.tool_call_parser != "auto":
-        return config.tool_call_parser
-    template = (Path(config.chat_template).read_text(encoding="utf-8") if config.chat_template is not None
-                else tokenizer and tokenizer.chat_template)
-    return detect_parser(template if isinstance(template, str) else None)
+    if tokenizer is None and (config.chat_template is not None or config.reasoning_parser != "none"):
+        raise DFlashError("--chat-template and --reasoning-parser need the model's tokenizer, and this model has none")
+    if config.chat_template is not None:
+        tokenizer.chat_template = Path(config.chat_template).read_text(encoding="utf-8")
+    template = tokenizer.chat_template if tokenizer is not None else None
+    parser = {"none": None, "auto": detect_parser(template if isinstance(template, str) else None)}.get(
+        config.tool_call_parser, config.tool_call_parser)
+    thinking = None
+    if config.reasoning_parser != "none":
+        @functools.lru_cache(maxsize=64)
+        def rendered(kwargs: str) -> bool:
+            try:
+                prompt = tokenizer.apply_chat_template([{"role": "user", "content": "?"}], add_generation_prompt=True,
+                                                       tokenize=False, **json.loads(kwargs))
+            except Exception:  # the Triton model refuses such kwargs itself, naming them
+                return False
+            return opens_thinking(prompt)
+
+        def thinking(kwargs: dict) -> bool:
+            return rendered(json.dumps(kwargs, sort_keys=True))
+    return {"tool_parser": parser, "thinking": thinking}
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -79,7 +96,7 @@ def serve(config: ServeConfig, say: Callable[[str], None] = print) -> None:
     from dflash_trt.serve.triton import find_triton, start_triton
     from dflash_trt.serve.triton_client import TritonClient
 
-    tools = check_inputs(config)
+    options = check_inputs(config)
     sock = bind(config.host, config.port)
     try:
         install = find_triton()
@@ -94,11 +111,11 @@ def serve(config: ServeConfig, say: Callable[[str], None] = print) -> None:
         triton.wait_ready(READY_S)
         client = TritonClient(triton.url, triton.metrics_url)
         app = create_app(FrontSettings(config.served_name, config.api_key, config.max_body_bytes, config.docs,
-                                       drain_s=DRAIN_S, tool_parser=tools), client)
+                                       drain_s=DRAIN_S, **options), client)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=DRAIN_S))
         host, port = sock.getsockname()[:2]
         say(f"serving '{config.served_name}' at http://{host}:{port}/v1 (Triton at {triton.url}); tool calls: "
-            f"{tools or 'none'}")
+            f"{options['tool_parser'] or 'none'}; reasoning: {config.reasoning_parser}")
         _quiet_after_capture()
         server.run(sockets=[sock])
     finally:

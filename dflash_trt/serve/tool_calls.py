@@ -8,7 +8,8 @@ Two formats, named as vLLM's `--tool-call-parser` names them:
 A block that does not parse, or names a tool the request did not offer, stays text. The text around
 the calls is the reply's content, less the whitespace next to a call. `split` returns for a running
 reply only what no later token can change (a block still open, a possible block start and trailing
-whitespace are held back), so a stream's deltas add up to the whole reply's content and calls.
+whitespace are held back), so a stream's deltas add up to the whole reply's content and calls
+(serve/reply_text.py).
 """
 
 from __future__ import annotations
@@ -137,22 +138,3 @@ def split(text: str, parser: str, tools: dict[str, dict], final: bool) -> tuple[
         tail = tail.rstrip()  # a block may still follow it
     segments.append(tail.lstrip() if after_call else tail)
     return "".join(segments), calls
-
-
-class ToolCallStream:
-    """One streamed choice: its cumulative text -> the content and the calls not sent yet."""
-
-    def __init__(self, parser: str, tools: dict[str, dict], max_calls: int | None = None):
-        self.parser, self.tools, self.max_calls = parser, tools, max_calls
-        self.content = ""
-        self.calls: list[ToolCall] = []
-
-    def next(self, text: str, final: bool) -> tuple[str, list[ToolCall]]:
-        content, calls = split(text, self.parser, self.tools, final)
-        calls = calls[:self.max_calls]
-        # split's running answers are prefixes of its later ones: the new content extends what was sent
-        delta = content[len(self.content):] if content.startswith(self.content) else ""
-        self.content += delta
-        new = calls[len(self.calls):]
-        self.calls += new
-        return delta, new

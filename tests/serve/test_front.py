@@ -17,6 +17,7 @@ USAGE = {"prompt_tokens": 3, "cached_tokens": 2, "completion_tokens": 3, "accept
 
 CALLING = ('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Milan"}}\n</tool_call>\n'
            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+THINKING = "The user greets me.\nI greet back.\n</think>\n\nHello!"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}
 
@@ -40,10 +41,12 @@ class FakeTriton:
         seed = json.loads(inputs.get("sampling_parameters") or "{}").get("seed")
         if "busy" in str(prompt) or seed == 13:
             raise RequestError(None, "all 4 slots are taken and 8 requests already wait; retry shortly", 429)
-        if "tools" in inputs:  # a reply that calls them, a few characters per piece
-            for at in range(0, len(CALLING), 7):
-                end = at + 7 >= len(CALLING)
-                yield Piece(CALLING[at:at + 7], [at], "stop" if end else None, USAGE if end else None)
+        # a reply that calls the tools, or thinks first, a few characters per piece
+        reply = CALLING if "tools" in inputs else THINKING if "think" in str(prompt) else None
+        if reply is not None:
+            for at in range(0, len(reply), 7):
+                end = at + 7 >= len(reply)
+                yield Piece(reply[at:at + 7], [at], "stop" if end else None, USAGE if end else None)
             return
         try:
             for i, ch in enumerate("abc" if seed is None else f"{seed:03d}"):
@@ -270,3 +273,28 @@ def test_tools_on_a_server_that_parses_none_are_refused(front):
     response = front.post("/v1/chat/completions", json=chat(tools=[WEATHER]))
     assert response.status_code == 400 and response.json()["error"]["param"] == "tools"
     assert "--tool-call-parser" in response.json()["error"]["message"] and not front.triton.requests
+
+
+def test_reasoning_comes_back_apart_from_the_content(tool_front):
+    """--reasoning-parser qwen3 behind a template whose generation prompt opens a think block unless
+    enable_thinking is false (the front asks `thinking` with the request's chat_template_kwargs)."""
+    from openai import OpenAI
+
+    front = TestClient(create_app(FrontSettings("tiny", thinking=lambda kwargs: kwargs.get("enable_thinking", True)),
+                                  FakeTriton()))
+    client = OpenAI(base_url="http://testserver/v1", api_key="none", http_client=front)
+    think = [{"role": "user", "content": "think"}]
+    message = client.chat.completions.create(model="tiny", messages=think).choices[0].message
+    assert (message.reasoning_content, message.content) == ("The user greets me.\nI greet back.\n", "Hello!")
+    reasoning, content = "", ""
+    for chunk in client.chat.completions.create(model="tiny", messages=think, stream=True):
+        delta = chunk.choices[0].delta
+        reasoning += getattr(delta, "reasoning_content", None) or ""
+        content += delta.content or ""
+    assert (reasoning, content) == ("The user greets me.\nI greet back.\n", "Hello!")
+    plain = client.chat.completions.create(model="tiny", messages=think,
+                                           extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert plain.choices[0].message.reasoning_content is None and plain.choices[0].message.content == THINKING
+    # no reasoning parser: no reasoning_content at all
+    assert "reasoning_content" not in tool_front.post("/v1/chat/completions", json=chat()).json()["choices"][0][
+        "message"]

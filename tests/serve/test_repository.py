@@ -94,7 +94,10 @@ def test_the_drafter_rule_needs_a_block_size_and_a_bundle_that_returns_what_it_d
 def test_a_chat_template_file_and_the_tool_call_parser(tmp_path, tiny_pairs):
     from factories import TOOLS_TEMPLATE
 
-    from dflash_trt.serve.server import tool_parser
+    from dflash_trt.serve.server import front_options
+
+    def tool_parser(config):
+        return front_options(config)["tool_parser"]
 
     target, draft = tiny_pairs["qwen3"]
     template = tmp_path / "tools.jinja"
@@ -112,3 +115,23 @@ def test_a_chat_template_file_and_the_tool_call_parser(tmp_path, tiny_pairs):
     (tmp_path / "binary.jinja").write_bytes(b"\xff\xfe")
     with pytest.raises(DFlashError, match="--chat-template .*binary.jinja: cannot read it as text"):
         ServeConfig(target=str(target), chat_template=tmp_path / "binary.jinja")
+
+
+def test_the_reasoning_parser_knows_when_the_prompt_opens_a_think_block(tmp_path, tiny_pairs):
+    """Qwen3.5's template opens a think block in its generation prompt unless enable_thinking is false."""
+    from dflash_trt.serve.server import front_options
+
+    target, draft = tiny_pairs["qwen3"]
+    template = tmp_path / "thinking.jinja"
+    template.write_text("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                        "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+                        "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}")
+    thinking = front_options(ServeConfig(target=str(target), draft=str(draft), chat_template=template,
+                                         reasoning_parser="qwen3"))["thinking"]
+    assert thinking({}) is True and thinking({"enable_thinking": False}) is False
+    # the target's own template opens none (the reply may still begin with <think>)
+    assert front_options(ServeConfig(target=str(target), draft=str(draft), reasoning_parser="qwen3"))["thinking"]({}) \
+        is False
+    assert front_options(ServeConfig(target=str(target), draft=str(draft)))["thinking"] is None
+    with pytest.raises(DFlashError, match="--reasoning-parser must be none or qwen3"):
+        ServeConfig(target=str(target), reasoning_parser="deepseek_v3")

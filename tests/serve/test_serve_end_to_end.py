@@ -29,14 +29,16 @@ def pair(tiny_pairs):
 def server(pair, tmp_path_factory):
     need_triton()
     target, draft = pair
-    # the target's own template, which renders tools too (tool calls: hermes, as the ready line says)
+    # the target's own template, which renders tools too (tool calls: hermes, as the ready line says); it
+    # opens no think block, so with the reasoning parser a reply is all content unless it opens one
     template = tmp_path_factory.mktemp("template") / "tools.jinja"
     template.write_text(TOOLS_TEMPLATE)
     # torch: the offline oracle's backend, and slow enough for the cancellation tests to leave mid-reply
     # (serving a slots bundle on the onnxruntime executor: test_server_bundle.py)
     started = start_server(["--target", str(target), "--draft", str(draft), "--capacity", str(CAPACITY),
-                            "--max-batch", "4", "--backend", "torch", "--chat-template", str(template)])
-    assert any(line.endswith("tool calls: hermes") for line in started.output)
+                            "--max-batch", "4", "--backend", "torch", "--chat-template", str(template),
+                            "--reasoning-parser", "qwen3"])
+    assert any("tool calls: hermes; reasoning: qwen3" in line for line in started.output)
     yield started
     started.stop()
 
@@ -207,6 +209,7 @@ def test_tools_and_a_tool_turn_reach_the_chat_template(server, client, offline, 
                                            temperature=0)
     assert reply.usage.prompt_tokens == len(prompt)
     assert reply.choices[0].message.content == expected.text and not reply.choices[0].message.tool_calls
+    assert reply.choices[0].message.reasoning_content is None  # the reasoning parser found no think block
 
 
 def test_completion_of_token_ids_equals_offline(server, client, offline):

@@ -1,11 +1,13 @@
-"""Tool calls parsed out of a reply's text (serve/tool_calls.py): both formats, what stays text, and a
-stream's pieces adding up to the whole reply wherever the text is cut."""
+"""A chat reply's text -> reasoning, content and tool calls (serve/reply_text.py, tool_calls.py): both
+call formats, what stays text, the think block, and a stream's pieces adding up to the whole reply
+wherever the text is cut."""
 
 import json
 
 import pytest
 
-from dflash_trt.serve.tool_calls import ToolCallStream, detect_parser, split
+from dflash_trt.serve.reply_text import ReplyText
+from dflash_trt.serve.tool_calls import detect_parser, split
 
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
@@ -77,24 +79,23 @@ def test_text_between_and_after_calls_is_content_without_the_whitespace_next_to_
 def test_a_stream_cut_anywhere_adds_up_to_the_whole_reply(parser, text):
     whole_content, whole_calls = split(text, parser, TOOLS, final=True)
     for cuts in ([n] for n in range(len(text) + 1)):
-        stream = ToolCallStream(parser, TOOLS)
+        stream = ReplyText(parser=parser, tools=TOOLS)
         content, found = "", []
         for end in [*cuts, len(text)]:
-            delta, new = stream.next(text[:end], final=end == len(text))
-            content += delta
-            found += new
+            new = stream.next(text[:end], final=end == len(text))
+            content += new.content
+            found += new.calls
         assert content == whole_content, cuts
         assert calls(found) == calls(whole_calls), cuts
-    stream = ToolCallStream(parser, TOOLS)  # one character at a time
+    stream = ReplyText(parser=parser, tools=TOOLS)  # one character at a time
     pieces = [stream.next(text[:end], final=end == len(text)) for end in range(len(text) + 1)]
-    assert "".join(delta for delta, _ in pieces) == whole_content
-    assert calls([call for _, new in pieces for call in new]) == calls(whole_calls)
+    assert "".join(new.content for new in pieces) == whole_content
+    assert calls([call for new in pieces for call in new.calls]) == calls(whole_calls)
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call():
-    stream = ToolCallStream("hermes", TOOLS, max_calls=1)
-    content, found = stream.next(HERMES, final=True)
-    assert content == "Let me check." and calls(found) == [("get_weather", {"city": "Milan", "days": 2})]
+    new = ReplyText(parser="hermes", tools=TOOLS, max_calls=1).next(HERMES, final=True)
+    assert new.content == "Let me check." and calls(new.calls) == [("get_weather", {"city": "Milan", "days": 2})]
 
 
 @pytest.mark.parametrize("template, parser", [
@@ -105,3 +106,53 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
 ])
 def test_the_parser_follows_what_the_template_teaches(template, parser):
     assert detect_parser(template) == parser
+
+
+@pytest.mark.parametrize("text, thinking, reasoning, content", [
+    ("Let me think.\n</think>\n\nHello", True, "Let me think.\n", "Hello"),  # the prompt opened the block
+    ("<think>\nhm\n</think>\n\nHi", False, "\nhm\n", "Hi"),  # the reply opens it
+    ("Hi <think>", False, None, "Hi <think>"),
+    ("still thinking", True, "still thinking", ""),  # cut before </think>: all reasoning
+    ("", True, "", ""),
+])
+def test_reasoning_is_the_text_up_to_the_end_of_the_think_block(text, thinking, reasoning, content):
+    reader = ReplyText(thinking)
+    reader.next(text, final=True)
+    assert (reader.reasoning, reader.content) == (reasoning, content)
+
+
+def test_a_call_in_the_reasoning_is_thought_not_made():
+    text = ('maybe <tool_call>{"name": "get_time"}</tool_call>?\n</think>\n\nOK.\n'
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>')
+    reader = ReplyText(True, "hermes", TOOLS)
+    reader.next(text, final=True)
+    assert reader.reasoning == 'maybe <tool_call>{"name": "get_time"}</tool_call>?\n'
+    assert (reader.content, calls(reader.calls)) == ("OK.", [("get_weather", {"city": "Oslo"})])
+
+
+@pytest.mark.parametrize("text, thinking", [
+    ('plan </thin k> more\n</think>\n\nOK <tool_call>{"name": "get_time"}</tool_call> done', True),
+    ("  <think>a</think>b", False),
+    ("<thin", False),
+    ("no </think in it", True),
+])
+def test_a_stream_of_reasoning_content_and_calls_adds_up_to_the_whole_reply(text, thinking):
+    whole = ReplyText(thinking, "hermes", TOOLS)
+    whole.next(text, final=True)
+    for cut in range(len(text) + 1):
+        reader, parts = ReplyText(thinking, "hermes", TOOLS), ["", "", []]
+        for end in (cut, len(text)):
+            new = reader.next(text[:end], final=end == len(text))
+            parts[0] += new.reasoning
+            parts[1] += new.content
+            parts[2] += new.calls
+        assert parts[0] == (whole.reasoning or "") and parts[1] == whole.content, cut
+        assert calls(parts[2]) == calls(whole.calls), cut
+
+
+def test_the_prompt_opens_thinking_when_its_last_think_tag_is_open():
+    from dflash_trt.serve.reply_text import opens_thinking
+
+    assert opens_thinking("<|im_start|>assistant\n<think>\n")
+    assert not opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not opens_thinking("<|im_start|>assistant\n")

@@ -1,0 +1,86 @@
+"""A chat reply's text -> its reasoning, its content and its tool calls, whole or as stream deltas.
+
+Reasoning (`--reasoning-parser qwen3`, the `<think>...</think>` of Qwen3, Qwen3.5 and DeepSeek-R1
+style models) is the text up to `</think>`: from the reply's start when the prompt left a think block
+open (Qwen3.5's template opens one unless `enable_thinking` is false), or after a `<think>` the reply
+begins with. A reply cut before `</think>` is all reasoning. What follows is the content, where tool
+calls are parsed (tool_calls.py). A running reply yields only what no later text can change, so the
+deltas of a stream add up to the whole reply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dflash_trt.serve.tool_calls import ToolCall, split
+
+THINK, UNTHINK = "<think>", "</think>"
+REASONING_PARSERS = ("qwen3",)
+
+
+def opens_thinking(prompt: str) -> bool:
+    """Whether a rendered prompt ends inside a think block (its last <think> after its last </think>)."""
+    return prompt.rfind(THINK) > prompt.rfind(UNTHINK)
+
+
+def _partial_tail(text: str, tag: str) -> int:
+    """How many characters at the end of `text` could begin `tag`."""
+    return max((n for n in range(1, len(tag)) if text.endswith(tag[:n])), default=0)
+
+
+def split_reasoning(text: str, thinking: bool, final: bool) -> tuple[str | None, str]:
+    """(reasoning or None, the content's text) of a reply; `thinking`: the prompt left a block open."""
+    start = 0
+    if not thinking:
+        head = text.lstrip()
+        if not head.startswith(THINK):
+            if not final and THINK.startswith(head):  # it may yet open one
+                return None, ""
+            return None, text
+        start = len(text) - len(head) + len(THINK)
+    end = text.find(UNTHINK, start)
+    if end < 0:
+        thought = text[start:] if final else text[start:len(text) - _partial_tail(text, UNTHINK)]
+        return thought, ""
+    return text[start:end], text[end + len(UNTHINK):].lstrip()
+
+
+@dataclass
+class Delta:
+    reasoning: str = ""
+    content: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+
+
+class ReplyText:
+    """One choice of a chat reply: its cumulative text -> what is new of each part.
+
+    `thinking`: None without a reasoning parser, else whether the prompt left a think block open;
+    `parser` and `tools`: the tool-call format and the offered functions by name (none: no parsing);
+    `max_calls`: 1 for parallel_tool_calls false."""
+
+    def __init__(self, thinking: bool | None = None, parser: str | None = None, tools: dict | None = None,
+                 max_calls: int | None = None):
+        self.thinking, self.parser, self.tools, self.max_calls = thinking, parser, tools or {}, max_calls
+        self.reasoning: str | None = None
+        self.content = ""
+        self.calls: list[ToolCall] = []
+
+    def next(self, text: str, final: bool) -> Delta:
+        reasoning, content = (None, text) if self.thinking is None else split_reasoning(text, self.thinking, final)
+        calls = []
+        if self.tools:
+            content, calls = split(content, self.parser, self.tools, final)
+            calls = calls[:self.max_calls]
+        # each part's running value is a prefix of its later ones
+        delta = Delta(_new(self.reasoning or "", reasoning or ""), _new(self.content, content),
+                      calls[len(self.calls):])
+        if reasoning is not None:
+            self.reasoning = (self.reasoning or "") + delta.reasoning
+        self.content += delta.content
+        self.calls += delta.calls
+        return delta
+
+
+def _new(sent: str, now: str) -> str:
+    return now[len(sent):] if now.startswith(sent) else ""
