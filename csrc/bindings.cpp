@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <array>
+#include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -101,6 +103,43 @@ py::list cells_list(const std::vector<CostModel::Cell>& cells) {
 
 void bind_slot_executors(py::module_& m);  // slot_bindings.cpp
 
+namespace {
+
+// A request's output constraint (constraint.h) written in Python: an object with
+// masks(drafts) -> (k, uint32 array [k + 1, words]) and advance(tokens). The scheduler calls it during a
+// step, which runs without the GIL: each call takes it, as does the last reference's release.
+class PyConstraint final : public OutputConstraint {
+ public:
+  explicit PyConstraint(py::object impl) : impl_(std::move(impl)) {}
+  ~PyConstraint() override {
+    if (!Py_IsInitialized()) {  // at exit: nothing left to release it to
+      impl_.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    impl_ = py::object();
+  }
+  int64_t masks(const std::vector<int64_t>& drafts, int64_t words, std::vector<uint32_t>& masks) override {
+    py::gil_scoped_acquire gil;
+    const py::tuple result = impl_.attr("masks")(drafts);
+    const auto k = result[0].cast<int64_t>();
+    const auto array = py::array_t<uint32_t, py::array::c_style | py::array::forcecast>::ensure(result[1]);
+    if (!array || array.size() != (k + 1) * words)
+      throw Error("a constraint's masks() gave no uint32 array of (k + 1) * " + std::to_string(words) + " words");
+    masks.assign(array.data(), array.data() + array.size());
+    return k;
+  }
+  void advance(const std::vector<int64_t>& tokens) override {
+    py::gil_scoped_acquire gil;
+    impl_.attr("advance")(tokens);
+  }
+
+ private:
+  py::object impl_;
+};
+
+}  // namespace
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "dflash-trt C++ runtime core: counter RNG, sampling, acceptance, KV slots, metrics";
 
@@ -159,7 +198,8 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "penalized_logits",
       [](const FloatArray& logits, const std::vector<std::tuple<int32_t, int32_t, bool, bool, float>>& history,
-         const std::vector<int64_t>& block, const SamplingParams& params, int64_t ban, int threads) {
+         const std::vector<int64_t>& block, const SamplingParams& params, int64_t ban, int threads,
+         std::optional<py::array_t<uint32_t, py::array::c_style | py::array::forcecast>> masks) {
         params.validate();
         if (threads < 1) throw Error("threads must be >= 1");
         int64_t vocab = 0;
@@ -169,24 +209,32 @@ PYBIND11_MODULE(_core, m) {
           throw Error("logits need 1 to len(block) rows, got " + std::to_string(positions));
         PenaltyHistory seen;
         for (const auto& [token, count, in_prompt, stop, bias] : history) seen[token] = {count, in_prompt, stop, bias};
+        const int64_t words = (vocab + 31) / 32;
+        if (masks && masks->size() != positions * words)
+          throw Error("masks need [positions, ceil(vocab / 32)] = " + std::to_string(positions * words) + " words");
         std::vector<PenaltyRow> rows;
         std::vector<PenaltyEntry> entries;
         std::vector<int32_t> tokens;
-        add_penalty_row(seen, block, positions, 0, params, ban, rows, entries, tokens);
+        std::vector<uint32_t> mask_words;
+        add_penalty_row(seen, block, positions, 0, params, ban, masks ? masks->data() : nullptr, words, rows, entries,
+                        tokens, mask_words);
         FloatArray out({py::ssize_t(positions), py::ssize_t(vocab)});
         std::copy(in, in + positions * vocab, out.mutable_data());
         for (int64_t k = 0; k < positions; ++k) {
           for (int t = 0; t < threads; ++t)  // a block's threads, one after another: the kernel's strides
             penalize_position(out.mutable_data(), vocab, rows[0], k, entries.data(), tokens.data(), t, threads);
+          for (int t = 0; t < threads; ++t)
+            mask_position(out.mutable_data(), vocab, rows[0], k, mask_words.data(), t, threads);
           if (rows[0].min_p_cut) cut_min_p(out.mutable_data() + k * vocab, vocab, rows[0]);
         }
         return out;
       },
       py::arg("logits"), py::arg("history"), py::arg("block"), py::arg("params"), py::arg("ban") = 0,
-      py::arg("threads") = 1,
+      py::arg("threads") = 1, py::arg("masks") = py::none(),
       "logits [positions, vocab] of a verify block (block[0] the bonus) -> the rows adjusted as an executor "
       "does (penalties.h); history: (token, output count, in the prompt, a stop token, logit bias) before "
-      "the block's position 0; stop tokens banned at the first `ban` positions.");
+      "the block's position 0; stop tokens banned at the first `ban` positions; masks: uint32 "
+      "[positions, ceil(vocab / 32)], each position's allowed tokens (constraint.h), or None.");
 
   m.def(
       "target_probs",
@@ -510,7 +558,7 @@ PYBIND11_MODULE(_core, m) {
                        std::vector<int64_t> stop_token_ids, std::vector<int64_t> eos_token_ids, bool ignore_eos,
                        int64_t max_block, int32_t logprobs, double repetition_penalty, double frequency_penalty,
                        double presence_penalty, std::vector<std::pair<int64_t, double>> logit_bias,
-                       int64_t min_tokens, double min_p) {
+                       int64_t min_tokens, double min_p, py::object constraint) {
              RequestParams p;
              p.sampling = SamplingParams{temperature,       top_k,
                                          top_p,             seed.is_none() ? 0 : seed.cast<uint64_t>(),
@@ -526,6 +574,7 @@ PYBIND11_MODULE(_core, m) {
              p.max_block = max_block;
              p.logit_bias = std::move(logit_bias);
              p.min_tokens = min_tokens;
+             if (!constraint.is_none()) p.constraint = std::make_shared<PyConstraint>(std::move(constraint));
              return p;
            }),
            py::kw_only(), py::arg("max_tokens") = 256, py::arg("temperature") = 0.0, py::arg("top_k") = 0,
@@ -534,7 +583,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("max_block") = 0, py::arg("logprobs") = -1, py::arg("repetition_penalty") = 1.0,
            py::arg("frequency_penalty") = 0.0, py::arg("presence_penalty") = 0.0,
            py::arg("logit_bias") = std::vector<std::pair<int64_t, double>>{}, py::arg("min_tokens") = 0,
-           py::arg("min_p") = 0.0)
+           py::arg("min_p") = 0.0, py::arg("constraint") = py::none())
       .def_readonly("max_tokens", &RequestParams::max_tokens)
       .def_readonly("max_block", &RequestParams::max_block)
       .def_readonly("seeded", &RequestParams::seeded);

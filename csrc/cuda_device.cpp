@@ -309,11 +309,11 @@ void CudaDevice::launch_pairs(CUfunction block, CUfunction wide, int64_t rows, i
 }
 
 void CudaDevice::penalize(float* logits, int64_t vocab, const PenaltyRow* rows, int64_t count, int64_t positions,
-                          const PenaltyEntry* entries, const int32_t* tokens) {
+                          const PenaltyEntry* entries, const int32_t* tokens, const uint32_t* masks) {
   bind();
   load_decide_module();
   if (count == 0) return;
-  void* args[] = {&logits, &vocab, &rows, &entries, &tokens};
+  void* args[] = {&logits, &vocab, &rows, &entries, &tokens, &masks};
   check(driver_->launch(penalize_, unsigned(count), unsigned(positions), 1, kPenaltyThreads, 1, 1, 0, stream_, args,
                         nullptr),
         "launching the penalty kernel");

@@ -42,7 +42,7 @@ class CudaDevice final : public Device {
   void synchronize() override;
   bool decides() const override;  // where setup.py built decide_kernel.cu (nvcc found)
   void penalize(float* logits, int64_t vocab, const PenaltyRow* rows, int64_t count, int64_t positions,
-                const PenaltyEntry* entries, const int32_t* tokens) override;
+                const PenaltyEntry* entries, const int32_t* tokens, const uint32_t* masks) override;
   void decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
               const int64_t* drafts, const DraftQ& drafter, float* probs, int32_t* order, Verdict* out,
               TokenLogprob* logprobs) override;

@@ -238,14 +238,19 @@ extern "C" __global__ void __cluster_dims__(dflash::kDecideCluster, 1, 1) __laun
 // The penalties of rows[b] (penalties.h) at its position k, in place, its tokens strided over the block's
 // threads (each token written by one thread). Launch: grid = (number of rows, the most positions), any
 // block size.
-// Then, for a row with min_p, the block's largest logit at that position (a shared-memory reduction;
+// Then, for a row with a constraint, its mask at that position (the vocabulary strided over the threads),
+// and for a row with min_p, the block's largest logit at that position (a shared-memory reduction;
 // block = kPenaltyThreads, a power of two) and min_p's cut (penalties.h).
 extern "C" __global__ void __launch_bounds__(256)
     dflash_penalize(float* logits, int64_t vocab, const dflash::PenaltyRow* rows, const dflash::PenaltyEntry* entries,
-                    const int32_t* tokens) {
+                    const int32_t* tokens, const uint32_t* masks) {
   const dflash::PenaltyRow row = rows[blockIdx.x];
   if (int64_t(blockIdx.y) >= row.positions) return;  // the same for the whole block
   dflash::penalize_position(logits, vocab, row, blockIdx.y, entries, tokens, threadIdx.x, blockDim.x);
+  if (row.mask >= 0) {
+    __syncthreads();  // every penalty written: the mask's stride shares tokens out otherwise
+    dflash::mask_position(logits, vocab, row, blockIdx.y, masks, threadIdx.x, blockDim.x);
+  }
   if (!row.min_p_cut) return;
   __shared__ float largest[256];
   float* out = logits + (row.first + int64_t(blockIdx.y)) * vocab;

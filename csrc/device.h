@@ -81,12 +81,12 @@ class Device {
         (void)order, (void)out, (void)logprobs;
     DFLASH_INVARIANT(false);
   }
-  // Penalties (penalties.h) of rows[0..count) over logits [*, vocab], in place, `positions` the most any
-  // row has; rows, entries and tokens are this device's memory. Only where `decides`; ordered after the
-  // calls before it.
+  // Penalties and constraint masks (penalties.h) of rows[0..count) over logits [*, vocab], in place,
+  // `positions` the most any row has; rows, entries, tokens and masks are this device's memory. Only
+  // where `decides`; ordered after the calls before it.
   virtual void penalize(float* logits, int64_t vocab, const PenaltyRow* rows, int64_t count, int64_t positions,
-                        const PenaltyEntry* entries, const int32_t* tokens) {
-    (void)logits, (void)vocab, (void)rows, (void)count, (void)positions, (void)entries, (void)tokens;
+                        const PenaltyEntry* entries, const int32_t* tokens, const uint32_t* masks) {
+    (void)logits, (void)vocab, (void)rows, (void)count, (void)positions, (void)entries, (void)tokens, (void)masks;
     DFLASH_INVARIANT(false);
   }
   // The drafter rule's drafts of a block pass's rows (decide_kernel.cu's dflash_draw_drafts states the

@@ -39,6 +39,8 @@ struct RowSampling {
   // tokens and biases, with stop tokens banned at the phase's first `ban` positions (min_tokens)
   const PenaltyHistory* history = nullptr;
   int64_t ban = 0;
+  // with history: the allowed tokens of the phase's positions (constraint.h; words per position), or null
+  const uint32_t* masks = nullptr;
 };
 
 // The host forms of the rules, for executors whose logits are in host memory.

@@ -8,8 +8,9 @@
 namespace dflash {
 
 void add_penalty_row(const PenaltyHistory& history, const std::vector<int64_t>& block, int64_t positions,
-                     int64_t first, const SamplingParams& params, int64_t ban, std::vector<PenaltyRow>& rows,
-                     std::vector<PenaltyEntry>& entries, std::vector<int32_t>& tokens) {
+                     int64_t first, const SamplingParams& params, int64_t ban, const uint32_t* masks, int64_t words,
+                     std::vector<PenaltyRow>& rows, std::vector<PenaltyEntry>& entries, std::vector<int32_t>& tokens,
+                     std::vector<uint32_t>& mask_words) {
   DFLASH_INVARIANT(positions >= 1 && (positions == 1 || int64_t(block.size()) >= positions));
   PenaltyRow row;
   row.first = first;
@@ -34,6 +35,10 @@ void add_penalty_row(const PenaltyHistory& history, const std::vector<int64_t>& 
   row.end = int64_t(entries.size());
   row.block = int64_t(tokens.size());
   for (int64_t k = 0; k < positions; ++k) tokens.push_back(int32_t(positions == 1 ? 0 : block[k]));
+  if (masks != nullptr) {
+    row.mask = int64_t(mask_words.size());
+    mask_words.insert(mask_words.end(), masks, masks + positions * words);
+  }
   rows.push_back(row);
 }
 

@@ -40,11 +40,13 @@ struct PenaltyEntry {
 // block's positions; a prefill: its last), history entries [begin, end) (by token ascending), and its
 // block at `block` in the phase's tokens (the bonus, then the drafts: position k follows drafts 1..k).
 // Positions k < ban decide an output token before min_tokens: its stop tokens are banned there.
+// `mask` >= 0: position k's allowed tokens (constraint.h) are the words at mask + k * ceil(vocab / 32).
 struct PenaltyRow {
   int64_t first = 0, positions = 0;
   int64_t begin = 0, end = 0;
   int64_t block = 0;
   int64_t ban = 0;
+  int64_t mask = -1;
   float repetition = 1.0f, frequency = 0.0f, presence = 0.0f;
   int32_t min_p_cut = 0;      // whether min_p cuts this row's positions (a sampled row with min_p > 0)
   float min_p_margin = 0.0f;  // then T ln(min_p), computed once on the host (<= 0)
@@ -143,6 +145,17 @@ DFLASH_HD inline void penalize_position(float* logits, int64_t vocab, const Pena
   }
 }
 
+// Position k's tokens the row's constraint refuses -> -inf: this thread's share (from `first`, stride
+// `step`) of the vocabulary. After penalize_position (a barrier between: tokens are shared out otherwise).
+DFLASH_HD inline void mask_position(float* logits, int64_t vocab, const PenaltyRow& row, int64_t k,
+                                    const uint32_t* masks, int64_t first, int64_t step) {
+  if (row.mask < 0) return;
+  float* out = logits + (row.first + k) * vocab;
+  const uint32_t* allowed = masks + row.mask + k * ((vocab + 31) / 32);
+  for (int64_t t = first; t < vocab; t += step)
+    if (!((allowed[t / 32] >> (t % 32)) & 1u)) out[t] = -INFINITY;
+}
+
 // min_p's cut of a position whose largest adjusted logit is `max`: logits below it become -inf.
 DFLASH_HD inline float min_p_threshold(float max, const PenaltyRow& row) {
   return penalty_detail::add(max, row.min_p_margin);
@@ -165,10 +178,12 @@ inline void cut_min_p(float* row, int64_t vocab, const PenaltyRow& penalty) {
 }
 
 // Append a row's PenaltyRow (logits rows from `first`, `positions` of them; stop tokens banned at the
-// first `ban`), the entries of its history that change something there and its block (block[0] the
-// bonus; a prefill passes none) to the phase's arrays.
+// first `ban`; `masks`: its positions' allowed tokens, `words` each, or null), the entries of its
+// history that change something there, its block (block[0] the bonus; a prefill passes none) and its
+// masks to the phase's arrays.
 void add_penalty_row(const PenaltyHistory& history, const std::vector<int64_t>& block, int64_t positions,
-                     int64_t first, const SamplingParams& params, int64_t ban, std::vector<PenaltyRow>& rows,
-                     std::vector<PenaltyEntry>& entries, std::vector<int32_t>& tokens);
+                     int64_t first, const SamplingParams& params, int64_t ban, const uint32_t* masks, int64_t words,
+                     std::vector<PenaltyRow>& rows, std::vector<PenaltyEntry>& entries, std::vector<int32_t>& tokens,
+                     std::vector<uint32_t>& mask_words);
 
 }  // namespace dflash

@@ -75,7 +75,7 @@ int64_t Scheduler::add_request(const std::vector<int64_t>& prompt, const Request
   r.params.sampling.seed = r.seed;
   // what its logits get before a decision (penalties.h): the prompt only matters to a repetition penalty
   r.adjusts = penalizes(params.sampling) || cuts_min_p(params.sampling) || !params.logit_bias.empty() ||
-              params.min_tokens > 0;
+              params.min_tokens > 0 || params.constraint != nullptr;
   if (params.sampling.repetition_penalty != 1.0)
     for (int64_t t : prompt) r.history[int32_t(t)].in_prompt = true;
   for (const auto& [token, bias] : params.logit_bias) r.history[int32_t(token)].bias = float(bias);
@@ -255,6 +255,18 @@ RowSampling Scheduler::row_sampling(Request& r, uint32_t position) {
   return s;
 }
 
+void Scheduler::constrain(Request& r, const std::vector<int64_t>& drafts) {
+  const int64_t words = (executor_.vocab() + 31) / 32;
+  const int64_t k = r.params.constraint->masks(drafts, words, r.masks);
+  if (k < 0 || k > int64_t(drafts.size()) || int64_t(r.masks.size()) != (k + 1) * words)
+    throw Error("a request's output constraint gave " + std::to_string(r.masks.size()) + " mask words for " +
+                std::to_string(k) + " of " + std::to_string(drafts.size()) + " drafts; expected (k + 1) * " +
+                std::to_string(words));
+  // the positions past draft k + 1 follow a draft the grammar refuses, which is never kept: any mask
+  for (int64_t j = k + 1; j <= int64_t(drafts.size()); ++j)
+    r.masks.insert(r.masks.end(), r.masks.begin() + k * words, r.masks.begin() + (k + 1) * words);
+}
+
 void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOutput>& out) {
   if (rows.empty()) return;
   const double start = RequestTiming::now();
@@ -268,6 +280,10 @@ void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOu
     chunks.emplace_back(r->prompt.begin() + r->prompt_done, r->prompt.begin() + r->prompt_done + n);
     // The first token sits at sequence position len(prompt) (only the last chunk's draw is kept).
     sampling.push_back(row_sampling(*r, uint32_t(r->prompt.size())));
+    if (r->params.constraint && r->prompt_done + n == int64_t(r->prompt.size())) {
+      constrain(*r, {});
+      sampling.back().masks = r->masks.data();
+    }
     slots_.reserve(r->slot, n);
     if (!r->timing.scheduled) r->timing.scheduled = start;
   }
@@ -360,6 +376,10 @@ std::vector<Verdict> Scheduler::verify(const std::vector<Request*>& rows) {
     block.insert(block.end(), r->drafts.begin(), r->drafts.end());
     // drafts[0] sits one after the bonus, whose position is the committed length.
     sampling.push_back(row_sampling(*r, uint32_t(slots_.length(r->slot) + 1)));
+    if (r->params.constraint) {
+      constrain(*r, r->drafts);
+      sampling.back().masks = r->masks.data();
+    }
     slots_.reserve(r->slot, int64_t(block.size()));
     widest = std::max(widest, int64_t(block.size()));
     slots.push_back(r->slot);
@@ -445,6 +465,7 @@ void Scheduler::emit_tokens(Request& r, const std::vector<int64_t>& tokens, std:
     }
   }
   r.timing.tokens(RequestTiming::now(), int64_t(o.new_tokens.size()));
+  if (p.constraint && o.finish == Finish::kNone) p.constraint->advance(o.new_tokens);
   o.num_tokens = int64_t(r.tokens.size());
   o.cached_tokens = r.cached;
   o.metrics = r.metrics;

@@ -15,11 +15,13 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "adaptive.h"
+#include "constraint.h"
 #include "cost_model.h"
 #include "executor.h"
 #include "metrics.h"
@@ -64,6 +66,8 @@ struct RequestParams {
   // before which the stop tokens (EOS unless ignore_eos, stop_token_ids) cannot come (vLLM's min_tokens)
   std::vector<std::pair<int64_t, double>> logit_bias;
   int64_t min_tokens = 0;
+  // structured output: the grammar its output follows (constraint.h); null: none
+  std::shared_ptr<OutputConstraint> constraint;
 };
 
 enum class Finish { kNone, kStop, kLength, kAbort };
@@ -151,10 +155,14 @@ class Scheduler {
     bool adjusts = false;
     PenaltyHistory history;
     size_t counted = 0;
+    std::vector<uint32_t> masks;  // with a constraint: this phase's positions' allowed tokens
   };
   // A row's RowSampling for a decision at sequence position `position`; its penalty history brought
   // up to its tokens first.
   static RowSampling row_sampling(Request& r, uint32_t position);
+  // With a constraint: the masks of a phase's positions into r.masks (the first follows the output so
+  // far, position k the drafts before it; past a draft the grammar refuses, none is ever reached).
+  void constrain(Request& r, const std::vector<int64_t>& drafts);
 
   // The phases of step(), in order.
   void admit();

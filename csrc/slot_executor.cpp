@@ -142,6 +142,7 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
       penalty_rows_(device_, DType::int64),
       penalty_entries_(device_, DType::int64),
       penalty_tokens_(device_, DType::int64),
+      penalty_masks_(device_, DType::int64),
       decide_probs_(device_, DType::float32),
       decide_order_(device_, DType::float32),
       draft_scores_(device_, DType::float32),
@@ -338,26 +339,30 @@ void SlotExecutor::penalize_run(const std::vector<size_t>& group, int64_t r, con
   std::vector<PenaltyRow> rows;
   std::vector<PenaltyEntry> entries;
   std::vector<int32_t> blocks;
+  std::vector<uint32_t> masks;
+  const int64_t V = config_.vocab, words = (V + 31) / 32;
   int64_t positions = 1;
   for (size_t j = 0; j < group.size(); ++j) {
     const RowSampling& s = sampling[group[j]];
     if (s.history == nullptr) continue;
     // a prefill decides after its last token; a verify at each position of its block
     const int64_t n = last_only ? 1 : int64_t(tokens[group[j]].size());
-    add_penalty_row(*s.history, tokens[group[j]], n, int64_t(j) * r, s.sampling, s.ban, rows, entries, blocks);
+    add_penalty_row(*s.history, tokens[group[j]], n, int64_t(j) * r, s.sampling, s.ban, s.masks, words, rows, entries,
+                    blocks, masks);
     positions = std::max(positions, n);
   }
   if (rows.empty()) return;  // no row asks: nothing runs
-  const int64_t V = config_.vocab;
   if (!on_device) {
     for (const PenaltyRow& row : rows)
       for (int64_t k = 0; k < row.positions; ++k) {
         penalize_position(logits_.host.data(), V, row, k, entries.data(), blocks.data(), 0, 1);
+        mask_position(logits_.host.data(), V, row, k, masks.data(), 0, 1);
         if (row.min_p_cut) cut_min_p(logits_.host.data() + (row.first + k) * V, V, row);
       }
     return;
   }
   entries.emplace_back();  // never empty: its device mirror is always a valid pointer
+  masks.emplace_back();
   const auto stage = [](Staged<char>& staged, const void* data, size_t bytes) {
     staged.host.resize(bytes);
     std::memcpy(staged.host.data(), data, bytes);
@@ -366,10 +371,12 @@ void SlotExecutor::penalize_run(const std::vector<size_t>& group, int64_t r, con
   stage(penalty_rows_, rows.data(), rows.size() * sizeof(PenaltyRow));
   stage(penalty_entries_, entries.data(), entries.size() * sizeof(PenaltyEntry));
   stage(penalty_tokens_, blocks.data(), blocks.size() * sizeof(int32_t));
+  stage(penalty_masks_, masks.data(), masks.size() * sizeof(uint32_t));
   device_.penalize(static_cast<float*>(logits_.device_data(group.size() * r * V)), V,
                    reinterpret_cast<const PenaltyRow*>(penalty_rows_.device_data()), int64_t(rows.size()), positions,
                    reinterpret_cast<const PenaltyEntry*>(penalty_entries_.device_data()),
-                   reinterpret_cast<const int32_t*>(penalty_tokens_.device_data()));
+                   reinterpret_cast<const int32_t*>(penalty_tokens_.device_data()),
+                   reinterpret_cast<const uint32_t*>(penalty_masks_.device_data()));
 }
 
 void SlotExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r, bool logits_to_host) {

@@ -310,7 +310,8 @@ class SlotExecutor : public Executor {
   Staged<char> decide_rows_, verdicts_, decide_logprobs_, rebuild_rows_;  // rebuild: RebuildRow bytes  // logprobs: [rows, positions, 1 + kMaxLogprobs]
   std::vector<std::vector<TokenLogprob>> logprobs_;        // the last prefill's or verify's, per row
   Staged<int64_t> decide_drafts_;
-  Staged<char> penalty_rows_, penalty_entries_, penalty_tokens_;  // PenaltyRow, PenaltyEntry, int32 bytes
+  // PenaltyRow, PenaltyEntry, int32 and uint32 (constraint masks) bytes
+  Staged<char> penalty_rows_, penalty_entries_, penalty_tokens_, penalty_masks_;
   Buffer decide_probs_, decide_order_;  // float32 [rows, positions, V]; order holds int32 tokens, then ids
   // the drafter-distribution rule's inputs from the block pass: its logits [m, B-1, V'], or a DFlash2
   // selector's scores [m, B-1, k, k] and candidate columns [m, B-1, k]

@@ -4,13 +4,17 @@ against (greedy: token for token)."""
 
 from __future__ import annotations
 
+import numpy as np
+import torch
+
 from dflash_trt import SamplingParams
 from dflash_trt.runtime.outputs import RequestOutput
-from dflash_trt.runtime.torch_backend import sessions
+from dflash_trt.runtime.torch_backend import TorchTargetSession, sessions
 from dflash_trt.spec.loop import autoregressive_decode, speculative_decode
 from dflash_trt.spec.metrics import RequestMetrics
 from dflash_trt.spec.sampling import Sampler
 from dflash_trt.spec.stopping import StopChecker
+from dflash_trt.spec.structured import StructuredOutput
 
 
 def reference_output(llm, prompt, params: SamplingParams | None = None, speculative: bool = False,
@@ -35,3 +39,33 @@ def reference_output(llm, prompt, params: SamplingParams | None = None, speculat
     metrics.output_tokens = len(stop.token_ids)
     return RequestOutput(prompt=prompt, prompt_token_ids=ids, text=stop.text, token_ids=list(stop.token_ids),
                          finish_reason=stop.finish_reason, metrics=metrics)
+
+
+def constrained_greedy(llm, prompt, structured: StructuredOutput, max_tokens: int) -> list[int]:
+    """Greedy decoding of a torch-backend `llm`'s target alone, each step's argmax over the tokens
+    llguidance's matcher allows (its EOS ids too once the grammar may end), written apart from the core."""
+    import llguidance.hf
+    import llguidance.numpy
+
+    tokenizer = llguidance.hf.from_tokenizer(llm.tokenizer, n_vocab=llm.vocab_size)
+    matcher = llguidance.LLMatcher(tokenizer, structured.lark())
+    session = TorchTargetSession(llm.target, ())
+    logits, _ = session.prefill(llm.encode(prompt))
+    words = np.zeros((1, (llm.vocab_size + 31) // 32), dtype=np.int32)
+    out = []
+    while len(out) < max_tokens:
+        llguidance.numpy.fill_next_token_bitmask(matcher, words, 0)
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:llm.vocab_size].astype(bool)
+        if matcher.is_accepting():
+            bits[list(llm.eos_token_ids)] = True
+        row = logits.float().clone()
+        row[torch.from_numpy(~bits)] = -torch.inf
+        token = int(row.argmax())
+        out.append(token)
+        if token in llm.eos_token_ids:
+            break
+        assert matcher.consume_token(token)
+        logits, _ = session.forward([token])
+        session.commit(1)
+        logits = logits[-1]
+    return out

@@ -119,3 +119,24 @@ def test_the_embedded_pair_exports_and_runs_on_onnxruntime(llm, tmp_path, flavou
             continue
         ours = LLM.from_bundle(bundle, block_size=16, max_batch=1, capacity=256).generate(prompt, params)[0]
         assert ours.token_ids == ref.token_ids
+
+
+def test_structured_output_on_the_real_pair_keeps_drafts_and_the_constrained_loops_tokens(llm):
+    """A JSON schema on the real target: its drafts get accepted through constrained verify positions
+    (each masked by the drafts before it: llguidance's matcher advanced and rolled back), and the greedy
+    reply is the constrained autoregressive loop's (tests/reference.py) and follows the schema."""
+    from reference import constrained_greedy
+
+    from dflash_trt import SamplingParams
+    from dflash_trt.runtime.engine import BatchRunner
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    params = SamplingParams(max_tokens=48, structured_output={"json": schema})
+    prompt = "Give me a person as JSON: a name and an age."
+    runner = BatchRunner(llm, max_batch=1, capacity=256, block_size=8)  # every step drafts (no adaptive choice)
+    spec = runner.run([prompt], params)[0]
+    assert spec.token_ids == constrained_greedy(llm, prompt, params.structured_output, 48)
+    assert llm.generate(prompt, params, speculative=False)[0].token_ids == spec.token_ids
+    assert spec.finish_reason == "stop" and set(json.loads(spec.text)) == {"name", "age"}
+    assert max(spec.metrics.acceptance_lengths) > 1  # drafts kept past constrained positions

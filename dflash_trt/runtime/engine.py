@@ -162,7 +162,8 @@ class BatchRunner:
             ignore_eos=params.ignore_eos, max_block=0 if request.speculative else 1,
             logprobs=-1 if params.logprobs is None else params.logprobs, repetition_penalty=params.repetition_penalty,
             frequency_penalty=params.frequency_penalty, presence_penalty=params.presence_penalty,
-            logit_bias=list(params.logit_bias), min_tokens=params.min_tokens, min_p=params.min_p))  # queued for a slot
+            logit_bias=list(params.logit_bias), min_tokens=params.min_tokens, min_p=params.min_p,
+            constraint=self.llm.constraint(params)))  # queued for a slot
         self.live[request.core_id] = request
         self.counters["prompt_tokens_total"] += len(request.ids)
         self._read_counts()

@@ -87,6 +87,8 @@ def torch_placement(device: str | None, dtype: str | None):
 
 
 class LLM:
+    _grammar_tokenizer = None  # llguidance's view of the tokenizer, built at the first structured request
+
     def __init__(
         self,
         target: str = embedded.DEFAULT_TARGET,
@@ -307,6 +309,17 @@ class LLM:
             raise DFlashError("prompt is empty")
         return ids
 
+    def constraint(self, params: SamplingParams):
+        """A request's structured output for the core (runtime/constraints.py), or None without one."""
+        if params.structured_output is None:
+            return None
+        from dflash_trt.runtime.constraints import GrammarConstraint, grammar_tokenizer
+
+        if self._grammar_tokenizer is None:  # built once: it reads the whole vocabulary
+            self._grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.vocab_size)
+        return GrammarConstraint(self._grammar_tokenizer, params.structured_output, self.vocab_size,
+                                 (*self.eos_token_ids, *params.stop_token_ids))
+
     def text_stream(self) -> TextStream | None:
         """A new request's detokenizer; None when the target has no tokenizer (then outputs have no text)."""
         return None if self.tokenizer is None else TextStream(self.tokenizer)
@@ -355,6 +368,8 @@ class LLM:
             raise DFlashError("speculative=True needs a drafter: pass draft=... or use speculative=False")
         if params.stop and self.tokenizer is None:
             raise DFlashError("stop strings need a tokenizer; this target has none (use stop_token_ids)")
+        if params.structured_output is not None and self.tokenizer is None:
+            raise DFlashError("structured_output needs a tokenizer; this target has none")
         outside = [token for token, _ in params.logit_bias if token >= self.vocab_size]
         if outside:
             raise DFlashError(f"logit_bias names token {outside[0]}, outside the target's vocabulary ({self.vocab_size})")

@@ -50,7 +50,7 @@ class Step:
 def speculative_decode(
     target: TargetSession, drafter: DraftSession, prompt: list[int], block_size: int, sampler: Sampler
 ) -> Iterator[Step]:
-    if sampler.params.adjusts_logits:
+    if sampler.params.adjusts_logits or sampler.params.structured_output is not None:
         raise ValueError("the reference speculative loop does not adjust logits (autoregressive_decode does)")
     logits, features = target.prefill(prompt)
     bonus = sampler.sample(logits)
@@ -68,6 +68,8 @@ def speculative_decode(
 
 def autoregressive_decode(target: TargetSession, prompt: list[int], sampler: Sampler) -> Iterator[Step]:
     """The baseline: one target forward per token, on the same backend."""
+    if sampler.params.structured_output is not None:
+        raise ValueError("the reference loops do not constrain output (the core does: csrc/constraint.h)")
     logits, _ = target.prefill(prompt)
     token = sampler.sample(logits)
     outputs = [token]

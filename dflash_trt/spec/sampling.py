@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.spec.structured import StructuredOutput
 
 
 # Each numeric field's range as JSON Schema keywords: what SamplingParams enforces, and what the OpenAI
@@ -60,6 +61,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     min_p: float = 0.0
+    # a grammar the output follows (spec/structured.py; a dict of its fields is accepted): the tokens it
+    # refuses get -inf at each position, after the adjustments above and before min_p and the rest
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self):
         # The one check of sampling values: the Python API, the CLI, the Triton model and the OpenAI
@@ -117,6 +121,10 @@ class SamplingParams:
         for field in ("frequency_penalty", "presence_penalty"):
             if not number(getattr(self, field)) or not in_range(getattr(self, field), field):
                 raise bad(field, "in [-2, 2]", getattr(self, field))
+        object.__setattr__(self, "structured_output", StructuredOutput.of(self.structured_output))
+        if self.structured_output is not None and (self.ignore_eos or self.min_tokens):
+            # once the grammar is complete only a stop token may come, and these would ban it
+            raise DFlashError("SamplingParams.structured_output cannot be combined with ignore_eos or min_tokens")
 
     @property
     def greedy(self) -> bool:

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from factories import make_dflash2_drafter, make_drafter, make_target
+from no_recent import NoRecent
 from scheduler_checks import decode_on, python_loop
 
 from dflash_trt.engines.profiles import input_ranges, profile_dims
@@ -155,6 +156,34 @@ def test_penalties_on_the_tensorrt_executor_run_on_the_device_and_give_the_onnxr
         before = launches()
         device = run(core.TrtExecutor(trt_config(ort, fakes, bundle, engines)), **params)
         assert device == run(ort.ort_executor(bundle, max_batch=3, capacity=64), **params)
+        assert (launches() > before) == core.HAS_DEVICE_DECIDE
+    gc.collect()  # the executors go now: a later test counts the driver's live buffers
+
+
+def test_constrained_requests_on_the_tensorrt_executor_are_masked_on_the_device_as_on_the_host(core, ort, fakes,
+                                                                                              pair):
+    """Output constraints (tests/no_recent.py) through the device path (dflash_penalize masks each verify
+    position, run by the fake driver with penalties.h's code before the decision kernels) give the tokens
+    the onnxruntime executor's host path gives, greedy and seeded T>0, beside a free request."""
+    bundle, engines, *_ = pair
+
+    def run(executor, **params):
+        sched = core.Scheduler(executor, core.SchedulerConfig(max_batch=3, capacity=64, block_size=4, engine_seed=0))
+        ids = [sched.add_request(p, core.RequestParams(max_tokens=12, ignore_eos=True, **params,
+                                                       constraint=NoRecent(6, p) if i else None))
+               for i, p in enumerate(PROMPTS[:3])]
+        tokens = {i: [] for i in ids}
+        while sched.has_work:
+            for out in sched.step():
+                tokens[out["request"]] += out["new_tokens"]
+        return [tokens[i] for i in ids]
+
+    launches = fake_counter(fakes, "fake_cuda_penalty_launches")
+    for params in (dict(), dict(temperature=0.9, seed=4, top_p=0.9)):
+        before = launches()
+        device = run(core.TrtExecutor(trt_config(ort, fakes, bundle, engines)), **params)
+        assert device == run(ort.ort_executor(bundle, max_batch=3, capacity=64), **params)
+        assert all(t not in reply[i - 2:i] for reply in device[1:] for i, t in enumerate(reply) if i >= 2)
         assert (launches() > before) == core.HAS_DEVICE_DECIDE
     gc.collect()  # the executors go now: a later test counts the driver's live buffers
 

@@ -415,19 +415,22 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
     return CUDA_SUCCESS;
   }
   if (function == reinterpret_cast<CUfunction>(&penalize_function)) {
-    // dflash_penalize(logits, vocab, rows, entries, tokens): block (b, k), for k < the row's positions,
-    // adjusts that logits row in place (penalties.h), then min_p's cut over the whole row
+    // dflash_penalize(logits, vocab, rows, entries, tokens, masks): block (b, k), for k < the row's
+    // positions, adjusts that logits row in place (penalties.h), masks it, then min_p's cut over the row
     float* logits = *static_cast<float**>(args[0]);
     const int64_t vocab = *static_cast<int64_t*>(args[1]);
     const dflash::PenaltyRow* rows = *static_cast<const dflash::PenaltyRow**>(args[2]);
     const dflash::PenaltyEntry* entries = *static_cast<const dflash::PenaltyEntry**>(args[3]);
     const int32_t* tokens = *static_cast<const int32_t**>(args[4]);
+    const uint32_t* masks = *static_cast<const uint32_t**>(args[5]);
     ++penalty_launches;
     enqueue([=] {  // runs when the stream gets to it
       for (unsigned b = 0; b < grid_x; ++b)
         for (unsigned k = 0; k < grid_y && k < rows[b].positions; ++k) {
           for (unsigned t = 0; t < threads; ++t)  // the block's threads, one after another
             dflash::penalize_position(logits, vocab, rows[b], k, entries, tokens, t, threads);
+          for (unsigned t = 0; t < threads; ++t)  // after the barrier
+            dflash::mask_position(logits, vocab, rows[b], k, masks, t, threads);
           if (rows[b].min_p_cut) dflash::cut_min_p(logits + (rows[b].first + k) * vocab, vocab, rows[b]);
         }
     });

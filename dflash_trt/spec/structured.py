@@ -1,0 +1,85 @@
+"""Structured output: a grammar a reply must follow, given as vLLM's `structured_outputs` are: one of a
+JSON schema, any JSON object, a regular expression, a list of choices or a Lark grammar (llguidance's
+dialect, which also takes GBNF-style rules). llguidance compiles it and, per position, says which
+tokens may come next (runtime/constraints.py); the core turns the others to -inf before any decision,
+so greedy, sampled and speculative decoding follow it alike (csrc/constraint.h).
+
+llguidance is imported only when a grammar is checked or compiled, so nothing else needs it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+
+from dflash_trt.errors import DFlashError
+
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    json: str | None = None  # a JSON schema (a dict is accepted, kept as its canonical text)
+    json_object: bool = False  # any JSON object (OpenAI's response_format json_object)
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None  # the reply is exactly one of these
+    grammar: str | None = None  # Lark
+
+    def __post_init__(self):
+        def bad(rule: str, value) -> DFlashError:
+            return DFlashError(f"SamplingParams.structured_output {rule}, got {value!r}")
+
+        if isinstance(self.json, (dict, bool)):
+            object.__setattr__(self, "json", json.dumps(self.json, sort_keys=True))
+        if self.choice is not None:
+            if not isinstance(self.choice, (list, tuple)) or not self.choice or not all(
+                    isinstance(c, str) and c for c in self.choice):
+                raise bad("choice must be a non-empty list of non-empty strings", self.choice)
+            object.__setattr__(self, "choice", tuple(self.choice))
+        for name in ("json", "regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise bad(f"{name} must be a non-empty string", value)
+        if not isinstance(self.json_object, bool):
+            raise bad("json_object must be a bool", self.json_object)
+        chosen = [name for name in KINDS if getattr(self, name) not in (None, False)]
+        if len(chosen) != 1:
+            raise bad(f"must set exactly one of {', '.join(KINDS)}", chosen or None)
+        error = _llguidance().LLMatcher.validate_grammar(self.lark())
+        if error:
+            raise DFlashError(f"SamplingParams.structured_output.{chosen[0]} does not compile: "
+                              f"{error.strip().splitlines()[0]}")
+
+    @classmethod
+    def of(cls, value) -> StructuredOutput | None:
+        """A StructuredOutput, a dict of its fields (what JSON requests carry) or None."""
+        if value is None or isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise DFlashError(f"SamplingParams.structured_output must be a dict of one of {', '.join(KINDS)}, "
+                              f"got {value!r}")
+        unknown = sorted(set(value) - {f.name for f in fields(cls)})
+        if unknown:
+            raise DFlashError(f"SamplingParams.structured_output has no field {unknown[0]!r} "
+                              f"(known: {', '.join(KINDS)})")
+        return cls(**value)
+
+    def lark(self) -> str:
+        """The grammar in llguidance's form."""
+        matcher = _llguidance().LLMatcher
+        if self.json is not None:
+            return matcher.grammar_from_json_schema(self.json)
+        if self.json_object:
+            return matcher.grammar_from_json_schema({"type": "object"})
+        if self.regex is not None:
+            return matcher.grammar_from_regex(self.regex)
+        if self.choice is not None:  # Lark string literals: JSON's escapes, characters kept
+            return matcher.grammar_from_lark("start: " + " | ".join(json.dumps(c, ensure_ascii=False)
+                                                                     for c in self.choice))
+        return matcher.grammar_from_lark(self.grammar)
+
+
+def _llguidance():
+    import llguidance
+
+    return llguidance

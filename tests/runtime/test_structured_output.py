@@ -1,0 +1,101 @@
+"""Structured output (SamplingParams.structured_output, llguidance's grammars) through the LLM's one
+core path: greedy replies equal a constrained autoregressive loop written here (the torch target's
+argmax over the tokens llguidance's matcher allows, a stop token once the grammar may end), with DFlash
+and plainly; replies follow their grammar; a seeded sampled reply is the same on every entry point."""
+
+import json
+import re
+
+import pytest
+from reference import constrained_greedy
+
+from dflash_trt import LLM, SamplingParams
+from dflash_trt.errors import DFlashError
+from dflash_trt.runtime.engine import Engine
+from dflash_trt.spec.structured import StructuredOutput
+
+pytest.importorskip("dflash_trt._core", reason="dflash_trt._core is not built: run `bash scripts/setup.sh`")
+llguidance = pytest.importorskip("llguidance")
+
+GRAMMARS = [
+    {"regex": "[a-c]{2,5}(x|yz)"},
+    {"choice": ["yes", "no", "maybe so"]},
+    {"json": {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
+              "required": ["ok", "n"], "additionalProperties": False}},
+    {"grammar": 'start: "(" item ("," item)* ")"\nitem: /[0-9]/'},
+]
+PROMPTS = ["abc", "hello there", "zz top"]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_pairs):
+    target, draft = tiny_pairs["llama"]
+    return LLM(str(target), str(draft), block_size=4, max_batch=4, backend="torch")
+
+
+def follows(structured: StructuredOutput, text: str) -> bool:
+    if structured.regex is not None:
+        return re.fullmatch(structured.regex, text) is not None
+    if structured.choice is not None:
+        return text in structured.choice
+    if structured.json is not None:
+        value = json.loads(text)
+        return set(value) == {"ok", "n"} and isinstance(value["ok"], bool) and isinstance(value["n"], int)
+    return re.fullmatch(r"\([0-9](,[0-9])*\)", text) is not None
+
+
+@pytest.mark.parametrize("grammar", GRAMMARS, ids=lambda g: next(iter(g)))
+def test_greedy_replies_equal_the_constrained_autoregressive_loop(llm, grammar):
+    params = SamplingParams(max_tokens=40, structured_output=grammar)
+    finished = 0
+    for prompt in PROMPTS:
+        want = constrained_greedy(llm, prompt, params.structured_output, 40)
+        dflash = llm.generate(prompt, params)[0]
+        assert dflash.token_ids == want, prompt
+        assert llm.generate(prompt, params, speculative=False)[0].token_ids == want
+        if dflash.finish_reason == "stop":
+            finished += 1
+            assert follows(params.structured_output, dflash.text), dflash.text
+        else:  # cut by max_tokens: a prefix the grammar still allows
+            assert dflash.finish_reason == "length"
+    assert finished or "json" in grammar  # the random target may still be inside a JSON string at 40 tokens
+
+
+@pytest.mark.parametrize("grammar", GRAMMARS[:2], ids=lambda g: next(iter(g)))
+def test_a_seeded_sampled_constrained_reply_is_the_same_on_every_entry_point(llm, grammar):
+    params = SamplingParams(max_tokens=30, temperature=1.0, seed=11, structured_output=grammar)
+    want = llm.generate("hello there", params)[0]
+    assert want.finish_reason == "stop" and follows(params.structured_output, want.text)
+    batch = llm.generate(PROMPTS, params)  # beside other constrained requests
+    assert batch[PROMPTS.index("hello there")].token_ids == want.token_ids
+    assert llm.generate("hello there", params, speculative=False)[0].token_ids == want.token_ids
+    *_, streamed = llm.stream("hello there", params)
+    engine = Engine(llm, max_batch=2)  # the core asks the grammar from the engine's own thread
+    try:
+        *_, threaded = engine.stream("hello there", params)
+    finally:
+        engine.shutdown()
+    assert streamed.token_ids == threaded.token_ids == want.token_ids
+
+
+@pytest.mark.parametrize("value, words", [
+    ({"regex": "("}, "structured_output.regex does not compile"),
+    ({"json": {"type": "objec"}}, "structured_output.json does not compile"),
+    ({"regex": "a", "choice": ["a"]}, "must set exactly one of"),
+    ({"choice": []}, "choice must be a non-empty list"),
+    ({"xml": "<a/>"}, "has no field 'xml'"),
+    ("json", "must be a dict of one of"),
+])
+def test_a_structured_output_that_cannot_be_followed_is_refused_in_one_line(value, words):
+    with pytest.raises(DFlashError, match=re.escape(words)) as err:
+        SamplingParams(structured_output=value)
+    assert str(err.value).startswith("SamplingParams.structured_output") and "\n" not in str(err.value)
+
+
+def test_a_grammar_cannot_be_combined_with_what_bans_its_end(llm, small_vocab_pair):
+    for extra in (dict(ignore_eos=True), dict(min_tokens=3)):
+        with pytest.raises(DFlashError, match="cannot be combined with ignore_eos or min_tokens"):
+            SamplingParams(structured_output={"regex": "a+"}, **extra)
+    tokenless = LLM(str(small_vocab_pair[0]), str(small_vocab_pair[1]), backend="torch", block_size=4)
+    with pytest.raises(DFlashError, match="structured_output needs a tokenizer"):
+        tokenless.generate([1, 2], SamplingParams(structured_output={"regex": "a+"}))
