@@ -118,10 +118,8 @@ StopString = Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})]
 # explicitly): OpenAI's, then vLLM's and SGLang's extensions that change the distribution or constrain
 # the output. Any other value is refused (`_Sampling.check_unsupported`).
 NO_OP_VALUES = {
-    "response_format": ({"type": "text"},),
     "functions": ([],), "function_call": ("none",), "suffix": ("",),
     "prompt_logprobs": (),
-    "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
 }
 
 
@@ -150,6 +148,28 @@ def _has_lone_surrogate(value: Any) -> bool:
     if isinstance(value, list):
         return any(_has_lone_surrogate(v) for v in value)
     return False
+
+
+class JsonSchema(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema", description="the reply's JSON schema")
+    strict: bool | None = Field(None, description="the reply always follows the schema here (the grammar is "
+                                                  "enforced while decoding)")
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's: text, any JSON object, or JSON following a schema (enforced while decoding)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+
+# Where a request may ask for structured output -> SamplingParams.structured_output's field it sets:
+# OpenAI's response_format, vLLM's structured_outputs (all its fields) and its older guided_* fields.
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 
 class _Sampling(BaseModel):
@@ -186,13 +206,16 @@ class _Sampling(BaseModel):
                               "^(0|[1-9][0-9]*)$": {"type": "number", **RANGES["logit_bias"]}}})] | None = None
     min_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["min_tokens"])  # vLLM's
     min_p: float | None = Field(None, json_schema_extra=RANGES["min_p"])  # vLLM's
+    # structured output (spec/structured.py), at most one of these
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = Field(None, description="vLLM's: one of json (a schema), regex, "
+                                                                        "choice, grammar (Lark), json_object")
+    guided_json: dict[str, Any] | Annotated[str, StringConstraints(min_length=1)] | None = None
+    guided_regex: Annotated[str, StringConstraints(min_length=1)] | None = None
+    guided_choice: Annotated[list[Annotated[str, StringConstraints(min_length=1)]], Field(min_length=1)] | None = None
+    guided_grammar: Annotated[str, StringConstraints(min_length=1)] | None = Field(None, description="Lark")
     # what this server does not implement (NO_OP_VALUES)
-    response_format: _no_op("response_format") = None
     prompt_logprobs: _no_op("prompt_logprobs") = None
-    guided_json: _no_op("guided_json") = None
-    guided_regex: _no_op("guided_regex") = None
-    guided_choice: _no_op("guided_choice") = None
-    guided_grammar: _no_op("guided_grammar") = None
 
     @model_validator(mode="before")
     @classmethod
@@ -207,6 +230,23 @@ class _Sampling(BaseModel):
         """How many top tokens' log-probabilities each output token carries (None: no logprobs)."""
         return None
 
+    def structured(self) -> tuple[str, dict] | None:
+        """(the field that asked, SamplingParams.structured_output's fields) or None."""
+        asked = []
+        if self.response_format is not None and self.response_format.type != "text":
+            if self.response_format.type == "json_object":
+                asked.append(("response_format", {"json_object": True}))
+            elif self.response_format.json_schema is None:
+                raise RequestError("response_format.json_schema", "response_format json_schema needs its json_schema")
+            else:
+                asked.append(("response_format", {"json": self.response_format.json_schema.schema_}))
+        if self.structured_outputs is not None:
+            asked.append(("structured_outputs", dict(self.structured_outputs)))
+        asked += [(name, {kind: getattr(self, name)}) for name, kind in GUIDED.items() if getattr(self, name) is not None]
+        if len(asked) > 1:
+            raise RequestError(asked[1][0], f"{asked[1][0]} and {asked[0][0]} both ask for structured output: send one")
+        return asked[0] if asked else None
+
     def sampling(self, max_tokens: int | None, choice: int = 0) -> dict:
         """The Triton model's sampling_parameters (None: its default) for choice `choice` of n: seeded,
         choice i draws with seed + i, so choice 0 is the reply of the same request with n = 1."""
@@ -216,14 +256,22 @@ class _Sampling(BaseModel):
                   "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids,
                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                   "repetition_penalty": self.repetition_penalty, "logit_bias": self.logit_bias,
-                  "min_tokens": self.min_tokens, "min_p": self.min_p}
+                  "min_tokens": self.min_tokens, "min_p": self.min_p,
+                  "structured_output": (self.structured() or (None, None))[1]}
         return {k: v for k, v in values.items() if v is not None}
 
     def check_sampling(self) -> None:
         """The fields this server does not implement, then the sampling fields through SamplingParams'
-        own checks."""
+        own checks (a grammar's refusal named by the field that sent it)."""
         self.check_unsupported()
-        sampling_params(self.sampling(self.max_tokens))
+        try:
+            sampling_params(self.sampling(self.max_tokens))
+        except RequestError as err:
+            if err.param is None or not err.param.startswith("structured_output"):
+                raise
+            field = self.structured()[0]
+            raise RequestError(field, f"{field}: {err.message.removeprefix('structured_output').lstrip('.: ')}") \
+                from None
 
     def check_unsupported(self) -> None:
         """A field this server does not implement, holding a value that would change the reply: refused."""

@@ -113,8 +113,7 @@ def test_unimplemented_fields_at_their_no_op_values_are_accepted():
 
 
 @pytest.mark.parametrize("field, value", [
-    ("response_format", {"type": "json_object"}), ("functions", [{"name": "f"}]), ("function_call", "auto"),
-    ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]), ("prompt_logprobs", 1),
+    ("functions", [{"name": "f"}]), ("function_call", "auto"), ("prompt_logprobs", 1),
 ])
 def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, value):
     with pytest.raises(RequestError) as err:
@@ -176,6 +175,41 @@ def test_a_tool_this_server_cannot_honour_is_refused(tool, param):
     with pytest.raises(RequestError) as err:
         parse(chat(tools=[tool]), ChatRequest)
     assert err.value.param == param
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
+
+
+@pytest.mark.parametrize("fields, structured", [
+    ({"response_format": {"type": "json_object"}}, {"json_object": True}),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}}},
+     {"json": SCHEMA}),
+    ({"guided_json": SCHEMA}, {"json": SCHEMA}),
+    ({"guided_regex": "[0-9]+"}, {"regex": "[0-9]+"}),
+    ({"guided_choice": ["yes", "no"]}, {"choice": ["yes", "no"]}),
+    ({"guided_grammar": 'start: "a"'}, {"grammar": 'start: "a"'}),
+    ({"structured_outputs": {"choice": ["x"]}}, {"choice": ["x"]}),
+    ({"response_format": {"type": "text"}}, None),
+])
+def test_structured_output_fields_reach_sampling_parameters(fields, structured):
+    for body in (chat(**fields), json.dumps({"model": "m", "prompt": "x", **fields}).encode()):
+        request = parse(body, ChatRequest if b"messages" in body else CompletionRequest)
+        assert json.loads(request.triton_inputs()["sampling_parameters"]).get("structured_output") == structured
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ({"guided_regex": "("}, "guided_regex", "guided_regex: regex does not compile"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "objec"}}}},
+     "response_format", "response_format: json does not compile"),
+    ({"structured_outputs": {"xml": "<a/>"}}, "structured_outputs", "has no field 'xml'"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "needs its json_schema"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", "guided_choice and guided_regex both ask"),
+    ({"guided_regex": "a", "ignore_eos": True}, "guided_regex", "cannot be combined with ignore_eos"),
+])
+def test_structured_output_that_cannot_be_followed_is_refused_naming_its_field(fields, param, words):
+    with pytest.raises(RequestError) as err:
+        parse(chat(**fields), ChatRequest)
+    assert (err.value.status, err.value.param) == (400, param) and words in err.value.message
 
 
 def test_a_completion_refuses_a_suffix():

@@ -1,0 +1,31 @@
+"""Schema-valid request bodies the server must accept, for schemathesis: whether a regex, a Lark grammar
+or a JSON schema compiles, and that a request asks for structured output once and not beside what bans
+its end, is beyond JSON Schema; a generated body keeps its first structured-output field, holding one
+that compiles. Refusals of the others are tests/serve/test_protocol.py's."""
+
+from __future__ import annotations
+
+VALID = {"guided_json": {"type": "object"}, "guided_regex": "[a-z]+", "guided_grammar": 'start: "a" | "b"',
+         "structured_outputs": {"regex": "[a-z]+"},
+         "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}
+FIELDS = ["response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"]
+
+
+def asks(body: dict, field: str) -> bool:
+    value = body.get(field)
+    if field == "response_format":
+        return isinstance(value, dict) and value.get("type") in ("json_object", "json_schema")
+    return value is not None
+
+
+def with_valid_grammar(body):
+    if not isinstance(body, dict):
+        return body
+    asked = [field for field in FIELDS if asks(body, field)]
+    for field in asked[1:]:
+        body[field] = None
+    if asked:
+        if asked[0] in VALID:
+            body[asked[0]] = VALID[asked[0]]
+        body["ignore_eos"] = body["min_tokens"] = None
+    return body
