@@ -181,14 +181,16 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
                           "model", "model_not_found")
         chat = isinstance(parsed, protocol.ChatRequest)
         tools = parsed.offered_tools() if chat else {}
-        if tools and settings.tool_parser is None:
+        forced = parsed.forced_tool() if chat else None  # the reply is the calls' JSON: no parser needed
+        if tools and forced is None and settings.tool_parser is None:
             raise RequestError("tools", "this server parses no tool calls: its chat template writes none in a "
-                                        "format it knows; start it with --tool-call-parser (and --chat-template)")
+                                        "format it knows; start it with --tool-call-parser (and --chat-template), "
+                                        "or force the calls with tool_choice")
         thinking = settings.thinking(parsed.chat_template_kwargs or {}) if chat and settings.thinking else None
         reply = Reply(chat=chat, model=settings.model, with_meta_info=parsed.return_meta_info,
                       logprobs=parsed.logprob_count() is not None, reasoning=thinking is not None)
         most = 1 if getattr(parsed, "parallel_tool_calls", None) is False else None
-        readers = [ReplyText(thinking, settings.tool_parser, tools, most) for _ in range(parsed.n)]
+        readers = [ReplyText(thinking, settings.tool_parser, tools, most, forced) for _ in range(parsed.n)]
         # each choice is a request of its own in the engine
         choices = Choices([_renamed(triton.generate(parsed.triton_inputs(choice)), "messages" if chat else "prompt")
                            for choice in range(parsed.n)])

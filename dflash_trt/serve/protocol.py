@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, WithJsonSchema, model_validator
 
+from dflash_trt.serve.reply_text import forced_schema
 from dflash_trt.serve.requests import RequestError, sampling_params
 from dflash_trt.spec.sampling import RANGES
 
@@ -51,31 +52,30 @@ class ChatMessage(BaseModel):
             return self.content or ""
         return "".join(part.text for part in self.content)
 
-    def for_template(self, at: int) -> dict:
+    def for_template(self) -> dict:
         """The turn as chat templates read it: a call's arguments as an object (Qwen's and Llama's
         templates print them as JSON, or iterate over them)."""
         turn = {"role": self.role, "content": self.text()}
         if self.tool_calls:
             turn["tool_calls"] = [{"id": call.id, "type": "function", "function": {
-                "name": call.function.name, "arguments": _arguments(call.function.arguments,
-                                                                    f"messages[{at}].tool_calls[{i}]")}}
-                for i, call in enumerate(self.tool_calls)]
+                "name": call.function.name, "arguments": _arguments(call.function.arguments)}}
+                for call in self.tool_calls]
         for key in ("tool_call_id", "name"):
             if getattr(self, key) is not None:
                 turn[key] = getattr(self, key)
         return turn
 
 
-def _arguments(text: str, where: str) -> dict:
-    if not text.strip():  # a call without arguments
+def _arguments(text: str) -> dict | str:
+    """A call's arguments as chat templates read them: an object when the text is one ("" is none),
+    else the text itself (a template may print it as it is)."""
+    if not text.strip():
         return {}
     try:
         value = json.loads(text)
     except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise RequestError(f"{where}.function.arguments", f"{where}.function.arguments must be a JSON object's text")
-    return value
+        return text
+    return value if isinstance(value, dict) else text
 
 
 # OpenAI's function names
@@ -87,8 +87,19 @@ class FunctionDefinition(BaseModel):
     name: FunctionName
     description: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="the arguments' JSON schema")
-    strict: Literal[False] | None = Field(None, description="true is refused: this server does not constrain "
-                                                            "decoding, so arguments are what the model wrote")
+    strict: bool | None = Field(None, description="true needs tool_choice 'required' or this function named "
+                                                  "(their arguments are held to the schema while decoding)")
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class Tool(BaseModel):
@@ -303,9 +314,9 @@ class ChatRequest(_Sampling):
     # tool calling: the tools go to the chat template, the calls the model writes come back parsed
     # (tool_calls.py); "required" or a named function would need constrained decoding
     tools: list[Tool] | None = None
-    tool_choice: Annotated[Any, WithJsonSchema({"anyOf": [{"enum": ["none", "auto"]}, {"type": "null"}],
-                                                "description": "default: auto with tools; 'required' and a named "
-                                                               "function are refused"})] = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="default: auto with tools; 'required' and a named function hold the reply to the "
+                          "calls' JSON schema while decoding")
     parallel_tool_calls: bool | None = Field(None, description="false: at most the first call is returned")
     # the deprecated forms of tools
     functions: _no_op("functions") = None
@@ -316,11 +327,33 @@ class ChatRequest(_Sampling):
             raise RequestError("top_logprobs", "top_logprobs needs logprobs: true")
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    def forced_tool(self) -> str | None:
+        """The function a tool_choice names, "required", or None when the model decides (or none is offered)."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.function.name
+        return "required" if self.tool_choice == "required" else None
+
+    def structured(self) -> tuple[str, dict] | None:
+        forced = self.forced_tool()
+        asked = super().structured()
+        if forced is None:
+            return asked
+        if asked is not None:
+            raise RequestError(asked[0], f"{asked[0]} and tool_choice both ask for structured output: send one")
+        schema = forced_schema(self.offered_tools(), forced, self.parallel_tool_calls is False)
+        return "tool_choice", {"json": schema}
+
     def check_sampling(self) -> None:
-        if self.tool_choice not in (None, "none", "auto"):
-            forced = "'required'" if self.tool_choice == "required" else "a named function"
-            raise RequestError("tool_choice", f"tool_choice {forced} needs constrained decoding, which this server "
-                                              "does not have: send 'auto' (the model decides) or 'none'")
+        forced = self.forced_tool()
+        if forced is not None and not self.tools:
+            raise RequestError("tool_choice", "tool_choice forces a call, and the request offers no tools")
+        if forced not in (None, "required") and forced not in self.offered_tools():
+            raise RequestError("tool_choice.function.name", f"tool_choice names '{forced}', which tools does not offer")
+        strict = [i for i, tool in enumerate(self.tools or []) if tool.function.strict]
+        if strict and forced is None:
+            raise RequestError(f"tools[{strict[0]}].function.strict", "strict: true holds arguments to the schema, "
+                               "which needs tool_choice 'required' or this function named (with 'auto' the model "
+                               "writes its calls freely)")
         try:
             super().check_sampling()
         except RequestError as err:  # the chat API names the count top_logprobs
@@ -341,7 +374,7 @@ class ChatRequest(_Sampling):
         return {tool.function.name: tool.function.model_dump(exclude_none=True) for tool in self.tools}
 
     def triton_inputs(self, choice: int = 0) -> dict:
-        messages = [m.for_template(i) for i, m in enumerate(self.messages)]
+        messages = [m.for_template() for m in self.messages]
         tokens = self.max_completion_tokens or self.max_tokens
         inputs = {"messages": json.dumps(messages),
                   "sampling_parameters": json.dumps(self.sampling(tokens, choice))}

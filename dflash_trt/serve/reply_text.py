@@ -10,6 +10,7 @@ deltas of a stream add up to the whole reply.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from dflash_trt.serve.tool_calls import ToolCall, split
@@ -57,16 +58,20 @@ class ReplyText:
 
     `thinking`: None without a reasoning parser, else whether the prompt left a think block open;
     `parser` and `tools`: the tool-call format and the offered functions by name (none: no parsing);
-    `max_calls`: 1 for parallel_tool_calls false."""
+    `max_calls`: 1 for parallel_tool_calls false; `forced`: a tool_choice that forces calls (a function's
+    name, or "required"), whose reply is JSON the grammar held to (forced_schema): read once it ends."""
 
     def __init__(self, thinking: bool | None = None, parser: str | None = None, tools: dict | None = None,
-                 max_calls: int | None = None):
+                 max_calls: int | None = None, forced: str | None = None):
         self.thinking, self.parser, self.tools, self.max_calls = thinking, parser, tools or {}, max_calls
+        self.forced = forced
         self.reasoning: str | None = None
         self.content = ""
         self.calls: list[ToolCall] = []
 
     def next(self, text: str, final: bool) -> Delta:
+        if self.forced is not None:
+            return self._forced(text, final)
         reasoning, content = (None, text) if self.thinking is None else split_reasoning(text, self.thinking, final)
         calls = []
         if self.tools:
@@ -80,6 +85,34 @@ class ReplyText:
         self.content += delta.content
         self.calls += delta.calls
         return delta
+
+
+    def _forced(self, text: str, final: bool) -> Delta:
+        """A forced reply: nothing until it ends; then its calls, or (cut short: not JSON) its text."""
+        if not final:
+            return Delta()
+        try:
+            value = json.loads(text)
+        except ValueError:
+            self.content = text
+            return Delta(content=text)
+        if self.forced != "required":  # the named function's arguments
+            value = [{"name": self.forced, "parameters": value}]
+        self.calls = [ToolCall(call["name"], json.dumps(call["parameters"], ensure_ascii=False)) for call in value]
+        return Delta(calls=list(self.calls))
+
+
+def forced_schema(tools: dict[str, dict], forced: str, one: bool) -> dict:
+    """The JSON schema a forced reply follows (vLLM's forms): a named function's arguments; for
+    "required", a list of {"name", "parameters"} calls of the offered functions (at most one if `one`)."""
+    def arguments(name: str) -> dict:
+        return tools[name].get("parameters") or {"type": "object"}
+
+    if forced != "required":
+        return arguments(forced)
+    calls = [{"type": "object", "properties": {"name": {"const": name}, "parameters": arguments(name)},
+              "required": ["name", "parameters"], "additionalProperties": False} for name in tools]
+    return {"type": "array", "minItems": 1, **({"maxItems": 1} if one else {}), "items": {"anyOf": calls}}
 
 
 def _new(sent: str, now: str) -> str:

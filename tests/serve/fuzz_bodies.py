@@ -1,7 +1,8 @@
 """Schema-valid request bodies the server must accept, for schemathesis: whether a regex, a Lark grammar
 or a JSON schema compiles, and that a request asks for structured output once and not beside what bans
 its end, is beyond JSON Schema; a generated body keeps its first structured-output field, holding one
-that compiles. Refusals of the others are tests/serve/test_protocol.py's."""
+that compiles, and a forced tool_choice calls a function the body offers (strict only with one). Refusals
+of the others are tests/serve/test_protocol.py's."""
 
 from __future__ import annotations
 
@@ -21,6 +22,18 @@ def asks(body: dict, field: str) -> bool:
 def with_valid_grammar(body):
     if not isinstance(body, dict):
         return body
+    choice = body.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):  # forced calls: of a function the body offers
+        body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        if isinstance(choice, dict):
+            body["tool_choice"] = {"type": "function", "function": {"name": "f"}}
+        for field in FIELDS:
+            body[field] = None
+        body["ignore_eos"] = body["min_tokens"] = None
+        return body
+    for tool in body.get("tools") or []:  # strict needs forced calls
+        if isinstance(tool, dict) and isinstance(tool.get("function"), dict):
+            tool["function"]["strict"] = None
     asked = [field for field in FIELDS if asks(body, field)]
     for field in asked[1:]:
         body[field] = None

@@ -17,6 +17,8 @@ USAGE = {"prompt_tokens": 3, "cached_tokens": 2, "completion_tokens": 3, "accept
 
 CALLING = ('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Milan"}}\n</tool_call>\n'
            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+FORCED = '{"city": "Milan"}'
+FORCED_LIST = '[{"name": "get_weather", "parameters": {"city": "Oslo"}}, {"name": "get_weather", "parameters": {}}]'
 THINKING = "The user greets me.\nI greet back.\n</think>\n\nHello!"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}
@@ -41,8 +43,11 @@ class FakeTriton:
         seed = json.loads(inputs.get("sampling_parameters") or "{}").get("seed")
         if "busy" in str(prompt) or seed == 13:
             raise RequestError(None, "all 4 slots are taken and 8 requests already wait; retry shortly", 429)
-        # a reply that calls the tools, or thinks first, a few characters per piece
-        reply = CALLING if "tools" in inputs else THINKING if "think" in str(prompt) else None
+        # a reply that calls the tools, or thinks first, a few characters per piece; held to forced calls'
+        # JSON: one function's arguments, or a list of calls
+        forced = json.loads(inputs.get("sampling_parameters") or "{}").get("structured_output", {}).get("json")
+        reply = (None if forced is None else FORCED_LIST if forced.get("type") == "array" else FORCED) or (
+            CALLING if "tools" in inputs else THINKING if "think" in str(prompt) else None)
         if reply is not None:
             for at in range(0, len(reply), 7):
                 end = at + 7 >= len(reply)
@@ -298,3 +303,26 @@ def test_reasoning_comes_back_apart_from_the_content(tool_front):
     # no reasoning parser: no reasoning_content at all
     assert "reasoning_content" not in tool_front.post("/v1/chat/completions", json=chat()).json()["choices"][0][
         "message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_tool_choice_returns_the_calls_its_json_holds(front, stream):
+    """tool_choice naming a function, or "required": the engine holds the reply to the calls' JSON
+    (test_protocol.py checks the schema sent), which comes back as tool_calls, with no tool-call parser."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url="http://testserver/v1", api_key="none", http_client=front)
+    for choice, want in [({"type": "function", "function": {"name": "get_weather"}}, [{"city": "Milan"}]),
+                         ("required", [{"city": "Oslo"}, {}])]:
+        reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                               tools=[WEATHER], tool_choice=choice, stream=stream)
+        if stream:
+            chunks = list(reply)
+            assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            calls = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
+            reason = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        else:
+            calls, reason = reply.choices[0].message.tool_calls, [reply.choices[0].finish_reason]
+            assert reply.choices[0].message.content is None
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", w) for w in want]
+        assert reason == ["tool_calls"]

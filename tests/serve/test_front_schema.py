@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings  # noqa: E402  (schemathesis brings
 
 from dflash_trt.serve.openai_api import FrontSettings, create_app
 
-APP = create_app(FrontSettings("tiny"), FakeTriton())
+APP = create_app(FrontSettings("tiny", tool_parser="hermes"), FakeTriton())
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 
 

@@ -150,24 +150,46 @@ def test_tool_choice_none_offers_no_tools():
     assert "tools" not in request.triton_inputs() and request.offered_tools() == {}
 
 
+def test_a_call_s_arguments_that_are_no_object_reach_the_template_as_text():
+    request = parse(chat(messages=[{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1"}}]}]), ChatRequest)
+    assert json.loads(request.triton_inputs()["messages"])[0]["tool_calls"][0]["function"]["arguments"] == "[1"
+
+
+TIME = {"type": "function", "function": {"name": "get_time", "strict": True}}
+
+
+@pytest.mark.parametrize("fields, schema", [
+    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, WEATHER["function"]["parameters"]),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}}, {"type": "object"}),
+    ({"tool_choice": "required", "parallel_tool_calls": False}, {"type": "array", "minItems": 1, "maxItems": 1,
+                                                                 "items": {"anyOf": [
+        {"type": "object", "properties": {"name": {"const": "get_weather"},
+                                          "parameters": WEATHER["function"]["parameters"]},
+         "required": ["name", "parameters"], "additionalProperties": False},
+        {"type": "object", "properties": {"name": {"const": "get_time"}, "parameters": {"type": "object"}},
+         "required": ["name", "parameters"], "additionalProperties": False}]}}),
+])
+def test_a_forced_tool_choice_holds_the_reply_to_the_calls_json_schema(fields, schema):
+    request = parse(chat(tools=[WEATHER, TIME], **fields), ChatRequest)
+    sampling = json.loads(request.triton_inputs()["sampling_parameters"])
+    assert sampling["structured_output"] == {"json": schema}
+
+
 @pytest.mark.parametrize("fields, param, words", [
-    ({"tool_choice": "required"}, "tool_choice", "tool_choice 'required' needs constrained decoding"),
-    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
-     "tool_choice a named function needs constrained decoding"),
-    ({"messages": [{"role": "assistant", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]},
-     "messages[0].tool_calls[0].function.arguments", "must be a JSON object's text"),
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name",
+     "tool_choice names 'nope', which tools does not offer"),
+    ({"tool_choice": "required", "tools": None}, "tool_choice", "the request offers no tools"),
+    ({"tool_choice": "required", "guided_regex": "a"}, "guided_regex", "guided_regex and tool_choice both ask"),
+    ({"tools": [WEATHER, TIME]}, "tools[1].function.strict", "needs tool_choice 'required' or this function named"),
 ])
 def test_what_tool_calling_cannot_honour_is_refused(fields, param, words):
     with pytest.raises(RequestError) as err:
-        request = parse(chat(tools=[WEATHER], **fields), ChatRequest)
-        request.check_sampling()
-        request.triton_inputs()
+        parse(chat(**{"tools": [WEATHER], **fields}), ChatRequest)
     assert (err.value.status, err.value.param) == (400, param) and words in err.value.message
 
 
 @pytest.mark.parametrize("tool, param", [
-    ({"type": "function", "function": {"name": "get_weather", "strict": True}}, "tools[0].function.strict"),
     ({"type": "function", "function": {"name": "get weather"}}, "tools[0].function.name"),
     ({"type": "retrieval"}, "tools[0].type"),
 ])

@@ -213,6 +213,28 @@ def test_tools_and_a_tool_turn_reach_the_chat_template(server, client, offline, 
     assert reply.choices[0].message.reasoning_content is None  # the reasoning parser found no think block
 
 
+def test_a_named_tool_choice_through_the_real_server_calls_it_with_offline_generate_s_arguments(server, client,
+                                                                                              offline):
+    """tool_choice naming a function: the engine holds the reply to its parameters' schema (a grammar),
+    which comes back as that function's call; its arguments are offline generate's reply under the same
+    schema (or, cut by max_tokens before the JSON closed, that reply as content)."""
+    messages = [{"role": "user", "content": "Weather in Milan?"}]
+    rendered = offline.tokenizer.apply_chat_template(messages, tools=[WEATHER], add_generation_prompt=True,
+                                                     tokenize=False, chat_template=TOOLS_TEMPLATE)
+    prompt = offline.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    expected = offline.generate(prompt, SamplingParams(max_tokens=40, structured_output={
+        "json": WEATHER["function"]["parameters"]}))[0]
+    reply = client.chat.completions.create(model=server.model, messages=messages, tools=[WEATHER], max_tokens=40,
+                                           temperature=0, tool_choice={"type": "function",
+                                                                       "function": {"name": "get_weather"}})
+    message = reply.choices[0].message
+    if expected.finish_reason == "stop":
+        (call,) = message.tool_calls
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments) == json.loads(expected.text)
+    else:
+        assert message.content == expected.text and not message.tool_calls
+
+
 CHOICES = ["red", "green", "blue violet"]
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
 
