@@ -106,7 +106,7 @@ void bind_slot_executors(py::module_& m);  // slot_bindings.cpp
 namespace {
 
 // A request's output constraint (constraint.h) written in Python: an object with
-// masks(drafts) -> (k, uint32 array [k + 1, words]) and advance(tokens). The scheduler calls it during a
+// masks(drafts, may_replace) -> (k, uint32 array [k + 1, words], the drafts to verify) and advance(tokens). The scheduler calls it during a
 // step, which runs without the GIL: each call takes it, as does the last reference's release.
 class PyConstraint final : public OutputConstraint {
  public:
@@ -119,14 +119,16 @@ class PyConstraint final : public OutputConstraint {
     py::gil_scoped_acquire gil;
     impl_ = py::object();
   }
-  int64_t masks(const std::vector<int64_t>& drafts, int64_t words, std::vector<uint32_t>& masks) override {
+  int64_t masks(std::vector<int64_t>& drafts, bool may_replace, int64_t words,
+                std::vector<uint32_t>& masks) override {
     py::gil_scoped_acquire gil;
-    const py::tuple result = impl_.attr("masks")(drafts);
+    const py::tuple result = impl_.attr("masks")(drafts, may_replace);
     const auto k = result[0].cast<int64_t>();
     const auto array = py::array_t<uint32_t, py::array::c_style | py::array::forcecast>::ensure(result[1]);
     if (!array || array.size() != (k + 1) * words)
       throw Error("a constraint's masks() gave no uint32 array of (k + 1) * " + std::to_string(words) + " words");
     masks.assign(array.data(), array.data() + array.size());
+    drafts = result[2].cast<std::vector<int64_t>>();
     return k;
   }
   void advance(const std::vector<int64_t>& tokens) override {

@@ -16,8 +16,13 @@ class OutputConstraint {
  public:
   virtual ~OutputConstraint() = default;
   // The masks after the output so far and after each leading draft the grammar allows: k + 1 masks of
-  // `words` words into `masks` (replacing what it held), k being those drafts -> k.
-  virtual int64_t masks(const std::vector<int64_t>& drafts, int64_t words, std::vector<uint32_t>& masks) = 0;
+  // `words` words into `masks` (replacing what it held), k being those drafts -> k. With `may_replace`,
+  // a draft the grammar refuses where it allows one token only becomes that token in `drafts` (what the
+  // target then verifies): drafts are proposals, so where the target's draw at a position does not
+  // depend on them (greedy, or point-mass drafts at T>0) any proposal is lossless, and a forced one (a
+  // schema's key, a bracket) is the one the target must take.
+  virtual int64_t masks(std::vector<int64_t>& drafts, bool may_replace, int64_t words,
+                        std::vector<uint32_t>& masks) = 0;
   // The output grew by `tokens` (committed: the grammar takes them for good).
   virtual void advance(const std::vector<int64_t>& tokens) = 0;
 };

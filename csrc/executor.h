@@ -106,6 +106,9 @@ class Executor {
   virtual int64_t reusable(int64_t row, int64_t match) const = 0;
   // Whether a request can start on any head of a row's positions (false: only on all of them).
   virtual bool reuses_heads() const = 0;
+  // Whether rows sampling at T>0 draw their drafts from the drafter's distribution (the drafter rule:
+  // their acceptance reads q of the drafts drawn, so the drafts must stay as drawn).
+  virtual bool samples_drafts() const = 0;
   // The target's vocabulary size: token ids a request names must be below it.
   virtual int64_t vocab() const = 0;
   // Start the (not live) row's next request on the first n positions of `source` (1 <= n ==

@@ -255,15 +255,18 @@ RowSampling Scheduler::row_sampling(Request& r, uint32_t position) {
   return s;
 }
 
-void Scheduler::constrain(Request& r, const std::vector<int64_t>& drafts) {
+void Scheduler::constrain(Request& r) {
   const int64_t words = (executor_.vocab() + 31) / 32;
-  const int64_t k = r.params.constraint->masks(drafts, words, r.masks);
-  if (k < 0 || k > int64_t(drafts.size()) || int64_t(r.masks.size()) != (k + 1) * words)
-    throw Error("a request's output constraint gave " + std::to_string(r.masks.size()) + " mask words for " +
-                std::to_string(k) + " of " + std::to_string(drafts.size()) + " drafts; expected (k + 1) * " +
-                std::to_string(words));
+  const size_t drafted = r.drafts.size();
+  // a T>0 row whose drafts the executor drew from q keeps them as drawn: its acceptance reads q there
+  const bool may_replace = r.params.sampling.greedy() || !executor_.samples_drafts();
+  const int64_t k = r.params.constraint->masks(r.drafts, may_replace, words, r.masks);
+  if (k < 0 || k > int64_t(drafted) || r.drafts.size() != drafted || int64_t(r.masks.size()) != (k + 1) * words)
+    throw Error("a request's output constraint gave " + std::to_string(r.masks.size()) + " mask words and " +
+                std::to_string(r.drafts.size()) + " drafts for " + std::to_string(k) + " of " +
+                std::to_string(drafted) + " drafts; expected (k + 1) * " + std::to_string(words) + " words");
   // the positions past draft k + 1 follow a draft the grammar refuses, which is never kept: any mask
-  for (int64_t j = k + 1; j <= int64_t(drafts.size()); ++j)
+  for (int64_t j = k + 1; j <= int64_t(drafted); ++j)
     r.masks.insert(r.masks.end(), r.masks.begin() + k * words, r.masks.begin() + (k + 1) * words);
 }
 
@@ -281,7 +284,8 @@ void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOu
     // The first token sits at sequence position len(prompt) (only the last chunk's draw is kept).
     sampling.push_back(row_sampling(*r, uint32_t(r->prompt.size())));
     if (r->params.constraint && r->prompt_done + n == int64_t(r->prompt.size())) {
-      constrain(*r, {});
+      r->drafts.clear();
+      constrain(*r);
       sampling.back().masks = r->masks.data();
     }
     slots_.reserve(r->slot, n);
@@ -372,14 +376,12 @@ std::vector<Verdict> Scheduler::verify(const std::vector<Request*>& rows) {
   std::vector<RowSampling> sampling;
   int64_t widest = 1;
   for (Request* r : rows) {
+    if (r->params.constraint) constrain(*r);  // first: it may replace drafts
     std::vector<int64_t> block{r->tokens.back()};
     block.insert(block.end(), r->drafts.begin(), r->drafts.end());
     // drafts[0] sits one after the bonus, whose position is the committed length.
     sampling.push_back(row_sampling(*r, uint32_t(slots_.length(r->slot) + 1)));
-    if (r->params.constraint) {
-      constrain(*r, r->drafts);
-      sampling.back().masks = r->masks.data();
-    }
+    if (r->params.constraint) sampling.back().masks = r->masks.data();
     slots_.reserve(r->slot, int64_t(block.size()));
     widest = std::max(widest, int64_t(block.size()));
     slots.push_back(r->slot);

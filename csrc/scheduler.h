@@ -161,8 +161,9 @@ class Scheduler {
   // up to its tokens first.
   static RowSampling row_sampling(Request& r, uint32_t position);
   // With a constraint: the masks of a phase's positions into r.masks (the first follows the output so
-  // far, position k the drafts before it; past a draft the grammar refuses, none is ever reached).
-  void constrain(Request& r, const std::vector<int64_t>& drafts);
+  // far, position k the drafts before it; past a draft the grammar refuses, none is ever reached), and
+  // r.drafts' refused drafts replaced by forced tokens where that stays lossless (constraint.h).
+  void constrain(Request& r);
 
   // The phases of step(), in order.
   void admit();

@@ -134,6 +134,7 @@ class SlotExecutor : public Executor {
   void forget_retained();
   int64_t reusable(int64_t row, int64_t match) const override;
   bool reuses_heads() const override { return conv_.empty(); }  // a hybrid target's states: all or nothing
+  bool samples_drafts() const override { return config_.sample_drafts; }
   int64_t vocab() const override { return config_.vocab; }
   void reopen(int64_t row, int64_t source, int64_t n) override;
   // Writes zeros through every slot buffer (K/V caches, draft caches, linear-attention states), so

@@ -40,10 +40,10 @@ class MaskClock:
         self.seconds = 0.0
         inner = constraints.GrammarConstraint.masks
 
-        def timed(constraint, drafts):
+        def timed(constraint, *args):
             start = time.perf_counter()
             try:
-                return inner(constraint, drafts)
+                return inner(constraint, *args)
             finally:
                 self.seconds += time.perf_counter() - start
 

@@ -23,7 +23,7 @@ class NoRecent:
             mask[token // 32] &= ~np.uint32(1 << (token % 32))
         return mask
 
-    def masks(self, drafts: list[int]):
+    def masks(self, drafts: list[int], may_replace: bool):  # never replaces: every mask allows several
         self.calls += 1
         history = list(self.recent)
         masks = [self._mask(history[-self.window:])]
@@ -32,7 +32,7 @@ class NoRecent:
                 break
             history.append(draft)
             masks.append(self._mask(history[-self.window:]))
-        return len(masks) - 1, np.stack(masks)
+        return len(masks) - 1, np.stack(masks), drafts
 
     def advance(self, tokens: list[int]) -> None:
         self.recent = (self.recent + list(tokens))[-self.window:]

@@ -28,25 +28,36 @@ class GrammarConstraint:
         self.matcher = llguidance.LLMatcher(tokenizer, structured.lark())
         self.words = (vocab + 31) // 32
         self.stop_ids = np.array([t for t in stop_ids if 0 <= t < vocab], dtype=np.int64)
+        self.stops = set(self.stop_ids.tolist())
 
-    def masks(self, drafts: list[int]) -> tuple[int, np.ndarray]:
-        """(k, masks [k + 1, words]): k the leading drafts the grammar allows; mask j follows the output
-        and drafts[:j]."""
+    def masks(self, drafts: list[int], may_replace: bool = False) -> tuple[int, np.ndarray, list[int]]:
+        """(k, masks [k + 1, words], drafts): k the leading drafts the grammar allows, mask j following
+        the output and drafts[:j]. `may_replace`: a refused draft where the grammar allows one token only
+        (a schema's key, a bracket) becomes that token in the drafts returned (csrc/constraint.h)."""
+        drafts = list(drafts)
+        masks = np.zeros((len(drafts) + 1, self.words), dtype=np.int32)  # llguidance fills int32 words
         if self.matcher.is_error():  # it refused a committed token (none it allowed): only a stop may come
-            masks = np.zeros((1, self.words), dtype=np.int32)
             self._allow_stops(masks[0])
-            return 0, masks.view(np.uint32)
-        k = self.matcher.validate_tokens(drafts) if drafts else 0
-        masks = np.zeros((k + 1, self.words), dtype=np.int32)  # llguidance fills int32 words
-        for j in range(k + 1):
-            if j:
-                self.matcher.consume_token(drafts[j - 1])
-            self._fill(self.matcher, masks, j)
+            return 0, masks[:1].view(np.uint32), drafts
+        k = 0
+        while True:
+            self._fill(self.matcher, masks, k)
             if self.matcher.is_accepting():
-                self._allow_stops(masks[j])
+                self._allow_stops(masks[k])
+            if k == len(drafts):
+                break
+            if not _allows(masks[k], drafts[k]):
+                only = _only(masks[k]) if may_replace else None
+                if only is None:
+                    break
+                drafts[k] = only
+            # a stop ends the reply where it is kept: no position after it is ever reached
+            if drafts[k] in self.stops or not self.matcher.consume_token(drafts[k]):
+                break
+            k += 1
         if k:
             self.matcher.rollback(k)
-        return k, masks.view(np.uint32)
+        return k, masks[:k + 1].view(np.uint32), drafts
 
     def _allow_stops(self, mask: np.ndarray) -> None:
         bits = (np.ones_like(self.stop_ids) << (self.stop_ids % 32)).astype(np.uint32).view(np.int32)
@@ -54,3 +65,16 @@ class GrammarConstraint:
 
     def advance(self, tokens: list[int]) -> None:
         self.matcher.consume_tokens(tokens)
+
+
+def _allows(mask: np.ndarray, token: int) -> bool:
+    return 0 <= token < mask.size * 32 and bool((int(mask[token // 32]) >> (token % 32)) & 1)
+
+
+def _only(mask: np.ndarray) -> int | None:
+    """The one token a mask allows, or None when it allows several (or none)."""
+    words = np.flatnonzero(mask)
+    if words.size != 1:
+        return None
+    word = int(mask[words[0]]) & 0xFFFFFFFF
+    return int(words[0]) * 32 + word.bit_length() - 1 if word & (word - 1) == 0 else None

@@ -79,9 +79,9 @@ def test_masked_tokens_go_to_minus_infinity_at_every_thread_stride(core, threads
 
 def test_a_constraint_that_breaks_its_protocol_is_an_error_not_a_silent_decode(core, ort, pair):  # noqa: F811
     class Wrong(NoRecent):
-        def masks(self, drafts):
-            k, masks = super().masks(drafts)
-            return k + 1, masks  # one mask short
+        def masks(self, drafts, may_replace):
+            k, masks, drafts = super().masks(drafts, may_replace)
+            return k + 1, masks, drafts  # one mask short
 
     bundle, _ = pair
     sched = core.Scheduler(ort.ort_executor(bundle, max_batch=3, capacity=64),

@@ -99,3 +99,22 @@ def test_a_grammar_cannot_be_combined_with_what_bans_its_end(llm, small_vocab_pa
     tokenless = LLM(str(small_vocab_pair[0]), str(small_vocab_pair[1]), backend="torch", block_size=4)
     with pytest.raises(DFlashError, match="structured_output needs a tokenizer"):
         tokenless.generate([1, 2], SamplingParams(structured_output={"regex": "a+"}))
+
+
+def test_refused_drafts_become_the_token_a_grammar_forces_where_that_is_lossless(llm):
+    """GrammarConstraint.masks: a draft the grammar refuses, where it allows one token only, is replaced
+    by it when the core says it may (greedy rows, point-mass drafts); the masks follow the drafts kept."""
+    constraint = llm.constraint(SamplingParams(structured_output={"choice": ["hello world"]}))
+    word = llm.tokenizer("hello w", add_special_tokens=False)["input_ids"]
+    garbage = [7] * len(word)
+    k, masks, drafts = constraint.masks(garbage, may_replace=False)
+    assert (k, drafts, masks.shape[0]) == (0, garbage, 1)
+    k, masks, drafts = constraint.masks(garbage, may_replace=True)
+    assert (k, drafts, masks.shape[0]) == (len(word), word, len(word) + 1)
+    for j, token in enumerate(word):  # mask j allows exactly the forced token
+        allowed = [t for t in range(llm.vocab_size) if masks[j][t // 32] >> (t % 32) & 1]
+        assert allowed == [token]
+    k, _, drafts = constraint.masks(word[:3] + [7, 7], may_replace=False)  # valid drafts are kept as they are
+    assert (k, drafts) == (3, word[:3] + [7, 7])
+    constraint.advance(word)  # committed: the next masks start after them
+    assert constraint.masks([], may_replace=False)[1].shape[0] == 1
