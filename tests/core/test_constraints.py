@@ -90,3 +90,30 @@ def test_a_constraint_that_breaks_its_protocol_is_an_error_not_a_silent_decode(c
     with pytest.raises(Exception, match=r"constraint(.s masks\(\))? gave"):
         while sched.has_work:
             sched.step()
+
+
+def test_drafts_are_replaceable_except_where_the_executor_drew_them_from_q(core, pair):  # noqa: F811
+    """The core lets a constraint replace refused drafts (constraint.h) on greedy rows and on T>0 rows
+    whose drafts are the drafter's argmax, never on T>0 rows drawn from q (the drafter rule), whose
+    acceptance reads q of the drafts as drawn."""
+    from dflash_trt.runtime.ort_executor import SlotBundle
+
+    class Asked(NoRecent):
+        def masks(self, drafts, may_replace):
+            if drafts:
+                self.asked.add(may_replace)
+            return super().masks(drafts, may_replace)
+
+    bundle, _ = pair
+    for rule, sampled, want in [("point-mass", False, {True}), ("point-mass", True, {True}),
+                                ("drafter", False, {True}), ("drafter", True, {False})]:
+        sched = core.Scheduler(SlotBundle(bundle).executor(1, 64, draft_rule=rule),
+                               core.SchedulerConfig(max_batch=1, capacity=64, block_size=4, engine_seed=0))
+        rule_of = Asked(VOCAB, PROMPTS[0])
+        rule_of.asked = set()
+        sampling = dict(temperature=0.9, seed=1) if sampled else {}
+        sched.add_request(PROMPTS[0], core.RequestParams(max_tokens=8, ignore_eos=True, constraint=rule_of,
+                                                         **sampling))
+        while sched.has_work:
+            sched.step()
+        assert rule_of.asked == want, (rule, sampled)
