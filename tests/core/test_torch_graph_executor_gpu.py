@@ -5,6 +5,7 @@ in PyTorch on its stream. Skipped where PyTorch sees no GPU."""
 import pytest
 import torch
 from factories import SLOT_KINDS, make_dflash2_drafter, make_drafter, make_target, tiny_slots_pair
+from no_recent import NoRecent, no_recent_greedy
 from reference import reference_output
 from scheduler_checks import check_draft_kernels, workload
 
@@ -105,6 +106,29 @@ def test_penalties_applied_on_cuda_give_the_reference_and_the_cpu_executors_toke
     sampled = [(0, prompt, SamplingParams(max_tokens=12, temperature=0.8, seed=i, **penalties))
                for i, prompt in enumerate(prompts)]
     assert run(cuda, sampled, 4) == run(cpu, sampled, 4)
+
+
+def test_output_constraints_masked_on_cuda_give_the_reference_and_the_cpu_executors_tokens(core, pair_dirs):
+    """Output constraints (csrc/constraint.h; tests/no_recent.py, no grammar library needed) masked by
+    dflash_penalize at every verify position: greedy equals the constraint's autoregressive reference,
+    seeded T>0 the CPU executor's tokens."""
+    cuda = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
+    cpu = LLM(*pair_dirs, block_size=4, device="cpu", backend="torch")
+    prompts = [prompt for _, prompt, _ in workload(cpu.vocab_size, 4, seed=5)]
+
+    def constrained(llm, **sampling):
+        scheduler = BatchRunner(llm, max_batch=4, capacity=64, block_size=4).scheduler
+        ids = [scheduler.add_request(prompt, core.RequestParams(max_tokens=12, ignore_eos=True, **sampling,
+                                                                constraint=NoRecent(llm.vocab_size, prompt)))
+               for prompt in prompts]
+        tokens = {i: [] for i in ids}
+        while scheduler.has_work:
+            for out in scheduler.step():
+                tokens[out["request"]] += out["new_tokens"]
+        return [tokens[i] for i in ids]
+
+    assert constrained(cuda) == [no_recent_greedy(cpu.target, prompt, 12) for prompt in prompts]
+    assert constrained(cuda, temperature=0.8, seed=3) == constrained(cpu, temperature=0.8, seed=3)
 
 
 def test_bfloat16_on_cuda_decodes_and_frees_its_slots(pair_dirs):
