@@ -18,29 +18,31 @@ from dflash_trt.serve.requests import RequestError, sampling_params
 from dflash_trt.spec.sampling import RANGES
 
 
-class ContentPart(BaseModel):
+class _Open(BaseModel):
+    """A part of a request body: fields it does not name are accepted (clients send more than we read)."""
+
     model_config = ConfigDict(extra="allow")
+
+
+class ContentPart(_Open):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class FunctionCall(_Open):
     name: str
     arguments: str = Field(description="the arguments as a JSON object's text")
 
 
-class MessageToolCall(BaseModel):
+class MessageToolCall(_Open):
     """A tool call of an earlier assistant turn, as this server (or OpenAI) returned it."""
 
-    model_config = ConfigDict(extra="allow")
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class ChatMessage(_Open):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     tool_calls: list[MessageToolCall] | None = None  # an assistant turn's
@@ -82,8 +84,7 @@ def _arguments(text: str) -> dict | str:
 FunctionName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
 
 
-class FunctionDefinition(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class FunctionDefinition(_Open):
     name: FunctionName
     description: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="the arguments' JSON schema")
@@ -91,25 +92,21 @@ class FunctionDefinition(BaseModel):
                                                   "(their arguments are held to the schema while decoding)")
 
 
-class NamedFunction(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class NamedFunction(_Open):
     name: str
 
 
-class NamedToolChoice(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class NamedToolChoice(_Open):
     type: Literal["function"]
     function: NamedFunction
 
 
-class Tool(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class Tool(_Open):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class StreamOptions(_Open):
     include_usage: bool = False
 
 
@@ -170,10 +167,9 @@ class JsonSchema(BaseModel):
                                                   "enforced while decoding)")
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(_Open):
     """OpenAI's: text, any JSON object, or JSON following a schema (enforced while decoding)."""
 
-    model_config = ConfigDict(extra="allow")
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchema | None = None
 

@@ -9,35 +9,26 @@ import numpy as np
 import pytest
 from no_recent import NoRecent, no_recent_greedy
 from test_penalties import PROMPTS, pair  # noqa: F401  (the 6-token pair over which drafts get accepted)
+from test_penalties import decode as decode_adjusted
 
 VOCAB = 6
 
 
-def decode(core, executor, prompts, max_block, constrained=(True, True, True), **params):
+def decode(core, ort, bundle, prompts, max_block, constrained=(True, True, True), **params):
     """Each prompt's tokens, the drafts accepted in all, and the constraints (None where a request has
     none), added at once to a fresh scheduler."""
-    sched = core.Scheduler(executor, core.SchedulerConfig(max_batch=3, capacity=64, block_size=4, engine_seed=0))
     rules = [NoRecent(VOCAB, p) if c else None for p, c in zip(prompts, constrained, strict=False)]
-    ids = [sched.add_request(p, core.RequestParams(ignore_eos=True, max_block=max_block, constraint=rule, **params))
-           for p, rule in zip(prompts, rules, strict=True)]
-    tokens, accepted = {i: [] for i in ids}, 0
-    while sched.has_work:
-        for out in sched.step():
-            tokens[out["request"]] += out["new_tokens"]
-            if out["finish_reason"]:
-                accepted += out["metrics"]["num_accepted_tokens"]
-    return [tokens[i] for i in ids], accepted, rules
+    tokens, accepted = decode_adjusted(core, ort, bundle, prompts, max_block, rules, **params)
+    return tokens, accepted, rules
 
 
 def test_greedy_decoding_under_a_constraint_equals_its_autoregressive_reference(core, ort, pair):  # noqa: F811
     bundle, target = pair
     expected = [no_recent_greedy(target, prompt, 16) for prompt in PROMPTS]
-    free, _, _ = decode(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS, 0, (False,) * 3,
-                        max_tokens=16)
+    free, _, _ = decode(core, ort, bundle, PROMPTS, 0, (False,) * 3, max_tokens=16)
     assert free != expected  # unconstrained, these replies repeat recent tokens
-    dflash, accepted, rules = decode(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS, 0,
-                                     max_tokens=16)
-    plain, _, _ = decode(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS, 1, max_tokens=16)
+    dflash, accepted, rules = decode(core, ort, bundle, PROMPTS, 0, max_tokens=16)
+    plain, _, _ = decode(core, ort, bundle, PROMPTS, 1, max_tokens=16)
     assert dflash == expected and plain == expected
     assert accepted > 0  # drafts were verified against constrained positions, and kept
     assert all(rule.calls > 0 for rule in rules)
@@ -45,10 +36,8 @@ def test_greedy_decoding_under_a_constraint_equals_its_autoregressive_reference(
 
 def test_a_constrained_request_beside_free_ones_changes_only_itself(core, ort, pair):  # noqa: F811
     bundle, target = pair
-    free, _, _ = decode(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS, 0, (False,) * 3,
-                        max_tokens=16)
-    mixed, _, rules = decode(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS, 0,
-                             (False, True, False), max_tokens=16)
+    free, _, _ = decode(core, ort, bundle, PROMPTS, 0, (False,) * 3, max_tokens=16)
+    mixed, _, rules = decode(core, ort, bundle, PROMPTS, 0, (False, True, False), max_tokens=16)
     assert mixed[0] == free[0] and mixed[2] == free[2]
     assert mixed[1] == no_recent_greedy(target, PROMPTS[1], 16) and rules[0] is None
 
@@ -56,9 +45,9 @@ def test_a_constrained_request_beside_free_ones_changes_only_itself(core, ort, p
 def test_a_seeded_sampled_constrained_request_is_the_same_with_dflash_plainly_and_in_a_batch(core, ort, pair):  # noqa: F811
     bundle, _ = pair
     sampled = dict(max_tokens=20, temperature=0.9, top_p=0.95, seed=3)
-    alone, _, _ = decode(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS[:1], 0, **sampled)
-    batched, accepted, _ = decode(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS, 0, **sampled)
-    plain, _, _ = decode(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS, 1, **sampled)
+    alone, _, _ = decode(core, ort, bundle, PROMPTS[:1], 0, **sampled)
+    batched, accepted, _ = decode(core, ort, bundle, PROMPTS, 0, **sampled)
+    plain, _, _ = decode(core, ort, bundle, PROMPTS, 1, **sampled)
     assert batched[0] == alone[0] and batched == plain
     assert accepted > 0
     assert all(t not in reply[i - 2:i] for reply in batched for i, t in enumerate(reply) if i >= 2)  # the rule held

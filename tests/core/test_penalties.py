@@ -70,13 +70,15 @@ def pair(ort, tmp_path_factory):
     return bundle, target
 
 
-def decode(core, ort, bundle, prompts, max_block, **params):
-    """Each prompt's tokens (and the drafts accepted in all), added at once to a fresh scheduler."""
+def decode(core, ort, bundle, prompts, max_block, constraints=None, **params):
+    """Each prompt's tokens (and the drafts accepted in all), added at once to a fresh scheduler;
+    `constraints`: each request's (csrc/constraint.h) or None."""
     executor = ort.ort_executor(bundle, max_batch=3, capacity=64)
     sched = core.Scheduler(executor, core.SchedulerConfig(max_batch=3, capacity=64, block_size=4, engine_seed=0))
     if "logit_bias" in params:
         params = {**params, "logit_bias": list(params["logit_bias"].items())}
-    ids = [sched.add_request(p, core.RequestParams(ignore_eos=True, max_block=max_block, **params)) for p in prompts]
+    ids = [sched.add_request(p, core.RequestParams(ignore_eos=True, max_block=max_block, constraint=c, **params))
+           for p, c in zip(prompts, constraints or [None] * len(prompts), strict=True)]
     tokens, accepted = {i: [] for i in ids}, 0
     while sched.has_work:
         for out in sched.step():

@@ -133,44 +133,18 @@ def test_greedy_on_the_tensorrt_executor_equals_autoregressive_and_the_onnxrunti
         assert max(steps) >= 1 and min(steps) == 0  # accepted and rejected drafts: commit kept every kind
 
 
-def test_penalties_on_the_tensorrt_executor_run_on_the_device_and_give_the_onnxruntime_executors_tokens(
-        core, ort, fakes, pair):
-    """Penalties, logit_bias, min_tokens (greedy) and min_p (seeded T>0) through the device path
-    (dflash_penalize, run by the fake driver with penalties.h's code before the decision kernels) give
-    the tokens the onnxruntime executor's host path gives."""
+def adjusted_on_both_executors(core, ort, fakes, pair, constrained: bool, **params):
+    """Three prompts' tokens on the TensorRT executor (its device path: the fake driver's dflash_penalize
+    runs penalties.h's code before the decision kernels) and on the onnxruntime executor (the host
+    path); `constrained`: the second and third requests follow tests/no_recent.py's constraint."""
     bundle, engines, *_ = pair
-
-    def run(executor, **params):
-        sched = core.Scheduler(executor, core.SchedulerConfig(max_batch=3, capacity=64, block_size=4, engine_seed=0))
-        ids = [sched.add_request(p, core.RequestParams(max_tokens=12, ignore_eos=True, **params)) for p in PROMPTS[:3]]
-        tokens = {i: [] for i in ids}
-        while sched.has_work:
-            for out in sched.step():
-                tokens[out["request"]] += out["new_tokens"]
-        return [tokens[i] for i in ids]
-
     launches = fake_counter(fakes, "fake_cuda_penalty_launches")
-    for params in (dict(presence_penalty=1.5, repetition_penalty=1.3, logit_bias=[(2, 1.5)]),
-                   dict(frequency_penalty=0.6, min_tokens=8, stop_token_ids=[1]),
-                   dict(temperature=0.9, seed=4, min_p=0.2, presence_penalty=0.5)):
-        before = launches()
-        device = run(core.TrtExecutor(trt_config(ort, fakes, bundle, engines)), **params)
-        assert device == run(ort.ort_executor(bundle, max_batch=3, capacity=64), **params)
-        assert (launches() > before) == core.HAS_DEVICE_DECIDE
-    gc.collect()  # the executors go now: a later test counts the driver's live buffers
+    before = launches()
 
-
-def test_constrained_requests_on_the_tensorrt_executor_are_masked_on_the_device_as_on_the_host(core, ort, fakes,
-                                                                                              pair):
-    """Output constraints (tests/no_recent.py) through the device path (dflash_penalize masks each verify
-    position, run by the fake driver with penalties.h's code before the decision kernels) give the tokens
-    the onnxruntime executor's host path gives, greedy and seeded T>0, beside a free request."""
-    bundle, engines, *_ = pair
-
-    def run(executor, **params):
+    def run(executor):
         sched = core.Scheduler(executor, core.SchedulerConfig(max_batch=3, capacity=64, block_size=4, engine_seed=0))
         ids = [sched.add_request(p, core.RequestParams(max_tokens=12, ignore_eos=True, **params,
-                                                       constraint=NoRecent(6, p) if i else None))
+                                                       constraint=NoRecent(6, p) if constrained and i else None))
                for i, p in enumerate(PROMPTS[:3])]
         tokens = {i: [] for i in ids}
         while sched.has_work:
@@ -178,14 +152,33 @@ def test_constrained_requests_on_the_tensorrt_executor_are_masked_on_the_device_
                 tokens[out["request"]] += out["new_tokens"]
         return [tokens[i] for i in ids]
 
-    launches = fake_counter(fakes, "fake_cuda_penalty_launches")
-    for params in (dict(), dict(temperature=0.9, seed=4, top_p=0.9)):
-        before = launches()
-        device = run(core.TrtExecutor(trt_config(ort, fakes, bundle, engines)), **params)
-        assert device == run(ort.ort_executor(bundle, max_batch=3, capacity=64), **params)
-        assert all(t not in reply[i - 2:i] for reply in device[1:] for i, t in enumerate(reply) if i >= 2)
-        assert (launches() > before) == core.HAS_DEVICE_DECIDE
+    device = run(core.TrtExecutor(trt_config(ort, fakes, bundle, engines)))
+    host = run(ort.ort_executor(bundle, max_batch=3, capacity=64))
+    assert (launches() > before) == core.HAS_DEVICE_DECIDE
     gc.collect()  # the executors go now: a later test counts the driver's live buffers
+    return device, host
+
+
+@pytest.mark.parametrize("params", [dict(presence_penalty=1.5, repetition_penalty=1.3, logit_bias=[(2, 1.5)]),
+                                    dict(frequency_penalty=0.6, min_tokens=8, stop_token_ids=[1]),
+                                    dict(temperature=0.9, seed=4, min_p=0.2, presence_penalty=0.5)],
+                         ids=["penalties", "min_tokens", "min_p"])
+def test_penalties_on_the_tensorrt_executor_run_on_the_device_and_give_the_onnxruntime_executors_tokens(
+        core, ort, fakes, pair, params):
+    """Penalties, logit_bias, min_tokens (greedy) and min_p (seeded T>0) through the device path give the
+    tokens the onnxruntime executor's host path gives."""
+    device, host = adjusted_on_both_executors(core, ort, fakes, pair, False, **params)
+    assert device == host
+
+
+@pytest.mark.parametrize("params", [dict(), dict(temperature=0.9, seed=4, top_p=0.9)], ids=["greedy", "sampled"])
+def test_constrained_requests_on_the_tensorrt_executor_are_masked_on_the_device_as_on_the_host(core, ort, fakes,
+                                                                                              pair, params):
+    """Output constraints through the device path (dflash_penalize masks each verify position) give the
+    tokens the onnxruntime executor's host path gives, beside a free request."""
+    device, host = adjusted_on_both_executors(core, ort, fakes, pair, True, **params)
+    assert device == host
+    assert all(t not in reply[i - 2:i] for reply in device[1:] for i, t in enumerate(reply) if i >= 2)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5_text"])
