@@ -346,7 +346,7 @@ class ChatRequest(_Sampling):
         if forced not in (None, "required") and forced not in self.offered_tools():
             raise RequestError("tool_choice.function.name", f"tool_choice names '{forced}', which tools does not offer")
         strict = [i for i, tool in enumerate(self.tools or []) if tool.function.strict]
-        if strict and forced is None:
+        if strict and forced is None and self.offered_tools():
             raise RequestError(f"tools[{strict[0]}].function.strict", "strict: true holds arguments to the schema, "
                                "which needs tool_choice 'required' or this function named (with 'auto' the model "
                                "writes its calls freely)")

@@ -93,12 +93,13 @@ class ReplyText:
             return Delta()
         try:
             value = json.loads(text)
-        except ValueError:
+            if self.forced != "required":  # the named function's arguments
+                value = [{"name": self.forced, "parameters": value}]
+            self.calls = [ToolCall(call["name"], json.dumps(call["parameters"], ensure_ascii=False))
+                          for call in value]
+        except (ValueError, TypeError, KeyError):  # not the calls' JSON (cut short): the text is the reply
             self.content = text
             return Delta(content=text)
-        if self.forced != "required":  # the named function's arguments
-            value = [{"name": self.forced, "parameters": value}]
-        self.calls = [ToolCall(call["name"], json.dumps(call["parameters"], ensure_ascii=False)) for call in value]
         return Delta(calls=list(self.calls))
 
 

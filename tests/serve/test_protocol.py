@@ -146,7 +146,8 @@ def test_tools_and_earlier_calls_reach_the_chat_template():
 
 
 def test_tool_choice_none_offers_no_tools():
-    request = parse(chat(tools=[WEATHER], tool_choice="none"), ChatRequest)
+    request = parse(chat(tools=[WEATHER, {"type": "function", "function": {"name": "t", "strict": True}}],
+                         tool_choice="none"), ChatRequest)
     assert "tools" not in request.triton_inputs() and request.offered_tools() == {}
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dflash_trt.serve.reply_text import ReplyText
+from dflash_trt.serve.reply_text import Delta, ReplyText
 from dflash_trt.serve.tool_calls import detect_parser, split
 
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {
@@ -156,3 +156,16 @@ def test_the_prompt_opens_thinking_when_its_last_think_tag_is_open():
     assert opens_thinking("<|im_start|>assistant\n<think>\n")
     assert not opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert not opens_thinking("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("forced, text, content, found", [
+    ("get_weather", '{"city": "Oslo"}', "", [("get_weather", {"city": "Oslo"})]),
+    ("required", '[{"name": "get_time", "parameters": {}}]', "", [("get_time", {})]),
+    ("get_weather", '{"city": "Os', '{"city": "Os', []),  # cut by max_tokens: the text is the reply
+    ("required", '{"name": "get_time"}', '{"name": "get_time"}', []),
+])
+def test_a_forced_reply_is_read_once_it_ends(forced, text, content, found):
+    reader = ReplyText(forced=forced, tools=TOOLS)
+    assert reader.next(text[:5], final=False) == Delta()  # nothing while it runs
+    reader.next(text, final=True)
+    assert (reader.content, calls(reader.calls)) == (content, found)
