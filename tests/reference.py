@@ -41,9 +41,11 @@ def reference_output(llm, prompt, params: SamplingParams | None = None, speculat
                          finish_reason=stop.finish_reason, metrics=metrics)
 
 
-def constrained_greedy(llm, prompt, structured: StructuredOutput, max_tokens: int) -> list[int]:
+def constrained_greedy(llm, prompt, structured: StructuredOutput, max_tokens: int,
+                       bias: dict[int, float] | None = None) -> list[int]:
     """Greedy decoding of a torch-backend `llm`'s target alone, each step's argmax over the tokens
-    llguidance's matcher allows (its EOS ids too once the grammar may end), written apart from the core."""
+    llguidance's matcher allows (its EOS ids too once the grammar may end), written apart from the core;
+    with `structured.after`, every token until that one; `bias` added to the logits first."""
     import llguidance.hf
     import llguidance.numpy
 
@@ -52,19 +54,26 @@ def constrained_greedy(llm, prompt, structured: StructuredOutput, max_tokens: in
     session = TorchTargetSession(llm.target, ())
     logits, _ = session.prefill(llm.encode(prompt))
     words = np.zeros((1, (llm.vocab_size + 31) // 32), dtype=np.int32)
+    after = None if structured.after is None else llm.tokenizer.convert_tokens_to_ids(structured.after)
+    started = after is None
     out = []
     while len(out) < max_tokens:
-        llguidance.numpy.fill_next_token_bitmask(matcher, words, 0)
-        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:llm.vocab_size].astype(bool)
-        if matcher.is_accepting():
-            bits[list(llm.eos_token_ids)] = True
         row = logits.float().clone()
-        row[torch.from_numpy(~bits)] = -torch.inf
+        for token, value in (bias or {}).items():
+            row[token] += value
+        if started:
+            llguidance.numpy.fill_next_token_bitmask(matcher, words, 0)
+            bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:llm.vocab_size].astype(bool)
+            if matcher.is_accepting():
+                bits[list(llm.eos_token_ids)] = True
+            row[torch.from_numpy(~bits)] = -torch.inf
         token = int(row.argmax())
         out.append(token)
         if token in llm.eos_token_ids:
             break
-        assert matcher.consume_token(token)
+        if started:
+            assert matcher.consume_token(token)
+        started = started or token == after
         logits, _ = session.forward([token])
         session.commit(1)
         logits = logits[-1]

@@ -61,6 +61,7 @@ class _Request:
     finish_reason: str | None = None
     core_metrics: dict = field(default_factory=dict)  # the core's counters and clocks as last seen
     logprobs: list = field(default_factory=list)  # per output token {token: logprob}, its own first
+    constraint: object = None  # its structured output's state (runtime/constraints.py), or None
 
     @property
     def token_ids(self) -> list[int]:
@@ -148,7 +149,8 @@ class BatchRunner:
                               f"capacity of {self.capacity} tokens per request; shorten the prompt or lower max_tokens")
         stop = StopChecker(params, self.llm.eos_token_ids, self.llm.text_stream())
         metrics = RequestMetrics(block_size=self.block_size if speculative else None, prompt_tokens=len(ids))
-        return _Request(next(self._ids), prompt, ids, params, speculative, stop, on_output, metrics)
+        return _Request(next(self._ids), prompt, ids, params, speculative, stop, on_output, metrics,
+                        constraint=self.llm.constraint(params))
 
     def submit(self, request: _Request, arrival: float | None = None) -> None:
         """Queue a prepared request; `arrival` (perf_counter) restarts its clock, e.g. for a benchmark
@@ -163,7 +165,7 @@ class BatchRunner:
             logprobs=-1 if params.logprobs is None else params.logprobs, repetition_penalty=params.repetition_penalty,
             frequency_penalty=params.frequency_penalty, presence_penalty=params.presence_penalty,
             logit_bias=list(params.logit_bias), min_tokens=params.min_tokens, min_p=params.min_p,
-            constraint=self.llm.constraint(params)))  # queued for a slot
+            constraint=request.constraint))  # queued for a slot
         self.live[request.core_id] = request
         self.counters["prompt_tokens_total"] += len(request.ids)
         self._read_counts()

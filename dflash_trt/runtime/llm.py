@@ -315,10 +315,17 @@ class LLM:
             return None
         from dflash_trt.runtime.constraints import GrammarConstraint, grammar_tokenizer
 
+        after, after_id = params.structured_output.after, None
+        if after is not None:
+            ids = self.tokenizer.encode(after, add_special_tokens=False)
+            if len(ids) != 1:
+                raise DFlashError(f"structured_output.after {after!r} is {len(ids)} tokens for this tokenizer; "
+                                  "it must be one")
+            after_id = ids[0]
         if self._grammar_tokenizer is None:  # built once: it reads the whole vocabulary
             self._grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.vocab_size)
         return GrammarConstraint(self._grammar_tokenizer, params.structured_output, self.vocab_size,
-                                 (*self.eos_token_ids, *params.stop_token_ids))
+                                 (*self.eos_token_ids, *params.stop_token_ids), after_id)
 
     def text_stream(self) -> TextStream | None:
         """A new request's detokenizer; None when the target has no tokenizer (then outputs have no text)."""

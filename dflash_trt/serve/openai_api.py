@@ -39,7 +39,7 @@ from dflash_trt.serve.openai_models import (
 )
 from dflash_trt.serve.requests import RequestError
 from dflash_trt.serve.responses import Outcome, Reply, error_body, merged_usage
-from dflash_trt.serve.reply_text import ReplyText
+from dflash_trt.serve.reply_text import UNTHINK, ReplyText
 from dflash_trt.serve.triton_client import Piece, TritonClient, UpstreamError
 
 DISCONNECT_POLL_S = 0.1
@@ -192,8 +192,10 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         most = 1 if getattr(parsed, "parallel_tool_calls", None) is False else None
         readers = [ReplyText(thinking, settings.tool_parser, tools, most, forced) for _ in range(parsed.n)]
         # each choice is a request of its own in the engine
-        choices = Choices([_renamed(triton.generate(parsed.triton_inputs(choice)), "messages" if chat else "prompt")
-                           for choice in range(parsed.n)])
+        # a grammar (structured output, forced calls) starts once the think block the prompt opened ends
+        inputs = [parsed.triton_inputs(choice, UNTHINK) if thinking else parsed.triton_inputs(choice)
+                  for choice in range(parsed.n)]
+        choices = Choices([_renamed(triton.generate(one), "messages" if chat else "prompt") for one in inputs])
         if not parsed.stream:
             return await _whole(request, reply, choices, readers)
         early = await choices.first_pieces()  # refusals (prompt too long, ...) come first: a 4xx, not a broken stream

@@ -254,7 +254,7 @@ class _Sampling(BaseModel):
             raise RequestError(asked[1][0], f"{asked[1][0]} and {asked[0][0]} both ask for structured output: send one")
         return asked[0] if asked else None
 
-    def sampling(self, max_tokens: int | None, choice: int = 0) -> dict:
+    def sampling(self, max_tokens: int | None, choice: int = 0, after: str | None = None) -> dict:
         """The Triton model's sampling_parameters (None: its default) for choice `choice` of n: seeded,
         choice i draws with seed + i, so choice 0 is the reply of the same request with n = 1."""
         seed = None if self.seed is None else self.seed + choice
@@ -265,6 +265,8 @@ class _Sampling(BaseModel):
                   "repetition_penalty": self.repetition_penalty, "logit_bias": self.logit_bias,
                   "min_tokens": self.min_tokens, "min_p": self.min_p,
                   "structured_output": (self.structured() or (None, None))[1]}
+        if values["structured_output"] is not None and after is not None:  # the grammar starts after it
+            values["structured_output"] = {**values["structured_output"], "after": after}
         return {k: v for k, v in values.items() if v is not None}
 
     def check_sampling(self) -> None:
@@ -369,11 +371,12 @@ class ChatRequest(_Sampling):
             return {}
         return {tool.function.name: tool.function.model_dump(exclude_none=True) for tool in self.tools}
 
-    def triton_inputs(self, choice: int = 0) -> dict:
+    def triton_inputs(self, choice: int = 0, after: str | None = None) -> dict:
+        """`after`: the token a grammar starts after (the end of a think block the prompt opened)."""
         messages = [m.for_template() for m in self.messages]
         tokens = self.max_completion_tokens or self.max_tokens
         inputs = {"messages": json.dumps(messages),
-                  "sampling_parameters": json.dumps(self.sampling(tokens, choice))}
+                  "sampling_parameters": json.dumps(self.sampling(tokens, choice, after))}
         if self.chat_template_kwargs:
             inputs["chat_template_kwargs"] = json.dumps(self.chat_template_kwargs)
         if self.offered_tools():

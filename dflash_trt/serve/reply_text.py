@@ -70,13 +70,14 @@ class ReplyText:
         self.calls: list[ToolCall] = []
 
     def next(self, text: str, final: bool) -> Delta:
-        if self.forced is not None:
-            return self._forced(text, final)
         reasoning, content = (None, text) if self.thinking is None else split_reasoning(text, self.thinking, final)
-        calls = []
-        if self.tools:
+        if self.forced is not None:  # the content is the calls' JSON, read once the reply ends
+            content, calls = self._forced(content) if final else ("", [])
+        elif self.tools:
             content, calls = split(content, self.parser, self.tools, final)
             calls = calls[:self.max_calls]
+        else:
+            calls = []
         # each part's running value is a prefix of its later ones
         delta = Delta(_new(self.reasoning or "", reasoning or ""), _new(self.content, content),
                       calls[len(self.calls):])
@@ -86,21 +87,15 @@ class ReplyText:
         self.calls += delta.calls
         return delta
 
-
-    def _forced(self, text: str, final: bool) -> Delta:
-        """A forced reply: nothing until it ends; then its calls, or (cut short: not JSON) its text."""
-        if not final:
-            return Delta()
+    def _forced(self, text: str) -> tuple[str, list[ToolCall]]:
+        """A forced reply's (content, calls): its calls, or (cut short: not the calls' JSON) its text."""
         try:
             value = json.loads(text)
             if self.forced != "required":  # the named function's arguments
                 value = [{"name": self.forced, "parameters": value}]
-            self.calls = [ToolCall(call["name"], json.dumps(call["parameters"], ensure_ascii=False))
-                          for call in value]
-        except (ValueError, TypeError, KeyError):  # not the calls' JSON (cut short): the text is the reply
-            self.content = text
-            return Delta(content=text)
-        return Delta(calls=list(self.calls))
+            return "", [ToolCall(call["name"], json.dumps(call["parameters"], ensure_ascii=False)) for call in value]
+        except (ValueError, TypeError, KeyError):
+            return text, []
 
 
 def forced_schema(tools: dict[str, dict], forced: str, one: bool) -> dict:

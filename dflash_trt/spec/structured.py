@@ -24,6 +24,9 @@ class StructuredOutput:
     regex: str | None = None
     choice: tuple[str, ...] | None = None  # the reply is exactly one of these
     grammar: str | None = None  # Lark
+    # the grammar starts after this token (one token of the target's tokenizer: a reasoning model's end of
+    # thinking, "</think>"); before it any token may come. None: from the reply's first token
+    after: str | None = None
 
     def __post_init__(self):
         def bad(rule: str, value) -> DFlashError:
@@ -36,7 +39,7 @@ class StructuredOutput:
                     isinstance(c, str) and c for c in self.choice):
                 raise bad("choice must be a non-empty list of non-empty strings", self.choice)
             object.__setattr__(self, "choice", tuple(self.choice))
-        for name in ("json", "regex", "grammar"):
+        for name in ("json", "regex", "grammar", "after"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise bad(f"{name} must be a non-empty string", value)

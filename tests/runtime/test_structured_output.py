@@ -118,3 +118,25 @@ def test_refused_drafts_become_the_token_a_grammar_forces_where_that_is_lossless
     assert (k, drafts) == (3, word[:3] + [7, 7])
     constraint.advance(word)  # committed: the next masks start after them
     assert constraint.masks([], may_replace=False)[1].shape[0] == 1
+
+
+def test_a_grammar_after_a_token_lets_every_token_come_until_it(llm):
+    """structured_output.after (a reasoning model's "</think>"; here a special token a logit_bias puts
+    first): the reply is free until that token, then follows the grammar; = the constrained loop, DFlash
+    and plain; the masks before it allow every token."""
+    after = "<|im_start|>"
+    after_id = llm.tokenizer.convert_tokens_to_ids(after)
+    params = SamplingParams(max_tokens=30, logit_bias={after_id: 60.0},
+                            structured_output={"regex": "[a-c]{2,5}x", "after": after})
+    want = constrained_greedy(llm, "abc", params.structured_output, 30, bias={after_id: 60.0})
+    out = llm.generate("abc", params)[0]
+    assert out.token_ids == want and llm.generate("abc", params, speculative=False)[0].token_ids == want
+    assert out.token_ids[0] == after_id and out.finish_reason == "stop"
+    assert re.fullmatch("[a-c]{2,5}x", out.text)  # the special token is not text
+    constraint = llm.constraint(params)
+    a, x = llm.tokenizer.convert_tokens_to_ids(["a", "x"])
+    k, masks, _ = constraint.masks([x, after_id, a, x], may_replace=False)
+    assert k == 3  # x is anything before the grammar starts; after it, "a" fits and a lone "x" does not
+    assert (masks[:2] == 0xFFFFFFFF).all() and not (masks[2][x // 32] >> (x % 32)) & 1
+    with pytest.raises(DFlashError, match="structured_output.after 'abc' is 3 tokens for this tokenizer"):
+        llm.generate("abc", SamplingParams(structured_output={"regex": "a", "after": "abc"}))

@@ -326,3 +326,19 @@ def test_a_forced_tool_choice_returns_the_calls_its_json_holds(front, stream):
             assert reply.choices[0].message.content is None
         assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", w) for w in want]
         assert reason == ["tool_calls"]
+
+
+def test_a_grammar_starts_after_the_think_block_the_prompt_opened():
+    """With the reasoning parser and a prompt that opens a think block, the grammar (structured output or
+    forced calls) starts after "</think>"; without one it starts at once."""
+    triton = FakeTriton()
+    front = TestClient(create_app(FrontSettings("tiny", thinking=lambda kwargs: kwargs.get("enable_thinking", True)),
+                                  triton))
+    front.post("/v1/chat/completions", json=chat(guided_regex="[0-9]+"))
+    front.post("/v1/chat/completions", json=chat(guided_regex="[0-9]+",
+                                                 chat_template_kwargs={"enable_thinking": False}))
+    front.post("/v1/chat/completions", json=chat(tools=[WEATHER], tool_choice="required"))
+    front.post("/v1/chat/completions", json=chat())
+    sent = [json.loads(r["sampling_parameters"]).get("structured_output") for r in triton.requests]
+    assert sent[0] == {"regex": "[0-9]+", "after": "</think>"} and sent[1] == {"regex": "[0-9]+"}
+    assert sent[2]["after"] == "</think>" and sent[3] is None
