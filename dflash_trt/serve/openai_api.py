@@ -196,11 +196,12 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         inputs = [parsed.triton_inputs(choice, UNTHINK) if thinking else parsed.triton_inputs(choice)
                   for choice in range(parsed.n)]
         choices = Choices([_renamed(triton.generate(one), "messages" if chat else "prompt") for one in inputs])
+        echo = "" if chat else parsed.echoed()
         if not parsed.stream:
-            return await _whole(request, reply, choices, readers)
+            return await _whole(request, reply, choices, readers, echo)
         early = await choices.first_pieces()  # refusals (prompt too long, ...) come first: a 4xx, not a broken stream
         # sse-starlette ends its streams when the server begins to stop; a drain lets them finish
-        return EventSourceResponse(_events(reply, choices, early, parsed.include_usage, readers), sep="\n",
+        return EventSourceResponse(_events(reply, choices, early, parsed.include_usage, readers, echo), sep="\n",
                                    shutdown_grace_period=settings.drain_s)
 
     @app.post("/v1/chat/completions", response_model=None, responses=_replies(ChatCompletion, ChatCompletionChunk))
@@ -232,8 +233,9 @@ def _finish(reason: str | None, reader: ReplyText) -> str | None:
     return "tool_calls" if reason == "stop" and reader.calls else reason
 
 
-async def _whole(request: Request, reply: Reply, choices: Choices, readers: list[ReplyText]) -> Response:
-    """Collect every choice's reply; if one is refused, or the client leaves first, stop them all."""
+async def _whole(request: Request, reply: Reply, choices: Choices, readers: list[ReplyText], echo: str = "") -> Response:
+    """Collect every choice's reply (after `echo`, a completion's echoed prompt); if one is refused, or
+    the client leaves first, stop them all."""
     texts, logprobs, last = ([[] for _ in range(choices.count)] for _ in range(3))
 
     async def collect():
@@ -256,13 +258,13 @@ async def _whole(request: Request, reply: Reply, choices: Choices, readers: list
     outcomes = []
     for text, found, piece, reader in zip(texts, logprobs, last, readers):
         reader.next("".join(text), final=True)
-        outcomes.append(Outcome(reader.content, _finish(piece.finish_reason, reader),
+        outcomes.append(Outcome(echo + reader.content, _finish(piece.finish_reason, reader),
                                 found if reply.logprobs else None, reader.calls, reader.reasoning))
     return JSONResponse(reply.whole(outcomes, merged_usage([piece.usage for piece in last])))
 
 
 async def _events(reply: Reply, choices: Choices, early: list[tuple[int, Piece]], include_usage: bool,
-                  readers: list[ReplyText]):
+                  readers: list[ReplyText], echo: str = ""):
     """SSE data: each choice's role, content deltas (and tool calls, each whole once its block closes)
     and finish reason, the usage of all if asked, [DONE]. `early`: the pieces read before the reply
     began. sse-starlette cancels this generator when the client disconnects; the choices are then
@@ -271,13 +273,13 @@ async def _events(reply: Reply, choices: Choices, early: list[tuple[int, Piece]]
     def event(data: dict | str) -> dict:
         return {"data": data if isinstance(data, str) else json.dumps(data)}
 
-    sent = [0] * choices.count  # per choice, the text so far, where a completion's token offsets count from
+    sent = [len(echo)] * choices.count  # per choice, the text so far, where a completion's token offsets count from
     texts = [""] * choices.count  # per choice, the text so far (reasoning and calls included)
     usages = [None] * choices.count
     try:
-        if reply.chat:
-            for choice in range(choices.count):
-                yield event(reply.chunk(None, role=True, index=choice))
+        for choice in range(choices.count):  # a chat's role, a completion's echoed prompt
+            if reply.chat or echo:
+                yield event(reply.chunk(echo or None, role=reply.chat, index=choice))
         while early or not choices.done:
             choice, piece = early.pop(0) if early else await choices.next()
             reader = readers[choice]

@@ -1,7 +1,7 @@
 """OpenAI request bodies: pydantic models, parsed strictly, every refusal naming its field.
 
 Fields OpenAI clients send that change nothing here (user, metadata, ...) are accepted and ignored;
-fields that would change the reply in a way we cannot honour (echo, several prompts,
+fields that would change the reply in a way we cannot honour (several prompts, prompt_logprobs,
 response_format, a tool_choice that forces a call) are refused unless they hold the value that
 changes nothing (frameworks send the defaults explicitly), never silently dropped.
 """
@@ -387,7 +387,8 @@ class ChatRequest(_Sampling):
 class CompletionRequest(_Sampling):
     prompt: str | list[JsonInt] | list[str] | list[list[JsonInt]]
     max_tokens: JsonInt | None = Field(16, json_schema_extra=RANGES["max_tokens"])  # OpenAI's default for completions
-    echo: Literal[False] | None = None
+    echo: bool | None = Field(None, description="the reply's text begins with the prompt (a text prompt; not "
+                                                "with logprobs, which would need the prompt's)")
     suffix: _no_op("suffix") = None
     # no server-side best-of: each of the n choices is returned
     best_of: JsonInt | None = Field(None, ge=1, le=1, json_schema_extra={"minimum": 1, "maximum": 1})
@@ -396,7 +397,23 @@ class CompletionRequest(_Sampling):
     def logprob_count(self) -> int | None:
         return self.logprobs
 
-    def triton_inputs(self, choice: int = 0) -> dict:
+    def check_sampling(self) -> None:
+        super().check_sampling()
+        self.echoed()
+
+    def echoed(self) -> str:
+        """What `echo` puts before the reply's text: the prompt ("" without echo)."""
+        if not self.echo:
+            return ""
+        if self.logprobs is not None:
+            raise RequestError("echo", "echo with logprobs needs the prompt's log-probabilities, which this server "
+                                       "does not compute: leave one of them out")
+        prompt = self.prompt[0] if isinstance(self.prompt, list) and len(self.prompt) == 1 else self.prompt
+        if not isinstance(prompt, str):
+            raise RequestError("echo", "echo needs a text prompt (token ids are not decoded here)")
+        return prompt
+
+    def triton_inputs(self, choice: int = 0, after: str | None = None) -> dict:
         prompt = self.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:

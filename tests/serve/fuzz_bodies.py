@@ -1,4 +1,5 @@
-"""Schema-valid request bodies the server must accept, for schemathesis: whether a regex, a Lark grammar
+"""Schema-valid request bodies the server must accept, for schemathesis: that echo comes with a text
+prompt and no logprobs, whether a regex, a Lark grammar
 or a JSON schema compiles, and that a request asks for structured output once and not beside what bans
 its end, is beyond JSON Schema; a generated body keeps its first structured-output field, holding one
 that compiles, and a forced tool_choice calls a function the body offers (strict only with one). Refusals
@@ -19,9 +20,11 @@ def asks(body: dict, field: str) -> bool:
     return value is not None
 
 
-def with_valid_grammar(body):
+def acceptable(body):
     if not isinstance(body, dict):
         return body
+    if body.get("echo") and (body.get("logprobs") is not None or not isinstance(body.get("prompt"), str)):
+        body["echo"] = None  # echo needs a text prompt and no logprobs
     choice = body.get("tool_choice")
     if choice == "required" or isinstance(choice, dict):  # forced calls: of a function the body offers
         body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

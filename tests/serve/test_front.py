@@ -342,3 +342,11 @@ def test_a_grammar_starts_after_the_think_block_the_prompt_opened():
     sent = [json.loads(r["sampling_parameters"]).get("structured_output") for r in triton.requests]
     assert sent[0] == {"regex": "[0-9]+", "after": "</think>"} and sent[1] == {"regex": "[0-9]+"}
     assert sent[2]["after"] == "</think>" and sent[3] is None
+
+
+def test_echo_puts_the_prompt_before_a_completion(front):
+    whole = front.post("/v1/completions", json={"model": "tiny", "prompt": "Say: ", "echo": True, "n": 2}).json()
+    assert [c["text"] for c in whole["choices"]] == ["Say: abc", "Say: abc"]
+    _, data = events(front, "/v1/completions", {"model": "tiny", "prompt": "Say: ", "echo": True, "stream": True})
+    texts = [json.loads(d)["choices"][0]["text"] for d in data[:-1]]
+    assert texts[0] == "Say: " and "".join(texts) == "Say: abc"

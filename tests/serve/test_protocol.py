@@ -84,10 +84,15 @@ def test_completion_refuses_batches_and_empty_prompts(prompt):
     assert err.value.param == "prompt"
 
 
-def test_completion_refuses_echo():
+@pytest.mark.parametrize("body, words", [
+    ({"prompt": "x", "echo": True, "logprobs": 1}, "echo with logprobs needs the prompt's log-probabilities"),
+    ({"prompt": [1, 2], "echo": True}, "echo needs a text prompt"),
+])
+def test_completion_echo_it_cannot_honour_is_refused(body, words):
     with pytest.raises(RequestError) as err:
-        parse(json.dumps({"model": "m", "prompt": "x", "echo": True}).encode(), CompletionRequest)
-    assert err.value.param == "echo"
+        parse(json.dumps({"model": "m", **body}).encode(), CompletionRequest)
+    assert err.value.param == "echo" and words in err.value.message
+    assert parse(json.dumps({"model": "m", "prompt": ["x"], "echo": True}).encode(), CompletionRequest).echoed() == "x"
 
 
 def test_vllm_sampling_extensions_and_penalties_reach_the_sampling_parameters():

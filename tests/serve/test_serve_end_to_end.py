@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from factories import TOOLS_TEMPLATE
-from fuzz_bodies import with_valid_grammar
+from fuzz_bodies import acceptable
 from server_process import need_triton, start_server
 
 from dflash_trt.spec.sampling import SamplingParams
@@ -255,6 +255,13 @@ def test_structured_output_through_the_real_server_equals_offline(server, client
         assert expected.text in CHOICES
 
 
+def test_echo_puts_the_prompt_before_the_same_completion(server, client):
+    plain = client.completions.create(model=server.model, prompt=PROMPTS[3], max_tokens=8, temperature=0)
+    echoed = client.completions.create(model=server.model, prompt=PROMPTS[3], max_tokens=8, temperature=0, echo=True)
+    assert echoed.choices[0].text == PROMPTS[3] + plain.choices[0].text
+    assert echoed.usage.completion_tokens == plain.usage.completion_tokens
+
+
 def test_completion_of_token_ids_equals_offline(server, client, offline):
     ids = offline.tokenizer("plain text, no template")["input_ids"]
     expected = offline.generate(ids, SamplingParams(max_tokens=12))[0]
@@ -360,7 +367,7 @@ def test_schemathesis_finds_no_5xx_or_undocumented_reply_on_the_real_server(serv
             @settings(max_examples=12, deadline=None, database=None, suppress_health_check=list(HealthCheck))
             def check(case):
                 if positive:
-                    case.body = with_valid_grammar(case.body)
+                    case.body = acceptable(case.body)
                 case.call_and_validate(timeout=60)
 
             check()
