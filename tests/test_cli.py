@@ -56,6 +56,24 @@ def test_generate_json_matches_the_api(pair_args, tiny_pairs):
     assert refused.exit_code != 0 and "presence_penalty must be in [-2, 2]" in refused.output
 
 
+def test_generate_structured_output_follows_the_grammar_as_the_api_does(pair_args, tiny_pairs, tmp_path):
+    from dflash_trt import LLM, SamplingParams
+
+    target, draft = tiny_pairs["llama"]
+    llm = LLM(str(target), str(draft), backend="torch")
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}))
+    for options, structured in [(["--regex", "[a-c]{2,5}x"], {"regex": "[a-c]{2,5}x"}),
+                                (["--choice", "yes", "--choice", "no"], {"choice": ["yes", "no"]}),
+                                (["--json-schema", str(schema)], {"json": schema.read_text()})]:
+        result = CliRunner().invoke(main, ["generate", *pair_args, "--max-tokens", "20", "--json", *options, "hello"])
+        assert result.exit_code == 0, result.output
+        want = llm.generate("hello", SamplingParams(max_tokens=20, structured_output=structured))[0]
+        assert json.loads(result.stdout)["token_ids"] == want.token_ids
+    two = CliRunner().invoke(main, ["generate", *pair_args, "--regex", "a", "--choice", "a", "hello"])
+    assert two.exit_code != 0 and "must set exactly one of" in two.output and len(two.output.splitlines()) == 1
+
+
 def test_no_speculative_runs_without_a_drafter(tiny_pairs):
     target, _ = tiny_pairs["llama"]
     result = CliRunner().invoke(main, ["generate", "--target", str(target), "--no-speculative", "--max-tokens", "5", "x"])
