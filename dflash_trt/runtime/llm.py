@@ -363,6 +363,23 @@ class LLM:
                                                prefill_chunk=self.prefill_chunk, prefix_caching=self.prefix_caching)
         return self._core[1]
 
+    def chat(self, conversations: list, params: SamplingParams | None = None, tools: list[dict] | None = None,
+             chat_template_kwargs: dict | None = None, speculative: bool = True) -> list[RequestOutput]:
+        """Reply to a conversation (a list of {"role", "content", ...} turns) or a list of them, each
+        through the chat template with `tools` (OpenAI tool objects) and the template's extra variables
+        (e.g. {"enable_thinking": False}), as `generate` does; one output per conversation."""
+        if self.tokenizer is None or not self.tokenizer.chat_template:
+            raise DFlashError("chat needs a tokenizer with a chat template; this target has none (use generate)")
+        if tools and "tools" not in self.tokenizer.chat_template:
+            raise DFlashError("this target's chat template does not render tools")
+        single = bool(conversations) and isinstance(conversations[0], dict)
+        prompts = []
+        for turns in [conversations] if single else conversations:
+            text = self.tokenizer.apply_chat_template(turns, tools=tools or None, add_generation_prompt=True,
+                                                      tokenize=False, **(chat_template_kwargs or {}))
+            prompts.append(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self.generate(prompts, params, speculative)
+
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, speculative: bool = True) -> Iterator[RequestOutput]:
         """Yield the output after every step that touched the request (stepping the LLM's core); the last
         has finish_reason set. Closing the iterator early aborts the request."""

@@ -92,3 +92,23 @@ def test_penalties_reach_the_core_from_every_entry_point(llm, tiny_pairs):
     finally:
         engine.shutdown()
     assert streamed.token_ids == threaded.token_ids == want
+
+
+def test_chat_renders_each_conversation_through_the_template_as_generate_runs_it(llm):
+    from dflash_trt.errors import DFlashError
+
+    params = SamplingParams(max_tokens=8)
+    assert llm.chat([{"role": "user", "content": "hello there"}], params)[0].token_ids == \
+        llm.generate("hello there", params)[0].token_ids  # one user turn: what generate's template gives
+    conversations = [[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                     [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                      {"role": "user", "content": "c"}]]
+    outs = llm.chat(conversations, params, chat_template_kwargs={"enable_thinking": False})
+    for turns, out in zip(conversations, outs, strict=True):
+        text = llm.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False,
+                                                 enable_thinking=False)
+        assert text.endswith("<think>\n\n</think>\n\n")  # the template's variable reached it
+        ids = llm.tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert out.prompt_token_ids == ids and out.token_ids == llm.generate(ids, params)[0].token_ids
+    with pytest.raises(DFlashError, match="does not render tools"):
+        llm.chat(conversations[0], params, tools=[{"type": "function", "function": {"name": "f"}}])
