@@ -76,10 +76,14 @@ class StructuredOutput:
             return matcher.grammar_from_json_schema({"type": "object"})
         if self.regex is not None:
             return matcher.grammar_from_regex(self.regex)
-        if self.choice is not None:  # Lark string literals: JSON's escapes, characters kept
-            return matcher.grammar_from_lark("start: " + " | ".join(json.dumps(c, ensure_ascii=False)
-                                                                     for c in self.choice))
+        if self.choice is not None:  # an alternation of the literal strings (Lark's lexer refuses control characters)
+            return matcher.grammar_from_regex("|".join(f"(?:{_literal(c)})" for c in self.choice))
         return matcher.grammar_from_lark(self.grammar)
+
+
+def _literal(text: str) -> str:
+    """`text` as a regular expression (llguidance's is Rust's regex syntax) that matches it alone."""
+    return "".join("\\" + ch if ch in "\\.+*?()|[]{}^$#&-~" else ch for ch in text)
 
 
 def _llguidance():

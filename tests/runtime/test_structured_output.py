@@ -140,3 +140,12 @@ def test_a_grammar_after_a_token_lets_every_token_come_until_it(llm):
     assert (masks[:2] == 0xFFFFFFFF).all() and not (masks[2][x // 32] >> (x % 32)) & 1
     with pytest.raises(DFlashError, match="structured_output.after 'abc' is 3 tokens for this tokenizer"):
         llm.generate("abc", SamplingParams(structured_output={"regex": "a", "after": "abc"}))
+
+
+def test_choices_are_matched_literally_whatever_characters_they_hold(llm):
+    """Regex meta characters and control characters in a choice stand for themselves."""
+    choices = ["a.b*", "(x|y)", "\x01~\x7f"]
+    constraint = llm.constraint(SamplingParams(structured_output={"choice": choices}))
+    for text, whole in [("a.b*", True), ("(x|y)", True), ("\x01~\x7f", True), ("aXb*", False), ("x", False)]:
+        ids = llm.tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert (constraint.matcher.validate_tokens(ids) == len(ids)) == whole, text

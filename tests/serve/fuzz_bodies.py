@@ -34,7 +34,7 @@ def acceptable(body):
             body[field] = None
         body["ignore_eos"] = body["min_tokens"] = None
         return body
-    for tool in body.get("tools") or []:  # strict needs forced calls
+    for tool in body["tools"] if isinstance(body.get("tools"), list) else []:  # strict needs forced calls
         if isinstance(tool, dict) and isinstance(tool.get("function"), dict):
             tool["function"]["strict"] = None
     asked = [field for field in FIELDS if asks(body, field)]
