@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from dflash_trt.serve.tool_calls import ToolCall, split
+from dflash_trt.serve.tool_calls import ToolCall, partial_tail, split
 
 THINK, UNTHINK = "<think>", "</think>"
 REASONING_PARSERS = ("qwen3",)
@@ -22,11 +22,6 @@ REASONING_PARSERS = ("qwen3",)
 def opens_thinking(prompt: str) -> bool:
     """Whether a rendered prompt ends inside a think block (its last <think> after its last </think>)."""
     return prompt.rfind(THINK) > prompt.rfind(UNTHINK)
-
-
-def _partial_tail(text: str, tag: str) -> int:
-    """How many characters at the end of `text` could begin `tag`."""
-    return max((n for n in range(1, len(tag)) if text.endswith(tag[:n])), default=0)
 
 
 def split_reasoning(text: str, thinking: bool, final: bool) -> tuple[str | None, str]:
@@ -41,7 +36,7 @@ def split_reasoning(text: str, thinking: bool, final: bool) -> tuple[str | None,
         start = len(text) - len(head) + len(THINK)
     end = text.find(UNTHINK, start)
     if end < 0:
-        thought = text[start:] if final else text[start:len(text) - _partial_tail(text, UNTHINK)]
+        thought = text[start:] if final else text[start:len(text) - partial_tail(text, UNTHINK)]
         return thought, ""
     return text[start:end], text[end + len(UNTHINK):].lstrip()
 

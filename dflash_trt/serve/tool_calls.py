@@ -105,9 +105,9 @@ BODY_PARSERS: dict[str, Callable[[str, dict[str, dict]], ToolCall | None]] = {
     "hermes": _hermes, "qwen3_coder": _qwen3_coder}
 
 
-def _held_start(text: str) -> int:
-    """How many characters at the end of `text` could begin a block's start tag."""
-    return max((n for n in range(1, len(START)) if text.endswith(START[:n])), default=0)
+def partial_tail(text: str, tag: str) -> int:
+    """How many characters at the end of `text` could begin `tag`."""
+    return max((n for n in range(1, len(tag)) if text.endswith(tag[:n])), default=0)
 
 
 def split(text: str, parser: str, tools: dict[str, dict], final: bool) -> tuple[str, list[ToolCall]]:
@@ -134,7 +134,7 @@ def split(text: str, parser: str, tools: dict[str, dict], final: bool) -> tuple[
     tail = text[text_from:]
     if not final:
         open_block = tail.find(START, max(0, search_from - text_from))
-        tail = tail[:open_block] if open_block >= 0 else tail[:len(tail) - _held_start(tail)]
+        tail = tail[:open_block] if open_block >= 0 else tail[:len(tail) - partial_tail(tail, START)]
         tail = tail.rstrip()  # a block may still follow it
     segments.append(tail.lstrip() if after_call else tail)
     return "".join(segments), calls
