@@ -662,11 +662,12 @@ def pack_corpus(src, dst):
                    "reports them as prompt_tokens_details.cached_tokens.")
 @click.option("--chat-template", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
               help="A Jinja chat template file used instead of the model's own (e.g. one that renders tools).")
-@click.option("--tool-call-parser", type=click.Choice(["auto", "none", "hermes", "qwen3_coder"]), default="auto",
-              show_default=True,
+@click.option("--tool-call-parser", type=click.Choice(["auto", "none", "hermes", "qwen3_coder", "llama3_json"]),
+              default="auto", show_default=True,
               help="How the model writes tool calls, which /v1/chat/completions returns as tool_calls: hermes "
                    "(<tool_call>{json}</tool_call>: Qwen2.5, Qwen3), qwen3_coder (<function=...> XML: Qwen3.5, "
-                   "Qwen3.6, Qwen3-Coder); auto: from the chat template; none: requests with tools are refused.")
+                   "Qwen3.6, Qwen3-Coder), llama3_json (the reply is {\"name\", \"parameters\"} objects: Llama "
+                   "3.1-3.3); auto: from the chat template; none: requests with tools under auto are refused.")
 @click.option("--reasoning-parser", type=click.Choice(["none", "qwen3"]), default="none", show_default=True,
               help="qwen3: a chat reply's thinking (up to </think>; Qwen3, Qwen3.5, DeepSeek-R1 style) comes back "
                    "as message.reasoning_content, the rest as content; none: all of it is content.")

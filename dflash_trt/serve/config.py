@@ -75,7 +75,7 @@ class ServeConfig:
         from dflash_trt.serve.tool_calls import PARSERS
 
         if self.tool_call_parser not in ("auto", "none", *PARSERS):
-            raise DFlashError(f"--tool-call-parser must be auto, none, {' or '.join(PARSERS)}, "
+            raise DFlashError(f"--tool-call-parser must be one of auto, none, {', '.join(PARSERS)}, "
                               f"got {self.tool_call_parser!r}")
         from dflash_trt.serve.reply_text import REASONING_PARSERS
 

@@ -1,9 +1,12 @@
-"""Tool calls in a chat reply's text: `<tool_call>...</tool_call>` blocks -> OpenAI `tool_calls`.
+"""Tool calls in a chat reply's text -> OpenAI `tool_calls`.
 
-Two formats, named as vLLM's `--tool-call-parser` names them:
-- hermes: a JSON object `{"name": ..., "arguments": {...}}` in each block (Qwen2.5, Qwen3, Hermes);
-- qwen3_coder: `<function=NAME>` with `<parameter=KEY>` value `</parameter>` lines (Qwen3.5, Qwen3.6,
-  Qwen3-Coder), each value typed by the tool's JSON schema.
+Three formats, named as vLLM's `--tool-call-parser` names them:
+- hermes: a JSON object `{"name": ..., "arguments": {...}}` in each `<tool_call>...</tool_call>` block
+  (Qwen2.5, Qwen3, Hermes);
+- qwen3_coder: `<function=NAME>` with `<parameter=KEY>` value `</parameter>` lines in each block
+  (Qwen3.5, Qwen3.6, Qwen3-Coder), each value typed by the tool's JSON schema;
+- llama3_json: the whole reply is `{"name": ..., "parameters": {...}}` objects joined by ";" (after an
+  optional `<|python_tag|>`: Llama 3.1 to 3.3); a reply that is not is all content.
 
 A block that does not parse, or names a tool the request did not offer, stays text. The text around
 the calls is the reply's content, less the whitespace next to a call. `split` returns for a running
@@ -22,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 START, END = "<tool_call>", "</tool_call>"
-PARSERS = ("hermes", "qwen3_coder")
+PARSERS = ("hermes", "qwen3_coder", "llama3_json")
+PYTHON_TAG = "<|python_tag|>"
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ def detect_parser(chat_template: str | None) -> str | None:
         return "qwen3_coder"
     if START in chat_template:
         return "hermes"
+    if PYTHON_TAG in chat_template:
+        return "llama3_json"
     return None
 
 
@@ -110,9 +116,35 @@ def partial_tail(text: str, tag: str) -> int:
     return max((n for n in range(1, len(tag)) if text.endswith(tag[:n])), default=0)
 
 
+def _json_calls(text: str, tools: dict[str, dict], final: bool) -> tuple[str, list[ToolCall]]:
+    """llama3_json: (content, calls) of a reply that is calls or none (held back while it may be)."""
+    body = text.lstrip().removeprefix(PYTHON_TAG).lstrip()
+    if not final:  # a reply that begins as calls would is known only at its end
+        head = text.lstrip()
+        return ("", []) if body.startswith("{") or PYTHON_TAG.startswith(head) or head.startswith(PYTHON_TAG) \
+            else (text, [])
+    calls, decoder, at = [], json.JSONDecoder(), 0
+    while at < len(body):
+        try:
+            call, at = decoder.raw_decode(body, at)
+        except ValueError:
+            return text, []
+        arguments = call.get("parameters", call.get("arguments", {})) if isinstance(call, dict) else None
+        if not isinstance(arguments, dict) or call.get("name") not in tools:
+            return text, []
+        calls.append(ToolCall(call["name"], json.dumps(arguments, ensure_ascii=False)))
+        rest = body[at:].lstrip()
+        if rest and not rest.startswith(";"):
+            return text, []
+        at = len(body) - len(rest.removeprefix(";").lstrip())
+    return ("", calls) if calls else (text, [])
+
+
 def split(text: str, parser: str, tools: dict[str, dict], final: bool) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a reply's text; `tools`: the request's functions by name (their definitions).
     Not final: only what no later text can change."""
+    if parser == "llama3_json":
+        return _json_calls(text, tools, final)
     parse = BODY_PARSERS[parser]
     segments: list[str] = []
     calls: list[ToolCall] = []

@@ -69,9 +69,27 @@ def test_text_between_and_after_calls_is_content_without_the_whitespace_next_to_
     assert (content, calls(found)) == ("ABC ", [("get_time", {}), ("get_time", {})])
 
 
+LLAMA = '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Milan", "days": 2}}; {"name": "get_time"}'
+
+
+@pytest.mark.parametrize("text, content, found", [
+    (LLAMA, "", [("get_weather", {"city": "Milan", "days": 2}), ("get_time", {})]),
+    ('\n{"name": "get_time", "arguments": {}}', "", [("get_time", {})]),
+    ('{"name": "get_time"} and more', '{"name": "get_time"} and more', []),  # not calls alone: content
+    ('{"name": "launch", "parameters": {}}', '{"name": "launch", "parameters": {}}', []),  # not offered
+    ("It is sunny.", "It is sunny.", []),
+])
+def test_llama3_json_replies_are_calls_or_content(text, content, found):
+    got, calls_found = split(text, "llama3_json", TOOLS, final=True)
+    assert (got, calls(calls_found)) == (content, found)
+
+
 @pytest.mark.parametrize("parser, text", [
     ("hermes", HERMES),
     ("qwen3_coder", CODER),
+    ("llama3_json", LLAMA),
+    ("llama3_json", "<|py no tag, just text"),
+    ("llama3_json", '  {"name": "get_time"} trailing'),
     ("hermes", 'x <tool_call>{"name": "nope"}</tool_call> y <tool_call>{"name": "get_time"}</tool_call> <tool'),
     ("hermes", "no calls at all,\n but <tool_ and < and trailing space  "),
     ("qwen3_coder", "<tool_call><function=get_time></function></tool_call><tool_call><function=get_time>"),
@@ -101,6 +119,7 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
 @pytest.mark.parametrize("template, parser", [
     ("{% for tool in tools %}{{ tool | tojson }}{% endfor %}<tool_call>\n{\"name\": ...}\n</tool_call>", "hermes"),
     ("{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}", "qwen3_coder"),
+    ("{%- if builtin_tools is defined %}{{- '<|python_tag|>' }}{% endif %}", "llama3_json"),
     ("{{ messages[0].content }}", None),
     (None, None),
 ])

@@ -110,7 +110,7 @@ def test_a_chat_template_file_and_the_tool_call_parser(tmp_path, tiny_pairs):
         "qwen3_coder"
     assert tool_parser(ServeConfig(target=str(target), draft=str(draft), chat_template=template,
                                    tool_call_parser="none")) is None
-    with pytest.raises(DFlashError, match="--tool-call-parser must be auto, none, hermes or qwen3_coder"):
+    with pytest.raises(DFlashError, match="--tool-call-parser must be one of auto, none, hermes, qwen3_coder, llama3_json"):
         ServeConfig(target=str(target), tool_call_parser="mistral")
     (tmp_path / "binary.jinja").write_bytes(b"\xff\xfe")
     with pytest.raises(DFlashError, match="--chat-template .*binary.jinja: cannot read it as text"):
