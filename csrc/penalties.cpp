@@ -24,10 +24,11 @@ void add_penalty_row(const PenaltyHistory& history, const std::vector<int64_t>& 
     row.min_p_margin = float(params.temperature * std::log(params.min_p));
   }
   row.begin = int64_t(entries.size());
+  const bool penalized = penalizes(params);
   for (const auto& [token, h] : history) {
-    // what changes nothing here stays out: a prompt token without a repetition penalty, a stop token
-    // once min_tokens is reached
-    const bool repeated = h.count > 0 || (h.in_prompt && row.repetition != 1.0f);
+    // what changes nothing here stays out: a token seen without a penalty, a prompt token without a
+    // repetition penalty, a stop token once min_tokens is reached
+    const bool repeated = penalized && (h.count > 0 || (h.in_prompt && row.repetition != 1.0f));
     if (!repeated && h.bias == 0.0f && !(h.stop && ban > 0)) continue;
     const int32_t flags = (h.in_prompt ? PenaltyEntry::kInPrompt : 0) | (h.stop ? PenaltyEntry::kStop : 0);
     entries.push_back({token, h.count, flags, h.bias});

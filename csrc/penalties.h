@@ -138,6 +138,8 @@ DFLASH_HD inline void penalize_position(float* logits, int64_t vocab, const Pena
     const PenaltyEntry& h = entries[e];
     out[h.token] = penalized(out[h.token], h.count + in_drafts(block, k, h.token), h.flags, h.bias, k < row.ban, row);
   }
+  // the drafts count only to the penalties (a row may ask for a bias, min_tokens or a mask alone)
+  if (row.repetition == 1.0f && row.frequency == 0.0f && row.presence == 0.0f) return;
   for (int64_t j = 1 + first; j <= k; j += step) {
     const int32_t token = block[j];
     if (in_drafts(block, j - 1, token) > 0 || in_history(entries, row.begin, row.end, token)) continue;

@@ -248,7 +248,8 @@ std::vector<Scheduler::Request*> Scheduler::pick_rows(bool prefilled) {
 RowSampling Scheduler::row_sampling(Request& r, uint32_t position) {
   RowSampling s{r.params.sampling, r.stream, position, nullptr, 0};
   if (!r.adjusts) return s;
-  for (; r.counted < r.tokens.size(); ++r.counted) ++r.history[int32_t(r.tokens[r.counted])].count;
+  if (penalizes(r.params.sampling))  // counts matter to the penalties alone
+    for (; r.counted < r.tokens.size(); ++r.counted) ++r.history[int32_t(r.tokens[r.counted])].count;
   s.history = &r.history;
   // the phase's first position decides output token tokens.size()
   s.ban = std::max<int64_t>(0, r.params.min_tokens - int64_t(r.tokens.size()));
