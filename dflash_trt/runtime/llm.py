@@ -9,7 +9,7 @@ from pathlib import Path
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.manifest import DRAFT_QUANTS, QUANTS, TORCH_QUANTS
 from dflash_trt.models import embedded
-from dflash_trt.models.chat import encode_prompt
+from dflash_trt.models.chat import encode_chat, encode_prompt
 from dflash_trt.models.tokenizers import TextStream, load_tokenizer
 from dflash_trt.runtime.engine import DEFAULT_CAPACITY, DEFAULT_MAX_BATCH, BatchRunner, check_batching
 from dflash_trt.runtime.outputs import Prompt, RequestOutput
@@ -373,11 +373,8 @@ class LLM:
         if tools and "tools" not in self.tokenizer.chat_template:
             raise DFlashError("this target's chat template does not render tools")
         single = bool(conversations) and isinstance(conversations[0], dict)
-        prompts = []
-        for turns in [conversations] if single else conversations:
-            text = self.tokenizer.apply_chat_template(turns, tools=tools or None, add_generation_prompt=True,
-                                                      tokenize=False, **(chat_template_kwargs or {}))
-            prompts.append(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        prompts = [encode_chat(self.tokenizer, turns, tools, chat_template_kwargs)
+                   for turns in ([conversations] if single else conversations)]
         return self.generate(prompts, params, speculative)
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, speculative: bool = True) -> Iterator[RequestOutput]:

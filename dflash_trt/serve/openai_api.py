@@ -193,9 +193,9 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         readers = [ReplyText(thinking, settings.tool_parser, tools, most, forced) for _ in range(parsed.n)]
         # each choice is a request of its own in the engine
         # a grammar (structured output, forced calls) starts once the think block the prompt opened ends
-        inputs = [parsed.triton_inputs(choice, UNTHINK) if thinking else parsed.triton_inputs(choice)
-                  for choice in range(parsed.n)]
-        choices = Choices([_renamed(triton.generate(one), "messages" if chat else "prompt") for one in inputs])
+        after = UNTHINK if thinking else None
+        choices = Choices([_renamed(triton.generate(parsed.triton_inputs(choice, after)), "messages" if chat else "prompt")
+                           for choice in range(parsed.n)])
         echo = "" if chat else parsed.echoed()
         if not parsed.stream:
             return await _whole(request, reply, choices, readers, echo)

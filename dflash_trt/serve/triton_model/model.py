@@ -15,6 +15,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from dflash_trt.errors import Busy, DFlashError
+from dflash_trt.models.chat import encode_chat
 from dflash_trt.serve.deltas import DeltaStream
 from dflash_trt.serve.requests import RequestError, parse_sampling, template_kwargs, template_tools
 from dflash_trt.serve.triton_model.metrics import EngineMetrics
@@ -110,11 +111,9 @@ class TritonPythonModel:
             return tokenizer("\n".join(str(m.get("content", "")) for m in chat))["input_ids"]
         extra = template_kwargs(_string(request, "chat_template_kwargs"))
         try:
-            rendered = tokenizer.apply_chat_template(chat, tools=tools, add_generation_prompt=True, tokenize=False,
-                                                     **extra)
+            return encode_chat(tokenizer, chat, tools, extra)
         except Exception as err:  # a template that refuses these messages (roles, order) says why
             raise RequestError("messages", f"the chat template refused the messages: {err}") from None
-        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
 
     def _finished(self, responder, out):
         with self.lock:
