@@ -62,22 +62,25 @@ py::dict to_dict(const SpecMetrics& m) {
   return d;
 }
 
+// `count` tokens' entries, per_token each -> per token [(token, logprob), ...]: its own first, then the top ones
+py::list logprob_lists(const std::vector<TokenLogprob>& entries, size_t count) {
+  const size_t per_token = entries.size() / count;
+  py::list tokens;
+  for (size_t k = 0; k < count; ++k) {
+    py::list mine;
+    for (size_t e = k * per_token; e < (k + 1) * per_token; ++e) mine.append(py::make_tuple(entries[e].token, entries[e].logprob));
+    tokens.append(mine);
+  }
+  return tokens;
+}
+
 py::dict output_dict(const RequestOutput& o) {
   py::dict d;
   d["request"] = o.request;
   d["new_tokens"] = o.new_tokens;
-  // per new token [(token, logprob), ...]: its own first, then the top ones (none asked: no key)
-  if (!o.new_logprobs.empty()) {
-    const size_t per_token = o.new_logprobs.size() / o.new_tokens.size();
-    py::list tokens;
-    for (size_t k = 0; k < o.new_tokens.size(); ++k) {
-      py::list entries;
-      for (size_t e = k * per_token; e < (k + 1) * per_token; ++e)
-        entries.append(py::make_tuple(o.new_logprobs[e].token, o.new_logprobs[e].logprob));
-      tokens.append(entries);
-    }
-    d["new_logprobs"] = tokens;
-  }
+  // none asked: no key
+  if (!o.new_logprobs.empty()) d["new_logprobs"] = logprob_lists(o.new_logprobs, o.new_tokens.size());
+  if (o.prompt_scored > 0) d["prompt_logprobs"] = logprob_lists(o.prompt_logprobs, o.prompt_scored);
   d["num_tokens"] = o.num_tokens;
   d["cached_tokens"] = o.cached_tokens;
   d["finish_reason"] = o.finish == Finish::kNone ? py::object(py::none()) : py::object(py::str(finish_name(o.finish)));
@@ -560,7 +563,7 @@ PYBIND11_MODULE(_core, m) {
                        std::vector<int64_t> stop_token_ids, std::vector<int64_t> eos_token_ids, bool ignore_eos,
                        int64_t max_block, int32_t logprobs, double repetition_penalty, double frequency_penalty,
                        double presence_penalty, std::vector<std::pair<int64_t, double>> logit_bias,
-                       int64_t min_tokens, double min_p, py::object constraint) {
+                       int64_t min_tokens, double min_p, py::object constraint, int32_t prompt_logprobs) {
              RequestParams p;
              p.sampling = SamplingParams{temperature,       top_k,
                                          top_p,             seed.is_none() ? 0 : seed.cast<uint64_t>(),
@@ -577,6 +580,7 @@ PYBIND11_MODULE(_core, m) {
              p.logit_bias = std::move(logit_bias);
              p.min_tokens = min_tokens;
              if (!constraint.is_none()) p.constraint = std::make_shared<PyConstraint>(std::move(constraint));
+             p.prompt_logprobs = prompt_logprobs;
              return p;
            }),
            py::kw_only(), py::arg("max_tokens") = 256, py::arg("temperature") = 0.0, py::arg("top_k") = 0,
@@ -585,7 +589,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("max_block") = 0, py::arg("logprobs") = -1, py::arg("repetition_penalty") = 1.0,
            py::arg("frequency_penalty") = 0.0, py::arg("presence_penalty") = 0.0,
            py::arg("logit_bias") = std::vector<std::pair<int64_t, double>>{}, py::arg("min_tokens") = 0,
-           py::arg("min_p") = 0.0, py::arg("constraint") = py::none())
+           py::arg("min_p") = 0.0, py::arg("constraint") = py::none(), py::arg("prompt_logprobs") = -1)
       .def_readonly("max_tokens", &RequestParams::max_tokens)
       .def_readonly("max_block", &RequestParams::max_block)
       .def_readonly("seeded", &RequestParams::seeded);

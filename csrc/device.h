@@ -215,7 +215,8 @@ class Staged {
       DFLASH_INVARIANT(count <= host.size());
       return host.data();
     }
-    mirror_.reserve(count * sizeof(T) / mirror_.element());
+    // raw bytes round up to whole elements: a mirror one element short is written past by the upload
+    mirror_.reserve((count * sizeof(T) + mirror_.element() - 1) / mirror_.element());
     return mirror_.at(0);
   }
   DType dtype() const { return mirror_.dtype(); }

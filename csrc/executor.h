@@ -41,6 +41,11 @@ struct RowSampling {
   int64_t ban = 0;
   // with history: the allowed tokens of the phase's positions (constraint.h; words per position), or null
   const uint32_t* masks = nullptr;
+  // A prefill row's prompt logprobs (vLLM's prompt_logprobs): -1 none; n in [0, kMaxLogprobs]: each of
+  // its chunk's tokens after the first, then `after` (the prompt's token past the chunk; -1 at the
+  // prompt's end), gets 1 + n entries under the raw logits of the position before it (logprobs_row).
+  int32_t prompt_logprobs = -1;
+  int64_t after = -1;
 };
 
 // The host forms of the rules, for executors whose logits are in host memory.
@@ -119,6 +124,8 @@ class Executor {
   // row's SamplingParams::logprobs n >= 0: 1 + n TokenLogprobs per decided token (decide.h; a prefill:
   // its token; a verify: the kept drafts, then `next`); else empty.
   virtual const std::vector<TokenLogprob>& logprobs(size_t i) const = 0;
+  // The last prefill's i-th row's prompt logprobs, when its RowSampling asked (else empty).
+  virtual const std::vector<TokenLogprob>& prompt_logprobs(size_t i) const = 0;
 };
 
 }  // namespace dflash

@@ -47,6 +47,9 @@ int64_t Scheduler::add_request(const std::vector<int64_t>& prompt, const Request
   if (params.max_block < 0)
     throw Error("max_block must be at least 0 (0: the scheduler's block size), got " + std::to_string(params.max_block));
   if (params.min_tokens < 0) throw Error("min_tokens must be at least 0, got " + std::to_string(params.min_tokens));
+  if (params.prompt_logprobs < -1 || params.prompt_logprobs > kMaxLogprobs)
+    throw Error("prompt_logprobs must be -1 (none) or in [0, " + std::to_string(kMaxLogprobs) + "], got " +
+                std::to_string(params.prompt_logprobs));
   for (const auto& [token, bias] : params.logit_bias) {
     if (token < 0 || token >= executor_.vocab())
       throw Error("logit_bias names token " + std::to_string(token) + ", outside the vocabulary (" +
@@ -154,8 +157,10 @@ std::vector<RequestOutput> Scheduler::step() {
 void Scheduler::admit() {
   while (!waiting_.empty() && slots_.num_free() > 0) {
     Request& r = waiting_.front();
-    const Admission a = choose_slot(r.prompt);
-    if (waits_for_prefill(r.prompt, a.held)) break;  // FIFO: the queue behind it waits too, a step or so
+    // a request scoring its prompt needs every position's logits: it reuses none of them
+    const bool reuse = r.params.prompt_logprobs < 0;
+    const Admission a = choose_slot(r.prompt, reuse);
+    if (reuse && waits_for_prefill(r.prompt, a.held)) break;  // FIFO: the queue behind it waits too, a step or so
     r.slot = slots_.allocate_at(a.slot, r.id, int64_t(r.prompt.size()), r.params.max_tokens, a.held);
     if (a.held > 0) executor_.reopen(a.slot, a.source, a.held);
     r.prompt_done = r.cached = a.held;
@@ -203,11 +208,11 @@ bool Scheduler::waits_for_prefill(const std::vector<int64_t>& prompt, int64_t re
   return false;
 }
 
-Scheduler::Admission Scheduler::choose_slot(const std::vector<int64_t>& prompt) const {
+Scheduler::Admission Scheduler::choose_slot(const std::vector<int64_t>& prompt, bool reuse) const {
   // the source: the slot, free or running, whose positions the prompt reuses most of
   Admission best{-1, -1, 0};
   int64_t kept_by_source = 0;
-  for (int64_t slot = 0; config_.prefix_reuse && slot < slots_.num_slots(); ++slot) {
+  for (int64_t slot = 0; config_.prefix_reuse && reuse && slot < slots_.num_slots(); ++slot) {
     const std::vector<int64_t> held = held_tokens(slot);
     const int64_t reuse = executor_.reusable(slot, shared_head(held, prompt));
     if (reuse > best.held) {
@@ -284,6 +289,8 @@ void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOu
     chunks.emplace_back(r->prompt.begin() + r->prompt_done, r->prompt.begin() + r->prompt_done + n);
     // The first token sits at sequence position len(prompt) (only the last chunk's draw is kept).
     sampling.push_back(row_sampling(*r, uint32_t(r->prompt.size())));
+    sampling.back().prompt_logprobs = r->params.prompt_logprobs;
+    if (r->prompt_done + n < int64_t(r->prompt.size())) sampling.back().after = r->prompt[r->prompt_done + n];
     if (r->params.constraint && r->prompt_done + n == int64_t(r->prompt.size())) {
       r->drafts.clear();
       constrain(*r);
@@ -301,11 +308,21 @@ void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOu
   for (size_t i = 0; i < rows.size(); ++i) {
     Request& r = *rows[i];
     slots_.commit(r.slot, int64_t(chunks[i].size()));
+    const std::vector<TokenLogprob>& scored = executor_.prompt_logprobs(i);
+    const int64_t top = r.params.prompt_logprobs, after = r.prompt_done + int64_t(chunks[i].size()) < int64_t(r.prompt.size());
+    if (top >= 0 && int64_t(scored.size()) != (int64_t(chunks[i].size()) - 1 + after) * (1 + top))
+      throw Error("executor returned " + std::to_string(scored.size()) + " prompt logprob entries for a chunk of " +
+                  std::to_string(chunks[i].size()) + " tokens of slot " + std::to_string(r.slot));
+    r.prompt_logprobs.insert(r.prompt_logprobs.end(), scored.begin(), scored.end());
     r.prompt_done += int64_t(chunks[i].size());
     if (r.prompt_done < int64_t(r.prompt.size())) continue;  // more chunks in the next steps
     r.prefilled = true;
     r.logprobs = executor_.logprobs(i);
     emit_tokens(r, {first[i]}, out);
+    if (r.params.prompt_logprobs >= 0) {
+      out.back().prompt_logprobs = std::move(r.prompt_logprobs);
+      out.back().prompt_scored = int64_t(r.prompt.size()) - 1;
+    }
   }
 }
 

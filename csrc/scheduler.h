@@ -68,6 +68,9 @@ struct RequestParams {
   int64_t min_tokens = 0;
   // structured output: the grammar its output follows (constraint.h); null: none
   std::shared_ptr<OutputConstraint> constraint;
+  // -1: none; n in [0, kMaxLogprobs]: the prompt's tokens after its first get 1 + n entries each
+  // (RowSampling::prompt_logprobs). Its prompt is prefilled whole: no prefix reuse.
+  int32_t prompt_logprobs = -1;
 };
 
 enum class Finish { kNone, kStop, kLength, kAbort };
@@ -80,6 +83,9 @@ struct RequestOutput {
   std::vector<int64_t> new_tokens;
   // SamplingParams::logprobs n >= 0: 1 + n entries per new token (its own, then the top n); else empty
   std::vector<TokenLogprob> new_logprobs;
+  // RequestParams::prompt_logprobs n >= 0, in its first output: 1 + n entries per prompt token after the first
+  std::vector<TokenLogprob> prompt_logprobs;
+  int64_t prompt_scored = 0;  // those tokens
   int64_t num_tokens = 0;  // output tokens so far, these included
   int64_t cached_tokens = 0;  // prompt tokens its slot held already (prefix reuse), not prefilled
   Finish finish = Finish::kNone;
@@ -150,6 +156,7 @@ class Scheduler {
     int64_t accepted = 0;
     int64_t next = -1;  // the target's token after the accepted drafts
     std::vector<TokenLogprob> logprobs;  // the executor's entries for the tokens this step decided
+    std::vector<TokenLogprob> prompt_logprobs;  // its prompt's, as its chunks are prefilled (until emitted)
     // what its logits get before a decision (penalties.h), when its params ask: each token's count in
     // `tokens` (the first `counted` of them), whether the prompt holds it, a stop token's flag, its bias
     bool adjusts = false;
@@ -176,7 +183,7 @@ class Scheduler {
   // source when that loses no more kept tokens (its tail past the head: none for a chat's next turn)
   // than the other free slot worth least (keeping nothing, else released longest ago) would; else that
   // slot, and the head is copied there.
-  Admission choose_slot(const std::vector<int64_t>& prompt) const;
+  Admission choose_slot(const std::vector<int64_t>& prompt, bool reuse) const;  // reuse false: held 0
   // Whether a prompt that can reuse `reusable_now` tokens should wait for a running request's prefill
   // (SchedulerConfig::prefix_wait_tokens).
   bool waits_for_prefill(const std::vector<int64_t>& prompt, int64_t reusable_now) const;

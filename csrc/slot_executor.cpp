@@ -291,12 +291,17 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
       s = std::max(s, fed(int64_t(tokens[i].size())));
       longest = std::max(longest, int64_t(tokens[i].size()));
     }
-    // logits rows per row: the padding's are never read
-    const int64_t r = last_only ? 1 : longest;
+    // Logits rows per row: a prefill's last position alone, unless a row asks for its prompt logprobs,
+    // then every position's as a verify's (and each prefill row decides at its last); the padding's are
+    // never read.
+    bool every = !last_only;
+    for (size_t i : group) every = every || (sampling && (*sampling)[i].prompt_logprobs >= 0);
+    const int64_t r = every ? longest : 1;
     fill(ids_.host, n * s, int64_t(0));
     fill(logits_index_.host, n * r, int64_t(0));
     query_lengths_.host.resize(n);
     cache_lengths_.host.resize(n);
+    std::vector<int64_t> decides_at(n);  // each row's first decided logits row
     for (int64_t j = 0; j < n; ++j) {
       const size_t i = group[j];
       const int64_t len = int64_t(tokens[i].size());
@@ -304,8 +309,9 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
       std::copy(tokens[i].begin(), tokens[i].end(), ids_.host.begin() + j * s);
       std::fill(ids_.host.begin() + j * s + len, ids_.host.begin() + j * s + fed(len), tokens[i].back());
       query_lengths_.host[j] = fed(len);
-      // a verify's padding rows repeat its last position, so the states come after the block's last token
-      for (int64_t k = 0; k < r; ++k) logits_index_.host[j * r + k] = last_only ? len - 1 : std::min(k, len - 1);
+      // padding rows repeat the last position, so the states come after the row's last token
+      for (int64_t k = 0; k < r; ++k) logits_index_.host[j * r + k] = every ? std::min(k, len - 1) : len - 1;
+      decides_at[j] = j * r + (last_only && every ? len - 1 : 0);
     }
     // decided on the device, the logits never reach the host: no host array for them
     if (decision == nullptr || device_.is_host()) logits_.host.resize(n * r * config_.vocab);
@@ -327,15 +333,49 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
       states.delta_inputs[k].reserve(n * s * delta_shape_.width());
     }
     run_target_range(lo, n, s, r, decision == nullptr);
-    if (sampling) penalize_run(group, r, *sampling, tokens, last_only, decision != nullptr);
+    // before the penalties: prompt logprobs are the raw logits'
+    if (last_only && every) score_prompts(group, r, tokens, *sampling, decision == nullptr);
+    if (sampling) penalize_run(group, r, decides_at, *sampling, tokens, last_only, decision != nullptr);
     if (config_.has_drafter()) inject_run(n, s);
-    if (decision) decide_run(group, n, r, *decision);
-    for (int64_t j = 0; j < n; ++j) take(group[j], j, decision ? nullptr : logits_.host.data() + j * r * config_.vocab);
+    if (decision) decide_run(group, n, r, decides_at, *decision);
+    for (int64_t j = 0; j < n; ++j)
+      take(group[j], j, decision ? nullptr : logits_.host.data() + decides_at[j] * config_.vocab);
   }
 }
 
-void SlotExecutor::penalize_run(const std::vector<size_t>& group, int64_t r, const std::vector<RowSampling>& sampling,
-                                const std::vector<std::vector<int64_t>>& tokens, bool last_only, bool on_device) {
+void SlotExecutor::score_prompts(const std::vector<size_t>& group, int64_t r,
+                                 const std::vector<std::vector<int64_t>>& tokens,
+                                 const std::vector<RowSampling>& sampling, bool logits_on_host) {
+  const int64_t V = config_.vocab;
+  std::vector<int32_t> order(V);
+  for (size_t j = 0; j < group.size(); ++j) {
+    const size_t i = group[j];
+    const RowSampling& s = sampling[i];
+    if (s.prompt_logprobs < 0) continue;
+    const std::vector<int64_t>& chunk = tokens[i];
+    const int64_t len = int64_t(chunk.size()), top = s.prompt_logprobs;
+    const float* logits = logits_.host.data() + j * r * V;
+    if (!logits_on_host) {  // decided on the device: only the rows that ask cross, once each
+      prompt_rows_.resize(len * V);
+      device_.download(prompt_rows_.data(), static_cast<const float*>(logits_.device_data(group.size() * r * V)) + j * r * V,
+                       len * V * sizeof(float));
+      device_.synchronize();
+      device_.host_bytes += len * V * sizeof(float);
+      logits = prompt_rows_.data();
+    }
+    // position k's logits score the prompt's token after it: the chunk's next, or `after` past its end
+    const int64_t scored = s.after >= 0 ? len : len - 1;
+    std::vector<TokenLogprob>& out = prompt_logprobs_[i];
+    out.resize(scored * (1 + top));
+    for (int64_t k = 0; k < scored; ++k)
+      logprobs_row(logits + k * V, V, k + 1 < len ? chunk[k + 1] : s.after, int32_t(top), out.data() + k * (1 + top),
+                   order.data());
+  }
+}
+
+void SlotExecutor::penalize_run(const std::vector<size_t>& group, int64_t r, const std::vector<int64_t>& decides_at,
+                                const std::vector<RowSampling>& sampling, const std::vector<std::vector<int64_t>>& tokens,
+                                bool last_only, bool on_device) {
   std::vector<PenaltyRow> rows;
   std::vector<PenaltyEntry> entries;
   std::vector<int32_t> blocks;
@@ -347,7 +387,7 @@ void SlotExecutor::penalize_run(const std::vector<size_t>& group, int64_t r, con
     if (s.history == nullptr) continue;
     // a prefill decides after its last token; a verify at each position of its block
     const int64_t n = last_only ? 1 : int64_t(tokens[group[j]].size());
-    add_penalty_row(*s.history, tokens[group[j]], n, int64_t(j) * r, s.sampling, s.ban, s.masks, words, rows, entries,
+    add_penalty_row(*s.history, tokens[group[j]], n, decides_at[j], s.sampling, s.ban, s.masks, words, rows, entries,
                     blocks, masks);
     positions = std::max(positions, n);
   }
@@ -487,6 +527,7 @@ std::vector<int64_t> SlotExecutor::prefill(const std::vector<int64_t>& rows,
   std::vector<int64_t> out(rows.size());
   std::vector<Verdict> verdicts(rows.size());
   logprobs_.assign(rows.size(), {});
+  prompt_logprobs_.assign(rows.size(), {});
   const Decision on_device{rows, sampling, nullptr, verdicts, logprobs_};
   prefill_rows(rows, prompts, &sampling, device_.decides() ? &on_device : nullptr, [&](size_t i, const float* logits) {
     if (!logits) {
@@ -499,7 +540,8 @@ std::vector<int64_t> SlotExecutor::prefill(const std::vector<int64_t>& rows,
   return out;
 }
 
-void SlotExecutor::decide_run(const std::vector<size_t>& group, int64_t n, int64_t r, const Decision& decision) {
+void SlotExecutor::decide_run(const std::vector<size_t>& group, int64_t n, int64_t r,
+                              const std::vector<int64_t>& decides_at, const Decision& decision) {
   const int64_t V = config_.vocab, count = int64_t(group.size());
   int64_t positions = 1;  // the most logits rows one row decides
   decide_rows_.host.resize(count * sizeof(DecideRow));
@@ -510,7 +552,7 @@ void SlotExecutor::decide_run(const std::vector<size_t>& group, int64_t n, int64
     const RowSampling& s = decision.sampling[i];
     if (!s.sampling.greedy()) s.sampling.validate();
     DecideRow row;
-    row.first = k * r;
+    row.first = decides_at[k];
     row.sampling = s.sampling;
     row.stream = s.stream;
     row.position = s.position;

@@ -148,6 +148,7 @@ class SlotExecutor : public Executor {
   // start (the slots and their requests' state are kept). A GPU keeps its scratch (captured CUDA graphs may hold its addresses). -> bytes freed.
   size_t release_scratch();
   const std::vector<TokenLogprob>& logprobs(size_t i) const override { return logprobs_.at(i); }
+  const std::vector<TokenLogprob>& prompt_logprobs(size_t i) const override { return prompt_logprobs_.at(i); }
 
   const SlotExecutorConfig& config() const { return config_; }
   std::string backend_version() const { return backend_->version(); }
@@ -183,8 +184,10 @@ class SlotExecutor : public Executor {
                     const std::vector<RowSampling>* sampling, const Decision* decision, const LogitsSink& sink);
   void verify_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& blocks,
                    const std::vector<RowSampling>* sampling, const Decision* decision, const LogitsSink& sink);
-  // The decision kernel over one Run's logits [n, r, V] for the rows `group` of `rows` (Run row k: group[k]).
-  void decide_run(const std::vector<size_t>& group, int64_t n, int64_t r, const Decision& decision);
+  // The decision kernel over one Run's logits [n, r, V] for the rows `group` of `rows` (Run row k: group[k],
+  // deciding from logits row decides_at[k] on).
+  void decide_run(const std::vector<size_t>& group, int64_t n, int64_t r, const std::vector<int64_t>& decides_at,
+                  const Decision& decision);
   struct Row {
     bool live = false;         // holds a request; not live with a place: retained (keep_released)
     int64_t place = -1;        // its slice of every slot buffer; -1: none
@@ -221,8 +224,13 @@ class SlotExecutor : public Executor {
                   const std::vector<RowSampling>* sampling, const Decision* decision, F&& take);
   // The penalties (penalties.h) of a Run's rows that ask for them, applied to its logits in place: on the
   // device where it decides (what crosses: each such row's history and block), else on the host array.
-  void penalize_run(const std::vector<size_t>& group, int64_t r, const std::vector<RowSampling>& sampling,
-                    const std::vector<std::vector<int64_t>>& tokens, bool last_only, bool on_device);
+  void penalize_run(const std::vector<size_t>& group, int64_t r, const std::vector<int64_t>& decides_at,
+                    const std::vector<RowSampling>& sampling, const std::vector<std::vector<int64_t>>& tokens,
+                    bool last_only, bool on_device);
+  // The prompt logprobs (RowSampling::prompt_logprobs) of a prefill Run's rows that ask, from its raw
+  // logits [n, r, V] (every position's), into prompt_logprobs_.
+  void score_prompts(const std::vector<size_t>& group, int64_t r, const std::vector<std::vector<int64_t>>& tokens,
+                     const std::vector<RowSampling>& sampling, bool logits_on_host);
   void run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r, bool logits_to_host);
   // Linear layer k's conv / recurrent state after Run row j's last logits row, in Run `run` of the
   // current phase (device memory).
@@ -310,6 +318,8 @@ class SlotExecutor : public Executor {
   // a device decision's rows (DecideRow bytes), drafts, verdicts (Verdict bytes) and scratch
   Staged<char> decide_rows_, verdicts_, decide_logprobs_, rebuild_rows_;  // rebuild: RebuildRow bytes  // logprobs: [rows, positions, 1 + kMaxLogprobs]
   std::vector<std::vector<TokenLogprob>> logprobs_;        // the last prefill's or verify's, per row
+  std::vector<std::vector<TokenLogprob>> prompt_logprobs_;  // the last prefill's, per row (RowSampling)
+  std::vector<float> prompt_rows_;  // a row's logits downloaded for its prompt logprobs
   Staged<int64_t> decide_drafts_;
   // PenaltyRow, PenaltyEntry, int32 and uint32 (constraint masks) bytes
   Staged<char> penalty_rows_, penalty_entries_, penalty_tokens_, penalty_masks_;

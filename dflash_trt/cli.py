@@ -118,6 +118,9 @@ def main():
 @click.option("--logprobs", type=int, default=None,
               help="With --json: each token's log-probability and the N most probable tokens' (the target's raw "
                    "logits), as [[token id, logprob], ...] per token, the token's own first.")
+@click.option("--prompt-logprobs", type=int, default=None,
+              help="With --json: each prompt token's log-probability (after the first) and the N most probable "
+                   "tokens' there, as --logprobs gives them (null for the first token).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
               help="--backend torch: where its models run (default: cuda when PyTorch sees a GPU, else cpu).")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
@@ -129,20 +132,21 @@ def main():
               help=DRAFT_RULE_HELP)
 @user_errors
 def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop,
-             presence_penalty, frequency_penalty, repetition_penalty, json_schema, regex, choices, as_json, logprobs, device,
-             dtype, quant, draft_quant, draft_rule):
+             presence_penalty, frequency_penalty, repetition_penalty, json_schema, regex, choices, as_json, logprobs,
+             prompt_logprobs, device, dtype, quant, draft_quant, draft_rule):
     """Generate a reply to PROMPT, streaming it, then print the acceptance summary."""
     from dflash_trt.runtime.llm import AUTO, LLM
     from dflash_trt.spec.metrics import summary_line
     from dflash_trt.spec.sampling import SamplingParams
 
-    if logprobs is not None and not as_json:
-        raise DFlashError("--logprobs goes with --json (the streamed text has nowhere to put them)")
+    for name, asked in (("--logprobs", logprobs), ("--prompt-logprobs", prompt_logprobs)):
+        if asked is not None and not as_json:
+            raise DFlashError(f"{name} goes with --json (the streamed text has nowhere to put them)")
     structured = {"json": json_schema and json_schema.read_text(), "regex": regex, "choice": list(choices) or None}
     structured = {kind: value for kind, value in structured.items() if value is not None}
     params = SamplingParams(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop, logprobs=logprobs,
-        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty,
+        prompt_logprobs=prompt_logprobs, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty,
         structured_output=structured or None,
     )
     if bundle:
@@ -157,8 +161,11 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
         raise DFlashError(f"no drafter for target '{target}': pass --draft DIR or --no-speculative")
     if as_json:
         out = llm.generate(prompt, params, speculative=speculative)[0]
-        extra = {} if out.logprobs is None else {"logprobs": [[list(e) for e in entries.items()]
-                                                               for entries in out.logprobs]}
+        def listed(found):  # [[token id, logprob], ...] per token (None stays None)
+            return [None if entries is None else [list(e) for e in entries.items()] for entries in found]
+
+        extra = {name: listed(found) for name, found in (("logprobs", out.logprobs),
+                                                         ("prompt_logprobs", out.prompt_logprobs)) if found is not None}
         click.echo(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
                                "metrics": out.metrics.to_dict(), **extra}))
         return

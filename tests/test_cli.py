@@ -46,6 +46,14 @@ def test_generate_json_matches_the_api(pair_args, tiny_pairs):
     assert all(abs(lp - e[t]) < 1e-5 for entries, e in zip(got, want.logprobs, strict=True) for t, lp in entries)
     refused = CliRunner().invoke(main, ["generate", *pair_args, "--logprobs", "2", "hello"])
     assert refused.exit_code != 0 and "--logprobs goes with --json" in refused.output
+    scored = CliRunner().invoke(main, ["generate", *pair_args, "--max-tokens", "2", "--json", "--prompt-logprobs", "1",
+                                       "hello world"])
+    assert scored.exit_code == 0, scored.output
+    want = LLM(str(target), str(draft), backend="torch").generate("hello world",
+                                                                  SamplingParams(max_tokens=2, prompt_logprobs=1))[0]
+    got = json.loads(scored.stdout)["prompt_logprobs"]
+    assert got[0] is None and len(got) == len(want.prompt_token_ids) > 1
+    assert [[t for t, _ in entries] for entries in got[1:]] == [list(e) for e in want.prompt_logprobs[1:]]
     penalized = CliRunner().invoke(main, ["generate", *pair_args, "--max-tokens", "10", "--json", "--presence-penalty",
                                           "1.5", "--repetition-penalty", "1.3", "hello"])
     assert penalized.exit_code == 0, penalized.output

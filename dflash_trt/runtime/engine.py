@@ -61,6 +61,7 @@ class _Request:
     finish_reason: str | None = None
     core_metrics: dict = field(default_factory=dict)  # the core's counters and clocks as last seen
     logprobs: list = field(default_factory=list)  # per output token {token: logprob}, its own first
+    prompt_logprobs: list | None = None  # per prompt token (None for the first), once prefilled when asked
     constraint: object = None  # its structured output's state (runtime/constraints.py), or None
 
     @property
@@ -165,7 +166,8 @@ class BatchRunner:
             logprobs=-1 if params.logprobs is None else params.logprobs, repetition_penalty=params.repetition_penalty,
             frequency_penalty=params.frequency_penalty, presence_penalty=params.presence_penalty,
             logit_bias=list(params.logit_bias), min_tokens=params.min_tokens, min_p=params.min_p,
-            constraint=request.constraint))  # queued for a slot
+            constraint=request.constraint,
+            prompt_logprobs=-1 if params.prompt_logprobs is None else params.prompt_logprobs))  # queued for a slot
         self.live[request.core_id] = request
         self.counters["prompt_tokens_total"] += len(request.ids)
         self._read_counts()
@@ -230,6 +232,9 @@ class BatchRunner:
             request.metrics.cached_tokens = out["cached_tokens"]
             self.counters["prefix_cache_hits_total"] += out["cached_tokens"]
         request.logprobs.extend(dict(entries) for entries in out.get("new_logprobs", ()))
+        if request.params.prompt_logprobs is not None and new and request.prompt_logprobs is None:
+            # the first output: its prompt is in (a one-token prompt scores nothing, so has no key)
+            request.prompt_logprobs = [None, *(dict(entries) for entries in out.get("prompt_logprobs", ()))]
         self._count(request, out["metrics"])
         if finish is not None or stopped:
             if finish is None:  # a stop string the core cannot see: free its slot now (its "abort" is skipped)
@@ -271,7 +276,8 @@ class BatchRunner:
         logprobs = None if request.params.logprobs is None else request.logprobs[:len(tokens)]
         return RequestOutput(prompt=request.prompt, prompt_token_ids=list(request.ids), text=request.stop.text,
                              token_ids=tokens, finish_reason=request.finish_reason,
-                             metrics=replace(m, acceptance_lengths=list(m.acceptance_lengths)), logprobs=logprobs)
+                             metrics=replace(m, acceptance_lengths=list(m.acceptance_lengths)), logprobs=logprobs,
+                             prompt_logprobs=request.prompt_logprobs)
 
     def core_stats(self) -> dict:
         """The scheduler's books: requests running and waiting, and the adaptive bookkeeping (the block
@@ -309,10 +315,12 @@ class BatchRunner:
             if request.finish_reason is None:
                 self.abort(request.id)
 
-    def run(self, prompts: list, params: SamplingParams | None = None, speculative: bool | None = None) -> list:
-        """Every prompt concurrently (up to max_batch at once) -> their outputs, in order. Every prompt is
-        checked before any work."""
-        requests = [self.prepare(p, params, speculative=speculative) for p in prompts]
+    def run(self, prompts: list, params: SamplingParams | list[SamplingParams] | None = None,
+            speculative: bool | None = None) -> list:
+        """Every prompt concurrently (up to max_batch at once) -> their outputs, in order; `params` one
+        for all or one per prompt. Every prompt is checked before any work."""
+        each = params if isinstance(params, list) else [params] * len(prompts)
+        requests = [self.prepare(p, one, speculative=speculative) for p, one in zip(prompts, each, strict=True)]
         for request in requests:
             self.submit(request)
         while any(r.finish_reason is None for r in requests):

@@ -336,20 +336,24 @@ class LLM:
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
-        params: SamplingParams | None = None,
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
         speculative: bool = True,
     ) -> list[RequestOutput]:
         """Generate for each prompt, up to `max_batch` at once through the C++ core (each request's
-        tokens are what it would get alone); returns one output per prompt, in order."""
+        tokens are what it would get alone); returns one output per prompt, in order. `params`: one for
+        all, or one per prompt (vLLM's forms)."""
         single = isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
         )
         batch = [prompts] if single else list(prompts)
         if not batch:
             raise DFlashError("no prompts given")
-        params = params or SamplingParams()
-        self._check_request(params, speculative)
-        return self._runner().run(batch, params, speculative)  # every prompt is checked before any work
+        each = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(batch)
+        if len(each) != len(batch):
+            raise DFlashError(f"{len(each)} SamplingParams for {len(batch)} prompts: give one, or one per prompt")
+        for one in each:
+            self._check_request(one, speculative)
+        return self._runner().run(batch, each, speculative)  # every prompt is checked before any work
 
     def _runner(self) -> BatchRunner:
         """The one core runner (one executor, one KV pool) of this LLM, made at first use; plain and

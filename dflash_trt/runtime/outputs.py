@@ -20,3 +20,6 @@ class RequestOutput:
     # SamplingParams.logprobs n: per output token {token id: log-probability}, the token's own first,
     # then the n most probable (by logit, ties by id); None when not asked
     logprobs: list[dict[int, float]] | None = None
+    # SamplingParams.prompt_logprobs n: per prompt token {token id: log-probability} as `logprobs`, None
+    # for the first (nothing before it); None when not asked. Present once the prompt is prefilled.
+    prompt_logprobs: list[dict[int, float] | None] | None = None

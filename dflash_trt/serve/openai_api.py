@@ -187,22 +187,28 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
                                         "format it knows; start it with --tool-call-parser (and --chat-template), "
                                         "or force the calls with tool_choice")
         thinking = settings.thinking(parsed.chat_template_kwargs or {}) if chat and settings.thinking else None
+        echo_top = parsed.logprobs if not chat and parsed.echo else None
         reply = Reply(chat=chat, model=settings.model, with_meta_info=parsed.return_meta_info,
-                      logprobs=parsed.logprob_count() is not None, reasoning=thinking is not None)
+                      logprobs=parsed.logprob_count() is not None, reasoning=thinking is not None,
+                      prompt_top=parsed.prompt_logprobs, echo_top=echo_top)
+        reply.per_prompt = parsed.n
+        count = parsed.choice_count()
         most = 1 if getattr(parsed, "parallel_tool_calls", None) is False else None
-        readers = [ReplyText(thinking, settings.tool_parser, tools, most, forced) for _ in range(parsed.n)]
+        readers = [ReplyText(thinking, settings.tool_parser, tools, most, forced) for _ in range(count)]
         # each choice is a request of its own in the engine
         # a grammar (structured output, forced calls) starts once the think block the prompt opened ends
         after = UNTHINK if thinking else None
         choices = Choices([_renamed(triton.generate(parsed.triton_inputs(choice, after)), "messages" if chat else "prompt")
-                           for choice in range(parsed.n)])
-        echo = "" if chat else parsed.echoed()
+                           for choice in range(count)])
+        # a completion's echoed prompt per choice; None: token ids, whose text the Triton model sends
+        echoes = [""] * count if chat else [parsed.echoed(choice) for choice in range(count)]
         if not parsed.stream:
-            return await _whole(request, reply, choices, readers, echo)
+            return await _whole(request, reply, choices, readers, echoes)
         early = await choices.first_pieces()  # refusals (prompt too long, ...) come first: a 4xx, not a broken stream
         # sse-starlette ends its streams when the server begins to stop; a drain lets them finish
-        return EventSourceResponse(_events(reply, choices, early, parsed.include_usage, readers, echo), sep="\n",
-                                   shutdown_grace_period=settings.drain_s)
+        return EventSourceResponse(_events(reply, choices, early, parsed.include_usage, readers, echoes,
+                                           not chat and bool(parsed.echo)),
+                                   sep="\n", shutdown_grace_period=settings.drain_s)
 
     @app.post("/v1/chat/completions", response_model=None, responses=_replies(ChatCompletion, ChatCompletionChunk))
     async def chat(request: Request, body: protocol.ChatRequest):
@@ -233,14 +239,20 @@ def _finish(reason: str | None, reader: ReplyText) -> str | None:
     return "tool_calls" if reason == "stop" and reader.calls else reason
 
 
-async def _whole(request: Request, reply: Reply, choices: Choices, readers: list[ReplyText], echo: str = "") -> Response:
-    """Collect every choice's reply (after `echo`, a completion's echoed prompt); if one is refused, or
-    the client leaves first, stop them all."""
+async def _whole(request: Request, reply: Reply, choices: Choices, readers: list[ReplyText],
+                 echoes: list[str | None]) -> Response:
+    """Collect every choice's reply (after its echo, a completion's echoed prompt: None for the text the
+    Triton model sends); if one is refused, or the client leaves first, stop them all."""
     texts, logprobs, last = ([[] for _ in range(choices.count)] for _ in range(3))
+    echoes, prompts, seen = list(echoes), [None] * choices.count, set()
 
     async def collect():
         while not choices.done:
             choice, piece = await choices.next()
+            if choice not in seen:  # its first piece: the prompt's text and logprobs, when asked
+                seen.add(choice)
+                echoes[choice] = piece.prompt_text if echoes[choice] is None else echoes[choice]
+                prompts[choice] = piece.prompt_logprobs
             texts[choice].append(piece.text)
             logprobs[choice] += piece.logprobs or []
             last[choice] = piece
@@ -256,30 +268,36 @@ async def _whole(request: Request, reply: Reply, choices: Choices, readers: list
     finally:
         await choices.close()
     outcomes = []
-    for text, found, piece, reader in zip(texts, logprobs, last, readers):
+    for text, found, piece, reader, echo, prompt in zip(texts, logprobs, last, readers, echoes, prompts):
         reader.next("".join(text), final=True)
         outcomes.append(Outcome(echo + reader.content, _finish(piece.finish_reason, reader),
-                                found if reply.logprobs else None, reader.calls, reader.reasoning))
-    return JSONResponse(reply.whole(outcomes, merged_usage([piece.usage for piece in last])))
+                                found if reply.logprobs else None, reader.calls, reader.reasoning, prompt))
+    return JSONResponse(reply.whole(outcomes, merged_usage([piece.usage for piece in last], reply.per_prompt)))
 
 
 async def _events(reply: Reply, choices: Choices, early: list[tuple[int, Piece]], include_usage: bool,
-                  readers: list[ReplyText], echo: str = ""):
-    """SSE data: each choice's role, content deltas (and tool calls, each whole once its block closes)
-    and finish reason, the usage of all if asked, [DONE]. `early`: the pieces read before the reply
-    began. sse-starlette cancels this generator when the client disconnects; the choices are then
-    closed, and Triton cancels them."""
+                  readers: list[ReplyText], echoes: list[str | None], echo: bool = False):
+    """SSE data: each choice's role (a chat) or echoed prompt (`echo`: its text from `echoes`, or None for
+    the Triton model's, with its logprobs when asked), content deltas (and tool calls, each whole once
+    its block closes) and finish reason, the usage of all if asked, [DONE]. `early`: the pieces read
+    before the reply began, every choice's first among them. sse-starlette cancels this generator when
+    the client disconnects; the choices are then closed, and Triton cancels them."""
 
     def event(data: dict | str) -> dict:
         return {"data": data if isinstance(data, str) else json.dumps(data)}
 
-    sent = [len(echo)] * choices.count  # per choice, the text so far, where a completion's token offsets count from
+    firsts = {}
+    for choice, piece in early:
+        firsts.setdefault(choice, piece)
+    echoes = [firsts[choice].prompt_text if text is None else text for choice, text in enumerate(echoes)]
+    sent = [len(text) for text in echoes]  # per choice, the text so far, where a completion's token offsets count from
     texts = [""] * choices.count  # per choice, the text so far (reasoning and calls included)
     usages = [None] * choices.count
     try:
         for choice in range(choices.count):  # a chat's role, a completion's echoed prompt
             if reply.chat or echo:
-                yield event(reply.chunk(echo or None, role=reply.chat, index=choice))
+                yield event(reply.chunk(echoes[choice] or None, role=reply.chat, index=choice,
+                                        prompt=firsts[choice].prompt_logprobs))
         while early or not choices.done:
             choice, piece = early.pop(0) if early else await choices.next()
             reader = readers[choice]
@@ -296,7 +314,7 @@ async def _events(reply: Reply, choices: Choices, early: list[tuple[int, Piece]]
                 yield event(reply.chunk(None, _finish(piece.finish_reason, reader), index=choice))
                 usages[choice] = piece.usage
         if include_usage:
-            yield event(reply.usage_chunk(merged_usage(usages)))
+            yield event(reply.usage_chunk(merged_usage(usages, reply.per_prompt)))
         yield event("[DONE]")
     except (RequestError, UpstreamError) as err:  # mid-stream: the status line has gone already
         status = err.status if isinstance(err, RequestError) else 503

@@ -51,12 +51,25 @@ class ChatLogprobs(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
-    """The legacy completions form: per token its text, log-probability, the top ones and its offset."""
+    """The legacy completions form: per token its text, log-probability, the top ones and its offset
+    (with echo, the prompt's tokens first: the first with null, nothing comes before it)."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
+
+
+class PromptLogprob(BaseModel):
+    """vLLM's prompt_logprobs entry of one token at one prompt position."""
+
+    logprob: float
+    rank: int | None = Field(description="1: the most probable there; null: the prompt's token, outside the top")
+    decoded_token: str
+
+
+# vLLM's prompt_logprobs: per prompt token {token id: entry} (its own, then the top ones), null for the first
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
 
 
 class CalledFunction(BaseModel):
@@ -98,6 +111,7 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's, when asked: the rendered prompt's")
     meta_info: MetaInfo | None = None
 
 
@@ -132,6 +146,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
+    prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's, when asked: its prompt's")
 
 
 class Completion(BaseModel):

@@ -1,9 +1,9 @@
 """OpenAI request bodies: pydantic models, parsed strictly, every refusal naming its field.
 
 Fields OpenAI clients send that change nothing here (user, metadata, ...) are accepted and ignored;
-fields that would change the reply in a way we cannot honour (several prompts, prompt_logprobs,
-response_format, a tool_choice that forces a call) are refused unless they hold the value that
-changes nothing (frameworks send the defaults explicitly), never silently dropped.
+fields that would change the reply in a way we cannot honour (a completion's suffix, the deprecated
+functions) are refused unless they hold the value that changes nothing (frameworks send the defaults
+explicitly), never silently dropped.
 """
 
 from __future__ import annotations
@@ -127,7 +127,6 @@ StopString = Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})]
 # the output. Any other value is refused (`_Sampling.check_unsupported`).
 NO_OP_VALUES = {
     "functions": ([],), "function_call": ("none",), "suffix": ("",),
-    "prompt_logprobs": (),
 }
 
 
@@ -221,8 +220,8 @@ class _Sampling(BaseModel):
     guided_regex: Annotated[str, StringConstraints(min_length=1)] | None = None
     guided_choice: Annotated[list[Annotated[str, StringConstraints(min_length=1)]], Field(min_length=1)] | None = None
     guided_grammar: Annotated[str, StringConstraints(min_length=1)] | None = Field(None, description="Lark")
-    # what this server does not implement (NO_OP_VALUES)
-    prompt_logprobs: _no_op("prompt_logprobs") = None
+    # vLLM's: each prompt token's log-probability (after the first) and the n most probable tokens' there
+    prompt_logprobs: JsonInt | None = Field(None, json_schema_extra=RANGES["prompt_logprobs"])
 
     @model_validator(mode="before")
     @classmethod
@@ -236,6 +235,14 @@ class _Sampling(BaseModel):
     def logprob_count(self) -> int | None:
         """How many top tokens' log-probabilities each output token carries (None: no logprobs)."""
         return None
+
+    def prompt_top(self) -> int | None:
+        """How many top tokens' log-probabilities each prompt token carries (None: none asked)."""
+        return self.prompt_logprobs
+
+    def choice_count(self) -> int:
+        """The choices of the reply, each a request of its own in the engine."""
+        return self.n
 
     def structured(self) -> tuple[str, dict] | None:
         """(the field that asked, SamplingParams.structured_output's fields) or None."""
@@ -263,7 +270,7 @@ class _Sampling(BaseModel):
                   "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids,
                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                   "repetition_penalty": self.repetition_penalty, "logit_bias": self.logit_bias,
-                  "min_tokens": self.min_tokens, "min_p": self.min_p,
+                  "min_tokens": self.min_tokens, "min_p": self.min_p, "prompt_logprobs": self.prompt_top(),
                   "structured_output": (self.structured() or (None, None))[1]}
         if values["structured_output"] is not None and after is not None:  # the grammar starts after it
             values["structured_output"] = {**values["structured_output"], "after": after}
@@ -273,6 +280,9 @@ class _Sampling(BaseModel):
         """The fields this server does not implement, then the sampling fields through SamplingParams'
         own checks (a grammar's refusal named by the field that sent it)."""
         self.check_unsupported()
+        if self.stream and self.prompt_logprobs is not None:  # as vLLM
+            raise RequestError("prompt_logprobs", "prompt_logprobs are not returned in streams: leave out one of "
+                                                  "stream and prompt_logprobs")
         try:
             sampling_params(self.sampling(self.max_tokens))
         except RequestError as err:
@@ -385,10 +395,13 @@ class ChatRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[JsonInt] | list[str] | list[list[JsonInt]]
+    prompt: (str | Annotated[list[JsonInt], Field(min_length=1)] | Annotated[list[str], Field(min_length=1)]
+             | Annotated[list[Annotated[list[JsonInt], Field(min_length=1)]], Field(min_length=1)]) = Field(
+        description="a prompt (text or token ids) or a list of them: n choices each, choice i * n + j "
+                    "of prompt i sampling with seed + j")
     max_tokens: JsonInt | None = Field(16, json_schema_extra=RANGES["max_tokens"])  # OpenAI's default for completions
-    echo: bool | None = Field(None, description="the reply's text begins with the prompt (a text prompt; not "
-                                                "with logprobs, which would need the prompt's)")
+    echo: bool | None = Field(None, description="the reply's text begins with the prompt, and with logprobs "
+                                                "its tokens begin with the prompt's (the first with none)")
     suffix: _no_op("suffix") = None
     # no server-side best-of: each of the n choices is returned
     best_of: JsonInt | None = Field(None, ge=1, le=1, json_schema_extra={"minimum": 1, "maximum": 1})
@@ -397,32 +410,40 @@ class CompletionRequest(_Sampling):
     def logprob_count(self) -> int | None:
         return self.logprobs
 
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt of the request (one, or a list of texts or of token-id lists)."""
+        prompt = self.prompt  # the schema refuses empty lists
+        return list(prompt) if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) else [prompt]
+
+    def choice_count(self) -> int:
+        count = len(self.prompts()) * self.n
+        if count > MAX_CHOICES:
+            raise RequestError("prompt", f"{len(self.prompts())} prompts x n {self.n} is {count} choices; at most "
+                                         f"{MAX_CHOICES} per request: send fewer")
+        return count
+
+    def prompt_top(self) -> int | None:
+        """echo with logprobs asks for the prompt's, as vLLM's prompt_logprobs does."""
+        asked = [n for n in (self.prompt_logprobs, self.logprobs if self.echo else None) if n is not None]
+        return max(asked) if asked else None
+
     def check_sampling(self) -> None:
         super().check_sampling()
-        self.echoed()
+        self.choice_count()
 
-    def echoed(self) -> str:
-        """What `echo` puts before the reply's text: the prompt ("" without echo)."""
+    def echoed(self, choice: int) -> str | None:
+        """What `echo` puts before choice `choice`'s text: its text prompt, "" without echo, None for token
+        ids (the Triton model decodes them)."""
         if not self.echo:
             return ""
-        if self.logprobs is not None:
-            raise RequestError("echo", "echo with logprobs needs the prompt's log-probabilities, which this server "
-                                       "does not compute: leave one of them out")
-        prompt = self.prompt[0] if isinstance(self.prompt, list) and len(self.prompt) == 1 else self.prompt
-        if not isinstance(prompt, str):
-            raise RequestError("echo", "echo needs a text prompt (token ids are not decoded here)")
-        return prompt
+        prompt = self.prompts()[choice // self.n]
+        return prompt if isinstance(prompt, str) else None
 
     def triton_inputs(self, choice: int = 0, after: str | None = None) -> dict:
-        prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise RequestError("prompt", "several prompts in one request are not supported; send one per request")
-            prompt = prompt[0]
-        if isinstance(prompt, list) and not prompt:
-            raise RequestError("prompt", "prompt is empty")
+        prompt = self.prompts()[choice // self.n]
         key = "text_input" if isinstance(prompt, str) else "input_ids"
-        return {key: prompt, "sampling_parameters": json.dumps(self.sampling(self.max_tokens, choice))}
+        inputs = {key: prompt, "sampling_parameters": json.dumps(self.sampling(self.max_tokens, choice % self.n))}
+        return {**inputs, "echo": True} if self.echo else inputs
 
 
 def refusal(errors: list[dict], data: Any) -> RequestError:

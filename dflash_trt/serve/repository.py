@@ -14,7 +14,8 @@ MODEL_SOURCE = Path(__file__).parent / "triton_model" / "model.py"
 # JSON object in chat_template_kwargs and the tools it offers as a JSON list) or token ids; sampling parameters as one JSON
 # string (vLLM backend's convention); stream=false gives one response (what /generate needs).
 # Outputs: text and token ids (deltas when streaming, whole otherwise), the finish reason and a usage
-# JSON (token counts, acceptance lengths) on the last response.
+# JSON (token counts, acceptance lengths) on the last response. The first response also carries, when
+# asked, the prompt's text (echo: true) and its tokens' logprobs (sampling parameter prompt_logprobs).
 CONFIG = """name: "{name}"
 backend: "python"
 max_batch_size: 0
@@ -26,14 +27,17 @@ input [
   {{ name: "tools", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
   {{ name: "input_ids", data_type: TYPE_INT64, dims: [ -1 ], optional: true }},
   {{ name: "sampling_parameters", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
-  {{ name: "stream", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }}
+  {{ name: "stream", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
+  {{ name: "echo", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }}
 ]
 output [
   {{ name: "text_output", data_type: TYPE_STRING, dims: [ 1 ] }},
   {{ name: "token_ids", data_type: TYPE_INT64, dims: [ -1 ] }},
   {{ name: "finish_reason", data_type: TYPE_STRING, dims: [ 1 ] }},
   {{ name: "usage", data_type: TYPE_STRING, dims: [ 1 ] }},
-  {{ name: "logprobs", data_type: TYPE_STRING, dims: [ 1 ] }}
+  {{ name: "logprobs", data_type: TYPE_STRING, dims: [ 1 ] }},
+  {{ name: "prompt_text", data_type: TYPE_STRING, dims: [ 1 ] }},
+  {{ name: "prompt_logprobs", data_type: TYPE_STRING, dims: [ 1 ] }}
 ]
 instance_group [ {{ count: 1, kind: KIND_CPU }} ]
 {parameters}

@@ -21,6 +21,7 @@ from dflash_trt.serve.openai_models import (
     ErrorResponse,
     MetaInfo,
     CalledFunction,
+    PromptLogprob,
     PromptTokensDetails,
     TokenLogprob,
     ToolCall,
@@ -74,7 +75,8 @@ def chat_logprobs(entries: list | None) -> ChatLogprobs | None:
 
 
 def completion_logprobs(entries: list | None, offset: int = 0) -> CompletionLogprobs | None:
-    """The same -> the legacy completions form; text offsets count from `offset` (the text sent before)."""
+    """The same (an echoed prompt's first token: [text, None, None]) -> the legacy completions form; text
+    offsets count from `offset` (the text sent before)."""
     if entries is None:
         return None
     offsets, at = [], offset
@@ -82,17 +84,43 @@ def completion_logprobs(entries: list | None, offset: int = 0) -> CompletionLogp
         offsets.append(at)
         at += len(text)
     return CompletionLogprobs(tokens=[e[0] for e in entries], token_logprobs=[e[1] for e in entries],
-                              top_logprobs=[dict((t, lp) for t, lp in e[2]) for e in entries], text_offset=offsets)
+                              top_logprobs=[None if e[2] is None else dict((t, lp) for t, lp in e[2]) for e in entries],
+                              text_offset=offsets)
 
 
-def merged_usage(infos: list[dict | None]) -> dict | None:
-    """The usage of a request's choices (Triton's usage JSON each): the prompt counted once (its cached
-    tokens: choice 0's), the completions and verify steps of all, τ over all their steps."""
+def echoed_logprobs(prompt: list, top: int) -> list:
+    """The Triton model's prompt entries ([id, text, logprob, [[id, text, logprob], ...]] per token) ->
+    the reply's per-token form with `top` of the most probable, as output tokens' (completion_logprobs)."""
+    return [[text, logprob, None if ranked is None else [[t, lp] for _, t, lp in ranked[:top]]]
+            for _, text, logprob, ranked in prompt]
+
+
+def vllm_prompt_logprobs(prompt: list, top: int) -> list:
+    """The same -> vLLM's prompt_logprobs: per token after the first {id: {logprob, rank, decoded_token}},
+    its own entry first, then the `top` most probable (rank: place among them; the token's own, null
+    when outside them)."""
+    out = [None]
+    for token, text, logprob, ranked in prompt[1:]:
+        ranked = ranked[:top]
+        places = {t: rank for rank, (t, _, _) in enumerate(ranked, 1)}
+        entries = {str(token): PromptLogprob(logprob=logprob, rank=places.get(token), decoded_token=text)}
+        for t, t_text, lp in ranked:
+            entries.setdefault(str(t), PromptLogprob(logprob=lp, rank=places[t], decoded_token=t_text))
+        out.append(entries)
+    return out
+
+
+def merged_usage(infos: list[dict | None], per_prompt: int = 1) -> dict | None:
+    """The usage of a request's choices (Triton's usage JSON each; `per_prompt` choices of each prompt in
+    a row): each prompt counted once (its cached tokens: its first choice's), the completions and verify
+    steps of all, τ over all their steps."""
     if len(infos) == 1:
         return infos[0]
     infos = [info or {} for info in infos]
     lengths = [tau for info in infos for tau in info.get("acceptance_lengths", [])]
-    return {"prompt_tokens": infos[0].get("prompt_tokens", 0), "cached_tokens": infos[0].get("cached_tokens", 0),
+    firsts = infos[::per_prompt]
+    return {"prompt_tokens": sum(info.get("prompt_tokens", 0) for info in firsts),
+            "cached_tokens": sum(info.get("cached_tokens", 0) for info in firsts),
             "completion_tokens": sum(info.get("completion_tokens", 0) for info in infos),
             "num_drafts": len(lengths), "acceptance_lengths": lengths,
             "mean_acceptance_length": sum(lengths) / len(lengths) if lengths else None}
@@ -108,6 +136,7 @@ class Outcome:
     logprobs: list | None = None
     tool_calls: list = ()
     reasoning: str | None = None
+    prompt: list | None = None  # the Triton model's prompt entries, when asked (Piece.prompt_logprobs)
 
 
 def _tool_call(call, index: int | None = None) -> ToolCall:
@@ -129,9 +158,12 @@ class Reply:
     """One request's identity and the shapes of its chat or completion objects."""
 
     def __init__(self, chat: bool, model: str, with_meta_info: bool = False, logprobs: bool = False,
-                 reasoning: bool = False):
+                 reasoning: bool = False, prompt_top: int | None = None, echo_top: int | None = None):
         self.chat, self.model, self.with_meta_info, self.logprobs = chat, model, with_meta_info, logprobs
         self.reasoning = reasoning  # replies carry reasoning_content
+        # vLLM's prompt_logprobs asked (its count), and a completion's echo with logprobs (their count)
+        self.prompt_top, self.echo_top = prompt_top, echo_top
+        self.per_prompt = 1  # choices per prompt (n), in a row: a prompt's tokens count once in the usage
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
@@ -145,16 +177,25 @@ class Reply:
             choices = [ChatChoice(index=i, message=_message(o, self.reasoning), logprobs=chat_logprobs(o.logprobs),
                                   finish_reason=o.finish_reason)
                        for i, o in enumerate(outcomes)]
+            if self.prompt_top is not None:  # the choices share their prompt
+                extra["prompt_logprobs"] = vllm_prompt_logprobs(outcomes[0].prompt, self.prompt_top)
             return dump(ChatCompletion(object="chat.completion", choices=choices, **self._head(), **extra))
-        choices = [CompletionChoice(index=i, text=o.text, logprobs=completion_logprobs(o.logprobs),
-                                    finish_reason=o.finish_reason) for i, o in enumerate(outcomes)]
+        choices = []
+        for i, o in enumerate(outcomes):
+            logprobs = o.logprobs
+            if self.echo_top is not None:
+                logprobs = echoed_logprobs(o.prompt, self.echo_top) + (logprobs or [])
+            scored = {} if self.prompt_top is None else {"prompt_logprobs": vllm_prompt_logprobs(o.prompt, self.prompt_top)}
+            choices.append(CompletionChoice(index=i, text=o.text, logprobs=completion_logprobs(logprobs),
+                                            finish_reason=o.finish_reason, **scored))
         return dump(Completion(object="text_completion", choices=choices, **self._head(), **extra))
 
     def chunk(self, text: str | None, finish_reason: str | None = None, role: bool = False,
               logprobs: list | None = None, offset: int = 0, index: int = 0, tool_calls: tuple = (),
-              reasoning: str = "") -> dict:
+              reasoning: str = "", prompt: list | None = None) -> dict:
         """A stream chunk of choice `index`; `tool_calls`: (place among the choice's calls, call) pairs;
-        `reasoning`: new reasoning text (with `text`, new content, when there is any)."""
+        `reasoning`: new reasoning text (with `text`, new content, when there is any); `prompt`: a
+        completion's echoed prompt entries (its logprobs then)."""
         if self.chat:
             delta = (ChatDelta(role="assistant", content="") if role
                      else ChatDelta(tool_calls=[_tool_call(call, at) for at, call in tool_calls]) if tool_calls
@@ -163,6 +204,8 @@ class Reply:
             choice = ChatChunkChoice(index=index, delta=delta, logprobs=chat_logprobs(logprobs),
                                      finish_reason=finish_reason)
             return dump(ChatCompletionChunk(object="chat.completion.chunk", choices=[choice], **self._head()))
+        if prompt is not None and self.echo_top is not None:
+            logprobs = echoed_logprobs(prompt, self.echo_top)
         choice = CompletionChoice(index=index, text=text or "", logprobs=completion_logprobs(logprobs, offset),
                                   finish_reason=finish_reason)
         return dump(Completion(object="text_completion", choices=[choice], **self._head()))

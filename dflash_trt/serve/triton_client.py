@@ -29,6 +29,10 @@ class Piece:
     finish_reason: str | None
     usage: dict | None
     logprobs: list | None = None  # per token [text, logprob, [[text, logprob] of the top ones]], when asked
+    # the first piece's, when asked: the prompt's text (echo), and per prompt token [id, text, logprob,
+    # [[id, text, logprob] of the top ones]] (the first's logprob and top null)
+    prompt_text: str = ""
+    prompt_logprobs: list | None = None
 
 
 def _error(message: str) -> Exception:
@@ -48,7 +52,9 @@ def _piece(data: dict) -> Piece:
     return Piece(text=data.get("text_output", ""), token_ids=ids if isinstance(ids, list) else [ids],
                  finish_reason=data.get("finish_reason") or None,
                  usage=json.loads(data["usage"]) if data.get("usage") else None,
-                 logprobs=json.loads(data["logprobs"]) if data.get("logprobs") else None)
+                 logprobs=json.loads(data["logprobs"]) if data.get("logprobs") else None,
+                 prompt_text=data.get("prompt_text", ""),
+                 prompt_logprobs=json.loads(data["prompt_logprobs"]) if data.get("prompt_logprobs") else None)
 
 
 class TritonClient:

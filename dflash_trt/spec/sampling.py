@@ -17,7 +17,7 @@ from dflash_trt.spec.structured import StructuredOutput
 # The integer bounds fit the core's int64 fields and are exact in a JSON double.
 RANGES = {"max_tokens": {"minimum": 1, "maximum": 2**31 - 1}, "temperature": {"minimum": 0},
           "top_p": {"exclusiveMinimum": 0, "maximum": 1}, "top_k": {"minimum": 0, "maximum": 2**31 - 1},
-          "logprobs": {"minimum": 0, "maximum": 20},
+          "logprobs": {"minimum": 0, "maximum": 20}, "prompt_logprobs": {"minimum": 0, "maximum": 20},
           # vLLM's ranges
           "repetition_penalty": {"exclusiveMinimum": 0, "maximum": 2},
           "frequency_penalty": {"minimum": -2, "maximum": 2}, "presence_penalty": {"minimum": -2, "maximum": 2},
@@ -47,6 +47,10 @@ class SamplingParams:
     # None: no log-probabilities; n: each output token's and the n most probable tokens' log-probability
     # under the target's raw logits (log_softmax before temperature and the cuts, as vLLM reports)
     logprobs: int | None = None
+    # None: none; n: each prompt token's after the first, and the n most probable tokens' there, under the
+    # target's raw logits at the position before it (vLLM's prompt_logprobs). Its prompt is prefilled
+    # whole, never taken from the prefix cache.
+    prompt_logprobs: int | None = None
     # What the raw logits get before everything above (greedy too), in vLLM's order: while the output is
     # shorter than min_tokens its stop tokens (EOS unless ignore_eos, stop_token_ids) are banned, and stop
     # strings are not looked for; logit_bias ({token id: bias in [-100, 100]}) is added; a token seen in the
@@ -100,6 +104,9 @@ class SamplingParams:
             raise bad("ignore_eos", "a bool", self.ignore_eos)
         if self.logprobs is not None and not (integer(self.logprobs) and in_range(self.logprobs, "logprobs")):
             raise bad("logprobs", "an integer in [0, 20] or None", self.logprobs)
+        if self.prompt_logprobs is not None and not (integer(self.prompt_logprobs)
+                                                     and in_range(self.prompt_logprobs, "prompt_logprobs")):
+            raise bad("prompt_logprobs", "an integer in [0, 20] or None", self.prompt_logprobs)
         # past max_tokens it holds the stop tokens back for the whole reply
         if not integer(self.min_tokens) or not in_range(self.min_tokens, "min_tokens"):
             raise bad("min_tokens", "an integer in [0, 2**31)", self.min_tokens)

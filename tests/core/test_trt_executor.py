@@ -200,6 +200,37 @@ def test_a_dflash2_drafter_on_the_tensorrt_executor_drafts_and_decodes_as_the_py
             assert tokens == ref_tokens and accepted == ref_accepted[: len(accepted)]
 
 
+def test_prompt_logprobs_on_the_tensorrt_executor_cross_from_the_device_as_the_host_path_gives_them(core, ort, fakes,
+                                                                                                   pair):
+    """A prefill whose row asks for prompt logprobs decides on the device from its last position's logits
+    while the asking row's every position is downloaded and scored (chunked: each chunk's last position by
+    the next chunk's first token): the onnxruntime executor's tokens and entries, beside rows that do not ask."""
+    bundle, engines, *_ = pair
+
+    def run(executor):
+        sched = core.Scheduler(executor, core.SchedulerConfig(max_batch=3, capacity=64, block_size=4, engine_seed=0,
+                                                              prefill_chunk=2))
+        ids = [sched.add_request(p, core.RequestParams(max_tokens=6, ignore_eos=True, repetition_penalty=1.5,
+                                                       prompt_logprobs=2 if i == 1 else -1))
+               for i, p in enumerate(PROMPTS[:3])]
+        tokens, scored = {i: [] for i in ids}, {}
+        while sched.has_work:
+            for out in sched.step():
+                tokens[out["request"]] += out["new_tokens"]
+                if "prompt_logprobs" in out:
+                    scored[out["request"]] = out["prompt_logprobs"]
+        return [tokens[i] for i in ids], [scored.get(i) for i in ids]
+
+    (device, device_scored), (host, host_scored) = (run(core.TrtExecutor(trt_config(ort, fakes, bundle, engines))),
+                                                    run(ort.ort_executor(bundle, max_batch=3, capacity=64)))
+    assert device == host
+    assert device_scored[0] is None and device_scored[2] is None and len(device_scored[1]) == len(PROMPTS[1]) - 1
+    for mine, theirs in zip(device_scored[1], host_scored[1], strict=True):
+        assert [t for t, _ in mine] == [t for t, _ in theirs]
+        assert np.allclose([lp for _, lp in mine], [lp for _, lp in theirs], atol=1e-5)
+    gc.collect()
+
+
 def test_chunked_prefill_on_the_tensorrt_executor_equals_whole_prompts(core, ort, fakes, pair):
     """Chunks of 2 extend a held row (the prefill profile with rows 1, after cached tokens)."""
     bundle, engines, *_ = pair

@@ -1,11 +1,13 @@
-"""Schema-valid request bodies the server must accept, for schemathesis: that echo comes with a text
-prompt and no logprobs, whether a regex, a Lark grammar
-or a JSON schema compiles, and that a request asks for structured output once and not beside what bans
-its end, is beyond JSON Schema; a generated body keeps its first structured-output field, holding one
-that compiles, and a forced tool_choice calls a function the body offers (strict only with one). Refusals
-of the others are tests/serve/test_protocol.py's."""
+"""Schema-valid request bodies the server must accept, for schemathesis: that a completion's prompts
+times n stay within the choices a request may have, that prompt_logprobs do not come with a stream,
+whether a regex, a Lark grammar or a JSON schema compiles, and that a request asks for structured output
+once and not beside what bans its end, is beyond JSON Schema; a generated body keeps the prompts that fit,
+its first structured-output field, holding one that compiles, and a forced tool_choice calls a function
+the body offers (strict only with one). Refusals of the others are tests/serve/test_protocol.py's."""
 
 from __future__ import annotations
+
+from dflash_trt.serve.protocol import MAX_CHOICES
 
 VALID = {"guided_json": {"type": "object"}, "guided_regex": "[a-z]+", "guided_grammar": 'start: "a" | "b"',
          "structured_outputs": {"regex": "[a-z]+"},
@@ -23,8 +25,11 @@ def asks(body: dict, field: str) -> bool:
 def acceptable(body):
     if not isinstance(body, dict):
         return body
-    if body.get("echo") and (body.get("logprobs") is not None or not isinstance(body.get("prompt"), str)):
-        body["echo"] = None  # echo needs a text prompt and no logprobs
+    prompt, n = body.get("prompt"), body.get("n")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) and isinstance(n, int) and n > 0:
+        body["prompt"] = prompt[:max(1, MAX_CHOICES // n)]
+    if body.get("stream") is True:
+        body["prompt_logprobs"] = None
     choice = body.get("tool_choice")
     if choice == "required" or isinstance(choice, dict):  # forced calls: of a function the body offers
         body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

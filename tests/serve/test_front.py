@@ -53,9 +53,16 @@ class FakeTriton:
                 end = at + 7 >= len(reply)
                 yield Piece(reply[at:at + 7], [at], "stop" if end else None, USAGE if end else None)
             return
+        # the first piece's prompt text (echo) and prompt logprobs (prompt_logprobs n: the top n+1 here)
+        top = json.loads(inputs.get("sampling_parameters") or "{}").get("prompt_logprobs")
+        ids = inputs.get("input_ids") or [7, 8]
+        first = {"prompt_text": f"<{' '.join(map(str, ids))}>" if inputs.get("echo") else "",
+                 "prompt_logprobs": None if top is None else [
+                     [t, f"t{t}", None if i == 0 else -0.5 * i, None if i == 0 else
+                      [[100 + k, f"t{100 + k}", -0.1 * (k + 1)] for k in range(top + 1)]] for i, t in enumerate(ids)]}
         try:
             for i, ch in enumerate("abc" if seed is None else f"{seed:03d}"):
-                yield Piece(ch, [i], "length" if i == 2 else None, USAGE if i == 2 else None)
+                yield Piece(ch, [i], "length" if i == 2 else None, USAGE if i == 2 else None, **(first if i == 0 else {}))
                 await asyncio.sleep(0.001)  # the engine's next step: other requests' pieces come between
         finally:
             self.closed += 1
@@ -136,13 +143,15 @@ def test_models_health_metrics(front):
     ("/v1/chat/completions", {"json": chat(presence_penalty=2.5)}, 400, "presence_penalty"),
     ("/v1/chat/completions", {"json": chat(min_p=1.1)}, 400, "min_p"),
     ("/v1/chat/completions", {"json": chat(guided_regex="(", stream=True)}, 400, "guided_regex"),
-    ("/v1/chat/completions", {"json": chat(prompt_logprobs=1)}, 400, "prompt_logprobs"),
+    ("/v1/chat/completions", {"json": chat(prompt_logprobs=1, stream=True)}, 400, "prompt_logprobs"),
+    ("/v1/completions", {"json": {"model": "tiny", "prompt": "x", "prompt_logprobs": 21}}, 400, "prompt_logprobs"),
+    ("/v1/completions", {"json": {"model": "tiny", "prompt": ["a", "b"], "n": 33}}, 400, "prompt"),
+    ("/v1/completions", {"json": {"model": "tiny", "prompt": []}}, 400, "prompt"),
     ("/v1/completions", {"json": {"model": "tiny", "prompt": "x", "logit_bias": {"1": 500}}}, 400, "logit_bias.1"),
     ("/v1/chat/completions", {"json": chat(model="other")}, 404, "model"),
     ("/v1/chat/completions", {"json": chat(messages=[{"role": "user", "content": "long"}])}, 400, "messages"),
     ("/v1/chat/completions", {"json": chat(stream=True, messages=[{"role": "user", "content": "long"}])}, 400, "messages"),
     ("/v1/completions", {"json": {"model": "tiny", "prompt": "long"}}, 400, "prompt"),
-    ("/v1/completions", {"json": {"model": "tiny", "prompt": ["a", "b"]}}, 400, "prompt"),
     ("/v1/chat/completions", {"content": b"x" * 5000, "headers": {"content-type": "application/json"}}, 413, None),
     ("/v1/chat/completions", {"json": chat(messages=[{"role": "user", "content": "down"}])}, 503, None),
 ])
@@ -342,6 +351,60 @@ def test_a_grammar_starts_after_the_think_block_the_prompt_opened():
     sent = [json.loads(r["sampling_parameters"]).get("structured_output") for r in triton.requests]
     assert sent[0] == {"regex": "[0-9]+", "after": "</think>"} and sent[1] == {"regex": "[0-9]+"}
     assert sent[2]["after"] == "</think>" and sent[3] is None
+
+
+def test_several_prompts_give_n_choices_each_with_each_prompt_counted_once(front):
+    whole = front.post("/v1/completions", json={"model": "tiny", "prompt": ["a", "b"], "n": 2, "seed": 5}).json()
+    assert [c["index"] for c in whole["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in whole["choices"]] == ["005", "006", "005", "006"]  # choice j of each: seed + j
+    sent = [(r["text_input"], json.loads(r["sampling_parameters"])["seed"]) for r in front.triton.requests]
+    assert sent == [("a", 5), ("a", 6), ("b", 5), ("b", 6)]
+    assert whole["usage"]["prompt_tokens"] == 2 * USAGE["prompt_tokens"]
+    assert whole["usage"]["completion_tokens"] == 4 * USAGE["completion_tokens"]
+    _, data = events(front, "/v1/completions", {"model": "tiny", "prompt": [[1, 2], [3]], "stream": True})
+    chunks = [json.loads(d) for d in data[:-1]]
+    for index in (0, 1):
+        assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == index) == "abc"
+    assert [r["input_ids"] for r in front.triton.requests[-2:]] == [[1, 2], [3]]
+
+
+def test_echo_of_token_ids_is_the_text_the_model_decodes(front):
+    whole = front.post("/v1/completions", json={"model": "tiny", "prompt": [4, 5], "echo": True}).json()
+    assert whole["choices"][0]["text"] == "<4 5>abc" and front.triton.requests[-1]["echo"] is True
+    _, data = events(front, "/v1/completions", {"model": "tiny", "prompt": [4, 5], "echo": True, "stream": True})
+    texts = [json.loads(d)["choices"][0]["text"] for d in data[:-1]]
+    assert texts[0] == "<4 5>" and "".join(texts) == "<4 5>abc"
+
+
+def test_echo_with_logprobs_scores_the_prompt_first(front):
+    """What lm-evaluation-harness sends for log-likelihoods: the prompt's tokens lead the logprobs (the
+    first with null), their top cut to `logprobs`, offsets counting through the echoed text."""
+    body = {"model": "tiny", "prompt": [4, 5], "echo": True, "logprobs": 1, "max_tokens": 1}
+    whole = front.post("/v1/completions", json=body).json()
+    assert json.loads(front.triton.requests[-1]["sampling_parameters"])["prompt_logprobs"] == 1
+    logprobs = whole["choices"][0]["logprobs"]
+    assert logprobs["tokens"][:2] == ["t4", "t5"] and logprobs["token_logprobs"][:2] == [None, -0.5]
+    assert logprobs["top_logprobs"][:2] == [None, {"t100": -0.1}]
+    assert logprobs["text_offset"][:2] == [0, 2]
+    assert len(logprobs["tokens"]) == 2  # the fake sends no output token logprobs
+    _, data = events(front, "/v1/completions", {**body, "stream": True})
+    first = json.loads(data[0])["choices"][0]
+    assert first["text"] == "<4 5>" and first["logprobs"]["token_logprobs"] == [None, -0.5]
+
+
+def test_vllm_prompt_logprobs_of_a_completion_and_a_chat(front):
+    whole = front.post("/v1/completions", json={"model": "tiny", "prompt": [4, 5, 6], "prompt_logprobs": 1}).json()
+    assert whole["choices"][0]["prompt_logprobs"] == [
+        None,
+        {"5": {"logprob": -0.5, "rank": None, "decoded_token": "t5"},
+         "100": {"logprob": -0.1, "rank": 1, "decoded_token": "t100"}},
+        {"6": {"logprob": -1.0, "rank": None, "decoded_token": "t6"},
+         "100": {"logprob": -0.1, "rank": 1, "decoded_token": "t100"}}]
+    assert "logprobs" not in whole["choices"][0] or whole["choices"][0]["logprobs"] is None
+    reply = front.post("/v1/chat/completions", json=chat(prompt_logprobs=0, n=2)).json()
+    assert reply["prompt_logprobs"][0] is None and reply["prompt_logprobs"][1] == {
+        "8": {"logprob": -0.5, "rank": None, "decoded_token": "t8"}}
+    assert "prompt_logprobs" not in front.post("/v1/chat/completions", json=chat()).json()
 
 
 def test_echo_puts_the_prompt_before_a_completion(front):

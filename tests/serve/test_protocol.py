@@ -76,23 +76,33 @@ def test_chat_refusals_name_the_field(body, param):
     assert err.value.status == 400 and err.value.param == param
 
 
-@pytest.mark.parametrize("prompt", [["a", "b"], [], [[1], [2]]])
-def test_completion_refuses_batches_and_empty_prompts(prompt):
-    request = parse(json.dumps({"model": "m", "prompt": prompt}).encode(), CompletionRequest)
+@pytest.mark.parametrize("prompt", [[], [[1], []], [[]]])
+def test_completion_refuses_empty_prompts(prompt):
     with pytest.raises(RequestError) as err:
-        request.triton_inputs()
-    assert err.value.param == "prompt"
+        parse(json.dumps({"model": "m", "prompt": prompt}).encode(), CompletionRequest)
+    assert err.value.param.startswith("prompt")
 
 
-@pytest.mark.parametrize("body, words", [
-    ({"prompt": "x", "echo": True, "logprobs": 1}, "echo with logprobs needs the prompt's log-probabilities"),
-    ({"prompt": [1, 2], "echo": True}, "echo needs a text prompt"),
-])
-def test_completion_echo_it_cannot_honour_is_refused(body, words):
-    with pytest.raises(RequestError) as err:
-        parse(json.dumps({"model": "m", **body}).encode(), CompletionRequest)
-    assert err.value.param == "echo" and words in err.value.message
-    assert parse(json.dumps({"model": "m", "prompt": ["x"], "echo": True}).encode(), CompletionRequest).echoed() == "x"
+def test_several_prompts_are_n_choices_each():
+    request = parse(json.dumps({"model": "m", "prompt": [[1, 2], [3]], "n": 2, "seed": 9, "echo": True}).encode(),
+                    CompletionRequest)
+    assert request.choice_count() == 4
+    inputs = [request.triton_inputs(choice) for choice in range(4)]
+    assert [i["input_ids"] for i in inputs] == [[1, 2], [1, 2], [3], [3]]
+    assert [json.loads(i["sampling_parameters"])["seed"] for i in inputs] == [9, 10, 9, 10]
+    assert all(i["echo"] is True for i in inputs)
+    assert [request.echoed(choice) for choice in range(4)] == [None] * 4  # token ids: the model decodes them
+    texts = parse(json.dumps({"model": "m", "prompt": ["x", "y"], "echo": True}).encode(), CompletionRequest)
+    assert [texts.echoed(0), texts.echoed(1)] == ["x", "y"]
+
+
+def test_echo_with_logprobs_asks_for_the_prompts_as_vllm_prompt_logprobs_does():
+    def asked(**body):
+        request = parse(json.dumps({"model": "m", "prompt": "x", **body}).encode(), CompletionRequest)
+        return json.loads(request.triton_inputs()["sampling_parameters"]).get("prompt_logprobs")
+
+    assert asked(echo=True, logprobs=2) == 2 and asked(echo=True, logprobs=2, prompt_logprobs=5) == 5
+    assert asked(logprobs=2) is None and asked(echo=True) is None and asked(prompt_logprobs=0) == 0
 
 
 def test_vllm_sampling_extensions_and_penalties_reach_the_sampling_parameters():
@@ -118,7 +128,7 @@ def test_unimplemented_fields_at_their_no_op_values_are_accepted():
 
 
 @pytest.mark.parametrize("field, value", [
-    ("functions", [{"name": "f"}]), ("function_call", "auto"), ("prompt_logprobs", 1),
+    ("functions", [{"name": "f"}]), ("function_call", "auto"),
 ])
 def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, value):
     with pytest.raises(RequestError) as err:

@@ -295,6 +295,33 @@ def test_logprobs_equal_offline(server, client, offline):
     assert all(len(top) == 1 for top in legacy.top_logprobs) and all(lp <= 0 for lp in legacy.token_logprobs)
 
 
+def test_echoed_prompts_with_logprobs_equal_offline_prompt_logprobs(server, client, offline):
+    """What lm-evaluation-harness sends to score continuations: several token-id prompts, echo,
+    logprobs, one token. Each choice's text is its decoded prompt + offline's reply, and its logprobs
+    begin with the prompt's tokens, their values those LLM.generate's prompt_logprobs gives; vLLM's
+    prompt_logprobs field carries the same."""
+    prompts = [offline.tokenizer(p)["input_ids"] for p in PROMPTS[4:6]]
+    expected = offline.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=2))
+    text = offline.tokenizer.decode
+    reply = client.completions.create(model=server.model, prompt=prompts, echo=True, logprobs=2, max_tokens=1,
+                                      temperature=0, extra_body={"prompt_logprobs": 1})
+    assert [c.index for c in reply.choices] == [0, 1]
+    assert reply.usage.prompt_tokens == sum(map(len, prompts))
+    for choice, ids, want in zip(reply.choices, prompts, expected, strict=True):
+        assert choice.text == text(ids) + want.text
+        logprobs = choice.logprobs
+        assert logprobs.tokens[:len(ids)] == [text([t]) for t in ids]
+        assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+        for j in range(1, len(ids)):
+            assert logprobs.token_logprobs[j] == pytest.approx(want.prompt_logprobs[j][ids[j]], abs=1e-5)
+            tops = sorted(want.prompt_logprobs[j].items(), key=lambda e: -e[1])[:2]
+            assert logprobs.top_logprobs[j] == {text([t]): pytest.approx(v, abs=1e-5) for t, v in tops}
+        assert len(logprobs.tokens) == len(ids) + 1  # then the reply's one token
+        vllm = choice.prompt_logprobs  # vLLM's extension field
+        assert vllm[0] is None and [float(next(iter(e.values()))["logprob"]) for e in vllm[1:]] == [
+            pytest.approx(want.prompt_logprobs[j][ids[j]], abs=1e-5) for j in range(1, len(ids))]
+
+
 def legacy_ids(offline, prompt, max_tokens):
     ids = offline.tokenizer(prompt)["input_ids"]
     return offline.generate(ids, SamplingParams(max_tokens=max_tokens))[0].token_ids
