@@ -131,6 +131,23 @@ def test_output_constraints_masked_on_cuda_give_the_reference_and_the_cpu_execut
     assert constrained(cuda, temperature=0.8, seed=3) == constrained(cpu, temperature=0.8, seed=3)
 
 
+def test_prompt_logprobs_on_cuda_cross_from_the_device_as_the_cpu_executor_gives_them(pair_dirs):
+    """A prefill row asking for prompt logprobs decides on the device while its every position's logits
+    are downloaded and scored (chunked: each chunk's last position by the next chunk's first token),
+    beside a row that does not ask: the CPU executor's tokens and entries (float32)."""
+    cuda = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch", prefill_chunk=3)
+    cpu = LLM(*pair_dirs, block_size=4, device="cpu", backend="torch", prefill_chunk=3)
+    prompts = [prompt for _, prompt, _ in workload(cpu.vocab_size, 2, seed=7)]
+    params = [SamplingParams(max_tokens=8, ignore_eos=True, repetition_penalty=1.3, prompt_logprobs=3),
+              SamplingParams(max_tokens=8, ignore_eos=True)]
+    ours, theirs = cuda.generate(prompts, params), cpu.generate(prompts, params)
+    assert [o.token_ids for o in ours] == [o.token_ids for o in theirs]
+    assert ours[1].prompt_logprobs is None and ours[0].prompt_logprobs[0] is None
+    for mine, want in zip(ours[0].prompt_logprobs[1:], theirs[0].prompt_logprobs[1:], strict=True):
+        assert list(mine) == list(want)
+        assert all(abs(mine[t] - want[t]) < 1e-4 for t in mine)
+
+
 def test_bfloat16_on_cuda_decodes_and_frees_its_slots(pair_dirs):
     free_before = torch.cuda.mem_get_info()[0]
     llm = LLM(*pair_dirs, block_size=4, device="cuda", backend="torch")
