@@ -284,7 +284,8 @@ void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOu
   std::vector<RowSampling> sampling;
   for (Request* r : rows) {
     const int64_t left = int64_t(r->prompt.size()) - r->prompt_done;
-    const int64_t n = config_.prefill_chunk > 0 ? std::min(left, config_.prefill_chunk) : left;
+    int64_t n = config_.prefill_chunk > 0 ? std::min(left, config_.prefill_chunk) : left;
+    if (r->params.prompt_logprobs >= 0) n = std::min(n, kScoredChunk);
     slots.push_back(r->slot);
     chunks.emplace_back(r->prompt.begin() + r->prompt_done, r->prompt.begin() + r->prompt_done + n);
     // The first token sits at sequence position len(prompt) (only the last chunk's draw is kept).

@@ -69,9 +69,14 @@ struct RequestParams {
   // structured output: the grammar its output follows (constraint.h); null: none
   std::shared_ptr<OutputConstraint> constraint;
   // -1: none; n in [0, kMaxLogprobs]: the prompt's tokens after its first get 1 + n entries each
-  // (RowSampling::prompt_logprobs). Its prompt is prefilled whole: no prefix reuse.
+  // (RowSampling::prompt_logprobs). Its prompt is prefilled from its first token (no prefix reuse),
+  // kScoredChunk tokens a step at most.
   int32_t prompt_logprobs = -1;
 };
+
+// A prompt scored (RequestParams::prompt_logprobs) is prefilled at most this many tokens a step: its Run
+// holds every position's logits, rows x chunk x vocab floats.
+constexpr int64_t kScoredChunk = 256;
 
 enum class Finish { kNone, kStop, kLength, kAbort };
 const char* finish_name(Finish f);  // "", "stop", "length", "abort"

@@ -243,7 +243,8 @@ SlotExecutor::Row& SlotExecutor::state(int64_t row) {
 // Usually one group (the live rows fill the lowest places); a row near its capacity beside a long
 // input gets a Run of its own.
 std::vector<std::vector<size_t>> SlotExecutor::target_groups(const std::vector<int64_t>& rows,
-                                                             const std::vector<std::vector<int64_t>>& tokens) const {
+                                                             const std::vector<std::vector<int64_t>>& tokens,
+                                                             const std::vector<RowSampling>* sampling) const {
   std::vector<size_t> order(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rows_[rows[a]].place < rows_[rows[b]].place; });
@@ -252,11 +253,14 @@ std::vector<std::vector<size_t>> SlotExecutor::target_groups(const std::vector<i
     const auto inside = [&](size_t j) { return rows_[rows[j]].committed + s <= slot_positions(); };
     return inside(i) && std::all_of(group.begin(), group.end(), inside);
   };
+  // rows scoring their prompt run apart: only they need every position's logits
+  const auto scores = [&](size_t i) { return sampling && (*sampling)[i].prompt_logprobs >= 0; };
   std::vector<std::vector<size_t>> groups;
   int64_t s = 0;
   for (size_t i : order) {
     const int64_t len = fed(int64_t(tokens[i].size())), wider = std::max(s, len);
-    const bool adjacent = !groups.empty() && rows_[rows[groups.back().back()]].place + 1 == rows_[rows[i]].place;
+    const bool adjacent = !groups.empty() && rows_[rows[groups.back().back()]].place + 1 == rows_[rows[i]].place &&
+                          scores(groups.back().back()) == scores(i);
     if (adjacent && fits(groups.back(), i, wider)) {
       groups.back().push_back(i);
       s = wider;
@@ -284,18 +288,17 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
   }
   ++phase_;
   run_ = -1;
-  for (const std::vector<size_t>& group : target_groups(rows, tokens)) {
+  for (const std::vector<size_t>& group : target_groups(rows, tokens, last_only ? sampling : nullptr)) {
     const int64_t lo = rows_[rows[group.front()]].place, n = int64_t(group.size());
     int64_t s = 0, longest = 0;
     for (size_t i : group) {
       s = std::max(s, fed(int64_t(tokens[i].size())));
       longest = std::max(longest, int64_t(tokens[i].size()));
     }
-    // Logits rows per row: a prefill's last position alone, unless a row asks for its prompt logprobs,
-    // then every position's as a verify's (and each prefill row decides at its last); the padding's are
-    // never read.
-    bool every = !last_only;
-    for (size_t i : group) every = every || (sampling && (*sampling)[i].prompt_logprobs >= 0);
+    // Logits rows per row: a prefill's last position alone, unless its rows score their prompts (a group
+    // of their own), then every position's as a verify's (each prefill row deciding at its last); the
+    // padding's are never read.
+    const bool every = !last_only || (sampling && (*sampling)[group.front()].prompt_logprobs >= 0);
     const int64_t r = every ? longest : 1;
     fill(ids_.host, n * s, int64_t(0));
     fill(logits_index_.host, n * r, int64_t(0));
@@ -354,22 +357,26 @@ void SlotExecutor::score_prompts(const std::vector<size_t>& group, int64_t r,
     if (s.prompt_logprobs < 0) continue;
     const std::vector<int64_t>& chunk = tokens[i];
     const int64_t len = int64_t(chunk.size()), top = s.prompt_logprobs;
-    const float* logits = logits_.host.data() + j * r * V;
-    if (!logits_on_host) {  // decided on the device: only the rows that ask cross, once each
-      prompt_rows_.resize(len * V);
-      device_.download(prompt_rows_.data(), static_cast<const float*>(logits_.device_data(group.size() * r * V)) + j * r * V,
-                       len * V * sizeof(float));
-      device_.synchronize();
-      device_.host_bytes += len * V * sizeof(float);
-      logits = prompt_rows_.data();
-    }
     // position k's logits score the prompt's token after it: the chunk's next, or `after` past its end
     const int64_t scored = s.after >= 0 ? len : len - 1;
     std::vector<TokenLogprob>& out = prompt_logprobs_[i];
     out.resize(scored * (1 + top));
-    for (int64_t k = 0; k < scored; ++k)
-      logprobs_row(logits + k * V, V, k + 1 < len ? chunk[k + 1] : s.after, int32_t(top), out.data() + k * (1 + top),
-                   order.data());
+    const float* row = logits_on_host ? logits_.host.data() + j * r * V
+                                      : static_cast<const float*>(logits_.device_data(group.size() * r * V)) + j * r * V;
+    for (int64_t k0 = 0; k0 < scored; k0 += kScoredRows) {
+      const int64_t count = std::min(kScoredRows, scored - k0);
+      const float* logits = row + k0 * V;
+      if (!logits_on_host) {  // decided on the device: the rows that score cross, a piece at a time
+        prompt_rows_.resize(count * V);
+        device_.download(prompt_rows_.data(), logits, count * V * sizeof(float));
+        device_.synchronize();
+        device_.host_bytes += count * V * sizeof(float);
+        logits = prompt_rows_.data();
+      }
+      for (int64_t k = k0; k < k0 + count; ++k)
+        logprobs_row(logits + (k - k0) * V, V, k + 1 < len ? chunk[k + 1] : s.after, int32_t(top),
+                     out.data() + k * (1 + top), order.data());
+    }
   }
 }
 

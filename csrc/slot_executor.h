@@ -110,6 +110,9 @@ struct LogitsRows {
   }
 };
 
+// A row scoring its prompt on a device has its logits cross to the host this many positions at a time.
+constexpr int64_t kScoredRows = 32;
+
 class SlotExecutor : public Executor {
  public:
   // Opens the three graphs through `backend` and allocates every slot buffer on its device.
@@ -268,8 +271,10 @@ class SlotExecutor : public Executor {
   // Exchanges what places p and q hold (both held): their valid cache rows, draft context and states,
   // one cache slot at a time through swap_scratch_.
   void swap_places(int64_t p, int64_t q);
+  // The Runs of a target phase (`sampling`: a prefill's, whose rows scoring their prompts run apart).
   std::vector<std::vector<size_t>> target_groups(const std::vector<int64_t>& rows,
-                                                 const std::vector<std::vector<int64_t>>& tokens) const;
+                                                 const std::vector<std::vector<int64_t>>& tokens,
+                                                 const std::vector<RowSampling>* sampling) const;
   // Query rows a target Run feeds for an input of `len` tokens (min_query_tokens pads short ones).
   int64_t fed(int64_t len) const { return std::max(len, config_.min_query_tokens); }
   // Positions per target cache slot: the capacity plus room for the padding of a full row's last step.
@@ -319,7 +324,8 @@ class SlotExecutor : public Executor {
   Staged<char> decide_rows_, verdicts_, decide_logprobs_, rebuild_rows_;  // rebuild: RebuildRow bytes  // logprobs: [rows, positions, 1 + kMaxLogprobs]
   std::vector<std::vector<TokenLogprob>> logprobs_;        // the last prefill's or verify's, per row
   std::vector<std::vector<TokenLogprob>> prompt_logprobs_;  // the last prefill's, per row (RowSampling)
-  std::vector<float> prompt_rows_;  // a row's logits downloaded for its prompt logprobs
+  // a piece of a scoring row's logits downloaded for its prompt logprobs (kScoredRows positions at most)
+  std::vector<float, HostAllocator<float>> prompt_rows_{HostAllocator<float>(device_)};
   Staged<int64_t> decide_drafts_;
   // PenaltyRow, PenaltyEntry, int32 and uint32 (constraint masks) bytes
   Staged<char> penalty_rows_, penalty_entries_, penalty_tokens_, penalty_masks_;

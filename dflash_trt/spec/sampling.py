@@ -48,8 +48,8 @@ class SamplingParams:
     # under the target's raw logits (log_softmax before temperature and the cuts, as vLLM reports)
     logprobs: int | None = None
     # None: none; n: each prompt token's after the first, and the n most probable tokens' there, under the
-    # target's raw logits at the position before it (vLLM's prompt_logprobs). Its prompt is prefilled
-    # whole, never taken from the prefix cache.
+    # target's raw logits at the position before it (vLLM's prompt_logprobs). Its prompt is prefilled at
+    # most 256 tokens a step, never taken from the prefix cache.
     prompt_logprobs: int | None = None
     # What the raw logits get before everything above (greedy too), in vLLM's order: while the output is
     # shorter than min_tokens its stop tokens (EOS unless ignore_eos, stop_token_ids) are banned, and stop

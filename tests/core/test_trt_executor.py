@@ -221,8 +221,11 @@ def test_prompt_logprobs_on_the_tensorrt_executor_cross_from_the_device_as_the_h
                     scored[out["request"]] = out["prompt_logprobs"]
         return [tokens[i] for i in ids], [scored.get(i) for i in ids]
 
-    (device, device_scored), (host, host_scored) = (run(core.TrtExecutor(trt_config(ort, fakes, bundle, engines))),
-                                                    run(ort.ort_executor(bundle, max_batch=3, capacity=64)))
+    unpinned = fake_counter(fakes, "fake_cuda_unpinned_copies")
+    before = unpinned()
+    device, device_scored = run(core.TrtExecutor(trt_config(ort, fakes, bundle, engines)))
+    assert unpinned() == before  # the scored rows cross through page-locked memory too
+    host, host_scored = run(ort.ort_executor(bundle, max_batch=3, capacity=64))
     assert device == host
     assert device_scored[0] is None and device_scored[2] is None and len(device_scored[1]) == len(PROMPTS[1]) - 1
     for mine, theirs in zip(device_scored[1], host_scored[1], strict=True):

@@ -78,6 +78,13 @@ def test_beside_other_requests_and_past_the_prefix_cache(small):
     assert small.generate([PROMPT], [params])[0].metrics.cached_tokens > 0  # the cache is there
 
 
+def test_a_prompt_longer_than_a_scored_chunk_is_scored_whole(small):
+    """A scored prompt is prefilled at most 256 tokens a step (csrc/scheduler.h kScoredChunk)."""
+    prompt = torch.randint(0, 5, (300,), generator=torch.Generator().manual_seed(1)).tolist()
+    out = small.generate([prompt], SamplingParams(max_tokens=3, prompt_logprobs=1, ignore_eos=True))[0]
+    check(out, oracle(small, prompt), 1)
+
+
 def test_a_one_token_prompt_scores_nothing(small):
     out = small.generate([[3]], SamplingParams(max_tokens=2, prompt_logprobs=2))[0]
     assert out.prompt_logprobs == [None]
