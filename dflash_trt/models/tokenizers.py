@@ -28,13 +28,13 @@ def load_tokenizer(source: str) -> PreTrainedTokenizerBase | None:
 
 
 class TextStream:
-    """One request's output text, a token at a time (tokenizers' DecodeStream, special tokens
-    skipped): each token costs a bounded amount of work, where decoding all ids again would grow
+    """One request's output text, a token at a time (tokenizers' DecodeStream, special tokens skipped
+    unless asked): each token costs a bounded amount of work, where decoding all ids again would grow
     with the output. A token that ends inside a multi-byte character adds "" until it completes."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool = True):
         self._tokenizer = tokenizer.backend_tokenizer
-        self._stream = DecodeStream(skip_special_tokens=True)
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
 
     def step(self, token: int) -> str:
         return self._stream.step(self._tokenizer, token) or ""

@@ -148,7 +148,7 @@ class BatchRunner:
         if len(ids) + params.max_tokens > self.capacity:
             raise DFlashError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
                               f"capacity of {self.capacity} tokens per request; shorten the prompt or lower max_tokens")
-        stop = StopChecker(params, self.llm.eos_token_ids, self.llm.text_stream())
+        stop = StopChecker(params, self.llm.eos_token_ids, self.llm.text_stream(params.skip_special_tokens))
         metrics = RequestMetrics(block_size=self.block_size if speculative else None, prompt_tokens=len(ids))
         return _Request(next(self._ids), prompt, ids, params, speculative, stop, on_output, metrics,
                         constraint=self.llm.constraint(params))

@@ -327,9 +327,9 @@ class LLM:
         return GrammarConstraint(self._grammar_tokenizer, params.structured_output, self.vocab_size,
                                  (*self.eos_token_ids, *params.stop_token_ids), after_id)
 
-    def text_stream(self) -> TextStream | None:
+    def text_stream(self, skip_special_tokens: bool = True) -> TextStream | None:
         """A new request's detokenizer; None when the target has no tokenizer (then outputs have no text)."""
-        return None if self.tokenizer is None else TextStream(self.tokenizer)
+        return None if self.tokenizer is None else TextStream(self.tokenizer, skip_special_tokens)
 
     # -- generation ----------------------------------------------------------------------------
 

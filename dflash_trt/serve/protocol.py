@@ -127,16 +127,31 @@ StopString = Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})]
 # the output. Any other value is refused (`_Sampling.check_unsupported`).
 NO_OP_VALUES = {
     "functions": ([],), "function_call": ("none",), "suffix": ("",),
+    # vLLM's extensions beyond SamplingParams (chat's `echo` repeats the last message: chat only)
+    "use_beam_search": (False,), "length_penalty": (1,), "spaces_between_special_tokens": (True,),
+    "truncate_prompt_tokens": (), "allowed_token_ids": (), "bad_words": ([],), "priority": (0,),
+    "logits_processors": (), "return_tokens_as_token_ids": (False,), "return_token_ids": (False,),
+    "guided_whitespace_pattern": (), "continue_final_message": (False,), "add_generation_prompt": (True,),
+    "chat_template": (), "documents": (), "mm_processor_kwargs": (), "cache_salt": (), "kv_transfer_params": (),
+    "vllm_xargs": (), "echo": (False,),
+    # SGLang's
+    "no_stop_trim": (False,), "stop_regex": (), "lora_path": (), "custom_logit_processor": (),
+    "return_hidden_states": (False,), "ebnf": (),
 }
 
 
 MAX_CHOICES = 64  # n: each choice takes a KV slot of its own
 
 
+def _json_type(value: Any) -> str:
+    return {bool: "boolean", int: "number", float: "number", str: "string", list: "array"}[type(value)]
+
+
 def _no_op(name: str) -> Any:
-    """The type of the unimplemented field `name`: its no-op values or null, as the schema says."""
+    """The type of the unimplemented field `name`: its no-op values or null, as the schema says (typed:
+    JSON's true is not 1)."""
     return Annotated[Any, WithJsonSchema({
-        "anyOf": [*({"const": v} for v in NO_OP_VALUES[name]), {"type": "null"}],
+        "anyOf": [*({"type": _json_type(v), "const": v} for v in NO_OP_VALUES[name]), {"type": "null"}],
         "description": "not supported by this server: accepted only as a value that changes nothing"})]
 
 
@@ -222,6 +237,29 @@ class _Sampling(BaseModel):
     guided_grammar: Annotated[str, StringConstraints(min_length=1)] | None = Field(None, description="Lark")
     # vLLM's: each prompt token's log-probability (after the first) and the n most probable tokens' there
     prompt_logprobs: JsonInt | None = Field(None, json_schema_extra=RANGES["prompt_logprobs"])
+    include_stop_str_in_output: bool | None = None  # vLLM's: the text keeps the stop string that ended it
+    skip_special_tokens: bool | None = None  # vLLM's: false keeps special tokens in the text
+    # what this server does not implement (NO_OP_VALUES): vLLM's and SGLang's other extensions
+    use_beam_search: _no_op("use_beam_search") = None
+    length_penalty: _no_op("length_penalty") = None
+    spaces_between_special_tokens: _no_op("spaces_between_special_tokens") = None
+    truncate_prompt_tokens: _no_op("truncate_prompt_tokens") = None
+    allowed_token_ids: _no_op("allowed_token_ids") = None
+    bad_words: _no_op("bad_words") = None
+    priority: _no_op("priority") = None
+    logits_processors: _no_op("logits_processors") = None
+    return_tokens_as_token_ids: _no_op("return_tokens_as_token_ids") = None
+    return_token_ids: _no_op("return_token_ids") = None
+    guided_whitespace_pattern: _no_op("guided_whitespace_pattern") = None
+    cache_salt: _no_op("cache_salt") = None
+    kv_transfer_params: _no_op("kv_transfer_params") = None
+    vllm_xargs: _no_op("vllm_xargs") = None
+    no_stop_trim: _no_op("no_stop_trim") = None
+    stop_regex: _no_op("stop_regex") = None
+    lora_path: _no_op("lora_path") = None
+    custom_logit_processor: _no_op("custom_logit_processor") = None
+    return_hidden_states: _no_op("return_hidden_states") = None
+    ebnf: _no_op("ebnf") = None
 
     @model_validator(mode="before")
     @classmethod
@@ -271,6 +309,8 @@ class _Sampling(BaseModel):
                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                   "repetition_penalty": self.repetition_penalty, "logit_bias": self.logit_bias,
                   "min_tokens": self.min_tokens, "min_p": self.min_p, "prompt_logprobs": self.prompt_top(),
+                  "include_stop_str_in_output": self.include_stop_str_in_output,
+                  "skip_special_tokens": self.skip_special_tokens,
                   "structured_output": (self.structured() or (None, None))[1]}
         if values["structured_output"] is not None and after is not None:  # the grammar starts after it
             values["structured_output"] = {**values["structured_output"], "after": after}
@@ -295,8 +335,10 @@ class _Sampling(BaseModel):
     def check_unsupported(self) -> None:
         """A field this server does not implement, holding a value that would change the reply: refused."""
         for name, values in NO_OP_VALUES.items():
-            # only this body's own fields: another endpoint's (a chat's tools in a completion) are extras
-            value = getattr(self, name) if name in type(self).model_fields else None
+            # only this body's own no-op fields: another endpoint's (a chat's tools in a completion) are
+            # extras, and one it implements (a completion's echo) is typed
+            field = type(self).model_fields.get(name)
+            value = getattr(self, name) if field is not None and field.annotation is Any else None
             if value is None or any(_same(value, v) for v in values):
                 continue
             allowed = " or ".join(json.dumps(v) for v in values)
@@ -329,6 +371,13 @@ class ChatRequest(_Sampling):
     # the deprecated forms of tools
     functions: _no_op("functions") = None
     function_call: _no_op("function_call") = None
+    # vLLM's chat-only extensions this server does not implement
+    continue_final_message: _no_op("continue_final_message") = None
+    add_generation_prompt: _no_op("add_generation_prompt") = None
+    chat_template: _no_op("chat_template") = None
+    documents: _no_op("documents") = None
+    mm_processor_kwargs: _no_op("mm_processor_kwargs") = None
+    echo: _no_op("echo") = None
 
     def logprob_count(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:

@@ -42,6 +42,8 @@ class SamplingParams:
     top_k: int = 0  # 0: no top-k cut
     seed: int | None = None
     stop: tuple[str, ...] = ()  # stop strings: excluded from the text
+    include_stop_str_in_output: bool = False  # vLLM's: the text ends with the stop string that ended it
+    skip_special_tokens: bool = True  # vLLM's: the text leaves special tokens (EOS, chat markers) out
     stop_token_ids: tuple[int, ...] = ()  # extra stop tokens besides EOS
     ignore_eos: bool = False
     # None: no log-probabilities; n: each output token's and the n most probable tokens' log-probability
@@ -100,8 +102,9 @@ class SamplingParams:
             raise bad("top_k", "an integer in [0, 2**31)", self.top_k)
         if self.seed is not None and not (integer(self.seed) and 0 <= self.seed <= SEED_RANGE["maximum"]):
             raise bad("seed", "an integer in [0, 2**64) or None", self.seed)
-        if not isinstance(self.ignore_eos, bool):
-            raise bad("ignore_eos", "a bool", self.ignore_eos)
+        for field in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, field), bool):
+                raise bad(field, "a bool", getattr(self, field))
         if self.logprobs is not None and not (integer(self.logprobs) and in_range(self.logprobs, "logprobs")):
             raise bad("logprobs", "an integer in [0, 20] or None", self.logprobs)
         if self.prompt_logprobs is not None and not (integer(self.prompt_logprobs)

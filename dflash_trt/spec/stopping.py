@@ -32,12 +32,15 @@ class StopChecker:
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None  # "stop" or "length"
         self.stop_text_at: int | None = None  # text index where a stop string begins
+        self.stop_text_end: int | None = None  # and where it ends
         self._text = ""
 
     @property
     def text(self) -> str:
-        """The output text so far, cut where a stop string begins."""
-        return self._text if self.stop_text_at is None else self._text[: self.stop_text_at]
+        """The output text so far, cut where a stop string begins (ends, with include_stop_str_in_output)."""
+        if self.stop_text_at is None:
+            return self._text
+        return self._text[: self.stop_text_end if self.params.include_stop_str_in_output else self.stop_text_at]
 
     def add(self, tokens: list[int]) -> bool:
         """Take a step's tokens; True once finished (later tokens of the step are dropped)."""
@@ -59,7 +62,7 @@ class StopChecker:
     def _find_stop_string(self, before: int) -> bool:
         # Earlier text was searched at earlier tokens: a new match ends in the newest token's text.
         start = max(0, before - self.longest_stop + 1)
-        hits = [i for i in (self._text.find(s, start) for s in self.params.stop) if i >= 0]
-        if hits:
-            self.stop_text_at = min(hits)
+        hits = [(at, at + len(s)) for at, s in ((self._text.find(s, start), s) for s in self.params.stop) if at >= 0]
+        if hits:  # the first to begin; of those, the first listed
+            self.stop_text_at, self.stop_text_end = min(hits, key=lambda hit: hit[0])
         return bool(hits)

@@ -46,6 +46,25 @@ def test_a_stop_string_inside_one_tokens_text_and_an_empty_piece():
     assert stop.add([5]) and stop.text == "qab"
 
 
+def test_include_stop_str_in_output_keeps_the_stop_string_that_ended_it():
+    stop = StopChecker(SamplingParams(stop=["zz", "abc"], include_stop_str_in_output=True), eos_token_ids=(),
+                       text_steps=PIECES)
+    assert stop.add([3, 0, 1, 2, 3]) and (stop.token_ids, stop.text) == ([3, 0, 1, 2], "qxabc")
+    stop = StopChecker(SamplingParams(stop=["bcq", "b"], include_stop_str_in_output=True), eos_token_ids=(),
+                       text_steps=PIECES)
+    assert stop.add([0, 1]) and stop.text == "xab"  # the first to begin: "b"
+
+
+def test_special_tokens_stay_in_the_text_when_asked(tiny_pairs):
+    llm = LLM(str(tiny_pairs["qwen3"][0]), None, backend="torch")
+    ids = llm.tokenizer.encode("Hi") + [llm.tokenizer.eos_token_id]
+    kept = TextStream(llm.tokenizer, skip_special_tokens=False)
+    assert "".join(kept.step(t) for t in ids) == llm.tokenizer.decode(ids) == "Hi" + llm.tokenizer.eos_token
+    out = llm.generate([ids[:-1]], SamplingParams(max_tokens=3, logit_bias={ids[-1]: 100}, skip_special_tokens=False),
+                       speculative=False)[0]
+    assert out.token_ids == [ids[-1]] and out.text == llm.tokenizer.eos_token
+
+
 def test_length_and_stop_tokens_without_text():
     stop = StopChecker(SamplingParams(max_tokens=3, stop_token_ids=[7]), eos_token_ids=(9,), text_steps=None)
     assert stop.add([1, 7, 2]) and (stop.token_ids, stop.finish_reason, stop.text) == ([1, 7], "stop", "")
