@@ -262,6 +262,20 @@ def test_echo_puts_the_prompt_before_the_same_completion(server, client):
     assert echoed.usage.completion_tokens == plain.usage.completion_tokens
 
 
+def test_vllm_text_options_reach_the_engine(server, client, offline):
+    """include_stop_str_in_output and skip_special_tokens: the reply is offline generate's with the same
+    SamplingParams."""
+    ids = offline.tokenizer(PROMPTS[7])["input_ids"]  # a completion's prompt: no chat template
+    free = offline.generate(ids, SamplingParams(max_tokens=16))[0].text
+    stop = next(ch for ch in free[len(free) // 2:] if ch != "\ufffd")
+    for fields in ({"include_stop_str_in_output": True}, {"skip_special_tokens": False}):
+        expected = offline.generate(ids, SamplingParams(max_tokens=16, stop=[stop], **fields))[0].text
+        reply = client.completions.create(model=server.model, prompt=PROMPTS[7], max_tokens=16, temperature=0,
+                                          stop=[stop], extra_body=fields)
+        assert reply.choices[0].text == expected
+        assert expected.endswith(stop) == ("include_stop_str_in_output" in fields)
+
+
 def test_completion_of_token_ids_equals_offline(server, client, offline):
     ids = offline.tokenizer("plain text, no template")["input_ids"]
     expected = offline.generate(ids, SamplingParams(max_tokens=12))[0]
