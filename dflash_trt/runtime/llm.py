@@ -310,9 +310,17 @@ class LLM:
         return ids
 
     def constraint(self, params: SamplingParams):
-        """A request's structured output for the core (runtime/constraints.py), or None without one."""
-        if params.structured_output is None:
-            return None
+        """What a request's output must follow, for the core: its grammar (runtime/constraints.py) and its
+        allowed / bad tokens (runtime/token_rules.py), or None without any."""
+        from dflash_trt.runtime.token_rules import AllOf, TokenRules, bad_word_sequences
+
+        parts = [] if params.structured_output is None else [self._grammar(params)]
+        if params.allowed_token_ids is not None or params.bad_words:
+            bad = bad_word_sequences(self.tokenizer, params.bad_words) if params.bad_words else []
+            parts.append(TokenRules(self.vocab_size, params.allowed_token_ids, bad))
+        return None if not parts else parts[0] if len(parts) == 1 else AllOf(*parts)
+
+    def _grammar(self, params: SamplingParams):
         from dflash_trt.runtime.constraints import GrammarConstraint, grammar_tokenizer
 
         after, after_id = params.structured_output.after, None
@@ -395,6 +403,12 @@ class LLM:
             raise DFlashError("stop strings need a tokenizer; this target has none (use stop_token_ids)")
         if params.structured_output is not None and self.tokenizer is None:
             raise DFlashError("structured_output needs a tokenizer; this target has none")
+        if params.bad_words and self.tokenizer is None:
+            raise DFlashError("bad_words need a tokenizer; this target has none")
+        outside = [token for token in params.allowed_token_ids or () if token >= self.vocab_size]
+        if outside:
+            raise DFlashError(f"allowed_token_ids names token {outside[0]}, outside the target's vocabulary "
+                              f"({self.vocab_size})")
         outside = [token for token, _ in params.logit_bias if token >= self.vocab_size]
         if outside:
             raise DFlashError(f"logit_bias names token {outside[0]}, outside the target's vocabulary ({self.vocab_size})")

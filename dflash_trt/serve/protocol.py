@@ -129,7 +129,7 @@ NO_OP_VALUES = {
     "functions": ([],), "function_call": ("none",), "suffix": ("",),
     # vLLM's extensions beyond SamplingParams (chat's `echo` repeats the last message: chat only)
     "use_beam_search": (False,), "length_penalty": (1,), "spaces_between_special_tokens": (True,),
-    "truncate_prompt_tokens": (), "allowed_token_ids": (), "bad_words": ([],), "priority": (0,),
+    "truncate_prompt_tokens": (), "priority": (0,),
     "logits_processors": (), "return_tokens_as_token_ids": (False,), "return_token_ids": (False,),
     "guided_whitespace_pattern": (), "continue_final_message": (False,), "add_generation_prompt": (True,),
     "chat_template": (), "documents": (), "mm_processor_kwargs": (), "cache_salt": (), "kv_transfer_params": (),
@@ -239,13 +239,14 @@ class _Sampling(BaseModel):
     prompt_logprobs: JsonInt | None = Field(None, json_schema_extra=RANGES["prompt_logprobs"])
     include_stop_str_in_output: bool | None = None  # vLLM's: the text keeps the stop string that ended it
     skip_special_tokens: bool | None = None  # vLLM's: false keeps special tokens in the text
+    # vLLM's: the only tokens that may come, and words the reply may not hold
+    allowed_token_ids: Annotated[list[JsonInt], Field(min_length=1)] | None = None
+    bad_words: list[Annotated[str, StringConstraints(pattern=r"\S")]] | None = None
     # what this server does not implement (NO_OP_VALUES): vLLM's and SGLang's other extensions
     use_beam_search: _no_op("use_beam_search") = None
     length_penalty: _no_op("length_penalty") = None
     spaces_between_special_tokens: _no_op("spaces_between_special_tokens") = None
     truncate_prompt_tokens: _no_op("truncate_prompt_tokens") = None
-    allowed_token_ids: _no_op("allowed_token_ids") = None
-    bad_words: _no_op("bad_words") = None
     priority: _no_op("priority") = None
     logits_processors: _no_op("logits_processors") = None
     return_tokens_as_token_ids: _no_op("return_tokens_as_token_ids") = None
@@ -310,7 +311,8 @@ class _Sampling(BaseModel):
                   "repetition_penalty": self.repetition_penalty, "logit_bias": self.logit_bias,
                   "min_tokens": self.min_tokens, "min_p": self.min_p, "prompt_logprobs": self.prompt_top(),
                   "include_stop_str_in_output": self.include_stop_str_in_output,
-                  "skip_special_tokens": self.skip_special_tokens,
+                  "skip_special_tokens": self.skip_special_tokens, "allowed_token_ids": self.allowed_token_ids,
+                  "bad_words": self.bad_words,
                   "structured_output": (self.structured() or (None, None))[1]}
         if values["structured_output"] is not None and after is not None:  # the grammar starts after it
             values["structured_output"] = {**values["structured_output"], "after": after}

@@ -70,6 +70,11 @@ class SamplingParams:
     # a grammar the output follows (spec/structured.py; a dict of its fields is accepted): the tokens it
     # refuses get -inf at each position, after the adjustments above and before min_p and the rest
     structured_output: StructuredOutput | None = None
+    # vLLM's, applied as a grammar's masks are (runtime/token_rules.py): the only token ids that may come
+    # (EOS and stop ids too only if listed), and words the output may not hold (each word's tokens alone
+    # and after a space: the last token is refused where the output ends with the others)
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] = ()
 
     def __post_init__(self):
         # The one check of sampling values: the Python API, the CLI, the Triton model and the OpenAI
@@ -131,6 +136,16 @@ class SamplingParams:
         for field in ("frequency_penalty", "presence_penalty"):
             if not number(getattr(self, field)) or not in_range(getattr(self, field), field):
                 raise bad(field, "in [-2, 2]", getattr(self, field))
+        allowed = self.allowed_token_ids
+        if allowed is not None:
+            if not isinstance(allowed, (list, tuple)) or not allowed or not all(
+                    integer(t) and t >= 0 for t in allowed):
+                raise bad("allowed_token_ids", "a non-empty list of token ids", allowed)
+            object.__setattr__(self, "allowed_token_ids", tuple(sorted(set(allowed))))
+        words = self.bad_words or ()
+        if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) and w.strip() for w in words):
+            raise bad("bad_words", "a list of non-blank strings", self.bad_words)
+        object.__setattr__(self, "bad_words", tuple(words))
         object.__setattr__(self, "structured_output", StructuredOutput.of(self.structured_output))
         if self.structured_output is not None and (self.ignore_eos or self.min_tokens):
             # once the grammar is complete only a stop token may come, and these would ban it

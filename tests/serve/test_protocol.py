@@ -108,21 +108,23 @@ def test_echo_with_logprobs_asks_for_the_prompts_as_vllm_prompt_logprobs_does():
 def test_vllm_sampling_extensions_and_penalties_reach_the_sampling_parameters():
     inputs = parse(chat(ignore_eos=True, stop_token_ids=[7, 9], presence_penalty=1.5, frequency_penalty=-0.5,
                         repetition_penalty=1.1, logit_bias={"50": -100, "7": 2.5}, min_tokens=3, min_p=0.05,
-                        include_stop_str_in_output=True, skip_special_tokens=False),
+                        include_stop_str_in_output=True, skip_special_tokens=False, allowed_token_ids=[3, 1],
+                        bad_words=["no"]),
                    ChatRequest).triton_inputs()
     assert json.loads(inputs["sampling_parameters"]) == {"ignore_eos": True, "stop_token_ids": [7, 9],
                                                          "presence_penalty": 1.5, "frequency_penalty": -0.5,
                                                          "repetition_penalty": 1.1, "logit_bias": {"50": -100, "7": 2.5},
                                                          "min_tokens": 3, "min_p": 0.05,
                                                          "include_stop_str_in_output": True,
-                                                         "skip_special_tokens": False}
+                                                         "skip_special_tokens": False,
+                                                         "allowed_token_ids": [3, 1], "bad_words": ["no"]}
 
 
 # what frameworks send by default: the values that change nothing, accepted (and not passed on)
 NO_OP_FIELDS = {"response_format": {"type": "text"},
                 "tools": [], "tool_choice": "none",
                 "guided_json": None, "prompt_logprobs": None, "use_beam_search": False, "length_penalty": 1.0,
-                "bad_words": [], "priority": 0, "add_generation_prompt": True, "echo": False,
+                "priority": 0, "add_generation_prompt": True, "echo": False,
                 "truncate_prompt_tokens": None}
 
 
@@ -133,8 +135,8 @@ def test_unimplemented_fields_at_their_no_op_values_are_accepted():
 
 
 @pytest.mark.parametrize("field, value", [
-    ("functions", [{"name": "f"}]), ("function_call", "auto"), ("use_beam_search", True), ("bad_words", ["x"]),
-    ("allowed_token_ids", [1, 2]), ("truncate_prompt_tokens", 8), ("priority", 1), ("echo", True),
+    ("functions", [{"name": "f"}]), ("function_call", "auto"), ("use_beam_search", True),
+    ("truncate_prompt_tokens", 8), ("priority", 1), ("echo", True),
     ("continue_final_message", True), ("chat_template", "{{ x }}"), ("return_tokens_as_token_ids", True),
     ("stop_regex", "a+"), ("no_stop_trim", True), ("cache_salt", "s"),
 ])

@@ -276,6 +276,20 @@ def test_vllm_text_options_reach_the_engine(server, client, offline):
         assert expected.endswith(stop) == ("include_stop_str_in_output" in fields)
 
 
+def test_allowed_token_ids_and_bad_words_through_the_real_server_equal_offline(server, client, offline):
+    """Letters only, then letters but no "a" (whichever the random target favours): offline's replies."""
+    ids = offline.tokenizer(PROMPTS[8])["input_ids"]
+    letters = offline.tokenizer.convert_tokens_to_ids(list("abcde"))
+    texts = []
+    for rules in ({"allowed_token_ids": letters}, {"allowed_token_ids": letters, "bad_words": ["a"]}):
+        expected = offline.generate(ids, SamplingParams(max_tokens=12, **rules))[0].text
+        reply = client.completions.create(model=server.model, prompt=ids, max_tokens=12, temperature=0,
+                                          extra_body=rules)
+        assert reply.choices[0].text == expected and set(expected) <= set("abcde")
+        texts.append(expected)
+    assert "a" not in texts[1] and texts[0] != texts[1]
+
+
 def test_completion_of_token_ids_equals_offline(server, client, offline):
     ids = offline.tokenizer("plain text, no template")["input_ids"]
     expected = offline.generate(ids, SamplingParams(max_tokens=12))[0]

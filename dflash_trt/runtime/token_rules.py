@@ -1,0 +1,83 @@
+"""vLLM's allowed_token_ids and bad_words as an output constraint (csrc/constraint.h's protocol, as a
+grammar's: runtime/constraints.py): the tokens they refuse get -inf before every decision, each verify
+position after the drafts before it, so DFlash stays lossless under them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def bad_word_sequences(tokenizer, words: tuple[str, ...]) -> list[tuple[int, ...]]:
+    """Each bad word as the token sequences that spell it, as vLLM bans them: the word alone and after a
+    space (the form it takes inside a text), without special tokens."""
+    sequences = []
+    for word in words:
+        for text in (word.lstrip(), " " + word.lstrip()):
+            ids = tuple(tokenizer.encode(text, add_special_tokens=False))
+            if ids and ids not in sequences:
+                sequences.append(ids)
+    return sequences
+
+
+class TokenRules:
+    """`allowed`: the only tokens that may come (None: every token); `bad`: token sequences the output may
+    not hold (a sequence's last token is refused where the output so far ends with the rest of it; a
+    one-token sequence everywhere)."""
+
+    def __init__(self, vocab: int, allowed: tuple[int, ...] | None, bad: list[tuple[int, ...]]):
+        bits = np.zeros(((vocab + 31) // 32) * 32, dtype=bool)
+        bits[list(allowed) if allowed is not None else slice(0, vocab)] = True
+        bits[[seq[0] for seq in bad if len(seq) == 1]] = False
+        self.base = np.packbits(bits, bitorder="little").view(np.uint32)
+        self.longer = [seq for seq in bad if len(seq) > 1]
+        self.context = max((len(seq) - 1 for seq in self.longer), default=0)  # output tokens the rules read
+        self.recent: list[int] = []  # the output's last `context` tokens
+
+    def _mask(self, recent: list[int]) -> np.ndarray:
+        mask = self.base.copy()
+        for seq in self.longer:
+            head = len(seq) - 1
+            if len(recent) >= head and tuple(recent[len(recent) - head:]) == seq[:-1]:
+                mask[seq[-1] // 32] &= ~np.uint32(1 << (seq[-1] % 32))
+        return mask
+
+    def masks(self, drafts: list[int], may_replace: bool = False) -> tuple[int, np.ndarray, list[int]]:
+        """(k, masks [k + 1, words], drafts): k the leading drafts the rules allow, mask j following the
+        output and drafts[:j]. No draft is replaced (`may_replace` is the grammar's)."""
+        recent, rows, k = list(self.recent), [], 0
+        while True:
+            rows.append(self._mask(recent))
+            if k == len(drafts) or not rows[-1][drafts[k] // 32] >> np.uint32(drafts[k] % 32) & 1:
+                break
+            recent.append(drafts[k])
+            k += 1
+        return k, np.stack(rows), list(drafts)
+
+    def advance(self, tokens: list[int]) -> None:
+        """Committed output tokens."""
+        if self.context:
+            self.recent = (self.recent + list(tokens))[-self.context:]
+
+
+class AllOf:
+    """Several constraints as one: a token must pass every one; a draft is kept while every one keeps
+    it. The first may replace refused drafts (a grammar's forced token); the others judge the drafts
+    it returns."""
+
+    def __init__(self, *parts):
+        self.parts = parts
+
+    def masks(self, drafts: list[int], may_replace: bool = False) -> tuple[int, np.ndarray, list[int]]:
+        k, found = len(drafts), []
+        for index, part in enumerate(self.parts):
+            kept, masks, drafts = part.masks(drafts, may_replace and index == 0)
+            k = min(k, kept)
+            found.append(masks)
+        out = found[0][:k + 1].copy()
+        for masks in found[1:]:
+            out &= masks[:k + 1]
+        return k, out, drafts
+
+    def advance(self, tokens: list[int]) -> None:
+        for part in self.parts:
+            part.advance(tokens)
