@@ -145,6 +145,8 @@ class BatchRunner:
         speculative = self.speculative if speculative is None else speculative
         self.llm._check_request(params, speculative)
         ids = self.llm.encode(prompt)
+        if params.truncate_prompt_tokens is not None:
+            ids = ids[-params.truncate_prompt_tokens:]
         if len(ids) + params.max_tokens > self.capacity:
             raise DFlashError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
                               f"capacity of {self.capacity} tokens per request; shorten the prompt or lower max_tokens")

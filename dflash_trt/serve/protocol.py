@@ -118,6 +118,8 @@ def _integral(value: Any) -> Any:
 
 # an integer field of a request body (strict otherwise: "16" or true is not an integer)
 JsonInt = Annotated[int, BeforeValidator(_integral)]
+# a token id (the vocabulary's bound is the model's, checked by the engine)
+TokenId = Annotated[JsonInt, Field(ge=0), WithJsonSchema({"type": "integer", "minimum": 0})]
 # a stop string: SamplingParams refuses empty ones; the schema says so
 StopString = Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})]
 
@@ -129,7 +131,7 @@ NO_OP_VALUES = {
     "functions": ([],), "function_call": ("none",), "suffix": ("",),
     # vLLM's extensions beyond SamplingParams (chat's `echo` repeats the last message: chat only)
     "use_beam_search": (False,), "length_penalty": (1,), "spaces_between_special_tokens": (True,),
-    "truncate_prompt_tokens": (), "priority": (0,),
+    "priority": (0,),
     "logits_processors": (), "return_tokens_as_token_ids": (False,), "return_token_ids": (False,),
     "guided_whitespace_pattern": (), "continue_final_message": (False,), "add_generation_prompt": (True,),
     "chat_template": (), "documents": (), "mm_processor_kwargs": (), "cache_salt": (), "kv_transfer_params": (),
@@ -240,13 +242,14 @@ class _Sampling(BaseModel):
     include_stop_str_in_output: bool | None = None  # vLLM's: the text keeps the stop string that ended it
     skip_special_tokens: bool | None = None  # vLLM's: false keeps special tokens in the text
     # vLLM's: the only tokens that may come, and words the reply may not hold
-    allowed_token_ids: Annotated[list[JsonInt], Field(min_length=1)] | None = None
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
     bad_words: list[Annotated[str, StringConstraints(pattern=r"\S")]] | None = None
+    # vLLM's: the prompt's last n tokens only
+    truncate_prompt_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["truncate_prompt_tokens"])
     # what this server does not implement (NO_OP_VALUES): vLLM's and SGLang's other extensions
     use_beam_search: _no_op("use_beam_search") = None
     length_penalty: _no_op("length_penalty") = None
     spaces_between_special_tokens: _no_op("spaces_between_special_tokens") = None
-    truncate_prompt_tokens: _no_op("truncate_prompt_tokens") = None
     priority: _no_op("priority") = None
     logits_processors: _no_op("logits_processors") = None
     return_tokens_as_token_ids: _no_op("return_tokens_as_token_ids") = None
@@ -312,7 +315,7 @@ class _Sampling(BaseModel):
                   "min_tokens": self.min_tokens, "min_p": self.min_p, "prompt_logprobs": self.prompt_top(),
                   "include_stop_str_in_output": self.include_stop_str_in_output,
                   "skip_special_tokens": self.skip_special_tokens, "allowed_token_ids": self.allowed_token_ids,
-                  "bad_words": self.bad_words,
+                  "bad_words": self.bad_words, "truncate_prompt_tokens": self.truncate_prompt_tokens,
                   "structured_output": (self.structured() or (None, None))[1]}
         if values["structured_output"] is not None and after is not None:  # the grammar starts after it
             values["structured_output"] = {**values["structured_output"], "after": after}
@@ -484,11 +487,12 @@ class CompletionRequest(_Sampling):
 
     def echoed(self, choice: int) -> str | None:
         """What `echo` puts before choice `choice`'s text: its text prompt, "" without echo, None for token
-        ids (the Triton model decodes them)."""
+        ids or a truncated prompt (the Triton model decodes what it keeps)."""
         if not self.echo:
             return ""
         prompt = self.prompts()[choice // self.n]
-        return prompt if isinstance(prompt, str) else None
+        # a truncated prompt's text is what its kept tokens decode to
+        return prompt if isinstance(prompt, str) and self.truncate_prompt_tokens is None else None
 
     def triton_inputs(self, choice: int = 0, after: str | None = None) -> dict:
         prompt = self.prompts()[choice // self.n]

@@ -54,6 +54,9 @@ def parse_sampling(text: str | None, prompt_tokens: int, capacity: int) -> Sampl
     if unknown:
         raise RequestError(unknown[0], f"unknown sampling parameter '{unknown[0]}' (known: {', '.join(FIELDS)})")
     values = {name: value for name, value in raw.items() if value is not None}
+    cut = values.get("truncate_prompt_tokens")
+    if isinstance(cut, int) and not isinstance(cut, bool) and cut >= 1:  # the engine keeps the last `cut`
+        prompt_tokens = min(prompt_tokens, cut)
     left = capacity - prompt_tokens
     if prompt_tokens >= capacity:
         raise RequestError("prompt", f"the prompt has {prompt_tokens} tokens; the context capacity is {capacity} "

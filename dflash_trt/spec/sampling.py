@@ -22,7 +22,7 @@ RANGES = {"max_tokens": {"minimum": 1, "maximum": 2**31 - 1}, "temperature": {"m
           "repetition_penalty": {"exclusiveMinimum": 0, "maximum": 2},
           "frequency_penalty": {"minimum": -2, "maximum": 2}, "presence_penalty": {"minimum": -2, "maximum": 2},
           "logit_bias": {"minimum": -100, "maximum": 100}, "min_tokens": {"minimum": 0, "maximum": 2**31 - 1},
-          "min_p": {"minimum": 0, "maximum": 1}}
+          "min_p": {"minimum": 0, "maximum": 1}, "truncate_prompt_tokens": {"minimum": 1, "maximum": 2**31 - 1}}
 SEED_RANGE = {"minimum": 0, "maximum": 2**64 - 1}  # the core keys its RNG with 64 bits
 
 
@@ -75,6 +75,7 @@ class SamplingParams:
     # and after a space: the last token is refused where the output ends with the others)
     allowed_token_ids: tuple[int, ...] | None = None
     bad_words: tuple[str, ...] = ()
+    truncate_prompt_tokens: int | None = None  # vLLM's: the prompt's last n tokens only (None: all of it)
 
     def __post_init__(self):
         # The one check of sampling values: the Python API, the CLI, the Triton model and the OpenAI
@@ -142,6 +143,9 @@ class SamplingParams:
                     integer(t) and t >= 0 for t in allowed):
                 raise bad("allowed_token_ids", "a non-empty list of token ids", allowed)
             object.__setattr__(self, "allowed_token_ids", tuple(sorted(set(allowed))))
+        cut = self.truncate_prompt_tokens
+        if cut is not None and not (integer(cut) and in_range(cut, "truncate_prompt_tokens")):
+            raise bad("truncate_prompt_tokens", "an integer in [1, 2**31) or None", cut)
         words = self.bad_words or ()
         if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) and w.strip() for w in words):
             raise bad("bad_words", "a list of non-blank strings", self.bad_words)

@@ -85,6 +85,18 @@ def test_a_prompt_longer_than_a_scored_chunk_is_scored_whole(small):
     check(out, oracle(small, prompt), 1)
 
 
+def test_a_truncated_prompt_is_its_last_tokens(small):
+    """vLLM's truncate_prompt_tokens: the request is its prompt's last n tokens, scored as such."""
+    params = SamplingParams(max_tokens=6, ignore_eos=True, truncate_prompt_tokens=4, prompt_logprobs=1)
+    out = small.generate([PROMPT], params)[0]
+    assert out.prompt_token_ids == PROMPT[-4:]
+    check(out, oracle(small, PROMPT[-4:]), 1)
+    assert out.token_ids == small.generate([PROMPT[-4:]], SamplingParams(max_tokens=6, ignore_eos=True))[0].token_ids
+    for bad in (0, -1, 1.5):
+        with pytest.raises(DFlashError, match="SamplingParams.truncate_prompt_tokens must be an integer"):
+            SamplingParams(truncate_prompt_tokens=bad)
+
+
 def test_a_one_token_prompt_scores_nothing(small):
     out = small.generate([[3]], SamplingParams(max_tokens=2, prompt_logprobs=2))[0]
     assert out.prompt_logprobs == [None]

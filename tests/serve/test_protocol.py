@@ -94,6 +94,10 @@ def test_several_prompts_are_n_choices_each():
     assert [request.echoed(choice) for choice in range(4)] == [None] * 4  # token ids: the model decodes them
     texts = parse(json.dumps({"model": "m", "prompt": ["x", "y"], "echo": True}).encode(), CompletionRequest)
     assert [texts.echoed(0), texts.echoed(1)] == ["x", "y"]
+    cut = parse(json.dumps({"model": "m", "prompt": "x y z", "echo": True, "truncate_prompt_tokens": 2}).encode(),
+                CompletionRequest)
+    assert cut.echoed(0) is None  # the model decodes the tokens it keeps
+    assert json.loads(cut.triton_inputs()["sampling_parameters"])["truncate_prompt_tokens"] == 2
 
 
 def test_echo_with_logprobs_asks_for_the_prompts_as_vllm_prompt_logprobs_does():
@@ -124,8 +128,7 @@ def test_vllm_sampling_extensions_and_penalties_reach_the_sampling_parameters():
 NO_OP_FIELDS = {"response_format": {"type": "text"},
                 "tools": [], "tool_choice": "none",
                 "guided_json": None, "prompt_logprobs": None, "use_beam_search": False, "length_penalty": 1.0,
-                "priority": 0, "add_generation_prompt": True, "echo": False,
-                "truncate_prompt_tokens": None}
+                "priority": 0, "add_generation_prompt": True, "echo": False}
 
 
 def test_unimplemented_fields_at_their_no_op_values_are_accepted():
@@ -136,7 +139,7 @@ def test_unimplemented_fields_at_their_no_op_values_are_accepted():
 
 @pytest.mark.parametrize("field, value", [
     ("functions", [{"name": "f"}]), ("function_call", "auto"), ("use_beam_search", True),
-    ("truncate_prompt_tokens", 8), ("priority", 1), ("echo", True),
+    ("priority", 1), ("echo", True),
     ("continue_final_message", True), ("chat_template", "{{ x }}"), ("return_tokens_as_token_ids", True),
     ("stop_regex", "a+"), ("no_stop_trim", True), ("cache_salt", "s"),
 ])

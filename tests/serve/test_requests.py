@@ -98,3 +98,11 @@ def test_tools_reach_only_a_template_that_renders_them():
         with pytest.raises(RequestError) as err:
             template_tools(text, template)
         assert err.value.param == "tools" and words in err.value.message
+
+
+def test_a_truncated_prompt_counts_only_the_tokens_it_keeps():
+    params = parse_sampling('{"truncate_prompt_tokens": 10}', 100, 64)  # 100 tokens, the last 10 kept
+    assert params.max_tokens == 54 and params.truncate_prompt_tokens == 10
+    with pytest.raises(RequestError) as err:
+        parse_sampling('{"truncate_prompt_tokens": 10, "max_tokens": 55}', 100, 64)
+    assert err.value.param == "max_tokens"
