@@ -191,7 +191,7 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         reply = Reply(chat=chat, model=settings.model, with_meta_info=parsed.return_meta_info,
                       logprobs=parsed.logprob_count() is not None, reasoning=thinking is not None,
                       prompt_top=parsed.prompt_logprobs, echo_top=echo_top)
-        reply.per_prompt = parsed.n
+        reply.per_prompt, reply.token_ids = parsed.n, bool(parsed.return_token_ids)
         count = parsed.choice_count()
         most = 1 if getattr(parsed, "parallel_tool_calls", None) is False else None
         readers = [ReplyText(thinking, settings.tool_parser, tools, most, forced) for _ in range(count)]
@@ -243,8 +243,8 @@ async def _whole(request: Request, reply: Reply, choices: Choices, readers: list
                  echoes: list[str | None]) -> Response:
     """Collect every choice's reply (after its echo, a completion's echoed prompt: None for the text the
     Triton model sends); if one is refused, or the client leaves first, stop them all."""
-    texts, logprobs, last = ([[] for _ in range(choices.count)] for _ in range(3))
-    echoes, prompts, seen = list(echoes), [None] * choices.count, set()
+    texts, logprobs, last, ids = ([[] for _ in range(choices.count)] for _ in range(4))
+    echoes, prompts, prompt_ids, seen = list(echoes), [None] * choices.count, [()] * choices.count, set()
 
     async def collect():
         while not choices.done:
@@ -252,8 +252,9 @@ async def _whole(request: Request, reply: Reply, choices: Choices, readers: list
             if choice not in seen:  # its first piece: the prompt's text and logprobs, when asked
                 seen.add(choice)
                 echoes[choice] = piece.prompt_text if echoes[choice] is None else echoes[choice]
-                prompts[choice] = piece.prompt_logprobs
+                prompts[choice], prompt_ids[choice] = piece.prompt_logprobs, piece.prompt_token_ids
             texts[choice].append(piece.text)
+            ids[choice] += piece.token_ids
             logprobs[choice] += piece.logprobs or []
             last[choice] = piece
 
@@ -268,10 +269,11 @@ async def _whole(request: Request, reply: Reply, choices: Choices, readers: list
     finally:
         await choices.close()
     outcomes = []
-    for text, found, piece, reader, echo, prompt in zip(texts, logprobs, last, readers, echoes, prompts):
-        reader.next("".join(text), final=True)
-        outcomes.append(Outcome(echo + reader.content, _finish(piece.finish_reason, reader),
-                                found if reply.logprobs else None, reader.calls, reader.reasoning, prompt))
+    for choice, (piece, reader) in enumerate(zip(last, readers, strict=True)):
+        reader.next("".join(texts[choice]), final=True)
+        outcomes.append(Outcome(echoes[choice] + reader.content, _finish(piece.finish_reason, reader),
+                                logprobs[choice] if reply.logprobs else None, reader.calls, reader.reasoning,
+                                prompts[choice], ids[choice], prompt_ids[choice]))
     return JSONResponse(reply.whole(outcomes, merged_usage([piece.usage for piece in last], reply.per_prompt)))
 
 

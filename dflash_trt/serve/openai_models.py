@@ -102,6 +102,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None
+    token_ids: list[int] | None = Field(None, description="vLLM's, with return_token_ids: the reply's tokens")
 
 
 class ChatCompletion(BaseModel):
@@ -112,6 +113,8 @@ class ChatCompletion(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's, when asked: the rendered prompt's")
+    prompt_token_ids: list[int] | None = Field(None, description="vLLM's, with return_token_ids: the rendered "
+                                                                 "prompt's tokens")
     meta_info: MetaInfo | None = None
 
 
@@ -147,6 +150,8 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
     prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's, when asked: its prompt's")
+    prompt_token_ids: list[int] | None = Field(None, description="vLLM's, with return_token_ids: its prompt's")
+    token_ids: list[int] | None = Field(None, description="vLLM's, with return_token_ids: the reply's tokens")
 
 
 class Completion(BaseModel):

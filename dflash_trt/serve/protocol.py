@@ -132,7 +132,7 @@ NO_OP_VALUES = {
     # vLLM's extensions beyond SamplingParams (chat's `echo` repeats the last message: chat only)
     "use_beam_search": (False,), "length_penalty": (1,), "spaces_between_special_tokens": (True,),
     "priority": (0,),
-    "logits_processors": (), "return_tokens_as_token_ids": (False,), "return_token_ids": (False,),
+    "logits_processors": (), "return_tokens_as_token_ids": (False,),
     "guided_whitespace_pattern": (), "continue_final_message": (False,), "add_generation_prompt": (True,),
     "chat_template": (), "documents": (), "mm_processor_kwargs": (), "cache_salt": (), "kv_transfer_params": (),
     "vllm_xargs": (), "echo": (False,),
@@ -244,6 +244,8 @@ class _Sampling(BaseModel):
     # vLLM's: the only tokens that may come, and words the reply may not hold
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
     bad_words: list[Annotated[str, StringConstraints(pattern=r"\S")]] | None = None
+    # vLLM's: the reply carries the prompt's and each choice's token ids (not in streams here)
+    return_token_ids: bool | None = None
     # vLLM's: the prompt's last n tokens only
     truncate_prompt_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["truncate_prompt_tokens"])
     # what this server does not implement (NO_OP_VALUES): vLLM's and SGLang's other extensions
@@ -253,7 +255,6 @@ class _Sampling(BaseModel):
     priority: _no_op("priority") = None
     logits_processors: _no_op("logits_processors") = None
     return_tokens_as_token_ids: _no_op("return_tokens_as_token_ids") = None
-    return_token_ids: _no_op("return_token_ids") = None
     guided_whitespace_pattern: _no_op("guided_whitespace_pattern") = None
     cache_salt: _no_op("cache_salt") = None
     kv_transfer_params: _no_op("kv_transfer_params") = None
@@ -328,6 +329,9 @@ class _Sampling(BaseModel):
         if self.stream and self.prompt_logprobs is not None:  # as vLLM
             raise RequestError("prompt_logprobs", "prompt_logprobs are not returned in streams: leave out one of "
                                                   "stream and prompt_logprobs")
+        if self.stream and self.return_token_ids:
+            raise RequestError("return_token_ids", "token ids are not returned in streams here: leave out one of "
+                                                   "stream and return_token_ids")
         try:
             sampling_params(self.sampling(self.max_tokens))
         except RequestError as err:
@@ -445,7 +449,7 @@ class ChatRequest(_Sampling):
             inputs["chat_template_kwargs"] = json.dumps(self.chat_template_kwargs)
         if self.offered_tools():
             inputs["tools"] = json.dumps([tool.model_dump(exclude_none=True) for tool in self.tools])
-        return inputs
+        return {**inputs, "return_token_ids": True} if self.return_token_ids else inputs
 
 
 class CompletionRequest(_Sampling):
@@ -498,7 +502,8 @@ class CompletionRequest(_Sampling):
         prompt = self.prompts()[choice // self.n]
         key = "text_input" if isinstance(prompt, str) else "input_ids"
         inputs = {key: prompt, "sampling_parameters": json.dumps(self.sampling(self.max_tokens, choice % self.n))}
-        return {**inputs, "echo": True} if self.echo else inputs
+        flags = {name: True for name in ("echo", "return_token_ids") if getattr(self, name)}
+        return {**inputs, **flags}
 
 
 def refusal(errors: list[dict], data: Any) -> RequestError:

@@ -15,7 +15,8 @@ MODEL_SOURCE = Path(__file__).parent / "triton_model" / "model.py"
 # string (vLLM backend's convention); stream=false gives one response (what /generate needs).
 # Outputs: text and token ids (deltas when streaming, whole otherwise), the finish reason and a usage
 # JSON (token counts, acceptance lengths) on the last response. The first response also carries, when
-# asked, the prompt's text (echo: true) and its tokens' logprobs (sampling parameter prompt_logprobs).
+# asked, the prompt's text (echo: true), its token ids (return_token_ids: true) and its tokens' logprobs
+# (sampling parameter prompt_logprobs).
 CONFIG = """name: "{name}"
 backend: "python"
 max_batch_size: 0
@@ -28,7 +29,8 @@ input [
   {{ name: "input_ids", data_type: TYPE_INT64, dims: [ -1 ], optional: true }},
   {{ name: "sampling_parameters", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
   {{ name: "stream", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
-  {{ name: "echo", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }}
+  {{ name: "echo", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
+  {{ name: "return_token_ids", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }}
 ]
 output [
   {{ name: "text_output", data_type: TYPE_STRING, dims: [ 1 ] }},
@@ -37,7 +39,8 @@ output [
   {{ name: "usage", data_type: TYPE_STRING, dims: [ 1 ] }},
   {{ name: "logprobs", data_type: TYPE_STRING, dims: [ 1 ] }},
   {{ name: "prompt_text", data_type: TYPE_STRING, dims: [ 1 ] }},
-  {{ name: "prompt_logprobs", data_type: TYPE_STRING, dims: [ 1 ] }}
+  {{ name: "prompt_logprobs", data_type: TYPE_STRING, dims: [ 1 ] }},
+  {{ name: "prompt_token_ids", data_type: TYPE_INT64, dims: [ -1 ] }}
 ]
 instance_group [ {{ count: 1, kind: KIND_CPU }} ]
 {parameters}

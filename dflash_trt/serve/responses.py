@@ -137,6 +137,8 @@ class Outcome:
     tool_calls: list = ()
     reasoning: str | None = None
     prompt: list | None = None  # the Triton model's prompt entries, when asked (Piece.prompt_logprobs)
+    token_ids: list[int] = ()  # the reply's and its prompt's tokens (shown with return_token_ids)
+    prompt_token_ids: list[int] = ()
 
 
 def _tool_call(call, index: int | None = None) -> ToolCall:
@@ -164,6 +166,7 @@ class Reply:
         # vLLM's prompt_logprobs asked (its count), and a completion's echo with logprobs (their count)
         self.prompt_top, self.echo_top = prompt_top, echo_top
         self.per_prompt = 1  # choices per prompt (n), in a row: a prompt's tokens count once in the usage
+        self.token_ids = False  # replies carry the prompt's and the reply's token ids (return_token_ids)
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
@@ -179,6 +182,10 @@ class Reply:
                        for i, o in enumerate(outcomes)]
             if self.prompt_top is not None:  # the choices share their prompt
                 extra["prompt_logprobs"] = vllm_prompt_logprobs(outcomes[0].prompt, self.prompt_top)
+            if self.token_ids:
+                extra["prompt_token_ids"] = list(outcomes[0].prompt_token_ids)
+                for choice, o in zip(choices, outcomes, strict=True):
+                    choice.token_ids = list(o.token_ids)
             return dump(ChatCompletion(object="chat.completion", choices=choices, **self._head(), **extra))
         choices = []
         for i, o in enumerate(outcomes):
@@ -186,6 +193,8 @@ class Reply:
             if self.echo_top is not None:
                 logprobs = echoed_logprobs(o.prompt, self.echo_top) + (logprobs or [])
             scored = {} if self.prompt_top is None else {"prompt_logprobs": vllm_prompt_logprobs(o.prompt, self.prompt_top)}
+            if self.token_ids:
+                scored.update(prompt_token_ids=list(o.prompt_token_ids), token_ids=list(o.token_ids))
             choices.append(CompletionChoice(index=i, text=o.text, logprobs=completion_logprobs(logprobs),
                                             finish_reason=o.finish_reason, **scored))
         return dump(Completion(object="text_completion", choices=choices, **self._head(), **extra))

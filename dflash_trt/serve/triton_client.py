@@ -33,6 +33,7 @@ class Piece:
     # [[id, text, logprob] of the top ones]] (the first's logprob and top null)
     prompt_text: str = ""
     prompt_logprobs: list | None = None
+    prompt_token_ids: list[int] = ()  # the first piece's, when asked (return_token_ids)
 
 
 def _error(message: str) -> Exception:
@@ -47,13 +48,17 @@ def _refusal(body: str) -> Exception:
     return _error(data["error"]) if isinstance(data, dict) and "error" in data else UpstreamError(body)
 
 
+def _ids(value) -> list[int]:
+    """An INT64 [-1] output as Triton's JSON gives it: a list, or a lone number for one element."""
+    return value if isinstance(value, list) else [value]
+
+
 def _piece(data: dict) -> Piece:
-    ids = data.get("token_ids", [])
-    return Piece(text=data.get("text_output", ""), token_ids=ids if isinstance(ids, list) else [ids],
+    return Piece(text=data.get("text_output", ""), token_ids=_ids(data.get("token_ids", [])),
                  finish_reason=data.get("finish_reason") or None,
                  usage=json.loads(data["usage"]) if data.get("usage") else None,
                  logprobs=json.loads(data["logprobs"]) if data.get("logprobs") else None,
-                 prompt_text=data.get("prompt_text", ""),
+                 prompt_text=data.get("prompt_text", ""), prompt_token_ids=_ids(data.get("prompt_token_ids", [])),
                  prompt_logprobs=json.loads(data["prompt_logprobs"]) if data.get("prompt_logprobs") else None)
 
 

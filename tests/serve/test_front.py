@@ -57,6 +57,7 @@ class FakeTriton:
         top = json.loads(inputs.get("sampling_parameters") or "{}").get("prompt_logprobs")
         ids = inputs.get("input_ids") or [7, 8]
         first = {"prompt_text": f"<{' '.join(map(str, ids))}>" if inputs.get("echo") else "",
+                 "prompt_token_ids": ids if inputs.get("return_token_ids") else (),
                  "prompt_logprobs": None if top is None else [
                      [t, f"t{t}", None if i == 0 else -0.5 * i, None if i == 0 else
                       [[100 + k, f"t{100 + k}", -0.1 * (k + 1)] for k in range(top + 1)]] for i, t in enumerate(ids)]}
@@ -144,6 +145,7 @@ def test_models_health_metrics(front):
     ("/v1/chat/completions", {"json": chat(min_p=1.1)}, 400, "min_p"),
     ("/v1/chat/completions", {"json": chat(guided_regex="(", stream=True)}, 400, "guided_regex"),
     ("/v1/chat/completions", {"json": chat(prompt_logprobs=1, stream=True)}, 400, "prompt_logprobs"),
+    ("/v1/chat/completions", {"json": chat(return_token_ids=True, stream=True)}, 400, "return_token_ids"),
     ("/v1/completions", {"json": {"model": "tiny", "prompt": "x", "prompt_logprobs": 21}}, 400, "prompt_logprobs"),
     ("/v1/completions", {"json": {"model": "tiny", "prompt": ["a", "b"], "n": 33}}, 400, "prompt"),
     ("/v1/completions", {"json": {"model": "tiny", "prompt": []}}, 400, "prompt"),
@@ -405,6 +407,15 @@ def test_vllm_prompt_logprobs_of_a_completion_and_a_chat(front):
     assert reply["prompt_logprobs"][0] is None and reply["prompt_logprobs"][1] == {
         "8": {"logprob": -0.5, "rank": None, "decoded_token": "t8"}}
     assert "prompt_logprobs" not in front.post("/v1/chat/completions", json=chat()).json()
+
+
+def test_return_token_ids_gives_the_prompts_and_each_replys_ids(front):
+    whole = front.post("/v1/completions", json={"model": "tiny", "prompt": [[4, 5], [6]], "return_token_ids": True}).json()
+    assert [(c["prompt_token_ids"], c["token_ids"]) for c in whole["choices"]] == [([4, 5], [0, 1, 2]), ([6], [0, 1, 2])]
+    reply = front.post("/v1/chat/completions", json=chat(return_token_ids=True, n=2)).json()
+    assert reply["prompt_token_ids"] == [7, 8] and [c["token_ids"] for c in reply["choices"]] == [[0, 1, 2]] * 2
+    plain = front.post("/v1/completions", json={"model": "tiny", "prompt": [4, 5]}).json()
+    assert "token_ids" not in plain["choices"][0] and "return_token_ids" not in front.triton.requests[-1]
 
 
 def test_echo_puts_the_prompt_before_a_completion(front):

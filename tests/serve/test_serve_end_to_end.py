@@ -295,6 +295,9 @@ def test_completion_of_token_ids_equals_offline(server, client, offline):
     expected = offline.generate(ids, SamplingParams(max_tokens=12))[0]
     reply = client.completions.create(model=server.model, prompt=ids, max_tokens=12, temperature=0)
     assert reply.choices[0].text == expected.text and reply.usage.completion_tokens == len(expected.token_ids)
+    asked = client.completions.create(model=server.model, prompt=ids, max_tokens=12, temperature=0,
+                                      extra_body={"return_token_ids": True}).choices[0]
+    assert asked.prompt_token_ids == ids and asked.token_ids == expected.token_ids  # vLLM's return_token_ids
 
 
 def test_logprobs_equal_offline(server, client, offline):

@@ -74,7 +74,7 @@ class TritonPythonModel:
             sampling = _string(request, "sampling_parameters")
             params = parse_sampling(sampling, len(ids), self.engine.capacity)
             responder = _Responder(self, sender, _bool(request, "stream"), params, self.llm.tokenizer,
-                                   echo=_bool(request, "echo"))
+                                   echo=_bool(request, "echo"), prompt_ids=_bool(request, "return_token_ids"))
             with self.lock:  # the engine may answer before add_request returns
                 rid = self.engine.add_request(ids, params, on_output=responder)
                 if not responder.done:
@@ -135,13 +135,13 @@ class TritonPythonModel:
 class _Responder:
     """on_output for one request: deltas while streaming, one response otherwise; FINAL on the last."""
 
-    def __init__(self, model, sender, stream: bool, params, tokenizer, echo: bool = False):
+    def __init__(self, model, sender, stream: bool, params, tokenizer, echo: bool = False, prompt_ids: bool = False):
         self.model, self.sender, self.stream = model, sender, stream
         self.deltas = DeltaStream(tuple(params.stop))
         self.top, self.tokenizer = params.logprobs, tokenizer
         self.prompt_top = params.prompt_logprobs
-        self.echo = echo
-        self.prompt_sent = False  # the prompt's text and logprobs go in the first response
+        self.echo, self.prompt_ids = echo, prompt_ids
+        self.prompt_sent = False  # the prompt's text, ids and logprobs go in the first response
         self.rid = None
         self.done = False
         self.cancelled = False
@@ -180,26 +180,26 @@ class _Responder:
             return ""
         return json.dumps([_token_logprobs(e, self.top, self._text) for e in out.logprobs[start:start + count]])
 
-    def _prompt(self, out) -> tuple[str, str]:
-        """(the prompt's text with echo, its logprobs' JSON with prompt_logprobs) in the first response,
-        else ("", ""). Per prompt token [id, text, logprob, [[id, text, logprob] of the top ones]], the
-        first's logprob and top null."""
+    def _prompt(self, out) -> tuple[str, list[int], str]:
+        """(the prompt's text with echo, its ids with return_token_ids, its logprobs' JSON with
+        prompt_logprobs) in the first response, else ("", [], ""). Per prompt token [id, text, logprob,
+        [[id, text, logprob] of the top ones]], the first's logprob and top null."""
         if self.prompt_sent:
-            return "", ""
+            return "", [], ""
         self.prompt_sent = True
-        text = ""
+        text, ids = "", out.prompt_token_ids if self.prompt_ids else []
         if self.echo:
-            ids = out.prompt_token_ids
-            text = self.tokenizer.decode(ids) if self.tokenizer is not None else " ".join(map(str, ids))
+            prompt = out.prompt_token_ids
+            text = self.tokenizer.decode(prompt) if self.tokenizer is not None else " ".join(map(str, prompt))
         if self.prompt_top is None or out.prompt_logprobs is None:
-            return text, ""
+            return text, ids, ""
         first, *rest = out.prompt_token_ids
         entries = [[first, self._text(first), None, None]]
         for token, found in zip(rest, out.prompt_logprobs[1:], strict=True):
             ranked = sorted(found.items(), key=lambda e: -e[1])[:self.prompt_top]
             entries.append([token, self._text(token), found[token],
                             [[t, self._text(t), lp] for t, lp in ranked]])
-        return text, json.dumps(entries)
+        return text, ids, json.dumps(entries)
 
     def _send(self, out, final: bool) -> None:
         if final and self.cancelled:  # nobody reads it; Triton still needs the FINAL flag
@@ -214,7 +214,7 @@ class _Responder:
         if self.stream and not final and not text and not ids:
             return
         usage = _usage(out) if final else ""
-        prompt_text, prompt_logprobs = self._prompt(out)
+        prompt_text, prompt_ids, prompt_logprobs = self._prompt(out)
         tensors = [
             pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)),
             pb_utils.Tensor("token_ids", np.array(ids, dtype=np.int64)),
@@ -223,6 +223,7 @@ class _Responder:
             pb_utils.Tensor("logprobs", np.array([self._logprobs(out, sent, len(ids)).encode()], dtype=np.object_)),
             pb_utils.Tensor("prompt_text", np.array([prompt_text.encode()], dtype=np.object_)),
             pb_utils.Tensor("prompt_logprobs", np.array([prompt_logprobs.encode()], dtype=np.object_)),
+            pb_utils.Tensor("prompt_token_ids", np.array(prompt_ids, dtype=np.int64)),
         ]
         self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
 
