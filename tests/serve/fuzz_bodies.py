@@ -26,9 +26,10 @@ def asks(body: dict, field: str) -> bool:
 def acceptable(body):
     if not isinstance(body, dict):
         return body
-    prompt, n = body.get("prompt"), body.get("n")
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) and isinstance(n, int) and n > 0:
-        body["prompt"] = prompt[:max(1, MAX_CHOICES // n)]
+    prompt, n = body.get("prompt"), body.get("n", 1)
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) and isinstance(n, (int, float)) \
+            and not isinstance(n, bool) and n >= 1:  # n may come as an integral float (56.0)
+        body["prompt"] = prompt[:max(1, MAX_CHOICES // int(n))]
     if body.get("stream") is True:
         body["prompt_logprobs"] = body["return_token_ids"] = None
     choice = body.get("tool_choice")
