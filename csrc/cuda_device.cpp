@@ -340,6 +340,17 @@ void CudaDevice::decide(const float* logits, int64_t vocab, const DecideRow* row
         "launching the logprobs kernel");
 }
 
+void CudaDevice::score(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
+                       const int64_t* drafts, const Verdict* verdicts, int32_t* order, TokenLogprob* logprobs) {
+  bind();
+  load_decide_module();
+  if (count == 0) return;
+  void* args[] = {&logits, &vocab, &rows, &drafts, &verdicts, &order, &logprobs};
+  check(driver_->launch(logprobs_, unsigned(count), unsigned(positions), 1, kDecideThreads, 1, 1, 0, stream_, args,
+                        nullptr),
+        "launching the logprobs kernel");
+}
+
 void CudaDevice::draw_drafts(const float* scores, const int64_t* columns, int64_t top_k, const DecideRow* rows,
                              int64_t count, int64_t drafts, const int64_t* ids, const DraftQ& q, float* probs,
                              int32_t* order, int64_t* tokens) {

@@ -46,6 +46,8 @@ class CudaDevice final : public Device {
   void decide(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
               const int64_t* drafts, const DraftQ& drafter, float* probs, int32_t* order, Verdict* out,
               TokenLogprob* logprobs) override;
+  void score(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
+             const int64_t* drafts, const Verdict* verdicts, int32_t* order, TokenLogprob* logprobs) override;
   void draw_drafts(const float* scores, const int64_t* columns, int64_t top_k, const DecideRow* rows, int64_t count,
                    int64_t drafts, const int64_t* ids, const DraftQ& q, float* probs, int32_t* order,
                    int64_t* tokens) override;

@@ -81,6 +81,16 @@ class Device {
         (void)order, (void)out, (void)logprobs;
     DFLASH_INVARIANT(false);
   }
+  // Given tokens' log-probabilities (a prompt's): row k's tokens j <= verdicts[k].accepted (its drafts,
+  // then verdicts[k].next) under logits rows rows[k].first + j -> logprobs [count, positions, 1 +
+  // kMaxLogprobs] with rows[k].sampling.logprobs top ones (decide.h's logprobs_row_by); scratch order
+  // [count, positions, vocab]. Only where `decides`; ordered after the calls before it.
+  virtual void score(const float* logits, int64_t vocab, const DecideRow* rows, int64_t count, int64_t positions,
+                     const int64_t* drafts, const Verdict* verdicts, int32_t* order, TokenLogprob* logprobs) {
+    (void)logits, (void)vocab, (void)rows, (void)count, (void)positions, (void)drafts, (void)verdicts, (void)order,
+        (void)logprobs;
+    DFLASH_INVARIANT(false);
+  }
   // Penalties and constraint masks (penalties.h) of rows[0..count) over logits [*, vocab], in place,
   // `positions` the most any row has; rows, entries, tokens and masks are this device's memory. Only
   // where `decides`; ordered after the calls before it.

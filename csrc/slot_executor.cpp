@@ -337,7 +337,7 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
     }
     run_target_range(lo, n, s, r, decision == nullptr);
     // before the penalties: prompt logprobs are the raw logits'
-    if (last_only && every) score_prompts(group, r, tokens, *sampling, decision == nullptr);
+    if (last_only && every) score_prompts(group, r, tokens, *sampling, decision != nullptr);
     if (sampling) penalize_run(group, r, decides_at, *sampling, tokens, last_only, decision != nullptr);
     if (config_.has_drafter()) inject_run(n, s);
     if (decision) decide_run(group, n, r, decides_at, *decision);
@@ -348,34 +348,69 @@ void SlotExecutor::run_target(const std::vector<int64_t>& rows, const std::vecto
 
 void SlotExecutor::score_prompts(const std::vector<size_t>& group, int64_t r,
                                  const std::vector<std::vector<int64_t>>& tokens,
-                                 const std::vector<RowSampling>& sampling, bool logits_on_host) {
+                                 const std::vector<RowSampling>& sampling, bool on_device) {
   const int64_t V = config_.vocab;
-  std::vector<int32_t> order(V);
+  // Position k of a row's chunk scores the prompt's token after it: the chunk's next, or `after` past
+  // its end. On a device, the decided-logprobs kernel takes those tokens as a row's kept drafts (and the
+  // last as its `next`): only the entries cross to the host.
+  std::vector<DecideRow> rows;
+  std::vector<Verdict> verdicts;
+  std::vector<int64_t> targets;
+  std::vector<size_t> scoring;  // rows' indices in `sampling`
+  int64_t positions = 0;
   for (size_t j = 0; j < group.size(); ++j) {
     const size_t i = group[j];
     const RowSampling& s = sampling[i];
-    if (s.prompt_logprobs < 0) continue;
     const std::vector<int64_t>& chunk = tokens[i];
-    const int64_t len = int64_t(chunk.size()), top = s.prompt_logprobs;
-    // position k's logits score the prompt's token after it: the chunk's next, or `after` past its end
-    const int64_t scored = s.after >= 0 ? len : len - 1;
-    std::vector<TokenLogprob>& out = prompt_logprobs_[i];
-    out.resize(scored * (1 + top));
-    const float* row = logits_on_host ? logits_.host.data() + j * r * V
-                                      : static_cast<const float*>(logits_.device_data(group.size() * r * V)) + j * r * V;
-    for (int64_t k0 = 0; k0 < scored; k0 += kScoredRows) {
-      const int64_t count = std::min(kScoredRows, scored - k0);
-      const float* logits = row + k0 * V;
-      if (!logits_on_host) {  // decided on the device: the rows that score cross, a piece at a time
-        prompt_rows_.resize(count * V);
-        device_.download(prompt_rows_.data(), logits, count * V * sizeof(float));
-        device_.synchronize();
-        device_.host_bytes += count * V * sizeof(float);
-        logits = prompt_rows_.data();
-      }
-      for (int64_t k = k0; k < k0 + count; ++k)
-        logprobs_row(logits + (k - k0) * V, V, k + 1 < len ? chunk[k + 1] : s.after, int32_t(top),
-                     out.data() + k * (1 + top), order.data());
+    if (s.prompt_logprobs < 0 || (chunk.size() == 1 && s.after < 0)) continue;  // asks not, or nothing to score
+    DecideRow row;
+    row.first = int64_t(j) * r;
+    row.sampling.logprobs = s.prompt_logprobs;
+    row.drafts = int64_t(targets.size());
+    targets.insert(targets.end(), chunk.begin() + 1, chunk.end());
+    if (s.after >= 0) targets.push_back(s.after);
+    const int64_t scored = int64_t(targets.size()) - row.drafts;
+    row.num_drafts = scored - 1;
+    rows.push_back(row);
+    verdicts.push_back({scored - 1, targets.back()});
+    scoring.push_back(i);
+    positions = std::max(positions, scored);
+  }
+  if (rows.empty()) return;
+  const int64_t per_token = 1 + kMaxLogprobs, count = int64_t(rows.size());
+  std::vector<TokenLogprob> entries(count * positions * per_token);
+  if (on_device) {
+    const auto stage = [](auto& staged, const void* data, size_t bytes) {
+      staged.host.resize(bytes / sizeof(staged.host[0]));
+      std::memcpy(staged.host.data(), data, bytes);
+      staged.upload();
+    };
+    stage(decide_rows_, rows.data(), rows.size() * sizeof(DecideRow));
+    stage(verdicts_, verdicts.data(), verdicts.size() * sizeof(Verdict));
+    stage(decide_drafts_, targets.data(), targets.size() * sizeof(int64_t));
+    decide_order_.reserve(count * positions * V);
+    decide_logprobs_.host.resize(entries.size() * sizeof(TokenLogprob));
+    device_.score(static_cast<const float*>(logits_.device_data(group.size() * r * V)), V,
+                  reinterpret_cast<const DecideRow*>(decide_rows_.device_data()), count, positions,
+                  static_cast<const int64_t*>(decide_drafts_.device_data()),
+                  reinterpret_cast<const Verdict*>(verdicts_.device_data()),
+                  reinterpret_cast<int32_t*>(decide_order_.at(0)),
+                  reinterpret_cast<TokenLogprob*>(decide_logprobs_.device_data()));
+    decide_logprobs_.download();
+    device_.synchronize();
+    std::memcpy(entries.data(), decide_logprobs_.host.data(), decide_logprobs_.host.size());
+  } else {
+    std::vector<int32_t> order(V);
+    for (int64_t k = 0; k < count; ++k)
+      for (int64_t j = 0; j <= verdicts[k].accepted; ++j)
+        logprobs_row(logits_.host.data() + (rows[k].first + j) * V, V, targets[rows[k].drafts + j],
+                     rows[k].sampling.logprobs, entries.data() + (k * positions + j) * per_token, order.data());
+  }
+  for (int64_t k = 0; k < count; ++k) {
+    std::vector<TokenLogprob>& out = prompt_logprobs_[scoring[k]];
+    for (int64_t j = 0; j <= verdicts[k].accepted; ++j) {
+      const TokenLogprob* at = entries.data() + (k * positions + j) * per_token;
+      out.insert(out.end(), at, at + 1 + rows[k].sampling.logprobs);
     }
   }
 }

@@ -110,9 +110,6 @@ struct LogitsRows {
   }
 };
 
-// A row scoring its prompt on a device has its logits cross to the host this many positions at a time.
-constexpr int64_t kScoredRows = 32;
-
 class SlotExecutor : public Executor {
  public:
   // Opens the three graphs through `backend` and allocates every slot buffer on its device.
@@ -231,9 +228,10 @@ class SlotExecutor : public Executor {
                     const std::vector<RowSampling>& sampling, const std::vector<std::vector<int64_t>>& tokens,
                     bool last_only, bool on_device);
   // The prompt logprobs (RowSampling::prompt_logprobs) of a prefill Run's rows that ask, from its raw
-  // logits [n, r, V] (every position's), into prompt_logprobs_.
+  // logits [n, r, V] (every position's), into prompt_logprobs_; `on_device`: where the logits are
+  // (Device::score), else on the host.
   void score_prompts(const std::vector<size_t>& group, int64_t r, const std::vector<std::vector<int64_t>>& tokens,
-                     const std::vector<RowSampling>& sampling, bool logits_on_host);
+                     const std::vector<RowSampling>& sampling, bool on_device);
   void run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r, bool logits_to_host);
   // Linear layer k's conv / recurrent state after Run row j's last logits row, in Run `run` of the
   // current phase (device memory).
@@ -324,8 +322,6 @@ class SlotExecutor : public Executor {
   Staged<char> decide_rows_, verdicts_, decide_logprobs_, rebuild_rows_;  // rebuild: RebuildRow bytes  // logprobs: [rows, positions, 1 + kMaxLogprobs]
   std::vector<std::vector<TokenLogprob>> logprobs_;        // the last prefill's or verify's, per row
   std::vector<std::vector<TokenLogprob>> prompt_logprobs_;  // the last prefill's, per row (RowSampling)
-  // a piece of a scoring row's logits downloaded for its prompt logprobs (kScoredRows positions at most)
-  std::vector<float, HostAllocator<float>> prompt_rows_{HostAllocator<float>(device_)};
   Staged<int64_t> decide_drafts_;
   // PenaltyRow, PenaltyEntry, int32 and uint32 (constraint masks) bytes
   Staged<char> penalty_rows_, penalty_entries_, penalty_tokens_, penalty_masks_;

@@ -131,10 +131,10 @@ def test_output_constraints_masked_on_cuda_give_the_reference_and_the_cpu_execut
     assert constrained(cuda, temperature=0.8, seed=3) == constrained(cpu, temperature=0.8, seed=3)
 
 
-def test_prompt_logprobs_on_cuda_cross_from_the_device_as_the_cpu_executor_gives_them(pair_dirs):
-    """A prefill row asking for prompt logprobs decides on the device while its every position's logits
-    are downloaded and scored (chunked: each chunk's last position by the next chunk's first token),
-    beside a row that does not ask: the CPU executor's tokens and entries (float32)."""
+def test_prompt_logprobs_scored_on_cuda_equal_the_cpu_executors(pair_dirs):
+    """A prefill row asking for prompt logprobs has every position scored on the device by the
+    decided-logprobs kernel (chunked: each chunk's last position by the next chunk's first token), beside
+    a row that does not ask: the CPU executor's tokens and entries (float32)."""
     cuda = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch", prefill_chunk=3)
     cpu = LLM(*pair_dirs, block_size=4, device="cpu", backend="torch", prefill_chunk=3)
     prompts = [prompt for _, prompt, _ in workload(cpu.vocab_size, 2, seed=7)]

@@ -200,11 +200,10 @@ def test_a_dflash2_drafter_on_the_tensorrt_executor_drafts_and_decodes_as_the_py
             assert tokens == ref_tokens and accepted == ref_accepted[: len(accepted)]
 
 
-def test_prompt_logprobs_on_the_tensorrt_executor_cross_from_the_device_as_the_host_path_gives_them(core, ort, fakes,
-                                                                                                   pair):
-    """A prefill whose row asks for prompt logprobs decides on the device from its last position's logits
-    while the asking row's every position is downloaded and scored (chunked: each chunk's last position by
-    the next chunk's first token): the onnxruntime executor's tokens and entries, beside rows that do not ask."""
+def test_prompt_logprobs_on_the_tensorrt_executor_are_scored_on_the_device_as_on_the_host(core, ort, fakes, pair):
+    """A prefill whose row asks for prompt logprobs has every position's logits scored on the device by the
+    decided-logprobs kernel (chunked: each chunk's last position by the next chunk's first token) and
+    decides from the last: the onnxruntime executor's tokens and entries, beside rows that do not ask."""
     bundle, engines, *_ = pair
 
     def run(executor):
@@ -221,10 +220,11 @@ def test_prompt_logprobs_on_the_tensorrt_executor_cross_from_the_device_as_the_h
                     scored[out["request"]] = out["prompt_logprobs"]
         return [tokens[i] for i in ids], [scored.get(i) for i in ids]
 
-    unpinned = fake_counter(fakes, "fake_cuda_unpinned_copies")
-    before = unpinned()
+    launches = fake_counter(fakes, "fake_cuda_logprobs_launches")
+    before = launches()
     device, device_scored = run(core.TrtExecutor(trt_config(ort, fakes, bundle, engines)))
-    assert unpinned() == before  # the scored rows cross through page-locked memory too
+    # scored by the decided-logprobs kernel where the logits are (no other row asks for logprobs)
+    assert (launches() > before) == core.HAS_DEVICE_DECIDE
     host, host_scored = run(ort.ort_executor(bundle, max_batch=3, capacity=64))
     assert device == host
     assert device_scored[0] is None and device_scored[2] is None and len(device_scored[1]) == len(PROMPTS[1]) - 1

@@ -47,7 +47,7 @@ std::atomic<long> unpinned_copies{0};
 std::atomic<long> draft_draws{0}, drafter_positions{0};
 // launches of the target-token kernel in its one-block and its cluster form; of the draft kernel's cluster form
 std::atomic<long> block_launches{0}, wide_launches{0}, wide_draws{0}, misfit_blocks{0}, halved_blocks{0},
-    penalty_launches{0};
+    penalty_launches{0}, logprobs_launches{0};
 constexpr int kSms = 32;  // the fake GPU's SMs (cuDeviceGetAttribute)
 bool is_pinned(const void* p, size_t bytes) {
   std::lock_guard<std::mutex> hold(pinned_lock);
@@ -137,6 +137,7 @@ EXPORT CUresult cuGraphDestroy(CUgraph graph) {
 }
 EXPORT long fake_cuda_wide_draws() { return wide_draws.load(); }
 EXPORT long fake_cuda_penalty_launches() { return penalty_launches.load(); }
+EXPORT long fake_cuda_logprobs_launches() { return logprobs_launches.load(); }
 EXPORT long fake_cuda_misfit_blocks() { return misfit_blocks.load(); }
 EXPORT long fake_cuda_halved_blocks() { return halved_blocks.load(); }
 EXPORT CUresult cuInit(unsigned int) { return CUDA_SUCCESS; }
@@ -446,6 +447,7 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
     const dflash::Verdict* verdicts = *static_cast<const dflash::Verdict**>(args[4]);
     int32_t* order = *static_cast<int32_t**>(args[5]);
     dflash::TokenLogprob* logprobs = *static_cast<dflash::TokenLogprob**>(args[6]);
+    ++logprobs_launches;
     enqueue([=] {  // runs when the stream gets to it
       for (unsigned b = 0; b < grid_x; ++b)
         for (unsigned j = 0; j < grid_y; ++j) {
