@@ -186,7 +186,9 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
             raise RequestError("tools", "this server parses no tool calls: its chat template writes none in a "
                                         "format it knows; start it with --tool-call-parser (and --chat-template), "
                                         "or force the calls with tool_choice")
-        thinking = settings.thinking(parsed.chat_template_kwargs or {}) if chat and settings.thinking else None
+        # a continued last message opens no turn, so no think block either: the reply is all content
+        thinking = (settings.thinking(parsed.chat_template_kwargs or {})
+                    if chat and settings.thinking and not parsed.continue_final_message else None)
         echo_top = parsed.logprobs if not chat and parsed.echo else None
         reply = Reply(chat=chat, model=settings.model, with_meta_info=parsed.return_meta_info,
                       logprobs=parsed.logprob_count() is not None, reasoning=thinking is not None,

@@ -13,8 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, WithJsonSchema, model_validator
 
+from dflash_trt.models.chat import ENDINGS
 from dflash_trt.serve.reply_text import forced_schema
-from dflash_trt.serve.requests import RequestError, sampling_params
+from dflash_trt.serve.requests import RequestError, sampling_params, template_kwargs
 from dflash_trt.spec.sampling import RANGES
 
 
@@ -133,7 +134,7 @@ NO_OP_VALUES = {
     "use_beam_search": (False,), "length_penalty": (1,), "spaces_between_special_tokens": (True,),
     "priority": (0,),
     "logits_processors": (), "return_tokens_as_token_ids": (False,),
-    "guided_whitespace_pattern": (), "continue_final_message": (False,), "add_generation_prompt": (True,),
+    "guided_whitespace_pattern": (),
     "chat_template": (), "documents": (), "mm_processor_kwargs": (), "cache_salt": (), "kv_transfer_params": (),
     "vllm_xargs": (), "echo": (False,),
     # SGLang's
@@ -368,6 +369,10 @@ class ChatRequest(_Sampling):
     max_completion_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["max_tokens"])
     # extra variables for the chat template (vLLM's and SGLang's field), e.g. {"enable_thinking": false}
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: how the conversation ends for the model (models/chat.py ENDINGS)
+    add_generation_prompt: bool | None = Field(None, description="default true: the assistant's turn is opened")
+    continue_final_message: bool | None = Field(None, description="true: the reply continues the last message "
+                                                                  "(its first words given); no turn is opened")
     logprobs: bool | None = None
     top_logprobs: JsonInt | None = Field(None, json_schema_extra=RANGES["logprobs"])
     # tool calling: the tools go to the chat template, the calls the model writes come back parsed
@@ -381,8 +386,6 @@ class ChatRequest(_Sampling):
     functions: _no_op("functions") = None
     function_call: _no_op("function_call") = None
     # vLLM's chat-only extensions this server does not implement
-    continue_final_message: _no_op("continue_final_message") = None
-    add_generation_prompt: _no_op("add_generation_prompt") = None
     chat_template: _no_op("chat_template") = None
     documents: _no_op("documents") = None
     mm_processor_kwargs: _no_op("mm_processor_kwargs") = None
@@ -409,7 +412,13 @@ class ChatRequest(_Sampling):
         schema = forced_schema(self.offered_tools(), forced, self.parallel_tool_calls is False)
         return "tool_choice", {"json": schema}
 
+    def template_variables(self) -> dict:
+        """What the chat template gets beside the turns: chat_template_kwargs and how the conversation ends."""
+        endings = {name: getattr(self, name) for name in ENDINGS if getattr(self, name) is not None}
+        return {**(self.chat_template_kwargs or {}), **endings}
+
     def check_sampling(self) -> None:
+        template_kwargs(json.dumps(self.template_variables()))  # the Triton model's own check, before it
         forced = self.forced_tool()
         if forced is not None and not self.tools:
             raise RequestError("tool_choice", "tool_choice forces a call, and the request offers no tools")
@@ -445,8 +454,8 @@ class ChatRequest(_Sampling):
         tokens = self.max_completion_tokens or self.max_tokens
         inputs = {"messages": json.dumps(messages),
                   "sampling_parameters": json.dumps(self.sampling(tokens, choice, after))}
-        if self.chat_template_kwargs:
-            inputs["chat_template_kwargs"] = json.dumps(self.chat_template_kwargs)
+        if self.template_variables():
+            inputs["chat_template_kwargs"] = json.dumps(self.template_variables())
         if self.offered_tools():
             inputs["tools"] = json.dumps([tool.model_dump(exclude_none=True) for tool in self.tools])
         return {**inputs, "return_token_ids": True} if self.return_token_ids else inputs

@@ -10,6 +10,7 @@ import json
 from dataclasses import fields
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.models.chat import ENDINGS
 from dflash_trt.spec.sampling import SamplingParams
 
 FIELDS = [f.name for f in fields(SamplingParams)]
@@ -80,10 +81,11 @@ def sampling_params(values: dict) -> SamplingParams:
         raise RequestError(message.split(" ", 1)[0], message) from None
 
 
-# apply_chat_template's own arguments: a template variable must not take their place
-TEMPLATE_ARGUMENTS = {"conversation", "tools", "documents", "chat_template", "add_generation_prompt",
-                      "continue_final_message", "tokenize", "padding", "truncation", "max_length",
-                      "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
+# apply_chat_template's own arguments: a template variable must not take their place (but for how the
+# conversation ends, models/chat.py's ENDINGS, which the OpenAI front sends among them, as vLLM merges them)
+TEMPLATE_ARGUMENTS = {"conversation", "tools", "documents", "chat_template", "tokenize", "padding", "truncation",
+                      "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+                      "tokenizer_kwargs"}
 
 
 def template_kwargs(text: str | None) -> dict:
@@ -101,6 +103,12 @@ def template_kwargs(text: str | None) -> dict:
     if taken:
         raise RequestError("chat_template_kwargs", f"chat_template_kwargs may not set {taken[0]!r}, an argument of "
                                                    "the chat template call itself")
+    for name in ENDINGS:
+        if name in values and not isinstance(values[name], bool):
+            raise RequestError("chat_template_kwargs", f"chat_template_kwargs' {name} must be true or false")
+    if values.get("continue_final_message") and values.get("add_generation_prompt"):
+        raise RequestError("continue_final_message", "continue_final_message continues the last message, and "
+                                                     "add_generation_prompt opens a new turn: send one")
     return values
 
 

@@ -45,6 +45,7 @@ def front_options(config: ServeConfig) -> dict:
     """FrontSettings' tool_parser (--tool-call-parser, or for auto the format the chat template
     teaches: tool_calls.detect_parser) and thinking (with --reasoning-parser: whether the template's
     generation prompt, under a request's chat_template_kwargs, leaves a think block open)."""
+    from dflash_trt.models.chat import ENDINGS
     from dflash_trt.models.checkpoints import resolve_target
     from dflash_trt.models.tokenizers import load_tokenizer
     from dflash_trt.serve.reply_text import opens_thinking
@@ -69,8 +70,8 @@ def front_options(config: ServeConfig) -> dict:
                 return False
             return opens_thinking(prompt)
 
-        def thinking(kwargs: dict) -> bool:
-            return rendered(json.dumps(kwargs, sort_keys=True))
+        def thinking(kwargs: dict) -> bool:  # whether the assistant's turn, opened, opens a think block
+            return rendered(json.dumps({k: v for k, v in kwargs.items() if k not in ENDINGS}, sort_keys=True))
     return {"tool_parser": parser, "thinking": thinking}
 
 

@@ -112,3 +112,20 @@ def test_chat_renders_each_conversation_through_the_template_as_generate_runs_it
         assert out.prompt_token_ids == ids and out.token_ids == llm.generate(ids, params)[0].token_ids
     with pytest.raises(DFlashError, match="does not render tools"):
         llm.chat(conversations[0], params, tools=[{"type": "function", "function": {"name": "f"}}])
+
+
+def test_chat_continues_a_final_message_when_asked(llm):
+    """vLLM's continue_final_message: the assistant's first words are given and the reply continues them
+    (the template leaves the last message open, no turn opened)."""
+    from dflash_trt.errors import DFlashError
+
+    turns = [{"role": "user", "content": "count"}, {"role": "assistant", "content": "one, two,"}]
+    params = SamplingParams(max_tokens=8)
+    out = llm.chat(turns, params, add_generation_prompt=False, continue_final_message=True)[0]
+    text = llm.tokenizer.apply_chat_template(turns, add_generation_prompt=False, continue_final_message=True,
+                                             tokenize=False)
+    assert text.endswith("one, two,")  # open: no end of turn after it
+    ids = llm.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert out.prompt_token_ids == ids and out.token_ids == llm.generate(ids, params)[0].token_ids
+    with pytest.raises(DFlashError, match="continue_final_message needs add_generation_prompt=False"):
+        llm.chat(turns, params, continue_final_message=True)

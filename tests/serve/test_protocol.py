@@ -128,7 +128,7 @@ def test_vllm_sampling_extensions_and_penalties_reach_the_sampling_parameters():
 NO_OP_FIELDS = {"response_format": {"type": "text"},
                 "tools": [], "tool_choice": "none",
                 "guided_json": None, "prompt_logprobs": None, "use_beam_search": False, "length_penalty": 1.0,
-                "priority": 0, "add_generation_prompt": True, "echo": False}
+                "priority": 0, "echo": False}
 
 
 def test_unimplemented_fields_at_their_no_op_values_are_accepted():
@@ -140,7 +140,7 @@ def test_unimplemented_fields_at_their_no_op_values_are_accepted():
 @pytest.mark.parametrize("field, value", [
     ("functions", [{"name": "f"}]), ("function_call", "auto"), ("use_beam_search", True),
     ("priority", 1), ("echo", True),
-    ("continue_final_message", True), ("chat_template", "{{ x }}"), ("return_tokens_as_token_ids", True),
+    ("chat_template", "{{ x }}"), ("return_tokens_as_token_ids", True),
     ("stop_regex", "a+"), ("no_stop_trim", True), ("cache_salt", "s"),
 ])
 def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, value):
@@ -272,3 +272,14 @@ def test_a_completion_refuses_a_suffix():
 def test_another_endpoints_unimplemented_field_is_an_extra_here():
     """tools belong to chat bodies: a completion carrying them is only carrying an unknown field."""
     parse(json.dumps({"model": "m", "prompt": "x", "tools": [{"type": "function"}]}).encode(), CompletionRequest)
+
+
+def test_how_a_conversation_ends_goes_to_the_template_with_its_kwargs():
+    inputs = parse(chat(continue_final_message=True, add_generation_prompt=False,
+                        chat_template_kwargs={"enable_thinking": False}), ChatRequest).triton_inputs()
+    assert json.loads(inputs["chat_template_kwargs"]) == {"enable_thinking": False, "continue_final_message": True,
+                                                          "add_generation_prompt": False}
+    assert "chat_template_kwargs" not in parse(chat(), ChatRequest).triton_inputs()
+    with pytest.raises(RequestError) as err:
+        parse(chat(continue_final_message=True, add_generation_prompt=True), ChatRequest)
+    assert err.value.param == "continue_final_message"

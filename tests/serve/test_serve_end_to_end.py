@@ -290,6 +290,16 @@ def test_allowed_token_ids_and_bad_words_through_the_real_server_equal_offline(s
     assert "a" not in texts[1] and texts[0] != texts[1]
 
 
+def test_a_continued_final_message_equals_offline_chat(server, client, offline):
+    turns = [{"role": "user", "content": PROMPTS[9]}, {"role": "assistant", "content": "Sure: "}]
+    expected = offline.chat(turns, SamplingParams(max_tokens=10), add_generation_prompt=False,
+                            continue_final_message=True)[0]
+    reply = client.chat.completions.create(model=server.model, messages=turns, max_tokens=10, temperature=0,
+                                           extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert reply.choices[0].message.content == expected.text
+    assert reply.usage.prompt_tokens == len(expected.prompt_token_ids)
+
+
 def test_completion_of_token_ids_equals_offline(server, client, offline):
     ids = offline.tokenizer("plain text, no template")["input_ids"]
     expected = offline.generate(ids, SamplingParams(max_tokens=12))[0]
