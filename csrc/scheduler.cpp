@@ -310,7 +310,7 @@ void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOu
     Request& r = *rows[i];
     slots_.commit(r.slot, int64_t(chunks[i].size()));
     const std::vector<TokenLogprob>& scored = executor_.prompt_logprobs(i);
-    const int64_t top = r.params.prompt_logprobs, after = r.prompt_done + int64_t(chunks[i].size()) < int64_t(r.prompt.size());
+    const int64_t top = r.params.prompt_logprobs, after = sampling[i].after >= 0;  // a chunk before the last
     if (top >= 0 && int64_t(scored.size()) != (int64_t(chunks[i].size()) - 1 + after) * (1 + top))
       throw Error("executor returned " + std::to_string(scored.size()) + " prompt logprob entries for a chunk of " +
                   std::to_string(chunks[i].size()) + " tokens of slot " + std::to_string(r.slot));

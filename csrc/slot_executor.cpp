@@ -14,6 +14,14 @@ void positive(const std::string& who, int64_t value, const char* name) {
   if (value < 1) throw Error(who + ": " + name + " must be >= 1, got " + std::to_string(value));
 }
 
+// `bytes` of host data into a Staged array's host side, then to the device.
+template <typename T>
+void stage(Staged<T>& staged, const void* data, size_t bytes) {
+  staged.host.resize(bytes / sizeof(T));
+  std::memcpy(staged.host.data(), data, bytes);
+  staged.upload();
+}
+
 std::vector<int64_t> up_to(int64_t n) {
   std::vector<int64_t> all(n);
   for (int64_t i = 0; i < n; ++i) all[i] = i;
@@ -157,10 +165,8 @@ SlotExecutor::SlotExecutor(const SlotExecutorConfig& config, std::unique_ptr<Gra
   draft_of_ = draft_ids_of(config_.draft_vocab, config_.vocab, who_);
   if (config_.sample_drafts && device_.decides() && !draft_of_.empty()) {  // the rule's maps, on the device once
     draft_vocab_device_.host.assign(config_.draft_vocab.begin(), config_.draft_vocab.end());
-    draft_of_device_.host.resize((draft_of_.size() * sizeof(int32_t) + 7) / 8 * 8);  // whole int64 elements
-    std::memcpy(draft_of_device_.host.data(), draft_of_.data(), draft_of_.size() * sizeof(int32_t));
     draft_vocab_device_.upload();
-    draft_of_device_.upload();
+    stage(draft_of_device_, draft_of_.data(), draft_of_.size() * sizeof(int32_t));  // int32s in an int64 mirror
     device_.synchronize();
   }
   target_ = backend_->open(config_.target_path);
@@ -377,39 +383,35 @@ void SlotExecutor::score_prompts(const std::vector<size_t>& group, int64_t r,
     positions = std::max(positions, scored);
   }
   if (rows.empty()) return;
-  const int64_t per_token = 1 + kMaxLogprobs, count = int64_t(rows.size());
-  std::vector<TokenLogprob> entries(count * positions * per_token);
-  if (on_device) {
-    const auto stage = [](auto& staged, const void* data, size_t bytes) {
-      staged.host.resize(bytes / sizeof(staged.host[0]));
-      std::memcpy(staged.host.data(), data, bytes);
-      staged.upload();
-    };
-    stage(decide_rows_, rows.data(), rows.size() * sizeof(DecideRow));
-    stage(verdicts_, verdicts.data(), verdicts.size() * sizeof(Verdict));
-    stage(decide_drafts_, targets.data(), targets.size() * sizeof(int64_t));
-    decide_order_.reserve(count * positions * V);
-    decide_logprobs_.host.resize(entries.size() * sizeof(TokenLogprob));
-    device_.score(static_cast<const float*>(logits_.device_data(group.size() * r * V)), V,
-                  reinterpret_cast<const DecideRow*>(decide_rows_.device_data()), count, positions,
-                  static_cast<const int64_t*>(decide_drafts_.device_data()),
-                  reinterpret_cast<const Verdict*>(verdicts_.device_data()),
-                  reinterpret_cast<int32_t*>(decide_order_.at(0)),
-                  reinterpret_cast<TokenLogprob*>(decide_logprobs_.device_data()));
-    decide_logprobs_.download();
-    device_.synchronize();
-    std::memcpy(entries.data(), decide_logprobs_.host.data(), decide_logprobs_.host.size());
-  } else {
-    std::vector<int32_t> order(V);
-    for (int64_t k = 0; k < count; ++k)
-      for (int64_t j = 0; j <= verdicts[k].accepted; ++j)
-        logprobs_row(logits_.host.data() + (rows[k].first + j) * V, V, targets[rows[k].drafts + j],
-                     rows[k].sampling.logprobs, entries.data() + (k * positions + j) * per_token, order.data());
+  const int64_t count = int64_t(rows.size());
+  if (!on_device) {  // the host form of the same rule: logits row j scores target j
+    for (int64_t k = 0; k < count; ++k) {
+      const std::vector<int64_t> mine(targets.begin() + rows[k].drafts,
+                                      targets.begin() + rows[k].drafts + verdicts[k].accepted + 1);
+      RowSampling asked;
+      asked.sampling.logprobs = rows[k].sampling.logprobs;
+      prompt_logprobs_[scoring[k]] = host_logprobs(mine, logits_.host.data() + rows[k].first * V, V, asked);
+    }
+    return;
   }
+  const int64_t per_token = 1 + kMaxLogprobs;
+  stage(decide_rows_, rows.data(), rows.size() * sizeof(DecideRow));
+  stage(verdicts_, verdicts.data(), verdicts.size() * sizeof(Verdict));
+  stage(decide_drafts_, targets.data(), targets.size() * sizeof(int64_t));
+  decide_order_.reserve(count * positions * V);
+  decide_logprobs_.host.resize(count * positions * per_token * sizeof(TokenLogprob));
+  device_.score(static_cast<const float*>(logits_.device_data(group.size() * r * V)), V,
+                reinterpret_cast<const DecideRow*>(decide_rows_.device_data()), count, positions,
+                static_cast<const int64_t*>(decide_drafts_.device_data()),
+                reinterpret_cast<const Verdict*>(verdicts_.device_data()), reinterpret_cast<int32_t*>(decide_order_.at(0)),
+                reinterpret_cast<TokenLogprob*>(decide_logprobs_.device_data()));
+  decide_logprobs_.download();
+  device_.synchronize();
+  const auto* entries = reinterpret_cast<const TokenLogprob*>(decide_logprobs_.host.data());
   for (int64_t k = 0; k < count; ++k) {
     std::vector<TokenLogprob>& out = prompt_logprobs_[scoring[k]];
     for (int64_t j = 0; j <= verdicts[k].accepted; ++j) {
-      const TokenLogprob* at = entries.data() + (k * positions + j) * per_token;
+      const TokenLogprob* at = entries + (k * positions + j) * per_token;
       out.insert(out.end(), at, at + 1 + rows[k].sampling.logprobs);
     }
   }
@@ -445,11 +447,6 @@ void SlotExecutor::penalize_run(const std::vector<size_t>& group, int64_t r, con
   }
   entries.emplace_back();  // never empty: its device mirror is always a valid pointer
   masks.emplace_back();
-  const auto stage = [](Staged<char>& staged, const void* data, size_t bytes) {
-    staged.host.resize(bytes);
-    std::memcpy(staged.host.data(), data, bytes);
-    staged.upload();
-  };
   stage(penalty_rows_, rows.data(), rows.size() * sizeof(PenaltyRow));
   stage(penalty_entries_, entries.data(), entries.size() * sizeof(PenaltyEntry));
   stage(penalty_tokens_, blocks.data(), blocks.size() * sizeof(int32_t));

@@ -412,10 +412,9 @@ class LLM:
             raise DFlashError("structured_output needs a tokenizer; this target has none")
         if params.bad_words and self.tokenizer is None:
             raise DFlashError("bad_words need a tokenizer; this target has none")
-        outside = [token for token in params.allowed_token_ids or () if token >= self.vocab_size]
-        if outside:
-            raise DFlashError(f"allowed_token_ids names token {outside[0]}, outside the target's vocabulary "
-                              f"({self.vocab_size})")
-        outside = [token for token, _ in params.logit_bias if token >= self.vocab_size]
-        if outside:
-            raise DFlashError(f"logit_bias names token {outside[0]}, outside the target's vocabulary ({self.vocab_size})")
+        for field, tokens in (("allowed_token_ids", params.allowed_token_ids or ()),
+                              ("logit_bias", [token for token, _ in params.logit_bias])):
+            outside = [token for token in tokens if token >= self.vocab_size]
+            if outside:
+                raise DFlashError(f"{field} names token {outside[0]}, outside the target's vocabulary "
+                                  f"({self.vocab_size})")

@@ -196,9 +196,8 @@ class _Responder:
         first, *rest = out.prompt_token_ids
         entries = [[first, self._text(first), None, None]]
         for token, found in zip(rest, out.prompt_logprobs[1:], strict=True):
-            ranked = sorted(found.items(), key=lambda e: -e[1])[:self.prompt_top]
             entries.append([token, self._text(token), found[token],
-                            [[t, self._text(t), lp] for t, lp in ranked]])
+                            [[t, self._text(t), lp] for t, lp in _ranked(found, self.prompt_top)]])
         return text, ids, json.dumps(entries)
 
     def _send(self, out, final: bool) -> None:
@@ -236,8 +235,13 @@ def _refuse(sender, error: RequestError) -> None:
 def _token_logprobs(entries: dict, top: int, text) -> list:
     """One output token's {id: logprob} (its own first, then the top ones) -> [text, logprob, [[text,
     logprob] of the `top` most probable]]."""
-    (token, logprob), ranked = next(iter(entries.items())), sorted(entries.items(), key=lambda e: -e[1])[:top]
-    return [text(token), logprob, [[text(t), lp] for t, lp in ranked]]
+    token, logprob = next(iter(entries.items()))
+    return [text(token), logprob, [[text(t), lp] for t, lp in _ranked(entries, top)]]
+
+
+def _ranked(entries: dict, top: int) -> list:
+    """A position's {id: logprob} (its token's own, then the top ones) -> the `top` most probable pairs."""
+    return sorted(entries.items(), key=lambda e: -e[1])[:top]
 
 
 def _usage(out) -> str:
