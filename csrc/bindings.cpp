@@ -83,6 +83,7 @@ py::dict output_dict(const RequestOutput& o) {
   if (o.prompt_scored > 0) d["prompt_logprobs"] = logprob_lists(o.prompt_logprobs, o.prompt_scored);
   d["num_tokens"] = o.num_tokens;
   d["cached_tokens"] = o.cached_tokens;
+  d["num_preemptions"] = o.preemptions;
   d["finish_reason"] = o.finish == Finish::kNone ? py::object(py::none()) : py::object(py::str(finish_name(o.finish)));
   py::dict metrics = to_dict(o.metrics);
   auto seconds = [](const std::optional<double>& s) { return s ? py::cast(*s) : py::object(py::none()); };
@@ -541,13 +542,15 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<SchedulerConfig>(m, "SchedulerConfig")
       .def(py::init([](int64_t max_batch, int64_t capacity, int64_t block_size, uint64_t engine_seed, bool adaptive,
-                       int64_t max_waiting, int64_t prefill_chunk, bool prefix_reuse, int64_t prefix_wait_tokens) {
-             return SchedulerConfig{max_batch,   capacity,      block_size,   engine_seed,       adaptive,
-                                    max_waiting, prefill_chunk, prefix_reuse, prefix_wait_tokens};
+                       int64_t max_waiting, int64_t prefill_chunk, bool prefix_reuse, int64_t prefix_wait_tokens,
+                       bool by_priority) {
+             return SchedulerConfig{max_batch,     capacity,     block_size,         engine_seed, adaptive, max_waiting,
+                                    prefill_chunk, prefix_reuse, prefix_wait_tokens, by_priority};
            }),
            py::kw_only(), py::arg("max_batch") = 8, py::arg("capacity") = 2048, py::arg("block_size") = 4,
            py::arg("engine_seed") = 0, py::arg("adaptive") = false, py::arg("max_waiting") = -1,
-           py::arg("prefill_chunk") = 0, py::arg("prefix_reuse") = true, py::arg("prefix_wait_tokens") = 128)
+           py::arg("prefill_chunk") = 0, py::arg("prefix_reuse") = true, py::arg("prefix_wait_tokens") = 128,
+           py::arg("by_priority") = false)
       .def_readonly("max_batch", &SchedulerConfig::max_batch)
       .def_readonly("capacity", &SchedulerConfig::capacity)
       .def_readonly("block_size", &SchedulerConfig::block_size)
@@ -556,14 +559,16 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("max_waiting", &SchedulerConfig::max_waiting)
       .def_readonly("prefill_chunk", &SchedulerConfig::prefill_chunk)
       .def_readonly("prefix_reuse", &SchedulerConfig::prefix_reuse)
-      .def_readonly("prefix_wait_tokens", &SchedulerConfig::prefix_wait_tokens);
+      .def_readonly("prefix_wait_tokens", &SchedulerConfig::prefix_wait_tokens)
+      .def_readonly("by_priority", &SchedulerConfig::by_priority);
 
   py::class_<RequestParams>(m, "RequestParams")
       .def(py::init([](int64_t max_tokens, double temperature, int64_t top_k, double top_p, py::object seed,
                        std::vector<int64_t> stop_token_ids, std::vector<int64_t> eos_token_ids, bool ignore_eos,
                        int64_t max_block, int32_t logprobs, double repetition_penalty, double frequency_penalty,
                        double presence_penalty, std::vector<std::pair<int64_t, double>> logit_bias,
-                       int64_t min_tokens, double min_p, py::object constraint, int32_t prompt_logprobs) {
+                       int64_t min_tokens, double min_p, py::object constraint, int32_t prompt_logprobs,
+                       int64_t priority) {
              RequestParams p;
              p.sampling = SamplingParams{temperature,       top_k,
                                          top_p,             seed.is_none() ? 0 : seed.cast<uint64_t>(),
@@ -581,6 +586,7 @@ PYBIND11_MODULE(_core, m) {
              p.min_tokens = min_tokens;
              if (!constraint.is_none()) p.constraint = std::make_shared<PyConstraint>(std::move(constraint));
              p.prompt_logprobs = prompt_logprobs;
+             p.priority = priority;
              return p;
            }),
            py::kw_only(), py::arg("max_tokens") = 256, py::arg("temperature") = 0.0, py::arg("top_k") = 0,
@@ -589,10 +595,12 @@ PYBIND11_MODULE(_core, m) {
            py::arg("max_block") = 0, py::arg("logprobs") = -1, py::arg("repetition_penalty") = 1.0,
            py::arg("frequency_penalty") = 0.0, py::arg("presence_penalty") = 0.0,
            py::arg("logit_bias") = std::vector<std::pair<int64_t, double>>{}, py::arg("min_tokens") = 0,
-           py::arg("min_p") = 0.0, py::arg("constraint") = py::none(), py::arg("prompt_logprobs") = -1)
+           py::arg("min_p") = 0.0, py::arg("constraint") = py::none(), py::arg("prompt_logprobs") = -1,
+           py::arg("priority") = 0)
       .def_readonly("max_tokens", &RequestParams::max_tokens)
       .def_readonly("max_block", &RequestParams::max_block)
-      .def_readonly("seeded", &RequestParams::seeded);
+      .def_readonly("seeded", &RequestParams::seeded)
+      .def_readonly("priority", &RequestParams::priority);
 
   py::class_<Scheduler>(m, "Scheduler")
       .def(py::init<Executor&, const SchedulerConfig&>(), py::arg("executor"), py::arg("config"),
@@ -633,6 +641,7 @@ PYBIND11_MODULE(_core, m) {
             d["steps"] = st.seconds.steps;
             d["prompt_tokens"] = st.prompt_tokens;
             d["cached_tokens"] = st.cached_tokens;
+            d["preemptions"] = st.preemptions;
             d["last_block"] = st.last_block;
             d["steps_per_block"] = st.steps_per_block;
             d["acceptance"] = st.acceptance;
@@ -644,6 +653,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("num_running", &Scheduler::num_running)
       .def_property_readonly("num_live", &Scheduler::num_running, "num_running's earlier name")
       .def_property_readonly("num_waiting", &Scheduler::num_waiting)
+      .def_property_readonly("preemptions", &Scheduler::num_preemptions,
+                             "Running requests that gave their slot to one of a higher priority, so far.")
       .def_property_readonly("has_work", &Scheduler::has_work)
       .def_property_readonly("slots", &Scheduler::slots, py::return_value_policy::reference_internal);
 

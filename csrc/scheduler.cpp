@@ -47,6 +47,9 @@ int64_t Scheduler::add_request(const std::vector<int64_t>& prompt, const Request
   if (params.max_block < 0)
     throw Error("max_block must be at least 0 (0: the scheduler's block size), got " + std::to_string(params.max_block));
   if (params.min_tokens < 0) throw Error("min_tokens must be at least 0, got " + std::to_string(params.min_tokens));
+  if (params.priority != 0 && !config_.by_priority)
+    throw Error("priority " + std::to_string(params.priority) +
+                " needs the priority scheduling policy; under first come first served every priority is 0");
   if (params.prompt_logprobs < -1 || params.prompt_logprobs > kMaxLogprobs)
     throw Error("prompt_logprobs must be -1 (none) or in [0, " + std::to_string(kMaxLogprobs) + "], got " +
                 std::to_string(params.prompt_logprobs));
@@ -69,6 +72,7 @@ int64_t Scheduler::add_request(const std::vector<int64_t>& prompt, const Request
   Request r;
   r.id = id;
   r.prompt = prompt;
+  r.context = prompt;
   r.params = params;
   r.timing.arrival = RequestTiming::now();
   // A seeded request's stream is 0, so its tokens depend on its seed alone, not on its id or on when
@@ -103,6 +107,7 @@ bool Scheduler::abort(int64_t request) {
     o.request = r.id;
     o.num_tokens = int64_t(r.tokens.size());
     o.cached_tokens = r.cached;
+    o.preemptions = r.preemptions;
     o.finish = Finish::kAbort;
     o.metrics = r.metrics;
     o.timing = r.timing;
@@ -155,20 +160,77 @@ std::vector<RequestOutput> Scheduler::step() {
 // -- phases -------------------------------------------------------------------------------------
 
 void Scheduler::admit() {
-  while (!waiting_.empty() && slots_.num_free() > 0) {
-    Request& r = waiting_.front();
+  while (!waiting_.empty()) {
+    const auto next = next_waiting();
+    Request& r = *next;
+    if (slots_.num_free() == 0) {
+      Request* victim = config_.by_priority ? preemptible(r.params.priority) : nullptr;
+      if (victim == nullptr) break;
+      preempt(*victim);  // the queue changed: `next` may no longer point at r
+      continue;
+    }
     // a request scoring its prompt needs every position's logits: it reuses none of them
     const bool reuse = r.params.prompt_logprobs < 0;
-    const Admission a = choose_slot(r.prompt, reuse);
-    if (reuse && waits_for_prefill(r.prompt, a.held)) break;  // FIFO: the queue behind it waits too, a step or so
-    r.slot = slots_.allocate_at(a.slot, r.id, int64_t(r.prompt.size()), r.params.max_tokens, a.held);
+    const Admission a = choose_slot(r.context, reuse);
+    if (reuse && waits_for_prefill(r.context, a.held)) break;  // the queue behind it waits too, a step or so
+    // a resumed request (preempted after its first token) may still emit what it had left: its
+    // context + that = its prompt + max_tokens
+    const bool resumed = !r.tokens.empty();
+    const int64_t left = r.params.max_tokens - int64_t(r.tokens.size()) + (resumed ? 1 : 0);
+    r.slot = slots_.allocate_at(a.slot, r.id, int64_t(r.context.size()), left, a.held);
     if (a.held > 0) executor_.reopen(a.slot, a.source, a.held);
-    r.prompt_done = r.cached = a.held;
-    prompt_tokens_ += int64_t(r.prompt.size());
-    cached_tokens_ += a.held;
+    r.prompt_done = a.held;
+    if (r.preemptions == 0) prompt_tokens_ += int64_t(r.prompt.size());
+    if (!resumed) {  // its first output reports the head its prompt reused
+      cached_tokens_ += a.held - r.cached;
+      r.cached = a.held;
+    }
     live_.push_back(std::move(r));
-    waiting_.pop_front();
+    waiting_.erase(next);
   }
+}
+
+std::deque<Scheduler::Request>::iterator Scheduler::next_waiting() {
+  if (!config_.by_priority) return waiting_.begin();
+  return std::min_element(waiting_.begin(), waiting_.end(), [](const Request& a, const Request& b) {
+    return std::pair(a.params.priority, a.id) < std::pair(b.params.priority, b.id);
+  });
+}
+
+Scheduler::Request* Scheduler::preemptible(int64_t priority) {
+  Request* lowest = nullptr;
+  for (Request& r : live_)
+    if (r.finish == Finish::kNone && r.params.priority > priority &&
+        (lowest == nullptr || std::pair(r.params.priority, r.id) > std::pair(lowest->params.priority, lowest->id)))
+      lowest = &r;
+  return lowest;
+}
+
+void Scheduler::preempt(Request& r) {
+  DFLASH_INVARIANT(r.slot >= 0 && r.finish == Finish::kNone && !slots_.reserved(r.slot));
+  kept_tokens_[r.slot] = config_.prefix_reuse ? cached_positions(r) : std::vector<int64_t>{};
+  freed_at_[r.slot] = ++finishes_;
+  slots_.free(r.slot);
+  executor_.release(r.slot);
+  r.slot = -1;
+  r.prompt_done = 0;
+  if (r.prefilled) {
+    // its cache held the prompt and every output token but the last (the bonus, fed by its next
+    // verify); its prompt's logprobs went out with its first token
+    r.context = r.prompt;
+    r.context.insert(r.context.end(), r.tokens.begin(), r.tokens.end() - 1);
+    r.params.prompt_logprobs = -1;
+  } else {
+    r.prompt_logprobs.clear();  // scored again from its first chunk
+  }
+  r.prefilled = false;
+  r.drafts.clear();
+  ++r.preemptions;
+  ++preemptions_;
+  const int64_t id = r.id;
+  const auto it = std::find_if(live_.begin(), live_.end(), [&](const Request& x) { return x.id == id; });
+  waiting_.push_back(std::move(*it));
+  live_.erase(it);
 }
 
 std::vector<int64_t> Scheduler::held_tokens(int64_t slot) const {
@@ -203,7 +265,7 @@ bool Scheduler::waits_for_prefill(const std::vector<int64_t>& prompt, int64_t re
   for (const Request& r : live_) {
     if (r.prefilled || r.finish != Finish::kNone) continue;
     // what choose_slot will reuse of its prompt once that prefill is done
-    if (shared_head(r.prompt, prompt) - reusable_now >= config_.prefix_wait_tokens) return true;
+    if (shared_head(r.context, prompt) - reusable_now >= config_.prefix_wait_tokens) return true;
   }
   return false;
 }
@@ -283,16 +345,18 @@ void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOu
   std::vector<std::vector<int64_t>> chunks;
   std::vector<RowSampling> sampling;
   for (Request* r : rows) {
-    const int64_t left = int64_t(r->prompt.size()) - r->prompt_done;
+    const std::vector<int64_t>& context = r->context;
+    const int64_t left = int64_t(context.size()) - r->prompt_done;
     int64_t n = config_.prefill_chunk > 0 ? std::min(left, config_.prefill_chunk) : left;
     if (r->params.prompt_logprobs >= 0) n = std::min(n, kScoredChunk);
     slots.push_back(r->slot);
-    chunks.emplace_back(r->prompt.begin() + r->prompt_done, r->prompt.begin() + r->prompt_done + n);
-    // The first token sits at sequence position len(prompt) (only the last chunk's draw is kept).
-    sampling.push_back(row_sampling(*r, uint32_t(r->prompt.size())));
+    chunks.emplace_back(context.begin() + r->prompt_done, context.begin() + r->prompt_done + n);
+    // The first token sits at sequence position len(prompt) (only the last chunk's draw is kept; a
+    // resumed request's draw there is its last token, which it has already).
+    sampling.push_back(row_sampling(*r, uint32_t(context.size())));
     sampling.back().prompt_logprobs = r->params.prompt_logprobs;
-    if (r->prompt_done + n < int64_t(r->prompt.size())) sampling.back().after = r->prompt[r->prompt_done + n];
-    if (r->params.constraint && r->prompt_done + n == int64_t(r->prompt.size())) {
+    if (r->prompt_done + n < int64_t(context.size())) sampling.back().after = context[r->prompt_done + n];
+    if (r->params.constraint && r->tokens.empty() && r->prompt_done + n == int64_t(context.size())) {
       r->drafts.clear();
       constrain(*r);
       sampling.back().masks = r->masks.data();
@@ -316,8 +380,9 @@ void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOu
                   std::to_string(chunks[i].size()) + " tokens of slot " + std::to_string(r.slot));
     r.prompt_logprobs.insert(r.prompt_logprobs.end(), scored.begin(), scored.end());
     r.prompt_done += int64_t(chunks[i].size());
-    if (r.prompt_done < int64_t(r.prompt.size())) continue;  // more chunks in the next steps
+    if (r.prompt_done < int64_t(r.context.size())) continue;  // more chunks in the next steps
     r.prefilled = true;
+    if (!r.tokens.empty()) continue;  // resumed: its cache holds what it had, its last token comes next
     r.logprobs = executor_.logprobs(i);
     emit_tokens(r, {first[i]}, out);
     if (r.params.prompt_logprobs >= 0) {
@@ -489,6 +554,7 @@ void Scheduler::emit_tokens(Request& r, const std::vector<int64_t>& tokens, std:
   if (p.constraint && o.finish == Finish::kNone) p.constraint->advance(o.new_tokens);
   o.num_tokens = int64_t(r.tokens.size());
   o.cached_tokens = r.cached;
+  o.preemptions = r.preemptions;
   o.metrics = r.metrics;
   if (o.finish != Finish::kNone) finish(r, o.finish);
   o.timing = r.timing;
@@ -528,6 +594,7 @@ SchedulerStats Scheduler::stats() const {
   s.seconds = seconds_;
   s.prompt_tokens = prompt_tokens_;
   s.cached_tokens = cached_tokens_;
+  s.preemptions = preemptions_;
   s.last_block = step_block_;
   s.steps_per_block = steps_per_block_;
   s.acceptance = acceptance_.acceptance();

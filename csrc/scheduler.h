@@ -7,7 +7,10 @@
 // a position is the target's draw there whatever was drafted (acceptance.h), so neither the batch
 // around a request nor the block size a step picks changes it.
 //
-// Requests beyond the free slots wait in a FIFO queue and are admitted at the start of a step.
+// Requests beyond the free slots wait and are admitted at the start of a step: first come first
+// served, or by priority (SchedulerConfig::by_priority), where a waiting request also preempts a
+// running one of a lower priority: that one gives up its slot and, readmitted, prefills its prompt and
+// the tokens it had committed again (recomputation, as vLLM's preemption) and goes on where it stopped.
 // The verify block is either fixed (`block_size`, 1 = plain decoding) or chosen per step by the
 // adaptive policy (adaptive.h) from the acceptance estimate and the timed cost of executor calls
 // (cost_model.h); near the end of a request a row's block shrinks to the tokens it may still emit.
@@ -50,6 +53,10 @@ struct SchedulerConfig {
   // tokens costs about a step (the weights' read; an estimate), on a CPU far more (measured:
   // docs/batching.md). 0: never wait.
   int64_t prefix_wait_tokens = 128;
+  // vLLM's "priority" policy: waiting requests are admitted by (priority, arrival), lower values first,
+  // and one that finds no free slot preempts the running request of the lowest priority (largest value,
+  // latest arrival on a tie) below its own. false: first come first served; priorities must be 0.
+  bool by_priority = false;
 };
 
 struct RequestParams {
@@ -72,6 +79,8 @@ struct RequestParams {
   // (RowSampling::prompt_logprobs). Its prompt is prefilled from its first token (no prefix reuse),
   // kScoredChunk tokens a step at most.
   int32_t prompt_logprobs = -1;
+  // SchedulerConfig::by_priority: lower values are served first (vLLM's); else it must be 0
+  int64_t priority = 0;
 };
 
 // A prompt scored (RequestParams::prompt_logprobs) is prefilled at most this many tokens a step: its Run
@@ -93,6 +102,7 @@ struct RequestOutput {
   int64_t prompt_scored = 0;  // those tokens
   int64_t num_tokens = 0;  // output tokens so far, these included
   int64_t cached_tokens = 0;  // prompt tokens its slot held already (prefix reuse), not prefilled
+  int64_t preemptions = 0;  // times it gave its slot to a request of a higher priority, so far
   Finish finish = Finish::kNone;
   SpecMetrics metrics;
   RequestTiming timing;
@@ -109,6 +119,7 @@ struct PhaseSeconds {
 struct SchedulerStats {
   PhaseSeconds seconds;
   int64_t prompt_tokens = 0, cached_tokens = 0;  // admitted requests' prompts, and what prefix reuse spared
+  int64_t preemptions = 0;               // running requests that gave their slot to one of a higher priority
   int64_t last_block = 0;                // the block of the latest step that verified (0: none yet)
   std::vector<int64_t> steps_per_block;  // [B - 1]: verify steps that chose B
   std::vector<double> acceptance;        // a_1..a_{max - 1}
@@ -137,6 +148,7 @@ class Scheduler {
 
   int64_t num_running() const { return int64_t(live_.size()); }
   int64_t num_waiting() const { return int64_t(waiting_.size()); }
+  int64_t num_preemptions() const { return preemptions_; }
   bool has_work() const { return !live_.empty() || !waiting_.empty() || !aborted_.empty(); }
   const SlotAllocator& slots() const { return slots_; }
   const SchedulerConfig& config() const { return config_; }
@@ -146,6 +158,9 @@ class Scheduler {
     int64_t id = -1;
     int64_t slot = -1;  // -1 while waiting
     std::vector<int64_t> prompt;
+    // what a prefill puts in its cache: the prompt, and after a preemption the tokens it had committed
+    std::vector<int64_t> context;
+    int64_t preemptions = 0;  // times it gave its slot up (SchedulerConfig::by_priority)
     RequestParams params;
     uint64_t seed = 0, stream = 0;  // counter RNG key
     std::vector<int64_t> tokens;    // output so far; tokens.back() is the bonus, not yet in the cache
@@ -179,6 +194,13 @@ class Scheduler {
 
   // The phases of step(), in order.
   void admit();
+  // The waiting request admitted next: the first, or by (priority, arrival).
+  std::deque<Request>::iterator next_waiting();
+  // A running request that a waiting one of priority `priority` preempts when no slot is free (the
+  // lowest below it), or null.
+  Request* preemptible(int64_t priority);
+  // Give `r`'s slot up and queue it again; readmitted, it prefills its context and goes on.
+  void preempt(Request& r);
   // Where a request starts: its free slot, and the first `held` prompt tokens it reuses from slot
   // `source`'s positions (-1: none).
   struct Admission {
@@ -218,7 +240,7 @@ class Scheduler {
   SchedulerConfig config_;
   SlotAllocator slots_;
   int64_t next_id_ = 0;
-  std::deque<Request> waiting_;          // FIFO, no slot yet
+  std::deque<Request> waiting_;          // no slot yet, in arrival order (preempted ones at the back)
   std::vector<Request> live_;            // running, in admission order
   std::vector<RequestOutput> aborted_;   // emitted at the next step
   // prefix reuse: per slot, the tokens its cache rows held when its last request finished, and when
@@ -226,7 +248,7 @@ class Scheduler {
   std::vector<std::vector<int64_t>> kept_tokens_;
   std::vector<int64_t> freed_at_;
   int64_t finishes_ = 0;
-  int64_t prompt_tokens_ = 0, cached_tokens_ = 0;
+  int64_t prompt_tokens_ = 0, cached_tokens_ = 0, preemptions_ = 0;
   // adaptive speculation
   int64_t step_block_ = 0;  // this step's block (each row's block is at most this)
   AcceptanceEstimate acceptance_;

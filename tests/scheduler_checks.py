@@ -75,6 +75,26 @@ def decode_on(core, executor, prompts, block_size, max_batch=3, capacity=64, max
     return decode_together(core, core.Scheduler(executor, config), prompts, max_tokens, block_size)
 
 
+def decode_preempted(core, executor, low, high, block_size, max_tokens=12, steps=2):
+    """`low` (priority 5) decodes `steps` steps alone in a scheduler of one slot over `executor`, then
+    `high` (priority 0) arrives and preempts it -> (low's tokens, high's tokens, the preemptions), greedy."""
+    config = core.SchedulerConfig(max_batch=1, capacity=64, block_size=block_size, engine_seed=0, by_priority=True)
+    sched = core.Scheduler(executor, config)
+    tokens = {}
+
+    def step():
+        for out in sched.step():
+            tokens.setdefault(out["request"], []).extend(out["new_tokens"])
+
+    first = sched.add_request(low, core.RequestParams(max_tokens=max_tokens, ignore_eos=True, priority=5))
+    for _ in range(steps):
+        step()
+    second = sched.add_request(high, core.RequestParams(max_tokens=max_tokens, ignore_eos=True, priority=0))
+    while sched.has_work:
+        step()
+    return tokens[first], tokens[second], sched.preemptions
+
+
 def python_loop(target, drafter, prompt, max_tokens, block_size):
     """(tokens, accepted drafts per verify step) of the Python reference loop on the torch models, greedy;
     block 1: autoregressive. A step cut short by max_tokens records no acceptance."""

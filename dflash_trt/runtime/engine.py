@@ -33,15 +33,29 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH = 8
 DEFAULT_CAPACITY = 4096  # tokens per KV slot: prompt + max_tokens must fit
+# vLLM's: first come first served, or by each request's priority (lower first), preempting running
+# requests of a lower one when every slot is taken (csrc/scheduler.h)
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
-def check_batching(max_batch, capacity, prefill_chunk=0) -> None:
+def check_priority(priority, policy: str) -> None:
+    """One line for a request's priority that `policy` cannot honour (vLLM's rule: 0 unless "priority")."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -2**63 <= priority < 2**63:
+        raise DFlashError(f"priority must be an integer (lower is served first), got {priority!r}")
+    if priority != 0 and policy != "priority":
+        raise DFlashError(f"priority {priority} needs scheduling_policy='priority' (serve --scheduling-policy "
+                          f"priority); under first come first served every request's priority is 0")
+
+
+def check_batching(max_batch, capacity, prefill_chunk=0, scheduling_policy="fcfs") -> None:
     if not isinstance(max_batch, int) or max_batch < 1:
         raise DFlashError(f"max_batch must be an integer >= 1, got {max_batch!r}")
     if not isinstance(capacity, int) or capacity < 2:
         raise DFlashError(f"capacity must be an integer >= 2, got {capacity!r}")
     if not isinstance(prefill_chunk, int) or prefill_chunk < 0:
         raise DFlashError(f"prefill_chunk must be an integer >= 0 (0: whole prompts), got {prefill_chunk!r}")
+    if scheduling_policy not in SCHEDULING_POLICIES:
+        raise DFlashError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {scheduling_policy!r}")
 
 
 @dataclass(eq=False)  # a request is itself: compared and hashed by identity
@@ -63,6 +77,7 @@ class _Request:
     logprobs: list = field(default_factory=list)  # per output token {token: logprob}, its own first
     prompt_logprobs: list | None = None  # per prompt token (None for the first), once prefilled when asked
     constraint: object = None  # its structured output's state (runtime/constraints.py), or None
+    priority: int = 0  # with scheduling_policy "priority": lower is served first
 
     @property
     def token_ids(self) -> list[int]:
@@ -87,7 +102,7 @@ class BatchRunner:
                  speculative: bool | None = None, block_size: int | None = None, engine_seed: int | None = None,
                  prefill_chunk: int = 0, adaptive: bool | None = None, calibrate: bool = True,
                  max_waiting: int = -1, reserve_memory: bool = False, prefix_caching: bool = True,
-                 prefix_wait_tokens: int = 128):
+                 prefix_wait_tokens: int = 128, scheduling_policy: str = "fcfs"):
         """`speculative` is what a request added without saying does (default: speculative when the
         LLM has a drafter; plain requests verify blocks of 1 in the same slots). `block_size` pins the
         verify block; None lets every step choose it in 1..the drafter's trained block
@@ -99,8 +114,11 @@ class BatchRunner:
         `prefix_caching`: a finished request's KV slot keeps its tokens' cache, and a request whose prompt
         starts with them takes that slot and prefills only the rest (its metrics' `cached_tokens`).
         `prefix_wait_tokens` N > 0: a request that would reuse at least N more of its prompt once a
-        request still prefilling is done (n copies of one prompt sent together) waits for that prefill."""
-        check_batching(max_batch, capacity, prefill_chunk)
+        request still prefilling is done (n copies of one prompt sent together) waits for that prefill.
+        `scheduling_policy` (SCHEDULING_POLICIES): "priority" admits waiting requests by their priority
+        (lower first, then arrival) and lets one preempt a running request of a lower priority when
+        every slot is taken (that one prefills what it had again when readmitted, and goes on)."""
+        check_batching(max_batch, capacity, prefill_chunk, scheduling_policy)
         core = native_core()
         speculative = llm.has_drafter if speculative is None else speculative
         if speculative and not llm.has_drafter:
@@ -113,6 +131,7 @@ class BatchRunner:
                               "seeded request's tokens depend on its batch): pass block_size=")
         self.llm = llm
         self.max_batch, self.capacity, self.speculative = max_batch, capacity, speculative
+        self.scheduling_policy = scheduling_policy
         # the largest block a step verifies (the only one unless adaptive); metrics size their histograms by it
         self.block_size = (block_size or llm.max_block_size or llm.block_size) if llm.has_drafter else 1
         self.executor = llm.executor(max_batch, capacity)  # its KV slots are allocated here
@@ -121,7 +140,8 @@ class BatchRunner:
         config = core.SchedulerConfig(max_batch=max_batch, capacity=capacity, block_size=self.block_size,
                                       engine_seed=random.getrandbits(64) if engine_seed is None else engine_seed,
                                       adaptive=adaptive, max_waiting=max_waiting, prefill_chunk=prefill_chunk,
-                                      prefix_reuse=prefix_caching, prefix_wait_tokens=prefix_wait_tokens)
+                                      prefix_reuse=prefix_caching, prefix_wait_tokens=prefix_wait_tokens,
+                                      by_priority=scheduling_policy == "priority")
         self.scheduler = core.Scheduler(self.executor, config)
         if adaptive and calibrate and self.block_size > 1:
             calibrate_costs(self.scheduler, self.executor, sorted({1, max_batch}), sorted({1, self.block_size}),
@@ -131,7 +151,7 @@ class BatchRunner:
         self.live: dict[int, _Request] = {}  # core id -> request, waiting or running in the core
         # the core's running / waiting counts, read after each call into it: stats() may come from another
         # thread while a step runs (without the GIL), and must not read the core then
-        self.running = self.waiting = 0
+        self.running = self.waiting = self.preemptions = 0
         self.counters = Counter()
         self.accepted_per_pos = [0] * max(self.block_size - 1, 0)
         self.finished = Counter()
@@ -139,9 +159,10 @@ class BatchRunner:
     # -- requests ------------------------------------------------------------------------------
 
     def prepare(self, prompt, params: SamplingParams | None = None, on_output: Callable | None = None,
-                speculative: bool | None = None) -> _Request:
+                speculative: bool | None = None, priority: int = 0) -> _Request:
         """Check a request (one line for what is wrong, before any work) -> the request, not yet queued."""
         params = params or SamplingParams()
+        check_priority(priority, self.scheduling_policy)
         speculative = self.speculative if speculative is None else speculative
         self.llm._check_request(params, speculative)
         ids = self.llm.encode(prompt)
@@ -153,7 +174,7 @@ class BatchRunner:
         stop = StopChecker(params, self.llm.eos_token_ids, self.llm.text_stream(params.skip_special_tokens))
         metrics = RequestMetrics(block_size=self.block_size if speculative else None, prompt_tokens=len(ids))
         return _Request(next(self._ids), prompt, ids, params, speculative, stop, on_output, metrics,
-                        constraint=self.llm.constraint(params))
+                        constraint=self.llm.constraint(params), priority=priority)
 
     def submit(self, request: _Request, arrival: float | None = None) -> None:
         """Queue a prepared request; `arrival` (perf_counter) restarts its clock, e.g. for a benchmark
@@ -169,15 +190,16 @@ class BatchRunner:
             frequency_penalty=params.frequency_penalty, presence_penalty=params.presence_penalty,
             logit_bias=list(params.logit_bias), min_tokens=params.min_tokens, min_p=params.min_p,
             constraint=request.constraint,
-            prompt_logprobs=-1 if params.prompt_logprobs is None else params.prompt_logprobs))  # queued for a slot
+            prompt_logprobs=-1 if params.prompt_logprobs is None else params.prompt_logprobs,
+            priority=request.priority))  # queued for a slot
         self.live[request.core_id] = request
         self.counters["prompt_tokens_total"] += len(request.ids)
         self._read_counts()
 
     def add(self, prompt, params: SamplingParams | None = None, on_output: Callable | None = None,
-            speculative: bool | None = None) -> _Request:
+            speculative: bool | None = None, priority: int = 0) -> _Request:
         """prepare + submit -> the request (its tokens, finish reason and the core's counters grow as it runs)."""
-        request = self.prepare(prompt, params, on_output, speculative)
+        request = self.prepare(prompt, params, on_output, speculative, priority)
         self.submit(request)
         return request
 
@@ -198,7 +220,8 @@ class BatchRunner:
         self.executor.forget_retained()
 
     def _read_counts(self) -> None:
-        self.running, self.waiting = self.scheduler.num_running, self.scheduler.num_waiting
+        scheduler = self.scheduler
+        self.running, self.waiting, self.preemptions = scheduler.num_running, scheduler.num_waiting, scheduler.preemptions
 
     @property
     def has_work(self) -> bool:
@@ -230,6 +253,7 @@ class BatchRunner:
         if new and request.first_token is None:
             request.first_token = time.perf_counter()
         stopped = request.stop.add(new) if new else False
+        request.metrics.num_preemptions = out["num_preemptions"]
         if request.metrics.cached_tokens != out["cached_tokens"]:  # known at admission, the same in every output
             request.metrics.cached_tokens = out["cached_tokens"]
             self.counters["prefix_cache_hits_total"] += out["cached_tokens"]
@@ -295,6 +319,7 @@ class BatchRunner:
         return {
             "running": self.running,
             "waiting": self.waiting,
+            "num_preemptions": self.preemptions,
             "max_batch": self.max_batch,
             "capacity": self.capacity,
             **{name: self.counters[name] for name in (
@@ -318,11 +343,13 @@ class BatchRunner:
                 self.abort(request.id)
 
     def run(self, prompts: list, params: SamplingParams | list[SamplingParams] | None = None,
-            speculative: bool | None = None) -> list:
+            speculative: bool | None = None, priority: list[int] | None = None) -> list:
         """Every prompt concurrently (up to max_batch at once) -> their outputs, in order; `params` one
-        for all or one per prompt. Every prompt is checked before any work."""
+        for all or one per prompt, `priority` one per prompt. Every prompt is checked before any work."""
         each = params if isinstance(params, list) else [params] * len(prompts)
-        requests = [self.prepare(p, one, speculative=speculative) for p, one in zip(prompts, each, strict=True)]
+        ranks = [0] * len(prompts) if priority is None else priority
+        requests = [self.prepare(p, one, speculative=speculative, priority=rank)
+                    for p, one, rank in zip(prompts, each, ranks, strict=True)]
         for request in requests:
             self.submit(request)
         while any(r.finish_reason is None for r in requests):
@@ -340,12 +367,14 @@ class Engine:
     def __init__(self, llm, max_batch: int = DEFAULT_MAX_BATCH, capacity: int = DEFAULT_CAPACITY,
                  speculative: bool | None = None, block_size: int | None = None, engine_seed: int | None = None,
                  prefill_chunk: int = 0, max_waiting: int = -1, reserve_memory: bool = False,
-                 prefix_caching: bool = True):
+                 prefix_caching: bool = True, scheduling_policy: str = "fcfs"):
         """`max_waiting` caps the requests waiting for a slot (-1: no cap); one more is refused with
-        `Busy` (status 429) on the caller's thread. `reserve_memory`, `prefix_caching`: as BatchRunner's."""
+        `Busy` (status 429) on the caller's thread. `reserve_memory`, `prefix_caching`,
+        `scheduling_policy`: as BatchRunner's."""
         self.llm = llm
         self.runner = BatchRunner(llm, max_batch, capacity, speculative, block_size, engine_seed, prefill_chunk,
-                                  reserve_memory=reserve_memory, prefix_caching=prefix_caching)
+                                  reserve_memory=reserve_memory, prefix_caching=prefix_caching,
+                                  scheduling_policy=scheduling_policy)
         self.max_batch, self.capacity, self.max_waiting = max_batch, capacity, max_waiting
         self._cv = threading.Condition()
         self._inbox: list[tuple[str, object]] = []
@@ -356,8 +385,9 @@ class Engine:
         self._thread.start()
 
     def add_request(self, prompt, params: SamplingParams | None = None, on_output: Callable | None = None,
-                    speculative: bool | None = None) -> int:
-        request = self.runner.prepare(prompt, params, on_output, speculative)  # refusals: here, on the caller's thread
+                    speculative: bool | None = None, priority: int = 0) -> int:
+        # refusals: here, on the caller's thread
+        request = self.runner.prepare(prompt, params, on_output, speculative, priority)
         with self._cv:
             if self._closing:
                 raise Busy("the engine is shutting down and takes no new requests", 503)

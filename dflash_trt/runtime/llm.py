@@ -11,7 +11,7 @@ from dflash_trt.export.manifest import DRAFT_QUANTS, QUANTS, TORCH_QUANTS
 from dflash_trt.models import embedded
 from dflash_trt.models.chat import encode_chat, encode_prompt
 from dflash_trt.models.tokenizers import TextStream, load_tokenizer
-from dflash_trt.runtime.engine import DEFAULT_CAPACITY, DEFAULT_MAX_BATCH, BatchRunner, check_batching
+from dflash_trt.runtime.engine import DEFAULT_CAPACITY, DEFAULT_MAX_BATCH, BatchRunner, check_batching, check_priority
 from dflash_trt.runtime.outputs import Prompt, RequestOutput
 from dflash_trt.spec.sampling import SamplingParams
 
@@ -104,6 +104,7 @@ class LLM:
         draft_quant: str | None = None,
         draft_rule: str = "point-mass",
         prefix_caching: bool = True,
+        scheduling_policy: str = "fcfs",
     ):
         """`device` and `dtype` place the torch backend's models: "cuda" when PyTorch sees a GPU, else
         "cpu"; bfloat16 on a GPU, float32 on the CPU. A bundle's backend runs the bundle's own.
@@ -112,7 +113,9 @@ class LLM:
         ("int4", onnxruntime or tensorrt): the drafter's. `backend` "auto":
         resolve_backend's choice. `draft_rule` (ort_executor.DRAFT_RULES): how T>0 requests draft;
         "drafter" needs a fixed `block_size` (and, from a bundle, a slots one). `prefix_caching`: a
-        request whose prompt starts with what a finished request's KV slot holds reuses it (BatchRunner)."""
+        request whose prompt starts with what a finished request's KV slot holds reuses it (BatchRunner).
+        `scheduling_policy` "priority": `generate(..., priority=[...])` serves lower values first and
+        preempts running requests of a higher value (BatchRunner)."""
         backend = resolve_backend(backend, target, draft, device, dtype, quant is not None or draft_quant is not None)
         if backend not in BACKENDS:
             raise DFlashError(f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}")
@@ -124,7 +127,7 @@ class LLM:
                               f"tensorrt; got draft_quant={draft_quant!r} on backend '{backend}'")
         _check_block_size(block_size)
         _check_draft_rule(draft_rule, adaptive=block_size is None)
-        self._batching(max_batch, capacity, prefill_chunk, prefix_caching)
+        self._batching(max_batch, capacity, prefill_chunk, prefix_caching, scheduling_policy)
         # PyTorch model code is imported here, on the torch path only: from_bundle never loads it.
         from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, resolve_draft
         from dflash_trt.models.pairing import validate_pair
@@ -191,7 +194,7 @@ class LLM:
     @classmethod
     def from_bundle(cls, path: str | Path, block_size: int | None = None, max_batch: int | None = None,
                     capacity: int | None = None, prefill_chunk: int = 0, draft_rule: str = "point-mass",
-                    prefix_caching: bool = True) -> LLM:
+                    prefix_caching: bool = True, scheduling_policy: str = "fcfs") -> LLM:
         """Run what `dflash-trt export` or `dflash-trt build` wrote on a C++ executor: a slots (or
         slots-trt) bundle or onnxruntime engines built from one on onnxruntime, TensorRT engines built
         from a slots-trt bundle on the GPU. Portable and plugin bundles (graph contract 1, for engine
@@ -205,7 +208,8 @@ class LLM:
         _check_block_size(block_size)
         llm = cls.__new__(cls)
         capacity = capacity or bundle_capacity(path) or DEFAULT_CAPACITY
-        llm._batching(max_batch or DEFAULT_MAX_BATCH, capacity, prefill_chunk, prefix_caching)  # the user's values first
+        # the user's values first
+        llm._batching(max_batch or DEFAULT_MAX_BATCH, capacity, prefill_chunk, prefix_caching, scheduling_policy)
         llm._load_bundle(Path(path), block_size, max_batch)
         llm._set_draft_rule(draft_rule)
         return llm
@@ -224,16 +228,17 @@ class LLM:
         if self.backend == "torch" and not self.has_drafter:
             raise DFlashError("draft_rule 'drafter' needs a drafter")
 
-    def _batching(self, max_batch: int, capacity: int, prefill_chunk: int = 0, prefix_caching: bool = True) -> None:
+    def _batching(self, max_batch: int, capacity: int, prefill_chunk: int = 0, prefix_caching: bool = True,
+                  scheduling_policy: str = "fcfs") -> None:
         """How `generate` runs a list: up to `max_batch` requests at once, each in a KV slot of
         `capacity` tokens (prompt + max_tokens must fit), prompts `prefill_chunk` tokens per step
         (0: whole), reusing finished requests' slots for prompts that start with their tokens
-        (`prefix_caching`)."""
-        check_batching(max_batch, capacity, prefill_chunk)
+        (`prefix_caching`), admitted by arrival or by priority (`scheduling_policy`)."""
+        check_batching(max_batch, capacity, prefill_chunk, scheduling_policy)
         if not isinstance(prefix_caching, bool):
             raise DFlashError(f"prefix_caching must be True or False, got {prefix_caching!r}")
         self.max_batch, self.capacity, self.prefill_chunk = max_batch, capacity, prefill_chunk
-        self.prefix_caching = prefix_caching
+        self.prefix_caching, self.scheduling_policy = prefix_caching, scheduling_policy
         self._core: tuple[tuple, BatchRunner] | None = None  # (its settings, the runner): made at first use
 
     def _load_bundle(self, path: Path, block_size: int | None, max_batch: int | None) -> None:
@@ -346,10 +351,12 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         speculative: bool = True,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate for each prompt, up to `max_batch` at once through the C++ core (each request's
         tokens are what it would get alone); returns one output per prompt, in order. `params`: one for
-        all, or one per prompt (vLLM's forms)."""
+        all, or one per prompt (vLLM's forms). `priority` (vLLM's; needs scheduling_policy "priority"):
+        one per prompt, lower served first."""
         single = isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
         )
@@ -361,18 +368,25 @@ class LLM:
             raise DFlashError(f"{len(each)} SamplingParams for {len(batch)} prompts: give one, or one per prompt")
         for one in each:
             self._check_request(one, speculative)
-        return self._runner().run(batch, each, speculative)  # every prompt is checked before any work
+        if priority is not None:
+            priority = list(priority)
+            if len(priority) != len(batch):
+                raise DFlashError(f"{len(priority)} priorities for {len(batch)} prompts: give one per prompt")
+            for rank in priority:
+                check_priority(rank, self.scheduling_policy)
+        return self._runner().run(batch, each, speculative, priority)  # every prompt is checked before any work
 
     def _runner(self) -> BatchRunner:
         """The one core runner (one executor, one KV pool) of this LLM, made at first use; plain and
         speculative requests share it. Unless the block size was pinned, each step chooses its block
         (adaptive speculation, plain steps included). Pinning a block afterwards replaces it."""
         pinned = None if self.adaptive or not self.has_drafter else self.block_size
-        settings = (pinned, self.prefill_chunk, self.prefix_caching)
+        settings = (pinned, self.prefill_chunk, self.prefix_caching, self.scheduling_policy)
         if self._core is None or self._core[0] != settings:
             self._core = None  # the old runner's KV slots go before the new one's are allocated
             self._core = settings, BatchRunner(self, self.max_batch, self.capacity, block_size=pinned,
-                                               prefill_chunk=self.prefill_chunk, prefix_caching=self.prefix_caching)
+                                               prefill_chunk=self.prefill_chunk, prefix_caching=self.prefix_caching,
+                                               scheduling_policy=self.scheduling_policy)
         return self._core[1]
 
     def chat(self, conversations: list, params: SamplingParams | None = None, tools: list[dict] | None = None,

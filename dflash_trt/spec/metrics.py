@@ -19,6 +19,7 @@ class RequestMetrics:
     num_draft_tokens: int = 0  # drafts proposed (an adaptive step may verify a smaller block)
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens its KV slot held already (prefix caching): not prefilled
+    num_preemptions: int = 0  # times it gave its KV slot to a request of a higher priority (recomputed)
     output_tokens: int = 0
     prefill_s: float = 0.0  # arrival to the first token (time to first token)
     decode_s: float = 0.0  # everything after the first token
@@ -73,6 +74,7 @@ class RequestMetrics:
             "block_size": self.block_size,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
+            "num_preemptions": self.num_preemptions,
             "output_tokens": self.output_tokens,
             "num_drafts": self.num_drafts,
             "num_draft_tokens": self.num_draft_tokens,

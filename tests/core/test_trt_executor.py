@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from factories import make_dflash2_drafter, make_drafter, make_target
 from no_recent import NoRecent
-from scheduler_checks import decode_on, python_loop
+from scheduler_checks import decode_on, decode_preempted, python_loop
 
 from dflash_trt.engines.profiles import input_ranges, profile_dims
 from dflash_trt.errors import DFlashError
@@ -240,6 +240,16 @@ def test_chunked_prefill_on_the_tensorrt_executor_equals_whole_prompts(core, ort
     prompts = [PROMPTS[1], PROMPTS[3], PROMPTS[0]]
     chunked = decode_on(core, core.TrtExecutor(trt_config(ort, fakes, bundle, engines)), prompts, 4, prefill_chunk=2)
     assert chunked == decode_on(core, ort.ort_executor(bundle, max_batch=3, capacity=64), prompts, 4)
+
+
+def test_a_request_preempted_on_the_tensorrt_executor_resumes_as_on_the_onnxruntime_executor(core, ort, fakes, pair):
+    """Preemption (priority scheduling) releases a device row mid-decode and prefills its prompt and
+    committed tokens again into the slot later: the tokens of both requests are each one's alone."""
+    bundle, engines, *_ = pair
+    ours = decode_preempted(core, core.TrtExecutor(trt_config(ort, fakes, bundle, engines)), PROMPTS[0], PROMPTS[1], 4)
+    theirs = decode_preempted(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS[0], PROMPTS[1], 4)
+    alone = decode_on(core, ort.ort_executor(bundle, max_batch=3, capacity=64), PROMPTS[:2], 4)[0]
+    assert ours == theirs == (alone[0], alone[1], 1)
 
 
 def test_phase_logits_and_drafts_equal_the_onnxruntime_executor_s(core, ort, fakes, pair):

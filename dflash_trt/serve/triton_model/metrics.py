@@ -17,6 +17,8 @@ COUNTERS = {  # family -> (help, key in a finished request's metrics)
     "vllm:spec_decode_num_drafts_total": ("Speculative verify steps (drafts).", "num_drafts"),
     "vllm:spec_decode_num_draft_tokens_total": ("Draft tokens proposed.", "num_draft_tokens"),
     "vllm:spec_decode_num_accepted_tokens_total": ("Draft tokens accepted.", "num_accepted_tokens"),
+    "vllm:num_preemptions_total": ("Preemptions: a running request gave its KV slot to one of a higher priority "
+                                   "(scheduling policy priority).", "num_preemptions"),
 }
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 SUCCESS = "vllm:request_success_total"
