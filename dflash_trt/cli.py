@@ -667,6 +667,10 @@ def pack_corpus(src, dst):
               help="A request whose prompt starts with what a finished request's KV slot holds (a conversation's "
                    "earlier turns, a shared system prompt) takes that slot and prefills only the rest; usage "
                    "reports them as prompt_tokens_details.cached_tokens.")
+@click.option("--scheduling-policy", type=click.Choice(["fcfs", "priority"]), default="fcfs", show_default=True,
+              help="fcfs: requests wait for a slot in arrival order. priority: by each request's `priority` "
+                   "(lower first, vLLM's), and a request that finds every slot taken preempts a running one of a "
+                   "lower priority, which later prefills what it had again and goes on.")
 @click.option("--chat-template", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
               help="A Jinja chat template file used instead of the model's own (e.g. one that renders tools).")
 @click.option("--tool-call-parser", type=click.Choice(["auto", "none", "hermes", "qwen3_coder", "llama3_json"]),
@@ -680,7 +684,7 @@ def pack_corpus(src, dst):
                    "as message.reasoning_content, the rest as content; none: all of it is content.")
 @user_errors
 def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block_size, prefill_chunk, backend,
-          max_waiting, docs, draft_rule, prefix_caching, chat_template, tool_call_parser,
+          max_waiting, docs, draft_rule, prefix_caching, scheduling_policy, chat_template, tool_call_parser,
           reasoning_parser):
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models, /health,
     /metrics, /openapi.json, /docs) on Triton Inference Server: one decoupled Triton model runs every
@@ -693,7 +697,8 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
     config = ServeConfig(bundle=bundle, target=target, draft=draft, host=host, port=port, api_key=api_key,
                          max_batch=max_batch, capacity=capacity, block_size=block_size, prefill_chunk=prefill_chunk,
                          backend=backend, max_waiting=max_waiting, docs=docs, draft_rule=draft_rule,
-                         prefix_caching=prefix_caching, chat_template=chat_template,
+                         prefix_caching=prefix_caching, scheduling_policy=scheduling_policy,
+                         chat_template=chat_template,
                          tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser)
     run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
 

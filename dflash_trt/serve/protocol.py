@@ -132,7 +132,6 @@ NO_OP_VALUES = {
     "functions": ([],), "function_call": ("none",), "suffix": ("",),
     # vLLM's extensions beyond SamplingParams (chat's `echo` repeats the last message: chat only)
     "use_beam_search": (False,), "length_penalty": (1,), "spaces_between_special_tokens": (True,),
-    "priority": (0,),
     "logits_processors": (), "return_tokens_as_token_ids": (False,),
     "guided_whitespace_pattern": (),
     "chat_template": (), "documents": (), "mm_processor_kwargs": (), "cache_salt": (), "kv_transfer_params": (),
@@ -249,11 +248,14 @@ class _Sampling(BaseModel):
     return_token_ids: bool | None = None
     # vLLM's: the prompt's last n tokens only
     truncate_prompt_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["truncate_prompt_tokens"])
+    priority: JsonInt | None = Field(None, ge=-2**63, le=2**63 - 1,
+                                     description="vLLM's: lower is served first, preempting running requests of a "
+                                                 "higher value; other than 0 only on a server started with "
+                                                 "--scheduling-policy priority")
     # what this server does not implement (NO_OP_VALUES): vLLM's and SGLang's other extensions
     use_beam_search: _no_op("use_beam_search") = None
     length_penalty: _no_op("length_penalty") = None
     spaces_between_special_tokens: _no_op("spaces_between_special_tokens") = None
-    priority: _no_op("priority") = None
     logits_processors: _no_op("logits_processors") = None
     return_tokens_as_token_ids: _no_op("return_tokens_as_token_ids") = None
     guided_whitespace_pattern: _no_op("guided_whitespace_pattern") = None
@@ -279,6 +281,11 @@ class _Sampling(BaseModel):
     def logprob_count(self) -> int | None:
         """How many top tokens' log-probabilities each output token carries (None: no logprobs)."""
         return None
+
+    def flags(self) -> dict:
+        """The Triton inputs beside the prompt and its sampling parameters that this body sets."""
+        return {**({"return_token_ids": True} if self.return_token_ids else {}),
+                **({} if self.priority is None else {"priority": self.priority})}
 
     def prompt_top(self) -> int | None:
         """How many top tokens' log-probabilities each prompt token carries (None: none asked)."""
@@ -458,7 +465,7 @@ class ChatRequest(_Sampling):
             inputs["chat_template_kwargs"] = json.dumps(self.template_variables())
         if self.offered_tools():
             inputs["tools"] = json.dumps([tool.model_dump(exclude_none=True) for tool in self.tools])
-        return {**inputs, "return_token_ids": True} if self.return_token_ids else inputs
+        return {**inputs, **self.flags()}
 
 
 class CompletionRequest(_Sampling):
@@ -511,8 +518,7 @@ class CompletionRequest(_Sampling):
         prompt = self.prompts()[choice // self.n]
         key = "text_input" if isinstance(prompt, str) else "input_ids"
         inputs = {key: prompt, "sampling_parameters": json.dumps(self.sampling(self.max_tokens, choice % self.n))}
-        flags = {name: True for name in ("echo", "return_token_ids") if getattr(self, name)}
-        return {**inputs, **flags}
+        return {**inputs, **self.flags(), **({"echo": True} if self.echo else {})}
 
 
 def refusal(errors: list[dict], data: Any) -> RequestError:

@@ -139,7 +139,7 @@ def test_unimplemented_fields_at_their_no_op_values_are_accepted():
 
 @pytest.mark.parametrize("field, value", [
     ("functions", [{"name": "f"}]), ("function_call", "auto"), ("use_beam_search", True),
-    ("priority", 1), ("echo", True),
+    ("echo", True),
     ("chat_template", "{{ x }}"), ("return_tokens_as_token_ids", True),
     ("stop_regex", "a+"), ("no_stop_trim", True), ("cache_salt", "s"),
 ])
@@ -148,6 +148,18 @@ def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, val
         parse(chat(**{field: value}), ChatRequest)
     assert err.value.status == 400 and err.value.param == field
     assert err.value.message.startswith(f"this server does not support {field}: leave it out")
+
+
+def test_a_priority_goes_to_the_triton_model_which_knows_the_scheduling_policy():
+    assert parse(chat(priority=-4), ChatRequest).triton_inputs()["priority"] == -4
+    completion = json.dumps({"model": "m", "prompt": ["a", "b"], "n": 2, "priority": 3, "echo": True}).encode()
+    request = parse(completion, CompletionRequest)
+    assert all(request.triton_inputs(choice)["priority"] == 3 for choice in range(4))
+    assert "priority" not in parse(chat(), ChatRequest).triton_inputs()
+    for bad in (1.5, "1", True, 2**63):
+        with pytest.raises(RequestError) as err:
+            parse(chat(priority=bad), ChatRequest)
+        assert err.value.status == 400 and err.value.param == "priority"
 
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "today's weather",

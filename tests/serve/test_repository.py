@@ -15,7 +15,7 @@ def test_repository_holds_one_decoupled_python_model(tmp_path):
     target = tmp_path / "my target"
     target.mkdir()
     config = ServeConfig(target=str(target), draft='odd "name"', max_batch=3, capacity=99, block_size=4,
-                         prefill_chunk=16, draft_rule="drafter")
+                         prefill_chunk=16, draft_rule="drafter", scheduling_policy="priority")
     root = write_repository(tmp_path / "repo", config)
     text = (root / "dflash" / "config.pbtxt").read_text()
     assert 'backend: "python"' in text and "decoupled: true" in text
@@ -25,6 +25,8 @@ def test_repository_holds_one_decoupled_python_model(tmp_path):
     assert (params['"max_batch"'], params['"capacity"'], params['"block_size"']) == ('"3"', '"99"', '"4"')
     assert params['"prefill_chunk"'] == '"16"'  # model.py hands it to the Engine
     assert params['"draft_rule"'] == '"drafter"'  # and this to the LLM, with the block size
+    assert params['"scheduling_policy"'] == '"priority"'  # and this to the Engine
+    assert 'name: "priority", data_type: TYPE_INT64' in text
     assert (root / "dflash" / "1" / "model.py").read_text().startswith('"""Triton Python-backend model')
 
 
@@ -33,6 +35,11 @@ def test_capacity_defaults_to_the_bundle_s_own_and_is_checked():
     assert ServeConfig(target="smollm2-135m").model_parameters()["capacity"] == ""
     with pytest.raises(DFlashError, match="--capacity must be an integer >= 2, got 1"):
         ServeConfig(target="smollm2-135m", capacity=1)
+
+
+def test_an_unknown_scheduling_policy_is_refused_in_one_line():
+    with pytest.raises(DFlashError, match="--scheduling-policy must be one of fcfs, priority, got 'lifo'"):
+        ServeConfig(target="smollm2-135m", scheduling_policy="lifo")
 
 
 def test_served_name_defaults_to_the_directory():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,9 +37,11 @@ def server(pair, tmp_path_factory):
     template.write_text(TOOLS_TEMPLATE)
     # torch: the offline oracle's backend, and slow enough for the cancellation tests to leave mid-reply
     # (serving a slots bundle on the onnxruntime executor: test_server_bundle.py)
+    # priority scheduling: requests that send no priority are served first come first served, as
+    # under fcfs (one of equal priority never preempts)
     started = start_server(["--target", str(target), "--draft", str(draft), "--capacity", str(CAPACITY),
                             "--max-batch", "4", "--backend", "torch", "--chat-template", str(template),
-                            "--reasoning-parser", "qwen3"])
+                            "--reasoning-parser", "qwen3", "--scheduling-policy", "priority"])
     assert any("tool calls: hermes; reasoning: qwen3" in line for line in started.output)
     yield started
     started.stop()
@@ -385,6 +388,34 @@ def test_concurrent_streams_equal_sequential_replies(server, client):
         concurrent = list(pool.map(lambda p: streamed(client, server, p, max_tokens=16), prompts))
     assert [text for text, _, _ in concurrent] == sequential
     assert all(reason in ("stop", "length") for _, _, reason in concurrent)
+
+
+def test_a_higher_priority_request_preempts_a_running_stream_and_every_reply_equals_offline(server, client,
+                                                                                              offline):
+    """Four streams of priority 5 hold the four slots; a request of priority -1 preempts one of them
+    (the one that came last), which later prefills what it had again and goes on: its text and every
+    other reply equal offline generate's."""
+    before = samples(server)
+    low = SamplingParams(max_tokens=300, ignore_eos=True)
+    prompts = [f"a long story {i}" for i in range(4)]
+    started = [threading.Event() for _ in prompts]
+
+    def stream(i):
+        pieces = []
+        for chunk in chat(client, server, prompts[i], stream=True, max_tokens=300, temperature=0,
+                          extra_body={"ignore_eos": True, "priority": 5}):
+            pieces += [choice.delta.content or "" for choice in chunk.choices]
+            started[i].set()
+        return "".join(pieces)
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        streams = [pool.submit(stream, i) for i in range(len(prompts))]
+        assert all(event.wait(60) for event in started)
+        urgent = chat(client, server, PROMPTS[0], max_tokens=24, temperature=0, extra_body={"priority": -1})
+        texts = [s.result(timeout=300) for s in streams]
+    assert urgent.choices[0].message.content == offline.generate(PROMPTS[0], SamplingParams(max_tokens=24))[0].text
+    assert texts == [o.text for o in offline.generate(prompts, low)]
+    assert metric(samples(server), "vllm:num_preemptions_total") - metric(before, "vllm:num_preemptions_total") == 1
 
 
 @pytest.mark.parametrize("body, status, param", [

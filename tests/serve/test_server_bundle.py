@@ -61,6 +61,15 @@ def test_requests_beyond_the_slot_and_its_queue_get_a_429_and_the_rest_are_answe
     assert httpx.post(f"{server.url}/chat/completions", json=body, timeout=120).status_code == 200
 
 
+def test_a_priority_on_a_first_come_first_served_server_is_a_400_naming_it(served):
+    server, _ = served
+    body = {"model": server.model, "prompt": "x", "max_tokens": 2, "priority": 1}
+    reply = httpx.post(f"{server.url}/completions", json=body, timeout=60)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "priority"
+    assert "needs scheduling_policy='priority'" in reply.json()["error"]["message"]
+    assert httpx.post(f"{server.url}/completions", json={**body, "priority": 0}, timeout=60).status_code == 200
+
+
 def test_a_portable_bundle_is_refused_before_the_server_starts(bundles):
     result = CliRunner().invoke(main, ["serve", str(bundles["qwen3"][0]), "--port", "0"])
     assert result.exit_code == 2

@@ -16,6 +16,7 @@ import triton_python_backend_utils as pb_utils
 
 from dflash_trt.errors import Busy, DFlashError
 from dflash_trt.models.chat import encode_chat
+from dflash_trt.runtime.engine import check_priority
 from dflash_trt.serve.deltas import DeltaStream
 from dflash_trt.serve.requests import RequestError, parse_sampling, template_kwargs, template_tools
 from dflash_trt.serve.triton_model.metrics import EngineMetrics
@@ -44,6 +45,7 @@ class TritonPythonModel:
                              prefill_chunk=int(params.get("prefill_chunk") or 0),
                              max_waiting=int(params.get("max_waiting") or -1),
                              prefix_caching=params.get("prefix_caching", "1") == "1",
+                             scheduling_policy=params.get("scheduling_policy") or "fcfs",
                              reserve_memory=True)  # memory at start is memory under load; a pool too large runs out here
         if params.get("chat_template"):  # serve --chat-template: in place of the checkpoint's
             with open(params["chat_template"], encoding="utf-8") as template:
@@ -76,7 +78,7 @@ class TritonPythonModel:
             responder = _Responder(self, sender, _bool(request, "stream"), params, self.llm.tokenizer,
                                    echo=_bool(request, "echo"), prompt_ids=_bool(request, "return_token_ids"))
             with self.lock:  # the engine may answer before add_request returns
-                rid = self.engine.add_request(ids, params, on_output=responder)
+                rid = self.engine.add_request(ids, params, on_output=responder, priority=self._priority(request))
                 if not responder.done:
                     self.live[rid] = responder
                 responder.rid = rid
@@ -88,6 +90,16 @@ class TritonPythonModel:
             _refuse(sender, RequestError("prompt", str(err)))
         except Exception as err:  # a bug of ours: the request still gets its one final answer, never a hang
             _refuse(sender, RequestError(None, f"internal error: {type(err).__name__}: {err}", 500))
+
+    def _priority(self, request) -> int:
+        """The request's priority input (0 when absent): one the engine's policy cannot honour is refused."""
+        tensor = pb_utils.get_input_tensor_by_name(request, "priority")
+        priority = int(tensor.as_numpy().reshape(-1)[0]) if tensor is not None else 0
+        try:
+            check_priority(priority, self.engine.runner.scheduling_policy)
+        except DFlashError as err:
+            raise RequestError("priority", str(err)) from None
+        return priority
 
     def _prompt_ids(self, request) -> list:
         """text_input (raw text), messages (chat JSON, through the chat template) or input_ids."""
