@@ -163,14 +163,16 @@ void Scheduler::admit() {
   while (!waiting_.empty()) {
     const auto next = next_waiting();
     Request& r = *next;
+    // a request scoring its prompt needs every position's logits: it reuses none of them
+    const bool reuse = r.params.prompt_logprobs < 0;
     if (slots_.num_free() == 0) {
-      Request* victim = config_.by_priority ? preemptible(r.params.priority) : nullptr;
+      // one about to wait for a running prefill preempts nobody yet
+      Request* victim = config_.by_priority && !(reuse && waits_for_prefill(r.context, 0))
+                            ? preemptible(r.params.priority) : nullptr;
       if (victim == nullptr) break;
       preempt(*victim);  // the queue changed: `next` may no longer point at r
       continue;
     }
-    // a request scoring its prompt needs every position's logits: it reuses none of them
-    const bool reuse = r.params.prompt_logprobs < 0;
     const Admission a = choose_slot(r.context, reuse);
     if (reuse && waits_for_prefill(r.context, a.held)) break;  // the queue behind it waits too, a step or so
     // a resumed request (preempted after its first token) may still emit what it had left: its

@@ -137,6 +137,28 @@ def test_a_request_preempted_twice_and_one_aborted_while_preempted(llms):
     assert run.slots.num_free == 1 and run.stats()["num_preemptions"] == 2
 
 
+def test_a_request_that_will_wait_for_a_running_prefill_preempts_nobody_until_it_is_done(llms):
+    """C shares A's long head; A is still prefilling (chunks of 2): C waits for it (prefix_wait_tokens)
+    before preempting, then takes A's slot and reuses A's positions there."""
+    llm = llms["dense"]
+    run = runner(llm, max_batch=2, prefill_chunk=2, prefix_wait_tokens=4)
+    head = [5, 9, 2, 6, 7, 1, 8, 3, 4, 12, 14, 15]
+    b = run.add([2, 4, 6], GREEDY, priority=5)
+    run.step()
+    a = run.add(head + [20], GREEDY, priority=5)
+    run.step()
+    c = run.add(head + [30, 31], GREEDY, priority=0)
+    while not a.token_ids:
+        assert run.scheduler.preemptions == 0, "preempted while the prefill it waits for runs"
+        run.step()
+    while run.has_work:
+        run.step()
+    assert run.scheduler.preemptions == 1 and a.metrics.num_preemptions == 1
+    assert c.metrics.cached_tokens == len(head)
+    for request in (a, b, c):
+        assert request.token_ids == reference_output(llm, request.ids, GREEDY).token_ids
+
+
 def test_llm_generate_serves_lower_priorities_first(llms):
     llm = llms["dense"]  # one slot: each waits for the ones before it
     params = SamplingParams(max_tokens=4, ignore_eos=True)
