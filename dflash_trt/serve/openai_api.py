@@ -1,5 +1,6 @@
-"""The OpenAI-compatible front (FastAPI): /v1/chat/completions, /v1/completions, /v1/models,
-/health and /metrics, each request forwarded to Triton's generate_stream.
+"""The OpenAI-compatible front (FastAPI): /v1/chat/completions, /v1/completions, /v1/responses (run as
+a chat: responses_api.py), /v1/models, /health and /metrics, each request forwarded to Triton's
+generate_stream.
 
 Typed end to end: request bodies are protocol.py's models (FastAPI validates them; one handler turns
 any validation error into OpenAI's error object naming the field), replies are openai_models.py's,
@@ -38,6 +39,8 @@ from dflash_trt.serve.openai_models import (
     ModelList,
 )
 from dflash_trt.serve.requests import RequestError
+from dflash_trt.serve.responses_api import ResponseRender, ResponsesRequest, renamed
+from dflash_trt.serve.responses_models import ResponseObject, StreamEvent
 from dflash_trt.serve.responses import Outcome, Reply, error_body, merged_usage
 from dflash_trt.serve.reply_text import UNTHINK, ReplyText
 from dflash_trt.serve.triton_client import Piece, TritonClient, UpstreamError
@@ -174,7 +177,9 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         return ModelList(object="list", data=[ModelCard(id=settings.model, object="model", created=0,
                                                         owned_by="dflash-trt")])
 
-    async def complete(request: Request, parsed: protocol._Sampling):
+    async def complete(request: Request, parsed: protocol._Sampling, render: ResponseRender | None = None):
+        """Run a chat or completion request; `render` (the Responses API's) writes its reply instead of
+        the chat completion objects it is built from."""
         parsed.check_sampling()
         if parsed.model != settings.model:
             return _error(404, f"model '{parsed.model}' does not exist; this server serves '{settings.model}'",
@@ -200,16 +205,22 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         # each choice is a request of its own in the engine
         # a grammar (structured output, forced calls) starts once the think block the prompt opened ends
         after = UNTHINK if thinking else None
-        choices = Choices([_renamed(triton.generate(parsed.triton_inputs(choice, after)), "messages" if chat else "prompt")
+        # a reply that thinks has its reasoning tokens counted in its usage
+        counted = {"reasoning_end": UNTHINK} if thinking else {}
+        choices = Choices([_renamed(triton.generate({**parsed.triton_inputs(choice, after), **counted}),
+                                    "messages" if chat else "prompt")
                            for choice in range(count)])
         # a completion's echoed prompt per choice; None: token ids, whose text the Triton model sends
         echoes = [""] * count if chat else [parsed.echoed(choice) for choice in range(count)]
         if not parsed.stream:
-            return await _whole(request, reply, choices, readers, echoes)
+            whole = await _whole(request, reply, choices, readers, echoes)
+            if isinstance(whole, Response):  # the client left
+                return whole
+            return JSONResponse(whole if render is None else render.whole(whole))
         early = await choices.first_pieces()  # refusals (prompt too long, ...) come first: a 4xx, not a broken stream
+        chunks = _chunks(reply, choices, early, parsed.include_usage, readers, echoes, not chat and bool(parsed.echo))
         # sse-starlette ends its streams when the server begins to stop; a drain lets them finish
-        return EventSourceResponse(_events(reply, choices, early, parsed.include_usage, readers, echoes,
-                                           not chat and bool(parsed.echo)),
+        return EventSourceResponse(_sse(chunks) if render is None else render.events(chunks),
                                    sep="\n", shutdown_grace_period=settings.drain_s)
 
     @app.post("/v1/chat/completions", response_model=None, responses=_replies(ChatCompletion, ChatCompletionChunk))
@@ -219,6 +230,14 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
     @app.post("/v1/completions", response_model=None, responses=_replies(Completion, Completion))
     async def completions(request: Request, body: protocol.CompletionRequest):
         return await complete(request, body)
+
+    @app.post("/v1/responses", response_model=None, responses=_replies(ResponseObject, StreamEvent))
+    async def responses(request: Request, body: ResponsesRequest):
+        """OpenAI's Responses API, run as a chat (nothing stored)."""
+        try:
+            return await complete(request, body.chat_request(), ResponseRender(body, settings.model))
+        except RequestError as err:
+            raise renamed(err) from None
 
     return app
 
@@ -242,7 +261,7 @@ def _finish(reason: str | None, reader: ReplyText) -> str | None:
 
 
 async def _whole(request: Request, reply: Reply, choices: Choices, readers: list[ReplyText],
-                 echoes: list[str | None]) -> Response:
+                 echoes: list[str | None]) -> dict | Response:
     """Collect every choice's reply (after its echo, a completion's echoed prompt: None for the text the
     Triton model sends); if one is refused, or the client leaves first, stop them all."""
     texts, logprobs, last, ids = ([[] for _ in range(choices.count)] for _ in range(4))
@@ -276,20 +295,25 @@ async def _whole(request: Request, reply: Reply, choices: Choices, readers: list
         outcomes.append(Outcome(echoes[choice] + reader.content, _finish(piece.finish_reason, reader),
                                 logprobs[choice] if reply.logprobs else None, reader.calls, reader.reasoning,
                                 prompts[choice], ids[choice], prompt_ids[choice]))
-    return JSONResponse(reply.whole(outcomes, merged_usage([piece.usage for piece in last], reply.per_prompt)))
+    return reply.whole(outcomes, merged_usage([piece.usage for piece in last], reply.per_prompt))
 
 
-async def _events(reply: Reply, choices: Choices, early: list[tuple[int, Piece]], include_usage: bool,
+async def _sse(chunks: AsyncIterator[dict | str]) -> AsyncIterator[dict]:
+    """A chat or completion stream's chunks as Server-Sent Events (closing them when the client leaves)."""
+    try:
+        async for chunk in chunks:
+            yield {"data": chunk if isinstance(chunk, str) else json.dumps(chunk)}
+    finally:
+        await chunks.aclose()
+
+
+async def _chunks(reply: Reply, choices: Choices, early: list[tuple[int, Piece]], include_usage: bool,
                   readers: list[ReplyText], echoes: list[str | None], echo: bool = False):
-    """SSE data: each choice's role (a chat) or echoed prompt (`echo`: its text from `echoes`, or None for
-    the Triton model's, with its logprobs when asked), content deltas (and tool calls, each whole once
+    """A stream's chunks (dicts, then "[DONE]"; a mid-stream refusal an error object): each choice's role
+    (a chat) or echoed prompt (`echo`: its text from `echoes`, or None for the Triton model's, with its logprobs when asked), content deltas (and tool calls, each whole once
     its block closes) and finish reason, the usage of all if asked, [DONE]. `early`: the pieces read
     before the reply began, every choice's first among them. sse-starlette cancels this generator when
     the client disconnects; the choices are then closed, and Triton cancels them."""
-
-    def event(data: dict | str) -> dict:
-        return {"data": data if isinstance(data, str) else json.dumps(data)}
-
     firsts = {}
     for choice, piece in early:
         firsts.setdefault(choice, piece)
@@ -300,28 +324,28 @@ async def _events(reply: Reply, choices: Choices, early: list[tuple[int, Piece]]
     try:
         for choice in range(choices.count):  # a chat's role, a completion's echoed prompt
             if reply.chat or echo:
-                yield event(reply.chunk(echoes[choice] or None, role=reply.chat, index=choice,
-                                        prompt=firsts[choice].prompt_logprobs))
+                yield reply.chunk(echoes[choice] or None, role=reply.chat, index=choice,
+                                  prompt=firsts[choice].prompt_logprobs)
         while early or not choices.done:
             choice, piece = early.pop(0) if early else await choices.next()
             reader = readers[choice]
             texts[choice] += piece.text
             new = reader.next(texts[choice], final=piece.finish_reason is not None)
             if new.content or new.reasoning or piece.logprobs:
-                yield event(reply.chunk(new.content, logprobs=piece.logprobs, offset=sent[choice], index=choice,
-                                        reasoning=new.reasoning))
+                yield reply.chunk(new.content, logprobs=piece.logprobs, offset=sent[choice], index=choice,
+                                  reasoning=new.reasoning)
                 sent[choice] += len(new.content)
             if new.calls:
                 first = len(reader.calls) - len(new.calls)
-                yield event(reply.chunk(None, index=choice, tool_calls=tuple(enumerate(new.calls, first))))
+                yield reply.chunk(None, index=choice, tool_calls=tuple(enumerate(new.calls, first)))
             if piece.finish_reason is not None:
-                yield event(reply.chunk(None, _finish(piece.finish_reason, reader), index=choice))
+                yield reply.chunk(None, _finish(piece.finish_reason, reader), index=choice)
                 usages[choice] = piece.usage
         if include_usage:
-            yield event(reply.usage_chunk(merged_usage(usages, reply.per_prompt)))
-        yield event("[DONE]")
+            yield reply.usage_chunk(merged_usage(usages, reply.per_prompt))
+        yield "[DONE]"
     except (RequestError, UpstreamError) as err:  # mid-stream: the status line has gone already
         status = err.status if isinstance(err, RequestError) else 503
-        yield event(error_body(status, str(err), getattr(err, "param", None)))
+        yield error_body(status, str(err), getattr(err, "param", None))
     finally:
         await choices.close()

@@ -15,11 +15,17 @@ class PromptTokensDetails(BaseModel):
                                            "caching): not prefilled")
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = Field(description="the reply's tokens up to the end of its reasoning (with "
+                                              "--reasoning-parser and a prompt that opened a think block)")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
     acceptance_lengths: list[int] = Field(
         default_factory=list, description="dflash-trt: tokens committed per verify step that drafted (τ per step)")
     mean_acceptance_length: float | None = Field(None, description="dflash-trt: the mean of acceptance_lengths")

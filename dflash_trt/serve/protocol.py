@@ -248,10 +248,11 @@ class _Sampling(BaseModel):
     return_token_ids: bool | None = None
     # vLLM's: the prompt's last n tokens only
     truncate_prompt_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["truncate_prompt_tokens"])
-    priority: JsonInt | None = Field(None, ge=-2**63, le=2**63 - 1,
-                                     description="vLLM's: lower is served first, preempting running requests of a "
-                                                 "higher value; other than 0 only on a server started with "
-                                                 "--scheduling-policy priority")
+    # JSON's exact integers (the engine takes int64)
+    priority: Annotated[JsonInt, Field(ge=-(2**53 - 1), le=2**53 - 1), WithJsonSchema(
+        {"type": "integer", "minimum": -(2**53 - 1), "maximum": 2**53 - 1})] | None = Field(
+        None, description="vLLM's: lower is served first, preempting running requests of a higher value; other "
+                          "than 0 only on a server started with --scheduling-policy priority")
     # what this server does not implement (NO_OP_VALUES): vLLM's and SGLang's other extensions
     use_beam_search: _no_op("use_beam_search") = None
     length_penalty: _no_op("length_penalty") = None

@@ -108,3 +108,19 @@ def forced_schema(tools: dict[str, dict], forced: str, one: bool) -> dict:
 
 def _new(sent: str, now: str) -> str:
     return now[len(sent):] if now.startswith(sent) else ""
+
+
+def reasoning_tokens(tokenizer, ids: list[int], end: str) -> int:
+    """How many of a reply's first tokens it took to write its reasoning: the fewest whose text holds
+    `end` (the reasoning closes there), all of them when it never does. Whether a prefix's text holds it
+    only grows with the prefix, so a binary search decodes log2(len) prefixes."""
+    def holds(k: int) -> bool:
+        return end in tokenizer.decode(ids[:k], skip_special_tokens=False)
+
+    if not holds(len(ids)):
+        return len(ids)
+    low, high = 1, len(ids)
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if holds(middle) else (middle + 1, high)
+    return low

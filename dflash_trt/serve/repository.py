@@ -17,6 +17,7 @@ MODEL_SOURCE = Path(__file__).parent / "triton_model" / "model.py"
 # JSON (token counts, acceptance lengths) on the last response. The first response also carries, when
 # asked, the prompt's text (echo: true), its token ids (return_token_ids: true) and its tokens' logprobs
 # (sampling parameter prompt_logprobs). `priority` (vLLM's; lower first) needs the priority scheduling policy.
+# With `reasoning_end` (the text that closes a reply's reasoning) the usage counts its reasoning tokens.
 CONFIG = """name: "{name}"
 backend: "python"
 max_batch_size: 0
@@ -31,7 +32,8 @@ input [
   {{ name: "stream", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
   {{ name: "echo", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
   {{ name: "return_token_ids", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
-  {{ name: "priority", data_type: TYPE_INT64, dims: [ 1 ], optional: true }}
+  {{ name: "priority", data_type: TYPE_INT64, dims: [ 1 ], optional: true }},
+  {{ name: "reasoning_end", data_type: TYPE_STRING, dims: [ 1 ], optional: true }}
 ]
 output [
   {{ name: "text_output", data_type: TYPE_STRING, dims: [ 1 ] }},

@@ -23,6 +23,7 @@ from dflash_trt.serve.openai_models import (
     CalledFunction,
     PromptLogprob,
     PromptTokensDetails,
+    CompletionTokensDetails,
     TokenLogprob,
     ToolCall,
     ToolCallDelta,
@@ -48,6 +49,8 @@ def usage(info: dict | None) -> Usage:
     prompt, completion = info.get("prompt_tokens", 0), info.get("completion_tokens", 0)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=info.get("cached_tokens", 0)),
+                 **({"completion_tokens_details": CompletionTokensDetails(reasoning_tokens=info["reasoning_tokens"])}
+                    if "reasoning_tokens" in info else {}),
                  acceptance_lengths=info.get("acceptance_lengths", []),
                  mean_acceptance_length=info.get("mean_acceptance_length"))
 
@@ -122,6 +125,8 @@ def merged_usage(infos: list[dict | None], per_prompt: int = 1) -> dict | None:
     return {"prompt_tokens": sum(info.get("prompt_tokens", 0) for info in firsts),
             "cached_tokens": sum(info.get("cached_tokens", 0) for info in firsts),
             "completion_tokens": sum(info.get("completion_tokens", 0) for info in infos),
+            **({"reasoning_tokens": sum(info.get("reasoning_tokens", 0) for info in infos)}
+               if any("reasoning_tokens" in info for info in infos) else {}),
             "num_drafts": len(lengths), "acceptance_lengths": lengths,
             "mean_acceptance_length": sum(lengths) / len(lengths) if lengths else None}
 

@@ -4,7 +4,8 @@ with a stream,
 whether a regex, a Lark grammar or a JSON schema compiles, and that a request asks for structured output
 once and not beside what bans its end, is beyond JSON Schema; a generated body keeps the prompts that fit,
 its first structured-output field, holding one that compiles, and a forced tool_choice calls a function
-the body offers (strict only with one). Refusals of the others are tests/serve/test_protocol.py's."""
+the body offers (strict only with one); a Responses API body the same in its own shapes. Refusals of the
+others are tests/serve/test_protocol.py's and tests/serve/test_responses_api.py's."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def asks(body: dict, field: str) -> bool:
 def acceptable(body):
     if not isinstance(body, dict):
         return body
+    if "input" in body:
+        return acceptable_response(body)
     prompt, n = body.get("prompt"), body.get("n", 1)
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) and isinstance(n, (int, float)) \
             and not isinstance(n, bool) and n >= 1:  # n may come as an integral float (56.0)
@@ -51,4 +54,28 @@ def acceptable(body):
         if asked[0] in VALID:
             body[asked[0]] = VALID[asked[0]]
         body["ignore_eos"] = body["min_tokens"] = None
+    return body
+
+
+def acceptable_response(body: dict) -> dict:
+    """The same for a Responses API body: top_logprobs with the include that returns them, a forced
+    tool_choice calling a function it offers (strict only then), a text format's schema that compiles."""
+    if body.get("top_logprobs") is not None:
+        body["include"] = ["message.output_text.logprobs"]
+    if isinstance(body.get("input"), list):  # earlier reasoning alone is nothing to read
+        body["input"].append({"role": "user", "content": "hi"})
+    tools = body["tools"] if isinstance(body.get("tools"), list) else []
+    choice = body.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        body["tools"] = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+        if isinstance(choice, dict):
+            body["tool_choice"] = {"type": "function", "name": "f"}
+        body["text"] = None
+        return body
+    for tool in tools:
+        if isinstance(tool, dict):
+            tool["strict"] = None
+    text = body.get("text")
+    if isinstance(text, dict) and isinstance(text.get("format"), dict) and text["format"].get("type") == "json_schema":
+        text["format"] = {"type": "json_schema", "name": "x", "schema": {"type": "object"}}
     return body

@@ -48,10 +48,12 @@ class FakeTriton:
         forced = json.loads(inputs.get("sampling_parameters") or "{}").get("structured_output", {}).get("json")
         reply = (None if forced is None else FORCED_LIST if forced.get("type") == "array" else FORCED) or (
             CALLING if "tools" in inputs else THINKING if "think" in str(prompt) else None)
+        # a reply the front parses reasoning from: the model counts its tokens (5 here)
+        usage = {**USAGE, "reasoning_tokens": 5} if "reasoning_end" in inputs else USAGE
         if reply is not None:
             for at in range(0, len(reply), 7):
                 end = at + 7 >= len(reply)
-                yield Piece(reply[at:at + 7], [at], "stop" if end else None, USAGE if end else None)
+                yield Piece(reply[at:at + 7], [at], "stop" if end else None, usage if end else None)
             return
         # the first piece's prompt text (echo) and prompt logprobs (prompt_logprobs n: the top n+1 here)
         top = json.loads(inputs.get("sampling_parameters") or "{}").get("prompt_logprobs")
@@ -300,8 +302,10 @@ def test_reasoning_comes_back_apart_from_the_content(tool_front):
                                   FakeTriton()))
     client = OpenAI(base_url="http://testserver/v1", api_key="none", http_client=front)
     think = [{"role": "user", "content": "think"}]
-    message = client.chat.completions.create(model="tiny", messages=think).choices[0].message
+    reply = client.chat.completions.create(model="tiny", messages=think)
+    message = reply.choices[0].message
     assert (message.reasoning_content, message.content) == ("The user greets me.\nI greet back.\n", "Hello!")
+    assert reply.usage.completion_tokens_details.reasoning_tokens == 5  # what the model counted
     reasoning, content = "", ""
     for chunk in client.chat.completions.create(model="tiny", messages=think, stream=True):
         delta = chunk.choices[0].delta

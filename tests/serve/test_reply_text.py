@@ -188,3 +188,17 @@ def test_a_forced_reply_is_read_once_it_ends(forced, text, content, found):
     assert reader.next(text[:5], final=False) == Delta()  # nothing while it runs
     reader.next(text, final=True)
     assert (reader.content, calls(reader.calls)) == (content, found)
+
+
+def test_reasoning_tokens_are_the_fewest_whose_text_closes_the_reasoning(tiny_pairs):
+    from transformers import AutoTokenizer
+
+    from dflash_trt.serve.reply_text import UNTHINK, reasoning_tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_pairs["qwen3"][0]))
+    for text in ("I greet back.</think>\n\nHello!", "</think>x", "still thinking", "a</think>b</think>c"):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        # every prefix, one by one: the first whose text holds the end (all of them when none does)
+        closed = [k for k in range(len(ids) + 1) if UNTHINK in tokenizer.decode(ids[:k], skip_special_tokens=False)]
+        assert reasoning_tokens(tokenizer, ids, UNTHINK) == (closed[0] if closed else len(ids))
+    assert reasoning_tokens(tokenizer, [], UNTHINK) == 0

@@ -238,6 +238,53 @@ def test_a_named_tool_choice_through_the_real_server_calls_it_with_offline_gener
         assert message.content == expected.text and not message.tool_calls
 
 
+def test_the_responses_api_gives_the_chat_s_reply_whole_and_streamed(server, client, offline):
+    """/v1/responses through the official client runs as the chat it converts to: its text and usage
+    are offline generate's (instructions a system turn first), streamed event by event the same."""
+    turns = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": PROMPTS[1]}]
+    rendered = offline.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False,
+                                                     chat_template=TOOLS_TEMPLATE)
+    prompt = offline.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    expected = offline.generate(prompt, SamplingParams(max_tokens=20))[0]
+    asked = dict(model=server.model, instructions="Answer briefly.", input=PROMPTS[1], max_output_tokens=20,
+                 temperature=0)
+    response = client.responses.create(**asked)
+    assert response.output_text == expected.text
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (len(prompt), len(expected.token_ids))
+    assert response.status == ("incomplete" if expected.finish_reason == "length" else "completed")
+    events = list(client.responses.create(**asked, stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == expected.text
+    assert events[-1].response.output_text == expected.text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_a_responses_function_call_and_its_output_round_trip_as_the_chat_s(server, client):
+    """A named tool_choice comes back as a function_call item with the chat's arguments; sent back with its
+    output as input items, the next reply is the chat's reply to the same turns."""
+    tool = {"type": "function", **WEATHER["function"]}
+    question = [{"role": "user", "content": "Weather in Milan?"}]
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    chat_reply = client.chat.completions.create(model=server.model, messages=question, tools=[WEATHER],
+                                                tool_choice=forced, max_tokens=40, temperature=0)
+    response = client.responses.create(model=server.model, input=question, tools=[tool], max_output_tokens=40,
+                                       temperature=0, tool_choice={"type": "function", "name": "get_weather"})
+    calls = [item for item in response.output if item.type == "function_call"]
+    chat_calls = chat_reply.choices[0].message.tool_calls or []
+    assert [(c.name, c.arguments) for c in calls] == [(c.function.name, c.function.arguments) for c in chat_calls]
+    if not calls:  # cut by max_tokens before its JSON closed: nothing to send back
+        return
+    answered = client.responses.create(model=server.model, tools=[tool], max_output_tokens=12, temperature=0, input=[
+        *question, *[{"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments}
+                     for c in calls],
+        *[{"type": "function_call_output", "call_id": c.call_id, "output": "sunny"} for c in calls]])
+    turns = [*question, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]},
+        *[{"role": "tool", "tool_call_id": c.call_id, "content": "sunny"} for c in calls]]
+    chat_answer = client.chat.completions.create(model=server.model, messages=turns, tools=[WEATHER], max_tokens=12,
+                                                 temperature=0)
+    assert answered.output_text == (chat_answer.choices[0].message.content or "")
+
+
 CHOICES = ["red", "green", "blue violet"]
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
 

@@ -18,6 +18,7 @@ from dflash_trt.errors import Busy, DFlashError
 from dflash_trt.models.chat import encode_chat
 from dflash_trt.runtime.engine import check_priority
 from dflash_trt.serve.deltas import DeltaStream
+from dflash_trt.serve.reply_text import reasoning_tokens
 from dflash_trt.serve.requests import RequestError, parse_sampling, template_kwargs, template_tools
 from dflash_trt.serve.triton_model.metrics import EngineMetrics
 
@@ -76,7 +77,8 @@ class TritonPythonModel:
             sampling = _string(request, "sampling_parameters")
             params = parse_sampling(sampling, len(ids), self.engine.capacity)
             responder = _Responder(self, sender, _bool(request, "stream"), params, self.llm.tokenizer,
-                                   echo=_bool(request, "echo"), prompt_ids=_bool(request, "return_token_ids"))
+                                   echo=_bool(request, "echo"), prompt_ids=_bool(request, "return_token_ids"),
+                                   reasoning_end=_string(request, "reasoning_end"))
             with self.lock:  # the engine may answer before add_request returns
                 rid = self.engine.add_request(ids, params, on_output=responder, priority=self._priority(request))
                 if not responder.done:
@@ -147,12 +149,14 @@ class TritonPythonModel:
 class _Responder:
     """on_output for one request: deltas while streaming, one response otherwise; FINAL on the last."""
 
-    def __init__(self, model, sender, stream: bool, params, tokenizer, echo: bool = False, prompt_ids: bool = False):
+    def __init__(self, model, sender, stream: bool, params, tokenizer, echo: bool = False, prompt_ids: bool = False,
+                 reasoning_end: str | None = None):
         self.model, self.sender, self.stream = model, sender, stream
         self.deltas = DeltaStream(tuple(params.stop))
         self.top, self.tokenizer = params.logprobs, tokenizer
         self.prompt_top = params.prompt_logprobs
         self.echo, self.prompt_ids = echo, prompt_ids
+        self.reasoning_end = reasoning_end  # the text that closes the reply's reasoning: its tokens are counted
         self.prompt_sent = False  # the prompt's text, ids and logprobs go in the first response
         self.rid = None
         self.done = False
@@ -224,7 +228,7 @@ class _Responder:
             text, ids = out.text, out.token_ids
         if self.stream and not final and not text and not ids:
             return
-        usage = _usage(out) if final else ""
+        usage = _usage(out, self.tokenizer, self.reasoning_end) if final else ""
         prompt_text, prompt_ids, prompt_logprobs = self._prompt(out)
         tensors = [
             pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)),
@@ -256,10 +260,12 @@ def _ranked(entries: dict, top: int) -> list:
     return sorted(entries.items(), key=lambda e: -e[1])[:top]
 
 
-def _usage(out) -> str:
+def _usage(out, tokenizer, reasoning_end: str | None) -> str:
     metrics = out.metrics.to_dict()
     metrics["prompt_tokens"] = len(out.prompt_token_ids)
     metrics["completion_tokens"] = len(out.token_ids)
+    if reasoning_end and tokenizer is not None:
+        metrics["reasoning_tokens"] = reasoning_tokens(tokenizer, out.token_ids, reasoning_end)
     return json.dumps(metrics)
 
 

@@ -1,0 +1,193 @@
+"""OpenAI's Responses API (/v1/responses) in-process over the stand-in Triton client of test_front.py,
+read by the official OpenAI client: a request runs as the chat it converts to (instructions, input
+items, tools, text.format), and its reply comes back as a Response object or its stream's events."""
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+from openai import OpenAI
+from test_front import FORCED, THINKING, USAGE, FakeTriton
+
+from dflash_trt.serve.openai_api import FrontSettings, create_app
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "today's weather",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+
+def front_for(**settings):
+    triton = FakeTriton()
+    front = TestClient(create_app(FrontSettings("tiny", **settings), triton))
+    return front, triton, OpenAI(base_url="http://testserver/v1", api_key="none", http_client=front)
+
+
+@pytest.fixture
+def served():
+    return front_for(tool_parser="hermes")
+
+
+@pytest.fixture
+def thinking():
+    """--reasoning-parser qwen3 behind a template whose prompt opens a think block unless enable_thinking
+    is false."""
+    return front_for(thinking=lambda kwargs: kwargs.get("enable_thinking", True))
+
+
+def sampling(triton, k=-1) -> dict:
+    return json.loads(triton.requests[k].get("sampling_parameters") or "{}")
+
+
+def test_a_response_is_the_chat_reply_as_a_response_object(served):
+    _, triton, client = served
+    response = client.responses.create(model="tiny", input="hi", instructions="Be brief.", max_output_tokens=3,
+                                       temperature=0.5, metadata={"run": "7"})
+    assert json.loads(triton.requests[0]["messages"]) == [{"role": "system", "content": "Be brief."},
+                                                          {"role": "user", "content": "hi"}]
+    assert sampling(triton) == {"max_tokens": 3, "temperature": 0.5}
+    assert response.id.startswith("resp_") and response.object == "response" and response.model == "tiny"
+    assert response.output_text == "abc"  # the stand-in's reply ends on its length
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    (message,) = response.output
+    assert message.type == "message" and message.role == "assistant" and message.status == "incomplete"
+    usage = response.usage
+    assert (usage.input_tokens, usage.output_tokens, usage.total_tokens) == (3, 3, 6)
+    assert usage.input_tokens_details.cached_tokens == USAGE["cached_tokens"]
+    assert usage.output_tokens_details.reasoning_tokens == 0
+    assert (response.instructions, response.max_output_tokens, response.temperature) == ("Be brief.", 3, 0.5)
+    assert response.metadata == {"run": "7"} and response.store is False and response.tools == []
+
+
+def test_input_items_become_the_chat_s_turns(served):
+    _, triton, client = served
+    client.responses.create(model="tiny", input=[
+        {"role": "developer", "content": "Use tools."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather "},
+                                                        {"type": "input_text", "text": "in Milan?"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Milan"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}])
+    assert json.loads(triton.requests[0]["messages"]) == [
+        {"role": "developer", "content": "Use tools."}, {"role": "user", "content": "Weather in Milan?"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Milan"}}}]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}]
+
+
+def test_a_streamed_response_sends_the_typed_events_in_order(served):
+    _, _, client = served
+    events = list(client.responses.create(model="tiny", input="hi", stream=True))
+    kinds = [event.type for event in events]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", *["response.output_text.delta"] * 3, "response.output_text.done",
+                     "response.content_part.done", "response.output_item.done", "response.incomplete"]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "abc"
+    item_id = events[2].item.id
+    assert all(e.item_id == item_id for e in events[3:-2] if hasattr(e, "item_id"))
+    final = events[-1].response
+    assert final.output_text == "abc" and final.output[0].id == item_id and final.usage.output_tokens == 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_function_calls_come_back_as_items(served, stream):
+    _, triton, client = served
+    asked = dict(model="tiny", input="hi", tools=[WEATHER], tool_choice="auto")
+    if stream:
+        events = list(client.responses.create(**asked, stream=True))
+        done = [e.item for e in events if e.type == "response.output_item.done"]
+        arguments = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
+        assert arguments == ['{"city": "Milan"}', '{"city": "Oslo"}']
+        output = events[-1].response.output
+        assert [item.id for item in done] == [item.id for item in output]
+    else:
+        output = client.responses.create(**asked).output
+    assert output[0].type == "message" and output[0].content[0].text == "Checking."
+    calls = output[1:]
+    assert [(c.type, c.name, json.loads(c.arguments), c.status) for c in calls] == [
+        ("function_call", "get_weather", {"city": "Milan"}, "completed"),
+        ("function_call", "get_weather", {"city": "Oslo"}, "completed")]
+    assert all(c.call_id.startswith("call_") and c.id.startswith("fc_") for c in calls)
+    assert json.loads(triton.requests[0]["tools"]) == [
+        {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}]
+
+
+def test_a_named_tool_choice_and_a_json_schema_hold_the_reply_to_their_json(served):
+    _, triton, client = served
+    called = client.responses.create(model="tiny", input="hi", tools=[WEATHER],
+                                     tool_choice={"type": "function", "name": "get_weather"})
+    assert [(c.name, c.arguments) for c in called.output if c.type == "function_call"] == [("get_weather", FORCED)]
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    answered = client.responses.create(model="tiny", input="hi", text={"format": {
+        "type": "json_schema", "name": "place", "schema": schema, "strict": True}})
+    assert sampling(triton)["structured_output"] == {"json": schema}
+    assert answered.output_text == FORCED and answered.text.format.type == "json_schema"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_comes_back_as_a_reasoning_item_and_its_tokens_are_counted(thinking, stream):
+    _, triton, client = thinking
+    if stream:
+        events = list(client.responses.create(model="tiny", input="think", stream=True))
+        response = events[-1].response
+        reasoning = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+        assert reasoning == "The user greets me.\nI greet back.\n"
+    else:
+        response = client.responses.create(model="tiny", input="think")
+    thought, message = response.output
+    assert thought.type == "reasoning" and thought.content[0].text == "The user greets me.\nI greet back.\n"
+    assert message.content[0].text == "Hello!" and response.status == "completed"
+    assert triton.requests[0]["reasoning_end"] == "</think>"  # so the Triton model counts them
+    assert response.usage.output_tokens_details.reasoning_tokens == 5  # the stand-in's count
+    plain = client.responses.create(model="tiny", input="think",
+                                    extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert plain.output_text == THINKING and "reasoning_end" not in triton.requests[-1]
+
+
+def test_vllm_s_sampling_extensions_reach_the_engine_as_a_chat_s(served):
+    _, triton, client = served
+    client.responses.create(model="tiny", input="hi", extra_body={"top_k": 20, "seed": 7, "priority": -2,
+                                                                  "repetition_penalty": 1.1, "stop": ["x"]})
+    assert sampling(triton) == {"top_k": 20, "seed": 7, "repetition_penalty": 1.1, "stop": ["x"]}
+    assert triton.requests[0]["priority"] == -2
+
+
+def test_logprobs_are_included_when_asked(served):
+    front, triton, _ = served
+    body = front.post("/v1/responses", json={"model": "tiny", "input": "hi", "top_logprobs": 2,
+                                             "include": ["message.output_text.logprobs"]}).json()
+    assert sampling(triton)["logprobs"] == 2
+    assert body["output"][0]["content"][0]["logprobs"] == []  # the stand-in sends none
+
+
+@pytest.mark.parametrize("field, value, param", [
+    ("previous_response_id", "resp_1", "previous_response_id"), ("store", True, "store"),
+    ("background", True, "background"), ("conversation", "conv_1", "conversation"),
+    ("reasoning", {"effort": "high"}, "reasoning"), ("max_output_tokens", 0, "max_output_tokens"),
+    ("input", [], "input"), ("input", [{"type": "item_reference", "id": "x"}], "input"),
+    ("tools", [{"type": "web_search"}], "tools[0].type"), ("text", {"format": {"type": "xml"}}, "text.format.type"),
+    ("temperature", -1, "temperature"), ("include", ["file_search_call.results"], "include[0]"),
+    ("truncation", "auto", "truncation"), ("text", {"verbosity": "high"}, "text.verbosity"),
+    ("n", 2, "n"), ("top_logprobs", 2, "top_logprobs"), ("max_tool_calls", 3, "max_tool_calls"),
+    ("seed", -1, "seed"),
+])
+def test_what_a_stateless_server_cannot_honour_is_a_400_naming_the_field(served, field, value, param):
+    front, triton, _ = served
+    response = front.post("/v1/responses", json={"model": "tiny", "input": "hi", field: value})
+    assert response.status_code == 400, response.json()
+    assert response.json()["error"]["param"] == param and not triton.requests
+
+
+def test_a_refusal_of_the_prompt_names_the_input(served):
+    front, _, _ = served
+    response = front.post("/v1/responses", json={"model": "tiny", "input": "a long prompt"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "input"
+    assert front.post("/v1/responses", json={"model": "other", "input": "hi"}).status_code == 404
+
+
+def test_the_schema_documents_the_endpoint(served):
+    front, _, _ = served
+    spec = front.get("/openapi.json").json()["paths"]["/v1/responses"]["post"]
+    assert spec["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ResponsesRequest")
+    assert spec["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/ResponseObject")
