@@ -321,19 +321,30 @@ async def _chunks(reply: Reply, choices: Choices, early: list[tuple[int, Piece]]
     sent = [len(text) for text in echoes]  # per choice, the text so far, where a completion's token offsets count from
     texts = [""] * choices.count  # per choice, the text so far (reasoning and calls included)
     usages = [None] * choices.count
+    # return_token_ids: a choice's prompt ids go with its first chunk (None: sent), its new ids with each
+    prompts = [list(firsts[choice].prompt_token_ids) if reply.token_ids else None for choice in range(choices.count)]
+
+    def ids(choice: int, piece: Piece) -> dict:
+        if not reply.token_ids:
+            return {}
+        first, prompts[choice] = prompts[choice], None
+        return {"token_ids": piece.token_ids, "prompt_token_ids": first}
+
     try:
         for choice in range(choices.count):  # a chat's role, a completion's echoed prompt
             if reply.chat or echo:
                 yield reply.chunk(echoes[choice] or None, role=reply.chat, index=choice,
-                                  prompt=firsts[choice].prompt_logprobs)
+                                  prompt=firsts[choice].prompt_logprobs,
+                                  **({"prompt_token_ids": prompts[choice]} if reply.token_ids else {}))
+                prompts[choice] = None
         while early or not choices.done:
             choice, piece = early.pop(0) if early else await choices.next()
             reader = readers[choice]
             texts[choice] += piece.text
             new = reader.next(texts[choice], final=piece.finish_reason is not None)
-            if new.content or new.reasoning or piece.logprobs:
+            if new.content or new.reasoning or piece.logprobs or (reply.token_ids and piece.token_ids):
                 yield reply.chunk(new.content, logprobs=piece.logprobs, offset=sent[choice], index=choice,
-                                  reasoning=new.reasoning)
+                                  reasoning=new.reasoning, **ids(choice, piece))
                 sent[choice] += len(new.content)
             if new.calls:
                 first = len(reader.calls) - len(new.calls)

@@ -136,6 +136,7 @@ class ChatChunkChoice(BaseModel):
     delta: ChatDelta
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None
+    token_ids: list[int] | None = Field(None, description="vLLM's, with return_token_ids: the chunk's new tokens")
 
 
 class ChatCompletionChunk(BaseModel):
@@ -148,6 +149,8 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    prompt_token_ids: list[int] | None = Field(None, description="vLLM's, with return_token_ids: in a choice's "
+                                                                 "first chunk, the rendered prompt's tokens")
 
 
 class CompletionChoice(BaseModel):

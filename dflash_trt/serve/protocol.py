@@ -244,7 +244,7 @@ class _Sampling(BaseModel):
     # vLLM's: the only tokens that may come, and words the reply may not hold
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
     bad_words: list[Annotated[str, StringConstraints(pattern=r"\S")]] | None = None
-    # vLLM's: the reply carries the prompt's and each choice's token ids (not in streams here)
+    # vLLM's: the reply carries the prompt's and each choice's token ids (streamed: each chunk its new ones)
     return_token_ids: bool | None = None
     # vLLM's: the prompt's last n tokens only
     truncate_prompt_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["truncate_prompt_tokens"])
@@ -338,9 +338,6 @@ class _Sampling(BaseModel):
         if self.stream and self.prompt_logprobs is not None:  # as vLLM
             raise RequestError("prompt_logprobs", "prompt_logprobs are not returned in streams: leave out one of "
                                                   "stream and prompt_logprobs")
-        if self.stream and self.return_token_ids:
-            raise RequestError("return_token_ids", "token ids are not returned in streams here: leave out one of "
-                                                   "stream and return_token_ids")
         try:
             sampling_params(self.sampling(self.max_tokens))
         except RequestError as err:

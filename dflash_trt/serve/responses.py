@@ -206,22 +206,29 @@ class Reply:
 
     def chunk(self, text: str | None, finish_reason: str | None = None, role: bool = False,
               logprobs: list | None = None, offset: int = 0, index: int = 0, tool_calls: tuple = (),
-              reasoning: str = "", prompt: list | None = None) -> dict:
+              reasoning: str = "", prompt: list | None = None, token_ids: list | None = None,
+              prompt_token_ids: list | None = None) -> dict:
         """A stream chunk of choice `index`; `tool_calls`: (place among the choice's calls, call) pairs;
         `reasoning`: new reasoning text (with `text`, new content, when there is any); `prompt`: a
-        completion's echoed prompt entries (its logprobs then)."""
+        completion's echoed prompt entries (its logprobs then); with return_token_ids, `token_ids` the
+        chunk's new tokens and `prompt_token_ids` (a choice's first chunk) its prompt's."""
+        ids = {} if token_ids is None else {"token_ids": list(token_ids)}
         if self.chat:
             delta = (ChatDelta(role="assistant", content="") if role
                      else ChatDelta(tool_calls=[_tool_call(call, at) for at, call in tool_calls]) if tool_calls
                      else ChatDelta(reasoning_content=reasoning, **({"content": text} if text else {})) if reasoning
                      else ChatDelta() if text is None else ChatDelta(content=text))
             choice = ChatChunkChoice(index=index, delta=delta, logprobs=chat_logprobs(logprobs),
-                                     finish_reason=finish_reason)
-            return dump(ChatCompletionChunk(object="chat.completion.chunk", choices=[choice], **self._head()))
+                                     finish_reason=finish_reason, **ids)
+            prompt_ids = {} if prompt_token_ids is None else {"prompt_token_ids": list(prompt_token_ids)}
+            return dump(ChatCompletionChunk(object="chat.completion.chunk", choices=[choice], **self._head(),
+                                            **prompt_ids))
         if prompt is not None and self.echo_top is not None:
             logprobs = echoed_logprobs(prompt, self.echo_top)
+        if prompt_token_ids is not None:
+            ids["prompt_token_ids"] = list(prompt_token_ids)
         choice = CompletionChoice(index=index, text=text or "", logprobs=completion_logprobs(logprobs, offset),
-                                  finish_reason=finish_reason)
+                                  finish_reason=finish_reason, **ids)
         return dump(Completion(object="text_completion", choices=[choice], **self._head()))
 
     def usage_chunk(self, info: dict | None) -> dict:

@@ -1,6 +1,5 @@
 """Schema-valid request bodies the server must accept, for schemathesis: that a completion's prompts
-times n stay within the choices a request may have, that prompt_logprobs and return_token_ids do not come
-with a stream,
+times n stay within the choices a request may have, that prompt_logprobs do not come with a stream,
 whether a regex, a Lark grammar or a JSON schema compiles, and that a request asks for structured output
 once and not beside what bans its end, is beyond JSON Schema; a generated body keeps the prompts that fit,
 its first structured-output field, holding one that compiles, and a forced tool_choice calls a function
@@ -34,7 +33,7 @@ def acceptable(body):
             and not isinstance(n, bool) and n >= 1:  # n may come as an integral float (56.0)
         body["prompt"] = prompt[:max(1, MAX_CHOICES // int(n))]
     if body.get("stream") is True:
-        body["prompt_logprobs"] = body["return_token_ids"] = None
+        body["prompt_logprobs"] = None
     choice = body.get("tool_choice")
     if choice == "required" or isinstance(choice, dict):  # forced calls: of a function the body offers
         body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

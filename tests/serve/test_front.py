@@ -147,7 +147,6 @@ def test_models_health_metrics(front):
     ("/v1/chat/completions", {"json": chat(min_p=1.1)}, 400, "min_p"),
     ("/v1/chat/completions", {"json": chat(guided_regex="(", stream=True)}, 400, "guided_regex"),
     ("/v1/chat/completions", {"json": chat(prompt_logprobs=1, stream=True)}, 400, "prompt_logprobs"),
-    ("/v1/chat/completions", {"json": chat(return_token_ids=True, stream=True)}, 400, "return_token_ids"),
     ("/v1/completions", {"json": {"model": "tiny", "prompt": "x", "prompt_logprobs": 21}}, 400, "prompt_logprobs"),
     ("/v1/completions", {"json": {"model": "tiny", "prompt": ["a", "b"], "n": 33}}, 400, "prompt"),
     ("/v1/completions", {"json": {"model": "tiny", "prompt": []}}, 400, "prompt"),
@@ -420,6 +419,25 @@ def test_return_token_ids_gives_the_prompts_and_each_replys_ids(front):
     assert reply["prompt_token_ids"] == [7, 8] and [c["token_ids"] for c in reply["choices"]] == [[0, 1, 2]] * 2
     plain = front.post("/v1/completions", json={"model": "tiny", "prompt": [4, 5]}).json()
     assert "token_ids" not in plain["choices"][0] and "return_token_ids" not in front.triton.requests[-1]
+
+
+def test_streamed_token_ids_add_up_to_the_whole_reply_s(front):
+    """Each chunk carries its new ids, a choice's first chunk its prompt's (vLLM's streamed form)."""
+    _, chunks = events(front, "/v1/chat/completions", chat(return_token_ids=True, n=2, stream=True))
+    chunks = [json.loads(c) for c in chunks[:-1]]
+    for choice in range(2):
+        mine = [c for c in chunks if c["choices"] and c["choices"][0]["index"] == choice]
+        assert mine[0]["prompt_token_ids"] == [7, 8] and all("prompt_token_ids" not in c for c in mine[1:])
+        assert [t for c in mine for t in c["choices"][0].get("token_ids", [])] == [0, 1, 2]
+    _, chunks = events(front, "/v1/completions", {"model": "tiny", "prompt": [[4, 5], [6]], "stream": True,
+                                                  "return_token_ids": True})
+    chunks = [json.loads(c)["choices"][0] for c in chunks[:-1]]
+    for choice, prompt in enumerate(([4, 5], [6])):
+        mine = [c for c in chunks if c["index"] == choice]
+        assert mine[0]["prompt_token_ids"] == prompt and all("prompt_token_ids" not in c for c in mine[1:])
+        assert [t for c in mine for t in c.get("token_ids", [])] == [0, 1, 2]
+    _, plain = events(front, "/v1/chat/completions", chat(stream=True))
+    assert all("token_ids" not in json.loads(c)["choices"][0] for c in plain[:-1] if json.loads(c)["choices"])
 
 
 def test_echo_puts_the_prompt_before_a_completion(front):

@@ -358,6 +358,13 @@ def test_completion_of_token_ids_equals_offline(server, client, offline):
     asked = client.completions.create(model=server.model, prompt=ids, max_tokens=12, temperature=0,
                                       extra_body={"return_token_ids": True}).choices[0]
     assert asked.prompt_token_ids == ids and asked.token_ids == expected.token_ids  # vLLM's return_token_ids
+    streamed_ids, prompt_ids = [], None
+    for chunk in client.completions.create(model=server.model, prompt=ids, max_tokens=12, temperature=0, stream=True,
+                                           extra_body={"return_token_ids": True}):
+        choice = chunk.choices[0].model_extra
+        prompt_ids = prompt_ids or choice.get("prompt_token_ids")
+        streamed_ids += choice.get("token_ids") or []
+    assert prompt_ids == ids and streamed_ids == expected.token_ids
 
 
 def test_logprobs_equal_offline(server, client, offline):
