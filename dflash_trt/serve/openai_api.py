@@ -211,7 +211,7 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
                                     "messages" if chat else "prompt")
                            for choice in range(count)])
         # a completion's echoed prompt per choice; None: token ids, whose text the Triton model sends
-        echoes = [""] * count if chat else [parsed.echoed(choice) for choice in range(count)]
+        echoes = [parsed.echoed(choice) for choice in range(count)]
         if not parsed.stream:
             whole = await _whole(request, reply, choices, readers, echoes)
             if isinstance(whole, Response):  # the client left
@@ -337,6 +337,8 @@ async def _chunks(reply: Reply, choices: Choices, early: list[tuple[int, Piece]]
                                   prompt=firsts[choice].prompt_logprobs,
                                   **({"prompt_token_ids": prompts[choice]} if reply.token_ids else {}))
                 prompts[choice] = None
+            if reply.chat and echoes[choice]:  # the last message the reply continues, first
+                yield reply.chunk(echoes[choice], index=choice)
         while early or not choices.done:
             choice, piece = early.pop(0) if early else await choices.next()
             reader = readers[choice]

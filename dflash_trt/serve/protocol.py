@@ -130,12 +130,12 @@ StopString = Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})]
 # the output. Any other value is refused (`_Sampling.check_unsupported`).
 NO_OP_VALUES = {
     "functions": ([],), "function_call": ("none",), "suffix": ("",),
-    # vLLM's extensions beyond SamplingParams (chat's `echo` repeats the last message: chat only)
+    # vLLM's extensions beyond SamplingParams
     "use_beam_search": (False,), "length_penalty": (1,), "spaces_between_special_tokens": (True,),
     "logits_processors": (), "return_tokens_as_token_ids": (False,),
     "guided_whitespace_pattern": (),
     "chat_template": (), "documents": (), "mm_processor_kwargs": (), "cache_salt": (), "kv_transfer_params": (),
-    "vllm_xargs": (), "echo": (False,),
+    "vllm_xargs": (),
     # SGLang's
     "no_stop_trim": (False,), "stop_regex": (), "lora_path": (), "custom_logit_processor": (),
     "return_hidden_states": (False,), "ebnf": (),
@@ -394,7 +394,8 @@ class ChatRequest(_Sampling):
     chat_template: _no_op("chat_template") = None
     documents: _no_op("documents") = None
     mm_processor_kwargs: _no_op("mm_processor_kwargs") = None
-    echo: _no_op("echo") = None
+    echo: bool | None = Field(None, description="vLLM's: the reply's content begins with the last message's "
+                                                "when that is the assistant's (continue_final_message)")
 
     def logprob_count(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:
@@ -416,6 +417,12 @@ class ChatRequest(_Sampling):
             raise RequestError(asked[0], f"{asked[0]} and tool_choice both ask for structured output: send one")
         schema = forced_schema(self.offered_tools(), forced, self.parallel_tool_calls is False)
         return "tool_choice", {"json": schema}
+
+    def echoed(self, choice: int = 0) -> str:
+        """What `echo` puts before each choice's content: the last message's text when it is the
+        assistant's, the turn the reply continues ("" otherwise, or without echo)."""
+        last = self.messages[-1]
+        return last.text() if self.echo and last.role == "assistant" else ""
 
     def template_variables(self) -> dict:
         """What the chat template gets beside the turns: chat_template_kwargs and how the conversation ends."""

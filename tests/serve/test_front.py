@@ -446,3 +446,18 @@ def test_echo_puts_the_prompt_before_a_completion(front):
     _, data = events(front, "/v1/completions", {"model": "tiny", "prompt": "Say: ", "echo": True, "stream": True})
     texts = [json.loads(d)["choices"][0]["text"] for d in data[:-1]]
     assert texts[0] == "Say: " and "".join(texts) == "Say: abc"
+
+
+def test_a_chat_s_echo_begins_the_reply_with_the_assistant_message_it_continues(front):
+    """vLLM's chat echo: the last message, when it is the assistant's, leads the content (whole and
+    streamed); after a user's turn there is nothing to repeat."""
+    turns = [{"role": "user", "content": "Tell a story."}, {"role": "assistant", "content": "Once upon"}]
+    body = {"model": "tiny", "messages": turns, "echo": True, "continue_final_message": True,
+            "add_generation_prompt": False}
+    whole = front.post("/v1/chat/completions", json=body).json()
+    assert whole["choices"][0]["message"]["content"] == "Once uponabc"
+    _, chunks = events(front, "/v1/chat/completions", {**body, "stream": True})
+    contents = [json.loads(c)["choices"][0]["delta"].get("content") for c in chunks[:-1]]
+    assert contents[:2] == ["", "Once upon"] and "".join(c or "" for c in contents) == "Once uponabc"
+    plain = front.post("/v1/chat/completions", json=chat(echo=True)).json()
+    assert plain["choices"][0]["message"]["content"] == "abc"

@@ -139,7 +139,6 @@ def test_unimplemented_fields_at_their_no_op_values_are_accepted():
 
 @pytest.mark.parametrize("field, value", [
     ("functions", [{"name": "f"}]), ("function_call", "auto"), ("use_beam_search", True),
-    ("echo", True),
     ("chat_template", "{{ x }}"), ("return_tokens_as_token_ids", True),
     ("stop_regex", "a+"), ("no_stop_trim", True), ("cache_salt", "s"),
 ])

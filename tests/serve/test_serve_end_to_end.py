@@ -348,6 +348,10 @@ def test_a_continued_final_message_equals_offline_chat(server, client, offline):
                                            extra_body={"continue_final_message": True, "add_generation_prompt": False})
     assert reply.choices[0].message.content == expected.text
     assert reply.usage.prompt_tokens == len(expected.prompt_token_ids)
+    echoed = client.chat.completions.create(model=server.model, messages=turns, max_tokens=10, temperature=0,
+                                            extra_body={"continue_final_message": True, "echo": True,
+                                                        "add_generation_prompt": False})
+    assert echoed.choices[0].message.content == "Sure: " + expected.text  # vLLM's chat echo
 
 
 def test_completion_of_token_ids_equals_offline(server, client, offline):
