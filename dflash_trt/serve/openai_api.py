@@ -41,11 +41,19 @@ from dflash_trt.serve.openai_models import (
 from dflash_trt.serve.requests import RequestError
 from dflash_trt.serve.responses_api import ResponseRender, ResponsesRequest, renamed
 from dflash_trt.serve.responses_models import ResponseObject, StreamEvent
+from dflash_trt.serve.tokenize_api import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizePrompt,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from dflash_trt.serve.responses import Outcome, Reply, error_body, merged_usage
 from dflash_trt.serve.reply_text import UNTHINK, ReplyText
 from dflash_trt.serve.triton_client import Piece, TritonClient, UpstreamError
 
 DISCONNECT_POLL_S = 0.1
+GUARDED = ("/v1/", "/tokenize", "/detokenize")  # the paths the API key and the body limit hold
 
 
 @dataclass(frozen=True)
@@ -89,7 +97,7 @@ class _Guard:
         self.app, self.settings = app, settings
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+        if scope["type"] != "http" or not scope["path"].startswith(GUARDED):
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         key = self.settings.api_key
@@ -177,13 +185,16 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         return ModelList(object="list", data=[ModelCard(id=settings.model, object="model", created=0,
                                                         owned_by="dflash-trt")])
 
+    def unknown(model: str) -> JSONResponse:
+        return _error(404, f"model '{model}' does not exist; this server serves '{settings.model}'", "model",
+                      "model_not_found")
+
     async def complete(request: Request, parsed: protocol._Sampling, render: ResponseRender | None = None):
         """Run a chat or completion request; `render` (the Responses API's) writes its reply instead of
         the chat completion objects it is built from."""
         parsed.check_sampling()
         if parsed.model != settings.model:
-            return _error(404, f"model '{parsed.model}' does not exist; this server serves '{settings.model}'",
-                          "model", "model_not_found")
+            return unknown(parsed.model)
         chat = isinstance(parsed, protocol.ChatRequest)
         tools = parsed.offered_tools() if chat else {}
         forced = parsed.forced_tool() if chat else None  # the reply is the calls' JSON: no parser needed
@@ -231,6 +242,23 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
     async def completions(request: Request, body: protocol.CompletionRequest):
         return await complete(request, body)
 
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
+    async def tokenize(body: TokenizeRequest):
+        """vLLM's: the token ids the model reads for a prompt or chat messages (as a request renders them)."""
+        if body.model is not None and body.model != settings.model:
+            return unknown(body.model)
+        field = "prompt" if isinstance(body, TokenizePrompt) else "messages"
+        piece = await _tokenized(triton, body.triton_inputs(), field)
+        ids = list(piece.prompt_token_ids)
+        return TokenizeResponse(count=len(ids), max_model_len=piece.usage["max_model_len"], tokens=ids)
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERRORS)
+    async def detokenize(body: DetokenizeRequest):
+        """vLLM's: token ids back to their text."""
+        if body.model is not None and body.model != settings.model:
+            return unknown(body.model)
+        return DetokenizeResponse(prompt=(await _tokenized(triton, body.triton_inputs(), "tokens")).prompt_text)
+
     @app.post("/v1/responses", response_model=None, responses=_replies(ResponseObject, StreamEvent))
     async def responses(request: Request, body: ResponsesRequest):
         """OpenAI's Responses API, run as a chat (nothing stored)."""
@@ -251,6 +279,15 @@ async def _renamed(pieces: AsyncIterator[Piece], prompt_field: str) -> AsyncIter
         if err.param == "prompt":
             raise RequestError(prompt_field, err.message.replace("prompt", prompt_field, 1), err.status) from None
         raise
+    finally:
+        await pieces.aclose()
+
+
+async def _tokenized(triton: TritonClient, inputs: dict, prompt_field: str) -> Piece:
+    """A tokenize-only request's one answer (refusals named by `prompt_field`)."""
+    pieces = _renamed(triton.generate(inputs), prompt_field)
+    try:
+        return await anext(pieces)
     finally:
         await pieces.aclose()
 

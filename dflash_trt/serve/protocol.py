@@ -11,7 +11,16 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, WithJsonSchema, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+    model_validator,
+)
 
 from dflash_trt.models.chat import ENDINGS
 from dflash_trt.serve.reply_text import forced_schema
@@ -155,6 +164,17 @@ def _no_op(name: str) -> Any:
     return Annotated[Any, WithJsonSchema({
         "anyOf": [*({"type": _json_type(v), "const": v} for v in NO_OP_VALUES[name]), {"type": "null"}],
         "description": "not supported by this server: accepted only as a value that changes nothing"})]
+
+
+def only(value: bool) -> Any:
+    """A boolean field that takes `value` alone, strictly (pydantic's Literal[False] takes 0), as the schema
+    says."""
+    def check(given: bool) -> bool:
+        if given is not value:
+            raise ValueError(f"Input should be {json.dumps(value)}")
+        return given
+
+    return Annotated[bool, Field(strict=True), AfterValidator(check), WithJsonSchema({"type": "boolean", "const": value})]
 
 
 def _same(value: Any, expected: Any) -> bool:
@@ -552,4 +572,5 @@ def _param(loc: list[str], data: dict) -> str:
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             path.append(f"[{part}]")
             node = node[int(part)]
-    return ".".join(path).replace(".[", "[") or (loc[0] if loc else None)
+    # nothing of it in the body (a missing field, maybe under a union member's name): the field itself
+    return ".".join(path).replace(".[", "[") or (loc[-1] if loc else None)

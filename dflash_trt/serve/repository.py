@@ -18,6 +18,7 @@ MODEL_SOURCE = Path(__file__).parent / "triton_model" / "model.py"
 # asked, the prompt's text (echo: true), its token ids (return_token_ids: true) and its tokens' logprobs
 # (sampling parameter prompt_logprobs). `priority` (vLLM's; lower first) needs the priority scheduling policy.
 # With `reasoning_end` (the text that closes a reply's reasoning) the usage counts its reasoning tokens.
+# `tokenize_only`: one answer, finish reason "tokenized", with the prompt's ids and text and no generation.
 CONFIG = """name: "{name}"
 backend: "python"
 max_batch_size: 0
@@ -33,7 +34,8 @@ input [
   {{ name: "echo", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
   {{ name: "return_token_ids", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
   {{ name: "priority", data_type: TYPE_INT64, dims: [ 1 ], optional: true }},
-  {{ name: "reasoning_end", data_type: TYPE_STRING, dims: [ 1 ], optional: true }}
+  {{ name: "reasoning_end", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
+  {{ name: "tokenize_only", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }}
 ]
 output [
   {{ name: "text_output", data_type: TYPE_STRING, dims: [ 1 ] }},

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, WithJsonSchema, create_model
 
 from dflash_trt.serve.openai_models import dump
-from dflash_trt.serve.protocol import ChatRequest, FunctionName, JsonInt, _Open, refusal
+from dflash_trt.serve.protocol import ChatRequest, FunctionName, JsonInt, _Open, only, refusal
 from dflash_trt.serve.requests import RequestError
 from dflash_trt.serve.responses_models import (
     FunctionCallItem,
@@ -150,8 +150,8 @@ class _ResponsesBody(BaseModel):
     parallel_tool_calls: bool | None = None
     text: TextRequest | None = None
     metadata: dict[str, str] | None = None
-    store: Literal[False] | None = Field(None, description="responses are not stored here")
-    background: Literal[False] | None = None
+    store: only(False) | None = Field(None, description="responses are not stored here")
+    background: only(False) | None = None
     truncation: Literal["disabled"] | None = None
     service_tier: Literal["auto", "default"] | None = None
     reasoning: Annotated[dict[str, Any], WithJsonSchema({"type": "object", "additionalProperties": {"type": "null"}})] \

@@ -23,9 +23,11 @@ def asks(body: dict, field: str) -> bool:
     return value is not None
 
 
-def acceptable(body):
+def acceptable(body, path: str = ""):
     if not isinstance(body, dict):
         return body
+    if path in ("/tokenize", "/detokenize"):
+        return acceptable_tokenize(body)
     if "input" in body:
         return acceptable_response(body)
     prompt, n = body.get("prompt"), body.get("n", 1)
@@ -77,4 +79,26 @@ def acceptable_response(body: dict) -> dict:
     text = body.get("text")
     if isinstance(text, dict) and isinstance(text.get("format"), dict) and text["format"].get("type") == "json_schema":
         text["format"] = {"type": "json_schema", "name": "x", "schema": {"type": "object"}}
+    return body
+
+
+
+def acceptable_tokenize(body: dict) -> dict:
+    """/tokenize's turns the chat template renders (it may refuse others: roles, order, its variables),
+    /detokenize's ids inside the vocabulary (the schema does not know its size). Only bodies the schema
+    allows (the server's own models say so) are changed: one it refuses must stay refused."""
+    from pydantic import ValidationError
+
+    from dflash_trt.serve.tokenize_api import DetokenizeRequest, TokenizeChat
+
+    for model in (TokenizeChat, DetokenizeRequest):
+        try:
+            model.model_validate(body)
+        except ValidationError:
+            continue
+        if model is TokenizeChat:
+            body.update(messages=[{"role": "user", "content": "hi"}], tools=None, chat_template_kwargs=None,
+                        add_generation_prompt=None, continue_final_message=None)
+        else:
+            body["tokens"] = [int(t) % 50 for t in body["tokens"]]
     return body

@@ -40,6 +40,13 @@ class FakeTriton:
             raise RequestError("prompt", "the prompt has 999 tokens; the context capacity is 64 tokens")
         if "down" in str(prompt):
             raise UpstreamError("Stub process is not healthy")
+        if inputs.get("tokenize_only"):  # ids: a text's characters' codes (mod 50), or the ids given
+            ids = inputs.get("input_ids") or [ord(ch) % 50 for ch in str(prompt)]
+            if max(ids, default=0) >= 50:
+                raise RequestError("prompt", f"prompt token id {max(ids)} is outside the vocabulary (size 50)")
+            yield Piece("", [], "tokenized", {"prompt_tokens": len(ids), "max_model_len": 64},
+                        prompt_text="".join(chr(97 + t % 26) for t in ids), prompt_token_ids=ids)
+            return
         seed = json.loads(inputs.get("sampling_parameters") or "{}").get("seed")
         if "busy" in str(prompt) or seed == 13:
             raise RequestError(None, "all 4 slots are taken and 8 requests already wait; retry shortly", 429)
@@ -461,3 +468,41 @@ def test_a_chat_s_echo_begins_the_reply_with_the_assistant_message_it_continues(
     assert contents[:2] == ["", "Once upon"] and "".join(c or "" for c in contents) == "Once uponabc"
     plain = front.post("/v1/chat/completions", json=chat(echo=True)).json()
     assert plain["choices"][0]["message"]["content"] == "abc"
+
+
+def test_tokenize_and_detokenize_go_to_the_triton_model_as_tokenize_only_requests(front):
+    tokenized = front.post("/tokenize", json={"model": "tiny", "prompt": "hi"}).json()
+    assert front.triton.requests[-1] == {"text_input": "hi", "tokenize_only": True}
+    assert tokenized == {"count": 2, "max_model_len": 64, "tokens": [4, 5], "token_strs": None}
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}]
+    front.post("/tokenize", json={"messages": turns, "add_generation_prompt": False, "continue_final_message": True,
+                                  "chat_template_kwargs": {"enable_thinking": False}, "tools": [WEATHER]})
+    sent = front.triton.requests[-1]
+    assert json.loads(sent["messages"]) == turns and json.loads(sent["tools"]) == [WEATHER]
+    assert json.loads(sent["chat_template_kwargs"]) == {"enable_thinking": False, "add_generation_prompt": False,
+                                                       "continue_final_message": True}
+    assert front.post("/detokenize", json={"tokens": [0, 1, 27]}).json() == {"prompt": "abb"}
+    assert front.triton.requests[-1] == {"input_ids": [0, 1, 27], "tokenize_only": True}
+
+
+@pytest.mark.parametrize("path, body, status, param", [
+    ("/tokenize", {"prompt": "hi", "messages": [{"role": "user", "content": "x"}]}, 400, "messages"),
+    ("/tokenize", {"model": "tiny"}, 400, "prompt"),
+    ("/tokenize", {"prompt": "hi", "tools": [WEATHER]}, 400, "tools"),
+    ("/tokenize", {"prompt": "hi", "add_special_tokens": False}, 400, "add_special_tokens"),
+    ("/tokenize", {"prompt": "hi", "return_token_strs": True}, 400, "return_token_strs"),
+    ("/tokenize", {"prompt": "hi", "model": "other"}, 404, "model"),
+    ("/tokenize", {"prompt": "hi", "temperature": 1}, 400, "temperature"),
+    ("/detokenize", {"tokens": []}, 400, "tokens"),
+    ("/detokenize", {"tokens": [3, 99]}, 400, "tokens"),  # outside the model's vocabulary
+])
+def test_bad_tokenize_requests_are_openai_errors(front, path, body, status, param):
+    response = front.post(path, json=body)
+    assert response.status_code == status and response.json()["error"]["param"] == param
+
+
+def test_tokenize_and_detokenize_need_the_api_key():
+    front = TestClient(create_app(FrontSettings("tiny", api_key="k"), FakeTriton()))
+    for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1]})):
+        assert front.post(path, json=body).status_code == 401
+        assert front.post(path, json=body, headers={"Authorization": "Bearer k"}).status_code == 200

@@ -74,6 +74,9 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         try:
             ids = self._prompt_ids(request)
+            if _bool(request, "tokenize_only"):
+                self._tokenized(sender, ids)
+                return
             sampling = _string(request, "sampling_parameters")
             params = parse_sampling(sampling, len(ids), self.engine.capacity)
             responder = _Responder(self, sender, _bool(request, "stream"), params, self.llm.tokenizer,
@@ -92,6 +95,23 @@ class TritonPythonModel:
             _refuse(sender, RequestError("prompt", str(err)))
         except Exception as err:  # a bug of ours: the request still gets its one final answer, never a hang
             _refuse(sender, RequestError(None, f"internal error: {type(err).__name__}: {err}", 500))
+
+    def _tokenized(self, sender, ids: list[int]) -> None:
+        """A tokenize-only request's one answer: the prompt's ids and their text (special tokens kept, so
+        that the text tokenizes back to them), and the tokens a request may hold (`max_model_len`)."""
+        outside = [t for t in ids if not 0 <= t < self.llm.vocab_size]
+        if outside:
+            raise RequestError("prompt", f"token id {outside[0]} is outside the vocabulary (size {self.llm.vocab_size})")
+        tokenizer = self.llm.tokenizer
+        text = tokenizer.decode(ids, skip_special_tokens=False) if tokenizer is not None else ""
+        usage = json.dumps({"prompt_tokens": len(ids), "max_model_len": self.engine.capacity})
+        tensors = [pb_utils.Tensor("text_output", np.array([b""], dtype=np.object_)),
+                   pb_utils.Tensor("token_ids", np.array([], dtype=np.int64)),
+                   pb_utils.Tensor("finish_reason", np.array([b"tokenized"], dtype=np.object_)),
+                   pb_utils.Tensor("usage", np.array([usage.encode()], dtype=np.object_)),
+                   pb_utils.Tensor("prompt_text", np.array([text.encode()], dtype=np.object_)),
+                   pb_utils.Tensor("prompt_token_ids", np.array(ids, dtype=np.int64))]
+        sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL)
 
     def _priority(self, request) -> int:
         """The request's priority input (0 when absent): one the engine's policy cannot honour is refused."""
