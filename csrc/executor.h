@@ -19,7 +19,9 @@
 // graphs (the torch backend).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "acceptance.h"
@@ -60,14 +62,25 @@ inline Verdict host_verdict(const std::vector<int64_t>& block, const float* logi
   return {a.accepted, a.next};
 }
 // The logprobs entries of `decided` tokens, token j from logits row j [*, vocab], when asked (else none).
+// Rows are independent: a prompt's (scored up to kScoredChunk a step, each a pass over the vocabulary)
+// spread over the cores, kRowsPerWorker or more to a thread.
 inline std::vector<TokenLogprob> host_logprobs(const std::vector<int64_t>& decided, const float* logits,
                                                int64_t vocab, const RowSampling& s) {
+  constexpr size_t kRowsPerWorker = 16;
   const int32_t top = s.sampling.logprobs;
   if (top < 0) return {};
   std::vector<TokenLogprob> out(decided.size() * (1 + top));
-  std::vector<int32_t> order(vocab);
-  for (size_t j = 0; j < decided.size(); ++j)
-    logprobs_row(logits + j * vocab, vocab, decided[j], top, out.data() + j * (1 + top), order.data());
+  const auto score = [&](size_t first, size_t stride) {
+    std::vector<int32_t> order(vocab);
+    for (size_t j = first; j < decided.size(); j += stride)
+      logprobs_row(logits + j * vocab, vocab, decided[j], top, out.data() + j * (1 + top), order.data());
+  };
+  const size_t workers = std::max<size_t>(1, std::min<size_t>(std::thread::hardware_concurrency(),
+                                                                decided.size() / kRowsPerWorker));
+  std::vector<std::thread> pool;
+  for (size_t w = 1; w < workers; ++w) pool.emplace_back(score, w, workers);
+  score(0, workers);
+  for (std::thread& worker : pool) worker.join();
   return out;
 }
 
