@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, WithJsonSchema, create_model
 
-from dflash_trt.serve.openai_models import dump
+from dflash_trt.serve.openai_models import TokenLogprob, dump
 from dflash_trt.serve.protocol import ChatRequest, FunctionName, JsonInt, _Open, only, refusal
 from dflash_trt.serve.requests import RequestError
 from dflash_trt.serve.responses_models import (
@@ -380,7 +380,7 @@ class _EventStream:
             return events + [self._event("response.reasoning_text.delta", **at, delta=text)]
         logprobs = entries if self.render.logprobs else []
         if self.render.logprobs:
-            item.content[0].logprobs += entries
+            item.content[0].logprobs += [TokenLogprob.model_validate(entry) for entry in entries]
         return events + [self._event("response.output_text.delta", **at, delta=text, logprobs=logprobs)]
 
     def _open(self, kind: str) -> list[dict]:
