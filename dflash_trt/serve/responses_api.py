@@ -338,6 +338,7 @@ class _EventStream:
         self.open: str | None = None  # "reasoning" or "message" while its text grows
         self.finish: str | None = None
         self.usage: dict | None = None
+        self.entries: list = []  # logprobs of tokens no text was sent for yet (held bytes, reasoning)
 
     def _event(self, kind: str, **fields) -> dict:
         data = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -360,11 +361,14 @@ class _EventStream:
         events = []
         for choice in chunk["choices"]:
             delta = choice["delta"]
+            # a chunk's logprobs are its tokens' (the reply's, reasoning included, as the whole form's):
+            # they go with the next output text
+            self.entries += (choice.get("logprobs") or {}).get("content") or []
             if delta.get("reasoning_content"):
                 events += self._text("reasoning", delta["reasoning_content"])
-            if delta.get("content"):
-                entries = (choice.get("logprobs") or {}).get("content") or []
-                events += self._text("message", delta["content"], entries)
+            if delta.get("content") or (self.entries and not delta.get("reasoning_content")):
+                events += self._text("message", delta.get("content") or "", self.entries)
+                self.entries = []
             for call in delta.get("tool_calls") or ():
                 events += self._close() + self._call(call)
             if choice.get("finish_reason"):
