@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from dflash_trt import LLM, SamplingParams
 from dflash_trt.cli import main
-from dflash_trt.runtime.engine import Engine
+from dflash_trt.runtime.engine import BatchRunner, Engine
 
 pytestmark = [
     pytest.mark.gpu,
@@ -46,3 +46,26 @@ def test_the_generate_command_on_cuda_gives_the_cpu_executors_tokens(tiny_pairs)
                                        "10", "--temperature", "0.8", "--top-p", "0.9", "--seed", "4", "--json", "hello"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["token_ids"] == want.token_ids
+
+
+def preempted(target: str, draft: str, device: str, params: SamplingParams) -> tuple[list, list, int]:
+    """A request of priority 5 preempted after two steps by one of priority 0 in the one slot, on `device`
+    -> (its tokens, the other's, the preemptions)."""
+    llm = LLM(target, draft, block_size=4, backend="torch", device=device, dtype="float32")
+    run = BatchRunner(llm, max_batch=1, capacity=64, block_size=4, scheduling_policy="priority")
+    low = run.add(PROMPTS[2], params, priority=5)
+    run.step()
+    run.step()
+    high = run.add(PROMPTS[0], params, priority=0)
+    while run.has_work:
+        run.step()
+    return low.token_ids, high.token_ids, run.preemptions
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=["greedy", "seeded"])
+def test_a_request_preempted_on_cuda_resumes_with_the_cpu_executors_tokens(tiny_pairs, params):
+    """Priority scheduling releases a CUDA row mid-decode and prefills what it had again later."""
+    target, draft = map(str, tiny_pairs["llama"])
+    alone = [o.token_ids for o in LLM(target, draft, block_size=4, backend="torch", device="cpu").generate(
+        [PROMPTS[2], PROMPTS[0]], params)]
+    assert preempted(target, draft, "cuda", params) == (*alone, 1)
