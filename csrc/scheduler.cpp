@@ -210,10 +210,7 @@ Scheduler::Request* Scheduler::preemptible(int64_t priority) {
 
 void Scheduler::preempt(Request& r) {
   DFLASH_INVARIANT(r.slot >= 0 && r.finish == Finish::kNone && !slots_.reserved(r.slot));
-  kept_tokens_[r.slot] = config_.prefix_reuse ? cached_positions(r) : std::vector<int64_t>{};
-  freed_at_[r.slot] = ++finishes_;
-  slots_.free(r.slot);
-  executor_.release(r.slot);
+  release_slot(r);  // what its cache holds stays there for prefix reuse, its own readmission included
   r.slot = -1;
   r.prompt_done = 0;
   if (r.prefilled) {
@@ -569,7 +566,10 @@ void Scheduler::finish(Request& r, Finish why) {
   DFLASH_INVARIANT(why != Finish::kNone && r.finish == Finish::kNone);
   r.finish = why;
   r.timing.finished = RequestTiming::now();
-  if (r.slot < 0) return;  // still waiting: no slot, no executor row
+  if (r.slot >= 0) release_slot(r);  // a waiting one has no slot, no executor row
+}
+
+void Scheduler::release_slot(Request& r) {
   if (slots_.reserved(r.slot)) slots_.rollback(r.slot);
   kept_tokens_[r.slot] = config_.prefix_reuse ? cached_positions(r) : std::vector<int64_t>{};
   freed_at_[r.slot] = ++finishes_;

@@ -233,6 +233,8 @@ class Scheduler {
   void emit_tokens(Request& r, const std::vector<int64_t>& tokens, std::vector<RequestOutput>& out);
 
   void finish(Request& r, Finish why);  // frees the slot (if any) and the executor's row
+  // Free r's slot and executor row, the slot keeping what its cache holds for prefix reuse.
+  void release_slot(Request& r);
   void rollback_reserved();             // after an executor error: no slot keeps a claim
   int64_t limit_for(const Request& r) const;  // the largest block the row may verify
 

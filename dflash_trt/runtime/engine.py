@@ -409,10 +409,11 @@ class Engine:
             self._cv.notify()
         return True
 
-    def stream(self, prompt, params: SamplingParams | None = None, speculative: bool | None = None) -> Iterator:
+    def stream(self, prompt, params: SamplingParams | None = None, speculative: bool | None = None,
+               priority: int = 0) -> Iterator:
         """Outputs after every step until the last; closing the iterator early aborts the request."""
         outputs: queue.Queue = queue.Queue()
-        request_id = self.add_request(prompt, params, outputs.put, speculative)
+        request_id = self.add_request(prompt, params, outputs.put, speculative, priority)
         finished = False
         try:
             while not finished:
@@ -423,8 +424,8 @@ class Engine:
             if not finished:
                 self.abort(request_id)
 
-    async def astream(self, prompt, params: SamplingParams | None = None,
-                      speculative: bool | None = None) -> AsyncIterator:
+    async def astream(self, prompt, params: SamplingParams | None = None, speculative: bool | None = None,
+                      priority: int = 0) -> AsyncIterator:
         """asyncio form of `stream`; cancelling the consumer aborts the request."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
@@ -432,7 +433,7 @@ class Engine:
             if not loop.is_closed():  # an abort's last output may come after the consumer's loop ended
                 loop.call_soon_threadsafe(outputs.put_nowait, out)
 
-        request_id = self.add_request(prompt, params, put, speculative)
+        request_id = self.add_request(prompt, params, put, speculative, priority)
         finished = False
         try:
             while not finished:

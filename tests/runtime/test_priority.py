@@ -190,6 +190,12 @@ def test_an_engine_preempts_for_a_request_added_mid_stream(llms):
     low = finished[-1]
     assert low.token_ids == reference_output(llm, LOW, params).token_ids
     assert low.metrics.num_preemptions == 1 and engine.stats()["num_preemptions"] == 1
+    engine = Engine(llm, max_batch=1, capacity=64, scheduling_policy="priority")
+    try:  # the stream's own priority
+        assert list(engine.stream(HIGH, GREEDY, priority=-4))[-1].token_ids == \
+            reference_output(llm, HIGH, GREEDY).token_ids
+    finally:
+        engine.shutdown()
 
 
 def test_priorities_are_refused_in_one_line_where_they_cannot_be_honoured(llms, tiny_pairs):
