@@ -302,6 +302,7 @@ class BatchRunner:
         logprobs = None if request.params.logprobs is None else request.logprobs[:len(tokens)]
         return RequestOutput(prompt=request.prompt, prompt_token_ids=list(request.ids), text=request.stop.text,
                              token_ids=tokens, finish_reason=request.finish_reason,
+                             stop_reason=request.stop.stop_reason if request.finish_reason == "stop" else None,
                              metrics=replace(m, acceptance_lengths=list(m.acceptance_lengths)), logprobs=logprobs,
                              prompt_logprobs=request.prompt_logprobs)
 

@@ -16,6 +16,7 @@ class RequestOutput:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # None while streaming; then "stop", "length" or "abort"
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended it (None: EOS)
     metrics: RequestMetrics | None = None
     # SamplingParams.logprobs n: per output token {token id: log-probability}, the token's own first,
     # then the n most probable (by logit, ties by id); None when not asked

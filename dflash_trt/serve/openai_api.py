@@ -39,6 +39,7 @@ from dflash_trt.serve.openai_models import (
     ModelList,
 )
 from dflash_trt.serve.requests import RequestError
+from dflash_trt.serve import messages_api
 from dflash_trt.serve.responses_api import ResponseRender, ResponsesRequest, renamed
 from dflash_trt.serve.responses_models import ResponseObject, StreamEvent
 from dflash_trt.serve.tokenize_api import (
@@ -101,9 +102,11 @@ class _Guard:
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         key = self.settings.api_key
-        if key is not None and not hmac.compare_digest(headers.get("authorization", "").encode(),
-                                                       f"Bearer {key}".encode()):
-            return await _error(401, "invalid or missing API key (Authorization: Bearer KEY)")(scope, receive, send)
+        # OpenAI's header, or Anthropic's (x-api-key)
+        if key is not None and not (hmac.compare_digest(headers.get("authorization", "").encode(), f"Bearer {key}".encode())
+                                    or hmac.compare_digest(headers.get("x-api-key", "").encode(), key.encode())):
+            return await _error(401, "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)")(
+                scope, receive, send)
         limit = self.settings.max_body_bytes
         too_large = f"the request body is over {limit} bytes"
         declared = headers.get("content-length", "")
@@ -189,9 +192,10 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         return _error(404, f"model '{model}' does not exist; this server serves '{settings.model}'", "model",
                       "model_not_found")
 
-    async def complete(request: Request, parsed: protocol._Sampling, render: ResponseRender | None = None):
-        """Run a chat or completion request; `render` (the Responses API's) writes its reply instead of
-        the chat completion objects it is built from."""
+    async def complete(request: Request, parsed: protocol._Sampling,
+                       render: ResponseRender | messages_api.MessageRender | None = None):
+        """Run a chat or completion request; `render` (the Responses or Messages API's: `whole`, `events`)
+        writes its reply instead of the chat completion objects it is built from."""
         parsed.check_sampling()
         if parsed.model != settings.model:
             return unknown(parsed.model)
@@ -241,6 +245,14 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
     @app.post("/v1/completions", response_model=None, responses=_replies(Completion, Completion))
     async def completions(request: Request, body: protocol.CompletionRequest):
         return await complete(request, body)
+
+    @app.post("/v1/messages", response_model=None, responses=ERRORS)
+    async def messages(request: Request, body: messages_api.MessagesRequest):
+        """Anthropic's Messages API, run as a chat."""
+        try:
+            return await complete(request, body.chat_request(), messages_api.MessageRender(body, settings.model))
+        except RequestError as err:
+            raise messages_api.renamed(err) from None
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
     async def tokenize(body: TokenizeRequest):
@@ -331,7 +343,8 @@ async def _whole(request: Request, reply: Reply, choices: Choices, readers: list
         reader.next("".join(texts[choice]), final=True)
         outcomes.append(Outcome(echoes[choice] + reader.content, _finish(piece.finish_reason, reader),
                                 logprobs[choice] if reply.logprobs else None, reader.calls, reader.reasoning,
-                                prompts[choice], ids[choice], prompt_ids[choice]))
+                                prompts[choice], ids[choice], prompt_ids[choice],
+                                (piece.usage or {}).get("stop_reason")))
     return reply.whole(outcomes, merged_usage([piece.usage for piece in last], reply.per_prompt))
 
 
@@ -389,7 +402,8 @@ async def _chunks(reply: Reply, choices: Choices, early: list[tuple[int, Piece]]
                 first = len(reader.calls) - len(new.calls)
                 yield reply.chunk(None, index=choice, tool_calls=tuple(enumerate(new.calls, first)))
             if piece.finish_reason is not None:
-                yield reply.chunk(None, _finish(piece.finish_reason, reader), index=choice)
+                yield reply.chunk(None, _finish(piece.finish_reason, reader), index=choice,
+                                  stop_reason=(piece.usage or {}).get("stop_reason"))
                 usages[choice] = piece.usage
         if include_usage:
             yield reply.usage_chunk(merged_usage(usages, reply.per_prompt))

@@ -108,6 +108,8 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None
+    stop_reason: int | str | None = Field(None, description="vLLM's: the stop string or stop token id that ended "
+                                                           "the reply (null: EOS, a length, or still running)")
     token_ids: list[int] | None = Field(None, description="vLLM's, with return_token_ids: the reply's tokens")
 
 
@@ -136,6 +138,8 @@ class ChatChunkChoice(BaseModel):
     delta: ChatDelta
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None
+    stop_reason: int | str | None = Field(None, description="vLLM's: the stop string or stop token id that ended "
+                                                           "the reply (null: EOS, a length, or still running)")
     token_ids: list[int] | None = Field(None, description="vLLM's, with return_token_ids: the chunk's new tokens")
 
 
@@ -158,6 +162,8 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
+    stop_reason: int | str | None = Field(None, description="vLLM's: the stop string or stop token id that ended "
+                                                           "the reply (null: EOS, a length, or still running)")
     prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's, when asked: its prompt's")
     prompt_token_ids: list[int] | None = Field(None, description="vLLM's, with return_token_ids: its prompt's")
     token_ids: list[int] | None = Field(None, description="vLLM's, with return_token_ids: the reply's tokens")

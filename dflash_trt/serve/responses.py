@@ -144,6 +144,7 @@ class Outcome:
     prompt: list | None = None  # the Triton model's prompt entries, when asked (Piece.prompt_logprobs)
     token_ids: list[int] = ()  # the reply's and its prompt's tokens (shown with return_token_ids)
     prompt_token_ids: list[int] = ()
+    stop_reason: int | str | None = None  # vLLM's: the stop string or stop token id that ended it
 
 
 def _tool_call(call, index: int | None = None) -> ToolCall:
@@ -183,7 +184,7 @@ class Reply:
         extra = {"usage": usage(info), **({"meta_info": meta_info(info)} if self.with_meta_info else {})}
         if self.chat:
             choices = [ChatChoice(index=i, message=_message(o, self.reasoning), logprobs=chat_logprobs(o.logprobs),
-                                  finish_reason=o.finish_reason)
+                                  finish_reason=o.finish_reason, stop_reason=o.stop_reason)
                        for i, o in enumerate(outcomes)]
             if self.prompt_top is not None:  # the choices share their prompt
                 extra["prompt_logprobs"] = vllm_prompt_logprobs(outcomes[0].prompt, self.prompt_top)
@@ -201,18 +202,20 @@ class Reply:
             if self.token_ids:
                 scored.update(prompt_token_ids=list(o.prompt_token_ids), token_ids=list(o.token_ids))
             choices.append(CompletionChoice(index=i, text=o.text, logprobs=completion_logprobs(logprobs),
-                                            finish_reason=o.finish_reason, **scored))
+                                            finish_reason=o.finish_reason, stop_reason=o.stop_reason, **scored))
         return dump(Completion(object="text_completion", choices=choices, **self._head(), **extra))
 
     def chunk(self, text: str | None, finish_reason: str | None = None, role: bool = False,
               logprobs: list | None = None, offset: int = 0, index: int = 0, tool_calls: tuple = (),
               reasoning: str = "", prompt: list | None = None, token_ids: list | None = None,
-              prompt_token_ids: list | None = None) -> dict:
+              prompt_token_ids: list | None = None, stop_reason: int | str | None = None) -> dict:
         """A stream chunk of choice `index`; `tool_calls`: (place among the choice's calls, call) pairs;
         `reasoning`: new reasoning text (with `text`, new content, when there is any); `prompt`: a
         completion's echoed prompt entries (its logprobs then); with return_token_ids, `token_ids` the
         chunk's new tokens and `prompt_token_ids` (a choice's first chunk) its prompt's."""
         ids = {} if token_ids is None else {"token_ids": list(token_ids)}
+        if finish_reason is not None:  # the last chunk of a choice says what ended it, as the whole form does
+            ids["stop_reason"] = stop_reason
         if self.chat:
             delta = (ChatDelta(role="assistant", content="") if role
                      else ChatDelta(tool_calls=[_tool_call(call, at) for at, call in tool_calls]) if tool_calls

@@ -42,6 +42,17 @@ class StopChecker:
             return self._text
         return self._text[: self.stop_text_end if self.params.include_stop_str_in_output else self.stop_text_at]
 
+    @property
+    def stop_reason(self) -> str | int | None:
+        """vLLM's: the stop string or stop token id that ended the output; None for EOS, a length or while
+        it runs."""
+        if self.finish_reason != "stop":
+            return None
+        if self.stop_text_at is not None:
+            return self._text[self.stop_text_at:self.stop_text_end]
+        last = self.token_ids[-1]
+        return last if last in self.params.stop_token_ids else None
+
     def add(self, tokens: list[int]) -> bool:
         """Take a step's tokens; True once finished (later tokens of the step are dropped)."""
         for token in tokens:

@@ -28,6 +28,8 @@ def acceptable(body, path: str = ""):
         return body
     if path in ("/tokenize", "/detokenize"):
         return acceptable_tokenize(body)
+    if path == "/v1/messages":
+        return acceptable_message(body)
     if "input" in body:
         return acceptable_response(body)
     prompt, n = body.get("prompt"), body.get("n", 1)
@@ -101,4 +103,15 @@ def acceptable_tokenize(body: dict) -> dict:
                         add_generation_prompt=None, continue_final_message=None)
         else:
             body["tokens"] = [int(t) % 50 for t in body["tokens"]]
+    return body
+
+
+def acceptable_message(body: dict) -> dict:
+    """An Anthropic Messages body whose forced tool_choice (any, or a named tool) calls a tool it offers
+    with a schema that compiles."""
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
+        body["tools"] = [{"name": "f", "input_schema": {"type": "object"}}]
+        if choice["type"] == "tool":
+            choice["name"] = "f"
     return body

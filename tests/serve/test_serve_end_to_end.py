@@ -271,6 +271,30 @@ def test_the_responses_api_gives_the_chat_s_reply_whole_and_streamed(server, cli
         assert [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in entries] == wanted
 
 
+def test_anthropic_s_messages_api_gives_the_chat_s_reply_whole_and_streamed(server, client):
+    """/v1/messages through the official Anthropic client: the text, stop reason and usage of the chat
+    reply to the same turns (system first), streamed the same; a stop sequence that ends it is named."""
+    anthropic = pytest.importorskip("anthropic")
+    claude = anthropic.Anthropic(base_url=server.root, api_key="none", max_retries=0, timeout=120)
+    turns = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": PROMPTS[3]}]
+    chat_reply = client.chat.completions.create(model=server.model, messages=turns, max_tokens=16, temperature=0)
+    asked = dict(model=server.model, max_tokens=16, system="Answer briefly.",
+                 messages=[{"role": "user", "content": PROMPTS[3]}], extra_body={"temperature": 0})
+    message = claude.messages.create(**asked)
+    text = chat_reply.choices[0].message.content
+    assert [b.text for b in message.content if b.type == "text"] == ([text] if text else [])
+    assert message.stop_reason == {"stop": "end_turn", "length": "max_tokens"}[chat_reply.choices[0].finish_reason]
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == chat_reply.usage.prompt_tokens
+    assert message.usage.output_tokens == chat_reply.usage.completion_tokens
+    with claude.messages.stream(**asked) as stream:
+        assert "".join(stream.text_stream) == text
+    if len(text) > 2:  # its third character as a stop sequence ends the reply there, and is named
+        stop = text[2]
+        stopped = claude.messages.create(**asked, stop_sequences=[stop])
+        assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", stop)
+        assert "".join(b.text for b in stopped.content if b.type == "text") == text[:text.index(stop)]
+
+
 def test_a_responses_function_call_and_its_output_round_trip_as_the_chat_s(server, client):
     """A named tool_choice comes back as a function_call item with the chat's arguments; sent back with its
     output as input items, the next reply is the chat's reply to the same turns."""

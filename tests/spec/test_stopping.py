@@ -72,6 +72,18 @@ def test_length_and_stop_tokens_without_text():
     assert stop.add([1, 2, 3, 4]) and (stop.token_ids, stop.finish_reason) == ([1, 2, 3], "length")
 
 
+def test_the_stop_reason_names_the_stop_string_or_stop_token_that_ended_it():
+    """vLLM's stop_reason: the string (the first to begin), a stop token id, None for EOS or a length."""
+    stop = checker(["cz", "bc"])
+    assert stop.stop_reason is None and stop.add([0, 1, 2]) and stop.stop_reason == "bc"
+    stop = StopChecker(SamplingParams(max_tokens=5, stop_token_ids=[7]), eos_token_ids=(9,), text_steps=None)
+    assert stop.add([1, 7]) and stop.stop_reason == 7
+    stop = StopChecker(SamplingParams(max_tokens=5, stop_token_ids=[7]), eos_token_ids=(9,), text_steps=None)
+    assert stop.add([1, 9]) and stop.finish_reason == "stop" and stop.stop_reason is None
+    stop = StopChecker(SamplingParams(max_tokens=2, stop=["x"]), eos_token_ids=(), text_steps=PIECES)
+    assert stop.add([3, 1]) and stop.finish_reason == "length" and stop.stop_reason is None
+
+
 def test_the_streamed_text_is_the_tokenizers_decode(tiny_pairs):
     llm = LLM(str(tiny_pairs["qwen3"][0]), None, backend="torch")
     ids = llm.tokenizer.encode("Hello, wörld! 🙂 def f(x):\n    return x")

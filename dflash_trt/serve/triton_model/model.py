@@ -284,6 +284,8 @@ def _usage(out, tokenizer, reasoning_end: str | None) -> str:
     metrics = out.metrics.to_dict()
     metrics["prompt_tokens"] = len(out.prompt_token_ids)
     metrics["completion_tokens"] = len(out.token_ids)
+    if out.stop_reason is not None:  # the stop string or stop token id that ended it
+        metrics["stop_reason"] = out.stop_reason
     if reasoning_end and tokenizer is not None:
         metrics["reasoning_tokens"] = reasoning_tokens(tokenizer, out.token_ids, reasoning_end)
     return json.dumps(metrics)
