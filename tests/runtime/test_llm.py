@@ -173,3 +173,17 @@ def test_llm_resolves_the_auto_backend_itself(tiny_pairs, monkeypatch):
     target, _ = map(str, tiny_pairs["qwen3"])
     assert LLM(target, draft=None).backend == "torch"  # a target alone
     assert LLM(target, draft=None, device="cpu", dtype="float16").backend == "torch"
+
+
+def test_the_output_names_the_stop_string_or_stop_token_that_ended_it(llm):
+    """vLLM's RequestOutput.stop_reason: the stop string (its text cut before it), a stop token id, None
+    for a length. The reply is held to one token by its bias, so its text is that token's, repeated."""
+    token = llm.tokenizer.encode("hello", add_special_tokens=False)[0]
+    piece = llm.tokenizer.decode([token])
+    held = SamplingParams(max_tokens=6, ignore_eos=True, logit_bias={token: 100})
+    free = llm.generate("abc", held)[0]
+    assert free.finish_reason == "length" and free.stop_reason is None and free.text == piece * 6
+    cut = llm.generate("abc", SamplingParams(**{**held.__dict__, "stop": [piece * 2]}))[0]
+    assert (cut.finish_reason, cut.stop_reason, cut.text) == ("stop", piece * 2, "")
+    ended = llm.generate("abc", SamplingParams(**{**held.__dict__, "stop_token_ids": [token]}))[0]
+    assert (ended.finish_reason, ended.stop_reason, ended.token_ids) == ("stop", token, [token])
