@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
+from dflash_trt.serve.event_streams import translated
 from dflash_trt.serve.protocol import ChatRequest, FunctionName, JsonInt, StopString, _Open, refusal
 from dflash_trt.serve.requests import RequestError
 from dflash_trt.spec.sampling import RANGES
@@ -206,17 +207,13 @@ class MessageRender:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
                 "stop_reason": reason, "stop_sequence": sequence, "usage": _usage(chat.get("usage"))}
 
-    async def events(self, chunks: AsyncIterator[dict | str]) -> AsyncIterator[dict]:
+    def events(self, chunks: AsyncIterator[dict | str]) -> AsyncIterator[dict]:
+        """A chat stream's chunks -> the Messages stream's events."""
         stream = _EventStream(self)
-        try:
-            yield stream.event("message_start", message={
-                "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-                "stop_reason": None, "stop_sequence": None, "usage": _usage(None)})
-            async for chunk in chunks:
-                for event in stream.feed(chunk):
-                    yield event
-        finally:
-            await chunks.aclose()
+        start = stream.event("message_start", message={
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+            "stop_reason": None, "stop_sequence": None, "usage": _usage(None)})
+        return translated(chunks, [start], stream.feed)
 
 
 class _EventStream:

@@ -40,6 +40,7 @@ from dflash_trt.serve.openai_models import (
 )
 from dflash_trt.serve.requests import RequestError
 from dflash_trt.serve import messages_api
+from dflash_trt.serve.event_streams import translated
 from dflash_trt.serve.responses_api import ResponseRender, ResponsesRequest, renamed
 from dflash_trt.serve.responses_models import ResponseObject, StreamEvent
 from dflash_trt.serve.tokenize_api import (
@@ -348,13 +349,9 @@ async def _whole(request: Request, reply: Reply, choices: Choices, readers: list
     return reply.whole(outcomes, merged_usage([piece.usage for piece in last], reply.per_prompt))
 
 
-async def _sse(chunks: AsyncIterator[dict | str]) -> AsyncIterator[dict]:
-    """A chat or completion stream's chunks as Server-Sent Events (closing them when the client leaves)."""
-    try:
-        async for chunk in chunks:
-            yield {"data": chunk if isinstance(chunk, str) else json.dumps(chunk)}
-    finally:
-        await chunks.aclose()
+def _sse(chunks: AsyncIterator[dict | str]) -> AsyncIterator[dict]:
+    """A chat or completion stream's chunks as Server-Sent Events."""
+    return translated(chunks, [], lambda chunk: [{"data": chunk if isinstance(chunk, str) else json.dumps(chunk)}])
 
 
 async def _chunks(reply: Reply, choices: Choices, early: list[tuple[int, Piece]], include_usage: bool,

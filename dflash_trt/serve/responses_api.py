@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, WithJsonSchema, create_model
 
+from dflash_trt.serve.event_streams import translated
 from dflash_trt.serve.openai_models import TokenLogprob, dump
 from dflash_trt.serve.protocol import ChatRequest, FunctionName, JsonInt, _Open, only, refusal
 from dflash_trt.serve.requests import RequestError
@@ -314,18 +315,10 @@ class ResponseRender:
                                            arguments=call["function"]["arguments"]))
         return self._object(status, output, chat.get("usage"), finish)
 
-    async def events(self, chunks: AsyncIterator[dict | str]) -> AsyncIterator[dict]:
-        """A chat stream's chunks -> the Responses stream's Server-Sent Events (closing the chunks when
-        the client leaves)."""
+    def events(self, chunks: AsyncIterator[dict | str]) -> AsyncIterator[dict]:
+        """A chat stream's chunks -> the Responses stream's Server-Sent Events."""
         stream = _EventStream(self)
-        try:
-            for event in stream.start():
-                yield event
-            async for chunk in chunks:
-                for event in stream.feed(chunk):
-                    yield event
-        finally:
-            await chunks.aclose()
+        return translated(chunks, stream.start(), stream.feed)
 
 
 class _EventStream:
