@@ -6,10 +6,11 @@ import json
 
 import pytest
 from fastapi.testclient import TestClient
-from openai import OpenAI
 from test_front import FORCED, THINKING, USAGE, FakeTriton
 
 from dflash_trt.serve.openai_api import FrontSettings, create_app
+
+openai = pytest.importorskip("openai")  # a test dependency (.[test]); the GPU machine's image lacks it
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "today's weather",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
@@ -18,7 +19,7 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "today's we
 def front_for(**settings):
     triton = FakeTriton()
     front = TestClient(create_app(FrontSettings("tiny", **settings), triton))
-    return front, triton, OpenAI(base_url="http://testserver/v1", api_key="none", http_client=front)
+    return front, triton, openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=front)
 
 
 @pytest.fixture
