@@ -62,7 +62,8 @@ def acceptable(body, path: str = ""):
 
 def acceptable_response(body: dict) -> dict:
     """The same for a Responses API body: top_logprobs with the include that returns them, a forced
-    tool_choice calling a function it offers (strict only then), a text format's schema that compiles."""
+    tool_choice calling a function it offers (strict only then), a text format's schema that compiles,
+    and neither beside what bans the reply's end (ignore_eos, min_tokens), as a chat body's."""
     if body.get("top_logprobs") is not None:
         body["include"] = ["message.output_text.logprobs"]
     if isinstance(body.get("input"), list):  # earlier reasoning alone is nothing to read
@@ -74,6 +75,7 @@ def acceptable_response(body: dict) -> dict:
         if isinstance(choice, dict):
             body["tool_choice"] = {"type": "function", "name": "f"}
         body["text"] = None
+        body["ignore_eos"] = body["min_tokens"] = None
         return body
     for tool in tools:
         if isinstance(tool, dict):
@@ -81,8 +83,9 @@ def acceptable_response(body: dict) -> dict:
     text = body.get("text")
     if isinstance(text, dict) and isinstance(text.get("format"), dict) and text["format"].get("type") == "json_schema":
         text["format"] = {"type": "json_schema", "name": "x", "schema": {"type": "object"}}
+    if isinstance(text, dict) and isinstance(text.get("format"), dict) and text["format"].get("type") != "text":
+        body["ignore_eos"] = body["min_tokens"] = None
     return body
-
 
 
 def acceptable_tokenize(body: dict) -> dict:
