@@ -11,7 +11,7 @@ from dflash_trt.export.manifest import DRAFT_QUANTS, QUANTS, TORCH_QUANTS
 from dflash_trt.models import embedded
 from dflash_trt.models.chat import encode_chat, encode_prompt
 from dflash_trt.models.tokenizers import TextStream, load_tokenizer
-from dflash_trt.runtime.engine import DEFAULT_CAPACITY, DEFAULT_MAX_BATCH, BatchRunner, check_batching, check_priority
+from dflash_trt.runtime.engine import DEFAULT_CAPACITY, DEFAULT_MAX_BATCH, BatchRunner, check_batching
 from dflash_trt.runtime.outputs import Prompt, RequestOutput
 from dflash_trt.spec.sampling import SamplingParams
 
@@ -368,13 +368,10 @@ class LLM:
             raise DFlashError(f"{len(each)} SamplingParams for {len(batch)} prompts: give one, or one per prompt")
         for one in each:
             self._check_request(one, speculative)
-        if priority is not None:
-            priority = list(priority)
-            if len(priority) != len(batch):
-                raise DFlashError(f"{len(priority)} priorities for {len(batch)} prompts: give one per prompt")
-            for rank in priority:
-                check_priority(rank, self.scheduling_policy)
-        return self._runner().run(batch, each, speculative, priority)  # every prompt is checked before any work
+        if priority is not None and len(priority) != len(batch):  # each one is checked with its request
+            raise DFlashError(f"{len(priority)} priorities for {len(batch)} prompts: give one per prompt")
+        # every prompt is checked before any work
+        return self._runner().run(batch, each, speculative, None if priority is None else list(priority))
 
     def _runner(self) -> BatchRunner:
         """The one core runner (one executor, one KV pool) of this LLM, made at first use; plain and

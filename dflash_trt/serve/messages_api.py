@@ -19,8 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from dflash_trt.serve.event_streams import translated
-from dflash_trt.serve.protocol import ChatRequest, FunctionName, JsonInt, StopString, _Open, refusal
-from dflash_trt.serve.requests import RequestError
+from dflash_trt.serve.protocol import ChatRequest, FunctionName, JsonInt, StopString, _Open, refusal, renamed
 from dflash_trt.spec.sampling import RANGES
 
 
@@ -89,7 +88,7 @@ class ThinkingDisabled(_Open):
 # Anthropic's stop reasons for the chat's finish reasons
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 # A chat request's fields -> this body's, for refusals the chat path words
-RENAMED = {"messages": "messages", "max_tokens": "max_tokens", "stop": "stop_sequences"}
+RENAMED = {"messages": "messages", "stop": "stop_sequences"}
 
 
 class MessagesRequest(BaseModel):
@@ -137,7 +136,7 @@ class MessagesRequest(BaseModel):
         try:
             return ChatRequest.model_validate(fields)
         except ValidationError as err:
-            raise renamed(refusal(list(err.errors()), fields)) from None
+            raise renamed(refusal(list(err.errors()), fields), RENAMED) from None
 
     def _turns(self) -> list[dict]:
         system = self.system if isinstance(self.system, str) or self.system is None else \
@@ -159,15 +158,6 @@ class MessagesRequest(BaseModel):
             if text or calls or not results:
                 turns.append({"role": message.role, "content": text, **({"tool_calls": calls} if calls else {})})
         return turns
-
-
-def renamed(err: RequestError) -> RequestError:
-    """A refusal the chat path worded, named by this body's fields."""
-    head = (err.param or "").partition(".")[0].partition("[")[0]
-    if head not in RENAMED or RENAMED[head] == head:
-        return err
-    return RequestError(RENAMED[head] + err.param[len(head):], err.message.replace(head, RENAMED[head], 1),
-                        err.status)
 
 
 def _usage(info: dict | None) -> dict:
@@ -235,7 +225,8 @@ class _EventStream:
         if chunk == "[DONE]":
             reason, sequence = self.render._stop(self.finish, self.matched)
             usage = _usage(self.usage)
-            return self._close() + [self.event("message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
+            ended = {"stop_reason": reason, "stop_sequence": sequence}
+            return self._close() + [self.event("message_delta", delta=ended,
                                                usage={"output_tokens": usage["output_tokens"]}),
                                     self.event("message_stop")]
         if "error" in chunk:  # mid-stream: the status line has gone already
@@ -264,7 +255,8 @@ class _EventStream:
             block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else \
                 {"type": "text", "text": ""}
             events.append(self.event("content_block_start", index=self.index, content_block=block))
-        delta = {"type": "thinking_delta", "thinking": text} if kind == "thinking" else {"type": "text_delta", "text": text}
+        delta = ({"type": "thinking_delta", "thinking": text} if kind == "thinking"
+                 else {"type": "text_delta", "text": text})
         return events + [self.event("content_block_delta", index=self.index, delta=delta)]
 
     def _close(self) -> list[dict]:

@@ -27,8 +27,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dflash_trt.serve import protocol
+from dflash_trt.serve import messages_api, protocol
 from dflash_trt.serve.choices import Choices
+from dflash_trt.serve.event_streams import translated
 from dflash_trt.serve.openai_models import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -38,10 +39,11 @@ from dflash_trt.serve.openai_models import (
     ModelCard,
     ModelList,
 )
+from dflash_trt.serve.reply_text import UNTHINK, ReplyText
 from dflash_trt.serve.requests import RequestError
-from dflash_trt.serve import messages_api
-from dflash_trt.serve.event_streams import translated
-from dflash_trt.serve.responses_api import ResponseRender, ResponsesRequest, renamed
+from dflash_trt.serve.responses import Outcome, Reply, error_body, merged_usage
+from dflash_trt.serve.responses_api import RENAMED as RESPONSES_NAMES
+from dflash_trt.serve.responses_api import ResponseRender, ResponsesRequest
 from dflash_trt.serve.responses_models import ResponseObject, StreamEvent
 from dflash_trt.serve.tokenize_api import (
     DetokenizeRequest,
@@ -50,8 +52,6 @@ from dflash_trt.serve.tokenize_api import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from dflash_trt.serve.responses import Outcome, Reply, error_body, merged_usage
-from dflash_trt.serve.reply_text import UNTHINK, ReplyText
 from dflash_trt.serve.triton_client import Piece, TritonClient, UpstreamError
 
 DISCONNECT_POLL_S = 0.1
@@ -104,8 +104,8 @@ class _Guard:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         key = self.settings.api_key
         # OpenAI's header, or Anthropic's (x-api-key)
-        if key is not None and not (hmac.compare_digest(headers.get("authorization", "").encode(), f"Bearer {key}".encode())
-                                    or hmac.compare_digest(headers.get("x-api-key", "").encode(), key.encode())):
+        bearer = hmac.compare_digest(headers.get("authorization", "").encode(), f"Bearer {key}".encode())
+        if key is not None and not (bearer or hmac.compare_digest(headers.get("x-api-key", "").encode(), key.encode())):
             return await _error(401, "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)")(
                 scope, receive, send)
         limit = self.settings.max_body_bytes
@@ -253,7 +253,7 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         try:
             return await complete(request, body.chat_request(), messages_api.MessageRender(body, settings.model))
         except RequestError as err:
-            raise messages_api.renamed(err) from None
+            raise protocol.renamed(err, messages_api.RENAMED) from None
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
     async def tokenize(body: TokenizeRequest):
@@ -278,7 +278,7 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         try:
             return await complete(request, body.chat_request(), ResponseRender(body, settings.model))
         except RequestError as err:
-            raise renamed(err) from None
+            raise protocol.renamed(err, RESPONSES_NAMES) from None
 
     return app
 
@@ -357,10 +357,11 @@ def _sse(chunks: AsyncIterator[dict | str]) -> AsyncIterator[dict]:
 async def _chunks(reply: Reply, choices: Choices, early: list[tuple[int, Piece]], include_usage: bool,
                   readers: list[ReplyText], echoes: list[str | None], echo: bool = False):
     """A stream's chunks (dicts, then "[DONE]"; a mid-stream refusal an error object): each choice's role
-    (a chat) or echoed prompt (`echo`: its text from `echoes`, or None for the Triton model's, with its logprobs when asked), content deltas (and tool calls, each whole once
-    its block closes) and finish reason, the usage of all if asked, [DONE]. `early`: the pieces read
-    before the reply began, every choice's first among them. sse-starlette cancels this generator when
-    the client disconnects; the choices are then closed, and Triton cancels them."""
+    (a chat) or echoed prompt (`echo`: its text from `echoes`, or None for the Triton model's, with its
+    logprobs when asked), content deltas (and tool calls, each whole once its block closes) and finish
+    reason, the usage of all if asked, [DONE]. `early`: the pieces read before the reply began, every
+    choice's first among them. sse-starlette cancels this generator when the client disconnects; the
+    choices are then closed, and Triton cancels them."""
     firsts = {}
     for choice, piece in early:
         firsts.setdefault(choice, piece)

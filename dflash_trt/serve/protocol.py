@@ -562,6 +562,20 @@ def refusal(errors: list[dict], data: Any) -> RequestError:
     return RequestError(param, f"{param}: {first['msg']}" if param else first["msg"])
 
 
+def renamed(err: RequestError, names: dict[str, str]) -> RequestError:
+    """A refusal the chat path worded for a request another API's body converted to, named by that body's
+    fields (`names`: a chat field -> its name there). A path into `messages` is dropped: the chat's turns
+    do not line up with the other body's items (a system turn first, tool results turns of their own)."""
+    if err.param is None:
+        return err
+    head, dot, rest = err.param.partition(".")
+    head, _, index = head.partition("[")
+    if head not in names:
+        return err
+    param = names[head] + ("" if head == "messages" else ("[" + index if index else "") + dot + rest)
+    return RequestError(param, err.message.replace(head, names[head], 1), err.status)
+
+
 def _param(loc: list[str], data: dict) -> str:
     """pydantic's location (with union member names in it) -> the JSON path of the field."""
     path, node = [], data

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from dflash_trt.serve.openai_models import (
     AssistantMessage,
+    CalledFunction,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
@@ -17,13 +18,12 @@ from dflash_trt.serve.openai_models import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
+    CompletionTokensDetails,
     ErrorDetail,
     ErrorResponse,
     MetaInfo,
-    CalledFunction,
     PromptLogprob,
     PromptTokensDetails,
-    CompletionTokensDetails,
     TokenLogprob,
     ToolCall,
     ToolCallDelta,

@@ -16,11 +16,20 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, WithJsonSchema, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    WithJsonSchema,
+    create_model,
+)
 
 from dflash_trt.serve.event_streams import translated
 from dflash_trt.serve.openai_models import TokenLogprob, dump
-from dflash_trt.serve.protocol import ChatRequest, FunctionName, JsonInt, _Open, only, refusal
+from dflash_trt.serve.protocol import ChatRequest, FunctionName, JsonInt, _Open, only, refusal, renamed
 from dflash_trt.serve.requests import RequestError
 from dflash_trt.serve.responses_models import (
     FunctionCallItem,
@@ -209,7 +218,7 @@ class _ResponsesBody(BaseModel):
         try:
             return ChatRequest.model_validate(fields)
         except ValidationError as err:
-            raise renamed(refusal(list(err.errors()), fields)) from None
+            raise renamed(refusal(list(err.errors()), fields), RENAMED) from None
 
     def _turns(self) -> list[dict]:
         turns = [{"role": "system", "content": self.instructions}] if self.instructions is not None else []
@@ -245,18 +254,6 @@ class _ResponsesBody(BaseModel):
 
 ResponsesRequest = create_model("ResponsesRequest", __base__=_ResponsesBody, **{
     name: (ChatRequest.model_fields[name].annotation, ChatRequest.model_fields[name]) for name in PASSED})
-
-
-def renamed(err: RequestError) -> RequestError:
-    """A refusal the chat path worded, named by this body's fields."""
-    if err.param is None:
-        return err
-    head, dot, rest = err.param.partition(".")
-    head, _, index = head.partition("[")
-    if head not in RENAMED:
-        return err
-    param = RENAMED[head] + ("" if head == "messages" else ("[" + index if index else "") + dot + rest)
-    return RequestError(param, err.message.replace(head, RENAMED[head], 1), err.status)
 
 
 def _hex() -> str:

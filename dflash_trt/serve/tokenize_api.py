@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dflash_trt.serve.protocol import ChatMessage, JsonInt, Tool, TokenId, only
+from dflash_trt.serve.protocol import ChatMessage, JsonInt, TokenId, Tool, only
 
 
 class _Tokenize(BaseModel):

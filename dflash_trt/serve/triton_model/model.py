@@ -79,11 +79,12 @@ class TritonPythonModel:
                 return
             sampling = _string(request, "sampling_parameters")
             params = parse_sampling(sampling, len(ids), self.engine.capacity)
+            priority = self._priority(request)
             responder = _Responder(self, sender, _bool(request, "stream"), params, self.llm.tokenizer,
                                    echo=_bool(request, "echo"), prompt_ids=_bool(request, "return_token_ids"),
                                    reasoning_end=_string(request, "reasoning_end"))
             with self.lock:  # the engine may answer before add_request returns
-                rid = self.engine.add_request(ids, params, on_output=responder, priority=self._priority(request))
+                rid = self.engine.add_request(ids, params, on_output=responder, priority=priority)
                 if not responder.done:
                     self.live[rid] = responder
                 responder.rid = rid
