@@ -687,8 +687,8 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
           max_waiting, docs, draft_rule, prefix_caching, scheduling_policy, chat_template, tool_call_parser,
           reasoning_parser):
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/responses, Anthropic's
-    /v1/messages, /v1/models, /health, /metrics, /tokenize, /detokenize, /openapi.json, /docs) on Triton
-    Inference Server: one decoupled Triton model runs every
+    /v1/messages and its count_tokens, /v1/models, /health, /metrics, /tokenize, /detokenize, /openapi.json,
+    /docs) on Triton Inference Server: one decoupled Triton model runs every
     request through the batching engine."""
     from dflash_trt.serve.config import ServeConfig
     from dflash_trt.serve.server import serve as run_server

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from dflash_trt.serve.event_streams import translated
 from dflash_trt.serve.protocol import ChatRequest, FunctionName, JsonInt, StopString, _Open, refusal, renamed
+from dflash_trt.serve.tokenize_api import TokenizeChat
 from dflash_trt.spec.sampling import RANGES
 
 
@@ -91,25 +92,39 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
 RENAMED = {"messages": "messages", "stop": "stop_sequences"}
 
 
-class MessagesRequest(BaseModel):
+class CountTokensRequest(BaseModel):
+    """POST /v1/messages/count_tokens: the prompt of a Messages request, without its sampling."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str
     messages: list[Message] = Field(min_length=1)
-    max_tokens: JsonInt = Field(json_schema_extra=RANGES["max_tokens"])
     system: str | list[TextBlock] | None = None
+    tools: list[MessagesTool] | None = None
+    tool_choice: ToolChoice | NamedToolChoice | None = None
+    thinking: ThinkingDisabled | None = Field(None, description="only disabled or null: the chat template decides "
+                                                                "whether the model thinks (no thinking budget)")
+
+    def tokenize_request(self) -> TokenizeChat:
+        """The chat's tokenization a Messages request of these fields would prefill."""
+        chat = MessagesRequest.model_validate({**dict(self), "max_tokens": 1}).chat_request()
+        return TokenizeChat(messages=chat.messages, tools=chat.tools)
+
+
+class TokensCount(BaseModel):
+    input_tokens: int
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: JsonInt = Field(json_schema_extra=RANGES["max_tokens"])
     temperature: float | None = Field(None, json_schema_extra=RANGES["temperature"])
     top_p: float | None = Field(None, json_schema_extra=RANGES["top_p"])
     top_k: JsonInt | None = Field(None, json_schema_extra={**RANGES["top_k"], "minimum": 0})
     stop_sequences: list[StopString] | None = None
     stream: bool = False
-    tools: list[MessagesTool] | None = None
-    tool_choice: ToolChoice | NamedToolChoice | None = None
     metadata: dict[str, Any] | None = Field(None, description="accepted, changes no reply")
     # prompt caching is automatic here (prefix caching): the hint changes nothing
     cache_control: dict[str, Any] | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
-    thinking: ThinkingDisabled | None = Field(None, description="only disabled or null: the chat template decides "
-                                                                "whether the model thinks (no thinking budget)")
 
     def chat_request(self) -> ChatRequest:
         """The chat request this one runs as (its refusals named by this body's fields)."""

@@ -1,6 +1,6 @@
 """The OpenAI-compatible front (FastAPI): /v1/chat/completions, /v1/completions, /v1/responses (run as
-a chat: responses_api.py), /v1/models, /health and /metrics, each request forwarded to Triton's
-generate_stream.
+a chat: responses_api.py), Anthropic's /v1/messages (messages_api.py), vLLM's /tokenize and /detokenize,
+/v1/models, /health (and /ping), /version and /metrics, each request forwarded to Triton's generate_stream.
 
 Typed end to end: request bodies are protocol.py's models (FastAPI validates them; one handler turns
 any validation error into OpenAI's error object naming the field), replies are openai_models.py's,
@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from dflash_trt import __version__
 from dflash_trt.serve import messages_api, protocol
 from dflash_trt.serve.choices import Choices
 from dflash_trt.serve.event_streams import translated
@@ -38,6 +39,7 @@ from dflash_trt.serve.openai_models import (
     Health,
     ModelCard,
     ModelList,
+    Version,
 )
 from dflash_trt.serve.reply_text import UNTHINK, ReplyText
 from dflash_trt.serve.requests import RequestError
@@ -184,14 +186,27 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
             return _error(503, f"metrics are unavailable: {err}", code="upstream_error")
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    # SageMaker's health check, as vLLM serves it
+    app.add_api_route("/ping", health, methods=["GET", "POST"], response_model=Health, responses={503: ERRORS[503]})
+
+    @app.get("/version", response_model=Version)
+    async def version():
+        return Version(version=__version__)
+
+    card = ModelCard(id=settings.model, object="model", created=0, owned_by="dflash-trt")
+
     @app.get("/v1/models", response_model=ModelList, responses={401: ERRORS[401]})
     async def models():
-        return ModelList(object="list", data=[ModelCard(id=settings.model, object="model", created=0,
-                                                        owned_by="dflash-trt")])
+        return ModelList(object="list", data=[card])
 
     def unknown(model: str) -> JSONResponse:
         return _error(404, f"model '{model}' does not exist; this server serves '{settings.model}'", "model",
                       "model_not_found")
+
+    @app.get("/v1/models/{model:path}", response_model=ModelCard, responses={401: ERRORS[401], 404: ERRORS[404]})
+    async def model(model: str):
+        """OpenAI's retrieve: the served model's card (a model id may hold slashes)."""
+        return card if model == settings.model else unknown(model)
 
     async def complete(request: Request, parsed: protocol._Sampling,
                        render: ResponseRender | messages_api.MessageRender | None = None):
@@ -254,6 +269,18 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
             return await complete(request, body.chat_request(), messages_api.MessageRender(body, settings.model))
         except RequestError as err:
             raise protocol.renamed(err, messages_api.RENAMED) from None
+
+    @app.post("/v1/messages/count_tokens", response_model=messages_api.TokensCount, responses=ERRORS)
+    async def count_tokens(body: messages_api.CountTokensRequest):
+        """Anthropic's: the input tokens a Messages request of this prompt would read (its usage's
+        input_tokens and cache_read_input_tokens together)."""
+        if body.model != settings.model:
+            return unknown(body.model)
+        try:
+            piece = await _tokenized(triton, body.tokenize_request().triton_inputs(), "messages")
+        except RequestError as err:
+            raise protocol.renamed(err, messages_api.RENAMED) from None
+        return messages_api.TokensCount(input_tokens=len(piece.prompt_token_ids))
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
     async def tokenize(body: TokenizeRequest):

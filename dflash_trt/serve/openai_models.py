@@ -209,6 +209,10 @@ class Health(BaseModel):
     status: Literal["ready"]
 
 
+class Version(BaseModel):
+    version: str
+
+
 def dump(model: BaseModel) -> dict:
     """The JSON object of a reply: the fields it set, nothing else."""
     return model.model_dump(mode="json", exclude_unset=True)

@@ -28,7 +28,7 @@ def acceptable(body, path: str = ""):
         return body
     if path in ("/tokenize", "/detokenize"):
         return acceptable_tokenize(body)
-    if path == "/v1/messages":
+    if path in ("/v1/messages", "/v1/messages/count_tokens"):
         return acceptable_message(body)
     if "input" in body:
         return acceptable_response(body)

@@ -7,6 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 from httpx_sse import connect_sse
 
+import dflash_trt
 from dflash_trt.serve.openai_api import FrontSettings, create_app
 from dflash_trt.serve.requests import RequestError
 from dflash_trt.serve.triton_client import Piece, UpstreamError
@@ -143,6 +144,18 @@ def test_models_health_metrics(front):
     assert "vllm:num_requests_running" in front.get("/metrics").text
 
 
+def test_a_model_is_retrieved_by_its_id_and_the_server_says_its_version():
+    openai = pytest.importorskip("openai")  # a test dependency (.[test])
+    front = TestClient(create_app(FrontSettings("org/tiny-v1"), FakeTriton()))
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="k", http_client=front)
+    assert client.models.retrieve("org/tiny-v1").id == "org/tiny-v1"  # an id with a slash, as hub ids have
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("other")
+    assert missing.value.body["param"] == "model" and missing.value.body["code"] == "model_not_found"
+    assert front.get("/version").json() == {"version": dflash_trt.__version__}
+    assert [front.get("/ping").json(), front.post("/ping").json()] == [{"status": "ready"}] * 2  # SageMaker's probe
+
+
 @pytest.mark.parametrize("path, kwargs, status, param", [
     ("/v1/chat/completions", {"content": b"{nope", "headers": {"content-type": "application/json"}}, 400, None),
     ("/v1/chat/completions", {"json": {"model": "tiny"}}, 400, "messages"),
@@ -193,6 +206,7 @@ def test_unknown_paths_and_methods_are_json(front):
 def test_api_key():
     front = TestClient(create_app(FrontSettings("tiny", api_key="sekret"), FakeTriton()))
     assert front.get("/v1/models").status_code == 401
+    assert front.get("/v1/models/tiny").status_code == 401
     assert front.post("/v1/chat/completions", json=chat(), headers={"Authorization": "Bearer wrong"}).status_code == 401
     ok = front.post("/v1/chat/completions", json=chat(), headers={"Authorization": "Bearer sekret"})
     assert ok.status_code == 200

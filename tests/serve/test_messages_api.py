@@ -139,3 +139,37 @@ def test_anthropic_s_api_key_header_is_accepted():
     assert front.post("/v1/messages", json=body).status_code == 401
     assert front.post("/v1/messages", json=body, headers={"x-api-key": "k"}).status_code == 200
     assert front.post("/v1/messages", json=body, headers={"x-api-key": "no"}).status_code == 401
+
+
+def test_count_tokens_counts_the_prompt_a_message_of_the_same_fields_would_read(served):
+    """/v1/messages/count_tokens tokenizes what a /v1/messages request of these fields sends as its chat
+    (system first, tool blocks as turns, tools offered), nothing generated."""
+    _, triton, client = served
+    asked = dict(model="tiny", system="Be brief.", tools=[WEATHER], messages=[
+        {"role": "user", "content": "Weather in Milan?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                           "input": {"city": "Milan"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]}])
+    counted = client.messages.count_tokens(**asked)
+    tokenized = triton.requests[-1]
+    client.messages.create(max_tokens=3, **asked)
+    sent = triton.requests[-1]
+    assert tokenized["tokenize_only"] and "sampling_parameters" not in tokenized
+    assert (json.loads(tokenized["messages"]), json.loads(tokenized["tools"])) == (
+        json.loads(sent["messages"]), json.loads(sent["tools"]))
+    assert counted.input_tokens == len(tokenized["messages"])  # the stand-in's ids: a character each
+    assert client.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                        tools=[WEATHER], tool_choice={"type": "none"}).input_tokens > 0
+    assert "tools" not in triton.requests[-1]  # tool_choice none: the chat offers no tools, as a message's would
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"model": "tiny", "messages": []}, 400, "messages"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}, 400, "max_tokens"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "long"}]}, 400, "messages"),
+    ({"model": "other", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
+])
+def test_bad_count_tokens_requests_are_a_4xx_naming_the_field(served, body, status, param):
+    front, _, _ = served
+    response = front.post("/v1/messages/count_tokens", json=body)
+    assert response.status_code == status and response.json()["error"]["param"] == param

@@ -288,6 +288,8 @@ def test_anthropic_s_messages_api_gives_the_chat_s_reply_whole_and_streamed(serv
     assert message.stop_reason == {"stop": "end_turn", "length": "max_tokens"}[chat_reply.choices[0].finish_reason]
     assert message.usage.input_tokens + message.usage.cache_read_input_tokens == chat_reply.usage.prompt_tokens
     assert message.usage.output_tokens == chat_reply.usage.completion_tokens
+    counted = claude.messages.count_tokens(model=server.model, system="Answer briefly.", messages=asked["messages"])
+    assert counted.input_tokens == chat_reply.usage.prompt_tokens
     with claude.messages.stream(**asked) as stream:
         assert "".join(stream.text_stream) == text
     if len(text) > 2:  # its third character as a stop sequence ends the reply there, and is named
@@ -574,7 +576,7 @@ def test_schemathesis_finds_no_5xx_or_undocumented_reply_on_the_real_server(serv
     for found in schema.get_all_operations():
         operation = found.ok()
         # bodies the schema allows, and (where there is a body) ones it does not
-        modes = [GenerationMode.POSITIVE] + [GenerationMode.NEGATIVE] * (operation.method.upper() == "POST")
+        modes = [GenerationMode.POSITIVE] + [GenerationMode.NEGATIVE] * bool(operation.body)
         for mode in modes:
             positive = mode == GenerationMode.POSITIVE
 
