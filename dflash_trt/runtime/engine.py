@@ -69,6 +69,7 @@ class _Request:
     on_output: Callable | None
     metrics: RequestMetrics
     arrival: float = field(default_factory=time.perf_counter)
+    submitted: float | None = None  # handed to the core, whose queue clock starts there
     first_token: float | None = None
     finished_at: float | None = None  # a finished request's clock stops here, however late it is read
     core_id: int | None = None
@@ -182,6 +183,7 @@ class BatchRunner:
         if arrival is not None:
             request.arrival = arrival
         params = request.params  # stop strings are applied here, on text; the core stops on token ids
+        request.submitted = time.perf_counter()
         request.core_id = self.scheduler.add_request(request.ids, native_core().RequestParams(
             max_tokens=params.max_tokens, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
             seed=params.seed, stop_token_ids=list(params.stop_token_ids), eos_token_ids=list(self.llm.eos_token_ids),
@@ -254,6 +256,8 @@ class BatchRunner:
             request.first_token = time.perf_counter()
         stopped = request.stop.add(new) if new else False
         request.metrics.num_preemptions = out["num_preemptions"]
+        queued = out["metrics"]["queue_time_s"]  # in the core's queue; before it, the caller's (an Engine's inbox)
+        request.metrics.queue_s = None if queued is None else request.submitted - request.arrival + queued
         if request.metrics.cached_tokens != out["cached_tokens"]:  # known at admission, the same in every output
             request.metrics.cached_tokens = out["cached_tokens"]
             self.counters["prefix_cache_hits_total"] += out["cached_tokens"]
@@ -323,6 +327,8 @@ class BatchRunner:
             "num_preemptions": self.preemptions,
             "max_batch": self.max_batch,
             "capacity": self.capacity,
+            # a request holds a whole slot of KV cache (capacity tokens) while it runs
+            "kv_cache_usage": self.running / self.max_batch,
             **{name: self.counters[name] for name in (
                 "prompt_tokens_total", "prefix_cache_hits_total", "generation_tokens_total", "spec_decode_num_drafts",
                 "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")},

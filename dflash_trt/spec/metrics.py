@@ -21,6 +21,7 @@ class RequestMetrics:
     cached_tokens: int = 0  # prompt tokens its KV slot held already (prefix caching): not prefilled
     num_preemptions: int = 0  # times it gave its KV slot to a request of a higher priority (recomputed)
     output_tokens: int = 0
+    queue_s: float | None = None  # arrival to the start of its first step (waiting for a slot)
     prefill_s: float = 0.0  # arrival to the first token (time to first token)
     decode_s: float = 0.0  # everything after the first token
     time_per_output_token_s: float | None = None  # decode_s per token after the first
@@ -70,6 +71,8 @@ class RequestMetrics:
         return rest / self.decode_s if rest > 0 and self.decode_s > 0 else None
 
     def to_dict(self) -> dict:
+        first = self.prefill_s if self.output_tokens else None
+        queued = self.queue_s
         return {
             "block_size": self.block_size,
             "prompt_tokens": self.prompt_tokens,
@@ -86,10 +89,15 @@ class RequestMetrics:
             "prefill_s": self.prefill_s,
             "decode_s": self.decode_s,
             "decode_tokens_per_s": self.decode_tokens_per_s,
-            # vLLM's names for the same clocks
-            "time_to_first_token_s": self.prefill_s if self.output_tokens else None,
+            # vLLM's names for the same clocks, and its phases: queued, then prefill to the first token,
+            # then decode; inference is prefill and decode
+            "time_to_first_token_s": first,
             "time_per_output_token_s": self.time_per_output_token_s,
             "e2e_latency_s": self.e2e_latency_s,
+            "queue_time_s": self.queue_s,
+            "prefill_time_s": None if first is None or queued is None else max(0.0, first - queued),
+            "decode_time_s": self.decode_s if first is not None else None,
+            "inference_time_s": None if queued is None else max(0.0, self.e2e_latency_s - queued),
         }
 
 

@@ -80,6 +80,28 @@ def test_a_finished_requests_timings_stop_at_its_finish(llm):
     assert late.e2e_latency_s == early.e2e_latency_s == pytest.approx(late.prefill_s + late.decode_s)
 
 
+def test_a_queued_requests_phases_are_vllm_s_queue_prefill_decode_and_inference(llm):
+    """One slot, two requests: the second waits for the first to finish (its queue time covers the
+    first's whole run), then prefills and decodes; the phases add up to its latencies; the KV usage
+    the server exports is the share of slots held."""
+    runner = BatchRunner(llm, max_batch=1)
+    first, second = (runner.prepare(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in PROMPTS[:2])
+    runner.submit(first)
+    runner.submit(second)
+    runner.step()
+    assert runner.stats()["kv_cache_usage"] == 1.0
+    while runner.has_work:
+        runner.step()
+    assert runner.stats()["kv_cache_usage"] == 0.0
+    ran, waited = (runner.output(r).metrics.to_dict() for r in (first, second))
+    # it waited out the first's run (1 ms: the Python and core clocks start a request apart)
+    assert waited["queue_time_s"] > ran["inference_time_s"] - 1e-3 and ran["queue_time_s"] < waited["queue_time_s"]
+    for m in (ran, waited):
+        assert m["queue_time_s"] + m["prefill_time_s"] == pytest.approx(m["time_to_first_token_s"])
+        assert m["inference_time_s"] == pytest.approx(m["prefill_time_s"] + m["decode_time_s"])
+        assert m["e2e_latency_s"] == pytest.approx(m["queue_time_s"] + m["inference_time_s"])
+
+
 def test_requests_are_checked_before_any_work(llm):
     runner = BatchRunner(llm, max_batch=2, capacity=16)
     with pytest.raises(DFlashError, match="exceeds the context capacity of 16 tokens"):

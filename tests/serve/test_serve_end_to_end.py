@@ -611,6 +611,9 @@ def test_metrics_move_by_a_requests_amounts(server, client):
     assert moved("vllm:request_success_total", finished_reason=reply.choices[0].finish_reason) == 1
     assert moved("vllm:e2e_request_latency_seconds_count") == 1
     assert moved("vllm:time_to_first_token_seconds_count") == 1
+    for phase in ("queue", "prefill", "decode", "inference"):  # vLLM's request phases
+        assert moved(f"vllm:request_{phase}_time_seconds_count") == 1
+    assert 0 <= after[("vllm:kv_cache_usage_perc", ())] <= 1
 
 
 def test_a_repeated_prompt_reuses_a_finished_requests_slot(server, client):

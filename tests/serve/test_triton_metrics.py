@@ -48,7 +48,8 @@ def test_a_finished_request_moves_the_vllm_counters():
     metrics = EngineMetrics(FakePbUtils, "tiny")
     finished = {"prompt_tokens": 7, "cached_tokens": 4, "output_tokens": 5, "num_drafts": 3, "num_draft_tokens": 9,
                 "num_accepted_tokens": 2, "accepted_per_position": [2, 0, 0], "time_to_first_token_s": 0.1,
-                "time_per_output_token_s": 0.02, "e2e_latency_s": 0.2}
+                "time_per_output_token_s": 0.02, "e2e_latency_s": 0.2, "queue_time_s": 0.03, "prefill_time_s": 0.07,
+                "decode_time_s": 0.1, "inference_time_s": 0.17}
     metrics.finished(finished, "length")
     metrics.finished({**finished, "time_per_output_token_s": None}, "abort")
     assert value("vllm:prompt_tokens_total").value == 14
@@ -62,9 +63,14 @@ def test_a_finished_request_moves_the_vllm_counters():
     assert value("vllm:request_success_total", finished_reason="abort").value == 1
     assert value("vllm:time_to_first_token_seconds").observed == [0.1, 0.1]
     assert value("vllm:time_per_output_token_seconds").observed == [0.02]
+    assert value("vllm:request_time_per_output_token_seconds").observed == [0.02]  # vLLM's newer name
+    assert [value(f"vllm:request_{phase}_time_seconds").observed for phase in ("queue", "prefill", "decode",
+                                                                                 "inference")] == [
+        [0.03] * 2, [0.07] * 2, [0.1] * 2, [0.17] * 2]
     assert value("vllm:request_prompt_tokens").observed == [7, 7]
-    metrics.gauges({"running": 3, "waiting": 1})
+    metrics.gauges({"running": 3, "waiting": 1, "kv_cache_usage": 0.75})
     assert value("vllm:num_requests_running").value == 3 and value("vllm:num_requests_waiting").value == 1
+    assert value("vllm:kv_cache_usage_perc").value == 0.75
     # counters end in _total (Prometheus readers look for it); the rest do not
     for name, family in FakeMetricFamily.families.items():
         assert name.startswith("vllm:") and name.endswith("_total") == (family.kind == "counter")

@@ -25,6 +25,8 @@ SUCCESS = "vllm:request_success_total"
 GAUGES = {
     "vllm:num_requests_running": ("Requests holding a slot.", "running"),
     "vllm:num_requests_waiting": ("Requests waiting for a slot.", "waiting"),
+    "vllm:kv_cache_usage_perc": ("KV cache usage, 0 to 1: the share of KV slots running requests hold.",
+                                 "kv_cache_usage"),
 }
 SECONDS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
 TOKENS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
@@ -32,6 +34,14 @@ HISTOGRAMS = {  # family -> (help, key, buckets)
     "vllm:time_to_first_token_seconds": ("Time to first token.", "time_to_first_token_s", SECONDS),
     "vllm:time_per_output_token_seconds": ("Time per output token after the first.", "time_per_output_token_s", SECONDS),
     "vllm:e2e_request_latency_seconds": ("Request latency, arrival to last token.", "e2e_latency_s", SECONDS),
+    "vllm:request_time_per_output_token_seconds": ("A request's mean time per output token after the first.",
+                                                   "time_per_output_token_s", SECONDS),
+    "vllm:request_queue_time_seconds": ("Time a request waited for a KV slot.", "queue_time_s", SECONDS),
+    "vllm:request_prefill_time_seconds": ("Time from a request's first step to its first token.", "prefill_time_s",
+                                          SECONDS),
+    "vllm:request_decode_time_seconds": ("Time from a request's first token to its last.", "decode_time_s", SECONDS),
+    "vllm:request_inference_time_seconds": ("Time from a request's first step to its last token.",
+                                            "inference_time_s", SECONDS),
     "vllm:request_prompt_tokens": ("Prompt tokens per request.", "prompt_tokens", TOKENS),
     "vllm:request_generation_tokens": ("Generated tokens per request.", "output_tokens", TOKENS),
 }
@@ -55,8 +65,8 @@ class EngineMetrics:
         self.by_reason = {}
         self.gauge = {key: family(name, text, kind.GAUGE).Metric(labels=self.labels)
                       for name, (text, key) in GAUGES.items()}
-        self.histograms = {key: family(name, text, kind.HISTOGRAM).Metric(labels=self.labels, buckets=buckets)
-                           for name, (text, key, buckets) in HISTOGRAMS.items()}
+        self.histograms = [(key, family(name, text, kind.HISTOGRAM).Metric(labels=self.labels, buckets=buckets))
+                           for name, (text, key, buckets) in HISTOGRAMS.items()]  # two may observe one key
 
     def finished(self, metrics: dict | None, reason: str) -> None:
         metrics = metrics or {}
@@ -71,7 +81,7 @@ class EngineMetrics:
         if reason not in self.by_reason:
             self.by_reason[reason] = self.success.Metric(labels={**self.labels, "finished_reason": reason})
         self.by_reason[reason].increment(1)
-        for key, histogram in self.histograms.items():
+        for key, histogram in self.histograms:
             if metrics.get(key) is not None:
                 histogram.observe(metrics[key])
 
