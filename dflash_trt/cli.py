@@ -135,7 +135,7 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
              presence_penalty, frequency_penalty, repetition_penalty, json_schema, regex, choices, as_json, logprobs,
              prompt_logprobs, device, dtype, quant, draft_quant, draft_rule):
     """Generate a reply to PROMPT, streaming it, then print the acceptance summary."""
-    from dflash_trt.runtime.llm import AUTO, LLM
+    from dflash_trt.runtime.llm import AUTO, BUNDLE_PLACED, LLM
     from dflash_trt.spec.metrics import summary_line
     from dflash_trt.spec.sampling import SamplingParams
 
@@ -151,8 +151,7 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
     )
     if bundle:
         if device or dtype or quant or draft_quant:
-            raise DFlashError("--device, --dtype, --quant and --draft-quant choose how --target is run; a bundle runs "
-                              "as it was exported")
+            raise DFlashError(BUNDLE_PLACED)
         llm = LLM.from_bundle(bundle, block_size=block_size, draft_rule=draft_rule)
     else:
         llm = LLM(target=target, draft=draft or AUTO, backend=backend, block_size=block_size, device=device,
@@ -647,8 +646,11 @@ def pack_corpus(src, dst):
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the OpenAI API listens on (loopback by default).")
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1 requests.")
-@click.option("--max-batch", type=int, default=8, show_default=True, help="Requests decoded together; more wait for a slot.")
-@click.option("--capacity", type=int, default=None,
+@click.option("--served-model-name", default=None,
+              help="The model id clients send and /v1/models lists (default: the bundle's or target's directory name).")
+@click.option("--max-batch", "--max-num-seqs", "max_batch", type=int, default=8, show_default=True,
+              help="Requests decoded together; more wait for a slot.")
+@click.option("--capacity", "--max-model-len", "capacity", type=int, default=None,
               help="Tokens per request (prompt + max_tokens) [default: 4096, or a slots-trt bundle's own].")
 @click.option("--block-size", type=int, default=None,
               help="Verify this many tokens every step (default: the engine picks each step's block from measured costs).")
@@ -657,6 +659,15 @@ def pack_corpus(src, dst):
                    "streams (0: whole prompts).")
 @click.option("--backend", type=click.Choice(["auto", "torch", "onnxruntime"]), default="auto", show_default=True,
               help="For --target/--draft. " + AUTO_BACKEND_HELP)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
+              help="--backend torch: where its models run (default: cuda when PyTorch sees a GPU, else cpu).")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
+              help="--backend torch: its models' dtype (default: bfloat16 on a GPU, float32 on the CPU).")
+@click.option("--quant", type=click.Choice(QUANTS), default=None,
+              help="For --target: on backend onnxruntime (auto picks it) the target's exported graphs in this "
+                   "format (see `export --quant`); on backend torch int4, fp8 or nvfp4, each linear held in the "
+                   "format and dequantized per call. Greedy output equals the quantized target's own.")
+@click.option("--draft-quant", type=click.Choice(DRAFT_QUANTS), default=None, help=DRAFT_QUANT_HELP)
 @click.option("--max-waiting", type=int, default=-1, show_default=True,
               help="Requests that may wait for a slot; one more is refused with 429 and Retry-After (-1: no cap).")
 @click.option("--docs/--no-docs", default=True, show_default=True,
@@ -683,9 +694,9 @@ def pack_corpus(src, dst):
               help="qwen3: a chat reply's thinking (up to </think>; Qwen3, Qwen3.5, DeepSeek-R1 style) comes back "
                    "as message.reasoning_content, the rest as content; none: all of it is content.")
 @user_errors
-def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block_size, prefill_chunk, backend,
-          max_waiting, docs, draft_rule, prefix_caching, scheduling_policy, chat_template, tool_call_parser,
-          reasoning_parser):
+def serve(bundle, target, draft, host, port, api_key, served_model_name, max_batch, capacity, block_size, prefill_chunk,
+          backend, device, dtype, quant, draft_quant, max_waiting, docs, draft_rule, prefix_caching, scheduling_policy,
+          chat_template, tool_call_parser, reasoning_parser):
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/responses, Anthropic's
     /v1/messages and its count_tokens, /v1/models, /health, /metrics, /tokenize, /detokenize, /openapi.json,
     /docs) on Triton Inference Server: one decoupled Triton model runs every
@@ -696,8 +707,9 @@ def serve(bundle, target, draft, host, port, api_key, max_batch, capacity, block
     if bundle is None and target is None:
         target = DEFAULT_TARGET
     config = ServeConfig(bundle=bundle, target=target, draft=draft, host=host, port=port, api_key=api_key,
-                         max_batch=max_batch, capacity=capacity, block_size=block_size, prefill_chunk=prefill_chunk,
-                         backend=backend, max_waiting=max_waiting, docs=docs, draft_rule=draft_rule,
+                         model_name=served_model_name, max_batch=max_batch, capacity=capacity, block_size=block_size,
+                         prefill_chunk=prefill_chunk, backend=backend, device=device, dtype=dtype, quant=quant,
+                         draft_quant=draft_quant, max_waiting=max_waiting, docs=docs, draft_rule=draft_rule,
                          prefix_caching=prefix_caching, scheduling_policy=scheduling_policy,
                          chat_template=chat_template,
                          tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser)

@@ -86,6 +86,32 @@ def torch_placement(device: str | None, dtype: str | None):
     return torch.device(device), getattr(torch, dtype)
 
 
+BUNDLE_PLACED = ("--device, --dtype, --quant and --draft-quant choose how --target is run; a bundle runs as it was "
+                 "exported")
+
+
+def placement_refusal(backend: str, device: str | None, dtype: str | None, quant: str | None,
+                      draft_quant: str | None) -> str | None:
+    """Why a resolved backend cannot run the pair placed and quantized so (one line), or None."""
+    if backend not in BACKENDS:
+        return f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}"
+    if quant is not None and quant not in (TORCH_QUANTS if backend == "torch" else QUANTS):
+        return (f"quant must be one of {', '.join(QUANTS)} on backend onnxruntime or tensorrt, "
+                f"{' or '.join(TORCH_QUANTS)} on torch; got quant={quant!r} on backend '{backend}'")
+    if draft_quant is not None and (draft_quant not in DRAFT_QUANTS or backend == "torch"):
+        return (f"draft_quant must be one of {', '.join(DRAFT_QUANTS)}, on backend onnxruntime or "
+                f"tensorrt; got draft_quant={draft_quant!r} on backend '{backend}'")
+    if backend != "torch" and (device is not None or dtype is not None):
+        return (f"device and dtype place the torch backend's models; backend '{backend}' runs "
+                f"a bundle in the dtype it was exported with")
+    if backend == "torch":
+        try:
+            torch_placement(device, dtype)
+        except DFlashError as err:
+            return str(err)
+    return None
+
+
 class LLM:
     _grammar_tokenizer = None  # llguidance's view of the tokenizer, built at the first structured request
 
@@ -117,14 +143,9 @@ class LLM:
         `scheduling_policy` "priority": `generate(..., priority=[...])` serves lower values first and
         preempts running requests of a higher value (BatchRunner)."""
         backend = resolve_backend(backend, target, draft, device, dtype, quant is not None or draft_quant is not None)
-        if backend not in BACKENDS:
-            raise DFlashError(f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}")
-        if quant is not None and quant not in (TORCH_QUANTS if backend == "torch" else QUANTS):
-            raise DFlashError(f"quant must be one of {', '.join(QUANTS)} on backend onnxruntime or tensorrt, "
-                              f"{' or '.join(TORCH_QUANTS)} on torch; got quant={quant!r} on backend '{backend}'")
-        if draft_quant is not None and (draft_quant not in DRAFT_QUANTS or backend == "torch"):
-            raise DFlashError(f"draft_quant must be one of {', '.join(DRAFT_QUANTS)}, on backend onnxruntime or "
-                              f"tensorrt; got draft_quant={draft_quant!r} on backend '{backend}'")
+        refusal = placement_refusal(backend, device, dtype, quant, draft_quant)
+        if refusal:
+            raise DFlashError(refusal)
         _check_block_size(block_size)
         _check_draft_rule(draft_rule, adaptive=block_size is None)
         self._batching(max_batch, capacity, prefill_chunk, prefix_caching, scheduling_policy)
@@ -143,9 +164,6 @@ class LLM:
         if draft is not None:
             check_pair(target, draft)  # from configs: a wrong pair is refused before any weights load or export
         if backend in ("onnxruntime", "tensorrt"):
-            if device is not None or dtype is not None:
-                raise DFlashError(f"device and dtype place the torch backend's models; backend '{backend}' runs "
-                                  f"a bundle in the dtype it was exported with")
             if draft is None:
                 raise DFlashError(f"backend '{backend}' runs an exported (target, drafter) bundle: pass draft=DIR")
             from dflash_trt.runtime.bundles import cached_bundle, cached_engines

@@ -30,6 +30,10 @@ class ServeConfig:
     block_size: int | None = None  # None: the engine picks each step's block (adaptive); N pins it
     prefill_chunk: int = 0  # prompt tokens prefilled per step (0: whole prompts)
     backend: str = "auto"  # for target + draft: LLM's backend (auto: runtime/llm.py resolve_backend)
+    device: str | None = None  # for target + draft, LLM's placement and quantization (None: its defaults)
+    dtype: str | None = None
+    quant: str | None = None
+    draft_quant: str | None = None
     max_waiting: int = -1  # requests that may wait for a slot; one more gets a 429 (-1: no cap)
     model_name: str | None = None  # what /v1/models lists (default: the bundle's or target's directory name)
     max_body_bytes: int = 1 << 20
@@ -52,6 +56,17 @@ class ServeConfig:
             raise DFlashError(f"--backend must be auto, torch or onnxruntime, got {self.backend!r}")
         if self.bundle is not None and self.backend != "auto":
             raise DFlashError("--backend is for --target/--draft; a BUNDLE runs on its own executor")
+        from dflash_trt.runtime.llm import AUTO, BUNDLE_PLACED, placement_refusal, resolve_backend
+
+        placed = (self.device, self.dtype, self.quant, self.draft_quant)
+        if self.bundle is not None and any(placed):
+            raise DFlashError(BUNDLE_PLACED)
+        if self.bundle is None and any(placed):  # as the Triton model's LLM will resolve and check them
+            backend = resolve_backend(self.backend, self.target, self.draft or AUTO, self.device, self.dtype,
+                                      self.quant is not None or self.draft_quant is not None)
+            refusal = placement_refusal(backend, *placed)
+            if refusal:
+                raise DFlashError(refusal)
         from dflash_trt.runtime.ort_executor import DRAFT_RULES, SlotBundle, draft_rule_refusal
 
         if self.draft_rule not in DRAFT_RULES:
@@ -114,6 +129,7 @@ class ServeConfig:
             "block_size": "" if self.block_size is None else str(self.block_size),
             "prefill_chunk": str(self.prefill_chunk),
             "backend": self.backend,
+            **{name: getattr(self, name) or "" for name in ("device", "dtype", "quant", "draft_quant")},
             "max_waiting": str(self.max_waiting),
             "served_name": self.served_name,
             "draft_rule": self.draft_rule,

@@ -47,3 +47,11 @@ def test_taken_port(tiny_pairs):
         port = taken.getsockname()[1]
         code, out = run("--target", str(target), "--draft", str(draft), "--port", str(port))
     assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in out and "--port" in out
+
+
+def test_vllm_s_option_names_are_taken_too(tiny_pairs):
+    """--max-num-seqs and --max-model-len (vLLM's) are --max-batch and --capacity: checked alike."""
+    code, out = run("--target", str(tiny_pairs["qwen3"][0]), "--max-num-seqs", "0")
+    assert code == 2 and "--max-batch must be an integer >= 1, got 0" in out
+    code, out = run("--target", str(tiny_pairs["qwen3"][0]), "--max-model-len", "1")
+    assert code == 2 and "--capacity must be an integer >= 2, got 1" in out

@@ -4,6 +4,7 @@ import re
 import subprocess
 
 import pytest
+import torch
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.serve.config import ServeConfig
@@ -142,3 +143,21 @@ def test_the_reasoning_parser_knows_when_the_prompt_opens_a_think_block(tmp_path
     assert front_options(ServeConfig(target=str(target), draft=str(draft)))["thinking"] is None
     with pytest.raises(DFlashError, match="--reasoning-parser must be none or qwen3"):
         ServeConfig(target=str(target), reasoning_parser="deepseek_v3")
+
+
+def test_the_pair_s_placement_and_quantization_reach_the_triton_model_or_are_refused_in_one_line(tmp_path):
+    """--device / --dtype / --quant / --draft-quant go to the Triton model's LLM as given; what that LLM
+    would refuse (or a bundle, which runs as exported) is refused here, before Triton starts."""
+    placed = ServeConfig(target="smollm2-135m", backend="torch", device="cpu", dtype="bfloat16", quant="fp8",
+                         model_name="org/name").model_parameters()
+    assert [placed[k] for k in ("device", "dtype", "quant", "draft_quant", "served_name")] == [
+        "cpu", "bfloat16", "fp8", "", "org/name"]
+    assert ServeConfig(target="smollm2-135m").model_parameters()["dtype"] == ""  # the LLM's own default
+    for fields, refusal in [
+        (dict(bundle=tmp_path, dtype="float16"), "a bundle runs as it was exported"),
+        (dict(target="smollm2-135m", backend="onnxruntime", dtype="float16"), "device and dtype place the torch"),
+        (dict(target="smollm2-135m", backend="torch", draft_quant="int4"), "draft_quant must be one of"),
+        (dict(target="smollm2-135m", backend="torch", quant="int4-awq"), "quant must be one of"),
+    ] + [(dict(target="smollm2-135m", device="cuda"), "this PyTorch sees no GPU")] * (not torch.cuda.is_available()):
+        with pytest.raises(DFlashError, match=refusal):
+            ServeConfig(**fields)

@@ -21,6 +21,7 @@ CAPACITY = 1024
 # Two runs of one prompt agree on a logprob to float32 rounding only: each step's verify block is sized by
 # the costs measured then, and a block's logits round apart from one token's by ~1e-6 (seen: 1.2e-6).
 LOGPROB_TOL = 1e-4
+SERVED = "org/tiny-qwen3"  # --served-model-name: an id with a slash, as hub ids have
 PROMPTS = ["hello", "write a poem", "def f(x):", "1 + 1 =", "tell me a story", "abc", "why?", "ok",
            "the sky is", "print(", "once upon", "zzz", "hi there", "list: 1,", "what is DFlash", "x"]
 
@@ -42,10 +43,13 @@ def server(pair, tmp_path_factory):
     # (serving a slots bundle on the onnxruntime executor: test_server_bundle.py)
     # priority scheduling: requests that send no priority are served first come first served, as
     # under fcfs (one of equal priority never preempts)
-    started = start_server(["--target", str(target), "--draft", str(draft), "--capacity", str(CAPACITY),
-                            "--max-batch", "4", "--backend", "torch", "--chat-template", str(template),
-                            "--reasoning-parser", "qwen3", "--scheduling-policy", "priority"])
+    # (vLLM's names for --capacity and --max-batch; a placed, quantized target: test_serve_placement.py)
+    started = start_server(["--target", str(target), "--draft", str(draft), "--max-model-len", str(CAPACITY),
+                            "--max-num-seqs", "4", "--backend", "torch", "--chat-template", str(template),
+                            "--reasoning-parser", "qwen3", "--scheduling-policy", "priority",
+                            "--served-model-name", SERVED])
     assert any("tool calls: hermes; reasoning: qwen3" in line for line in started.output)
+    assert started.model == SERVED
     yield started
     started.stop()
 
@@ -592,6 +596,11 @@ def test_schemathesis_finds_no_5xx_or_undocumented_reply_on_the_real_server(serv
 
 def test_the_real_server_is_healthy_after_schema_fuzzing(server):
     assert httpx.get(f"{server.root}/health", timeout=10).json() == {"status": "ready"}
+
+
+def test_the_served_model_name_is_what_clients_list_and_retrieve(server, client):
+    assert [m.id for m in client.models.list().data] == [SERVED]
+    assert client.models.retrieve(SERVED).id == SERVED
 
 
 def test_metrics_move_by_a_requests_amounts(server, client):

@@ -39,8 +39,9 @@ class TritonPythonModel:
         if params["bundle"]:  # capacity None: the bundle's own, else 4096
             self.llm = LLM.from_bundle(params["bundle"], block_size=block_size, capacity=capacity, draft_rule=rule)
         else:
+            placed = {name: params.get(name) or None for name in ("device", "dtype", "quant", "draft_quant")}
             self.llm = LLM(params["target"], params["draft"] or AUTO, backend=params.get("backend") or AUTO,
-                           block_size=block_size, draft_rule=rule)
+                           block_size=block_size, draft_rule=rule, **placed)
         self.engine = Engine(self.llm, max_batch=int(params["max_batch"]), capacity=capacity or self.llm.capacity,
                              block_size=block_size,
                              prefill_chunk=int(params.get("prefill_chunk") or 0),
