@@ -249,7 +249,8 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
                 return whole
             return JSONResponse(whole if render is None else render.whole(whole))
         early = await choices.first_pieces()  # refusals (prompt too long, ...) come first: a 4xx, not a broken stream
-        chunks = _chunks(reply, choices, early, parsed.include_usage, readers, echoes, not chat and bool(parsed.echo))
+        chunks = _chunks(reply, choices, early, parsed.include_usage, readers, echoes, not chat and bool(parsed.echo),
+                         parsed.continuous_usage)
         # sse-starlette ends its streams when the server begins to stop; a drain lets them finish
         return EventSourceResponse(_sse(chunks) if render is None else render.events(chunks),
                                    sep="\n", shutdown_grace_period=settings.drain_s)
@@ -382,13 +383,14 @@ def _sse(chunks: AsyncIterator[dict | str]) -> AsyncIterator[dict]:
 
 
 async def _chunks(reply: Reply, choices: Choices, early: list[tuple[int, Piece]], include_usage: bool,
-                  readers: list[ReplyText], echoes: list[str | None], echo: bool = False):
+                  readers: list[ReplyText], echoes: list[str | None], echo: bool = False, continuous: bool = False):
     """A stream's chunks (dicts, then "[DONE]"; a mid-stream refusal an error object): each choice's role
     (a chat) or echoed prompt (`echo`: its text from `echoes`, or None for the Triton model's, with its
     logprobs when asked), content deltas (and tool calls, each whole once its block closes) and finish
-    reason, the usage of all if asked, [DONE]. `early`: the pieces read before the reply began, every
-    choice's first among them. sse-starlette cancels this generator when the client disconnects; the
-    choices are then closed, and Triton cancels them."""
+    reason, the usage of all if asked, [DONE]; `continuous` (vLLM's continuous_usage_stats): each choice's
+    chunks with its usage so far. `early`: the pieces read before the reply began, every choice's first
+    among them. sse-starlette cancels this generator when the client disconnects; the choices are then
+    closed, and Triton cancels them."""
     firsts = {}
     for choice, piece in early:
         firsts.setdefault(choice, piece)
@@ -405,30 +407,42 @@ async def _chunks(reply: Reply, choices: Choices, early: list[tuple[int, Piece]]
         first, prompts[choice] = prompts[choice], None
         return {"token_ids": piece.token_ids, "prompt_token_ids": first}
 
+    # per choice: its prompt's tokens (their ids came with its first piece) and its reply's so far
+    prompt_tokens = [len(firsts[choice].prompt_token_ids) for choice in range(choices.count)]
+    generated = [0] * choices.count
+
+    def counted(chunk: dict, choice: int) -> dict:
+        if continuous:
+            chunk["usage"] = {"prompt_tokens": prompt_tokens[choice], "completion_tokens": generated[choice],
+                              "total_tokens": prompt_tokens[choice] + generated[choice]}
+        return chunk
+
     try:
         for choice in range(choices.count):  # a chat's role, a completion's echoed prompt
             if reply.chat or echo:
-                yield reply.chunk(echoes[choice] or None, role=reply.chat, index=choice,
-                                  prompt=firsts[choice].prompt_logprobs,
-                                  **({"prompt_token_ids": prompts[choice]} if reply.token_ids else {}))
+                yield counted(reply.chunk(echoes[choice] or None, role=reply.chat, index=choice,
+                                          prompt=firsts[choice].prompt_logprobs,
+                                          **({"prompt_token_ids": prompts[choice]} if reply.token_ids else {})),
+                              choice)
                 prompts[choice] = None
             if reply.chat and echoes[choice]:  # the last message the reply continues, first
-                yield reply.chunk(echoes[choice], index=choice)
+                yield counted(reply.chunk(echoes[choice], index=choice), choice)
         while early or not choices.done:
             choice, piece = early.pop(0) if early else await choices.next()
             reader = readers[choice]
             texts[choice] += piece.text
+            generated[choice] += len(piece.token_ids)
             new = reader.next(texts[choice], final=piece.finish_reason is not None)
             if new.content or new.reasoning or piece.logprobs or (reply.token_ids and piece.token_ids):
-                yield reply.chunk(new.content, logprobs=piece.logprobs, offset=sent[choice], index=choice,
-                                  reasoning=new.reasoning, **ids(choice, piece))
+                yield counted(reply.chunk(new.content, logprobs=piece.logprobs, offset=sent[choice], index=choice,
+                                          reasoning=new.reasoning, **ids(choice, piece)), choice)
                 sent[choice] += len(new.content)
             if new.calls:
                 first = len(reader.calls) - len(new.calls)
-                yield reply.chunk(None, index=choice, tool_calls=tuple(enumerate(new.calls, first)))
+                yield counted(reply.chunk(None, index=choice, tool_calls=tuple(enumerate(new.calls, first))), choice)
             if piece.finish_reason is not None:
-                yield reply.chunk(None, _finish(piece.finish_reason, reader), index=choice,
-                                  stop_reason=(piece.usage or {}).get("stop_reason"))
+                yield counted(reply.chunk(None, _finish(piece.finish_reason, reader), index=choice,
+                                          stop_reason=(piece.usage or {}).get("stop_reason")), choice)
                 usages[choice] = piece.usage
         if include_usage:
             yield reply.usage_chunk(merged_usage(usages, reply.per_prompt))

@@ -118,6 +118,8 @@ class Tool(_Open):
 
 class StreamOptions(_Open):
     include_usage: bool = False
+    # vLLM's: with include_usage, every chunk also carries its choice's usage so far
+    continuous_usage_stats: bool = False
 
 
 def _integral(value: Any) -> Any:
@@ -305,7 +307,9 @@ class _Sampling(BaseModel):
 
     def flags(self) -> dict:
         """The Triton inputs beside the prompt and its sampling parameters that this body sets."""
-        return {**({"return_token_ids": True} if self.return_token_ids else {}),
+        # a chunk's usage so far counts its prompt's ids, which come with a choice's first piece
+        asks_ids = self.return_token_ids or (self.stream and self.continuous_usage)
+        return {**({"return_token_ids": True} if asks_ids else {}),
                 **({} if self.priority is None else {"priority": self.priority})}
 
     def prompt_top(self) -> int | None:
@@ -383,6 +387,10 @@ class _Sampling(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 class ChatRequest(_Sampling):

@@ -130,6 +130,27 @@ def test_chat_stream(front):
     assert len({c["id"] for c in chunks}) == 1
 
 
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", chat(n=2)),
+                                        ("/v1/completions", {"model": "tiny", "prompt": "x", "n": 2})])
+def test_continuous_usage_stats_give_every_chunk_its_choice_s_usage_so_far(front, path, body):
+    """vLLM's stream_options.continuous_usage_stats: each choice's chunks carry its prompt's tokens (their
+    ids asked of the Triton model, not sent to the client) and its reply's so far; the last chunk the whole."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    _, data = events(front, path, {**body, "stream": True, "stream_options": options})
+    assert all(sent.get("return_token_ids") for sent in front.triton.requests)
+    chunks = [json.loads(d) for d in data[:-1]]
+    for index in (0, 1):
+        mine = [c for c in chunks if c["choices"] and c["choices"][0]["index"] == index]
+        assert [c["usage"]["completion_tokens"] for c in mine if c["choices"][0].get("finish_reason") is None
+                and (c["choices"][0].get("delta", {}).get("content") or c["choices"][0].get("text"))] == [1, 2, 3]
+        assert {(c["usage"]["prompt_tokens"], c["usage"]["total_tokens"] - c["usage"]["completion_tokens"])
+                for c in mine} == {(2, 2)}  # the stand-in's prompt: ids [7, 8]
+        assert all("token_ids" not in c["choices"][0] and "prompt_token_ids" not in c for c in mine)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+    _, plain = events(front, path, {**body, "stream": True, "stream_options": {"include_usage": True}})
+    assert all("usage" not in json.loads(d) for d in plain[:-2])  # without it, only the last chunk
+
+
 def test_completion_whole_and_stream(front):
     whole = front.post("/v1/completions", json={"model": "tiny", "prompt": "x"}).json()
     assert whole["object"] == "text_completion" and whole["choices"][0]["text"] == "abc"

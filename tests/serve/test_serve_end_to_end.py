@@ -501,6 +501,12 @@ def test_streamed_equals_whole(server, client):
             text, usage, reason = streamed(client, server, prompt, max_tokens=20, **kwargs)
             assert text == whole.choices[0].message.content and reason == whole.choices[0].finish_reason
             assert usage.completion_tokens == whole.usage.completion_tokens
+    # vLLM's continuous usage: every chunk counts the reply so far, up to the whole reply's usage
+    whole = chat(client, server, PROMPTS[0], max_tokens=20, temperature=0)
+    chunks = list(chat(client, server, PROMPTS[0], max_tokens=20, temperature=0, stream=True,
+                       stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counts = [(c.usage.prompt_tokens, c.usage.completion_tokens) for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == (whole.usage.prompt_tokens, whole.usage.completion_tokens)
 
 
 def test_concurrent_streams_equal_sequential_replies(server, client):
