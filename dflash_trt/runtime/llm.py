@@ -11,6 +11,7 @@ from dflash_trt.export.manifest import DRAFT_QUANTS, QUANTS, TORCH_QUANTS
 from dflash_trt.models import embedded
 from dflash_trt.models.chat import encode_chat, encode_prompt
 from dflash_trt.models.tokenizers import TextStream, load_tokenizer
+from dflash_trt.runtime.beam_search import BeamSearchOutput, BeamSearchParams, beam_search
 from dflash_trt.runtime.engine import DEFAULT_CAPACITY, DEFAULT_MAX_BATCH, BatchRunner, check_batching
 from dflash_trt.runtime.outputs import Prompt, RequestOutput
 from dflash_trt.spec.sampling import SamplingParams
@@ -110,6 +111,16 @@ def placement_refusal(backend: str, device: str | None, dtype: str | None, quant
         except DFlashError as err:
             return str(err)
     return None
+
+
+def _prompt_list(prompts) -> list:
+    """One prompt (text, or a list of token ids) or several -> a list of them; none is refused."""
+    single = isinstance(prompts, str) or (
+        isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts))
+    batch = [prompts] if single else list(prompts)
+    if not batch:
+        raise DFlashError("no prompts given")
+    return batch
 
 
 class LLM:
@@ -375,12 +386,7 @@ class LLM:
         tokens are what it would get alone); returns one output per prompt, in order. `params`: one for
         all, or one per prompt (vLLM's forms). `priority` (vLLM's; needs scheduling_policy "priority"):
         one per prompt, lower served first."""
-        single = isinstance(prompts, str) or (
-            isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
-        )
-        batch = [prompts] if single else list(prompts)
-        if not batch:
-            raise DFlashError("no prompts given")
+        batch = _prompt_list(prompts)
         each = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(batch)
         if len(each) != len(batch):
             raise DFlashError(f"{len(each)} SamplingParams for {len(batch)} prompts: give one, or one per prompt")
@@ -390,6 +396,19 @@ class LLM:
             raise DFlashError(f"{len(priority)} priorities for {len(batch)} prompts: give one per prompt")
         # every prompt is checked before any work
         return self._runner().run(batch, each, speculative, None if priority is None else list(priority))
+
+    def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """vLLM's beam search (runtime/beam_search.py) for each prompt -> its beam_width best sequences,
+        best first. Each step generates one token per live beam through this LLM's core runner (plain
+        steps: a beam's prefix is in a KV slot already, so only its new token is prefilled)."""
+        batch = [self.encode(prompt) for prompt in _prompt_list(prompts)]
+        longest = max(batch, key=len)
+        if len(longest) + params.max_tokens > self.capacity:
+            raise DFlashError(f"prompt ({len(longest)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
+                              f"capacity of {self.capacity} tokens per request; shorten the prompt or lower max_tokens")
+        decode = None if self.tokenizer is None else (lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
+        return beam_search(lambda step, sampling: self.generate(step, sampling, speculative=False), batch, params,
+                           self.eos_token_ids, decode)
 
     def _runner(self) -> BatchRunner:
         """The one core runner (one executor, one KV pool) of this LLM, made at first use; plain and
