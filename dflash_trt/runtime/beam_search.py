@@ -13,6 +13,7 @@ Drafts have nothing to do here: every step generates one token.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -44,6 +45,23 @@ class BeamSearchParams:
             raise DFlashError(f"BeamSearchParams.temperature must be in [0, 2], got {self.temperature!r}")
         if not isinstance(self.length_penalty, (int, float)) or isinstance(self.length_penalty, bool):
             raise DFlashError(f"BeamSearchParams.length_penalty must be a number, got {self.length_penalty!r}")
+
+
+# what a beam search takes of a request's SamplingParams; any other field must keep its default
+BEAM_FIELDS = ("max_tokens", "temperature", "ignore_eos", "logprobs", "skip_special_tokens")
+
+
+def from_sampling(params: SamplingParams, beam_width: int, length_penalty: float = 1.0) -> BeamSearchParams:
+    """A request's SamplingParams as a beam search's (vLLM's use_beam_search, with n its width) -> the
+    search's; a field the search would not honour is refused, named (`DFlashError`: "<field>: ...")."""
+    for spec in dataclasses.fields(SamplingParams):
+        if spec.name in BEAM_FIELDS:
+            continue
+        default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
+        if getattr(params, spec.name) != default:
+            raise DFlashError(f"{spec.name}: beam search does not apply it (it takes max_tokens, temperature, "
+                              f"ignore_eos, logprobs and length_penalty): leave it out")
+    return BeamSearchParams(beam_width, params.max_tokens, params.ignore_eos, params.temperature, length_penalty)
 
 
 @dataclass

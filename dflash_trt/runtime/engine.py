@@ -416,6 +416,33 @@ class Engine:
             self._cv.notify()
         return True
 
+    def generate(self, prompts: list, params: SamplingParams | None = None, speculative: bool | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> list:
+        """Every prompt at once -> their last outputs, in order, on the caller's thread (which waits).
+        `cancelled` is asked while waiting: once it says True the requests are aborted and None is
+        returned; so is an exception that ends the wait (every request aborted)."""
+        finished: queue.Queue = queue.Queue()
+        ids = []
+        try:
+            for i, prompt in enumerate(prompts):
+                ids.append(self.add_request(
+                    prompt, params, lambda out, i=i: out.finish_reason is not None and finished.put((i, out)),
+                    speculative))
+            outputs = [None] * len(prompts)
+            for _ in prompts:
+                while True:
+                    try:
+                        i, outputs[i] = finished.get(timeout=0.05)
+                        break
+                    except queue.Empty:
+                        if cancelled is not None and cancelled():
+                            return None
+            ids = []
+            return outputs
+        finally:
+            for request_id in ids:  # not finished: cancelled, or an exception on the way
+                self.abort(request_id)
+
     def stream(self, prompt, params: SamplingParams | None = None, speculative: bool | None = None,
                priority: int = 0) -> Iterator:
         """Outputs after every step until the last; closing the iterator early aborts the request."""

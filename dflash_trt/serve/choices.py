@@ -19,16 +19,22 @@ _CLOSING: set[asyncio.Task] = set()
 
 
 class Choices:
-    def __init__(self, streams: list[AsyncIterator[Piece]]):
-        self.count = len(streams)
+    """`beams` None: stream i is choice i, piece after piece; an int n: stream i is a beam search whose
+    pieces are whole choices (its k-th is choice i * n + k)."""
+
+    def __init__(self, streams: list[AsyncIterator[Piece]], beams: int | None = None):
+        self.count = len(streams) * (beams or 1)
+        self._beams = beams
         self._queue: asyncio.Queue = asyncio.Queue()
-        self._pumps = [asyncio.ensure_future(self._pump(choice, stream)) for choice, stream in enumerate(streams)]
+        self._pumps = [asyncio.ensure_future(self._pump(i, stream)) for i, stream in enumerate(streams)]
         self._finished = 0
 
-    async def _pump(self, choice: int, stream: AsyncIterator[Piece]) -> None:
+    async def _pump(self, index: int, stream: AsyncIterator[Piece]) -> None:
+        choice = index * (self._beams or 1)
         try:
             async for piece in stream:
                 self._queue.put_nowait((choice, piece, None))
+                choice += self._beams is not None
         except Exception as err:  # a refusal or Triton's failure: the reader raises it
             self._queue.put_nowait((choice, None, err))
         finally:

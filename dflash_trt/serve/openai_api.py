@@ -238,9 +238,11 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         after = UNTHINK if thinking else None
         # a reply that thinks has its reasoning tokens counted in its usage
         counted = {"reasoning_end": UNTHINK} if thinking else {}
+        # a beam search is one request per prompt, whose replies are its n choices
+        beams = parsed.n if parsed.use_beam_search else None
         choices = Choices([_renamed(triton.generate({**parsed.triton_inputs(choice, after), **counted}),
                                     "messages" if chat else "prompt")
-                           for choice in range(count)])
+                           for choice in range(0, count, beams or 1)], beams)
         # a completion's echoed prompt per choice; None: token ids, whose text the Triton model sends
         echoes = [parsed.echoed(choice) for choice in range(count)]
         if not parsed.stream:

@@ -22,7 +22,9 @@ from pydantic import (
     model_validator,
 )
 
+from dflash_trt.errors import DFlashError
 from dflash_trt.models.chat import ENDINGS
+from dflash_trt.runtime.beam_search import MAX_BEAM_WIDTH, from_sampling
 from dflash_trt.serve.reply_text import forced_schema
 from dflash_trt.serve.requests import RequestError, sampling_params, template_kwargs
 from dflash_trt.spec.sampling import RANGES
@@ -142,7 +144,7 @@ StopString = Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})]
 NO_OP_VALUES = {
     "functions": ([],), "function_call": ("none",), "suffix": ("",),
     # vLLM's extensions beyond SamplingParams
-    "use_beam_search": (False,), "length_penalty": (1,), "spaces_between_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,),
     "logits_processors": (), "return_tokens_as_token_ids": (False,),
     "guided_whitespace_pattern": (),
     "chat_template": (), "documents": (), "mm_processor_kwargs": (), "cache_salt": (), "kv_transfer_params": (),
@@ -275,9 +277,10 @@ class _Sampling(BaseModel):
         {"type": "integer", "minimum": -(2**53 - 1), "maximum": 2**53 - 1})] | None = Field(
         None, description="vLLM's: lower is served first, preempting running requests of a higher value; other "
                           "than 0 only on a server started with --scheduling-policy priority")
+    # vLLM's beam search: n is its width; length_penalty weighs a sequence's length in its score
+    use_beam_search: bool | None = None
+    length_penalty: float | None = None
     # what this server does not implement (NO_OP_VALUES): vLLM's and SGLang's other extensions
-    use_beam_search: _no_op("use_beam_search") = None
-    length_penalty: _no_op("length_penalty") = None
     spaces_between_special_tokens: _no_op("spaces_between_special_tokens") = None
     logits_processors: _no_op("logits_processors") = None
     return_tokens_as_token_ids: _no_op("return_tokens_as_token_ids") = None
@@ -309,7 +312,9 @@ class _Sampling(BaseModel):
         """The Triton inputs beside the prompt and its sampling parameters that this body sets."""
         # a chunk's usage so far counts its prompt's ids, which come with a choice's first piece
         asks_ids = self.return_token_ids or (self.stream and self.continuous_usage)
+        beams = {"beam_width": self.n, "length_penalty": 1.0 if self.length_penalty is None else self.length_penalty}
         return {**({"return_token_ids": True} if asks_ids else {}),
+                **({"beam_search": json.dumps(beams)} if self.use_beam_search else {}),
                 **({} if self.priority is None else {"priority": self.priority})}
 
     def prompt_top(self) -> int | None:
@@ -363,13 +368,31 @@ class _Sampling(BaseModel):
             raise RequestError("prompt_logprobs", "prompt_logprobs are not returned in streams: leave out one of "
                                                   "stream and prompt_logprobs")
         try:
-            sampling_params(self.sampling(self.max_tokens))
+            params = sampling_params(self.sampling(self.max_tokens))
+            self._check_beams(params)
         except RequestError as err:
             if err.param is None or not err.param.startswith("structured_output"):
                 raise
             field = self.structured()[0]
             raise RequestError(field, f"{field}: {err.message.removeprefix('structured_output').lstrip('.: ')}") \
                 from None
+
+    def _check_beams(self, params) -> None:
+        """use_beam_search: n beams (at most MAX_BEAM_WIDTH) over what a beam search takes of the
+        sampling fields; length_penalty only with it."""
+        if not self.use_beam_search:
+            if self.length_penalty not in (None, 1):
+                raise RequestError("length_penalty", "length_penalty weighs beam search's scores: it goes with "
+                                                     "use_beam_search")
+            return
+        if self.n > MAX_BEAM_WIDTH:
+            raise RequestError("n", f"n is the beam width with use_beam_search: at most {MAX_BEAM_WIDTH} (each step "
+                                    f"reads 2 x n log-probabilities)")
+        try:
+            from_sampling(params, self.n, 1.0 if self.length_penalty is None else self.length_penalty)
+        except DFlashError as err:
+            field, _, why = str(err).partition(": ")
+            raise RequestError(field, f"{field} with use_beam_search: {why}") from None
 
     def check_unsupported(self) -> None:
         """A field this server does not implement, holding a value that would change the reply: refused."""

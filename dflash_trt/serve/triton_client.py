@@ -70,7 +70,10 @@ class TritonClient:
                                       limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
 
     async def generate(self, inputs: dict) -> AsyncIterator[Piece]:
-        """The request's pieces as they come; leaving the loop early closes the connection (cancels it)."""
+        """The request's pieces as they come, to the stream's end (Triton ends it after the model's FINAL
+        response: the one with a finish reason, or a beam search's last); leaving the loop early closes
+        the connection (cancels it)."""
+        finished = False
         try:
             async with aconnect_sse(self.http, "POST", f"/v2/models/{TRITON_MODEL}/generate_stream",
                                     json={**inputs, "stream": True}) as events:
@@ -82,12 +85,12 @@ class TritonClient:
                     if "error" in data:  # errors after the first event arrive under HTTP 200
                         raise _error(data["error"])
                     piece = _piece(data)
+                    finished = piece.finish_reason is not None
                     yield piece
-                    if piece.finish_reason is not None:
-                        return
         except httpx.HTTPError as err:
             raise UpstreamError(f"Triton is unreachable: {err}") from None
-        raise UpstreamError("Triton ended the stream without a final response")
+        if not finished:
+            raise UpstreamError("Triton ended the stream without a final response")
 
     async def ready(self) -> bool:
         try:

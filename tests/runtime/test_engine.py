@@ -111,6 +111,25 @@ def test_requests_are_checked_before_any_work(llm):
         BatchRunner(llm, max_batch=0)
 
 
+def test_engine_generate_waits_for_every_prompt_and_a_cancel_aborts_them(llm):
+    """Engine.generate (a beam search's step on a server): the outputs of LLM.generate, in order; asked to
+    stop while waiting, it returns None and no request is left running."""
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    engine = Engine(llm, max_batch=3)
+    try:
+        outputs = engine.generate(PROMPTS[:5], params, speculative=False)
+        assert [o.token_ids for o in outputs] == [o.token_ids for o in llm.generate(PROMPTS[:5], params,
+                                                                                     speculative=False)]
+        long = SamplingParams(max_tokens=2000, ignore_eos=True)  # asked after its first 50 ms of waiting
+        assert engine.generate(PROMPTS[:2], long, cancelled=lambda: True) is None
+        deadline = time.monotonic() + 30
+        while engine.stats()["running"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.stats()["running"] == 0 and engine.stats()["waiting"] == 0
+    finally:
+        engine.shutdown()
+
+
 def test_engine_serves_requests_from_many_threads(llm):
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     engine = Engine(llm, max_batch=3)

@@ -2,8 +2,8 @@
 times n stay within the choices a request may have, that prompt_logprobs do not come with a stream,
 whether a regex, a Lark grammar or a JSON schema compiles, and that a request asks for structured output
 once and not beside what bans its end, is beyond JSON Schema; a generated body keeps the prompts that fit,
-its first structured-output field, holding one that compiles, and a forced tool_choice calls a function
-the body offers (strict only with one); a Responses API body the same in its own shapes. Refusals of the
+its first structured-output field, holding one that compiles, a forced tool_choice calls a function
+the body offers (strict only with one), and beam search is not asked (its rules are test_protocol.py's); a Responses API body the same in its own shapes. Refusals of the
 others are tests/serve/test_protocol.py's and tests/serve/test_responses_api.py's."""
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def acceptable(body, path: str = ""):
         return acceptable_message(body)
     if "input" in body:
         return acceptable_response(body)
+    # a beam search takes few of the sampling fields (tests/serve/test_protocol.py checks which): not fuzzed
+    body["use_beam_search"] = body["length_penalty"] = None
     prompt, n = body.get("prompt"), body.get("n", 1)
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) and isinstance(n, (int, float)) \
             and not isinstance(n, bool) and n >= 1:  # n may come as an integral float (56.0)

@@ -48,6 +48,13 @@ class FakeTriton:
             yield Piece("", [], "tokenized", {"prompt_tokens": len(ids), "max_model_len": 64},
                         prompt_text="".join(chr(97 + t % 26) for t in ids), prompt_token_ids=ids)
             return
+        if "beam_search" in inputs:  # its sequences, whole, best first: "beam<k>" of 2 tokens each
+            width = json.loads(inputs["beam_search"])["beam_width"]
+            for k in range(width):
+                ids = [7, 8] if inputs.get("return_token_ids") else ()
+                yield Piece(f"beam{k}", [k, k], "length", {"prompt_tokens": 2, "completion_tokens": 2},
+                            prompt_token_ids=ids)
+            return
         seed = json.loads(inputs.get("sampling_parameters") or "{}").get("seed")
         if "busy" in str(prompt) or seed == 13:
             raise RequestError(None, "all 4 slots are taken and 8 requests already wait; retry shortly", 429)
@@ -149,6 +156,27 @@ def test_continuous_usage_stats_give_every_chunk_its_choice_s_usage_so_far(front
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
     _, plain = events(front, path, {**body, "stream": True, "stream_options": {"include_usage": True}})
     assert all("usage" not in json.loads(d) for d in plain[:-2])  # without it, only the last chunk
+
+
+def test_a_beam_search_is_one_triton_request_per_prompt_whose_replies_are_its_choices(front):
+    """use_beam_search with n = 3: one Triton request (its beam_search input) and 3 choices, best first;
+    a completion of two prompts: two requests, prompt i's beams choices 3i..3i+2; streamed alike."""
+    reply = front.post("/v1/chat/completions", json=chat(use_beam_search=True, n=3, max_tokens=5)).json()
+    assert len(front.triton.requests) == 1
+    assert json.loads(front.triton.requests[0]["beam_search"]) == {"beam_width": 3, "length_penalty": 1.0}
+    assert [(c["index"], c["message"]["content"]) for c in reply["choices"]] == [(k, f"beam{k}") for k in range(3)]
+    assert reply["usage"]["prompt_tokens"] == 2 and reply["usage"]["completion_tokens"] == 6
+    body = {"model": "tiny", "prompt": ["a", "b"], "n": 3, "use_beam_search": True, "max_tokens": 5}
+    whole = front.post("/v1/completions", json=body).json()
+    assert [r["text_input"] for r in front.triton.requests[1:]] == ["a", "b"]
+    assert [(c["index"], c["text"]) for c in whole["choices"]] == [(i * 3 + k, f"beam{k}") for i in (0, 1)
+                                                                   for k in range(3)]
+    _, data = events(front, "/v1/completions", {**body, "stream": True})
+    streamed = {}
+    for chunk in (json.loads(d) for d in data[:-1]):
+        for choice in chunk["choices"]:
+            streamed[choice["index"]] = streamed.get(choice["index"], "") + choice["text"]
+    assert streamed == {c["index"]: c["text"] for c in whole["choices"]}
 
 
 def test_completion_whole_and_stream(front):

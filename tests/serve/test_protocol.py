@@ -138,7 +138,7 @@ def test_unimplemented_fields_at_their_no_op_values_are_accepted():
 
 
 @pytest.mark.parametrize("field, value", [
-    ("functions", [{"name": "f"}]), ("function_call", "auto"), ("use_beam_search", True),
+    ("functions", [{"name": "f"}]), ("function_call", "auto"),
     ("chat_template", "{{ x }}"), ("return_tokens_as_token_ids", True),
     ("stop_regex", "a+"), ("no_stop_trim", True), ("cache_salt", "s"),
 ])
@@ -147,6 +147,25 @@ def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, val
         parse(chat(**{field: value}), ChatRequest)
     assert err.value.status == 400 and err.value.param == field
     assert err.value.message.startswith(f"this server does not support {field}: leave it out")
+
+
+def test_beam_search_is_one_triton_request_per_prompt_with_n_its_width():
+    request = parse(chat(use_beam_search=True, n=3, length_penalty=0.5, max_tokens=7, temperature=0), ChatRequest)
+    inputs = request.triton_inputs()
+    assert json.loads(inputs["beam_search"]) == {"beam_width": 3, "length_penalty": 0.5}
+    assert json.loads(inputs["sampling_parameters"]) == {"max_tokens": 7, "temperature": 0}
+    assert "beam_search" not in parse(chat(n=3), ChatRequest).triton_inputs()
+
+
+@pytest.mark.parametrize("fields, param", [
+    (dict(seed=1), "seed"), (dict(top_p=0.9), "top_p"), (dict(stop=["x"]), "stop"), (dict(min_tokens=2), "min_tokens"),
+    (dict(presence_penalty=0.5), "presence_penalty"), (dict(guided_regex="[a-z]+"), "guided_regex"),
+    (dict(n=11), "n"), (dict(use_beam_search=False, length_penalty=2.0), "length_penalty"),
+])
+def test_what_beam_search_would_not_honour_is_refused_naming_the_field(fields, param):
+    with pytest.raises(RequestError) as err:
+        parse(chat(**{"use_beam_search": True, "n": 2, **fields}), ChatRequest)
+    assert err.value.status == 400 and err.value.param == param, err.value.message
 
 
 def test_a_priority_goes_to_the_triton_model_which_knows_the_scheduling_policy():

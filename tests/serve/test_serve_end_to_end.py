@@ -509,6 +509,33 @@ def test_streamed_equals_whole(server, client):
     assert counts == sorted(counts) and counts[-1] == (whole.usage.prompt_tokens, whole.usage.completion_tokens)
 
 
+def test_beam_search_equals_offline_beam_search(server, client, offline):
+    """vLLM's use_beam_search (n its width) runs LLM.beam_search's search in the Triton model: the same
+    sequences, best first, whole and streamed; a chat's the same over its rendered prompt."""
+    from dflash_trt import BeamSearchParams
+
+    ids = offline.tokenizer(PROMPTS[2])["input_ids"]
+    want = offline.beam_search([ids], BeamSearchParams(beam_width=3, max_tokens=8))[0].sequences
+    asked = dict(model=server.model, prompt=ids, n=3, max_tokens=8, temperature=0,
+                 extra_body={"use_beam_search": True, "return_token_ids": True})
+    reply = client.completions.create(**asked)
+    assert [(c.model_extra["token_ids"], c.text, c.finish_reason) for c in reply.choices] == [
+        (s.tokens[len(ids):], s.text, s.finish_reason) for s in want]
+    streamed = ["", "", ""]
+    for chunk in client.completions.create(**asked, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == [s.text for s in want]
+    turns = [{"role": "user", "content": PROMPTS[5]}]
+    rendered = offline.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False,
+                                                     chat_template=TOOLS_TEMPLATE)
+    prompt = offline.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    chat_want = offline.beam_search([prompt], BeamSearchParams(beam_width=2, max_tokens=6))[0].sequences
+    chat_reply = client.chat.completions.create(model=server.model, messages=turns, n=2, max_tokens=6,
+                                                extra_body={"use_beam_search": True})
+    assert [c.message.content for c in chat_reply.choices] == [s.text for s in chat_want]
+
+
 def test_concurrent_streams_equal_sequential_replies(server, client):
     prompts = [f"{p} {i}" for i in range(4) for p in PROMPTS]  # 64 clients at once
     sequential = [chat(client, server, p, max_tokens=16).choices[0].message.content for p in prompts]

@@ -16,6 +16,7 @@ import triton_python_backend_utils as pb_utils
 
 from dflash_trt.errors import Busy, DFlashError
 from dflash_trt.models.chat import encode_chat
+from dflash_trt.runtime.beam_search import beam_search, from_sampling
 from dflash_trt.runtime.engine import check_priority
 from dflash_trt.serve.deltas import DeltaStream
 from dflash_trt.serve.reply_text import reasoning_tokens
@@ -80,6 +81,12 @@ class TritonPythonModel:
                 return
             sampling = _string(request, "sampling_parameters")
             params = parse_sampling(sampling, len(ids), self.engine.capacity)
+            beams = _string(request, "beam_search")
+            if beams is not None:
+                search = _beam_params(beams, params)
+                threading.Thread(target=self._beam_search, name="dflash-beam-search", daemon=True, args=(
+                    sender, ids, params, search, _bool(request, "echo"), _bool(request, "return_token_ids"))).start()
+                return
             priority = self._priority(request)
             responder = _Responder(self, sender, _bool(request, "stream"), params, self.llm.tokenizer,
                                    echo=_bool(request, "echo"), prompt_ids=_bool(request, "return_token_ids"),
@@ -152,6 +159,62 @@ class TritonPythonModel:
         except Exception as err:  # a template that refuses these messages (roles, order) says why
             raise RequestError("messages", f"the chat template refused the messages: {err}") from None
 
+    def _beam_search(self, sender, ids: list[int], params, search, echo: bool, prompt_ids: bool) -> None:
+        """A beam search on this thread, each step through the engine; its sequences sent as whole
+        responses, best first, the last FINAL. A client that leaves stops it between steps."""
+        tokenizer = self.llm.tokenizer
+
+        def step(prompts, sampling):
+            outputs = self.engine.generate(prompts, sampling, speculative=False, cancelled=sender.is_cancelled)
+            if outputs is None:
+                raise _Cancelled
+            if any(out.finish_reason == "abort" for out in outputs):  # the engine stopped under it
+                raise Busy("the engine stopped during the beam search", 503)
+            return outputs
+
+        def decode(tokens):
+            return tokenizer.decode(tokens, skip_special_tokens=params.skip_special_tokens) if tokenizer else ""
+
+        try:
+            found = beam_search(step, [ids], search, self.llm.eos_token_ids, decode)[0].sequences
+        except _Cancelled:
+            cancelled = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
+            sender.send(pb_utils.InferenceResponse(error=cancelled), flags=FINAL)
+            return
+        except Busy as err:
+            _refuse(sender, RequestError(None, str(err), err.status))
+            return
+        except Exception as err:  # a bug of ours: still the one final answer
+            _refuse(sender, RequestError(None, f"internal error: {type(err).__name__}: {err}", 500))
+            return
+        echoed = (tokenizer.decode(ids) if tokenizer is not None else " ".join(map(str, ids))) if echo else None
+        self._send_beams(sender, ids, found, params, echoed, prompt_ids)
+
+    def _send_beams(self, sender, ids: list[int], found: list, params, echoed: str | None, prompt_ids: bool) -> None:
+        """A beam search's sequences, best first, each a whole response (the last FINAL) with the
+        prompt's text (`echoed`) and ids (`prompt_ids`) when asked."""
+        best = found[0].tokens[len(ids):]
+        self.metrics.finished({"prompt_tokens": len(ids), "output_tokens": len(best)}, found[0].finish_reason)
+        prompt_text = echoed or ""
+        for k, sequence in enumerate(found):
+            tokens = sequence.tokens[len(ids):]
+            usage = json.dumps({"prompt_tokens": len(ids), "completion_tokens": len(tokens)})
+            logprobs = "" if params.logprobs is None else json.dumps([
+                _token_logprobs({token: entries[token], **entries}, params.logprobs,
+                                lambda t: _token_text(self.llm.tokenizer, t))
+                for token, entries in zip(tokens, sequence.logprobs, strict=True)])
+            tensors = [
+                pb_utils.Tensor("text_output", np.array([sequence.text.encode()], dtype=np.object_)),
+                pb_utils.Tensor("token_ids", np.array(tokens, dtype=np.int64)),
+                pb_utils.Tensor("finish_reason", np.array([sequence.finish_reason.encode()], dtype=np.object_)),
+                pb_utils.Tensor("usage", np.array([usage.encode()], dtype=np.object_)),
+                pb_utils.Tensor("logprobs", np.array([logprobs.encode()], dtype=np.object_)),
+                pb_utils.Tensor("prompt_text", np.array([prompt_text.encode()], dtype=np.object_)),
+                pb_utils.Tensor("prompt_logprobs", np.array([b""], dtype=np.object_)),
+                pb_utils.Tensor("prompt_token_ids", np.array(ids if prompt_ids else [], dtype=np.int64)),
+            ]
+            sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if k == len(found) - 1 else 0)
+
     def _finished(self, responder, out):
         with self.lock:
             self.live.pop(responder.rid, None)
@@ -210,7 +273,7 @@ class _Responder:
             self._send(out, final)
 
     def _text(self, token: int) -> str:
-        return self.tokenizer.decode([token]) if self.tokenizer is not None else str(token)
+        return _token_text(self.tokenizer, token)
 
     def _logprobs(self, out, start: int, count: int) -> str:
         """The JSON of the new tokens' logprobs ("" when not asked)."""
@@ -265,6 +328,25 @@ class _Responder:
         self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
 
 
+class _Cancelled(Exception):
+    """The client of a beam search went away."""
+
+
+def _beam_params(text: str, params):
+    """The beam_search input (JSON: beam_width, length_penalty) over the request's SamplingParams ->
+    the search's BeamSearchParams; a refusal names the field."""
+    try:
+        spec = json.loads(text)
+        width, penalty = spec["beam_width"], spec.get("length_penalty", 1.0)
+    except (ValueError, TypeError, KeyError):
+        raise RequestError("beam_search", 'beam_search must be JSON {"beam_width": N, "length_penalty": X}') from None
+    try:
+        return from_sampling(params, width, penalty)
+    except DFlashError as err:
+        field, _, why = str(err).removeprefix("BeamSearchParams.").partition(" ")
+        raise RequestError(field.rstrip(":"), str(err)) from None
+
+
 def _refuse(sender, error: RequestError) -> None:
     """The request's one and final response: its refusal, as JSON in the Triton error message."""
     sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error.to_json())), flags=FINAL)
@@ -275,6 +357,10 @@ def _token_logprobs(entries: dict, top: int, text) -> list:
     logprob] of the `top` most probable]]."""
     token, logprob = next(iter(entries.items()))
     return [text(token), logprob, [[text(t), lp] for t, lp in _ranked(entries, top)]]
+
+
+def _token_text(tokenizer, token: int) -> str:
+    return tokenizer.decode([token]) if tokenizer is not None else str(token)
 
 
 def _ranked(entries: dict, top: int) -> list:
