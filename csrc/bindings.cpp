@@ -568,7 +568,7 @@ PYBIND11_MODULE(_core, m) {
                        int64_t max_block, int32_t logprobs, double repetition_penalty, double frequency_penalty,
                        double presence_penalty, std::vector<std::pair<int64_t, double>> logit_bias,
                        int64_t min_tokens, double min_p, py::object constraint, int32_t prompt_logprobs,
-                       int64_t priority) {
+                       int64_t priority, std::string cache_salt) {
              RequestParams p;
              p.sampling = SamplingParams{temperature,       top_k,
                                          top_p,             seed.is_none() ? 0 : seed.cast<uint64_t>(),
@@ -587,6 +587,7 @@ PYBIND11_MODULE(_core, m) {
              if (!constraint.is_none()) p.constraint = std::make_shared<PyConstraint>(std::move(constraint));
              p.prompt_logprobs = prompt_logprobs;
              p.priority = priority;
+             p.cache_salt = std::move(cache_salt);
              return p;
            }),
            py::kw_only(), py::arg("max_tokens") = 256, py::arg("temperature") = 0.0, py::arg("top_k") = 0,
@@ -596,11 +597,12 @@ PYBIND11_MODULE(_core, m) {
            py::arg("frequency_penalty") = 0.0, py::arg("presence_penalty") = 0.0,
            py::arg("logit_bias") = std::vector<std::pair<int64_t, double>>{}, py::arg("min_tokens") = 0,
            py::arg("min_p") = 0.0, py::arg("constraint") = py::none(), py::arg("prompt_logprobs") = -1,
-           py::arg("priority") = 0)
+           py::arg("priority") = 0, py::arg("cache_salt") = std::string())
       .def_readonly("max_tokens", &RequestParams::max_tokens)
       .def_readonly("max_block", &RequestParams::max_block)
       .def_readonly("seeded", &RequestParams::seeded)
-      .def_readonly("priority", &RequestParams::priority);
+      .def_readonly("priority", &RequestParams::priority)
+      .def_readonly("cache_salt", &RequestParams::cache_salt);
 
   py::class_<Scheduler>(m, "Scheduler")
       .def(py::init<Executor&, const SchedulerConfig&>(), py::arg("executor"), py::arg("config"),

@@ -37,6 +37,7 @@ Scheduler::Scheduler(Executor& executor, const SchedulerConfig& config)
   if (config.max_waiting < -1)
     throw Error("max_waiting must be -1 (no cap) or at least 0, got " + std::to_string(config.max_waiting));
   kept_tokens_.resize(config.max_batch);  // max_batch >= 1: slots_ checked it
+  kept_salt_.resize(config.max_batch);
   freed_at_.assign(config.max_batch, 0);
   executor_.keep_released(config.prefix_reuse);
 }
@@ -167,14 +168,14 @@ void Scheduler::admit() {
     const bool reuse = r.params.prompt_logprobs < 0;
     if (slots_.num_free() == 0) {
       // one about to wait for a running prefill preempts nobody yet
-      Request* victim = config_.by_priority && !(reuse && waits_for_prefill(r.context, 0))
+      Request* victim = config_.by_priority && !(reuse && waits_for_prefill(r, 0))
                             ? preemptible(r.params.priority) : nullptr;
       if (victim == nullptr) break;
       preempt(*victim);  // the queue changed: `next` may no longer point at r
       continue;
     }
-    const Admission a = choose_slot(r.context, reuse);
-    if (reuse && waits_for_prefill(r.context, a.held)) break;  // the queue behind it waits too, a step or so
+    const Admission a = choose_slot(r, reuse);
+    if (reuse && waits_for_prefill(r, a.held)) break;  // the queue behind it waits too, a step or so
     // a resumed request (preempted after its first token) may still emit what it had left: its
     // context + that = its prompt + max_tokens
     const bool resumed = !r.tokens.empty();
@@ -232,11 +233,11 @@ void Scheduler::preempt(Request& r) {
   live_.erase(it);
 }
 
-std::vector<int64_t> Scheduler::held_tokens(int64_t slot) const {
-  if (slots_.request(slot) < 0) return kept_tokens_[slot];
+std::vector<int64_t> Scheduler::held_tokens(int64_t slot, const std::string& salt) const {
+  if (slots_.request(slot) < 0) return kept_salt_[slot] == salt ? kept_tokens_[slot] : std::vector<int64_t>{};
   for (const Request& r : live_) {
     if (r.slot != slot) continue;
-    return cached_positions(r);
+    return r.params.cache_salt == salt ? cached_positions(r) : std::vector<int64_t>{};
   }
   return {};
 }
@@ -258,23 +259,24 @@ int64_t shared_head(const std::vector<int64_t>& held, const std::vector<int64_t>
 }
 }  // namespace
 
-bool Scheduler::waits_for_prefill(const std::vector<int64_t>& prompt, int64_t reusable_now) const {
+bool Scheduler::waits_for_prefill(const Request& waiting, int64_t reusable_now) const {
   // a hybrid target reuses only all of a row's positions: never a head of another prompt
   if (!config_.prefix_reuse || config_.prefix_wait_tokens <= 0 || !executor_.reuses_heads()) return false;
   for (const Request& r : live_) {
-    if (r.prefilled || r.finish != Finish::kNone) continue;
+    if (r.prefilled || r.finish != Finish::kNone || r.params.cache_salt != waiting.params.cache_salt) continue;
     // what choose_slot will reuse of its prompt once that prefill is done
-    if (shared_head(r.context, prompt) - reusable_now >= config_.prefix_wait_tokens) return true;
+    if (shared_head(r.context, waiting.context) - reusable_now >= config_.prefix_wait_tokens) return true;
   }
   return false;
 }
 
-Scheduler::Admission Scheduler::choose_slot(const std::vector<int64_t>& prompt, bool reuse) const {
-  // the source: the slot, free or running, whose positions the prompt reuses most of
+Scheduler::Admission Scheduler::choose_slot(const Request& r, bool reuse) const {
+  // the source: the slot, free or running, whose positions of r's salt the prompt reuses most of
+  const std::vector<int64_t>& prompt = r.context;
   Admission best{-1, -1, 0};
   int64_t kept_by_source = 0;
   for (int64_t slot = 0; config_.prefix_reuse && reuse && slot < slots_.num_slots(); ++slot) {
-    const std::vector<int64_t> held = held_tokens(slot);
+    const std::vector<int64_t> held = held_tokens(slot, r.params.cache_salt);
     const int64_t reuse = executor_.reusable(slot, shared_head(held, prompt));
     if (reuse > best.held) {
       best = {-1, slot, reuse};
@@ -572,6 +574,7 @@ void Scheduler::finish(Request& r, Finish why) {
 void Scheduler::release_slot(Request& r) {
   if (slots_.reserved(r.slot)) slots_.rollback(r.slot);
   kept_tokens_[r.slot] = config_.prefix_reuse ? cached_positions(r) : std::vector<int64_t>{};
+  kept_salt_[r.slot] = r.params.cache_salt;
   freed_at_[r.slot] = ++finishes_;
   slots_.free(r.slot);
   executor_.release(r.slot);

@@ -81,6 +81,9 @@ struct RequestParams {
   int32_t prompt_logprobs = -1;
   // SchedulerConfig::by_priority: lower values are served first (vLLM's); else it must be 0
   int64_t priority = 0;
+  // vLLM's cache_salt: a request reuses only positions a request of the same salt left or holds, so
+  // that one tenant cannot time another's prompts through the prefix cache ("": the unsalted share)
+  std::string cache_salt;
 };
 
 // A prompt scored (RequestParams::prompt_logprobs) is prefilled at most this many tokens a step: its Run
@@ -210,13 +213,14 @@ class Scheduler {
   // source when that loses no more kept tokens (its tail past the head: none for a chat's next turn)
   // than the other free slot worth least (keeping nothing, else released longest ago) would; else that
   // slot, and the head is copied there.
-  Admission choose_slot(const std::vector<int64_t>& prompt, bool reuse) const;  // reuse false: held 0
-  // Whether a prompt that can reuse `reusable_now` tokens should wait for a running request's prefill
-  // (SchedulerConfig::prefix_wait_tokens).
-  bool waits_for_prefill(const std::vector<int64_t>& prompt, int64_t reusable_now) const;
-  // The tokens at a slot's cache positions: a running request's committed ones, or what a finished
-  // one left (kept_tokens_).
-  std::vector<int64_t> held_tokens(int64_t slot) const;
+  // Only positions of r's cache salt count; reuse false: held 0.
+  Admission choose_slot(const Request& r, bool reuse) const;
+  // Whether r, which can reuse `reusable_now` tokens, should wait for the prefill of a running request
+  // of its salt (SchedulerConfig::prefix_wait_tokens).
+  bool waits_for_prefill(const Request& r, int64_t reusable_now) const;
+  // The tokens at a slot's cache positions that a request salted `salt` may reuse: a running request's
+  // committed ones, or what a finished one left (kept_tokens_); none of another salt.
+  std::vector<int64_t> held_tokens(int64_t slot, const std::string& salt) const;
   // A request's tokens at its slot's committed positions: its prompt, then the output tokens fed since
   // (a stop may have cut the output before the last committed position; past it nothing is known).
   std::vector<int64_t> cached_positions(const Request& r) const;
@@ -248,6 +252,7 @@ class Scheduler {
   // prefix reuse: per slot, the tokens its cache rows held when its last request finished, and when
   // (a count of finishes; 0: never)
   std::vector<std::vector<int64_t>> kept_tokens_;
+  std::vector<std::string> kept_salt_;  // the cache salt of the request that left them
   std::vector<int64_t> freed_at_;
   int64_t finishes_ = 0;
   int64_t prompt_tokens_ = 0, cached_tokens_ = 0, preemptions_ = 0;

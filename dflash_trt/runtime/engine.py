@@ -79,6 +79,7 @@ class _Request:
     prompt_logprobs: list | None = None  # per prompt token (None for the first), once prefilled when asked
     constraint: object = None  # its structured output's state (runtime/constraints.py), or None
     priority: int = 0  # with scheduling_policy "priority": lower is served first
+    cache_salt: str = ""  # reuses only KV positions of requests with the same salt (vLLM's cache_salt)
 
     @property
     def token_ids(self) -> list[int]:
@@ -160,10 +161,14 @@ class BatchRunner:
     # -- requests ------------------------------------------------------------------------------
 
     def prepare(self, prompt, params: SamplingParams | None = None, on_output: Callable | None = None,
-                speculative: bool | None = None, priority: int = 0) -> _Request:
-        """Check a request (one line for what is wrong, before any work) -> the request, not yet queued."""
+                speculative: bool | None = None, priority: int = 0, cache_salt: str | None = None) -> _Request:
+        """Check a request (one line for what is wrong, before any work) -> the request, not yet queued.
+        `cache_salt` (vLLM's): it reuses KV positions only of requests with the same salt, so one tenant
+        cannot time another's prompts through the prefix cache."""
         params = params or SamplingParams()
         check_priority(priority, self.scheduling_policy)
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise DFlashError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
         speculative = self.speculative if speculative is None else speculative
         self.llm._check_request(params, speculative)
         ids = self.llm.encode(prompt)
@@ -175,7 +180,7 @@ class BatchRunner:
         stop = StopChecker(params, self.llm.eos_token_ids, self.llm.text_stream(params.skip_special_tokens))
         metrics = RequestMetrics(block_size=self.block_size if speculative else None, prompt_tokens=len(ids))
         return _Request(next(self._ids), prompt, ids, params, speculative, stop, on_output, metrics,
-                        constraint=self.llm.constraint(params), priority=priority)
+                        constraint=self.llm.constraint(params), priority=priority, cache_salt=cache_salt or "")
 
     def submit(self, request: _Request, arrival: float | None = None) -> None:
         """Queue a prepared request; `arrival` (perf_counter) restarts its clock, e.g. for a benchmark
@@ -193,15 +198,15 @@ class BatchRunner:
             logit_bias=list(params.logit_bias), min_tokens=params.min_tokens, min_p=params.min_p,
             constraint=request.constraint,
             prompt_logprobs=-1 if params.prompt_logprobs is None else params.prompt_logprobs,
-            priority=request.priority))  # queued for a slot
+            priority=request.priority, cache_salt=request.cache_salt))  # queued for a slot
         self.live[request.core_id] = request
         self.counters["prompt_tokens_total"] += len(request.ids)
         self._read_counts()
 
     def add(self, prompt, params: SamplingParams | None = None, on_output: Callable | None = None,
-            speculative: bool | None = None, priority: int = 0) -> _Request:
+            speculative: bool | None = None, priority: int = 0, cache_salt: str | None = None) -> _Request:
         """prepare + submit -> the request (its tokens, finish reason and the core's counters grow as it runs)."""
-        request = self.prepare(prompt, params, on_output, speculative, priority)
+        request = self.prepare(prompt, params, on_output, speculative, priority, cache_salt)
         self.submit(request)
         return request
 
@@ -392,9 +397,9 @@ class Engine:
         self._thread.start()
 
     def add_request(self, prompt, params: SamplingParams | None = None, on_output: Callable | None = None,
-                    speculative: bool | None = None, priority: int = 0) -> int:
+                    speculative: bool | None = None, priority: int = 0, cache_salt: str | None = None) -> int:
         # refusals: here, on the caller's thread
-        request = self.runner.prepare(prompt, params, on_output, speculative, priority)
+        request = self.runner.prepare(prompt, params, on_output, speculative, priority, cache_salt)
         with self._cv:
             if self._closing:
                 raise Busy("the engine is shutting down and takes no new requests", 503)
@@ -417,7 +422,7 @@ class Engine:
         return True
 
     def generate(self, prompts: list, params: SamplingParams | None = None, speculative: bool | None = None,
-                 cancelled: Callable[[], bool] | None = None) -> list:
+                 cancelled: Callable[[], bool] | None = None, cache_salt: str | None = None) -> list:
         """Every prompt at once -> their last outputs, in order, on the caller's thread (which waits).
         `cancelled` is asked while waiting: once it says True the requests are aborted and None is
         returned; so is an exception that ends the wait (every request aborted)."""
@@ -427,7 +432,7 @@ class Engine:
             for i, prompt in enumerate(prompts):
                 ids.append(self.add_request(
                     prompt, params, lambda out, i=i: out.finish_reason is not None and finished.put((i, out)),
-                    speculative))
+                    speculative, cache_salt=cache_salt))
             outputs = [None] * len(prompts)
             for _ in prompts:
                 while True:
@@ -444,10 +449,10 @@ class Engine:
                 self.abort(request_id)
 
     def stream(self, prompt, params: SamplingParams | None = None, speculative: bool | None = None,
-               priority: int = 0) -> Iterator:
+               priority: int = 0, cache_salt: str | None = None) -> Iterator:
         """Outputs after every step until the last; closing the iterator early aborts the request."""
         outputs: queue.Queue = queue.Queue()
-        request_id = self.add_request(prompt, params, outputs.put, speculative, priority)
+        request_id = self.add_request(prompt, params, outputs.put, speculative, priority, cache_salt)
         finished = False
         try:
             while not finished:
@@ -459,7 +464,7 @@ class Engine:
                 self.abort(request_id)
 
     async def astream(self, prompt, params: SamplingParams | None = None, speculative: bool | None = None,
-                      priority: int = 0) -> AsyncIterator:
+                      priority: int = 0, cache_salt: str | None = None) -> AsyncIterator:
         """asyncio form of `stream`; cancelling the consumer aborts the request."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
@@ -467,7 +472,7 @@ class Engine:
             if not loop.is_closed():  # an abort's last output may come after the consumer's loop ended
                 loop.call_soon_threadsafe(outputs.put_nowait, out)
 
-        request_id = self.add_request(prompt, params, put, speculative, priority)
+        request_id = self.add_request(prompt, params, put, speculative, priority, cache_salt)
         finished = False
         try:
             while not finished:

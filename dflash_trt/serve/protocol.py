@@ -147,7 +147,7 @@ NO_OP_VALUES = {
     "spaces_between_special_tokens": (True,),
     "logits_processors": (), "return_tokens_as_token_ids": (False,),
     "guided_whitespace_pattern": (),
-    "chat_template": (), "documents": (), "mm_processor_kwargs": (), "cache_salt": (), "kv_transfer_params": (),
+    "chat_template": (), "documents": (), "mm_processor_kwargs": (), "kv_transfer_params": (),
     "vllm_xargs": (),
     # SGLang's
     "no_stop_trim": (False,), "stop_regex": (), "lora_path": (), "custom_logit_processor": (),
@@ -277,6 +277,8 @@ class _Sampling(BaseModel):
         {"type": "integer", "minimum": -(2**53 - 1), "maximum": 2**53 - 1})] | None = Field(
         None, description="vLLM's: lower is served first, preempting running requests of a higher value; other "
                           "than 0 only on a server started with --scheduling-policy priority")
+    # vLLM's: the request reuses prefix-cached positions only of requests with the same salt
+    cache_salt: Annotated[str, StringConstraints(min_length=1)] | None = None
     # vLLM's beam search: n is its width; length_penalty weighs a sequence's length in its score
     use_beam_search: bool | None = None
     length_penalty: float | None = None
@@ -285,7 +287,6 @@ class _Sampling(BaseModel):
     logits_processors: _no_op("logits_processors") = None
     return_tokens_as_token_ids: _no_op("return_tokens_as_token_ids") = None
     guided_whitespace_pattern: _no_op("guided_whitespace_pattern") = None
-    cache_salt: _no_op("cache_salt") = None
     kv_transfer_params: _no_op("kv_transfer_params") = None
     vllm_xargs: _no_op("vllm_xargs") = None
     no_stop_trim: _no_op("no_stop_trim") = None
@@ -315,6 +316,7 @@ class _Sampling(BaseModel):
         beams = {"beam_width": self.n, "length_penalty": 1.0 if self.length_penalty is None else self.length_penalty}
         return {**({"return_token_ids": True} if asks_ids else {}),
                 **({"beam_search": json.dumps(beams)} if self.use_beam_search else {}),
+                **({"cache_salt": self.cache_salt} if self.cache_salt else {}),
                 **({} if self.priority is None else {"priority": self.priority})}
 
     def prompt_top(self) -> int | None:

@@ -21,7 +21,8 @@ MODEL_SOURCE = Path(__file__).parent / "triton_model" / "model.py"
 # `tokenize_only`: one answer, finish reason "tokenized", with the prompt's ids and text and no generation.
 # `beam_search` (JSON: beam_width, length_penalty): a beam search over the sampling parameters'
 # max_tokens, temperature and ignore_eos; its beam_width results come as that many whole responses, best
-# first, each with its prompt's text and ids when asked.
+# first, each with its prompt's text and ids when asked. `cache_salt` (vLLM's): the request reuses KV
+# positions only of requests with the same salt.
 CONFIG = """name: "{name}"
 backend: "python"
 max_batch_size: 0
@@ -39,7 +40,8 @@ input [
   {{ name: "priority", data_type: TYPE_INT64, dims: [ 1 ], optional: true }},
   {{ name: "reasoning_end", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
   {{ name: "tokenize_only", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
-  {{ name: "beam_search", data_type: TYPE_STRING, dims: [ 1 ], optional: true }}
+  {{ name: "beam_search", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
+  {{ name: "cache_salt", data_type: TYPE_STRING, dims: [ 1 ], optional: true }}
 ]
 output [
   {{ name: "text_output", data_type: TYPE_STRING, dims: [ 1 ] }},

@@ -66,3 +66,31 @@ def test_prefix_caching_must_be_a_bool(tiny_pairs):
     target, draft = map(str, tiny_pairs["qwen3"])
     with pytest.raises(DFlashError, match="prefix_caching must be True or False, got 'yes'"):
         LLM(target, draft, backend="torch", prefix_caching="yes")
+
+
+def test_a_cache_salt_reuses_only_positions_of_its_own_salt(llms):
+    """vLLM's cache_salt: a prompt finds what an earlier request of the same salt left (or a running one
+    holds), never another salt's or the unsalted share's; the tokens stay the same either way."""
+    runner = BatchRunner(llms[True], max_batch=3)  # a slot each for the unsalted share and two salts
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+
+    def cached(prompt, salt=None):
+        request = runner.add(prompt, params, cache_salt=salt)
+        while request.finish_reason is None:
+            runner.step()
+        return runner.output(request)
+
+    prompt = SYSTEM + QUESTIONS[0]
+    first = cached(prompt)  # unsalted, into a slot
+    others = [cached(prompt, "tenant-a"), cached(prompt, "tenant-b")]
+    assert [o.metrics.cached_tokens for o in others] == [0, 0]
+    again = [cached(prompt, "tenant-b"), cached(prompt)]  # each finds its own salt's slot
+    assert all(o.metrics.cached_tokens == len(prompt) - 1 for o in again)
+    assert {tuple(o.token_ids) for o in [first, *others, *again]} == {tuple(first.token_ids)}
+    # from a running request: the long one holds the system prompt while the others are admitted
+    runner.add(SYSTEM + [90], SamplingParams(max_tokens=60, ignore_eos=True), cache_salt="tenant-c")
+    runner.step()
+    assert cached(SYSTEM + QUESTIONS[1], "tenant-d").metrics.cached_tokens < len(SYSTEM)
+    assert cached(SYSTEM + QUESTIONS[2], "tenant-c").metrics.cached_tokens >= len(SYSTEM)
+    with pytest.raises(DFlashError, match="cache_salt must be a non-empty string, got ''"):
+        runner.add(prompt, params, cache_salt="")

@@ -140,13 +140,21 @@ def test_unimplemented_fields_at_their_no_op_values_are_accepted():
 @pytest.mark.parametrize("field, value", [
     ("functions", [{"name": "f"}]), ("function_call", "auto"),
     ("chat_template", "{{ x }}"), ("return_tokens_as_token_ids", True),
-    ("stop_regex", "a+"), ("no_stop_trim", True), ("cache_salt", "s"),
+    ("stop_regex", "a+"), ("no_stop_trim", True),
 ])
 def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, value):
     with pytest.raises(RequestError) as err:
         parse(chat(**{field: value}), ChatRequest)
     assert err.value.status == 400 and err.value.param == field
     assert err.value.message.startswith(f"this server does not support {field}: leave it out")
+
+
+def test_a_cache_salt_goes_to_the_triton_model_and_an_empty_one_is_refused():
+    assert parse(chat(cache_salt="tenant-7"), ChatRequest).triton_inputs()["cache_salt"] == "tenant-7"
+    assert "cache_salt" not in parse(chat(), ChatRequest).triton_inputs()
+    with pytest.raises(RequestError) as err:
+        parse(chat(cache_salt=""), ChatRequest)
+    assert err.value.param == "cache_salt"
 
 
 def test_beam_search_is_one_triton_request_per_prompt_with_n_its_width():

@@ -674,6 +674,18 @@ def test_a_repeated_prompt_reuses_a_finished_requests_slot(server, client):
             == again.usage.prompt_tokens)
 
 
+def test_a_cache_salt_keeps_a_prompt_from_another_salt_s_cached_positions(server, client):
+    """vLLM's cache_salt: the same prompt again under another salt prefills all of it; under its own
+    salt again, all but its last token; the reply is the same each time."""
+    prompt = "salted words, salted words, salted words"
+    replies = [client.completions.create(model=server.model, prompt=prompt, max_tokens=4, temperature=0,
+                                         extra_body={} if salt is None else {"cache_salt": salt})
+               for salt in (None, "tenant-a", "tenant-a")]
+    cached = [r.usage.prompt_tokens_details.cached_tokens for r in replies]
+    assert cached[1] == 0 and cached[2] == replies[2].usage.prompt_tokens - 1
+    assert len({r.choices[0].text for r in replies}) == 1
+
+
 def test_disconnects_free_every_slot(server, client):
     before = samples(server)
     count = 200

@@ -81,18 +81,20 @@ class TritonPythonModel:
                 return
             sampling = _string(request, "sampling_parameters")
             params = parse_sampling(sampling, len(ids), self.engine.capacity)
+            salt = _string(request, "cache_salt") or None
             beams = _string(request, "beam_search")
             if beams is not None:
                 search = _beam_params(beams, params)
                 threading.Thread(target=self._beam_search, name="dflash-beam-search", daemon=True, args=(
-                    sender, ids, params, search, _bool(request, "echo"), _bool(request, "return_token_ids"))).start()
+                    sender, ids, params, search, _bool(request, "echo"), _bool(request, "return_token_ids"),
+                    salt)).start()
                 return
             priority = self._priority(request)
             responder = _Responder(self, sender, _bool(request, "stream"), params, self.llm.tokenizer,
                                    echo=_bool(request, "echo"), prompt_ids=_bool(request, "return_token_ids"),
                                    reasoning_end=_string(request, "reasoning_end"))
             with self.lock:  # the engine may answer before add_request returns
-                rid = self.engine.add_request(ids, params, on_output=responder, priority=priority)
+                rid = self.engine.add_request(ids, params, on_output=responder, priority=priority, cache_salt=salt)
                 if not responder.done:
                     self.live[rid] = responder
                 responder.rid = rid
@@ -159,13 +161,15 @@ class TritonPythonModel:
         except Exception as err:  # a template that refuses these messages (roles, order) says why
             raise RequestError("messages", f"the chat template refused the messages: {err}") from None
 
-    def _beam_search(self, sender, ids: list[int], params, search, echo: bool, prompt_ids: bool) -> None:
+    def _beam_search(self, sender, ids: list[int], params, search, echo: bool, prompt_ids: bool,
+                     salt: str | None) -> None:
         """A beam search on this thread, each step through the engine; its sequences sent as whole
         responses, best first, the last FINAL. A client that leaves stops it between steps."""
         tokenizer = self.llm.tokenizer
 
         def step(prompts, sampling):
-            outputs = self.engine.generate(prompts, sampling, speculative=False, cancelled=sender.is_cancelled)
+            outputs = self.engine.generate(prompts, sampling, speculative=False, cancelled=sender.is_cancelled,
+                                           cache_salt=salt)
             if outputs is None:
                 raise _Cancelled
             if any(out.finish_reason == "abort" for out in outputs):  # the engine stopped under it
