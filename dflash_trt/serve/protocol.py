@@ -145,7 +145,7 @@ NO_OP_VALUES = {
     "functions": ([],), "function_call": ("none",), "suffix": ("",),
     # vLLM's extensions beyond SamplingParams
     "spaces_between_special_tokens": (True,),
-    "logits_processors": (), "return_tokens_as_token_ids": (False,),
+    "logits_processors": (),
     "guided_whitespace_pattern": (),
     "chat_template": (), "documents": (), "mm_processor_kwargs": (), "kv_transfer_params": (),
     "vllm_xargs": (),
@@ -277,6 +277,8 @@ class _Sampling(BaseModel):
         {"type": "integer", "minimum": -(2**53 - 1), "maximum": 2**53 - 1})] | None = Field(
         None, description="vLLM's: lower is served first, preempting running requests of a higher value; other "
                           "than 0 only on a server started with --scheduling-policy priority")
+    # vLLM's: logprobs name their tokens "token_id:<id>" (some are no text JSON can hold whole)
+    return_tokens_as_token_ids: bool | None = None
     # vLLM's: the request reuses prefix-cached positions only of requests with the same salt
     cache_salt: Annotated[str, StringConstraints(min_length=1)] | None = None
     # vLLM's beam search: n is its width; length_penalty weighs a sequence's length in its score
@@ -285,7 +287,6 @@ class _Sampling(BaseModel):
     # what this server does not implement (NO_OP_VALUES): vLLM's and SGLang's other extensions
     spaces_between_special_tokens: _no_op("spaces_between_special_tokens") = None
     logits_processors: _no_op("logits_processors") = None
-    return_tokens_as_token_ids: _no_op("return_tokens_as_token_ids") = None
     guided_whitespace_pattern: _no_op("guided_whitespace_pattern") = None
     kv_transfer_params: _no_op("kv_transfer_params") = None
     vllm_xargs: _no_op("vllm_xargs") = None
@@ -317,6 +318,7 @@ class _Sampling(BaseModel):
         return {**({"return_token_ids": True} if asks_ids else {}),
                 **({"beam_search": json.dumps(beams)} if self.use_beam_search else {}),
                 **({"cache_salt": self.cache_salt} if self.cache_salt else {}),
+                **({"tokens_as_ids": True} if self.return_tokens_as_token_ids else {}),
                 **({} if self.priority is None else {"priority": self.priority})}
 
     def prompt_top(self) -> int | None:

@@ -22,7 +22,8 @@ MODEL_SOURCE = Path(__file__).parent / "triton_model" / "model.py"
 # `beam_search` (JSON: beam_width, length_penalty): a beam search over the sampling parameters'
 # max_tokens, temperature and ignore_eos; its beam_width results come as that many whole responses, best
 # first, each with its prompt's text and ids when asked. `cache_salt` (vLLM's): the request reuses KV
-# positions only of requests with the same salt.
+# positions only of requests with the same salt. `tokens_as_ids` (vLLM's return_tokens_as_token_ids):
+# logprob entries name their tokens "token_id:<id>" instead of their text.
 CONFIG = """name: "{name}"
 backend: "python"
 max_batch_size: 0
@@ -41,7 +42,8 @@ input [
   {{ name: "reasoning_end", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
   {{ name: "tokenize_only", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
   {{ name: "beam_search", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
-  {{ name: "cache_salt", data_type: TYPE_STRING, dims: [ 1 ], optional: true }}
+  {{ name: "cache_salt", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
+  {{ name: "tokens_as_ids", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }}
 ]
 output [
   {{ name: "text_output", data_type: TYPE_STRING, dims: [ 1 ] }},

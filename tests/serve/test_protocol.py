@@ -139,7 +139,7 @@ def test_unimplemented_fields_at_their_no_op_values_are_accepted():
 
 @pytest.mark.parametrize("field, value", [
     ("functions", [{"name": "f"}]), ("function_call", "auto"),
-    ("chat_template", "{{ x }}"), ("return_tokens_as_token_ids", True),
+    ("chat_template", "{{ x }}"),
     ("stop_regex", "a+"), ("no_stop_trim", True),
 ])
 def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, value):
@@ -147,6 +147,11 @@ def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, val
         parse(chat(**{field: value}), ChatRequest)
     assert err.value.status == 400 and err.value.param == field
     assert err.value.message.startswith(f"this server does not support {field}: leave it out")
+
+
+def test_tokens_as_ids_are_asked_of_the_triton_model():
+    assert parse(chat(return_tokens_as_token_ids=True), ChatRequest).triton_inputs()["tokens_as_ids"] is True
+    assert "tokens_as_ids" not in parse(chat(return_tokens_as_token_ids=False), ChatRequest).triton_inputs()
 
 
 def test_a_cache_salt_goes_to_the_triton_model_and_an_empty_one_is_refused():

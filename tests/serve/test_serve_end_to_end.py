@@ -449,6 +449,12 @@ def test_logprobs_equal_offline(server, client, offline):
         assert c.logprob == pytest.approx(logprob, abs=LOGPROB_TOL)
         assert [(top.token, top.logprob) for top in c.top_logprobs] == [(text([t]), pytest.approx(v, abs=LOGPROB_TOL))
                                                                           for t, v in tops]
+    # vLLM's return_tokens_as_token_ids: every token named by its id, the top ones' too
+    by_id = chat(client, server, PROMPTS[1], max_tokens=10, temperature=0, logprobs=True, top_logprobs=2,
+                 extra_body={"return_tokens_as_token_ids": True}).choices[0].logprobs.content
+    assert [(c.token, [top.token for top in c.top_logprobs]) for c in by_id] == [
+        (f"token_id:{t}", [f"token_id:{u}" for u, _ in sorted(e.items(), key=lambda x: -x[1])[:2]])
+        for t, e in zip(expected.token_ids, expected.logprobs, strict=True)]
     streamed_tokens = [c.token for chunk in chat(client, server, PROMPTS[1], max_tokens=10, temperature=0,
                                                  logprobs=True, stream=True)
                        for choice in chunk.choices if choice.logprobs for c in choice.logprobs.content]

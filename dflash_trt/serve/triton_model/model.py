@@ -82,15 +82,19 @@ class TritonPythonModel:
             sampling = _string(request, "sampling_parameters")
             params = parse_sampling(sampling, len(ids), self.engine.capacity)
             salt = _string(request, "cache_salt") or None
+            tokenizer = self.llm.tokenizer
+            # a logprob entry's token: its text, or (vLLM's return_tokens_as_token_ids) "token_id:<id>"
+            named = (lambda t: f"token_id:{t}") if _bool(request, "tokens_as_ids") else (
+                lambda t: _token_text(tokenizer, t))
             beams = _string(request, "beam_search")
             if beams is not None:
                 search = _beam_params(beams, params)
                 threading.Thread(target=self._beam_search, name="dflash-beam-search", daemon=True, args=(
                     sender, ids, params, search, _bool(request, "echo"), _bool(request, "return_token_ids"),
-                    salt)).start()
+                    salt, named)).start()
                 return
             priority = self._priority(request)
-            responder = _Responder(self, sender, _bool(request, "stream"), params, self.llm.tokenizer,
+            responder = _Responder(self, sender, _bool(request, "stream"), params, tokenizer, named,
                                    echo=_bool(request, "echo"), prompt_ids=_bool(request, "return_token_ids"),
                                    reasoning_end=_string(request, "reasoning_end"))
             with self.lock:  # the engine may answer before add_request returns
@@ -162,7 +166,7 @@ class TritonPythonModel:
             raise RequestError("messages", f"the chat template refused the messages: {err}") from None
 
     def _beam_search(self, sender, ids: list[int], params, search, echo: bool, prompt_ids: bool,
-                     salt: str | None) -> None:
+                     salt: str | None, named) -> None:
         """A beam search on this thread, each step through the engine; its sequences sent as whole
         responses, best first, the last FINAL. A client that leaves stops it between steps."""
         tokenizer = self.llm.tokenizer
@@ -192,11 +196,12 @@ class TritonPythonModel:
             _refuse(sender, RequestError(None, f"internal error: {type(err).__name__}: {err}", 500))
             return
         echoed = (tokenizer.decode(ids) if tokenizer is not None else " ".join(map(str, ids))) if echo else None
-        self._send_beams(sender, ids, found, params, echoed, prompt_ids)
+        self._send_beams(sender, ids, found, params, echoed, prompt_ids, named)
 
-    def _send_beams(self, sender, ids: list[int], found: list, params, echoed: str | None, prompt_ids: bool) -> None:
+    def _send_beams(self, sender, ids: list[int], found: list, params, echoed: str | None, prompt_ids: bool,
+                    named) -> None:
         """A beam search's sequences, best first, each a whole response (the last FINAL) with the
-        prompt's text (`echoed`) and ids (`prompt_ids`) when asked."""
+        prompt's text (`echoed`) and ids (`prompt_ids`) when asked; `named`: a logprob entry's token."""
         best = found[0].tokens[len(ids):]
         self.metrics.finished({"prompt_tokens": len(ids), "output_tokens": len(best)}, found[0].finish_reason)
         prompt_text = echoed or ""
@@ -204,8 +209,7 @@ class TritonPythonModel:
             tokens = sequence.tokens[len(ids):]
             usage = json.dumps({"prompt_tokens": len(ids), "completion_tokens": len(tokens)})
             logprobs = "" if params.logprobs is None else json.dumps([
-                _token_logprobs({token: entries[token], **entries}, params.logprobs,
-                                lambda t: _token_text(self.llm.tokenizer, t))
+                _token_logprobs({token: entries[token], **entries}, params.logprobs, named)
                 for token, entries in zip(tokens, sequence.logprobs, strict=True)])
             tensors = [
                 pb_utils.Tensor("text_output", np.array([sequence.text.encode()], dtype=np.object_)),
@@ -238,9 +242,11 @@ class TritonPythonModel:
 class _Responder:
     """on_output for one request: deltas while streaming, one response otherwise; FINAL on the last."""
 
-    def __init__(self, model, sender, stream: bool, params, tokenizer, echo: bool = False, prompt_ids: bool = False,
-                 reasoning_end: str | None = None):
+    def __init__(self, model, sender, stream: bool, params, tokenizer, named, echo: bool = False,
+                 prompt_ids: bool = False, reasoning_end: str | None = None):
+        """`named`: a token id -> what its logprob entries call it."""
         self.model, self.sender, self.stream = model, sender, stream
+        self._text = named
         self.deltas = DeltaStream(tuple(params.stop))
         self.top, self.tokenizer = params.logprobs, tokenizer
         self.prompt_top = params.prompt_logprobs
@@ -275,9 +281,6 @@ class _Responder:
             self.done = True
             self.model._finished(self, out)
             self._send(out, final)
-
-    def _text(self, token: int) -> str:
-        return _token_text(self.tokenizer, token)
 
     def _logprobs(self, out, start: int, count: int) -> str:
         """The JSON of the new tokens' logprobs ("" when not asked)."""
