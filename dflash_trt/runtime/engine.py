@@ -71,6 +71,7 @@ class _Request:
     arrival: float = field(default_factory=time.perf_counter)
     submitted: float | None = None  # handed to the core, whose queue clock starts there
     first_token: float | None = None
+    last_token: float | None = None
     finished_at: float | None = None  # a finished request's clock stops here, however late it is read
     core_id: int | None = None
     finish_reason: str | None = None
@@ -257,8 +258,13 @@ class BatchRunner:
 
     def _update(self, request: _Request, out: dict) -> None:
         new, finish = out["new_tokens"], out["finish_reason"]
-        if new and request.first_token is None:
-            request.first_token = time.perf_counter()
+        if new:
+            now = time.perf_counter()
+            if request.first_token is None:
+                request.first_token = now
+            else:  # vLLM's inter-token latency: one gap per step that gave the request tokens
+                request.metrics.token_gaps.append(now - request.last_token)
+            request.last_token = now
         stopped = request.stop.add(new) if new else False
         request.metrics.num_preemptions = out["num_preemptions"]
         queued = out["metrics"]["queue_time_s"]  # in the core's queue; before it, the caller's (an Engine's inbox)
@@ -312,7 +318,8 @@ class BatchRunner:
         return RequestOutput(prompt=request.prompt, prompt_token_ids=list(request.ids), text=request.stop.text,
                              token_ids=tokens, finish_reason=request.finish_reason,
                              stop_reason=request.stop.stop_reason if request.finish_reason == "stop" else None,
-                             metrics=replace(m, acceptance_lengths=list(m.acceptance_lengths)), logprobs=logprobs,
+                             metrics=replace(m, acceptance_lengths=list(m.acceptance_lengths),
+                                             token_gaps=list(m.token_gaps)), logprobs=logprobs,
                              prompt_logprobs=request.prompt_logprobs)
 
     def core_stats(self) -> dict:

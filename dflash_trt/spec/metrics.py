@@ -25,6 +25,8 @@ class RequestMetrics:
     prefill_s: float = 0.0  # arrival to the first token (time to first token)
     decode_s: float = 0.0  # everything after the first token
     time_per_output_token_s: float | None = None  # decode_s per token after the first
+    # seconds between the steps that gave it tokens, after the first (vLLM's inter-token latencies)
+    token_gaps: list[float] = field(default_factory=list)
     e2e_latency_s: float = 0.0  # arrival to the last token (to now while running)
 
     def record(self, accepted: int, drafted: int | None = None) -> None:

@@ -96,6 +96,10 @@ def test_a_queued_requests_phases_are_vllm_s_queue_prefill_decode_and_inference(
     ran, waited = (runner.output(r).metrics.to_dict() for r in (first, second))
     # it waited out the first's run (1 ms: the Python and core clocks start a request apart)
     assert waited["queue_time_s"] > ran["inference_time_s"] - 1e-3 and ran["queue_time_s"] < waited["queue_time_s"]
+    for r in (first, second):  # an inter-token latency per step after the first that gave tokens
+        m = runner.output(r).metrics
+        assert 1 <= len(m.token_gaps) <= m.output_tokens - 1
+        assert sum(m.token_gaps) == pytest.approx(m.decode_s, abs=1e-3)  # first token to last, in pieces
     for m in (ran, waited):
         assert m["queue_time_s"] + m["prefill_time_s"] == pytest.approx(m["time_to_first_token_s"])
         assert m["inference_time_s"] == pytest.approx(m["prefill_time_s"] + m["decode_time_s"])

@@ -662,6 +662,12 @@ def test_metrics_move_by_a_requests_amounts(server, client):
     for phase in ("queue", "prefill", "decode", "inference"):  # vLLM's request phases
         assert moved(f"vllm:request_{phase}_time_seconds_count") == 1
     assert 0 <= after[("vllm:kv_cache_usage_perc", ())] <= 1
+    # its inter-token latencies, one per step after its first (the poller observes them within ~50 ms)
+    deadline = time.monotonic() + 10
+    while moved("vllm:inter_token_latency_seconds_count") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        after = samples(server)
+    assert moved("vllm:inter_token_latency_seconds_count") >= 2  # (an earlier test's may come in this window)
 
 
 def test_a_repeated_prompt_reuses_a_finished_requests_slot(server, client):

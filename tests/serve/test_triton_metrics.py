@@ -74,3 +74,14 @@ def test_a_finished_request_moves_the_vllm_counters():
     # counters end in _total (Prometheus readers look for it); the rest do not
     for name, family in FakeMetricFamily.families.items():
         assert name.startswith("vllm:") and name.endswith("_total") == (family.kind == "counter")
+
+
+def test_inter_token_latencies_are_observed_when_the_poller_flushes():
+    FakeMetricFamily.families = {}
+    metrics = EngineMetrics(FakePbUtils, "tiny")
+    metrics.later([0.01, 0.02])
+    metrics.later([0.03])
+    assert value("vllm:inter_token_latency_seconds").observed == []  # not on the engine's thread
+    metrics.flush()
+    metrics.flush()
+    assert value("vllm:inter_token_latency_seconds").observed == [0.01, 0.02, 0.03]

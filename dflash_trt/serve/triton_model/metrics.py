@@ -3,10 +3,14 @@
 Counters carry their `_total` suffix in the name: Triton prints family names as given, and
 Prometheus readers (ours in bench/server.py, vLLM dashboards) look for `..._total` samples.
 Per-request counters move when a request finishes, before its last response is sent, so a client
-that has its reply can read the counters it moved; the gauges follow engine.stats().
+that has its reply can read the counters it moved; the gauges follow engine.stats(). A request's
+inter-token latencies (one per step that gave it tokens) are observed by the poller thread, not on the
+engine's: each observation is a call into Triton, and a long reply has hundreds.
 """
 
 from __future__ import annotations
+
+import threading
 
 COUNTERS = {  # family -> (help, key in a finished request's metrics)
     "vllm:prompt_tokens_total": ("Prompt tokens processed.", "prompt_tokens"),
@@ -47,6 +51,9 @@ HISTOGRAMS = {  # family -> (help, key, buckets)
 }
 
 
+ITL = "vllm:inter_token_latency_seconds"
+
+
 class EngineMetrics:
     def __init__(self, pb_utils, model_name: str):
         self.labels = {"model_name": model_name}
@@ -67,6 +74,10 @@ class EngineMetrics:
                       for name, (text, key) in GAUGES.items()}
         self.histograms = [(key, family(name, text, kind.HISTOGRAM).Metric(labels=self.labels, buckets=buckets))
                            for name, (text, key, buckets) in HISTOGRAMS.items()]  # two may observe one key
+        self.itl = family(ITL, "Time between the steps that give a request tokens.", kind.HISTOGRAM).Metric(
+            labels=self.labels, buckets=SECONDS)
+        self.gaps: list[float] = []  # inter-token latencies not yet observed
+        self.gaps_lock = threading.Lock()
 
     def finished(self, metrics: dict | None, reason: str) -> None:
         metrics = metrics or {}
@@ -84,6 +95,17 @@ class EngineMetrics:
         for key, histogram in self.histograms:
             if metrics.get(key) is not None:
                 histogram.observe(metrics[key])
+
+    def later(self, gaps: list[float]) -> None:
+        """A finished request's inter-token latencies, observed by the next `flush`."""
+        with self.gaps_lock:
+            self.gaps.extend(gaps)
+
+    def flush(self) -> None:
+        with self.gaps_lock:
+            gaps, self.gaps = self.gaps, []
+        for gap in gaps:
+            self.itl.observe(gap)
 
     def gauges(self, stats: dict) -> None:
         for key, gauge in self.gauge.items():

@@ -227,6 +227,7 @@ class TritonPythonModel:
         with self.lock:
             self.live.pop(responder.rid, None)
         self.metrics.finished(out.metrics.to_dict(), out.finish_reason)
+        self.metrics.later(out.metrics.token_gaps)
         self.metrics.gauges(self.engine.stats())
 
     def _poll(self):
@@ -237,6 +238,7 @@ class TritonPythonModel:
                 if responder.went_away():
                     self.engine.abort(rid)  # its last output (finish "abort") closes the stream
             self.metrics.gauges(self.engine.stats())
+            self.metrics.flush()
 
 
 class _Responder:
