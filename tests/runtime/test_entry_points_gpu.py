@@ -69,3 +69,18 @@ def test_a_request_preempted_on_cuda_resumes_with_the_cpu_executors_tokens(tiny_
     alone = [o.token_ids for o in LLM(target, draft, block_size=4, backend="torch", device="cpu").generate(
         [PROMPTS[2], PROMPTS[0]], params)]
     assert preempted(target, draft, "cuda", params) == (*alone, 1)
+
+
+def test_beam_search_on_cuda_finds_the_cpu_executors_sequences(tiny_pairs):
+    """LLM.beam_search's steps (plain, logprobs of 2 x width, prefixes reused from parents' slots) on CUDA."""
+    from dflash_trt import BeamSearchParams
+
+    target, draft = map(str, tiny_pairs["llama"])
+    params = BeamSearchParams(beam_width=3, max_tokens=6)
+    prompts = [[5, 6, 7, 8], "hello there"]
+    want = LLM(target, draft, backend="torch", device="cpu").beam_search(prompts, params)
+    got = LLM(target, draft, backend="torch", device="cuda", dtype="float32").beam_search(prompts, params)
+    for mine, theirs in zip(got, want, strict=True):
+        assert [s.tokens for s in mine.sequences] == [s.tokens for s in theirs.sequences]
+        assert [s.cum_logprob for s in mine.sequences] == pytest.approx([s.cum_logprob for s in theirs.sequences],
+                                                                        abs=1e-3)
