@@ -433,6 +433,8 @@ class Engine:
         """Every prompt at once -> their last outputs, in order, on the caller's thread (which waits).
         `cancelled` is asked while waiting: once it says True the requests are aborted and None is
         returned; so is an exception that ends the wait (every request aborted)."""
+        if cancelled is not None and cancelled():  # asked first too: a short step may never wait 50 ms
+            return None
         finished: queue.Queue = queue.Queue()
         ids = []
         try:

@@ -20,7 +20,8 @@ _CLOSING: set[asyncio.Task] = set()
 
 class Choices:
     """`beams` None: stream i is choice i, piece after piece; an int n: stream i is a beam search whose
-    pieces are whole choices (its k-th is choice i * n + k)."""
+    finished pieces are whole choices (its k-th is choice i * n + k; the empty ones before them are the
+    search's signs of life)."""
 
     def __init__(self, streams: list[AsyncIterator[Piece]], beams: int | None = None):
         self.count = len(streams) * (beams or 1)
@@ -33,6 +34,8 @@ class Choices:
         choice = index * (self._beams or 1)
         try:
             async for piece in stream:
+                if self._beams is not None and piece.finish_reason is None:
+                    continue  # a beam search's sign of life: no choice of its own
                 self._queue.put_nowait((choice, piece, None))
                 choice += self._beams is not None
         except Exception as err:  # a refusal or Triton's failure: the reader raises it

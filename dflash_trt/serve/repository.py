@@ -21,7 +21,8 @@ MODEL_SOURCE = Path(__file__).parent / "triton_model" / "model.py"
 # `tokenize_only`: one answer, finish reason "tokenized", with the prompt's ids and text and no generation.
 # `beam_search` (JSON: beam_width, length_penalty): a beam search over the sampling parameters'
 # max_tokens, temperature and ignore_eos; its beam_width results come as that many whole responses, best
-# first, each with its prompt's text and ids when asked. `cache_salt` (vLLM's): the request reuses KV
+# first, each with its prompt's text and ids when asked, after empty responses (no finish reason) sent
+# while it runs: Triton notices a client that left only when it writes to it. `cache_salt` (vLLM's): the request reuses KV
 # positions only of requests with the same salt. `tokens_as_ids` (vLLM's return_tokens_as_token_ids):
 # logprob entries name their tokens "token_id:<id>" instead of their text.
 CONFIG = """name: "{name}"

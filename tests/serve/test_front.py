@@ -48,8 +48,9 @@ class FakeTriton:
             yield Piece("", [], "tokenized", {"prompt_tokens": len(ids), "max_model_len": 64},
                         prompt_text="".join(chr(97 + t % 26) for t in ids), prompt_token_ids=ids)
             return
-        if "beam_search" in inputs:  # its sequences, whole, best first: "beam<k>" of 2 tokens each
+        if "beam_search" in inputs:  # a sign of life, then its sequences, whole, best first: "beam<k>" of 2 tokens
             width = json.loads(inputs["beam_search"])["beam_width"]
+            yield Piece("", [], None, None)
             for k in range(width):
                 ids = [7, 8] if inputs.get("return_token_ids") else ()
                 yield Piece(f"beam{k}", [k, k], "length", {"prompt_tokens": 2, "completion_tokens": 2},

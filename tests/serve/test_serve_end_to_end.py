@@ -750,6 +750,27 @@ def test_a_non_streaming_client_that_leaves_is_cancelled(server):
         time.sleep(0.2)
 
 
+def test_a_beam_search_whose_client_leaves_stops_between_steps(server):
+    """Its steps' requests end, nothing more is started for it, and it counts as one aborted request."""
+    before = samples(server)
+    body = {"model": server.model, "prompt": [5, 6, 7], "max_tokens": 900, "n": 4, "use_beam_search": True,
+            "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
+    deadline = time.monotonic() + 30
+    while True:
+        now = samples(server)
+        aborted = metric(now, "vllm:request_success_total", finished_reason="abort") - \
+            metric(before, "vllm:request_success_total", finished_reason="abort")
+        if aborted == 1 and metric(now, "vllm:num_requests_running") == 0:
+            break
+        assert time.monotonic() < deadline, "the beam search was not stopped"
+        time.sleep(0.2)
+    for _ in range(10):  # a search still going would hold its beams' requests nearly all the time
+        assert metric(samples(server), "vllm:num_requests_running") == 0
+        time.sleep(0.1)
+
+
 def test_sigterm_drains_then_stops_both_processes(server):
     body = {"model": server.model, "messages": [{"role": "user", "content": "last one"}], "max_tokens": 300,
             "stream": True}

@@ -10,6 +10,7 @@ Copied into the repository by dflash_trt/serve/repository.py; runs in Triton's P
 
 import json
 import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -25,6 +26,7 @@ from dflash_trt.serve.triton_model.metrics import EngineMetrics
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 POLL_S = 0.05
+HEARTBEAT_S = 0.25  # a beam search sends an empty response at least this often while it runs
 
 
 class TritonPythonModel:
@@ -171,7 +173,13 @@ class TritonPythonModel:
         responses, best first, the last FINAL. A client that leaves stops it between steps."""
         tokenizer = self.llm.tokenizer
 
+        beat = [time.monotonic()]
+
         def step(prompts, sampling):
+            # Triton notices a client that left when it writes to it: an empty response now and then
+            if time.monotonic() - beat[0] > HEARTBEAT_S:
+                sender.send(_empty_response())
+                beat[0] = time.monotonic()
             outputs = self.engine.generate(prompts, sampling, speculative=False, cancelled=sender.is_cancelled,
                                            cache_salt=salt)
             if outputs is None:
@@ -186,6 +194,7 @@ class TritonPythonModel:
         try:
             found = beam_search(step, [ids], search, self.llm.eos_token_ids, decode)[0].sequences
         except _Cancelled:
+            self.metrics.finished({"prompt_tokens": len(ids)}, "abort")
             cancelled = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
             sender.send(pb_utils.InferenceResponse(error=cancelled), flags=FINAL)
             return
@@ -335,6 +344,15 @@ class _Responder:
             pb_utils.Tensor("prompt_token_ids", np.array(prompt_ids, dtype=np.int64)),
         ]
         self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
+
+
+def _empty_response():
+    """A response with nothing in it (no finish reason): a beam search's sign of life."""
+    empty = np.array([b""], dtype=np.object_)
+    return pb_utils.InferenceResponse(output_tensors=[
+        pb_utils.Tensor(name, empty) for name in ("text_output", "finish_reason", "usage", "logprobs", "prompt_text",
+                                                  "prompt_logprobs")] + [
+        pb_utils.Tensor(name, np.array([], dtype=np.int64)) for name in ("token_ids", "prompt_token_ids")])
 
 
 class _Cancelled(Exception):
