@@ -753,7 +753,8 @@ def test_a_non_streaming_client_that_leaves_is_cancelled(server):
 def test_a_beam_search_whose_client_leaves_stops_between_steps(server):
     """Its steps' requests end, nothing more is started for it, and it counts as one aborted request."""
     before = samples(server)
-    body = {"model": server.model, "prompt": [5, 6, 7], "max_tokens": 900, "n": 4, "use_beam_search": True,
+    # 8 beams for up to 1,000 steps: seconds of work here, far more than the client waits
+    body = {"model": server.model, "prompt": [5, 6, 7], "max_tokens": CAPACITY - 24, "n": 8, "use_beam_search": True,
             "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.url}/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
