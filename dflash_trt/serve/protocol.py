@@ -22,11 +22,9 @@ from pydantic import (
     model_validator,
 )
 
-from dflash_trt.errors import DFlashError
 from dflash_trt.models.chat import ENDINGS
-from dflash_trt.runtime.beam_search import MAX_BEAM_WIDTH, from_sampling
 from dflash_trt.serve.reply_text import forced_schema
-from dflash_trt.serve.requests import RequestError, sampling_params, template_kwargs
+from dflash_trt.serve.requests import RequestError, beam_search_params, sampling_params, template_kwargs
 from dflash_trt.spec.sampling import RANGES
 
 
@@ -382,21 +380,19 @@ class _Sampling(BaseModel):
                 from None
 
     def _check_beams(self, params) -> None:
-        """use_beam_search: n beams (at most MAX_BEAM_WIDTH) over what a beam search takes of the
-        sampling fields; length_penalty only with it."""
+        """use_beam_search: n beams over what a beam search takes of the sampling fields (the Triton
+        model's own check, before it); length_penalty only with it."""
         if not self.use_beam_search:
             if self.length_penalty not in (None, 1):
                 raise RequestError("length_penalty", "length_penalty weighs beam search's scores: it goes with "
                                                      "use_beam_search")
             return
-        if self.n > MAX_BEAM_WIDTH:
-            raise RequestError("n", f"n is the beam width with use_beam_search: at most {MAX_BEAM_WIDTH} (each step "
-                                    f"reads 2 x n log-probabilities)")
         try:
-            from_sampling(params, self.n, 1.0 if self.length_penalty is None else self.length_penalty)
-        except DFlashError as err:
-            field, _, why = str(err).partition(": ")
-            raise RequestError(field, f"{field} with use_beam_search: {why}") from None
+            beam_search_params(params, self.n, 1.0 if self.length_penalty is None else self.length_penalty)
+        except RequestError as err:
+            if err.param != "beam_width":
+                raise
+            raise RequestError("n", f"n is the beam width with use_beam_search: {err.message}") from None
 
     def check_unsupported(self) -> None:
         """A field this server does not implement, holding a value that would change the reply: refused."""

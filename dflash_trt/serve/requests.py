@@ -11,6 +11,7 @@ from dataclasses import fields
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.models.chat import ENDINGS
+from dflash_trt.runtime.beam_search import BeamSearchParams, from_sampling
 from dflash_trt.spec.sampling import SamplingParams
 
 FIELDS = [f.name for f in fields(SamplingParams)]
@@ -79,6 +80,17 @@ def sampling_params(values: dict) -> SamplingParams:
     except DFlashError as err:  # "SamplingParams.<field> must ..."
         message = str(err).removeprefix("SamplingParams.")
         raise RequestError(message.split(" ", 1)[0], message) from None
+
+
+def beam_search_params(params: SamplingParams, width, length_penalty) -> BeamSearchParams:
+    """A request's SamplingParams searched by `width` beams (vLLM's use_beam_search) -> the search's
+    parameters; its refusal a RequestError naming the field (a sampling field the search does not take,
+    or beam_width / length_penalty)."""
+    try:
+        return from_sampling(params, width, length_penalty)
+    except DFlashError as err:  # "BeamSearchParams.<field> must ..." or "<field>: ..."
+        message = str(err).removeprefix("BeamSearchParams.")
+        raise RequestError(message.split(" ", 1)[0].rstrip(":"), message) from None
 
 
 # apply_chat_template's own arguments: a template variable must not take their place (but for how the

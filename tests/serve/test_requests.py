@@ -4,7 +4,14 @@ import json
 
 import pytest
 
-from dflash_trt.serve.requests import RequestError, parse_sampling, template_kwargs, template_tools
+from dflash_trt.serve.requests import (
+    RequestError,
+    beam_search_params,
+    parse_sampling,
+    template_kwargs,
+    template_tools,
+)
+from dflash_trt.spec.sampling import SamplingParams
 
 
 def test_defaults_fill_the_context():
@@ -106,3 +113,16 @@ def test_a_truncated_prompt_counts_only_the_tokens_it_keeps():
     with pytest.raises(RequestError) as err:
         parse_sampling('{"truncate_prompt_tokens": 10, "max_tokens": 55}', 100, 64)
     assert err.value.param == "max_tokens"
+
+
+def test_a_beam_search_refusal_names_the_field_in_either_form():
+    """What the front and the Triton model both refuse a beam search for: a sampling field it does not
+    take, or its own width and length penalty."""
+    assert beam_search_params(SamplingParams(max_tokens=5), 3, 0.5).beam_width == 3
+    for params, width, penalty, field in [(SamplingParams(seed=1), 2, 1.0, "seed"),
+                                          (SamplingParams(stop=["x"]), 2, 1.0, "stop"),
+                                          (SamplingParams(), 11, 1.0, "beam_width"),
+                                          (SamplingParams(), 2, "long", "length_penalty")]:
+        with pytest.raises(RequestError) as err:
+            beam_search_params(params, width, penalty)
+        assert err.value.param == field and err.value.status == 400

@@ -17,11 +17,17 @@ import triton_python_backend_utils as pb_utils
 
 from dflash_trt.errors import Busy, DFlashError
 from dflash_trt.models.chat import encode_chat
-from dflash_trt.runtime.beam_search import beam_search, from_sampling
+from dflash_trt.runtime.beam_search import beam_search
 from dflash_trt.runtime.engine import check_priority
 from dflash_trt.serve.deltas import DeltaStream
 from dflash_trt.serve.reply_text import reasoning_tokens
-from dflash_trt.serve.requests import RequestError, parse_sampling, template_kwargs, template_tools
+from dflash_trt.serve.requests import (
+    RequestError,
+    beam_search_params,
+    parse_sampling,
+    template_kwargs,
+    template_tools,
+)
 from dflash_trt.serve.triton_model.metrics import EngineMetrics
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -367,11 +373,7 @@ def _beam_params(text: str, params):
         width, penalty = spec["beam_width"], spec.get("length_penalty", 1.0)
     except (ValueError, TypeError, KeyError):
         raise RequestError("beam_search", 'beam_search must be JSON {"beam_width": N, "length_penalty": X}') from None
-    try:
-        return from_sampling(params, width, penalty)
-    except DFlashError as err:
-        field, _, why = str(err).removeprefix("BeamSearchParams.").partition(" ")
-        raise RequestError(field.rstrip(":"), str(err)) from None
+    return beam_search_params(params, width, penalty)
 
 
 def _refuse(sender, error: RequestError) -> None:
