@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.spec.sampling import RANGES, SamplingParams
+from dflash_trt.spec.sampling import RANGES, SamplingParams, integer, number
 
 MAX_BEAM_WIDTH = RANGES["logprobs"]["maximum"] // 2  # a step asks for 2 x beam_width candidates
 
@@ -32,18 +32,15 @@ class BeamSearchParams:
     length_penalty: float = 1.0
 
     def __post_init__(self):
-        def integer(value) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool)
-
         if not (integer(self.beam_width) and 1 <= self.beam_width <= MAX_BEAM_WIDTH):
             raise DFlashError(f"BeamSearchParams.beam_width must be an integer in [1, {MAX_BEAM_WIDTH}] (each step "
                               f"reads 2 x beam_width log-probabilities, at most {2 * MAX_BEAM_WIDTH}), "
                               f"got {self.beam_width!r}")
         if not (integer(self.max_tokens) and self.max_tokens >= 1):
             raise DFlashError(f"BeamSearchParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not (isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 2):
+        if not (number(self.temperature) and 0 <= self.temperature <= 2):
             raise DFlashError(f"BeamSearchParams.temperature must be in [0, 2], got {self.temperature!r}")
-        if not isinstance(self.length_penalty, (int, float)) or isinstance(self.length_penalty, bool):
+        if not number(self.length_penalty):
             raise DFlashError(f"BeamSearchParams.length_penalty must be a number, got {self.length_penalty!r}")
 
 

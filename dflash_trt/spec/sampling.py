@@ -26,6 +26,14 @@ RANGES = {"max_tokens": {"minimum": 1, "maximum": 2**31 - 1}, "temperature": {"m
 SEED_RANGE = {"minimum": 0, "maximum": 2**64 - 1}  # the core keys its RNG with 64 bits
 
 
+def integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def in_range(value, field: str) -> bool:
     rule = RANGES[field]
     return (value >= rule.get("minimum", value) and value <= rule.get("maximum", value)
@@ -82,12 +90,6 @@ class SamplingParams:
         # front (serve/protocol.py) all refuse through here, with the field named first.
         def bad(field: str, rule: str, value) -> DFlashError:
             return DFlashError(f"SamplingParams.{field} must be {rule}, got {value!r}")
-
-        def integer(value) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool)
-
-        def number(value) -> bool:
-            return isinstance(value, (int, float)) and not isinstance(value, bool)
 
         # Accept a single string or lists from callers; store tuples so the params stay hashable.
         stop = (self.stop,) if isinstance(self.stop, str) else (self.stop or ())
