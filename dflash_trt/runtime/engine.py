@@ -38,6 +38,13 @@ DEFAULT_CAPACITY = 4096  # tokens per KV slot: prompt + max_tokens must fit
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
+def check_fits(prompt_tokens: int, max_tokens: int, capacity: int) -> None:
+    """One line when a prompt and what it may generate do not fit a KV slot of `capacity` tokens."""
+    if prompt_tokens + max_tokens > capacity:
+        raise DFlashError(f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the context "
+                          f"capacity of {capacity} tokens per request; shorten the prompt or lower max_tokens")
+
+
 def check_priority(priority, policy: str) -> None:
     """One line for a request's priority that `policy` cannot honour (vLLM's rule: 0 unless "priority")."""
     if isinstance(priority, bool) or not isinstance(priority, int) or not -2**63 <= priority < 2**63:
@@ -175,9 +182,7 @@ class BatchRunner:
         ids = self.llm.encode(prompt)
         if params.truncate_prompt_tokens is not None:
             ids = ids[-params.truncate_prompt_tokens:]
-        if len(ids) + params.max_tokens > self.capacity:
-            raise DFlashError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
-                              f"capacity of {self.capacity} tokens per request; shorten the prompt or lower max_tokens")
+        check_fits(len(ids), params.max_tokens, self.capacity)
         stop = StopChecker(params, self.llm.eos_token_ids, self.llm.text_stream(params.skip_special_tokens))
         metrics = RequestMetrics(block_size=self.block_size if speculative else None, prompt_tokens=len(ids))
         return _Request(next(self._ids), prompt, ids, params, speculative, stop, on_output, metrics,

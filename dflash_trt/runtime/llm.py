@@ -12,7 +12,7 @@ from dflash_trt.models import embedded
 from dflash_trt.models.chat import encode_chat, encode_prompt
 from dflash_trt.models.tokenizers import TextStream, load_tokenizer
 from dflash_trt.runtime.beam_search import BeamSearchOutput, BeamSearchParams, beam_search
-from dflash_trt.runtime.engine import DEFAULT_CAPACITY, DEFAULT_MAX_BATCH, BatchRunner, check_batching
+from dflash_trt.runtime.engine import DEFAULT_CAPACITY, DEFAULT_MAX_BATCH, BatchRunner, check_batching, check_fits
 from dflash_trt.runtime.outputs import Prompt, RequestOutput
 from dflash_trt.spec.sampling import SamplingParams
 
@@ -402,10 +402,7 @@ class LLM:
         best first. Each step generates one token per live beam through this LLM's core runner (plain
         steps: a beam's prefix is in a KV slot already, so only its new token is prefilled)."""
         batch = [self.encode(prompt) for prompt in _prompt_list(prompts)]
-        longest = max(batch, key=len)
-        if len(longest) + params.max_tokens > self.capacity:
-            raise DFlashError(f"prompt ({len(longest)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
-                              f"capacity of {self.capacity} tokens per request; shorten the prompt or lower max_tokens")
+        check_fits(max(map(len, batch)), params.max_tokens, self.capacity)  # its longest beam, at the end
         decode = None if self.tokenizer is None else (lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
         return beam_search(lambda step, sampling: self.generate(step, sampling, speculative=False), batch, params,
                            self.eos_token_ids, decode)
