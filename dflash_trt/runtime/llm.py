@@ -91,26 +91,25 @@ BUNDLE_PLACED = ("--device, --dtype, --quant and --draft-quant choose how --targ
                  "exported")
 
 
-def placement_refusal(backend: str, device: str | None, dtype: str | None, quant: str | None,
-                      draft_quant: str | None) -> str | None:
-    """Why a resolved backend cannot run the pair placed and quantized so (one line), or None."""
+def placed_backend(backend: str, target: str, draft: str | None, device: str | None, dtype: str | None,
+                   quant: str | None, draft_quant: str | None) -> str:
+    """The backend that runs the pair (resolve_backend's choice for AUTO), placed and quantized so; one
+    line for what it cannot run."""
+    backend = resolve_backend(backend, target, draft, device, dtype, quant is not None or draft_quant is not None)
     if backend not in BACKENDS:
-        return f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}"
+        raise DFlashError(f"backend '{backend}' is unknown; choose one of {', '.join(BACKENDS)}")
     if quant is not None and quant not in (TORCH_QUANTS if backend == "torch" else QUANTS):
-        return (f"quant must be one of {', '.join(QUANTS)} on backend onnxruntime or tensorrt, "
-                f"{' or '.join(TORCH_QUANTS)} on torch; got quant={quant!r} on backend '{backend}'")
+        raise DFlashError(f"quant must be one of {', '.join(QUANTS)} on backend onnxruntime or tensorrt, "
+                          f"{' or '.join(TORCH_QUANTS)} on torch; got quant={quant!r} on backend '{backend}'")
     if draft_quant is not None and (draft_quant not in DRAFT_QUANTS or backend == "torch"):
-        return (f"draft_quant must be one of {', '.join(DRAFT_QUANTS)}, on backend onnxruntime or "
-                f"tensorrt; got draft_quant={draft_quant!r} on backend '{backend}'")
+        raise DFlashError(f"draft_quant must be one of {', '.join(DRAFT_QUANTS)}, on backend onnxruntime or "
+                          f"tensorrt; got draft_quant={draft_quant!r} on backend '{backend}'")
     if backend != "torch" and (device is not None or dtype is not None):
-        return (f"device and dtype place the torch backend's models; backend '{backend}' runs "
-                f"a bundle in the dtype it was exported with")
+        raise DFlashError(f"device and dtype place the torch backend's models; backend '{backend}' runs "
+                          f"a bundle in the dtype it was exported with")
     if backend == "torch":
-        try:
-            torch_placement(device, dtype)
-        except DFlashError as err:
-            return str(err)
-    return None
+        torch_placement(device, dtype)
+    return backend
 
 
 def _prompt_list(prompts) -> list:
@@ -153,10 +152,7 @@ class LLM:
         request whose prompt starts with what a finished request's KV slot holds reuses it (BatchRunner).
         `scheduling_policy` "priority": `generate(..., priority=[...])` serves lower values first and
         preempts running requests of a higher value (BatchRunner)."""
-        backend = resolve_backend(backend, target, draft, device, dtype, quant is not None or draft_quant is not None)
-        refusal = placement_refusal(backend, device, dtype, quant, draft_quant)
-        if refusal:
-            raise DFlashError(refusal)
+        backend = placed_backend(backend, target, draft, device, dtype, quant, draft_quant)
         _check_block_size(block_size)
         _check_draft_rule(draft_rule, adaptive=block_size is None)
         self._batching(max_batch, capacity, prefill_chunk, prefix_caching, scheduling_policy)

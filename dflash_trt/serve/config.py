@@ -56,17 +56,13 @@ class ServeConfig:
             raise DFlashError(f"--backend must be auto, torch or onnxruntime, got {self.backend!r}")
         if self.bundle is not None and self.backend != "auto":
             raise DFlashError("--backend is for --target/--draft; a BUNDLE runs on its own executor")
-        from dflash_trt.runtime.llm import AUTO, BUNDLE_PLACED, placement_refusal, resolve_backend
+        from dflash_trt.runtime.llm import AUTO, BUNDLE_PLACED, placed_backend
 
         placed = (self.device, self.dtype, self.quant, self.draft_quant)
         if self.bundle is not None and any(placed):
             raise DFlashError(BUNDLE_PLACED)
         if self.bundle is None and any(placed):  # as the Triton model's LLM will resolve and check them
-            backend = resolve_backend(self.backend, self.target, self.draft or AUTO, self.device, self.dtype,
-                                      self.quant is not None or self.draft_quant is not None)
-            refusal = placement_refusal(backend, *placed)
-            if refusal:
-                raise DFlashError(refusal)
+            placed_backend(self.backend, self.target, self.draft or AUTO, *placed)
         from dflash_trt.runtime.ort_executor import DRAFT_RULES, SlotBundle, draft_rule_refusal
 
         if self.draft_rule not in DRAFT_RULES:
