@@ -273,7 +273,8 @@ class BatchRunner:
         stopped = request.stop.add(new) if new else False
         request.metrics.num_preemptions = out["num_preemptions"]
         queued = out["metrics"]["queue_time_s"]  # in the core's queue; before it, the caller's (an Engine's inbox)
-        request.metrics.queue_s = None if queued is None else request.submitted - request.arrival + queued
+        if request.metrics.queue_s is None and queued is not None:  # the core's clock stops at the first step
+            request.metrics.queue_s = request.submitted - request.arrival + queued
         if request.metrics.cached_tokens != out["cached_tokens"]:  # known at admission, the same in every output
             request.metrics.cached_tokens = out["cached_tokens"]
             self.counters["prefix_cache_hits_total"] += out["cached_tokens"]
@@ -436,8 +437,8 @@ class Engine:
     def generate(self, prompts: list, params: SamplingParams | None = None, speculative: bool | None = None,
                  cancelled: Callable[[], bool] | None = None, cache_salt: str | None = None) -> list:
         """Every prompt at once -> their last outputs, in order, on the caller's thread (which waits).
-        `cancelled` is asked while waiting: once it says True the requests are aborted and None is
-        returned; so is an exception that ends the wait (every request aborted)."""
+        `cancelled` is asked first and while waiting: once it says True, None is returned. Requests not
+        finished then, or when an exception ends the wait, are aborted."""
         if cancelled is not None and cancelled():  # asked first too: a short step may never wait 50 ms
             return None
         finished: queue.Queue = queue.Queue()
