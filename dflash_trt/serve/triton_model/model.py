@@ -128,13 +128,8 @@ class TritonPythonModel:
         tokenizer = self.llm.tokenizer
         text = tokenizer.decode(ids, skip_special_tokens=False) if tokenizer is not None else ""
         usage = json.dumps({"prompt_tokens": len(ids), "max_model_len": self.engine.capacity})
-        tensors = [pb_utils.Tensor("text_output", np.array([b""], dtype=np.object_)),
-                   pb_utils.Tensor("token_ids", np.array([], dtype=np.int64)),
-                   pb_utils.Tensor("finish_reason", np.array([b"tokenized"], dtype=np.object_)),
-                   pb_utils.Tensor("usage", np.array([usage.encode()], dtype=np.object_)),
-                   pb_utils.Tensor("prompt_text", np.array([text.encode()], dtype=np.object_)),
-                   pb_utils.Tensor("prompt_token_ids", np.array(ids, dtype=np.int64))]
-        sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL)
+        sender.send(_response(finish_reason="tokenized", usage=usage, prompt_text=text, prompt_token_ids=ids),
+                    flags=FINAL)
 
     def _priority(self, request) -> int:
         """The request's priority input (0 when absent): one the engine's policy cannot honour is refused."""
@@ -184,7 +179,7 @@ class TritonPythonModel:
         def step(prompts, sampling):
             # Triton notices a client that left when it writes to it: an empty response now and then
             if time.monotonic() - beat[0] > HEARTBEAT_S:
-                sender.send(_empty_response())
+                sender.send(_response())  # no finish reason: a sign of life
                 beat[0] = time.monotonic()
             outputs = self.engine.generate(prompts, sampling, speculative=False, cancelled=sender.is_cancelled,
                                            cache_salt=salt)
@@ -201,8 +196,7 @@ class TritonPythonModel:
             found = beam_search(step, [ids], search, self.llm.eos_token_ids, decode)[0].sequences
         except _Cancelled:
             self.metrics.finished({"prompt_tokens": len(ids)}, "abort")
-            cancelled = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
-            sender.send(pb_utils.InferenceResponse(error=cancelled), flags=FINAL)
+            _send_cancelled(sender)
             return
         except Busy as err:
             _refuse(sender, RequestError(None, str(err), err.status))
@@ -226,17 +220,9 @@ class TritonPythonModel:
             logprobs = "" if params.logprobs is None else json.dumps([
                 _token_logprobs({token: entries[token], **entries}, params.logprobs, named)
                 for token, entries in zip(tokens, sequence.logprobs, strict=True)])
-            tensors = [
-                pb_utils.Tensor("text_output", np.array([sequence.text.encode()], dtype=np.object_)),
-                pb_utils.Tensor("token_ids", np.array(tokens, dtype=np.int64)),
-                pb_utils.Tensor("finish_reason", np.array([sequence.finish_reason.encode()], dtype=np.object_)),
-                pb_utils.Tensor("usage", np.array([usage.encode()], dtype=np.object_)),
-                pb_utils.Tensor("logprobs", np.array([logprobs.encode()], dtype=np.object_)),
-                pb_utils.Tensor("prompt_text", np.array([prompt_text.encode()], dtype=np.object_)),
-                pb_utils.Tensor("prompt_logprobs", np.array([b""], dtype=np.object_)),
-                pb_utils.Tensor("prompt_token_ids", np.array(ids if prompt_ids else [], dtype=np.int64)),
-            ]
-            sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if k == len(found) - 1 else 0)
+            response = _response(sequence.text, tokens, sequence.finish_reason, usage, logprobs, prompt_text,
+                                 prompt_token_ids=ids if prompt_ids else ())
+            sender.send(response, flags=FINAL if k == len(found) - 1 else 0)
 
     def _finished(self, responder, out):
         with self.lock:
@@ -327,8 +313,7 @@ class _Responder:
 
     def _send(self, out, final: bool) -> None:
         if final and self.cancelled:  # nobody reads it; Triton still needs the FINAL flag
-            cancelled = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
-            self.sender.send(pb_utils.InferenceResponse(error=cancelled), flags=FINAL)
+            _send_cancelled(self.sender)
             return
         sent = self.deltas.tokens if self.stream else 0
         if self.stream:
@@ -339,26 +324,30 @@ class _Responder:
             return
         usage = _usage(out, self.tokenizer, self.reasoning_end) if final else ""
         prompt_text, prompt_ids, prompt_logprobs = self._prompt(out)
-        tensors = [
-            pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)),
-            pb_utils.Tensor("token_ids", np.array(ids, dtype=np.int64)),
-            pb_utils.Tensor("finish_reason", np.array([(out.finish_reason or "").encode()], dtype=np.object_)),
-            pb_utils.Tensor("usage", np.array([usage.encode()], dtype=np.object_)),
-            pb_utils.Tensor("logprobs", np.array([self._logprobs(out, sent, len(ids)).encode()], dtype=np.object_)),
-            pb_utils.Tensor("prompt_text", np.array([prompt_text.encode()], dtype=np.object_)),
-            pb_utils.Tensor("prompt_logprobs", np.array([prompt_logprobs.encode()], dtype=np.object_)),
-            pb_utils.Tensor("prompt_token_ids", np.array(prompt_ids, dtype=np.int64)),
-        ]
-        self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
+        response = _response(text, ids, out.finish_reason or "", usage, self._logprobs(out, sent, len(ids)),
+                             prompt_text, prompt_logprobs, prompt_ids)
+        self.sender.send(response, flags=FINAL if final else 0)
 
 
-def _empty_response():
-    """A response with nothing in it (no finish reason): a beam search's sign of life."""
-    empty = np.array([b""], dtype=np.object_)
+def _response(text: str = "", token_ids=(), finish_reason: str = "", usage: str = "", logprobs: str = "",
+              prompt_text: str = "", prompt_logprobs: str = "", prompt_token_ids=()):
+    """One response of the model's outputs (config.pbtxt's): strings as given ("": none), ids as int64."""
+    def string(name: str, value: str):
+        return pb_utils.Tensor(name, np.array([value.encode()], dtype=np.object_))
+
+    def ids(name: str, values):
+        return pb_utils.Tensor(name, np.array(list(values), dtype=np.int64))
+
     return pb_utils.InferenceResponse(output_tensors=[
-        pb_utils.Tensor(name, empty) for name in ("text_output", "finish_reason", "usage", "logprobs", "prompt_text",
-                                                  "prompt_logprobs")] + [
-        pb_utils.Tensor(name, np.array([], dtype=np.int64)) for name in ("token_ids", "prompt_token_ids")])
+        string("text_output", text), ids("token_ids", token_ids), string("finish_reason", finish_reason),
+        string("usage", usage), string("logprobs", logprobs), string("prompt_text", prompt_text),
+        string("prompt_logprobs", prompt_logprobs), ids("prompt_token_ids", prompt_token_ids)])
+
+
+def _send_cancelled(sender) -> None:
+    """The FINAL answer to a request whose client left (nobody reads it; Triton still needs the flag)."""
+    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("request cancelled",
+                                                                      pb_utils.TritonError.CANCELLED)), flags=FINAL)
 
 
 class _Cancelled(Exception):
