@@ -693,10 +693,13 @@ def pack_corpus(src, dst):
 @click.option("--reasoning-parser", type=click.Choice(["none", "qwen3"]), default="none", show_default=True,
               help="qwen3: a chat reply's thinking (up to </think>; Qwen3, Qwen3.5, DeepSeek-R1 style) comes back "
                    "as message.reasoning_content, the rest as content; none: all of it is content.")
+@click.option("--responses-store", type=int, default=256, show_default=True,
+              help="Responses API responses kept in memory (the most recently used) for previous_response_id and "
+                   "GET /v1/responses/{id}; 0: none (store true is then refused).")
 @user_errors
 def serve(bundle, target, draft, host, port, api_key, served_model_name, max_batch, capacity, block_size, prefill_chunk,
           backend, device, dtype, quant, draft_quant, max_waiting, docs, draft_rule, prefix_caching, scheduling_policy,
-          chat_template, tool_call_parser, reasoning_parser):
+          chat_template, tool_call_parser, reasoning_parser, responses_store):
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/responses, Anthropic's
     /v1/messages and its count_tokens, /v1/models, /health, /metrics, /tokenize, /detokenize, /openapi.json,
     /docs) on Triton Inference Server: one decoupled Triton model runs every
@@ -712,7 +715,8 @@ def serve(bundle, target, draft, host, port, api_key, served_model_name, max_bat
                          draft_quant=draft_quant, max_waiting=max_waiting, docs=docs, draft_rule=draft_rule,
                          prefix_caching=prefix_caching, scheduling_policy=scheduling_policy,
                          chat_template=chat_template,
-                         tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser)
+                         tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
+                         responses_store=responses_store)
     run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
 
 

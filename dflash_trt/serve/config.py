@@ -44,6 +44,7 @@ class ServeConfig:
     chat_template: Path | None = None  # a Jinja file in place of the checkpoint's chat template
     tool_call_parser: str = "auto"  # how replies write tool calls (tool_calls.PARSERS); auto: from the template
     reasoning_parser: str = "none"  # qwen3: a chat reply's <think> block is its reasoning_content
+    responses_store: int = 256  # Responses API responses kept for previous_response_id (0: none)
 
     def __post_init__(self):
         if self.bundle is not None and (self.target or self.draft):
@@ -104,6 +105,8 @@ class ServeConfig:
                 Path(self.chat_template).read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as err:
                 raise DFlashError(f"--chat-template {self.chat_template}: cannot read it as text ({err})") from None
+        if not isinstance(self.responses_store, int) or self.responses_store < 0:
+            raise DFlashError(f"--responses-store must be an integer >= 0, got {self.responses_store!r}")
         if not 0 <= self.port <= 65535:
             raise DFlashError(f"--port must be in 0..65535, got {self.port}")
 

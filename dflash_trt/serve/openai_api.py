@@ -26,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Route
 
 from dflash_trt import __version__
 from dflash_trt.serve import messages_api, protocol
@@ -46,7 +47,8 @@ from dflash_trt.serve.requests import RequestError
 from dflash_trt.serve.responses import Outcome, Reply, error_body, merged_usage
 from dflash_trt.serve.responses_api import RENAMED as RESPONSES_NAMES
 from dflash_trt.serve.responses_api import ResponseRender, ResponsesRequest
-from dflash_trt.serve.responses_models import ResponseObject, StreamEvent
+from dflash_trt.serve.response_store import ResponseStore, StoredResponse
+from dflash_trt.serve.responses_models import DeletedResponse, ResponseObject, StreamEvent
 from dflash_trt.serve.tokenize_api import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -71,6 +73,7 @@ class FrontSettings:
     # with a reasoning parser: chat_template_kwargs -> whether the prompt leaves a think block open
     # (reply_text.py); None: replies are all content
     thinking: Callable[[dict], bool] | None = None
+    responses_store: int = 256  # Responses API responses kept for previous_response_id (the most recent; 0: none)
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -78,7 +81,7 @@ def _error(status: int, message: str, param: str | None = None, code: str | None
 
 
 ERRORS = {status: {"model": ErrorResponse, "description": what} for status, what in (
-    (400, "a field is wrong (`error.param` names it)"), (401, "no valid API key"), (404, "unknown model"),
+    (400, "a field is wrong (`error.param` names it)"), (401, "no valid API key"), (404, "unknown model, or no stored response of that id"),
     (413, "the body is over the limit"), (429, "the waiting queue is full (Retry-After)"),
     (503, "the model is not ready, is draining, or the inference server failed"))}
 # any other status (an unknown path, a wrong method, a bug of ours) is an error object too; saying so
@@ -157,7 +160,11 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, err: StarletteHTTPException):  # unknown paths (404), wrong methods (405), 413
         response = _error(err.status_code, str(err.detail))
-        response.headers.update(err.headers or {})  # a 405's Allow
+        response.headers.update(err.headers or {})
+        if err.status_code == 405:  # Starlette's Allow names the methods of the first route of the path only
+            response.headers["Allow"] = ", ".join(sorted({
+                method for route in app.router.routes if isinstance(route, Route)
+                and route.matches(request.scope)[0] != Match.NONE for method in route.methods or ()}))
         return response
 
     @app.exception_handler(Exception)
@@ -302,13 +309,40 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
             return unknown(body.model)
         return DetokenizeResponse(prompt=(await _tokenized(triton, body.triton_inputs(), "tokens")).prompt_text)
 
+    stored = ResponseStore(settings.responses_store)
+
+    def kept(response_id: str, param: str | None = None) -> StoredResponse:
+        response = stored.get(response_id)
+        if response is None:
+            raise RequestError(param, f"no stored response with id '{response_id}' (never stored, deleted, or "
+                                      f"forgotten: this server keeps its last {stored.capacity})", 404)
+        return response
+
     @app.post("/v1/responses", response_model=None, responses=_replies(ResponseObject, StreamEvent))
     async def responses(request: Request, body: ResponsesRequest):
-        """OpenAI's Responses API, run as a chat (nothing stored)."""
+        """OpenAI's Responses API, run as a chat; kept unless `store` is false."""
+        if body.store and stored.capacity == 0:
+            raise RequestError("store", "this server stores no responses (serve --responses-store 0): send "
+                                        "store false")
+        earlier = [] if body.previous_response_id is None else \
+            kept(body.previous_response_id, "previous_response_id").items
         try:
-            return await complete(request, body.chat_request(), ResponseRender(body, settings.model))
+            return await complete(request, body.chat_request(earlier),
+                                  ResponseRender(body, settings.model, stored, earlier))
         except RequestError as err:
             raise protocol.renamed(err, RESPONSES_NAMES) from None
+
+    @app.get("/v1/responses/{response_id}", response_model=ResponseObject, responses=ERRORS)
+    async def retrieve_response(response_id: str):
+        """OpenAI's retrieve: a stored response as it was returned."""
+        return JSONResponse(kept(response_id).body)
+
+    @app.delete("/v1/responses/{response_id}", response_model=DeletedResponse, responses=ERRORS)
+    async def delete_response(response_id: str):
+        """Forget a stored response (a later previous_response_id naming it is a 404)."""
+        kept(response_id)
+        stored.delete(response_id)
+        return DeletedResponse(id=response_id, object="response.deleted", deleted=True)
 
     return app
 

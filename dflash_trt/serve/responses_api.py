@@ -5,7 +5,9 @@ function calls an assistant turn's tool_calls, function call outputs tool turns;
 tool_choice the chat forms; `text.format` the response_format; `max_output_tokens` max_tokens) and runs
 as one, so everything a chat does (tool calls parsed, reasoning apart, grammars, refusals) it does. Its
 reply is written back as a Response object (`whole`) or the Responses stream's events (`events`).
-Nothing is stored: `store: true`, `previous_response_id`, `conversation` and `background` are refused.
+A response is stored (unless `store: false`) with the conversation it ends, in the front's memory
+(response_store.py): `previous_response_id` continues that conversation. `conversation` objects and
+`background` runs are refused.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    TypeAdapter,
     ValidationError,
     WithJsonSchema,
     create_model,
@@ -31,6 +34,7 @@ from dflash_trt.serve.event_streams import translated
 from dflash_trt.serve.openai_models import TokenLogprob, dump
 from dflash_trt.serve.protocol import ChatRequest, FunctionName, JsonInt, _Open, only, refusal, renamed
 from dflash_trt.serve.requests import RequestError
+from dflash_trt.serve.response_store import ResponseStore, StoredResponse
 from dflash_trt.serve.responses_models import (
     FunctionCallItem,
     IncompleteDetails,
@@ -120,9 +124,9 @@ class TextRequest(_Open):
     verbosity: Literal["medium"] | None = Field(None, description="other verbosities are not supported")
 
 
-# The body's fields that a stored or hosted response would need -> what the refusal says
-UNSTORED = {"previous_response_id": "responses are not stored here: send the conversation as input items",
-            "conversation": "conversations are not stored here: send the conversation as input items",
+# The body's fields that hosted objects would need -> what the refusal says
+UNSTORED = {"conversation": "conversation objects are not kept here: continue with previous_response_id, or send "
+                            "the conversation as input items",
             "prompt": "stored prompt templates are not supported: send instructions and input",
             "max_tool_calls": "max_tool_calls is not supported: leave it out"}
 # A chat request's fields -> this body's, for refusals the chat path words
@@ -160,14 +164,17 @@ class _ResponsesBody(BaseModel):
     parallel_tool_calls: bool | None = None
     text: TextRequest | None = None
     metadata: dict[str, str] | None = None
-    store: only(False) | None = Field(None, description="responses are not stored here")
+    store: bool | None = Field(None, description="keep the response for previous_response_id and GET "
+                                                 "/v1/responses/{id} (default true, as OpenAI's; in the server's "
+                                                 "memory, the most recent serve --responses-store kept)")
     background: only(False) | None = None
     truncation: Literal["disabled"] | None = None
     service_tier: Literal["auto", "default"] | None = None
     reasoning: Annotated[dict[str, Any], WithJsonSchema({"type": "object", "additionalProperties": {"type": "null"}})] \
         | None = Field(None, description="only nulls: the chat template decides whether the model thinks "
                                          "(chat_template_kwargs)")
-    previous_response_id: _refused("previous_response_id") = None
+    previous_response_id: str | None = Field(None, description="a stored response whose conversation this one "
+                                                               "continues (its instructions are not carried over)")
     conversation: _refused("conversation") = None
     prompt: _refused("prompt") = None
     max_tool_calls: _refused("max_tool_calls") = None
@@ -189,11 +196,12 @@ class _ResponsesBody(BaseModel):
         if self.top_logprobs is not None and LOGPROBS not in (self.include or ()):
             raise RequestError("top_logprobs", f"top_logprobs needs include [\"{LOGPROBS}\"]")
 
-    def chat_request(self) -> ChatRequest:
-        """The chat request this one runs as (its refusals named by this body's fields)."""
+    def chat_request(self, earlier: list[dict] = ()) -> ChatRequest:
+        """The chat request this one runs as, after the `earlier` conversation's items (a stored response's)
+        (its refusals named by this body's fields)."""
         self.check()
         fields = {name: getattr(self, name) for name in PASSED if getattr(self, name) is not None}
-        fields.update(model=self.model, messages=self._turns(), stream=self.stream)
+        fields.update(model=self.model, messages=self._turns(earlier), stream=self.stream)
         if self.stream:
             fields["stream_options"] = {"include_usage": True}
         for mine, theirs in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
@@ -220,10 +228,14 @@ class _ResponsesBody(BaseModel):
         except ValidationError as err:
             raise renamed(refusal(list(err.errors()), fields), RENAMED) from None
 
-    def _turns(self) -> list[dict]:
-        turns = [{"role": "system", "content": self.instructions}] if self.instructions is not None else []
+    def input_items(self) -> list[dict]:
+        """The input as items (a text is a user message), as a stored conversation keeps them."""
         items = [InputMessage(role="user", content=self.input)] if isinstance(self.input, str) else self.input
-        for item in items:
+        return [item.model_dump(mode="json", exclude_none=True) for item in items]
+
+    def _turns(self, earlier: list[dict]) -> list[dict]:
+        turns = [{"role": "system", "content": self.instructions}] if self.instructions is not None else []
+        for item in _ITEMS.validate_python([*earlier, *self.input_items()]):
             if isinstance(item, InputMessage):
                 turns.append({"role": item.role, "content": item.text()})
             elif isinstance(item, InputFunctionCall):
@@ -252,6 +264,8 @@ class _ResponsesBody(BaseModel):
                 "text": TextConfig(format=TextFormat(type=form)), "metadata": self.metadata or {}}
 
 
+_ITEMS = TypeAdapter(list[InputItem])
+
 ResponsesRequest = create_model("ResponsesRequest", __base__=_ResponsesBody, **{
     name: (ChatRequest.model_fields[name].annotation, ChatRequest.model_fields[name]) for name in PASSED})
 
@@ -276,18 +290,26 @@ def _usage(info: dict | None) -> ResponseUsage | None:
 class ResponseRender:
     """One response's identity and its output, built from the chat reply it runs as."""
 
-    def __init__(self, request: ResponsesRequest, model: str):
+    def __init__(self, request: ResponsesRequest, model: str, store: ResponseStore | None = None,
+                 earlier: list[dict] = ()):
+        """`store`: where the finished response is kept (None or `store: false`: nowhere); `earlier`: the
+        conversation it continues (previous_response_id's)."""
         self.request, self.model = request, model
+        self.store = store if request.store is not False and store is not None and store.capacity > 0 else None
+        self.earlier = earlier
         self.id = "resp_" + _hex()
         self.created_at = int(time.time())
         self.logprobs = LOGPROBS in (request.include or ())
 
     def _object(self, status: str, output: list, usage: dict | None = None, finish: str | None = None) -> dict:
         incomplete = IncompleteDetails(reason="max_output_tokens") if finish == "length" else None
-        return dump(ResponseObject(id=self.id, object="response", created_at=self.created_at, status=status,
+        body = dump(ResponseObject(id=self.id, object="response", created_at=self.created_at, status=status,
                                    model=self.model, output=output, usage=_usage(usage), error=None,
-                                   incomplete_details=incomplete, previous_response_id=None, store=False,
-                                   **self.request.echoed()))
+                                   incomplete_details=incomplete, store=self.store is not None,
+                                   previous_response_id=self.request.previous_response_id, **self.request.echoed()))
+        if self.store is not None and status != "in_progress":
+            self.store.put(self.id, StoredResponse(body, [*self.earlier, *self.request.input_items(), *body["output"]]))
+        return body
 
     def whole(self, chat: dict) -> dict:
         """A chat completion (one choice) -> the Response object."""

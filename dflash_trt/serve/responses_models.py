@@ -84,7 +84,8 @@ class TextConfig(BaseModel):
 
 
 class ResponseObject(BaseModel):
-    """A response: created, then (streamed) in progress, and completed or incomplete. Nothing is stored."""
+    """A response: created, then (streamed) in progress, and completed or incomplete; stored unless `store` is
+    false (GET /v1/responses/{id} returns it, previous_response_id continues its conversation)."""
 
     id: str
     object: Literal["response"]
@@ -104,8 +105,8 @@ class ResponseObject(BaseModel):
     tools: list[dict]
     text: TextConfig
     metadata: dict[str, str] = Field(default_factory=dict)
-    previous_response_id: None = None
-    store: Literal[False] = False
+    previous_response_id: str | None = None
+    store: bool
 
 
 class StreamEvent(BaseModel):
@@ -117,3 +118,9 @@ class StreamEvent(BaseModel):
 
     type: str
     sequence_number: int
+
+
+class DeletedResponse(BaseModel):
+    id: str
+    object: Literal["response.deleted"]
+    deleted: Literal[True]

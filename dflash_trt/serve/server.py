@@ -112,7 +112,7 @@ def serve(config: ServeConfig, say: Callable[[str], None] = print) -> None:
         triton.wait_ready(READY_S)
         client = TritonClient(triton.url, triton.metrics_url)
         app = create_app(FrontSettings(config.served_name, config.api_key, config.max_body_bytes, config.docs,
-                                       drain_s=DRAIN_S, **options), client)
+                                       drain_s=DRAIN_S, responses_store=config.responses_store, **options), client)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=DRAIN_S))
         host, port = sock.getsockname()[:2]
         say(f"serving '{config.served_name}' at http://{host}:{port}/v1 (Triton at {triton.url}); tool calls: "

@@ -55,7 +55,7 @@ def test_a_response_is_the_chat_reply_as_a_response_object(served):
     assert usage.input_tokens_details.cached_tokens == USAGE["cached_tokens"]
     assert usage.output_tokens_details.reasoning_tokens == 0
     assert (response.instructions, response.max_output_tokens, response.temperature) == ("Be brief.", 3, 0.5)
-    assert response.metadata == {"run": "7"} and response.store is False and response.tools == []
+    assert response.metadata == {"run": "7"} and response.store is True and response.tools == []
 
 
 def test_input_items_become_the_chat_s_turns(served):
@@ -162,8 +162,92 @@ def test_logprobs_are_included_when_asked(served):
     assert body["output"][0]["content"][0]["logprobs"] == []  # the stand-in sends none
 
 
+def messages(triton, k=-1) -> list[dict]:
+    return json.loads(triton.requests[k]["messages"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_previous_response_id_continues_the_stored_conversation(served, stream):
+    """The second request's chat is the first's turns, its reply, then the new input; the first's
+    instructions are not carried over (OpenAI's rule), the second's lead."""
+    _, triton, client = served
+    asked = dict(model="tiny", stream=stream)
+    first = client.responses.create(**asked, input="hi", instructions="Be brief.")
+    first = [e for e in first][-1].response if stream else first
+    assert first.store is True and first.previous_response_id is None
+    second = client.responses.create(**asked, input="and then?", previous_response_id=first.id,
+                                     instructions="Be kind.")
+    second = [e for e in second][-1].response if stream else second
+    assert second.previous_response_id == first.id
+    assert messages(triton) == [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "hi"},
+                                {"role": "assistant", "content": "abc"}, {"role": "user", "content": "and then?"}]
+    client.responses.create(model="tiny", input="more", previous_response_id=second.id)
+    assert messages(triton) == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "abc"},
+                                {"role": "user", "content": "and then?"}, {"role": "assistant", "content": "abc"},
+                                {"role": "user", "content": "more"}]
+    assert client.responses.retrieve(first.id).model_dump() == first.model_dump()
+
+
+def test_a_stored_function_call_continues_with_its_output(served):
+    _, triton, client = served
+    called = client.responses.create(model="tiny", input="weather?", tools=[WEATHER])
+    calls = [item for item in called.output if item.type == "function_call"]
+    client.responses.create(model="tiny", tools=[WEATHER], previous_response_id=called.id, input=[
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"} for call in calls])
+    turns = messages(triton)
+    assert turns[0] == {"role": "user", "content": "weather?"}
+    assert turns[1]["role"] == "assistant" and turns[1]["content"] == "Checking."
+    assert [call["id"] for call in turns[1]["tool_calls"]] == [call.call_id for call in calls]
+    assert turns[2:] == [{"role": "tool", "tool_call_id": call.call_id, "content": "sunny"} for call in calls]
+
+
+def test_a_response_with_store_false_is_not_kept(served):
+    front, triton, client = served
+    response = client.responses.create(model="tiny", input="hi", store=False)
+    assert response.store is False
+    assert front.get(f"/v1/responses/{response.id}").status_code == 404
+    refused = front.post("/v1/responses", json={"model": "tiny", "input": "x", "previous_response_id": response.id})
+    assert refused.status_code == 404 and refused.json()["error"]["param"] == "previous_response_id"
+    assert len(triton.requests) == 1  # refused before any work
+
+
+def test_a_deleted_response_is_gone(served):
+    front, _, client = served
+    response = client.responses.create(model="tiny", input="hi")
+    deleted = front.delete(f"/v1/responses/{response.id}")
+    assert deleted.status_code == 200
+    assert deleted.json() == {"id": response.id, "object": "response.deleted", "deleted": True}
+    assert front.get(f"/v1/responses/{response.id}").status_code == 404
+    assert front.delete(f"/v1/responses/{response.id}").status_code == 404
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+
+
+def test_the_store_keeps_the_most_recently_used_responses():
+    front, _, client = front_for(responses_store=2)
+    ids = [client.responses.create(model="tiny", input=f"hi {k}").id for k in range(2)]
+    client.responses.retrieve(ids[0])  # used: the other is now the oldest
+    ids.append(client.responses.create(model="tiny", input="hi 2").id)
+    assert [front.get(f"/v1/responses/{i}").status_code for i in ids] == [200, 404, 200]
+
+
+def test_a_server_that_stores_nothing_refuses_store_true():
+    front, triton, client = front_for(responses_store=0)
+    response = client.responses.create(model="tiny", input="hi")  # store left out: not kept
+    assert response.store is False and front.get(f"/v1/responses/{response.id}").status_code == 404
+    refused = front.post("/v1/responses", json={"model": "tiny", "input": "hi", "store": True})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "store"
+    assert len(triton.requests) == 1
+
+
+def test_a_response_cut_off_by_its_client_is_not_stored(served):
+    front, _, client = served
+    with client.responses.create(model="tiny", input="hi", stream=True) as events:
+        created = next(iter(events)).response
+    assert front.get(f"/v1/responses/{created.id}").status_code == 404
+
+
 @pytest.mark.parametrize("field, value, param", [
-    ("previous_response_id", "resp_1", "previous_response_id"), ("store", True, "store"),
     ("background", True, "background"), ("conversation", "conv_1", "conversation"),
     ("reasoning", {"effort": "high"}, "reasoning"), ("max_output_tokens", 0, "max_output_tokens"),
     ("input", [], "input"), ("input", [{"type": "item_reference", "id": "x"}], "input"),

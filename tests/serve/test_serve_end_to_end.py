@@ -275,6 +275,13 @@ def test_the_responses_api_gives_the_chat_s_reply_whole_and_streamed(server, cli
                         if e.type == "response.output_text.delta" for entry in e.logprobs]
     for entries in (whole, streamed_entries):
         assert [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in entries] == wanted
+    # the stored response continued (its instructions not carried over) = the chat over its turns
+    follow = client.responses.create(model=server.model, input=PROMPTS[2], previous_response_id=response.id,
+                                     max_output_tokens=12, temperature=0)
+    follow_chat = client.chat.completions.create(model=server.model, max_tokens=12, temperature=0, messages=[
+        turns[1], {"role": "assistant", "content": response.output_text}, {"role": "user", "content": PROMPTS[2]}])
+    assert follow.output_text == follow_chat.choices[0].message.content
+    assert client.responses.retrieve(response.id).output_text == expected.text
 
 
 def test_anthropic_s_messages_api_gives_the_chat_s_reply_whole_and_streamed(server, client):
@@ -328,6 +335,10 @@ def test_a_responses_function_call_and_its_output_round_trip_as_the_chat_s(serve
     chat_answer = client.chat.completions.create(model=server.model, messages=turns, tools=[WEATHER], max_tokens=12,
                                                  temperature=0)
     assert answered.output_text == (chat_answer.choices[0].message.content or "")
+    continued = client.responses.create(  # the stored call: only its output is sent
+        model=server.model, tools=[tool], max_output_tokens=12, temperature=0, previous_response_id=response.id,
+        input=[{"type": "function_call_output", "call_id": c.call_id, "output": "sunny"} for c in calls])
+    assert continued.output_text == answered.output_text
 
 
 CHOICES = ["red", "green", "blue violet"]
