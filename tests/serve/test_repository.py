@@ -69,6 +69,8 @@ def test_config_refusals(tmp_path):
         ServeConfig(target="x", port=70000)
     with pytest.raises(DFlashError, match=r"--prefill-chunk must be an integer >= 0 \(0: whole prompts\), got -1"):
         ServeConfig(target="x", prefill_chunk=-1)
+    with pytest.raises(DFlashError, match=r"--responses-store must be an integer >= 0, got -1"):
+        ServeConfig(target="x", responses_store=-1)
 
 
 def test_serve_picks_the_backend_for_a_pair_and_refuses_one_for_a_bundle(tmp_path):
