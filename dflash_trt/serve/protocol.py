@@ -144,12 +144,11 @@ NO_OP_VALUES = {
     # vLLM's extensions beyond SamplingParams
     "spaces_between_special_tokens": (True,),
     "logits_processors": (),
-    "guided_whitespace_pattern": (),
     "chat_template": (), "documents": (), "mm_processor_kwargs": (), "kv_transfer_params": (),
     "vllm_xargs": (),
     # SGLang's
-    "no_stop_trim": (False,), "stop_regex": (), "lora_path": (), "custom_logit_processor": (),
-    "return_hidden_states": (False,), "ebnf": (),
+    "stop_regex": (), "lora_path": (), "custom_logit_processor": (),
+    "return_hidden_states": (False,),
 }
 
 
@@ -214,7 +213,9 @@ class ResponseFormat(_Open):
 
 # Where a request may ask for structured output -> SamplingParams.structured_output's field it sets:
 # OpenAI's response_format, vLLM's structured_outputs (all its fields) and its older guided_* fields.
-GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+# SGLang's ebnf is a grammar too (GBNF).
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar",
+          "ebnf": "grammar"}
 
 
 class _Sampling(BaseModel):
@@ -254,14 +255,19 @@ class _Sampling(BaseModel):
     # structured output (spec/structured.py), at most one of these
     response_format: ResponseFormat | None = None
     structured_outputs: dict[str, Any] | None = Field(None, description="vLLM's: one of json (a schema), regex, "
-                                                                        "choice, grammar (Lark), json_object")
+                                                                        "choice, grammar (Lark or GBNF), json_object; "
+                                                                        "whitespace_pattern with json")
     guided_json: dict[str, Any] | Annotated[str, StringConstraints(min_length=1)] | None = None
     guided_regex: Annotated[str, StringConstraints(min_length=1)] | None = None
     guided_choice: Annotated[list[Annotated[str, StringConstraints(min_length=1)]], Field(min_length=1)] | None = None
-    guided_grammar: Annotated[str, StringConstraints(min_length=1)] | None = Field(None, description="Lark")
+    guided_grammar: Annotated[str, StringConstraints(min_length=1)] | None = Field(None, description="Lark or GBNF")
+    ebnf: Annotated[str, StringConstraints(min_length=1)] | None = Field(None, description="SGLang's: a GBNF grammar")
+    guided_whitespace_pattern: Annotated[str, StringConstraints(min_length=1)] | None = Field(
+        None, description="vLLM's: with JSON output, the whitespace allowed between its tokens (a regex)")
     # vLLM's: each prompt token's log-probability (after the first) and the n most probable tokens' there
     prompt_logprobs: JsonInt | None = Field(None, json_schema_extra=RANGES["prompt_logprobs"])
     include_stop_str_in_output: bool | None = None  # vLLM's: the text keeps the stop string that ended it
+    no_stop_trim: bool | None = None  # SGLang's name for it
     skip_special_tokens: bool | None = None  # vLLM's: false keeps special tokens in the text
     # vLLM's: the only tokens that may come, and words the reply may not hold
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
@@ -285,15 +291,12 @@ class _Sampling(BaseModel):
     # what this server does not implement (NO_OP_VALUES): vLLM's and SGLang's other extensions
     spaces_between_special_tokens: _no_op("spaces_between_special_tokens") = None
     logits_processors: _no_op("logits_processors") = None
-    guided_whitespace_pattern: _no_op("guided_whitespace_pattern") = None
     kv_transfer_params: _no_op("kv_transfer_params") = None
     vllm_xargs: _no_op("vllm_xargs") = None
-    no_stop_trim: _no_op("no_stop_trim") = None
     stop_regex: _no_op("stop_regex") = None
     lora_path: _no_op("lora_path") = None
     custom_logit_processor: _no_op("custom_logit_processor") = None
     return_hidden_states: _no_op("return_hidden_states") = None
-    ebnf: _no_op("ebnf") = None
 
     @model_validator(mode="before")
     @classmethod
@@ -342,7 +345,20 @@ class _Sampling(BaseModel):
         asked += [(name, {kind: getattr(self, name)}) for name, kind in GUIDED.items() if getattr(self, name) is not None]
         if len(asked) > 1:
             raise RequestError(asked[1][0], f"{asked[1][0]} and {asked[0][0]} both ask for structured output: send one")
+        if self.guided_whitespace_pattern is not None:
+            if not asked or not {"json", "json_object"} & asked[0][1].keys():
+                raise RequestError("guided_whitespace_pattern", "guided_whitespace_pattern spaces JSON output: it "
+                                                                "needs guided_json or a JSON response_format")
+            asked[0] = asked[0][0], {**asked[0][1], "whitespace_pattern": self.guided_whitespace_pattern}
         return asked[0] if asked else None
+
+    def keeps_stop(self) -> bool | None:
+        """vLLM's include_stop_str_in_output, or SGLang's no_stop_trim (the same thing)."""
+        if None not in (self.no_stop_trim, self.include_stop_str_in_output) and \
+                self.no_stop_trim != self.include_stop_str_in_output:
+            raise RequestError("no_stop_trim", "no_stop_trim and include_stop_str_in_output say the same thing "
+                                               "and here disagree: send one")
+        return self.no_stop_trim if self.include_stop_str_in_output is None else self.include_stop_str_in_output
 
     def sampling(self, max_tokens: int | None, choice: int = 0, after: str | None = None) -> dict:
         """The Triton model's sampling_parameters (None: its default) for choice `choice` of n: seeded,
@@ -354,7 +370,7 @@ class _Sampling(BaseModel):
                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                   "repetition_penalty": self.repetition_penalty, "logit_bias": self.logit_bias,
                   "min_tokens": self.min_tokens, "min_p": self.min_p, "prompt_logprobs": self.prompt_top(),
-                  "include_stop_str_in_output": self.include_stop_str_in_output,
+                  "include_stop_str_in_output": self.keeps_stop(),
                   "skip_special_tokens": self.skip_special_tokens, "allowed_token_ids": self.allowed_token_ids,
                   "bad_words": self.bad_words, "truncate_prompt_tokens": self.truncate_prompt_tokens,
                   "structured_output": (self.structured() or (None, None))[1]}

@@ -1,6 +1,6 @@
 """Structured output: a grammar a reply must follow, given as vLLM's `structured_outputs` are: one of a
-JSON schema, any JSON object, a regular expression, a list of choices or a Lark grammar (llguidance's
-dialect, which also takes GBNF-style rules). llguidance compiles it and, per position, says which
+JSON schema, any JSON object, a regular expression, a list of choices or a grammar (llguidance's Lark
+dialect, or llama.cpp's GBNF, which vLLM's xgrammar and SGLang's `ebnf` take: converted to Lark). llguidance compiles it and, per position, says which
 tokens may come next (runtime/constraints.py); the core turns the others to -inf before any decision,
 so greedy, sampled and speculative decoding follow it alike (csrc/constraint.h).
 
@@ -23,7 +23,10 @@ class StructuredOutput:
     json_object: bool = False  # any JSON object (OpenAI's response_format json_object)
     regex: str | None = None
     choice: tuple[str, ...] | None = None  # the reply is exactly one of these
-    grammar: str | None = None  # Lark
+    grammar: str | None = None  # Lark or GBNF
+    # JSON kinds: the whitespace allowed between tokens (vLLM's guided_whitespace_pattern, a regex); None:
+    # llguidance's default (any JSON whitespace)
+    whitespace_pattern: str | None = None
     # the grammar starts after this token (one token of the target's tokenizer: a reasoning model's end of
     # thinking, "</think>"); before it any token may come. None: from the reply's first token
     after: str | None = None
@@ -39,7 +42,7 @@ class StructuredOutput:
                     isinstance(c, str) and c for c in self.choice):
                 raise bad("choice must be a non-empty list of non-empty strings", self.choice)
             object.__setattr__(self, "choice", tuple(self.choice))
-        for name in ("json", "regex", "grammar", "after"):
+        for name in ("json", "regex", "grammar", "after", "whitespace_pattern"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise bad(f"{name} must be a non-empty string", value)
@@ -48,6 +51,8 @@ class StructuredOutput:
         chosen = [name for name in KINDS if getattr(self, name) not in (None, False)]
         if len(chosen) != 1:
             raise bad(f"must set exactly one of {', '.join(KINDS)}", chosen or None)
+        if self.whitespace_pattern is not None and chosen[0] not in ("json", "json_object"):
+            raise bad("whitespace_pattern applies to JSON output (json, json_object)", chosen[0])
         error = _llguidance().LLMatcher.validate_grammar(self.lark())
         if error:
             raise DFlashError(f"SamplingParams.structured_output.{chosen[0]} does not compile: "
@@ -70,15 +75,21 @@ class StructuredOutput:
     def lark(self) -> str:
         """The grammar in llguidance's form."""
         matcher = _llguidance().LLMatcher
+        spacing = {} if self.whitespace_pattern is None else {"overrides": {"whitespace_pattern": self.whitespace_pattern}}
         if self.json is not None:
-            return matcher.grammar_from_json_schema(self.json)
+            return matcher.grammar_from_json_schema(self.json, **spacing)
         if self.json_object:
-            return matcher.grammar_from_json_schema({"type": "object"})
+            return matcher.grammar_from_json_schema({"type": "object"}, **spacing)
         if self.regex is not None:
             return matcher.grammar_from_regex(self.regex)
         if self.choice is not None:  # an alternation of the literal strings (Lark's lexer refuses control characters)
             return matcher.grammar_from_regex("|".join(f"(?:{_literal(c)})" for c in self.choice))
-        return matcher.grammar_from_lark(self.grammar)
+        from llguidance.gbnf_to_lark import any_to_lark
+
+        try:
+            return matcher.grammar_from_lark(any_to_lark(self.grammar))
+        except Exception as err:  # the converter's own refusal of a GBNF text
+            raise DFlashError(f"SamplingParams.structured_output.grammar does not compile: {err}") from None
 
 
 def _literal(text: str) -> str:

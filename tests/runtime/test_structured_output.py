@@ -23,6 +23,7 @@ GRAMMARS = [
     {"json": {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
               "required": ["ok", "n"], "additionalProperties": False}},
     {"grammar": 'start: "(" item ("," item)* ")"\nitem: /[0-9]/'},
+    {"grammar": 'root ::= "(" item ("," item)* ")"\nitem ::= [0-9]'},  # the same in GBNF (vLLM's, SGLang's ebnf)
 ]
 PROMPTS = ["abc", "hello there", "zz top"]
 
@@ -44,7 +45,7 @@ def follows(structured: StructuredOutput, text: str) -> bool:
     return re.fullmatch(r"\([0-9](,[0-9])*\)", text) is not None
 
 
-@pytest.mark.parametrize("grammar", GRAMMARS, ids=lambda g: next(iter(g)))
+@pytest.mark.parametrize("grammar", GRAMMARS, ids=lambda g: next(iter(g)) + ("-gbnf" if "::=" in str(g) else ""))
 def test_greedy_replies_equal_the_constrained_autoregressive_loop(llm, grammar):
     params = SamplingParams(max_tokens=40, structured_output=grammar)
     finished = 0
@@ -78,11 +79,33 @@ def test_a_seeded_sampled_constrained_reply_is_the_same_on_every_entry_point(llm
     assert streamed.token_ids == threaded.token_ids == want.token_ids
 
 
+def test_a_whitespace_pattern_is_the_only_spacing_json_output_may_have(llm):
+    """vLLM's guided_whitespace_pattern: between JSON tokens either nothing or a match of the pattern."""
+    from dflash_trt.runtime.constraints import grammar_tokenizer
+
+    tokenizer = grammar_tokenizer(llm.tokenizer, len(llm.tokenizer))
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+
+    def takes(structured: StructuredOutput, text: str) -> bool:
+        matcher = llguidance.LLMatcher(tokenizer, structured.lark())
+        taken = matcher.consume_tokens(llm.tokenizer.encode(text, add_special_tokens=False))
+        return taken and not matcher.is_error() and matcher.is_accepting()
+
+    texts = ['{"ok":true}', '{"ok": true}', '{  "ok":  true}', '{\n"ok":\ntrue}']
+    assert [takes(StructuredOutput(json=schema), text) for text in texts] == [True] * 4
+    assert [takes(StructuredOutput(json=schema, whitespace_pattern="[ ]{2}"), text) for text in texts] == \
+        [True, False, True, False]
+    assert [takes(StructuredOutput(json_object=True, whitespace_pattern="\n"), text) for text in texts] == \
+        [True, False, False, True]
+
+
 @pytest.mark.parametrize("value, words", [
     ({"regex": "("}, "structured_output.regex does not compile"),
     ({"json": {"type": "objec"}}, "structured_output.json does not compile"),
     ({"regex": "a", "choice": ["a"]}, "must set exactly one of"),
     ({"choice": []}, "choice must be a non-empty list"),
+    ({"grammar": 'root ::= "a'}, "structured_output.grammar does not compile"),
+    ({"regex": "a", "whitespace_pattern": " "}, "whitespace_pattern applies to JSON output"),
     ({"xml": "<a/>"}, "has no field 'xml'"),
     ("json", "must be a dict of one of"),
 ])

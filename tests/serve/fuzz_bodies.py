@@ -1,8 +1,9 @@
 """Schema-valid request bodies the server must accept, for schemathesis: that a completion's prompts
 times n stay within the choices a request may have, that prompt_logprobs do not come with a stream,
-whether a regex, a Lark grammar or a JSON schema compiles, and that a request asks for structured output
+whether a regex, a grammar or a JSON schema compiles, and that a request asks for structured output
 once and not beside what bans its end, is beyond JSON Schema; a generated body keeps the prompts that fit,
-its first structured-output field, holding one that compiles, a forced tool_choice calls a function
+its first structured-output field, holding one that compiles (a whitespace pattern only beside JSON, one
+that compiles), no_stop_trim only as include_stop_str_in_output says, a forced tool_choice calls a function
 the body offers (strict only with one), and beam search is not asked (its rules are test_protocol.py's); a Responses API body the same in its own shapes. Refusals of the
 others are tests/serve/test_protocol.py's and tests/serve/test_responses_api.py's."""
 
@@ -11,9 +12,11 @@ from __future__ import annotations
 from dflash_trt.serve.protocol import MAX_CHOICES
 
 VALID = {"guided_json": {"type": "object"}, "guided_regex": "[a-z]+", "guided_grammar": 'start: "a" | "b"',
-         "structured_outputs": {"regex": "[a-z]+"},
+         "ebnf": 'root ::= "a" | "b"', "structured_outputs": {"json": {"type": "object"}},
          "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}
-FIELDS = ["response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"]
+FIELDS = ["response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+          "ebnf"]
+JSON_FIELDS = ("response_format", "structured_outputs", "guided_json")  # as VALID holds them
 
 
 def asks(body: dict, field: str) -> bool:
@@ -40,6 +43,8 @@ def acceptable(body, path: str = ""):
         body["prompt"] = prompt[:max(1, MAX_CHOICES // int(n))]
     if body.get("stream") is True:
         body["prompt_logprobs"] = None
+    if body.get("include_stop_str_in_output") is not None:
+        body["no_stop_trim"] = None
     choice = body.get("tool_choice")
     if choice == "required" or isinstance(choice, dict):  # forced calls: of a function the body offers
         body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
@@ -47,7 +52,7 @@ def acceptable(body, path: str = ""):
             body["tool_choice"] = {"type": "function", "function": {"name": "f"}}
         for field in FIELDS:
             body[field] = None
-        body["ignore_eos"] = body["min_tokens"] = None
+        body["ignore_eos"] = body["min_tokens"] = body["guided_whitespace_pattern"] = None
         return body
     for tool in body["tools"] if isinstance(body.get("tools"), list) else []:  # strict needs forced calls
         if isinstance(tool, dict) and isinstance(tool.get("function"), dict):
@@ -59,6 +64,8 @@ def acceptable(body, path: str = ""):
         if asked[0] in VALID:
             body[asked[0]] = VALID[asked[0]]
         body["ignore_eos"] = body["min_tokens"] = None
+    spaced = asked and asked[0] in JSON_FIELDS and body.get("guided_whitespace_pattern") is not None
+    body["guided_whitespace_pattern"] = "[ ]?" if spaced else None
     return body
 
 

@@ -140,7 +140,7 @@ def test_unimplemented_fields_at_their_no_op_values_are_accepted():
 @pytest.mark.parametrize("field, value", [
     ("functions", [{"name": "f"}]), ("function_call", "auto"),
     ("chat_template", "{{ x }}"),
-    ("stop_regex", "a+"), ("no_stop_trim", True),
+    ("stop_regex", "a+"),
 ])
 def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, value):
     with pytest.raises(RequestError) as err:
@@ -282,6 +282,13 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
     ({"guided_regex": "[0-9]+"}, {"regex": "[0-9]+"}),
     ({"guided_choice": ["yes", "no"]}, {"choice": ["yes", "no"]}),
     ({"guided_grammar": 'start: "a"'}, {"grammar": 'start: "a"'}),
+    ({"guided_grammar": 'root ::= "a"'}, {"grammar": 'root ::= "a"'}),
+    ({"ebnf": 'root ::= [a-c]+'}, {"grammar": 'root ::= [a-c]+'}),
+    ({"guided_json": SCHEMA, "guided_whitespace_pattern": "[ ]?"}, {"json": SCHEMA, "whitespace_pattern": "[ ]?"}),
+    ({"response_format": {"type": "json_object"}, "guided_whitespace_pattern": " "},
+     {"json_object": True, "whitespace_pattern": " "}),
+    ({"structured_outputs": {"json": SCHEMA, "whitespace_pattern": "\\n?"}},
+     {"json": SCHEMA, "whitespace_pattern": "\\n?"}),
     ({"structured_outputs": {"choice": ["x"]}}, {"choice": ["x"]}),
     ({"response_format": {"type": "text"}}, None),
 ])
@@ -299,11 +306,25 @@ def test_structured_output_fields_reach_sampling_parameters(fields, structured):
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "needs its json_schema"),
     ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", "guided_choice and guided_regex both ask"),
     ({"guided_regex": "a", "ignore_eos": True}, "guided_regex", "cannot be combined with ignore_eos"),
+    ({"ebnf": 'root ::= "a'}, "ebnf", "ebnf: grammar does not compile"),
+    ({"guided_regex": "a", "guided_whitespace_pattern": " "}, "guided_whitespace_pattern", "spaces JSON output"),
+    ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern", "spaces JSON output"),
 ])
 def test_structured_output_that_cannot_be_followed_is_refused_naming_its_field(fields, param, words):
     with pytest.raises(RequestError) as err:
         parse(chat(**fields), ChatRequest)
     assert (err.value.status, err.value.param) == (400, param) and words in err.value.message
+
+
+@pytest.mark.parametrize("fields, kept", [
+    (dict(no_stop_trim=True), True), (dict(no_stop_trim=False), False), (dict(include_stop_str_in_output=True), True),
+    (dict(no_stop_trim=True, include_stop_str_in_output=True), True), ({}, None)])
+def test_sglang_s_no_stop_trim_is_vllm_s_include_stop_str_in_output(fields, kept):
+    sampling = json.loads(parse(chat(stop=["x"], **fields), ChatRequest).triton_inputs()["sampling_parameters"])
+    assert sampling.get("include_stop_str_in_output") == kept
+    with pytest.raises(RequestError) as err:
+        parse(chat(stop=["x"], no_stop_trim=True, include_stop_str_in_output=False), ChatRequest).triton_inputs()
+    assert err.value.param == "no_stop_trim"
 
 
 def test_a_completion_refuses_a_suffix():

@@ -349,6 +349,9 @@ SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required
     ({"extra_body": {"guided_choice": CHOICES}}, {"choice": CHOICES}),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA}}}, {"json": SCHEMA}),
     ({"extra_body": {"structured_outputs": {"regex": "[a-c]{2,4}!"}}}, {"regex": "[a-c]{2,4}!"}),
+    ({"extra_body": {"ebnf": 'root ::= [a-c]{2,4} "!"'}}, {"grammar": 'root ::= [a-c]{2,4} "!"'}),  # SGLang's GBNF
+    ({"extra_body": {"guided_json": SCHEMA, "guided_whitespace_pattern": "[ ]?"}},
+     {"json": SCHEMA, "whitespace_pattern": "[ ]?"}),
 ])
 def test_structured_output_through_the_real_server_equals_offline(server, client, offline, fields, structured):
     """OpenAI's response_format and vLLM's guided / structured_outputs fields reach the engine's grammar:
