@@ -696,10 +696,13 @@ def pack_corpus(src, dst):
 @click.option("--responses-store", type=int, default=256, show_default=True,
               help="Responses API responses kept in memory (the most recently used) for previous_response_id and "
                    "GET /v1/responses/{id}; 0: none (store true is then refused).")
+@click.option("--trust-request-chat-template", is_flag=True, default=False,
+              help="Render a chat request's own chat_template (vLLM's flag; refused without it). Tool calls are "
+                   "still parsed in the server's format.")
 @user_errors
 def serve(bundle, target, draft, host, port, api_key, served_model_name, max_batch, capacity, block_size, prefill_chunk,
           backend, device, dtype, quant, draft_quant, max_waiting, docs, draft_rule, prefix_caching, scheduling_policy,
-          chat_template, tool_call_parser, reasoning_parser, responses_store):
+          chat_template, tool_call_parser, reasoning_parser, responses_store, trust_request_chat_template):
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/responses, Anthropic's
     /v1/messages and its count_tokens, /v1/models, /health, /metrics, /tokenize, /detokenize, /openapi.json,
     /docs) on Triton Inference Server: one decoupled Triton model runs every
@@ -716,7 +719,7 @@ def serve(bundle, target, draft, host, port, api_key, served_model_name, max_bat
                          prefix_caching=prefix_caching, scheduling_policy=scheduling_policy,
                          chat_template=chat_template,
                          tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
-                         responses_store=responses_store)
+                         responses_store=responses_store, trust_request_chat_template=trust_request_chat_template)
     run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
 
 

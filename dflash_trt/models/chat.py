@@ -12,16 +12,19 @@ ENDINGS = ("add_generation_prompt", "continue_final_message")
 
 
 def encode_chat(tokenizer: PreTrainedTokenizerBase, turns: list[dict], tools: list[dict] | None = None,
-                template_kwargs: dict | None = None) -> list[int]:
-    """Conversation turns through the chat template, with the tools it offers (OpenAI tool objects) and
-    its extra variables (e.g. {"enable_thinking": False}), up to the assistant's turn (or into the last
-    message: ENDINGS). ValueError for both endings at once."""
+                template_kwargs: dict | None = None, documents: list[dict] | None = None,
+                chat_template: str | None = None) -> list[int]:
+    """Conversation turns through the chat template (`chat_template`, or the tokenizer's), with the tools
+    it offers (OpenAI tool objects), the documents it cites (RAG templates: {"title", "text"} objects)
+    and its extra variables (e.g. {"enable_thinking": False}), up to the assistant's turn (or into the
+    last message: ENDINGS). ValueError for both endings at once."""
     variables = dict(template_kwargs or {})
     continued = bool(variables.pop("continue_final_message", False))
     opened = bool(variables.pop("add_generation_prompt", not continued))
     if continued and opened:
         raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
-    text = tokenizer.apply_chat_template(turns, tools=tools or None, add_generation_prompt=opened,
+    text = tokenizer.apply_chat_template(turns, tools=tools or None, documents=documents or None,
+                                         chat_template=chat_template, add_generation_prompt=opened,
                                          continue_final_message=continued, tokenize=False, **variables)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 

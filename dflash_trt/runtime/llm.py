@@ -418,23 +418,28 @@ class LLM:
 
     def chat(self, conversations: list, params: SamplingParams | None = None, tools: list[dict] | None = None,
              chat_template_kwargs: dict | None = None, speculative: bool = True, add_generation_prompt: bool = True,
-             continue_final_message: bool = False) -> list[RequestOutput]:
+             continue_final_message: bool = False, chat_template: str | None = None,
+             documents: list[dict] | None = None) -> list[RequestOutput]:
         """Reply to a conversation (a list of {"role", "content", ...} turns) or a list of them, each
-        through the chat template with `tools` (OpenAI tool objects) and the template's extra variables
+        through the chat template (`chat_template`, or the tokenizer's) with `tools` (OpenAI tool
+        objects), `documents` (a RAG template's, e.g. {"title", "text"}) and the template's extra variables
         (e.g. {"enable_thinking": False}), as `generate` does; one output per conversation.
         `continue_final_message` (with add_generation_prompt=False, vLLM's): the reply continues the last
         message (an assistant's first words) instead of opening a turn."""
-        if self.tokenizer is None or not self.tokenizer.chat_template:
-            raise DFlashError("chat needs a tokenizer with a chat template; this target has none (use generate)")
-        if tools and "tools" not in self.tokenizer.chat_template:
-            raise DFlashError("this target's chat template does not render tools")
+        template = chat_template or (self.tokenizer.chat_template if self.tokenizer is not None else None)
+        if self.tokenizer is None or not template:
+            raise DFlashError("chat needs a tokenizer with a chat template; this target has none (use generate, "
+                              "or pass chat_template)")
+        for name, given in (("tools", tools), ("documents", documents)):
+            if given and name not in template:
+                raise DFlashError(f"this chat template does not render {name}")
         if add_generation_prompt and continue_final_message:
             raise DFlashError("continue_final_message needs add_generation_prompt=False (the reply continues the "
                               "last message instead of opening a turn)")
         single = bool(conversations) and isinstance(conversations[0], dict)
         ending = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message}
-        prompts = [encode_chat(self.tokenizer, turns, tools, {**(chat_template_kwargs or {}), **ending})
-                   for turns in ([conversations] if single else conversations)]
+        prompts = [encode_chat(self.tokenizer, turns, tools, {**(chat_template_kwargs or {}), **ending}, documents,
+                               chat_template) for turns in ([conversations] if single else conversations)]
         return self.generate(prompts, params, speculative)
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, speculative: bool = True) -> Iterator[RequestOutput]:

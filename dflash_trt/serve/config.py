@@ -45,6 +45,7 @@ class ServeConfig:
     tool_call_parser: str = "auto"  # how replies write tool calls (tool_calls.PARSERS); auto: from the template
     reasoning_parser: str = "none"  # qwen3: a chat reply's <think> block is its reasoning_content
     responses_store: int = 256  # Responses API responses kept for previous_response_id (0: none)
+    trust_request_chat_template: bool = False  # vLLM's: a request's own chat_template renders its prompt
 
     def __post_init__(self):
         if self.bundle is not None and (self.target or self.draft):

@@ -70,9 +70,10 @@ class FrontSettings:
     docs: bool = True  # /docs (Swagger UI); /openapi.json is always served
     drain_s: float = 60  # on shutdown, how long an in-flight stream may go on to its end
     tool_parser: str | None = None  # the format of the model's tool calls (tool_calls.PARSERS); None: tools refused
-    # with a reasoning parser: chat_template_kwargs -> whether the prompt leaves a think block open
-    # (reply_text.py); None: replies are all content
-    thinking: Callable[[dict], bool] | None = None
+    # with a reasoning parser: (chat_template_kwargs, a request's own template or None) -> whether the
+    # prompt leaves a think block open (reply_text.py); None: replies are all content
+    thinking: Callable[[dict, str | None], bool] | None = None
+    trust_request_chat_template: bool = False  # vLLM's flag: a request's chat_template renders its prompt
     responses_store: int = 256  # Responses API responses kept for previous_response_id (the most recent; 0: none)
 
 
@@ -215,6 +216,12 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         """OpenAI's retrieve: the served model's card (a model id may hold slashes)."""
         return card if model == settings.model else unknown(model)
 
+    def trusted(template: str | None) -> None:
+        if template is not None and not settings.trust_request_chat_template:
+            raise RequestError("chat_template", "this server renders prompts with its own chat template: a "
+                                                "request's is taken only if it was started with "
+                                                "--trust-request-chat-template")
+
     async def complete(request: Request, parsed: protocol._Sampling,
                        render: ResponseRender | messages_api.MessageRender | None = None):
         """Run a chat or completion request; `render` (the Responses or Messages API's: `whole`, `events`)
@@ -229,8 +236,10 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
             raise RequestError("tools", "this server parses no tool calls: its chat template writes none in a "
                                         "format it knows; start it with --tool-call-parser (and --chat-template), "
                                         "or force the calls with tool_choice")
+        if chat:
+            trusted(parsed.chat_template)
         # a continued last message opens no turn, so no think block either: the reply is all content
-        thinking = (settings.thinking(parsed.chat_template_kwargs or {})
+        thinking = (settings.thinking(parsed.chat_template_kwargs or {}, parsed.chat_template)
                     if chat and settings.thinking and not parsed.continue_final_message else None)
         echo_top = parsed.logprobs if not chat and parsed.echo else None
         reply = Reply(chat=chat, model=settings.model, with_meta_info=parsed.return_meta_info,
@@ -298,6 +307,8 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         if body.model is not None and body.model != settings.model:
             return unknown(body.model)
         field = "prompt" if isinstance(body, TokenizePrompt) else "messages"
+        if field == "messages":
+            trusted(body.chat_template)
         piece = await _tokenized(triton, body.triton_inputs(), field)
         ids = list(piece.prompt_token_ids)
         return TokenizeResponse(count=len(ids), max_model_len=piece.usage["max_model_len"], tokens=ids)

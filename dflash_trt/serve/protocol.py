@@ -144,7 +144,7 @@ NO_OP_VALUES = {
     # vLLM's extensions beyond SamplingParams
     "spaces_between_special_tokens": (True,),
     "logits_processors": (),
-    "chat_template": (), "documents": (), "mm_processor_kwargs": (), "kv_transfer_params": (),
+    "mm_processor_kwargs": (), "kv_transfer_params": (),
     "vllm_xargs": (),
     # SGLang's
     "stop_regex": (), "lora_path": (), "custom_logit_processor": (),
@@ -457,9 +457,11 @@ class ChatRequest(_Sampling):
     # the deprecated forms of tools
     functions: _no_op("functions") = None
     function_call: _no_op("function_call") = None
-    # vLLM's chat-only extensions this server does not implement
-    chat_template: _no_op("chat_template") = None
-    documents: _no_op("documents") = None
+    # vLLM's: a template of the request's own (on a server started with --trust-request-chat-template),
+    # and documents for a template that cites them (RAG templates)
+    chat_template: Annotated[str, StringConstraints(min_length=1)] | None = None
+    documents: list[dict[str, str]] | None = None
+    # vLLM's chat-only extension this server does not implement
     mm_processor_kwargs: _no_op("mm_processor_kwargs") = None
     echo: bool | None = Field(None, description="vLLM's: the reply's content begins with the last message's "
                                                 "when that is the assistant's (continue_final_message)")
@@ -529,15 +531,27 @@ class ChatRequest(_Sampling):
 
     def triton_inputs(self, choice: int = 0, after: str | None = None) -> dict:
         """`after`: the token a grammar starts after (the end of a think block the prompt opened)."""
-        messages = [m.for_template() for m in self.messages]
         tokens = self.max_completion_tokens or self.max_tokens
-        inputs = {"messages": json.dumps(messages),
-                  "sampling_parameters": json.dumps(self.sampling(tokens, choice, after))}
-        if self.template_variables():
-            inputs["chat_template_kwargs"] = json.dumps(self.template_variables())
-        if self.offered_tools():
-            inputs["tools"] = json.dumps([tool.model_dump(exclude_none=True) for tool in self.tools])
+        inputs = chat_inputs(self.messages, self.template_variables(), self.tools if self.offered_tools() else None,
+                             self.documents, self.chat_template)
+        inputs["sampling_parameters"] = json.dumps(self.sampling(tokens, choice, after))
         return {**inputs, **self.flags()}
+
+
+def chat_inputs(messages: list[ChatMessage], variables: dict, tools: list[Tool] | None,
+                documents: list[dict] | None, template: str | None) -> dict:
+    """The Triton model's inputs that render a chat: its turns, the template's variables, the tools it
+    offers, the documents it cites, a template of the request's own."""
+    inputs = {"messages": json.dumps([m.for_template() for m in messages])}
+    if variables:
+        inputs["chat_template_kwargs"] = json.dumps(variables)
+    if tools:
+        inputs["tools"] = json.dumps([tool.model_dump(exclude_none=True) for tool in tools])
+    if documents:
+        inputs["documents"] = json.dumps(documents)
+    if template is not None:
+        inputs["chat_template"] = template
+    return inputs
 
 
 class CompletionRequest(_Sampling):

@@ -11,7 +11,8 @@ from dflash_trt.serve.config import TRITON_MODEL, ServeConfig
 MODEL_SOURCE = Path(__file__).parent / "triton_model" / "model.py"
 
 # Inputs: a prompt as raw text, chat messages (JSON, with the chat template's extra variables as a
-# JSON object in chat_template_kwargs and the tools it offers as a JSON list) or token ids; sampling parameters as one JSON
+# JSON object in chat_template_kwargs, the tools it offers and the documents it cites as JSON lists, and
+# a template of the request's own in chat_template) or token ids; sampling parameters as one JSON
 # string (vLLM backend's convention); stream=false gives one response (what /generate needs).
 # Outputs: text and token ids (deltas when streaming, whole otherwise), the finish reason and a usage
 # JSON (token counts, acceptance lengths) on the last response. The first response also carries, when
@@ -34,6 +35,8 @@ input [
   {{ name: "messages", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
   {{ name: "chat_template_kwargs", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
   {{ name: "tools", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
+  {{ name: "documents", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
+  {{ name: "chat_template", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
   {{ name: "input_ids", data_type: TYPE_INT64, dims: [ -1 ], optional: true }},
   {{ name: "sampling_parameters", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
   {{ name: "stream", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},

@@ -124,6 +124,26 @@ def template_kwargs(text: str | None) -> dict:
     return values
 
 
+def template_documents(text: str | None, chat_template: str | None) -> list | None:
+    """The request's documents (a JSON list of objects of strings, e.g. {"title", "text"}) for the chat
+    template; None: none. A template that never reads `documents` would drop them silently: refused."""
+    if not text:
+        return None
+    try:
+        documents = json.loads(text)
+    except ValueError:
+        raise RequestError("documents", "documents is not valid JSON") from None
+    if not isinstance(documents, list) or not all(
+            isinstance(doc, dict) and all(isinstance(v, str) for v in doc.values()) for doc in documents):
+        raise RequestError("documents", "documents must be a JSON list of objects of strings")
+    if not documents:
+        return None
+    if not chat_template or "documents" not in chat_template:
+        raise RequestError("documents", "this chat template does not render documents: send a chat_template "
+                                        "that does (with --trust-request-chat-template), or serve with one")
+    return documents
+
+
 def template_tools(text: str | None, chat_template: str | None) -> list | None:
     """The request's tools (a JSON list of OpenAI tool objects) for the chat template; None: none. A
     template that never reads `tools` would drop them silently: refused."""

@@ -62,16 +62,18 @@ def front_options(config: ServeConfig) -> dict:
     thinking = None
     if config.reasoning_parser != "none":
         @functools.lru_cache(maxsize=64)
-        def rendered(kwargs: str) -> bool:
+        def rendered(kwargs: str, template: str | None) -> bool:
             try:
                 prompt = tokenizer.apply_chat_template([{"role": "user", "content": "?"}], add_generation_prompt=True,
-                                                       tokenize=False, **json.loads(kwargs))
-            except Exception:  # the Triton model refuses such kwargs itself, naming them
+                                                       tokenize=False, chat_template=template, **json.loads(kwargs))
+            except Exception:  # the Triton model refuses such kwargs and templates itself, naming them
                 return False
             return opens_thinking(prompt)
 
-        def thinking(kwargs: dict) -> bool:  # whether the assistant's turn, opened, opens a think block
-            return rendered(json.dumps({k: v for k, v in kwargs.items() if k not in ENDINGS}, sort_keys=True))
+        def thinking(kwargs: dict, template: str | None = None) -> bool:
+            """Whether the assistant's turn, opened, opens a think block (`template`: a request's own)."""
+            return rendered(json.dumps({k: v for k, v in kwargs.items() if k not in ENDINGS}, sort_keys=True),
+                            template)
     return {"tool_parser": parser, "thinking": thinking}
 
 
@@ -112,7 +114,9 @@ def serve(config: ServeConfig, say: Callable[[str], None] = print) -> None:
         triton.wait_ready(READY_S)
         client = TritonClient(triton.url, triton.metrics_url)
         app = create_app(FrontSettings(config.served_name, config.api_key, config.max_body_bytes, config.docs,
-                                       drain_s=DRAIN_S, responses_store=config.responses_store, **options), client)
+                                       drain_s=DRAIN_S, responses_store=config.responses_store,
+                                       trust_request_chat_template=config.trust_request_chat_template, **options),
+                           client)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=DRAIN_S))
         host, port = sock.getsockname()[:2]
         say(f"serving '{config.served_name}' at http://{host}:{port}/v1 (Triton at {triton.url}); tool calls: "

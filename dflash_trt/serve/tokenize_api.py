@@ -4,12 +4,11 @@ Triton model does both (its `tokenize_only` input), with the tokenizer and templ
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from dflash_trt.serve.protocol import ChatMessage, JsonInt, TokenId, Tool, only
+from dflash_trt.serve.protocol import ChatMessage, JsonInt, TokenId, Tool, chat_inputs, only
 
 
 class _Tokenize(BaseModel):
@@ -30,7 +29,8 @@ class TokenizePrompt(_Tokenize):
 
 class TokenizeChat(_Tokenize):
     """A chat's messages through the chat template (which writes the special tokens), with its
-    `chat_template_kwargs`, `tools` and how the turns end, as a chat request renders them."""
+    `chat_template_kwargs`, `tools`, `documents`, a `chat_template` of its own and how the turns end, as a
+    chat request renders them."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     add_special_tokens: only(False) | None = None
@@ -38,16 +38,15 @@ class TokenizeChat(_Tokenize):
     continue_final_message: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Tool] | None = None
+    documents: list[dict[str, str]] | None = None
+    chat_template: Annotated[str, StringConstraints(min_length=1)] | None = None
 
     def triton_inputs(self) -> dict:
         endings = {name: getattr(self, name) for name in ("add_generation_prompt", "continue_final_message")
                    if getattr(self, name) is not None}
-        inputs = {"messages": json.dumps([m.for_template() for m in self.messages]), "tokenize_only": True}
-        if self.chat_template_kwargs or endings:
-            inputs["chat_template_kwargs"] = json.dumps({**(self.chat_template_kwargs or {}), **endings})
-        if self.tools:
-            inputs["tools"] = json.dumps([tool.model_dump(exclude_none=True) for tool in self.tools])
-        return inputs
+        variables = {**(self.chat_template_kwargs or {}), **endings}
+        return {**chat_inputs(self.messages, variables, self.tools, self.documents, self.chat_template),
+                "tokenize_only": True}
 
 
 TokenizeRequest = TokenizePrompt | TokenizeChat

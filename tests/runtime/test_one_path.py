@@ -114,6 +114,23 @@ def test_chat_renders_each_conversation_through_the_template_as_generate_runs_it
         llm.chat(conversations[0], params, tools=[{"type": "function", "function": {"name": "f"}}])
 
 
+def test_chat_renders_a_template_of_its_own_with_the_documents_it_cites(llm):
+    """vLLM's chat_template and documents: the prompt is that template's rendering of the turns and the
+    documents (written out here), and the reply generate's for it."""
+    from dflash_trt.errors import DFlashError
+
+    template = ("{% for d in documents %}[{{ d.title }}] {{ d.text }}\n{% endfor %}"
+                "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+    turns = [{"role": "user", "content": "which?"}]
+    docs = [{"title": "A", "text": "alpha"}, {"title": "B", "text": "beta"}]
+    params = SamplingParams(max_tokens=8)
+    out = llm.chat(turns, params, chat_template=template, documents=docs)[0]
+    ids = llm.tokenizer("[A] alpha\n[B] beta\nuser: which?\nassistant:", add_special_tokens=False)["input_ids"]
+    assert out.prompt_token_ids == ids and out.token_ids == llm.generate(ids, params)[0].token_ids
+    with pytest.raises(DFlashError, match="does not render documents"):
+        llm.chat(turns, params, documents=docs)  # the tokenizer's own template cites none
+
+
 def test_chat_continues_a_final_message_when_asked(llm):
     """vLLM's continue_final_message: the assistant's first words are given and the reply continues them
     (the template leaves the last message open, no turn opened)."""

@@ -3,7 +3,8 @@ times n stay within the choices a request may have, that prompt_logprobs do not 
 whether a regex, a grammar or a JSON schema compiles, and that a request asks for structured output
 once and not beside what bans its end, is beyond JSON Schema; a generated body keeps the prompts that fit,
 its first structured-output field, holding one that compiles (a whitespace pattern only beside JSON, one
-that compiles), no_stop_trim only as include_stop_str_in_output says, a forced tool_choice calls a function
+that compiles), no_stop_trim only as include_stop_str_in_output says, no template or documents of its own
+(a template that cites them, trusted, is test_serve_end_to_end.py's), a forced tool_choice calls a function
 the body offers (strict only with one), and beam search is not asked (its rules are test_protocol.py's); a Responses API body the same in its own shapes. Refusals of the
 others are tests/serve/test_protocol.py's and tests/serve/test_responses_api.py's."""
 
@@ -37,6 +38,8 @@ def acceptable(body, path: str = ""):
         return acceptable_response(body)
     # a beam search takes few of the sampling fields (tests/serve/test_protocol.py checks which): not fuzzed
     body["use_beam_search"] = body["length_penalty"] = None
+    body.pop("chat_template", None)  # a template of the request's own: taken only if trusted, and may refuse
+    body.pop("documents", None)  # documents: only for a template that cites them
     prompt, n = body.get("prompt"), body.get("n", 1)
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) and isinstance(n, (int, float)) \
             and not isinstance(n, bool) and n >= 1:  # n may come as an integral float (56.0)
@@ -112,7 +115,7 @@ def acceptable_tokenize(body: dict) -> dict:
             continue
         if model is TokenizeChat:
             body.update(messages=[{"role": "user", "content": "hi"}], tools=None, chat_template_kwargs=None,
-                        add_generation_prompt=None, continue_final_message=None)
+                        add_generation_prompt=None, continue_final_message=None, documents=None, chat_template=None)
         else:
             body["tokens"] = [int(t) % 50 for t in body["tokens"]]
     return body

@@ -363,13 +363,33 @@ def test_tools_on_a_server_that_parses_none_are_refused(front):
     assert "--tool-call-parser" in response.json()["error"]["message"] and not front.triton.requests
 
 
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", chat(chat_template="{{ messages }}")),
+                                        ("/tokenize", {"messages": [{"role": "user", "content": "hi"}],
+                                                       "chat_template": "{{ messages }}"})])
+def test_a_request_s_chat_template_is_taken_only_when_trusted(path, body):
+    """vLLM's --trust-request-chat-template: without it a request's template is a 400 before any work;
+    with it the template goes to the Triton model, and the reasoning parser asks it whether it thinks."""
+    asked = []
+    for trust in (False, True):
+        triton = FakeTriton()
+        front = TestClient(create_app(FrontSettings("tiny", trust_request_chat_template=trust, thinking=lambda
+                                                    kwargs, template: asked.append(template) or False), triton))
+        response = front.post(path, json=body)
+        if not trust:
+            assert response.status_code == 400 and response.json()["error"]["param"] == "chat_template"
+            assert "--trust-request-chat-template" in response.json()["error"]["message"] and not triton.requests
+        else:
+            assert response.status_code == 200 and triton.requests[0]["chat_template"] == "{{ messages }}"
+    assert asked == (["{{ messages }}"] if path.startswith("/v1") else [])
+
+
 def test_reasoning_comes_back_apart_from_the_content(tool_front):
     """--reasoning-parser qwen3 behind a template whose generation prompt opens a think block unless
     enable_thinking is false (the front asks `thinking` with the request's chat_template_kwargs)."""
     from openai import OpenAI
 
-    front = TestClient(create_app(FrontSettings("tiny", thinking=lambda kwargs: kwargs.get("enable_thinking", True)),
-                                  FakeTriton()))
+    front = TestClient(create_app(FrontSettings("tiny", thinking=lambda kwargs, template: kwargs.get(
+        "enable_thinking", True)), FakeTriton()))
     client = OpenAI(base_url="http://testserver/v1", api_key="none", http_client=front)
     think = [{"role": "user", "content": "think"}]
     reply = client.chat.completions.create(model="tiny", messages=think)
@@ -417,8 +437,8 @@ def test_a_grammar_starts_after_the_think_block_the_prompt_opened():
     """With the reasoning parser and a prompt that opens a think block, the grammar (structured output or
     forced calls) starts after "</think>"; without one it starts at once."""
     triton = FakeTriton()
-    front = TestClient(create_app(FrontSettings("tiny", thinking=lambda kwargs: kwargs.get("enable_thinking", True)),
-                                  triton))
+    front = TestClient(create_app(FrontSettings("tiny", thinking=lambda kwargs, template: kwargs.get(
+        "enable_thinking", True)), triton))
     front.post("/v1/chat/completions", json=chat(guided_regex="[0-9]+"))
     front.post("/v1/chat/completions", json=chat(guided_regex="[0-9]+",
                                                  chat_template_kwargs={"enable_thinking": False}))

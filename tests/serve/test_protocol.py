@@ -138,8 +138,7 @@ def test_unimplemented_fields_at_their_no_op_values_are_accepted():
 
 
 @pytest.mark.parametrize("field, value", [
-    ("functions", [{"name": "f"}]), ("function_call", "auto"),
-    ("chat_template", "{{ x }}"),
+    ("functions", [{"name": "f"}]), ("function_call", "auto"), ("mm_processor_kwargs", {"fps": 2}),
     ("stop_regex", "a+"),
 ])
 def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, value):
@@ -147,6 +146,21 @@ def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, val
         parse(chat(**{field: value}), ChatRequest)
     assert err.value.status == 400 and err.value.param == field
     assert err.value.message.startswith(f"this server does not support {field}: leave it out")
+
+
+def test_documents_and_a_request_s_template_go_to_the_triton_model():
+    from dflash_trt.serve.tokenize_api import TokenizeChat
+
+    docs = [{"title": "A", "text": "alpha"}]
+    for inputs in (parse(chat(documents=docs, chat_template="{{ documents }}"), ChatRequest).triton_inputs(),
+                   TokenizeChat.model_validate({"messages": [{"role": "user", "content": "hi"}], "documents": docs,
+                                                "chat_template": "{{ documents }}"}).triton_inputs()):
+        assert json.loads(inputs["documents"]) == docs and inputs["chat_template"] == "{{ documents }}"
+    assert not {"documents", "chat_template"} & parse(chat(documents=[]), ChatRequest).triton_inputs().keys()
+    for fields in (dict(documents=[{"title": 1}]), dict(chat_template="")):
+        with pytest.raises(RequestError) as err:
+            parse(chat(**fields), ChatRequest)
+        assert err.value.param.startswith(next(iter(fields)))
 
 
 def test_tokens_as_ids_are_asked_of_the_triton_model():

@@ -9,6 +9,7 @@ from dflash_trt.serve.requests import (
     beam_search_params,
     parse_sampling,
     template_kwargs,
+    template_documents,
     template_tools,
 )
 from dflash_trt.spec.sampling import SamplingParams
@@ -105,6 +106,20 @@ def test_tools_reach_only_a_template_that_renders_them():
         with pytest.raises(RequestError) as err:
             template_tools(text, template)
         assert err.value.param == "tools" and words in err.value.message
+
+
+def test_documents_reach_only_a_template_that_renders_them():
+    docs = [{"title": "A", "text": "alpha"}]
+    assert template_documents(json.dumps(docs), "{% for d in documents %}{{ d.text }}{% endfor %}") == docs
+    assert template_documents(None, None) is None and template_documents("[]", "{{ x }}") is None
+    for text, template, words in [("[1]", "documents", "a JSON list of objects of strings"),
+                                  ('[{"n": 1}]', "documents", "a JSON list of objects of strings"),
+                                  ("{", "documents", "not valid JSON"),
+                                  (json.dumps(docs), "{{ messages }}", "does not render documents"),
+                                  (json.dumps(docs), None, "does not render documents")]:
+        with pytest.raises(RequestError) as err:
+            template_documents(text, template)
+        assert err.value.param == "documents" and words in err.value.message
 
 
 def test_a_truncated_prompt_counts_only_the_tokens_it_keeps():

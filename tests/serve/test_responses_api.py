@@ -31,7 +31,7 @@ def served():
 def thinking():
     """--reasoning-parser qwen3 behind a template whose prompt opens a think block unless enable_thinking
     is false."""
-    return front_for(thinking=lambda kwargs: kwargs.get("enable_thinking", True))
+    return front_for(thinking=lambda kwargs, template: kwargs.get("enable_thinking", True))
 
 
 def sampling(triton, k=-1) -> dict:

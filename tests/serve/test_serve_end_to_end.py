@@ -47,7 +47,7 @@ def server(pair, tmp_path_factory):
     started = start_server(["--target", str(target), "--draft", str(draft), "--max-model-len", str(CAPACITY),
                             "--max-num-seqs", "4", "--backend", "torch", "--chat-template", str(template),
                             "--reasoning-parser", "qwen3", "--scheduling-policy", "priority",
-                            "--served-model-name", SERVED])
+                            "--served-model-name", SERVED, "--trust-request-chat-template"])
     assert any("tool calls: hermes; reasoning: qwen3" in line for line in started.output)
     assert started.model == SERVED
     yield started
@@ -430,6 +430,28 @@ def test_tokenize_and_detokenize_give_the_ids_and_text_the_model_reads(server, c
     assert back == {"prompt": offline.tokenizer.decode(ids, skip_special_tokens=False)}
     outside = httpx.post(f"{server.root}/detokenize", json={"tokens": [1, 10**6]}, timeout=30)
     assert outside.status_code == 400 and outside.json()["error"]["param"] == "tokens"
+
+
+RAG_TEMPLATE = ("{% for d in documents %}[{{ d.title }}] {{ d.text }}\n{% endfor %}"
+                "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+
+
+def test_a_request_s_template_and_documents_render_its_prompt_as_offline_chat(server, client, offline):
+    """vLLM's chat_template (the server trusts requests' templates) and documents: the reply, its prompt
+    tokens and /tokenize's ids are offline `LLM.chat`'s with the same template and documents."""
+    turns = [{"role": "user", "content": PROMPTS[6]}]
+    docs = [{"title": "A", "text": "alpha"}, {"title": "B", "text": "beta"}]
+    expected = offline.chat(turns, SamplingParams(max_tokens=10), chat_template=RAG_TEMPLATE, documents=docs)[0]
+    reply = client.chat.completions.create(model=server.model, messages=turns, max_tokens=10, temperature=0,
+                                           extra_body={"chat_template": RAG_TEMPLATE, "documents": docs})
+    assert reply.choices[0].message.content == expected.text
+    assert reply.usage.prompt_tokens == len(expected.prompt_token_ids)
+    tokenized = httpx.post(f"{server.root}/tokenize", timeout=30, json={
+        "messages": turns, "chat_template": RAG_TEMPLATE, "documents": docs}).json()
+    assert tokenized["tokens"] == list(expected.prompt_token_ids)
+    refused = httpx.post(f"{server.url}/chat/completions", timeout=30, json={
+        "model": server.model, "messages": turns, "documents": docs})  # the server's template cites none
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "documents"
 
 
 def test_completion_of_token_ids_equals_offline(server, client, offline):

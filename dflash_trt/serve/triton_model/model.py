@@ -25,6 +25,7 @@ from dflash_trt.serve.requests import (
     RequestError,
     beam_search_params,
     parse_sampling,
+    template_documents,
     template_kwargs,
     template_tools,
 )
@@ -159,12 +160,15 @@ class TritonPythonModel:
             chat = json.loads(messages)
         except ValueError:
             raise RequestError("messages", "messages is not valid JSON") from None
-        tools = template_tools(_string(request, "tools"), tokenizer.chat_template)
-        if not tokenizer.chat_template:  # a base model: the turns' text, one after another
+        asked = _string(request, "chat_template")  # the request's own (the front lets it through only if trusted)
+        template = asked or tokenizer.chat_template
+        tools = template_tools(_string(request, "tools"), template)
+        documents = template_documents(_string(request, "documents"), template)
+        if not template:  # a base model: the turns' text, one after another
             return tokenizer("\n".join(str(m.get("content", "")) for m in chat))["input_ids"]
         extra = template_kwargs(_string(request, "chat_template_kwargs"))
         try:
-            return encode_chat(tokenizer, chat, tools, extra)
+            return encode_chat(tokenizer, chat, tools, extra, documents, asked)
         except Exception as err:  # a template that refuses these messages (roles, order) says why
             raise RequestError("messages", f"the chat template refused the messages: {err}") from None
 
