@@ -787,6 +787,9 @@ def bench(bundle, target, draft, backend, base_url, baseline_url, model, api_key
     results = run_bench(config, api_key)
     click.echo(report.table(results))
     click.echo(report.acceptance_lines(results))
+    if any(r.prefix_cache_reset is False for r in results):
+        click.echo("note: a server has no prefix cache reset (/reset_prefix_cache, /flush_cache): the warm-up's "
+                   "prompts may be served from its cache when timed (cached column)")
     for name, source in report.record_sources(config).items():
         click.echo(f"{name}: {source}")
     if json_out:

@@ -106,6 +106,9 @@ class SettingResult:
     outputs: list[str] = field(default_factory=list)
     draft_vocab_size: int | None = None  # token ids the drafter may propose (offline mode; None: unknown)
     max_block_size: int | None = None  # offline: the largest block a step may verify
+    # server mode: whether every server forgot its cached prompts after the warm-up (bench/server.py
+    # RESETS; False: the timed requests of the warm-up's prompts may be served from its cache)
+    prefix_cache_reset: bool | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -212,7 +215,7 @@ def _offline_settings(config: BenchConfig, llm, rule: str, name: str, prompts: l
 
 def run_server_bench(config: BenchConfig, prompt_sets: dict[str, list[str]],
                      api_key: str | None = None) -> list[SettingResult]:
-    from dflash_trt.bench.server import connect, read_spec_counters, run_server, warm_up_server
+    from dflash_trt.bench.server import connect, read_spec_counters, reset_prefix_cache, run_server, warm_up_server
 
     key = api_key or "none"  # sent as the bearer token to both servers; never written to the record
     endpoint = connect(config.base_url, config.model, key)
@@ -222,8 +225,10 @@ def run_server_bench(config: BenchConfig, prompt_sets: dict[str, list[str]],
         for temperature in config.temperatures:
             for concurrency in config.concurrency:
                 label = f"{name} T={temperature} C={concurrency}"
-                for server in (endpoint, baseline) if baseline else (endpoint,):  # untimed, like offline
+                servers = (endpoint, baseline) if baseline else (endpoint,)
+                for server in servers:  # untimed, like offline
                     warm_up_server(server, prompts[:concurrency], temperature, config.seed, concurrency)
+                reset = all([reset_prefix_cache(server) for server in servers])  # every one asked
                 before = read_spec_counters(endpoint)
                 records, wall = run_server(endpoint, prompts, config.max_tokens, temperature, config.seed, concurrency, label)
                 after = read_spec_counters(endpoint)
@@ -238,7 +243,7 @@ def run_server_bench(config: BenchConfig, prompt_sets: dict[str, list[str]],
                     mode="server", backend=endpoint.base_url, dataset=name, block_size=None,
                     temperature=temperature, concurrency=concurrency, prompts=len(prompts), dflash=side,
                     baseline=summarize(base[0], base[1], None) if base else None,
-                    outputs=[r.text for r in records],
+                    outputs=[r.text for r in records], prefix_cache_reset=reset,
                 )
                 results.append(compare(result, records, base[0] if base else None))
     return results

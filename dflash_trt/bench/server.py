@@ -107,6 +107,27 @@ def warm_up_server(endpoint: Endpoint, prompts: list[str], temperature: float, s
     run_server(endpoint, prompts, 8, temperature, seed, concurrency, "warm-up")
 
 
+RESETS = ("/reset_prefix_cache", "/flush_cache")  # vLLM's (in its dev mode) and dflash-trt's; SGLang's
+
+
+def reset_prefix_cache(endpoint: Endpoint) -> bool:
+    """Ask the server to forget the prompts its prefix cache holds (so that the timed requests prefill as
+    they would arriving first): True if one of RESETS answered 200."""
+    from urllib.error import URLError
+    from urllib.request import Request, urlopen
+
+    root = endpoint.base_url.rstrip("/").removesuffix("/v1")
+    headers = {} if endpoint.api_key == "none" else {"Authorization": f"Bearer {endpoint.api_key}"}
+    for path in RESETS:
+        try:
+            with urlopen(Request(root + path, data=b"", headers=headers, method="POST"), timeout=60) as response:
+                if response.status == 200:
+                    return True
+        except (URLError, OSError):  # not served there (an HTTP error is a URLError): the next name
+            continue
+    return False
+
+
 def read_spec_counters(endpoint: Endpoint) -> tuple[float, float] | None:
     """(drafts, accepted tokens) from vLLM-style Prometheus counters, or None if not exposed."""
     from urllib.error import URLError

@@ -434,6 +434,17 @@ class Engine:
             self._cv.notify()
         return True
 
+    def reset_prefix_cache(self) -> None:
+        """Drop what finished requests' slots keep for prefix caching, between two steps (running requests
+        keep their positions: a new request may still start on them). Returns once done."""
+        done = threading.Event()
+        with self._cv:
+            if self._closing:
+                raise Busy("the engine is shutting down", 503)
+            self._inbox.append(("forget", done))
+            self._cv.notify()
+        done.wait()
+
     def generate(self, prompts: list, params: SamplingParams | None = None, speculative: bool | None = None,
                  cancelled: Callable[[], bool] | None = None, cache_salt: str | None = None) -> list:
         """Every prompt at once -> their last outputs, in order, on the caller's thread (which waits).
@@ -525,6 +536,11 @@ class Engine:
                 for kind, item in commands:
                     if kind == "add":
                         self.runner.submit(item)
+                    elif kind == "forget":
+                        try:
+                            self.runner.forget_cached()
+                        finally:  # the caller waits for it
+                            item.set()
                     elif (request := self.runner.abort(item)) is not None:
                         touched.append(request)
             try:

@@ -59,7 +59,8 @@ from dflash_trt.serve.tokenize_api import (
 from dflash_trt.serve.triton_client import Piece, TritonClient, UpstreamError
 
 DISCONNECT_POLL_S = 0.1
-GUARDED = ("/v1/", "/tokenize", "/detokenize")  # the paths the API key and the body limit hold
+# the paths the API key and the body limit hold
+GUARDED = ("/v1/", "/tokenize", "/detokenize", "/reset_prefix_cache", "/flush_cache")
 
 
 @dataclass(frozen=True)
@@ -296,7 +297,7 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         if body.model != settings.model:
             return unknown(body.model)
         try:
-            piece = await _tokenized(triton, body.tokenize_request().triton_inputs(), "messages")
+            piece = await _answer(triton, body.tokenize_request().triton_inputs(), "messages")
         except RequestError as err:
             raise protocol.renamed(err, messages_api.RENAMED) from None
         return messages_api.TokensCount(input_tokens=len(piece.prompt_token_ids))
@@ -309,16 +310,29 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         field = "prompt" if isinstance(body, TokenizePrompt) else "messages"
         if field == "messages":
             trusted(body.chat_template)
-        piece = await _tokenized(triton, body.triton_inputs(), field)
+        piece = await _answer(triton, body.triton_inputs(), field)
         ids = list(piece.prompt_token_ids)
         return TokenizeResponse(count=len(ids), max_model_len=piece.usage["max_model_len"], tokens=ids)
+
+    @app.post("/reset_prefix_cache", response_class=Response, responses=ERRORS)
+    async def reset_prefix_cache():
+        """vLLM's: the prompt positions finished requests' slots keep are forgotten (running requests keep
+        theirs), so that a benchmark's warm-up serves none of its timed prompts. 200, no body."""
+        await _answer(triton, {"reset_prefix_cache": True})
+        return Response(status_code=200)
+
+    # SGLang's name for it (GET or POST), which answers in text
+    @app.api_route("/flush_cache", methods=["GET", "POST"], response_class=PlainTextResponse, responses=ERRORS)
+    async def flush_cache():
+        await _answer(triton, {"reset_prefix_cache": True})
+        return PlainTextResponse("Cache flushed.\n")
 
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERRORS)
     async def detokenize(body: DetokenizeRequest):
         """vLLM's: token ids back to their text."""
         if body.model is not None and body.model != settings.model:
             return unknown(body.model)
-        return DetokenizeResponse(prompt=(await _tokenized(triton, body.triton_inputs(), "tokens")).prompt_text)
+        return DetokenizeResponse(prompt=(await _answer(triton, body.triton_inputs(), "tokens")).prompt_text)
 
     stored = ResponseStore(settings.responses_store)
 
@@ -371,8 +385,9 @@ async def _renamed(pieces: AsyncIterator[Piece], prompt_field: str) -> AsyncIter
         await pieces.aclose()
 
 
-async def _tokenized(triton: TritonClient, inputs: dict, prompt_field: str) -> Piece:
-    """A tokenize-only request's one answer (refusals named by `prompt_field`)."""
+async def _answer(triton: TritonClient, inputs: dict, prompt_field: str = "prompt") -> Piece:
+    """The one answer of a request that generates nothing: tokenize-only, a cache reset (refusals named
+    by `prompt_field`)."""
     pieces = _renamed(triton.generate(inputs), prompt_field)
     try:
         return await anext(pieces)

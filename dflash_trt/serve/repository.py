@@ -25,7 +25,8 @@ MODEL_SOURCE = Path(__file__).parent / "triton_model" / "model.py"
 # first, each with its prompt's text and ids when asked, after empty responses (no finish reason) sent
 # while it runs: Triton notices a client that left only when it writes to it. `cache_salt` (vLLM's): the request reuses KV
 # positions only of requests with the same salt. `tokens_as_ids` (vLLM's return_tokens_as_token_ids):
-# logprob entries name their tokens "token_id:<id>" instead of their text.
+# logprob entries name their tokens "token_id:<id>" instead of their text. `reset_prefix_cache` (no prompt):
+# the engine drops what finished requests' slots keep, then one answer, finish reason "reset".
 CONFIG = """name: "{name}"
 backend: "python"
 max_batch_size: 0
@@ -47,7 +48,8 @@ input [
   {{ name: "tokenize_only", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
   {{ name: "beam_search", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
   {{ name: "cache_salt", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
-  {{ name: "tokens_as_ids", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }}
+  {{ name: "tokens_as_ids", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
+  {{ name: "reset_prefix_cache", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }}
 ]
 output [
   {{ name: "text_output", data_type: TYPE_STRING, dims: [ 1 ] }},

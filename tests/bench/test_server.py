@@ -7,6 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from dflash_trt.bench.run import BenchConfig, run_bench
+from dflash_trt.bench.server import RESETS
 from dflash_trt.errors import DFlashError
 
 pytest.importorskip("openai", reason="server mode needs the bench extra: pip install 'dflash-trt[bench]'")
@@ -21,8 +22,10 @@ class Stub:
     shown without relying on timing; a client that never sends that many fails its requests).
     """
 
-    def __init__(self, acceptance=None, vllm_counters=False, suffix="", content=True, together=None):
+    def __init__(self, acceptance=None, vllm_counters=False, suffix="", content=True, together=None, reset=None):
         self.acceptance, self.vllm_counters, self.suffix = acceptance, vllm_counters, suffix
+        self.reset = reset  # the path of its prefix cache reset (None: none, a 404)
+        self.log = []  # the POSTs' paths, in order
         self.content = content  # False: stream usage but no message text (as a reasoning-only server)
         self.in_flight = self.max_in_flight = self.requests = 0
         self.drafts = self.accepted = 0
@@ -58,6 +61,10 @@ class Stub:
 
             def do_POST(self):
                 stub.authorization.add(self.headers.get("Authorization"))
+                stub.log.append(self.path)
+                if self.path != "/v1/chat/completions":
+                    self._send(b"", "text/plain") if self.path == stub.reset else self.send_error(404)
+                    return
                 request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with stub.lock:
                     stub.in_flight += 1
@@ -176,3 +183,20 @@ def test_the_api_key_reaches_both_servers_and_no_record(stubs):
     results = run_bench(config, api_key="sk-secret-1")
     assert dflash.authorization == baseline.authorization == {"Bearer sk-secret-1"}
     assert "sk-secret-1" not in json.dumps(report.record(config, results))
+
+
+@pytest.mark.parametrize("reset", ["/reset_prefix_cache", "/flush_cache", None])
+def test_each_server_forgets_its_cached_prompts_after_the_warm_up_where_it_can(stubs, reset):
+    """vLLM's /reset_prefix_cache, else SGLang's /flush_cache, asked between the warm-up and the timed
+    requests; the record says whether every server did."""
+    server, base = stubs(reset=reset), stubs(reset="/flush_cache")
+    (result,) = run_bench(BenchConfig(datasets=("mt-bench",), num_prompts=3, max_tokens=4, concurrency=(2,),
+                                      base_url=server.url, baseline_url=base.url))
+    assert result.prefix_cache_reset is (reset is not None)
+    asked = [path for path in server.log if path != "/v1/chat/completions"]
+    assert asked == {"/reset_prefix_cache": ["/reset_prefix_cache"], "/flush_cache": list(RESETS),
+                     None: list(RESETS)}[reset]
+    first_timed = server.log.index(asked[-1]) + 1
+    assert server.log[:first_timed - len(asked)] == ["/v1/chat/completions"] * 2  # the warm-up: first C prompts
+    assert server.log[first_timed:] == ["/v1/chat/completions"] * 3
+    assert base.log.count("/flush_cache") == 1

@@ -94,3 +94,23 @@ def test_a_cache_salt_reuses_only_positions_of_its_own_salt(llms):
     assert cached(SYSTEM + QUESTIONS[2], "tenant-c").metrics.cached_tokens >= len(SYSTEM)
     with pytest.raises(DFlashError, match="cache_salt must be a non-empty string, got ''"):
         runner.add(prompt, params, cache_salt="")
+
+
+def test_a_reset_prefix_cache_drops_what_finished_requests_kept(llms):
+    """Engine.reset_prefix_cache (what the server's /reset_prefix_cache runs, between two steps): the
+    same prompt again prefills whole, and decodes as before."""
+    from dflash_trt.runtime.engine import Engine
+
+    engine = Engine(llms[True], max_batch=2)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    try:
+        first = engine.generate([SYSTEM + QUESTIONS[0]], params)[0]
+        again = engine.generate([SYSTEM + QUESTIONS[0]], params)[0]
+        assert first.metrics.cached_tokens == 0 and again.metrics.cached_tokens == len(SYSTEM) + 1
+        engine.reset_prefix_cache()
+        reset = engine.generate([SYSTEM + QUESTIONS[0]], params)[0]
+        assert reset.metrics.cached_tokens == 0 and reset.token_ids == first.token_ids == again.token_ids
+    finally:
+        engine.shutdown()
+    with pytest.raises(DFlashError, match="shutting down"):
+        engine.reset_prefix_cache()

@@ -41,6 +41,10 @@ class FakeTriton:
             raise RequestError("prompt", "the prompt has 999 tokens; the context capacity is 64 tokens")
         if "down" in str(prompt):
             raise UpstreamError("Stub process is not healthy")
+        if inputs.get("reset_prefix_cache"):
+            self.resets = getattr(self, "resets", 0) + 1
+            yield Piece("", [], "reset", None)
+            return
         if inputs.get("tokenize_only"):  # ids: a text's characters' codes (mod 50), or the ids given
             ids = inputs.get("input_ids") or [ord(ch) % 50 for ch in str(prompt)]
             if max(ids, default=0) >= 50:
@@ -590,3 +594,18 @@ def test_tokenize_and_detokenize_need_the_api_key():
     for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1]})):
         assert front.post(path, json=body).status_code == 401
         assert front.post(path, json=body, headers={"Authorization": "Bearer k"}).status_code == 200
+
+
+def test_a_prefix_cache_reset_asks_the_triton_model_and_needs_the_key():
+    """vLLM's POST /reset_prefix_cache (200, no body) and SGLang's /flush_cache (GET or POST, text): each
+    one reset request to the Triton model; without the API key a 401 and nothing asked."""
+    triton = FakeTriton()
+    front = TestClient(create_app(FrontSettings("tiny", api_key="k"), triton))
+    key = {"Authorization": "Bearer k"}
+    assert front.post("/reset_prefix_cache").status_code == 401 and not triton.requests
+    reset = front.post("/reset_prefix_cache", headers=key)
+    assert (reset.status_code, reset.content) == (200, b"")
+    for method in (front.get, front.post):
+        flushed = method("/flush_cache", headers=key)
+        assert (flushed.status_code, flushed.text) == (200, "Cache flushed.\n")
+    assert triton.requests == [{"reset_prefix_cache": True}] * 3

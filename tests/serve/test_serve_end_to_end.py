@@ -722,6 +722,18 @@ def test_a_repeated_prompt_reuses_a_finished_requests_slot(server, client):
             == again.usage.prompt_tokens)
 
 
+def test_a_prefix_cache_reset_makes_a_repeated_prompt_prefill_whole(server, client):
+    """vLLM's /reset_prefix_cache and SGLang's /flush_cache: after either, the prompt a finished request
+    held is prefilled again, and its reply is the same."""
+    prompt = "reset words, reset words, reset words"
+    for path in ("/reset_prefix_cache", "/flush_cache"):
+        first = client.completions.create(model=server.model, prompt=prompt, max_tokens=4, temperature=0)
+        assert httpx.post(f"{server.root}{path}", timeout=30).status_code == 200
+        again = client.completions.create(model=server.model, prompt=prompt, max_tokens=4, temperature=0)
+        assert again.usage.prompt_tokens_details.cached_tokens == 0
+        assert again.choices[0].text == first.choices[0].text
+
+
 def test_a_cache_salt_keeps_a_prompt_from_another_salt_s_cached_positions(server, client):
     """vLLM's cache_salt: the same prompt again under another salt prefills all of it; under its own
     salt again, all but its last token; the reply is the same each time."""

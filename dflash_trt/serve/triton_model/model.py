@@ -84,6 +84,10 @@ class TritonPythonModel:
     def _start(self, request):
         sender = request.get_response_sender()
         try:
+            if _bool(request, "reset_prefix_cache"):  # no prompt: the engine forgets, then one answer
+                self.engine.reset_prefix_cache()
+                sender.send(_response(finish_reason="reset"), flags=FINAL)
+                return
             ids = self._prompt_ids(request)
             if _bool(request, "tokenize_only"):
                 self._tokenized(sender, ids)
