@@ -403,6 +403,12 @@ class LLM:
         return beam_search(lambda step, sampling: self.generate(step, sampling, speculative=False), batch, params,
                            self.eos_token_ids, decode)
 
+    def reset_prefix_cache(self) -> None:
+        """Forget the prompt positions finished requests' slots keep (vLLM's): the next prompts prefill
+        whole, as they would arriving first."""
+        if self._core is not None:
+            self._core[1].forget_cached()
+
     def _runner(self) -> BatchRunner:
         """The one core runner (one executor, one KV pool) of this LLM, made at first use; plain and
         speculative requests share it. Unless the block size was pinned, each step chooses its block

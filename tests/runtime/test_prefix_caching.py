@@ -96,6 +96,16 @@ def test_a_cache_salt_reuses_only_positions_of_its_own_salt(llms):
         runner.add(prompt, params, cache_salt="")
 
 
+def test_llm_reset_prefix_cache_makes_a_repeated_prompt_prefill_whole(llms):
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    prompt = SYSTEM + QUESTIONS[1]
+    first = llms[True].generate(prompt, params)[0]
+    assert llms[True].generate(prompt, params)[0].metrics.cached_tokens > 0
+    llms[True].reset_prefix_cache()
+    again = llms[True].generate(prompt, params)[0]
+    assert again.metrics.cached_tokens == 0 and again.token_ids == first.token_ids
+
+
 def test_a_reset_prefix_cache_drops_what_finished_requests_kept(llms):
     """Engine.reset_prefix_cache (what the server's /reset_prefix_cache runs, between two steps): the
     same prompt again prefills whole, and decodes as before."""
