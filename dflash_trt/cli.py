@@ -640,9 +640,15 @@ def pack_corpus(src, dst):
 
 
 @main.command()
-@click.argument("bundle", required=False, type=click.Path(path_type=Path, file_okay=False))
-@click.option("--target", default=None, help=TARGET_HELP + " Served instead of a BUNDLE.")
+@click.argument("model", required=False)
+@click.option("--target", default=None, help=TARGET_HELP + " Served instead of a bundle (as MODEL).")
 @click.option("--draft", default=None, help=DRAFT_HELP)
+@click.option("--speculative-config", default=None,
+              help="vLLM's form of --draft and --block-size: a JSON object {\"method\": \"dflash\", \"model\": DRAFT, "
+                   "\"num_speculative_tokens\": N} (N drafted tokens: a verify block of N + 1).")
+@click.option("--enable-auto-tool-choice", is_flag=True, default=False,
+              help="Accepted for vLLM command lines: tool calls are parsed whenever --tool-call-parser knows the "
+                   "format (auto: from the chat template).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the OpenAI API listens on (loopback by default).")
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1 requests.")
@@ -674,7 +680,8 @@ def pack_corpus(src, dst):
               help="Serve the interactive API docs at /docs (/openapi.json is always served).")
 @click.option("--draft-rule", type=click.Choice(["point-mass", "drafter"]), default="point-mass", show_default=True,
               help=DRAFT_RULE_HELP)
-@click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
+@click.option("--prefix-caching/--no-prefix-caching", "--enable-prefix-caching/--no-enable-prefix-caching",
+              default=True, show_default=True,
               help="A request whose prompt starts with what a finished request's KV slot holds (a conversation's "
                    "earlier turns, a shared system prompt) takes that slot and prefills only the rest; usage "
                    "reports them as prompt_tokens_details.cached_tokens.")
@@ -700,16 +707,25 @@ def pack_corpus(src, dst):
               help="Render a chat request's own chat_template (vLLM's flag; refused without it). Tool calls are "
                    "still parsed in the server's format.")
 @user_errors
-def serve(bundle, target, draft, host, port, api_key, served_model_name, max_batch, capacity, block_size, prefill_chunk,
-          backend, device, dtype, quant, draft_quant, max_waiting, docs, draft_rule, prefix_caching, scheduling_policy,
-          chat_template, tool_call_parser, reasoning_parser, responses_store, trust_request_chat_template):
-    """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/responses, Anthropic's
-    /v1/messages and its count_tokens, /v1/models, /health, /metrics, /tokenize, /detokenize, /openapi.json,
-    /docs) on Triton Inference Server: one decoupled Triton model runs every
-    request through the batching engine."""
-    from dflash_trt.serve.config import ServeConfig
+def serve(model, target, draft, speculative_config, enable_auto_tool_choice, host, port, api_key, served_model_name,
+          max_batch, capacity, block_size, prefill_chunk, backend, device, dtype, quant, draft_quant, max_waiting, docs,
+          draft_rule, prefix_caching, scheduling_policy, chat_template, tool_call_parser, reasoning_parser,
+          responses_store, trust_request_chat_template):
+    """Serve MODEL (a bundle or engine bundle directory that export / build wrote; else a target, as
+    --target takes it, which vLLM's `serve MODEL` is) with an OpenAI-compatible API (/v1/chat/completions,
+    /v1/completions, /v1/responses, Anthropic's /v1/messages and its count_tokens, /v1/models, /health,
+    /metrics, /tokenize, /detokenize, /openapi.json, /docs) on Triton Inference Server: one decoupled Triton
+    model runs every request through the batching engine."""
+    from dflash_trt.serve.config import ServeConfig, is_bundle, speculative_config_fields
     from dflash_trt.serve.server import serve as run_server
 
+    bundle = None
+    if model is not None:
+        if target is not None:
+            raise DFlashError(f"pass MODEL or --target, not both (got {model!r} and {target!r})")
+        bundle, target = (Path(model), None) if is_bundle(model) else (None, model)
+    if speculative_config is not None:
+        draft, block_size = speculative_config_fields(speculative_config, draft, block_size)
     if bundle is None and target is None:
         target = DEFAULT_TARGET
     config = ServeConfig(bundle=bundle, target=target, draft=draft, host=host, port=port, api_key=api_key,

@@ -13,19 +13,68 @@ def run(*args):
     return result.exit_code, result.output.strip()
 
 
-def test_bundle_and_target_together(tmp_path):
+def test_model_and_target_together(tmp_path):
     code, out = run(str(tmp_path), "--target", "x")
-    assert code == 2 and out == "Error: pass either BUNDLE or --target/--draft, not both"
+    assert code == 2 and out == f"Error: pass MODEL or --target, not both (got '{tmp_path}' and 'x')"
 
 
-def test_missing_bundle(tmp_path):
-    code, out = run(str(tmp_path / "nope"))
-    assert code == 2 and "nope is not a directory" in out and len(out.splitlines()) == 1
-
-
-def test_not_a_bundle(tmp_path):
-    code, out = run(str(tmp_path))
+@pytest.mark.parametrize("missing", [True, False])
+def test_a_model_that_is_no_bundle_and_no_checkpoint(tmp_path, missing):
+    code, out = run(str(tmp_path / "nope" if missing else tmp_path))
     assert code == 2 and out.startswith("Error: ") and len(out.splitlines()) == 1
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """The ServeConfig `serve` would start Triton with."""
+    configs = []
+    monkeypatch.setattr("dflash_trt.serve.server.serve", lambda config, say: configs.append(config))
+    return configs
+
+
+def test_vllm_s_command_line_serves_a_target_with_its_speculative_config(tiny_pairs, served):
+    """`serve MODEL --speculative-config '{"method": "dflash", "model": D, "num_speculative_tokens": N}'`
+    (vLLM's, TensorRT-Edge-LLM's) is --target MODEL --draft D --block-size N + 1; a bundle directory as
+    MODEL is served as a bundle; --enable-auto-tool-choice is taken (tools are parsed whenever the format
+    is known)."""
+    import json
+
+    target, draft = map(str, tiny_pairs["qwen3"])
+    spec = json.dumps({"method": "dflash", "model": draft, "num_speculative_tokens": 7})
+    code, out = run(target, "--speculative-config", spec, "--enable-auto-tool-choice", "--no-enable-prefix-caching")
+    assert code == 0, out
+    (config,) = served
+    assert (config.bundle, config.target, config.draft, config.block_size) == (None, target, draft, 8)
+    assert config.prefix_caching is False
+
+
+def test_a_bundle_as_model_is_served_as_a_bundle(tiny_pairs, served, tmp_path):
+    from factories import make_drafter, make_target
+
+    from dflash_trt.export.bundle import export_bundle
+    from dflash_trt.models.checkpoints import load_drafter, load_target
+
+    target, tokenizer = load_target(str(make_target(tmp_path / "t", "qwen3")))
+    drafter = load_drafter(make_drafter(tmp_path / "d", block_size=4, target_layer_ids=[1, 2]))
+    bundle = export_bundle(target, drafter, tokenizer, tmp_path / "b", flavour="slots", check=False)
+    code, out = run(str(bundle))
+    assert code == 0, out
+    assert (served[0].bundle, served[0].target) == (bundle, None)
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("{", "not valid JSON"), ("[1]", "must be a JSON object"),
+    ('{"method": "eagle3"}', "method 'eagle3': this server runs dflash drafters"),
+    ('{"num_speculative_tokens": 0}', "num_speculative_tokens must be an integer >= 1, got 0"),
+    ('{"draft_tensor_parallel_size": 1}', "'draft_tensor_parallel_size' is not supported here"),
+    ('{"model": "d"}', "pass the drafter once"), ('{"num_speculative_tokens": 3}', "pass the block once"),
+])
+def test_a_speculative_config_it_cannot_honour_is_one_line(tiny_pairs, served, spec, words):
+    code, out = run("--target", str(tiny_pairs["qwen3"][0]), "--speculative-config", spec, "--draft",
+                    str(tiny_pairs["qwen3"][1]), "--block-size", "4")
+    if "once" not in words:  # the others fail on their own
+        code, out = run("--target", str(tiny_pairs["qwen3"][0]), "--speculative-config", spec)
+    assert code == 2 and words in out and len(out.splitlines()) == 1 and not served
 
 
 def test_bad_target(tmp_path, tiny_pairs):
