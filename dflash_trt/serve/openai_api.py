@@ -20,8 +20,9 @@ import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sse_starlette import EventSourceResponse
@@ -48,7 +49,7 @@ from dflash_trt.serve.responses import Outcome, Reply, error_body, merged_usage
 from dflash_trt.serve.responses_api import RENAMED as RESPONSES_NAMES
 from dflash_trt.serve.responses_api import ResponseRender, ResponsesRequest
 from dflash_trt.serve.response_store import ResponseStore, StoredResponse
-from dflash_trt.serve.responses_models import DeletedResponse, ResponseObject, StreamEvent
+from dflash_trt.serve.responses_models import DeletedResponse, InputItemList, ResponseObject, StreamEvent
 from dflash_trt.serve.tokenize_api import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -361,6 +362,21 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
     async def retrieve_response(response_id: str):
         """OpenAI's retrieve: a stored response as it was returned."""
         return JSONResponse(kept(response_id).body)
+
+    @app.get("/v1/responses/{response_id}/input_items", response_model=InputItemList, responses=ERRORS)
+    async def response_input_items(response_id: str, limit: Annotated[int, Query(ge=1, le=100)] = 20,
+                                   order: Literal["asc", "desc"] = "desc", after: str | None = None):
+        """OpenAI's: a stored response's input items, newest first (`order` desc) or oldest, `limit` a page,
+        from after the item `after` names."""
+        items = kept(response_id).inputs[::-1 if order == "desc" else 1]
+        if after is not None:
+            at = [i for i, item in enumerate(items) if item["id"] == after]
+            if not at:
+                raise RequestError("after", f"response '{response_id}' has no input item '{after}'")
+            items = items[at[0] + 1:]
+        page = items[:limit]
+        return InputItemList(object="list", data=page, first_id=page[0]["id"] if page else None,
+                             last_id=page[-1]["id"] if page else None, has_more=len(items) > limit)
 
     @app.delete("/v1/responses/{response_id}", response_model=DeletedResponse, responses=ERRORS)
     async def delete_response(response_id: str):

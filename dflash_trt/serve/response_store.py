@@ -12,6 +12,7 @@ from dataclasses import dataclass
 class StoredResponse:
     body: dict  # the Response object as it was returned (completed or incomplete)
     items: list[dict]  # the conversation it ends: earlier responses' items, its input, then its output
+    inputs: list[dict]  # its request's input items, each with an id (GET .../input_items)
 
 
 class ResponseStore:

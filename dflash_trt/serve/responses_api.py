@@ -287,6 +287,19 @@ def _usage(info: dict | None) -> ResponseUsage | None:
                          acceptance_lengths=info.get("acceptance_lengths", []))
 
 
+ITEM_PREFIXES = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
+
+
+def _listed(item: dict) -> dict:
+    """An input item as input_items lists it: with an id (its own, or a new one) and a message's text as a
+    content part."""
+    listed = {"id": ITEM_PREFIXES[item["type"]] + _hex(), **item}
+    if item["type"] == "message" and isinstance(item["content"], str):
+        part = "output_text" if item["role"] == "assistant" else "input_text"
+        listed["content"] = [{"type": part, "text": item["content"]}]
+    return listed
+
+
 class ResponseRender:
     """One response's identity and its output, built from the chat reply it runs as."""
 
@@ -297,6 +310,7 @@ class ResponseRender:
         self.request, self.model = request, model
         self.store = store if request.store is not False and store is not None and store.capacity > 0 else None
         self.earlier = earlier
+        self.inputs = [_listed(item) for item in request.input_items()] if self.store is not None else []
         self.id = "resp_" + _hex()
         self.created_at = int(time.time())
         self.logprobs = LOGPROBS in (request.include or ())
@@ -308,7 +322,7 @@ class ResponseRender:
                                    incomplete_details=incomplete, store=self.store is not None,
                                    previous_response_id=self.request.previous_response_id, **self.request.echoed()))
         if self.store is not None and status != "in_progress":
-            self.store.put(self.id, StoredResponse(body, [*self.earlier, *self.request.input_items(), *body["output"]]))
+            self.store.put(self.id, StoredResponse(body, [*self.earlier, *self.inputs, *body["output"]], self.inputs))
         return body
 
     def whole(self, chat: dict) -> dict:

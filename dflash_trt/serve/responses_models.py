@@ -124,3 +124,14 @@ class DeletedResponse(BaseModel):
     id: str
     object: Literal["response.deleted"]
     deleted: Literal[True]
+
+
+class InputItemList(BaseModel):
+    """A page of a stored response's input items (its request's: messages, function calls and their
+    outputs, reasoning), each with its id."""
+
+    object: Literal["list"]
+    data: list[dict]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool

@@ -276,3 +276,25 @@ def test_the_schema_documents_the_endpoint(served):
     spec = front.get("/openapi.json").json()["paths"]["/v1/responses"]["post"]
     assert spec["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ResponsesRequest")
     assert spec["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/ResponseObject")
+
+
+def test_a_stored_response_lists_its_input_items_page_by_page(served):
+    """OpenAI's input_items: the request's own items, each with an id, newest first unless order asc; a
+    page of `limit`, then the rest after its last id."""
+    front, _, client = served
+    response = client.responses.create(model="tiny", input=[
+        {"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "second"}]}])
+    page = client.responses.input_items.list(response.id, limit=2)
+    texts = [item.content[0].text for item in page.data]
+    assert texts == ["second", "ok"] and page.has_more and page.last_id == page.data[-1].id
+    assert page.data[0].id.startswith("msg_") and page.data[1].role == "assistant"
+    rest = client.responses.input_items.list(response.id, limit=2, after=page.last_id)
+    assert [item.content[0].text for item in rest.data] == ["first"] and not rest.has_more
+    oldest = front.get(f"/v1/responses/{response.id}/input_items", params={"order": "asc"}).json()
+    assert [item["content"][0]["text"] for item in oldest["data"]] == ["first", "ok", "second"]
+    assert [item["id"] for item in oldest["data"]] == [item.id for item in [*page.data, *rest.data]][::-1]
+    bad = front.get(f"/v1/responses/{response.id}/input_items", params={"after": "msg_none"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "after"
+    assert front.get(f"/v1/responses/{response.id}/input_items", params={"limit": 0}).status_code == 400
+    assert front.get("/v1/responses/resp_none/input_items").status_code == 404
