@@ -186,7 +186,7 @@ class BatchRunner:
         stop = StopChecker(params, self.llm.eos_token_ids, self.llm.text_stream(params.skip_special_tokens))
         metrics = RequestMetrics(block_size=self.block_size if speculative else None, prompt_tokens=len(ids))
         return _Request(next(self._ids), prompt, ids, params, speculative, stop, on_output, metrics,
-                        constraint=self.llm.constraint(params), priority=priority, cache_salt=cache_salt or "")
+                        constraint=self.llm.constraint(params, ids), priority=priority, cache_salt=cache_salt or "")
 
     def submit(self, request: _Request, arrival: float | None = None) -> None:
         """Queue a prepared request; `arrival` (perf_counter) restarts its clock, e.g. for a benchmark

@@ -339,12 +339,16 @@ class LLM:
             raise DFlashError("prompt is empty")
         return ids
 
-    def constraint(self, params: SamplingParams):
-        """What a request's output must follow, for the core: its grammar (runtime/constraints.py) and its
-        allowed / bad tokens (runtime/token_rules.py), or None without any."""
-        from dflash_trt.runtime.token_rules import AllOf, TokenRules, bad_word_sequences
+    def constraint(self, params: SamplingParams, prompt_ids: list[int] = ()):
+        """What a request's output must follow, for the core: its grammar (runtime/constraints.py), its
+        thinking budget (whether `prompt_ids` leave a think block open) and its allowed / bad tokens
+        (runtime/token_rules.py), or None without any. The first part may replace a refused draft."""
+        from dflash_trt.runtime.token_rules import THINK, UNTHINK, AllOf, ThinkingBudget, TokenRules, bad_word_sequences
 
         parts = [] if params.structured_output is None else [self._grammar(params)]
+        if params.thinking_token_budget is not None:
+            start, end = (tuple(self.tokenizer.encode(marker, add_special_tokens=False)) for marker in (THINK, UNTHINK))
+            parts.append(ThinkingBudget(self.vocab_size, start, end, params.thinking_token_budget, list(prompt_ids)))
         if params.allowed_token_ids is not None or params.bad_words:
             bad = bad_word_sequences(self.tokenizer, params.bad_words) if params.bad_words else []
             parts.append(TokenRules(self.vocab_size, params.allowed_token_ids, bad))
@@ -464,6 +468,9 @@ class LLM:
             raise DFlashError("structured_output needs a tokenizer; this target has none")
         if params.bad_words and self.tokenizer is None:
             raise DFlashError("bad_words need a tokenizer; this target has none")
+        if params.thinking_token_budget is not None and self.tokenizer is None:
+            raise DFlashError("thinking_token_budget needs a tokenizer (it finds <think> and </think>); this target "
+                              "has none")
         for field, tokens in (("allowed_token_ids", params.allowed_token_ids or ()),
                               ("logit_bias", [token for token, _ in params.logit_bias])):
             outside = [token for token in tokens if token >= self.vocab_size]

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from dflash_trt.serve.event_streams import translated
 from dflash_trt.serve.protocol import ChatRequest, FunctionName, JsonInt, StopString, _Open, refusal, renamed
+from dflash_trt.serve.requests import RequestError
 from dflash_trt.serve.tokenize_api import TokenizeChat
 from dflash_trt.spec.sampling import RANGES
 
@@ -86,6 +87,14 @@ class ThinkingDisabled(_Open):
     type: Literal["disabled"]
 
 
+class ThinkingEnabled(_Open):
+    """At most budget_tokens tokens of thinking (vLLM's thinking_token_budget); whether the model thinks
+    at all is its chat template's (chat templates of Qwen3 and Qwen3.5 think by default)."""
+
+    type: Literal["enabled"]
+    budget_tokens: Annotated[JsonInt, Field(ge=0, le=2**31 - 1)]
+
+
 # Anthropic's stop reasons for the chat's finish reasons
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 # A chat request's fields -> this body's, for refusals the chat path words
@@ -101,8 +110,9 @@ class CountTokensRequest(BaseModel):
     system: str | list[TextBlock] | None = None
     tools: list[MessagesTool] | None = None
     tool_choice: ToolChoice | NamedToolChoice | None = None
-    thinking: ThinkingDisabled | None = Field(None, description="only disabled or null: the chat template decides "
-                                                                "whether the model thinks (no thinking budget)")
+    thinking: ThinkingDisabled | ThinkingEnabled | None = Field(
+        None, description="enabled: its budget_tokens bound the thinking (then </think> is forced); whether the "
+                          "model thinks is its chat template's")
 
     def tokenize_request(self) -> TokenizeChat:
         """The chat's tokenization a Messages request of these fields would prefill."""
@@ -136,6 +146,10 @@ class MessagesRequest(CountTokensRequest):
                 fields[name] = getattr(self, name)
         if self.stop_sequences:
             fields["stop"] = self.stop_sequences
+        if isinstance(self.thinking, ThinkingEnabled):
+            if self.thinking.budget_tokens >= self.max_tokens:  # Anthropic's rule
+                raise RequestError("thinking.budget_tokens", "thinking.budget_tokens must be less than max_tokens")
+            fields["thinking_token_budget"] = self.thinking.budget_tokens
         choice = self.tool_choice
         if self.tools and not (choice is not None and choice.type == "none"):
             fields["tools"] = [{"type": "function", "function": {

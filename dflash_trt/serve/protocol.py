@@ -276,6 +276,8 @@ class _Sampling(BaseModel):
     return_token_ids: bool | None = None
     # vLLM's: the prompt's last n tokens only
     truncate_prompt_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["truncate_prompt_tokens"])
+    # vLLM's: at most this many tokens inside a think block, then "</think>" is forced
+    thinking_token_budget: JsonInt | None = Field(None, json_schema_extra=RANGES["thinking_token_budget"])
     # JSON's exact integers (the engine takes int64)
     priority: Annotated[JsonInt, Field(ge=-(2**53 - 1), le=2**53 - 1), WithJsonSchema(
         {"type": "integer", "minimum": -(2**53 - 1), "maximum": 2**53 - 1})] | None = Field(
@@ -373,6 +375,7 @@ class _Sampling(BaseModel):
                   "include_stop_str_in_output": self.keeps_stop(),
                   "skip_special_tokens": self.skip_special_tokens, "allowed_token_ids": self.allowed_token_ids,
                   "bad_words": self.bad_words, "truncate_prompt_tokens": self.truncate_prompt_tokens,
+                  "thinking_token_budget": self.thinking_token_budget,
                   "structured_output": (self.structured() or (None, None))[1]}
         if values["structured_output"] is not None and after is not None:  # the grammar starts after it
             values["structured_output"] = {**values["structured_output"], "after": after}

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from dflash_trt.runtime.token_rules import THINK, UNTHINK
 from dflash_trt.serve.tool_calls import ToolCall, partial_tail, split
 
-THINK, UNTHINK = "<think>", "</think>"
 REASONING_PARSERS = ("qwen3",)
 
 

@@ -117,7 +117,8 @@ def test_a_stop_sequence_that_ended_the_reply_is_named(served):
 
 
 @pytest.mark.parametrize("field, value, param", [
-    ("max_tokens", None, "max_tokens"), ("messages", [], "messages"), ("thinking", {"type": "enabled"}, "thinking.type"),
+    ("max_tokens", None, "max_tokens"), ("messages", [], "messages"), ("thinking", {"type": "adaptive"}, "thinking.type"),
+    ("thinking", {"type": "enabled", "budget_tokens": 5}, "thinking.budget_tokens"),  # not below max_tokens
     ("tool_choice", {"type": "tool"}, "tool_choice.type"), ("temperature", -1, "temperature"),
     ("messages", [{"role": "system", "content": "x"}], "messages[0].role"),
     ("messages", [{"role": "user", "content": [{"type": "image", "source": {}}]}], "messages[0].content"),
@@ -131,6 +132,17 @@ def test_what_this_server_cannot_honour_is_a_400_naming_the_field(served, field,
     response = front.post("/v1/messages", json=body)
     assert response.status_code == 400, response.json()
     assert response.json()["error"]["param"] == param and not triton.requests
+
+
+def test_a_thinking_budget_bounds_the_reply_s_thinking(served):
+    """thinking enabled: its budget_tokens are vLLM's thinking_token_budget."""
+    front, triton, client = served
+    client.messages.create(model="tiny", max_tokens=50, messages=[{"role": "user", "content": "hi"}],
+                           thinking={"type": "enabled", "budget_tokens": 20})
+    assert json.loads(triton.requests[-1]["sampling_parameters"])["thinking_token_budget"] == 20
+    client.messages.create(model="tiny", max_tokens=50, messages=[{"role": "user", "content": "hi"}],
+                           thinking={"type": "disabled"})
+    assert "thinking_token_budget" not in json.loads(triton.requests[-1]["sampling_parameters"])
 
 
 def test_anthropic_s_api_key_header_is_accepted():

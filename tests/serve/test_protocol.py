@@ -113,7 +113,7 @@ def test_vllm_sampling_extensions_and_penalties_reach_the_sampling_parameters():
     inputs = parse(chat(ignore_eos=True, stop_token_ids=[7, 9], presence_penalty=1.5, frequency_penalty=-0.5,
                         repetition_penalty=1.1, logit_bias={"50": -100, "7": 2.5}, min_tokens=3, min_p=0.05,
                         include_stop_str_in_output=True, skip_special_tokens=False, allowed_token_ids=[3, 1],
-                        bad_words=["no"]),
+                        bad_words=["no"], thinking_token_budget=64),
                    ChatRequest).triton_inputs()
     assert json.loads(inputs["sampling_parameters"]) == {"ignore_eos": True, "stop_token_ids": [7, 9],
                                                          "presence_penalty": 1.5, "frequency_penalty": -0.5,
@@ -121,7 +121,8 @@ def test_vllm_sampling_extensions_and_penalties_reach_the_sampling_parameters():
                                                          "min_tokens": 3, "min_p": 0.05,
                                                          "include_stop_str_in_output": True,
                                                          "skip_special_tokens": False,
-                                                         "allowed_token_ids": [3, 1], "bad_words": ["no"]}
+                                                         "allowed_token_ids": [3, 1], "bad_words": ["no"],
+                                                         "thinking_token_budget": 64}
 
 
 # what frameworks send by default: the values that change nothing, accepted (and not passed on)

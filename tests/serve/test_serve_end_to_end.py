@@ -364,6 +364,18 @@ def test_structured_output_through_the_real_server_equals_offline(server, client
         assert expected.text in CHOICES
 
 
+def test_a_thinking_budget_through_the_real_server_equals_offline(server, client, offline):
+    """vLLM's thinking_token_budget: a prompt that opens a think block; the reply (its first 4 tokens
+    thinking, then "</think>" forced) is offline generate's with the same budget."""
+    prompt = offline.tokenizer.encode("why? <think>\n", add_special_tokens=False)
+    params = SamplingParams(max_tokens=20, thinking_token_budget=4)
+    expected = offline.generate([prompt], params)[0]
+    assert "</think>" in expected.text
+    reply = client.completions.create(model=server.model, prompt=prompt, max_tokens=20, temperature=0,
+                                      extra_body={"thinking_token_budget": 4})
+    assert reply.choices[0].text == expected.text
+
+
 def test_echo_puts_the_prompt_before_the_same_completion(server, client):
     plain = client.completions.create(model=server.model, prompt=PROMPTS[3], max_tokens=8, temperature=0)
     echoed = client.completions.create(model=server.model, prompt=PROMPTS[3], max_tokens=8, temperature=0, echo=True)
