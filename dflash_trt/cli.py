@@ -114,6 +114,10 @@ def main():
               help="Structured output: the reply follows this JSON schema file (a grammar masks every decision).")
 @click.option("--regex", default=None, help="Structured output: the reply matches this regular expression.")
 @click.option("--choice", "choices", multiple=True, help="Structured output: the reply is one of these (repeatable).")
+@click.option("--grammar", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
+              help="Structured output: the reply follows this grammar file (Lark, or GBNF as llama.cpp and vLLM take).")
+@click.option("--thinking-token-budget", type=int, default=None,
+              help="At most N tokens inside a think block (<think> ... </think>), then </think> is forced.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, metrics) instead of streaming.")
 @click.option("--logprobs", type=int, default=None,
               help="With --json: each token's log-probability and the N most probable tokens' (the target's raw "
@@ -132,8 +136,8 @@ def main():
               help=DRAFT_RULE_HELP)
 @user_errors
 def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop,
-             presence_penalty, frequency_penalty, repetition_penalty, json_schema, regex, choices, as_json, logprobs,
-             prompt_logprobs, device, dtype, quant, draft_quant, draft_rule):
+             presence_penalty, frequency_penalty, repetition_penalty, json_schema, regex, choices, grammar,
+             thinking_token_budget, as_json, logprobs, prompt_logprobs, device, dtype, quant, draft_quant, draft_rule):
     """Generate a reply to PROMPT, streaming it, then print the acceptance summary."""
     from dflash_trt.runtime.llm import AUTO, BUNDLE_PLACED, LLM
     from dflash_trt.spec.metrics import summary_line
@@ -142,12 +146,13 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
     for name, asked in (("--logprobs", logprobs), ("--prompt-logprobs", prompt_logprobs)):
         if asked is not None and not as_json:
             raise DFlashError(f"{name} goes with --json (the streamed text has nowhere to put them)")
-    structured = {"json": json_schema and json_schema.read_text(), "regex": regex, "choice": list(choices) or None}
+    structured = {"json": json_schema and json_schema.read_text(), "regex": regex, "choice": list(choices) or None,
+                  "grammar": grammar and grammar.read_text()}
     structured = {kind: value for kind, value in structured.items() if value is not None}
     params = SamplingParams(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop, logprobs=logprobs,
         prompt_logprobs=prompt_logprobs, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty,
-        structured_output=structured or None,
+        structured_output=structured or None, thinking_token_budget=thinking_token_budget,
     )
     if bundle:
         if device or dtype or quant or draft_quant:

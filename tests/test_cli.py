@@ -71,12 +71,17 @@ def test_generate_structured_output_follows_the_grammar_as_the_api_does(pair_arg
     llm = LLM(str(target), str(draft), backend="torch")
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}))
-    for options, structured in [(["--regex", "[a-c]{2,5}x"], {"regex": "[a-c]{2,5}x"}),
-                                (["--choice", "yes", "--choice", "no"], {"choice": ["yes", "no"]}),
-                                (["--json-schema", str(schema)], {"json": schema.read_text()})]:
-        result = CliRunner().invoke(main, ["generate", *pair_args, "--max-tokens", "20", "--json", *options, "hello"])
+    gbnf = tmp_path / "list.gbnf"
+    gbnf.write_text('root ::= "(" [0-9] ("," [0-9])* ")"\n')
+    for options, fields in [(["--regex", "[a-c]{2,5}x"], {"structured_output": {"regex": "[a-c]{2,5}x"}}),
+                            (["--choice", "yes", "--choice", "no"], {"structured_output": {"choice": ["yes", "no"]}}),
+                            (["--json-schema", str(schema)], {"structured_output": {"json": schema.read_text()}}),
+                            (["--grammar", str(gbnf)], {"structured_output": {"grammar": gbnf.read_text()}}),
+                            (["--thinking-token-budget", "0"], {"thinking_token_budget": 0})]:
+        prompt = "hello <think>" if "thinking_token_budget" in fields else "hello"
+        result = CliRunner().invoke(main, ["generate", *pair_args, "--max-tokens", "20", "--json", *options, prompt])
         assert result.exit_code == 0, result.output
-        want = llm.generate("hello", SamplingParams(max_tokens=20, structured_output=structured))[0]
+        want = llm.generate(prompt, SamplingParams(max_tokens=20, **fields))[0]
         assert json.loads(result.stdout)["token_ids"] == want.token_ids
     two = CliRunner().invoke(main, ["generate", *pair_args, "--regex", "a", "--choice", "a", "hello"])
     assert two.exit_code != 0 and "must set exactly one of" in two.output and len(two.output.splitlines()) == 1
