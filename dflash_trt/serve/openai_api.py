@@ -138,8 +138,12 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
         yield
+        for task in list(running):  # background responses still running: each closes its Triton stream
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
         await triton.close()  # open keep-alive connections would hold Triton's shutdown for its whole timeout
 
+    running: set[asyncio.Task] = set()  # background responses' runs (a task the loop alone holds may be collected)
     app = FastAPI(title="dflash-trt", summary="OpenAI-compatible DFlash speculative decoding",
                   docs_url="/docs" if settings.docs else None, redoc_url=None, lifespan=lifespan)
     app.add_middleware(_Guard, settings=settings)
@@ -344,19 +348,72 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
                                       f"forgotten: this server keeps its last {stored.capacity})", 404)
         return response
 
+    async def in_background(parsed: protocol.ChatRequest, render: ResponseRender) -> JSONResponse:
+        """Start a background response -> it, queued. Its run is `complete` for a client that leaves once
+        cancelled; its end (completed, incomplete, failed, cancelled) is stored."""
+        parsed.check_sampling()  # refusals before it is queued
+        if parsed.model != settings.model:
+            return unknown(parsed.model)
+        stop = asyncio.Event()
+
+        class Detached:
+            @staticmethod
+            async def is_disconnected() -> bool:
+                return stop.is_set()
+
+        async def run() -> None:
+            render.running(cancel)
+            try:
+                reply = await complete(Detached(), parsed, render)
+            except RequestError as err:
+                render.failed("rate_limit_exceeded" if err.status == 429 else "invalid_request", err.message)
+            except UpstreamError as err:
+                render.failed("server_error", f"the inference server failed: {err}")
+            else:
+                if reply.status_code == 499:  # cancelled before its reply was whole
+                    render.cancelled()
+
+        async def cancel() -> None:
+            stop.set()
+            await asyncio.wait({task})
+
+        task = asyncio.ensure_future(run())
+        running.add(task)
+        task.add_done_callback(running.discard)
+        return JSONResponse(render.queued(cancel))
+
     @app.post("/v1/responses", response_model=None, responses=_replies(ResponseObject, StreamEvent))
     async def responses(request: Request, body: ResponsesRequest):
-        """OpenAI's Responses API, run as a chat; kept unless `store` is false."""
-        if body.store and stored.capacity == 0:
-            raise RequestError("store", "this server stores no responses (serve --responses-store 0): send "
-                                        "store false")
-        earlier = [] if body.previous_response_id is None else \
-            kept(body.previous_response_id, "previous_response_id").items
+        """OpenAI's Responses API, run as a chat; kept unless `store` is false; `background`: run after the
+        reply, which is the response queued."""
+        if (body.store or body.background) and stored.capacity == 0:
+            raise RequestError("background" if body.background else "store", "this server stores no responses "
+                               "(serve --responses-store 0): send store false, without background")
+        earlier = []
+        if body.previous_response_id is not None:
+            previous = kept(body.previous_response_id, "previous_response_id")
+            if not previous.ended:
+                raise RequestError("previous_response_id", f"response '{body.previous_response_id}' is still "
+                                                           f"{previous.body['status']}: wait for its end")
+            earlier = previous.items
         try:
-            return await complete(request, body.chat_request(earlier),
-                                  ResponseRender(body, settings.model, stored, earlier))
+            parsed, render = body.chat_request(earlier), ResponseRender(body, settings.model, stored, earlier)
+            if body.background:
+                return await in_background(parsed, render)
+            return await complete(request, parsed, render)
         except RequestError as err:
             raise protocol.renamed(err, RESPONSES_NAMES) from None
+
+    @app.post("/v1/responses/{response_id}/cancel", response_model=ResponseObject, responses=ERRORS)
+    async def cancel_response(response_id: str):
+        """OpenAI's: stop a background response (stored cancelled); one that has ended comes back as it is."""
+        response = kept(response_id)
+        if not response.body["background"]:
+            raise RequestError(None, f"response '{response_id}' did not run in the background: only such a "
+                                     "response can be cancelled")
+        if response.cancel is not None and not response.ended:
+            await response.cancel()
+        return JSONResponse(kept(response_id).body)
 
     @app.get("/v1/responses/{response_id}", response_model=ResponseObject, responses=ERRORS)
     async def retrieve_response(response_id: str):
@@ -381,7 +438,9 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
     @app.delete("/v1/responses/{response_id}", response_model=DeletedResponse, responses=ERRORS)
     async def delete_response(response_id: str):
         """Forget a stored response (a later previous_response_id naming it is a 404)."""
-        kept(response_id)
+        response = kept(response_id)
+        if response.cancel is not None and not response.ended:  # a background run: stopped first
+            await response.cancel()
         stored.delete(response_id)
         return DeletedResponse(id=response_id, object="response.deleted", deleted=True)
 

@@ -5,14 +5,23 @@ returns. Held in the front's memory, the most recently used kept up to a count (
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+
+
+FINAL = ("completed", "incomplete", "failed", "cancelled")  # a response's statuses once it has ended
 
 
 @dataclass(frozen=True)
 class StoredResponse:
-    body: dict  # the Response object as it was returned (completed or incomplete)
+    body: dict  # the Response object as it was returned, or a background one as it now stands
     items: list[dict]  # the conversation it ends: earlier responses' items, its input, then its output
     inputs: list[dict]  # its request's input items, each with an id (GET .../input_items)
+    cancel: Callable[[], Awaitable[None]] | None = None  # a running background response's: stop it, wait
+
+    @property
+    def ended(self) -> bool:
+        return self.body["status"] in FINAL
 
 
 class ResponseStore:

@@ -6,8 +6,8 @@ tool_choice the chat forms; `text.format` the response_format; `max_output_token
 as one, so everything a chat does (tool calls parsed, reasoning apart, grammars, refusals) it does. Its
 reply is written back as a Response object (`whole`) or the Responses stream's events (`events`).
 A response is stored (unless `store: false`) with the conversation it ends, in the front's memory
-(response_store.py): `previous_response_id` continues that conversation. `conversation` objects and
-`background` runs are refused.
+(response_store.py): `previous_response_id` continues that conversation; a `background` one runs after
+the reply (queued), followed by GET and stopped by cancel. `conversation` objects are refused.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from pydantic import (
 
 from dflash_trt.serve.event_streams import translated
 from dflash_trt.serve.openai_models import TokenLogprob, dump
-from dflash_trt.serve.protocol import ChatRequest, FunctionName, JsonInt, _Open, only, refusal, renamed
+from dflash_trt.serve.protocol import ChatRequest, FunctionName, JsonInt, _Open, refusal, renamed
 from dflash_trt.serve.requests import RequestError
-from dflash_trt.serve.response_store import ResponseStore, StoredResponse
+from dflash_trt.serve.response_store import FINAL, ResponseStore, StoredResponse
 from dflash_trt.serve.responses_models import (
     FunctionCallItem,
     IncompleteDetails,
@@ -44,6 +44,7 @@ from dflash_trt.serve.responses_models import (
     OutputTokensDetails,
     ReasoningItem,
     ReasoningText,
+    ResponseError,
     ResponseObject,
     ResponseUsage,
     TextConfig,
@@ -167,7 +168,9 @@ class _ResponsesBody(BaseModel):
     store: bool | None = Field(None, description="keep the response for previous_response_id and GET "
                                                  "/v1/responses/{id} (default true, as OpenAI's; in the server's "
                                                  "memory, the most recent serve --responses-store kept)")
-    background: only(False) | None = None
+    background: bool | None = Field(None, description="run after the reply: the response comes back queued; GET "
+                                                      "/v1/responses/{id} follows it, POST .../cancel stops it "
+                                                      "(stored, never streamed here)")
     truncation: Literal["disabled"] | None = None
     service_tier: Literal["auto", "default"] | None = None
     reasoning: Annotated[dict[str, Any], WithJsonSchema({"type": "object", "additionalProperties": {"type": "null"}})] \
@@ -195,6 +198,12 @@ class _ResponsesBody(BaseModel):
                                             "{\"enable_thinking\": false}); send reasoning null")
         if self.top_logprobs is not None and LOGPROBS not in (self.include or ()):
             raise RequestError("top_logprobs", f"top_logprobs needs include [\"{LOGPROBS}\"]")
+        if self.background and self.store is False:
+            raise RequestError("background", "a background response is followed through the store: leave store "
+                                             "out or send it true")
+        if self.background and self.stream:
+            raise RequestError("background", "a background response is not streamed here: follow it with GET "
+                                             "/v1/responses/{id}, or leave background out to stream")
 
     def chat_request(self, earlier: list[dict] = ()) -> ChatRequest:
         """The chat request this one runs as, after the `earlier` conversation's items (a stored response's)
@@ -315,15 +324,34 @@ class ResponseRender:
         self.created_at = int(time.time())
         self.logprobs = LOGPROBS in (request.include or ())
 
-    def _object(self, status: str, output: list, usage: dict | None = None, finish: str | None = None) -> dict:
+    def _object(self, status: str, output: list, usage: dict | None = None, finish: str | None = None,
+                error: ResponseError | None = None) -> dict:
+        """The Response object as it stands; stored once it has ended (FINAL)."""
         incomplete = IncompleteDetails(reason="max_output_tokens") if finish == "length" else None
         body = dump(ResponseObject(id=self.id, object="response", created_at=self.created_at, status=status,
-                                   model=self.model, output=output, usage=_usage(usage), error=None,
-                                   incomplete_details=incomplete, store=self.store is not None,
-                                   previous_response_id=self.request.previous_response_id, **self.request.echoed()))
-        if self.store is not None and status != "in_progress":
+                                   background=bool(self.request.background), model=self.model, output=output,
+                                   usage=_usage(usage), error=error, incomplete_details=incomplete,
+                                   store=self.store is not None, previous_response_id=self.request.previous_response_id,
+                                   **self.request.echoed()))
+        if self.store is not None and status in FINAL:
             self.store.put(self.id, StoredResponse(body, [*self.earlier, *self.inputs, *body["output"]], self.inputs))
         return body
+
+    def queued(self, cancel) -> dict:
+        """A background response, stored as queued until it runs; `cancel` stops it (and waits)."""
+        body = self._object("queued", [])
+        self.store.put(self.id, StoredResponse(body, [], self.inputs, cancel))
+        return body
+
+    def running(self, cancel) -> None:
+        self.store.put(self.id, StoredResponse(self._object("in_progress", []), [], self.inputs, cancel))
+
+    def failed(self, code: str, message: str) -> dict:
+        """A background response that a refusal or the inference server's failure ended."""
+        return self._object("failed", [], error=ResponseError(code=code, message=message))
+
+    def cancelled(self) -> dict:
+        return self._object("cancelled", [])
 
     def whole(self, chat: dict) -> dict:
         """A chat completion (one choice) -> the Response object."""

@@ -83,19 +83,26 @@ class TextConfig(BaseModel):
     format: TextFormat
 
 
+class ResponseError(BaseModel):
+    code: str
+    message: str
+
+
 class ResponseObject(BaseModel):
-    """A response: created, then (streamed) in progress, and completed or incomplete; stored unless `store` is
-    false (GET /v1/responses/{id} returns it, previous_response_id continues its conversation)."""
+    """A response: created (a background one queued), then in progress, and completed or incomplete (a
+    background one also failed, or cancelled); stored unless `store` is false (GET /v1/responses/{id}
+    returns it, previous_response_id continues its conversation)."""
 
     id: str
     object: Literal["response"]
     created_at: int
-    status: Literal["in_progress", "completed", "incomplete"]
+    status: Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+    background: bool = False
     model: str
     output: list[OutputItem]
     usage: ResponseUsage | None = None
     incomplete_details: IncompleteDetails | None = None
-    error: None = None
+    error: ResponseError | None = None
     instructions: str | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None

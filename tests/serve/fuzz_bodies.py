@@ -125,9 +125,10 @@ def acceptable_message(body: dict) -> dict:
     """An Anthropic Messages body whose forced tool_choice (any, or a named tool) calls a tool it offers
     with a schema that compiles, and whose thinking budget is below its max_tokens (Anthropic's rule)."""
     thinking, most = body.get("thinking"), body.get("max_tokens")
-    if isinstance(thinking, dict) and isinstance(thinking.get("budget_tokens"), int) and isinstance(most, int) \
-            and not isinstance(most, bool) and most >= 1:
-        thinking["budget_tokens"] = min(thinking["budget_tokens"], most - 1)
+    budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
+    # JSON numbers both (an integral float is an integer here, as JSON has it)
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (budget, most)) and most >= 1:
+        thinking["budget_tokens"] = min(budget, int(most) - 1)
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
         body["tools"] = [{"name": "f", "input_schema": {"type": "object"}}]

@@ -8,6 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 from test_front import FORCED, THINKING, USAGE, FakeTriton
 
+from dflash_trt.serve.triton_client import Piece
+
 from dflash_trt.serve.openai_api import FrontSettings, create_app
 
 openai = pytest.importorskip("openai")  # a test dependency (.[test]); the GPU machine's image lacks it
@@ -248,7 +250,7 @@ def test_a_response_cut_off_by_its_client_is_not_stored(served):
 
 
 @pytest.mark.parametrize("field, value, param", [
-    ("background", True, "background"), ("conversation", "conv_1", "conversation"),
+    ("conversation", "conv_1", "conversation"),
     ("reasoning", {"effort": "high"}, "reasoning"), ("max_output_tokens", 0, "max_output_tokens"),
     ("input", [], "input"), ("input", [{"type": "item_reference", "id": "x"}], "input"),
     ("tools", [{"type": "web_search"}], "tools[0].type"), ("text", {"format": {"type": "xml"}}, "text.format.type"),
@@ -298,3 +300,92 @@ def test_a_stored_response_lists_its_input_items_page_by_page(served):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "after"
     assert front.get(f"/v1/responses/{response.id}/input_items", params={"limit": 0}).status_code == 400
     assert front.get("/v1/responses/resp_none/input_items").status_code == 404
+
+
+@pytest.fixture
+def lasting():
+    """A front whose event loop outlives each request (the TestClient entered), as a server's does: a
+    background response runs on it after its reply."""
+    triton = FakeTriton()
+    with TestClient(create_app(FrontSettings("tiny"), triton)) as front:
+        yield front, triton, openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=front)
+
+
+def finished(client, response_id: str, timeout_s: float = 10):
+    """GET a background response until it has ended."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while (response := client.responses.retrieve(response_id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, response.status
+        time.sleep(0.01)
+    return response
+
+
+def test_a_background_response_comes_back_queued_and_ends_as_the_foreground_one(lasting):
+    _, triton, client = lasting
+    queued = client.responses.create(model="tiny", input="hi", background=True, max_output_tokens=3)
+    assert queued.status == "queued" and queued.background is True and queued.output == []
+    done = finished(client, queued.id)
+    foreground = client.responses.create(model="tiny", input="hi", max_output_tokens=3)
+    assert done.status == foreground.status == "incomplete" and done.output_text == foreground.output_text == "abc"
+    assert done.usage.output_tokens == foreground.usage.output_tokens
+    assert json.loads(triton.requests[0]["messages"]) == json.loads(triton.requests[1]["messages"])
+    follow = client.responses.create(model="tiny", input="more", previous_response_id=queued.id)
+    assert messages(triton)[:2] == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "abc"}]
+    assert follow.status == "incomplete"
+
+
+def test_a_cancelled_background_response_stops_its_request(lasting):
+    """POST /cancel while it runs: its Triton stream is closed (the engine then aborts it), it is stored
+    cancelled; cancelling it again, or a finished one, gives it back as it is."""
+    import asyncio
+
+    front, triton, client = lasting
+    started = []
+
+    async def endless(inputs):
+        triton.requests.append(inputs)
+        started.append(True)
+        try:
+            while True:
+                await asyncio.sleep(0.01)
+                yield Piece("a", [1], None, None)
+        finally:
+            triton.closed += 1
+
+    answer, triton.generate = triton.generate, endless
+    queued = client.responses.create(model="tiny", input="hi", background=True)
+    busy = front.post("/v1/responses", json={"model": "tiny", "input": "x", "previous_response_id": queued.id})
+    assert busy.status_code == 400 and busy.json()["error"]["param"] == "previous_response_id"
+    cancelled = client.responses.cancel(queued.id)
+    assert cancelled.status == "cancelled" and triton.closed == len(started) == 1
+    deleted = client.responses.create(model="tiny", input="hi", background=True)
+    assert front.delete(f"/v1/responses/{deleted.id}").status_code == 200  # stopped, then forgotten
+    assert triton.closed == len(started) == 2 and front.get(f"/v1/responses/{deleted.id}").status_code == 404
+    triton.generate = answer
+    assert client.responses.retrieve(queued.id).status == "cancelled"
+    assert client.responses.cancel(queued.id).status == "cancelled"
+    continued = front.post("/v1/responses", json={"model": "tiny", "input": "x", "previous_response_id": queued.id})
+    assert continued.status_code == 200  # an ended response (cancelled) may be continued
+    plain = client.responses.create(model="tiny", input="hi", max_output_tokens=1, stream=False)
+    assert front.post(f"/v1/responses/{plain.id}/cancel").status_code == 400  # not a background one
+
+
+def test_a_background_response_its_prompt_refuses_is_stored_failed(lasting):
+    _, _, client = lasting
+    queued = client.responses.create(model="tiny", input="a long prompt", background=True)
+    failed = finished(client, queued.id)
+    assert failed.status == "failed" and failed.error.code == "invalid_request"
+    assert "context capacity" in failed.error.message
+
+
+@pytest.mark.parametrize("fields, param", [(dict(stream=True), "background"), (dict(store=False), "background"),
+                                           (dict(top_logprobs=2), "top_logprobs")])
+def test_a_background_response_that_cannot_be_followed_is_a_400(served, fields, param):
+    front, triton, _ = served
+    response = front.post("/v1/responses", json={"model": "tiny", "input": "hi", "background": True, **fields})
+    assert response.status_code == 400 and response.json()["error"]["param"] == param and not triton.requests
+    nothing = TestClient(create_app(FrontSettings("tiny", responses_store=0), FakeTriton()))
+    assert nothing.post("/v1/responses", json={"model": "tiny", "input": "hi", "background": True}).json()[
+        "error"]["param"] == "background"

@@ -284,6 +284,22 @@ def test_the_responses_api_gives_the_chat_s_reply_whole_and_streamed(server, cli
     assert client.responses.retrieve(response.id).output_text == expected.text
 
 
+def test_a_background_response_ends_as_the_foreground_one(server, client):
+    """background: the reply is the response queued; followed by GET, it ends as the same request run in
+    the foreground (greedy), and can be continued."""
+    asked = dict(model=server.model, input=PROMPTS[5], max_output_tokens=12, temperature=0)
+    queued = client.responses.create(**asked, background=True)
+    assert queued.status == "queued"
+    deadline = time.monotonic() + 120
+    while (done := client.responses.retrieve(queued.id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    foreground = client.responses.create(**asked)
+    assert (done.status, done.output_text) == (foreground.status, foreground.output_text)
+    cancelled_late = client.responses.cancel(queued.id)  # it has ended: back as it is
+    assert cancelled_late.status == done.status
+
+
 def test_anthropic_s_messages_api_gives_the_chat_s_reply_whole_and_streamed(server, client):
     """/v1/messages through the official Anthropic client: the text, stop reason and usage of the chat
     reply to the same turns (system first), streamed the same; a stop sequence that ends it is named."""
