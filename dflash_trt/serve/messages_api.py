@@ -92,13 +92,13 @@ class ThinkingEnabled(_Open):
     at all is its chat template's (chat templates of Qwen3 and Qwen3.5 think by default)."""
 
     type: Literal["enabled"]
-    budget_tokens: Annotated[JsonInt, Field(ge=0, le=2**31 - 1)]
+    budget_tokens: JsonInt = Field(json_schema_extra=RANGES["thinking_token_budget"])  # SamplingParams checks it
 
 
 # Anthropic's stop reasons for the chat's finish reasons
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 # A chat request's fields -> this body's, for refusals the chat path words
-RENAMED = {"messages": "messages", "stop": "stop_sequences"}
+RENAMED = {"messages": "messages", "stop": "stop_sequences", "thinking_token_budget": "thinking.budget_tokens"}
 
 
 class CountTokensRequest(BaseModel):
@@ -110,13 +110,14 @@ class CountTokensRequest(BaseModel):
     system: str | list[TextBlock] | None = None
     tools: list[MessagesTool] | None = None
     tool_choice: ToolChoice | NamedToolChoice | None = None
-    thinking: ThinkingDisabled | ThinkingEnabled | None = Field(
+    thinking: Annotated[ThinkingDisabled | ThinkingEnabled, Field(discriminator="type")] | None = Field(
         None, description="enabled: its budget_tokens bound the thinking (then </think> is forced); whether the "
                           "model thinks is its chat template's")
 
     def tokenize_request(self) -> TokenizeChat:
         """The chat's tokenization a Messages request of these fields would prefill."""
-        chat = MessagesRequest.model_validate({**dict(self), "max_tokens": 1}).chat_request()
+        # (a thinking budget bounds the reply, not its prompt)
+        chat = MessagesRequest.model_validate({**dict(self), "max_tokens": 1, "thinking": None}).chat_request()
         return TokenizeChat(messages=chat.messages, tools=chat.tools)
 
 

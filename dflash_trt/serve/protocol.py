@@ -141,6 +141,7 @@ StopString = Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})]
 # the output. Any other value is refused (`_Sampling.check_unsupported`).
 NO_OP_VALUES = {
     "functions": ([],), "function_call": ("none",), "suffix": ("",),
+    "prediction": (), "web_search_options": (), "modalities": (["text"],), "audio": (), "verbosity": ("medium",),
     # vLLM's extensions beyond SamplingParams
     "spaces_between_special_tokens": (True,),
     "logits_processors": (),
@@ -460,6 +461,15 @@ class ChatRequest(_Sampling):
     # the deprecated forms of tools
     functions: _no_op("functions") = None
     function_call: _no_op("function_call") = None
+    # OpenAI's, as vLLM and SGLang take it: a variable of the chat template (one that reads it, e.g.
+    # gpt-oss's; a template that does not is refused by the Triton model, naming it)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    # OpenAI's fields that would change a reply and that this server does not implement
+    prediction: _no_op("prediction") = None
+    web_search_options: _no_op("web_search_options") = None
+    modalities: _no_op("modalities") = None
+    audio: _no_op("audio") = None
+    verbosity: _no_op("verbosity") = None
     # vLLM's: a template of the request's own (on a server started with --trust-request-chat-template),
     # and documents for a template that cites them (RAG templates)
     chat_template: Annotated[str, StringConstraints(min_length=1)] | None = None
@@ -499,7 +509,8 @@ class ChatRequest(_Sampling):
     def template_variables(self) -> dict:
         """What the chat template gets beside the turns: chat_template_kwargs and how the conversation ends."""
         endings = {name: getattr(self, name) for name in ENDINGS if getattr(self, name) is not None}
-        return {**(self.chat_template_kwargs or {}), **endings}
+        effort = {} if self.reasoning_effort is None else {"reasoning_effort": self.reasoning_effort}
+        return {**(self.chat_template_kwargs or {}), **effort, **endings}
 
     def check_sampling(self) -> None:
         template_kwargs(json.dumps(self.template_variables()))  # the Triton model's own check, before it

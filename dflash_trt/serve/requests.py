@@ -124,6 +124,19 @@ def template_kwargs(text: str | None) -> dict:
     return values
 
 
+# template variables that are request fields of their own (OpenAI's reasoning_effort): a template that never
+# reads one would drop it silently
+NAMED_VARIABLES = ("reasoning_effort",)
+
+
+def check_template_reads(variables: dict, chat_template: str | None) -> None:
+    """Refuse a NAMED_VARIABLES field the chat template never reads, naming it."""
+    for name in NAMED_VARIABLES:
+        if name in variables and name not in (chat_template or ""):
+            raise RequestError(name, f"this chat template reads no {name}: leave it out (or serve with "
+                                     "--chat-template, a template that does)")
+
+
 def template_documents(text: str | None, chat_template: str | None) -> list | None:
     """The request's documents (a JSON list of objects of strings, e.g. {"title", "text"}) for the chat
     template; None: none. A template that never reads `documents` would drop them silently: refused."""

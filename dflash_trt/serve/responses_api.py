@@ -132,7 +132,8 @@ UNSTORED = {"conversation": "conversation objects are not kept here: continue wi
             "max_tool_calls": "max_tool_calls is not supported: leave it out"}
 # A chat request's fields -> this body's, for refusals the chat path words
 RENAMED = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format",
-           "logprobs": "include"}
+           "logprobs": "include", "reasoning_effort": "reasoning.effort"}
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # OpenAI's, as the chat's reasoning_effort
 LOGPROBS = "message.output_text.logprobs"
 
 
@@ -173,9 +174,10 @@ class _ResponsesBody(BaseModel):
                                                       "(stored, never streamed here)")
     truncation: Literal["disabled"] | None = None
     service_tier: Literal["auto", "default"] | None = None
-    reasoning: Annotated[dict[str, Any], WithJsonSchema({"type": "object", "additionalProperties": {"type": "null"}})] \
-        | None = Field(None, description="only nulls: the chat template decides whether the model thinks "
-                                         "(chat_template_kwargs)")
+    reasoning: Annotated[dict[str, Any], WithJsonSchema({"type": "object", "properties": {"effort": {
+        "enum": [*EFFORTS, None]}}, "additionalProperties": {"type": "null"}})] | None = Field(
+        None, description="effort: the chat template's reasoning_effort (a template that reads none refuses it); "
+                          "whether the model thinks is the template's")
     previous_response_id: str | None = Field(None, description="a stored response whose conversation this one "
                                                                "continues (its instructions are not carried over)")
     conversation: _refused("conversation") = None
@@ -192,10 +194,9 @@ class _ResponsesBody(BaseModel):
         for name, why in UNSTORED.items():
             if getattr(self, name) is not None:
                 raise RequestError(name, why)
-        if self.reasoning and any(value is not None for value in self.reasoning.values()):
-            raise RequestError("reasoning", "this server sets no reasoning effort or summary: the chat template "
-                                            "decides whether the model thinks (chat_template_kwargs, e.g. "
-                                            "{\"enable_thinking\": false}); send reasoning null")
+        if self.reasoning and any(value is not None for name, value in self.reasoning.items() if name != "effort"):
+            raise RequestError("reasoning", "this server writes no reasoning summary: reasoning takes an effort "
+                                            "only (the chat template's reasoning_effort)")
         if self.top_logprobs is not None and LOGPROBS not in (self.include or ()):
             raise RequestError("top_logprobs", f"top_logprobs needs include [\"{LOGPROBS}\"]")
         if self.background and self.store is False:
@@ -219,6 +220,8 @@ class _ResponsesBody(BaseModel):
                 fields[theirs] = getattr(self, mine)
         if LOGPROBS in (self.include or ()):
             fields.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
+        if (self.reasoning or {}).get("effort") is not None:
+            fields["reasoning_effort"] = self.reasoning["effort"]
         if self.tools is not None:
             fields["tools"] = [{"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)}
                                for tool in self.tools]

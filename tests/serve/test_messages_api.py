@@ -117,7 +117,7 @@ def test_a_stop_sequence_that_ended_the_reply_is_named(served):
 
 
 @pytest.mark.parametrize("field, value, param", [
-    ("max_tokens", None, "max_tokens"), ("messages", [], "messages"), ("thinking", {"type": "adaptive"}, "thinking.type"),
+    ("max_tokens", None, "max_tokens"), ("messages", [], "messages"), ("thinking", {"type": "adaptive"}, "thinking"),
     ("thinking", {"type": "enabled", "budget_tokens": 5}, "thinking.budget_tokens"),  # not below max_tokens
     ("tool_choice", {"type": "tool"}, "tool_choice.type"), ("temperature", -1, "temperature"),
     ("messages", [{"role": "system", "content": "x"}], "messages[0].role"),

@@ -126,7 +126,7 @@ def test_vllm_sampling_extensions_and_penalties_reach_the_sampling_parameters():
 
 
 # what frameworks send by default: the values that change nothing, accepted (and not passed on)
-NO_OP_FIELDS = {"response_format": {"type": "text"},
+NO_OP_FIELDS = {"response_format": {"type": "text"}, "modalities": ["text"], "verbosity": "medium",
                 "tools": [], "tool_choice": "none",
                 "guided_json": None, "prompt_logprobs": None, "use_beam_search": False, "length_penalty": 1.0,
                 "priority": 0, "echo": False}
@@ -140,7 +140,8 @@ def test_unimplemented_fields_at_their_no_op_values_are_accepted():
 
 @pytest.mark.parametrize("field, value", [
     ("functions", [{"name": "f"}]), ("function_call", "auto"), ("mm_processor_kwargs", {"fps": 2}),
-    ("stop_regex", "a+"),
+    ("stop_regex", "a+"), ("prediction", {"type": "content", "content": "x"}), ("web_search_options", {}),
+    ("modalities", ["text", "audio"]), ("audio", {"voice": "alloy"}), ("verbosity", "high"),
 ])
 def test_unimplemented_fields_that_would_change_the_reply_are_refused(field, value):
     with pytest.raises(RequestError) as err:
@@ -162,6 +163,15 @@ def test_documents_and_a_request_s_template_go_to_the_triton_model():
         with pytest.raises(RequestError) as err:
             parse(chat(**fields), ChatRequest)
         assert err.value.param.startswith(next(iter(fields)))
+
+
+def test_reasoning_effort_is_a_variable_of_the_chat_template():
+    """OpenAI's reasoning_effort, as vLLM and SGLang pass it: into the template's variables."""
+    inputs = parse(chat(reasoning_effort="low", chat_template_kwargs={"x": 1}), ChatRequest).triton_inputs()
+    assert json.loads(inputs["chat_template_kwargs"]) == {"x": 1, "reasoning_effort": "low"}
+    with pytest.raises(RequestError) as err:
+        parse(chat(reasoning_effort="extreme"), ChatRequest)
+    assert err.value.param == "reasoning_effort"
 
 
 def test_tokens_as_ids_are_asked_of_the_triton_model():

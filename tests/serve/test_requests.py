@@ -7,6 +7,7 @@ import pytest
 from dflash_trt.serve.requests import (
     RequestError,
     beam_search_params,
+    check_template_reads,
     parse_sampling,
     template_kwargs,
     template_documents,
@@ -106,6 +107,15 @@ def test_tools_reach_only_a_template_that_renders_them():
         with pytest.raises(RequestError) as err:
             template_tools(text, template)
         assert err.value.param == "tools" and words in err.value.message
+
+
+def test_a_named_template_variable_reaches_only_a_template_that_reads_it():
+    check_template_reads({"reasoning_effort": "low"}, "{{ reasoning_effort }}")
+    check_template_reads({"enable_thinking": False}, "{{ messages }}")  # a chat_template_kwargs variable: free
+    for template in ("{{ messages }}", None):
+        with pytest.raises(RequestError) as err:
+            check_template_reads({"reasoning_effort": "low"}, template)
+        assert err.value.param == "reasoning_effort" and "reads no reasoning_effort" in err.value.message
 
 
 def test_documents_reach_only_a_template_that_renders_them():

@@ -156,6 +156,12 @@ def test_vllm_s_sampling_extensions_reach_the_engine_as_a_chat_s(served):
     assert triton.requests[0]["priority"] == -2
 
 
+def test_a_reasoning_effort_is_the_chat_s_reasoning_effort(served):
+    _, triton, client = served
+    client.responses.create(model="tiny", input="hi", reasoning={"effort": "low"})
+    assert json.loads(triton.requests[-1]["chat_template_kwargs"]) == {"reasoning_effort": "low"}
+
+
 def test_logprobs_are_included_when_asked(served):
     front, triton, _ = served
     body = front.post("/v1/responses", json={"model": "tiny", "input": "hi", "top_logprobs": 2,
@@ -251,7 +257,8 @@ def test_a_response_cut_off_by_its_client_is_not_stored(served):
 
 @pytest.mark.parametrize("field, value, param", [
     ("conversation", "conv_1", "conversation"),
-    ("reasoning", {"effort": "high"}, "reasoning"), ("max_output_tokens", 0, "max_output_tokens"),
+    ("reasoning", {"summary": "auto"}, "reasoning"), ("reasoning", {"effort": "extreme"}, "reasoning.effort"),
+    ("max_output_tokens", 0, "max_output_tokens"),
     ("input", [], "input"), ("input", [{"type": "item_reference", "id": "x"}], "input"),
     ("tools", [{"type": "web_search"}], "tools[0].type"), ("text", {"format": {"type": "xml"}}, "text.format.type"),
     ("temperature", -1, "temperature"), ("include", ["file_search_call.results"], "include[0]"),

@@ -482,6 +482,23 @@ def test_a_request_s_template_and_documents_render_its_prompt_as_offline_chat(se
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "documents"
 
 
+def test_reasoning_effort_reaches_a_template_that_reads_it(server, client, offline):
+    """OpenAI's reasoning_effort is a variable of the chat template (a request's own here): the reply is
+    offline chat's with it among chat_template_kwargs; the server's template reads none: a 400 naming it."""
+    template = ("effort: {{ reasoning_effort }}\n{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                "assistant:")
+    turns = [{"role": "user", "content": PROMPTS[9]}]
+    expected = offline.chat(turns, SamplingParams(max_tokens=8), chat_template=template,
+                            chat_template_kwargs={"reasoning_effort": "low"})[0]
+    reply = client.chat.completions.create(model=server.model, messages=turns, max_tokens=8, temperature=0,
+                                           reasoning_effort="low", extra_body={"chat_template": template})
+    assert reply.choices[0].message.content == expected.text
+    assert reply.usage.prompt_tokens == len(expected.prompt_token_ids)
+    refused = httpx.post(f"{server.url}/chat/completions", timeout=30, json={
+        "model": server.model, "messages": turns, "reasoning_effort": "low"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "reasoning_effort"
+
+
 def test_completion_of_token_ids_equals_offline(server, client, offline):
     ids = offline.tokenizer("plain text, no template")["input_ids"]
     expected = offline.generate(ids, SamplingParams(max_tokens=12))[0]

@@ -24,6 +24,7 @@ from dflash_trt.serve.reply_text import reasoning_tokens
 from dflash_trt.serve.requests import (
     RequestError,
     beam_search_params,
+    check_template_reads,
     parse_sampling,
     template_documents,
     template_kwargs,
@@ -171,6 +172,7 @@ class TritonPythonModel:
         if not template:  # a base model: the turns' text, one after another
             return tokenizer("\n".join(str(m.get("content", "")) for m in chat))["input_ids"]
         extra = template_kwargs(_string(request, "chat_template_kwargs"))
+        check_template_reads(extra, template)
         try:
             return encode_chat(tokenizer, chat, tools, extra, documents, asked)
         except Exception as err:  # a template that refuses these messages (roles, order) says why
