@@ -137,40 +137,32 @@ def check_template_reads(variables: dict, chat_template: str | None) -> None:
                                      "--chat-template, a template that does)")
 
 
-def template_documents(text: str | None, chat_template: str | None) -> list | None:
-    """The request's documents (a JSON list of objects of strings, e.g. {"title", "text"}) for the chat
-    template; None: none. A template that never reads `documents` would drop them silently: refused."""
+def _template_list(name: str, text: str | None, chat_template: str | None, fits, shape: str) -> list | None:
+    """A JSON list the chat template gets as `name` (each item `fits`); None: none. A template that never
+    reads `name` would drop it silently: refused."""
     if not text:
         return None
     try:
-        documents = json.loads(text)
+        values = json.loads(text)
     except ValueError:
-        raise RequestError("documents", "documents is not valid JSON") from None
-    if not isinstance(documents, list) or not all(
-            isinstance(doc, dict) and all(isinstance(v, str) for v in doc.values()) for doc in documents):
-        raise RequestError("documents", "documents must be a JSON list of objects of strings")
-    if not documents:
+        raise RequestError(name, f"{name} is not valid JSON") from None
+    if not isinstance(values, list) or not all(map(fits, values)):
+        raise RequestError(name, f"{name} must be a JSON list of {shape}")
+    if not values:
         return None
-    if not chat_template or "documents" not in chat_template:
-        raise RequestError("documents", "this chat template does not render documents: send a chat_template "
-                                        "that does (with --trust-request-chat-template), or serve with one")
-    return documents
+    if not chat_template or name not in chat_template:
+        raise RequestError(name, f"this chat template does not render {name}: serve with --chat-template FILE, a "
+                                 "template that does (or send one as chat_template, --trust-request-chat-template)")
+    return values
+
+
+def template_documents(text: str | None, chat_template: str | None) -> list | None:
+    """The request's documents (e.g. {"title", "text"} objects) for the chat template; None: none."""
+    return _template_list("documents", text, chat_template,
+                          lambda doc: isinstance(doc, dict) and all(isinstance(v, str) for v in doc.values()),
+                          "objects of strings")
 
 
 def template_tools(text: str | None, chat_template: str | None) -> list | None:
-    """The request's tools (a JSON list of OpenAI tool objects) for the chat template; None: none. A
-    template that never reads `tools` would drop them silently: refused."""
-    if not text:
-        return None
-    try:
-        tools = json.loads(text)
-    except ValueError:
-        raise RequestError("tools", "tools is not valid JSON") from None
-    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
-        raise RequestError("tools", "tools must be a JSON list of objects")
-    if not tools:
-        return None
-    if not chat_template or "tools" not in chat_template:
-        raise RequestError("tools", "this model's chat template does not render tools: serve it with "
-                                    "--chat-template FILE, a template that does")
-    return tools
+    """The request's tools (OpenAI tool objects) for the chat template; None: none."""
+    return _template_list("tools", text, chat_template, lambda tool: isinstance(tool, dict), "objects")
