@@ -20,9 +20,8 @@ import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Literal
 
-from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sse_starlette import EventSourceResponse
@@ -37,7 +36,6 @@ from dflash_trt.serve.openai_models import (
     ChatCompletion,
     ChatCompletionChunk,
     Completion,
-    ErrorResponse,
     Health,
     ModelCard,
     ModelList,
@@ -46,10 +44,9 @@ from dflash_trt.serve.openai_models import (
 from dflash_trt.serve.reply_text import UNTHINK, ReplyText
 from dflash_trt.serve.requests import RequestError
 from dflash_trt.serve.responses import Outcome, Reply, error_body, merged_usage
-from dflash_trt.serve.responses_api import RENAMED as RESPONSES_NAMES
-from dflash_trt.serve.responses_api import ResponseRender, ResponsesRequest
-from dflash_trt.serve.response_store import ResponseStore, StoredResponse
-from dflash_trt.serve.responses_models import DeletedResponse, InputItemList, ResponseObject, StreamEvent
+from dflash_trt.serve.openapi_docs import ERRORS, replies
+from dflash_trt.serve.responses_api import ResponseRender
+from dflash_trt.serve.responses_routes import add_responses_routes
 from dflash_trt.serve.tokenize_api import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -81,22 +78,6 @@ class FrontSettings:
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
     return JSONResponse(error_body(status, message, param, code), status_code=status)
-
-
-ERRORS = {status: {"model": ErrorResponse, "description": what} for status, what in (
-    (400, "a field is wrong (`error.param` names it)"), (401, "no valid API key"), (404, "unknown model, or no stored response of that id"),
-    (413, "the body is over the limit"), (429, "the waiting queue is full (Retry-After)"),
-    (503, "the model is not ready, is draining, or the inference server failed"))}
-# any other status (an unknown path, a wrong method, a bug of ours) is an error object too; saying so
-# also keeps FastAPI from documenting a 422 that this front never sends (its validation errors are 400)
-ERRORS["default"] = {"model": ErrorResponse, "description": "any other error"}
-
-
-def _replies(whole: type, chunk: type) -> dict:
-    """OpenAPI responses of a completion endpoint: the reply, or with `stream: true` its chunks as SSE."""
-    stream = {"schema": {"type": "string", "description": f"Server-Sent Events: `data: <{chunk.__name__}>` "
-                                                          "per chunk, then `data: [DONE]`"}}
-    return {200: {"model": whole, "content": {"text/event-stream": stream}}, **ERRORS}
 
 
 class _Guard:
@@ -138,12 +119,12 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
         yield
-        for task in list(running):  # background responses still running: each closes its Triton stream
+        for task in list(background):  # background responses still running: each closes its Triton stream
             task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
+        await asyncio.gather(*background, return_exceptions=True)
         await triton.close()  # open keep-alive connections would hold Triton's shutdown for its whole timeout
 
-    running: set[asyncio.Task] = set()  # background responses' runs (a task the loop alone holds may be collected)
+    background: set[asyncio.Task] = set()  # background responses' runs (responses_routes.py)
     app = FastAPI(title="dflash-trt", summary="OpenAI-compatible DFlash speculative decoding",
                   docs_url="/docs" if settings.docs else None, redoc_url=None, lifespan=lifespan)
     app.add_middleware(_Guard, settings=settings)
@@ -279,11 +260,11 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         return EventSourceResponse(_sse(chunks) if render is None else render.events(chunks),
                                    sep="\n", shutdown_grace_period=settings.drain_s)
 
-    @app.post("/v1/chat/completions", response_model=None, responses=_replies(ChatCompletion, ChatCompletionChunk))
+    @app.post("/v1/chat/completions", response_model=None, responses=replies(ChatCompletion, ChatCompletionChunk))
     async def chat(request: Request, body: protocol.ChatRequest):
         return await complete(request, body)
 
-    @app.post("/v1/completions", response_model=None, responses=_replies(Completion, Completion))
+    @app.post("/v1/completions", response_model=None, responses=replies(Completion, Completion))
     async def completions(request: Request, body: protocol.CompletionRequest):
         return await complete(request, body)
 
@@ -339,110 +320,7 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
             return unknown(body.model)
         return DetokenizeResponse(prompt=(await _answer(triton, body.triton_inputs(), "tokens")).prompt_text)
 
-    stored = ResponseStore(settings.responses_store)
-
-    def kept(response_id: str, param: str | None = None) -> StoredResponse:
-        response = stored.get(response_id)
-        if response is None:
-            raise RequestError(param, f"no stored response with id '{response_id}' (never stored, deleted, or "
-                                      f"forgotten: this server keeps its last {stored.capacity})", 404)
-        return response
-
-    async def in_background(parsed: protocol.ChatRequest, render: ResponseRender) -> JSONResponse:
-        """Start a background response -> it, queued. Its run is `complete` for a client that leaves once
-        cancelled; its end (completed, incomplete, failed, cancelled) is stored."""
-        parsed.check_sampling()  # refusals before it is queued
-        if parsed.model != settings.model:
-            return unknown(parsed.model)
-        stop = asyncio.Event()
-
-        class Detached:
-            @staticmethod
-            async def is_disconnected() -> bool:
-                return stop.is_set()
-
-        async def run() -> None:
-            render.running(cancel)
-            try:
-                reply = await complete(Detached(), parsed, render)
-            except RequestError as err:
-                render.failed("rate_limit_exceeded" if err.status == 429 else "invalid_request", err.message)
-            except UpstreamError as err:
-                render.failed("server_error", f"the inference server failed: {err}")
-            else:
-                if reply.status_code == 499:  # cancelled before its reply was whole
-                    render.cancelled()
-
-        async def cancel() -> None:
-            stop.set()
-            await asyncio.wait({task})
-
-        task = asyncio.ensure_future(run())
-        running.add(task)
-        task.add_done_callback(running.discard)
-        return JSONResponse(render.queued(cancel))
-
-    @app.post("/v1/responses", response_model=None, responses=_replies(ResponseObject, StreamEvent))
-    async def responses(request: Request, body: ResponsesRequest):
-        """OpenAI's Responses API, run as a chat; kept unless `store` is false; `background`: run after the
-        reply, which is the response queued."""
-        if (body.store or body.background) and stored.capacity == 0:
-            raise RequestError("background" if body.background else "store", "this server stores no responses "
-                               "(serve --responses-store 0): send store false, without background")
-        earlier = []
-        if body.previous_response_id is not None:
-            previous = kept(body.previous_response_id, "previous_response_id")
-            if not previous.ended:
-                raise RequestError("previous_response_id", f"response '{body.previous_response_id}' is still "
-                                                           f"{previous.body['status']}: wait for its end")
-            earlier = previous.items
-        try:
-            parsed, render = body.chat_request(earlier), ResponseRender(body, settings.model, stored, earlier)
-            if body.background:
-                return await in_background(parsed, render)
-            return await complete(request, parsed, render)
-        except RequestError as err:
-            raise protocol.renamed(err, RESPONSES_NAMES) from None
-
-    @app.post("/v1/responses/{response_id}/cancel", response_model=ResponseObject, responses=ERRORS)
-    async def cancel_response(response_id: str):
-        """OpenAI's: stop a background response (stored cancelled); one that has ended comes back as it is."""
-        response = kept(response_id)
-        if not response.body["background"]:
-            raise RequestError(None, f"response '{response_id}' did not run in the background: only such a "
-                                     "response can be cancelled")
-        if response.cancel is not None and not response.ended:
-            await response.cancel()
-        return JSONResponse(kept(response_id).body)
-
-    @app.get("/v1/responses/{response_id}", response_model=ResponseObject, responses=ERRORS)
-    async def retrieve_response(response_id: str):
-        """OpenAI's retrieve: a stored response as it was returned."""
-        return JSONResponse(kept(response_id).body)
-
-    @app.get("/v1/responses/{response_id}/input_items", response_model=InputItemList, responses=ERRORS)
-    async def response_input_items(response_id: str, limit: Annotated[int, Query(ge=1, le=100)] = 20,
-                                   order: Literal["asc", "desc"] = "desc", after: str | None = None):
-        """OpenAI's: a stored response's input items, newest first (`order` desc) or oldest, `limit` a page,
-        from after the item `after` names."""
-        items = kept(response_id).inputs[::-1 if order == "desc" else 1]
-        if after is not None:
-            at = [i for i, item in enumerate(items) if item["id"] == after]
-            if not at:
-                raise RequestError("after", f"response '{response_id}' has no input item '{after}'")
-            items = items[at[0] + 1:]
-        page = items[:limit]
-        return InputItemList(object="list", data=page, first_id=page[0]["id"] if page else None,
-                             last_id=page[-1]["id"] if page else None, has_more=len(items) > limit)
-
-    @app.delete("/v1/responses/{response_id}", response_model=DeletedResponse, responses=ERRORS)
-    async def delete_response(response_id: str):
-        """Forget a stored response (a later previous_response_id naming it is a 404)."""
-        response = kept(response_id)
-        if response.cancel is not None and not response.ended:  # a background run: stopped first
-            await response.cancel()
-        stored.delete(response_id)
-        return DeletedResponse(id=response_id, object="response.deleted", deleted=True)
+    add_responses_routes(app, settings.model, settings.responses_store, complete, unknown, background)
 
     return app
 
