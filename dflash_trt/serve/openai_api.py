@@ -1,6 +1,7 @@
 """The OpenAI-compatible front (FastAPI): /v1/chat/completions, /v1/completions, /v1/responses (run as
-a chat: responses_api.py), Anthropic's /v1/messages (messages_api.py), vLLM's /tokenize and /detokenize,
-/v1/models, /health (and /ping), /version and /metrics, each request forwarded to Triton's generate_stream.
+a chat: responses_routes.py), Anthropic's /v1/messages (messages_api.py), vLLM's /tokenize, /detokenize
+and /reset_prefix_cache, /v1/models, /health (and /ping), /version and /metrics, each request forwarded
+to Triton's generate_stream.
 
 Typed end to end: request bodies are protocol.py's models (FastAPI validates them; one handler turns
 any validation error into OpenAI's error object naming the field), replies are openai_models.py's,
