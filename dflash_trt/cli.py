@@ -711,11 +711,14 @@ def pack_corpus(src, dst):
 @click.option("--trust-request-chat-template", is_flag=True, default=False,
               help="Render a chat request's own chat_template (vLLM's flag; refused without it). Tool calls are "
                    "still parsed in the server's format.")
+@click.option("--default-chat-template-kwargs", default=None,
+              help="vLLM's: chat template variables (a JSON object, e.g. '{\"enable_thinking\": false}') every "
+                   "request gets, under its own chat_template_kwargs.")
 @user_errors
 def serve(model, target, draft, speculative_config, enable_auto_tool_choice, host, port, api_key, served_model_name,
           max_batch, capacity, block_size, prefill_chunk, backend, device, dtype, quant, draft_quant, max_waiting, docs,
           draft_rule, prefix_caching, scheduling_policy, chat_template, tool_call_parser, reasoning_parser,
-          responses_store, trust_request_chat_template):
+          responses_store, trust_request_chat_template, default_chat_template_kwargs):
     """Serve MODEL (a bundle or engine bundle directory that export / build wrote; else a target, as
     --target takes it, which vLLM's `serve MODEL` is) with an OpenAI-compatible API (/v1/chat/completions,
     /v1/completions, /v1/responses, Anthropic's /v1/messages and its count_tokens, /v1/models, /health,
@@ -740,7 +743,8 @@ def serve(model, target, draft, speculative_config, enable_auto_tool_choice, hos
                          prefix_caching=prefix_caching, scheduling_policy=scheduling_policy,
                          chat_template=chat_template,
                          tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
-                         responses_store=responses_store, trust_request_chat_template=trust_request_chat_template)
+                         responses_store=responses_store, trust_request_chat_template=trust_request_chat_template,
+                         default_chat_template_kwargs=default_chat_template_kwargs)
     run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
 
 

@@ -46,6 +46,8 @@ class ServeConfig:
     reasoning_parser: str = "none"  # qwen3: a chat reply's <think> block is its reasoning_content
     responses_store: int = 256  # Responses API responses kept for previous_response_id (0: none)
     trust_request_chat_template: bool = False  # vLLM's: a request's own chat_template renders its prompt
+    # vLLM's: chat template variables every request gets under its own chat_template_kwargs (a JSON object)
+    default_chat_template_kwargs: str | None = None
 
     def __post_init__(self):
         if self.bundle is not None and (self.target or self.draft):
@@ -106,6 +108,13 @@ class ServeConfig:
                 Path(self.chat_template).read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as err:
                 raise DFlashError(f"--chat-template {self.chat_template}: cannot read it as text ({err})") from None
+        if self.default_chat_template_kwargs is not None:
+            from dflash_trt.serve.requests import RequestError, template_kwargs
+
+            try:
+                template_kwargs(self.default_chat_template_kwargs)
+            except RequestError as err:
+                raise DFlashError(f"--default-chat-template-kwargs: {err.message}") from None
         if not isinstance(self.responses_store, int) or self.responses_store < 0:
             raise DFlashError(f"--responses-store must be an integer >= 0, got {self.responses_store!r}")
         if not 0 <= self.port <= 65535:
@@ -136,6 +145,7 @@ class ServeConfig:
             "prefix_caching": "1" if self.prefix_caching else "0",
             "scheduling_policy": self.scheduling_policy,
             "chat_template": "" if self.chat_template is None else str(Path(self.chat_template).resolve()),
+            "default_chat_template_kwargs": self.default_chat_template_kwargs or "",
         }
 
 

@@ -227,7 +227,7 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         if chat:
             trusted(parsed.chat_template)
         # a continued last message opens no turn, so no think block either: the reply is all content
-        thinking = (settings.thinking(parsed.chat_template_kwargs or {}, parsed.chat_template)
+        thinking = (settings.thinking(parsed.template_variables(), parsed.chat_template)
                     if chat and settings.thinking and not parsed.continue_final_message else None)
         echo_top = parsed.logprobs if not chat and parsed.echo else None
         reply = Reply(chat=chat, model=settings.model, with_meta_info=parsed.return_meta_info,

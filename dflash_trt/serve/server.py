@@ -70,9 +70,12 @@ def front_options(config: ServeConfig) -> dict:
                 return False
             return opens_thinking(prompt)
 
+        defaults = json.loads(config.default_chat_template_kwargs or "{}")
+
         def thinking(kwargs: dict, template: str | None = None) -> bool:
             """Whether the assistant's turn, opened, opens a think block (`template`: a request's own)."""
-            return rendered(json.dumps({k: v for k, v in kwargs.items() if k not in ENDINGS}, sort_keys=True),
+            variables = {**defaults, **kwargs}
+            return rendered(json.dumps({k: v for k, v in variables.items() if k not in ENDINGS}, sort_keys=True),
                             template)
     return {"tool_parser": parser, "thinking": thinking}
 

@@ -71,6 +71,12 @@ def test_config_refusals(tmp_path):
         ServeConfig(target="x", prefill_chunk=-1)
     with pytest.raises(DFlashError, match=r"--responses-store must be an integer >= 0, got -1"):
         ServeConfig(target="x", responses_store=-1)
+    for text, words in [("{", "not valid JSON"), ("[1]", "must be a JSON object"),
+                        ('{"tools": []}', "may not set 'tools'")]:
+        with pytest.raises(DFlashError, match=f"--default-chat-template-kwargs: .*{words}"):
+            ServeConfig(target="x", default_chat_template_kwargs=text)
+    assert ServeConfig(target="x", default_chat_template_kwargs='{"enable_thinking": false}').model_parameters()[
+        "default_chat_template_kwargs"] == '{"enable_thinking": false}'
 
 
 def test_serve_picks_the_backend_for_a_pair_and_refuses_one_for_a_bundle(tmp_path):

@@ -21,7 +21,9 @@ def served(tmp_path_factory):
     if not getattr(importlib.import_module("dflash_trt._core"), "HAS_ORT_EXECUTOR", False):
         pytest.skip("dflash_trt._core was built without the onnxruntime executor (no headers)")
     bundle = export_tiny_slots_bundle(tmp_path_factory.mktemp("served-slots"))
-    started = start_server([str(bundle), "--capacity", "256", "--max-batch", "1", "--max-waiting", "0"])
+    # vLLM's --default-chat-template-kwargs: the tiny template opens an empty think block unless thinking
+    started = start_server([str(bundle), "--capacity", "256", "--max-batch", "1", "--max-waiting", "0",
+                            "--default-chat-template-kwargs", '{"enable_thinking": false}'])
     yield started, bundle
     assert started.stop() == 0
 
@@ -35,11 +37,18 @@ def test_bundle_reply_equals_offline(served):
     offline = LLM.from_bundle(bundle)
     client = OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=120)
     for prompt in ["hello", "def f(x):"]:
-        expected = offline.generate(prompt, SamplingParams(max_tokens=16))[0]
-        reply = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": prompt}],
-                                               max_tokens=16, temperature=0)
-        assert reply.choices[0].message.content == expected.text
-        assert reply.usage.completion_tokens == len(expected.token_ids)
+        turns = [{"role": "user", "content": prompt}]
+        # the server's default template variables render the prompt; a request's own come first
+        for own, variables in ({}, {"enable_thinking": False}), ({"enable_thinking": True}, {"enable_thinking": True}):
+            expected = offline.chat(turns, SamplingParams(max_tokens=16), chat_template_kwargs=variables)[0]
+            reply = client.chat.completions.create(model=server.model, messages=turns, max_tokens=16, temperature=0,
+                                                   extra_body={"chat_template_kwargs": own} if own else None)
+            assert reply.choices[0].message.content == expected.text
+            assert reply.usage.prompt_tokens == len(expected.prompt_token_ids)
+            assert reply.usage.completion_tokens == len(expected.token_ids)
+    thinking_off = offline.chat([{"role": "user", "content": "hello"}], SamplingParams(max_tokens=1),
+                                chat_template_kwargs={"enable_thinking": False})[0].prompt_token_ids
+    assert len(thinking_off) > len(offline.encode("hello"))  # the default made a difference
 
 
 def test_requests_beyond_the_slot_and_its_queue_get_a_429_and_the_rest_are_answered(served):

@@ -60,6 +60,8 @@ class TritonPythonModel:
                              prefix_caching=params.get("prefix_caching", "1") == "1",
                              scheduling_policy=params.get("scheduling_policy") or "fcfs",
                              reserve_memory=True)  # memory at start is memory under load; a pool too large runs out here
+        # serve --default-chat-template-kwargs: under every request's own
+        self.default_variables = template_kwargs(params.get("default_chat_template_kwargs") or None)
         if params.get("chat_template"):  # serve --chat-template: in place of the checkpoint's
             with open(params["chat_template"], encoding="utf-8") as template:
                 self.llm.tokenizer.chat_template = template.read()
@@ -171,7 +173,7 @@ class TritonPythonModel:
         documents = template_documents(_string(request, "documents"), template)
         if not template:  # a base model: the turns' text, one after another
             return tokenizer("\n".join(str(m.get("content", "")) for m in chat))["input_ids"]
-        extra = template_kwargs(_string(request, "chat_template_kwargs"))
+        extra = {**self.default_variables, **template_kwargs(_string(request, "chat_template_kwargs"))}
         check_template_reads(extra, template)
         try:
             return encode_chat(tokenizer, chat, tools, extra, documents, asked)
