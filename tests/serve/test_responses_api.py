@@ -396,3 +396,26 @@ def test_a_background_response_that_cannot_be_followed_is_a_400(served, fields, 
     nothing = TestClient(create_app(FrontSettings("tiny", responses_store=0), FakeTriton()))
     assert nothing.post("/v1/responses", json={"model": "tiny", "input": "hi", "background": True}).json()[
         "error"]["param"] == "background"
+
+
+def test_a_background_response_still_running_at_shutdown_closes_its_request():
+    import asyncio
+
+    triton = FakeTriton()
+
+    async def endless(inputs):
+        triton.requests.append(inputs)
+        try:
+            while True:
+                await asyncio.sleep(0.01)
+                yield Piece("a", [1], None, None)
+        finally:
+            triton.closed += 1
+
+    triton.generate = endless
+    with TestClient(create_app(FrontSettings("tiny"), triton)) as front:
+        queued = front.post("/v1/responses", json={"model": "tiny", "input": "hi", "background": True}).json()
+        while not triton.requests:  # until its request streams
+            front.get(f"/v1/responses/{queued['id']}")
+        assert not triton.closed
+    assert triton.closed == 1
