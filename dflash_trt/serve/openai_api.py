@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
 from dflash_trt import __version__
-from dflash_trt.serve import messages_api, protocol
+from dflash_trt.serve import generate_api, messages_api, protocol
 from dflash_trt.serve.choices import Choices
 from dflash_trt.serve.event_streams import translated
 from dflash_trt.serve.openai_models import (
@@ -59,7 +59,7 @@ from dflash_trt.serve.triton_client import Piece, TritonClient, UpstreamError
 
 DISCONNECT_POLL_S = 0.1
 # the paths the API key and the body limit hold
-GUARDED = ("/v1/", "/tokenize", "/detokenize", "/reset_prefix_cache", "/flush_cache")
+GUARDED = ("/v1/", "/generate", "/tokenize", "/detokenize", "/reset_prefix_cache", "/flush_cache")
 
 
 @dataclass(frozen=True)
@@ -300,6 +300,35 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         piece = await _answer(triton, body.triton_inputs(), field)
         ids = list(piece.prompt_token_ids)
         return TokenizeResponse(count=len(ids), max_model_len=piece.usage["max_model_len"], tokens=ids)
+
+    @app.post("/generate", response_model=None, responses=replies(generate_api.GenerateReply, generate_api.Answer))
+    async def generate(request: Request, body: generate_api.GenerateRequest):
+        """SGLang's native generate: prompts (text or token ids, no chat template) and SGLang's
+        sampling_params -> {text, output_ids, meta_info}, a list of them for a batch or n > 1; a stream
+        (one prompt, one sample) of cumulative chunks."""
+        field = "text" if body.text is not None else "input_ids"
+        try:
+            runs = [(parsed, generate_api.GenerateRender(body, rid)) for parsed, rid in body.completions(settings.model)]
+            if body.stream:
+                ((parsed, render),) = runs
+                return await complete(request, parsed, render)
+        except RequestError as err:
+            raise generate_api.refused(err, field) from None
+        # each prompt and sample a request of its own; one refused, the others are closed
+        tasks = [asyncio.ensure_future(complete(request, parsed, render)) for parsed, render in runs]
+        try:
+            results = await asyncio.gather(*tasks)
+        except RequestError as err:
+            raise generate_api.refused(err, field) from None
+        finally:
+            for task in tasks:  # those still running once one failed (a finished one ignores it)
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        left = next((result for result in results if result.status_code != 200), None)
+        if left is not None:  # the client left
+            return left
+        answers = [render.answer for _, render in runs]
+        return JSONResponse(answers if body.batched() else answers[0])
 
     @app.post("/reset_prefix_cache", response_class=Response, responses=ERRORS)
     async def reset_prefix_cache():

@@ -17,6 +17,8 @@ ERRORS["default"] = {"model": ErrorResponse, "description": "any other error"}
 
 def replies(whole: type, chunk: type) -> dict:
     """OpenAPI responses of a completion endpoint: the reply, or with `stream: true` its chunks as SSE."""
-    stream = {"schema": {"type": "string", "description": f"Server-Sent Events: `data: <{chunk.__name__}>` "
-                                                          "per chunk, then `data: [DONE]`"}}
+    # each event as schemathesis and SSE clients read it: its fields, `data` the chunk's JSON text
+    stream = {"schema": {"type": "object", "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+                         "description": f"Server-Sent Events: `data: <{chunk.__name__}>` per chunk, then "
+                                        "`data: [DONE]`"}}
     return {200: {"model": whole, "content": {"text/event-stream": stream}}, **ERRORS}

@@ -219,6 +219,13 @@ GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choi
           "ebnf": "grammar"}
 
 
+# OpenAI's: token ids (as strings, JSON's keys) -> a bias added to their logits
+LogitBias = Annotated[dict[Annotated[str, StringConstraints(pattern=r"^(0|[1-9][0-9]*)$")],
+                           Annotated[float, Field(ge=-100, le=100)]],
+                      WithJsonSchema({"type": "object", "additionalProperties": False, "patternProperties": {
+                          "^(0|[1-9][0-9]*)$": {"type": "number", **RANGES["logit_bias"]}}})]
+
+
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     model: str
@@ -246,11 +253,7 @@ class _Sampling(BaseModel):
     presence_penalty: float | None = Field(None, json_schema_extra=RANGES["presence_penalty"])
     frequency_penalty: float | None = Field(None, json_schema_extra=RANGES["frequency_penalty"])
     repetition_penalty: float | None = Field(None, json_schema_extra=RANGES["repetition_penalty"])
-    # OpenAI's: token ids (as strings, JSON's keys) -> a bias added to their logits
-    logit_bias: Annotated[dict[Annotated[str, StringConstraints(pattern=r"^(0|[1-9][0-9]*)$")],
-                               Annotated[float, Field(ge=-100, le=100)]],
-                          WithJsonSchema({"type": "object", "additionalProperties": False, "patternProperties": {
-                              "^(0|[1-9][0-9]*)$": {"type": "number", **RANGES["logit_bias"]}}})] | None = None
+    logit_bias: LogitBias | None = None
     min_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["min_tokens"])  # vLLM's
     min_p: float | None = Field(None, json_schema_extra=RANGES["min_p"])  # vLLM's
     # structured output (spec/structured.py), at most one of these

@@ -34,6 +34,8 @@ def acceptable(body, path: str = ""):
         return acceptable_tokenize(body)
     if path in ("/v1/messages", "/v1/messages/count_tokens"):
         return acceptable_message(body)
+    if path == "/generate":
+        return acceptable_generate(body)
     if "input" in body:
         return acceptable_response(body)
     # a beam search takes few of the sampling fields (tests/serve/test_protocol.py checks which): not fuzzed
@@ -76,6 +78,7 @@ def acceptable_response(body: dict) -> dict:
     """The same for a Responses API body: top_logprobs with the include that returns them, a forced
     tool_choice calling a function it offers (strict only then), a text format's schema that compiles,
     and neither beside what bans the reply's end (ignore_eos, min_tokens), as a chat body's."""
+    body["background"] = None  # its rules (not streamed, stored) are test_responses_api.py's
     if body.get("top_logprobs") is not None:
         body["include"] = ["message.output_text.logprobs"]
     if isinstance(body.get("input"), list):  # earlier reasoning alone is nothing to read
@@ -134,4 +137,23 @@ def acceptable_message(body: dict) -> dict:
         body["tools"] = [{"name": "f", "input_schema": {"type": "object"}}]
         if choice["type"] == "tool":
             choice["name"] = "f"
+    return body
+
+
+def acceptable_generate(body: dict) -> dict:
+    """A /generate body with one text prompt, its rid one string, a reply that fits any context, no token
+    ids of its own, no grammar (whether one compiles, and goes with min_new_tokens, is test_generate_api.py's)."""
+    body.pop("input_ids", None)
+    body["text"], body["rid"] = "hi", None
+    sampling = body.get("sampling_params")
+    if isinstance(sampling, dict):  # a reply that fits any server's context (no model name refuses it first)
+        if isinstance(sampling.get("max_new_tokens"), (int, float)):
+            sampling["max_new_tokens"] = max(1, min(int(sampling["max_new_tokens"]), 16))
+        sampling["logit_bias"] = None  # its ids, as the prompt's, are checked against the vocabulary
+        for name in ("json_schema", "regex", "ebnf"):
+            sampling.pop(name, None)
+        if body.get("stream") is True:
+            sampling["n"] = 1
+    if body.get("stream") is True:
+        body["logprob_start_len"] = -1
     return body

@@ -392,6 +392,49 @@ def test_a_thinking_budget_through_the_real_server_equals_offline(server, client
     assert reply.choices[0].text == expected.text
 
 
+def test_sglang_s_generate_gives_offline_generate_s_tokens_and_logprobs(server, offline):
+    """SGLang's /generate (no chat template): text, output ids, finish reason and the output's and
+    prompt's logprobs are offline generate's on the tokenizer's ids; a batch answers each prompt as alone;
+    a stream's last chunk is the whole answer."""
+    ids = offline.tokenizer(PROMPTS[8])["input_ids"]
+    expected = offline.generate([ids], SamplingParams(max_tokens=10, logprobs=2, prompt_logprobs=2))[0]
+    body = {"text": PROMPTS[8], "sampling_params": {"max_new_tokens": 10, "temperature": 0}, "rid": "r",
+            "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": 0}
+    answer = httpx.post(f"{server.root}/generate", json=body, timeout=60).json()
+    assert (answer["text"], answer["output_ids"]) == (expected.text, list(expected.token_ids))
+    meta = answer["meta_info"]
+    assert (meta["id"], meta["prompt_tokens"], meta["completion_tokens"]) == ("r", len(ids), len(expected.token_ids))
+    assert meta["finish_reason"] == {"type": "length", "length": 10}
+    for (logprob, token, _), tops, wanted in zip(meta["output_token_logprobs"], meta["output_top_logprobs"],
+                                                 expected.logprobs, strict=True):
+        assert logprob == pytest.approx(wanted[token], abs=LOGPROB_TOL) and len(tops) == 2
+        assert all(entry[0] == pytest.approx(wanted[entry[1]], abs=LOGPROB_TOL) for entry in tops)
+    assert [entry[1] for entry in meta["input_token_logprobs"]] == ids
+    assert meta["input_token_logprobs"][0][0] is None
+    for (logprob, token, _), wanted in zip(meta["input_token_logprobs"][1:], expected.prompt_logprobs[1:],
+                                           strict=True):
+        assert logprob == pytest.approx(wanted[token], abs=LOGPROB_TOL)
+    greedy = {"sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    batch = httpx.post(f"{server.root}/generate", json={"text": PROMPTS[8:10], **greedy}, timeout=60).json()
+    alone = [httpx.post(f"{server.root}/generate", json={"text": p, **greedy}, timeout=60).json()["text"]
+             for p in PROMPTS[8:10]]
+    assert [a["text"] for a in batch] == alone
+    with httpx.stream("POST", f"{server.root}/generate", json={"text": PROMPTS[8], "stream": True, **greedy},
+                      timeout=60) as response:
+        events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["text"] == alone[0]
+    # a penalty that sends logits to infinity: logprobs JSON cannot hold come back as vLLM's floor
+    extreme = httpx.post(f"{server.root}/generate", timeout=60, json={
+        "text": "hi", "return_logprob": True, "top_logprobs_num": 3, "logprob_start_len": 0,
+        "sampling_params": {"max_new_tokens": 3, "temperature": 0, "repetition_penalty": 5e-324}})
+    assert extreme.status_code == 200, extreme.text
+    values = [e[0] for key in ("output_token_logprobs", "input_token_logprobs") for e in extreme.json()["meta_info"][key]]
+    assert all(v is None or -9999.0 <= v <= 0 for v in values)
+    outside = httpx.post(f"{server.root}/generate", timeout=60, json={
+        "text": "hi", "sampling_params": {"logit_bias": {"1000000": 1.0}}})
+    assert outside.status_code == 400 and outside.json()["error"]["param"] == "sampling_params.logit_bias"
+
+
 def test_echo_puts_the_prompt_before_the_same_completion(server, client):
     plain = client.completions.create(model=server.model, prompt=PROMPTS[3], max_tokens=8, temperature=0)
     echoed = client.completions.create(model=server.model, prompt=PROMPTS[3], max_tokens=8, temperature=0, echo=True)

@@ -8,6 +8,7 @@ aborts it in the engine, which frees its slot; it also keeps the running/waiting
 Copied into the repository by dflash_trt/serve/repository.py; runs in Triton's Python stub.
 """
 
+import dataclasses
 import json
 import threading
 import time
@@ -31,8 +32,10 @@ from dflash_trt.serve.requests import (
     template_tools,
 )
 from dflash_trt.serve.triton_model.metrics import EngineMetrics
+from dflash_trt.spec.sampling import SamplingParams
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+SAMPLING_FIELDS = {field.name for field in dataclasses.fields(SamplingParams)}
 POLL_S = 0.05
 HEARTBEAT_S = 0.25  # a beam search sends an empty response at least this often while it runs
 
@@ -122,8 +125,9 @@ class TritonPythonModel:
             _refuse(sender, err)
         except Busy as err:  # full queue (429) or draining (503): the request was fine, the moment was not
             _refuse(sender, RequestError(None, str(err), err.status))
-        except DFlashError as err:  # the engine's own refusals (ids outside the vocabulary, ...)
-            _refuse(sender, RequestError("prompt", str(err)))
+        except DFlashError as err:  # the engine's own refusals: a sampling field's (named first), else the prompt's
+            field = str(err).split(" ", 1)[0]
+            _refuse(sender, RequestError(field if field in SAMPLING_FIELDS else "prompt", str(err)))
         except Exception as err:  # a bug of ours: the request still gets its one final answer, never a hang
             _refuse(sender, RequestError(None, f"internal error: {type(err).__name__}: {err}", 500))
 
@@ -319,8 +323,8 @@ class _Responder:
         first, *rest = out.prompt_token_ids
         entries = [[first, self._text(first), None, None]]
         for token, found in zip(rest, out.prompt_logprobs[1:], strict=True):
-            entries.append([token, self._text(token), found[token],
-                            [[t, self._text(t), lp] for t, lp in _ranked(found, self.prompt_top)]])
+            entries.append([token, self._text(token), _finite(found[token]),
+                            [[t, self._text(t), _finite(lp)] for t, lp in _ranked(found, self.prompt_top)]])
         return text, ids, json.dumps(entries)
 
     def _send(self, out, final: bool) -> None:
@@ -382,11 +386,18 @@ def _refuse(sender, error: RequestError) -> None:
     sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error.to_json())), flags=FINAL)
 
 
+LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for a token that cannot come (-inf, or NaN): JSON has neither
+
+
+def _finite(logprob: float) -> float:
+    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR  # (NaN compares false)
+
+
 def _token_logprobs(entries: dict, top: int, text) -> list:
     """One output token's {id: logprob} (its own first, then the top ones) -> [text, logprob, [[text,
     logprob] of the `top` most probable]]."""
     token, logprob = next(iter(entries.items()))
-    return [text(token), logprob, [[text(t), lp] for t, lp in _ranked(entries, top)]]
+    return [text(token), _finite(logprob), [[text(t), _finite(lp)] for t, lp in _ranked(entries, top)]]
 
 
 def _token_text(tokenizer, token: int) -> str:

@@ -1,0 +1,251 @@
+"""SGLang's native POST /generate: a prompt (text, or token ids; a list of them is a batch) and its
+`sampling_params`, no chat template. Each prompt and each of its n samples runs as a completion of its own
+(so each answer carries its own meta_info); the answer is SGLang's {text, output_ids, meta_info}, a list
+of them for a batch or n > 1, or for one prompt and one sample a stream of cumulative chunks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, WithJsonSchema
+
+from dflash_trt.serve.event_streams import translated
+from dflash_trt.serve.protocol import (
+    MAX_CHOICES,
+    CompletionRequest,
+    JsonInt,
+    LogitBias,
+    StopString,
+    TokenId,
+    only,
+    refusal,
+)
+from dflash_trt.serve.requests import RequestError
+from dflash_trt.spec.sampling import RANGES
+
+# SGLang's sampling parameters -> the completion's fields that take them (the rest keep their names)
+RENAMED = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "json_schema": "guided_json",
+           "regex": "guided_regex", "sampling_seed": "seed"}
+
+
+class SGLangSampling(BaseModel):
+    """SGLang's sampling_params (its defaults: 128 new tokens, temperature 1)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    max_new_tokens: JsonInt = Field(128, json_schema_extra=RANGES["max_tokens"])
+    min_new_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["min_tokens"])
+    temperature: float = Field(1.0, json_schema_extra=RANGES["temperature"])
+    top_p: float | None = Field(None, json_schema_extra=RANGES["top_p"])
+    top_k: JsonInt | None = Field(None, json_schema_extra={**RANGES["top_k"], "minimum": -1})
+    min_p: float | None = Field(None, json_schema_extra=RANGES["min_p"])
+    frequency_penalty: float | None = Field(None, json_schema_extra=RANGES["frequency_penalty"])
+    presence_penalty: float | None = Field(None, json_schema_extra=RANGES["presence_penalty"])
+    repetition_penalty: float | None = Field(None, json_schema_extra=RANGES["repetition_penalty"])
+    stop: StopString | list[StopString] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: only(True) | None = None
+    no_stop_trim: bool | None = None
+    json_schema: str | None = Field(None, description="a JSON schema's text")
+    regex: str | None = None
+    ebnf: str | None = None
+    n: JsonInt = Field(1, ge=1, le=MAX_CHOICES)
+    # JSON's exact integers (seed + j stays one)
+    sampling_seed: Annotated[JsonInt, Field(ge=0, le=2**53 - 1), WithJsonSchema(
+        {"type": "integer", "minimum": 0, "maximum": 2**53 - 1})] | None = None
+    logit_bias: LogitBias | None = None
+    thinking_token_budget: JsonInt | None = Field(None, json_schema_extra=RANGES["thinking_token_budget"])
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: str | list[str] | None = None
+    input_ids: list[TokenId] | list[list[TokenId]] | None = None
+    sampling_params: SGLangSampling = Field(default_factory=SGLangSampling)
+    stream: bool = False
+    rid: str | list[str] | None = None
+    return_logprob: bool = False
+    top_logprobs_num: JsonInt = Field(0, ge=RANGES["logprobs"]["minimum"], le=RANGES["logprobs"]["maximum"])
+    logprob_start_len: JsonInt = Field(-1, ge=-1, description="-1: no prompt logprobs; n: the prompt's from token n")
+    return_text_in_logprobs: only(False) | None = Field(None, description="logprob entries carry ids, not text")
+
+    def prompts(self) -> list[str | list[int]]:
+        if (self.text is None) == (self.input_ids is None):
+            raise RequestError("text", "send exactly one of text or input_ids")
+        given = self.text if self.text is not None else self.input_ids
+        batch = isinstance(given, list) and bool(given) and isinstance(given[0], (str, list))
+        prompts = list(given) if batch else [given]
+        if not prompts or any(not p for p in prompts):
+            raise RequestError("text" if self.text is not None else "input_ids", "a prompt is empty")
+        return prompts
+
+    def batched(self) -> bool:
+        """Whether the answer is a list: a batch of prompts, or n > 1 samples."""
+        given = self.text if self.text is not None else self.input_ids
+        return (isinstance(given, list) and bool(given) and isinstance(given[0], (str, list))) \
+            or self.sampling_params.n > 1
+
+    def ids(self, count: int) -> list[str | None]:
+        """Each prompt's rid (SGLang's request id), or None."""
+        if self.rid is None or isinstance(self.rid, str):
+            return [self.rid] * count
+        if len(self.rid) != count:
+            raise RequestError("rid", f"{len(self.rid)} rids for {count} prompts: send one per prompt")
+        return list(self.rid)
+
+    def completions(self, model: str) -> list[tuple[CompletionRequest, str | None]]:
+        """(a completion of one prompt and one sample, its rid) for each prompt, then each sample j (seed + j)."""
+        prompts = self.prompts()
+        sampling = self.sampling_params
+        if len(prompts) * sampling.n > MAX_CHOICES:
+            raise RequestError("sampling_params.n", f"{len(prompts)} prompts x n {sampling.n}: at most {MAX_CHOICES}")
+        if self.stream and (len(prompts) > 1 or sampling.n > 1):
+            raise RequestError("stream", "one prompt and one sample are streamed here: send a batch without stream")
+        fields = {RENAMED.get(name, name): value for name, value in sampling.model_dump(exclude_none=True).items()
+                  if name not in ("n", "spaces_between_special_tokens")}
+        if sampling.json_schema is not None:  # SGLang sends the schema as text
+            try:
+                fields["guided_json"] = json.loads(sampling.json_schema)
+            except ValueError:
+                raise RequestError("sampling_params.json_schema", "json_schema is not valid JSON") from None
+        fields.update(model=model, return_token_ids=True, stream=self.stream)
+        if self.stream:
+            fields["stream_options"] = {"include_usage": True}
+        if self.return_logprob:
+            fields.update(logprobs=self.top_logprobs_num, return_tokens_as_token_ids=True)
+            if self.logprob_start_len >= 0 and self.stream:  # as vLLM's prompt_logprobs
+                raise RequestError("logprob_start_len", "the prompt's logprobs are not streamed: send "
+                                                        "logprob_start_len -1 with stream")
+            if self.logprob_start_len >= 0:
+                fields["prompt_logprobs"] = self.top_logprobs_num
+        out = []
+        for prompt, rid in zip(prompts, self.ids(len(prompts)), strict=True):
+            for j in range(sampling.n):
+                seed = {} if sampling.sampling_seed is None else {"seed": sampling.sampling_seed + j}
+                try:
+                    out.append((CompletionRequest.model_validate({**fields, **seed, "prompt": prompt}), rid))
+                except ValidationError as err:
+                    raise refusal(list(err.errors()), fields) from None
+        return out
+
+
+def refused(err: RequestError, prompt_field: str = "text") -> RequestError:
+    """A refusal of the completion a /generate request ran as, named by this body's field: the prompt's
+    `prompt_field`, a sampling field under sampling_params (by SGLang's name)."""
+    if err.param is None:
+        return err
+    head = err.param.split(".")[0].split("[")[0]
+    if head in ("prompt", "model"):
+        return RequestError(prompt_field, err.message, err.status)
+    back = {theirs: ours for ours, theirs in RENAMED.items()}
+    if head in ("text", "input_ids", "rid", "stream", "sampling_params") or head not in CompletionRequest.model_fields:
+        return err
+    name = back.get(head, head)
+    return RequestError(f"sampling_params.{name}", err.message.replace(head, name, 1), err.status)
+
+
+def _entry(token: str, logprob: float | None) -> list:
+    """A logprob entry of a completion (tokens named "token_id:<id>") -> SGLang's [logprob, id, text]."""
+    return [logprob, int(token.removeprefix("token_id:")), None]
+
+
+class Answer(BaseModel):
+    text: str
+    output_ids: list[int]
+    meta_info: dict[str, Any] = Field(description="id, finish_reason {type, length | matched}, prompt_tokens, "
+                                                  "completion_tokens, cached_tokens, spec_verify_ct, "
+                                                  "spec_accept_length; with return_logprob the logprobs")
+
+
+class GenerateReply(RootModel[Answer | list[Answer]]):
+    """An answer, or a list of them (a batch, or n > 1: prompt by prompt, each prompt's samples in a row)."""
+
+
+class GenerateRender:
+    """One completion's reply -> SGLang's answer (`whole`), or its chunks -> SGLang's cumulative chunks."""
+
+    def __init__(self, request: GenerateRequest, rid: str | None):
+        self.request, self.rid = request, rid
+        self.answer: dict | None = None  # the whole answer, once written
+
+    def _meta(self, usage: dict | None, finish: str | None, stop_reason, output_ids: list[int]) -> dict:
+        usage = usage or {}
+        lengths = usage.get("acceptance_lengths") or []
+        meta: dict[str, Any] = {"id": self.rid, "finish_reason": None,
+                                "prompt_tokens": usage.get("prompt_tokens", 0),
+                                "completion_tokens": usage.get("completion_tokens", len(output_ids)),
+                                "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+                                "spec_verify_ct": len(lengths)}
+        if lengths:
+            meta["spec_accept_length"] = sum(lengths) / len(lengths)
+        if finish == "length":
+            meta["finish_reason"] = {"type": "length", "length": meta["completion_tokens"]}
+        elif finish == "stop":  # an EOS or stop token: the last output id (kept among them, as SGLang's)
+            matched = stop_reason if stop_reason is not None else output_ids[-1] if output_ids else None
+            meta["finish_reason"] = {"type": "stop", "matched": matched}
+        elif finish is not None:
+            meta["finish_reason"] = {"type": finish}
+        return meta
+
+    def _logprobs(self, meta: dict, logprobs: dict | None, prompt: list | None, prompt_ids: list[int]) -> None:
+        if not self.request.return_logprob:
+            return
+        logprobs = logprobs or {"tokens": [], "token_logprobs": [], "top_logprobs": []}
+        meta["output_token_logprobs"] = [_entry(t, lp) for t, lp in zip(logprobs["tokens"],
+                                                                         logprobs["token_logprobs"], strict=True)]
+        meta["output_top_logprobs"] = [[_entry(t, lp) for t, lp in (top or {}).items()]
+                                       for top in logprobs["top_logprobs"]]
+        if prompt is None:
+            return
+        start = self.request.logprob_start_len
+        own = [None] + [entries[str(token)]["logprob"] for token, entries in zip(prompt_ids[1:], prompt[1:],
+                                                                                   strict=True)]
+        meta["input_token_logprobs"] = [[lp, token, None] for lp, token in zip(own, prompt_ids, strict=True)][start:]
+        tops = [None] + [sorted(([e["logprob"], int(t), None] for t, e in entries.items() if e["rank"] is not None),
+                                key=lambda entry: -entry[0]) for entries in prompt[1:]]
+        meta["input_top_logprobs"] = tops[start:]
+
+    def whole(self, completion: dict) -> dict:
+        (choice,) = completion["choices"]
+        ids = list(choice.get("token_ids") or [])
+        meta = self._meta(completion.get("usage"), choice["finish_reason"], choice.get("stop_reason"), ids)
+        self._logprobs(meta, choice.get("logprobs"), choice.get("prompt_logprobs"), choice.get("prompt_token_ids") or [])
+        self.answer = Answer(text=choice["text"], output_ids=ids, meta_info=meta).model_dump()
+        return self.answer
+
+    def events(self, chunks: AsyncIterator[dict | str]) -> AsyncIterator[dict]:
+        """A completion's stream -> SGLang's: after each chunk with new tokens the text and ids so far, then
+        (with the usage) the last one with its finish reason, then [DONE]."""
+        text, ids, finish = [], [], {}
+        logprobs = {"tokens": [], "token_logprobs": [], "top_logprobs": []}
+
+        def chunk(usage: dict | None) -> dict:
+            meta = self._meta(usage, finish.get("reason"), finish.get("stop"), ids)
+            self._logprobs(meta, logprobs, None, [])
+            return {"data": json.dumps({"text": "".join(text), "output_ids": ids, "meta_info": meta})}
+
+        def feed(item: dict | str) -> list[dict]:
+            if item == "[DONE]":
+                return [{"data": "[DONE]"}]
+            if "error" in item:  # a refusal mid-stream: the status line has gone already
+                return [{"data": json.dumps(item)}]
+            if item.get("usage"):
+                return [chunk(item["usage"])]
+            out = []
+            for choice in item["choices"]:
+                text.append(choice.get("text") or "")
+                ids.extend(choice.get("token_ids") or [])
+                for key in logprobs:
+                    logprobs[key] += (choice.get("logprobs") or {}).get(key) or []
+                if choice.get("finish_reason") is not None:
+                    finish.update(reason=choice["finish_reason"], stop=choice.get("stop_reason"))
+                elif choice.get("token_ids"):
+                    out.append(chunk(None))
+            return out
+
+        return translated(chunks, [], feed)
+
