@@ -2,6 +2,7 @@
 read by the official OpenAI client: a request runs as the chat it converts to (instructions, input
 items, tools, text.format), and its reply comes back as a Response object or its stream's events."""
 
+import asyncio
 import json
 
 import pytest
@@ -318,6 +319,20 @@ def lasting():
         yield front, triton, openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=front)
 
 
+def endless(triton):
+    """A stand-in generate that answers a piece every 10 ms until its stream is closed (counted)."""
+    async def generate(inputs):
+        triton.requests.append(inputs)
+        try:
+            while True:
+                await asyncio.sleep(0.01)
+                yield Piece("a", [1], None, None)
+        finally:
+            triton.closed += 1
+
+    return generate
+
+
 def finished(client, response_id: str, timeout_s: float = 10):
     """GET a background response until it has ended."""
     import time
@@ -346,30 +361,16 @@ def test_a_background_response_comes_back_queued_and_ends_as_the_foreground_one(
 def test_a_cancelled_background_response_stops_its_request(lasting):
     """POST /cancel while it runs: its Triton stream is closed (the engine then aborts it), it is stored
     cancelled; cancelling it again, or a finished one, gives it back as it is."""
-    import asyncio
-
     front, triton, client = lasting
-    started = []
-
-    async def endless(inputs):
-        triton.requests.append(inputs)
-        started.append(True)
-        try:
-            while True:
-                await asyncio.sleep(0.01)
-                yield Piece("a", [1], None, None)
-        finally:
-            triton.closed += 1
-
-    answer, triton.generate = triton.generate, endless
+    answer, triton.generate = triton.generate, endless(triton)
     queued = client.responses.create(model="tiny", input="hi", background=True)
     busy = front.post("/v1/responses", json={"model": "tiny", "input": "x", "previous_response_id": queued.id})
     assert busy.status_code == 400 and busy.json()["error"]["param"] == "previous_response_id"
     cancelled = client.responses.cancel(queued.id)
-    assert cancelled.status == "cancelled" and triton.closed == len(started) == 1
+    assert cancelled.status == "cancelled" and triton.closed == len(triton.requests) == 1
     deleted = client.responses.create(model="tiny", input="hi", background=True)
     assert front.delete(f"/v1/responses/{deleted.id}").status_code == 200  # stopped, then forgotten
-    assert triton.closed == len(started) == 2 and front.get(f"/v1/responses/{deleted.id}").status_code == 404
+    assert triton.closed == len(triton.requests) == 2 and front.get(f"/v1/responses/{deleted.id}").status_code == 404
     triton.generate = answer
     assert client.responses.retrieve(queued.id).status == "cancelled"
     assert client.responses.cancel(queued.id).status == "cancelled"
@@ -399,20 +400,8 @@ def test_a_background_response_that_cannot_be_followed_is_a_400(served, fields, 
 
 
 def test_a_background_response_still_running_at_shutdown_closes_its_request():
-    import asyncio
-
     triton = FakeTriton()
-
-    async def endless(inputs):
-        triton.requests.append(inputs)
-        try:
-            while True:
-                await asyncio.sleep(0.01)
-                yield Piece("a", [1], None, None)
-        finally:
-            triton.closed += 1
-
-    triton.generate = endless
+    triton.generate = endless(triton)
     with TestClient(create_app(FrontSettings("tiny"), triton)) as front:
         queued = front.post("/v1/responses", json={"model": "tiny", "input": "hi", "background": True}).json()
         while not triton.requests:  # until its request streams
