@@ -73,11 +73,15 @@ class GenerateRequest(BaseModel):
     logprob_start_len: JsonInt = Field(-1, ge=-1, description="-1: no prompt logprobs; n: the prompt's from token n")
     return_text_in_logprobs: only(False) | None = Field(None, description="logprob entries carry ids, not text")
 
+    def _given(self) -> tuple[Any, bool]:
+        """(the text or the ids, whether they are a list of prompts)."""
+        given = self.text if self.text is not None else self.input_ids
+        return given, isinstance(given, list) and bool(given) and isinstance(given[0], (str, list))
+
     def prompts(self) -> list[str | list[int]]:
         if (self.text is None) == (self.input_ids is None):
             raise RequestError("text", "send exactly one of text or input_ids")
-        given = self.text if self.text is not None else self.input_ids
-        batch = isinstance(given, list) and bool(given) and isinstance(given[0], (str, list))
+        given, batch = self._given()
         prompts = list(given) if batch else [given]
         if not prompts or any(not p for p in prompts):
             raise RequestError("text" if self.text is not None else "input_ids", "a prompt is empty")
@@ -85,9 +89,7 @@ class GenerateRequest(BaseModel):
 
     def batched(self) -> bool:
         """Whether the answer is a list: a batch of prompts, or n > 1 samples."""
-        given = self.text if self.text is not None else self.input_ids
-        return (isinstance(given, list) and bool(given) and isinstance(given[0], (str, list))) \
-            or self.sampling_params.n > 1
+        return self._given()[1] or self.sampling_params.n > 1
 
     def ids(self, count: int) -> list[str | None]:
         """Each prompt's rid (SGLang's request id), or None."""
