@@ -109,7 +109,7 @@ def main():
               help="Times a token's count in the reply, subtracted from its logit (OpenAI's; in [-2, 2]).")
 @click.option("--repetition-penalty", type=float, default=1.0, show_default=True,
               help="Divides a positive logit (multiplies a negative one) of each token the prompt or reply has "
-                   "(vLLM's; in (0, 2]).")
+                   "(vLLM's; in [1e-6, 2]).")
 @click.option("--json-schema", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
               help="Structured output: the reply follows this JSON schema file (a grammar masks every decision).")
 @click.option("--regex", default=None, help="Structured output: the reply matches this regular expression.")

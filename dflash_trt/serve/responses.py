@@ -91,17 +91,20 @@ def completion_logprobs(entries: list | None, offset: int = 0) -> CompletionLogp
                               text_offset=offsets)
 
 
-def echoed_logprobs(prompt: list, top: int) -> list:
+def echoed_logprobs(prompt: list | None, top: int) -> list:
     """The Triton model's prompt entries ([id, text, logprob, [[id, text, logprob], ...]] per token) ->
-    the reply's per-token form with `top` of the most probable, as output tokens' (completion_logprobs)."""
+    the reply's per-token form with `top` of the most probable, as output tokens' (completion_logprobs).
+    None (a request the engine aborted before it scored its prompt): none."""
     return [[text, logprob, None if ranked is None else [[t, lp] for _, t, lp in ranked[:top]]]
-            for _, text, logprob, ranked in prompt]
+            for _, text, logprob, ranked in prompt or ()]
 
 
-def vllm_prompt_logprobs(prompt: list, top: int) -> list:
+def vllm_prompt_logprobs(prompt: list | None, top: int) -> list | None:
     """The same -> vLLM's prompt_logprobs: per token after the first {id: {logprob, rank, decoded_token}},
     its own entry first, then the `top` most probable (rank: place among them; the token's own, null
-    when outside them)."""
+    when outside them); None for a request aborted before its prompt was scored."""
+    if prompt is None:
+        return None
     out = [None]
     for token, text, logprob, ranked in prompt[1:]:
         ranked = ranked[:top]

@@ -19,7 +19,9 @@ RANGES = {"max_tokens": {"minimum": 1, "maximum": 2**31 - 1}, "temperature": {"m
           "top_p": {"exclusiveMinimum": 0, "maximum": 1}, "top_k": {"minimum": 0, "maximum": 2**31 - 1},
           "logprobs": {"minimum": 0, "maximum": 20}, "prompt_logprobs": {"minimum": 0, "maximum": 20},
           # vLLM's ranges
-          "repetition_penalty": {"exclusiveMinimum": 0, "maximum": 2},
+          # a positive logit is divided by it in float32: below 1e-6 the quotient overflows to inf (and the
+          # draw to NaN), a penalty no reply means anyway
+          "repetition_penalty": {"minimum": 1e-6, "maximum": 2},
           "frequency_penalty": {"minimum": -2, "maximum": 2}, "presence_penalty": {"minimum": -2, "maximum": 2},
           "logit_bias": {"minimum": -100, "maximum": 100}, "min_tokens": {"minimum": 0, "maximum": 2**31 - 1},
           "min_p": {"minimum": 0, "maximum": 1}, "truncate_prompt_tokens": {"minimum": 1, "maximum": 2**31 - 1},
@@ -137,7 +139,7 @@ class SamplingParams:
             raise bad("logit_bias", "{token id: bias in [-100, 100]}", self.logit_bias)
         object.__setattr__(self, "logit_bias", tuple((t, float(v)) for t, v in pairs))
         if not number(self.repetition_penalty) or not in_range(self.repetition_penalty, "repetition_penalty"):
-            raise bad("repetition_penalty", "in (0, 2]", self.repetition_penalty)
+            raise bad("repetition_penalty", "in [1e-6, 2]", self.repetition_penalty)
         if not number(self.min_p) or not in_range(self.min_p, "min_p"):
             raise bad("min_p", "in [0, 1]", self.min_p)
         for field in ("frequency_penalty", "presence_penalty"):

@@ -62,7 +62,9 @@ def test_error_travels_as_json():
 
 
 @pytest.mark.parametrize("field, value, rule", [("top_p", 1.5, "in (0, 1]"), ("temperature", -0.5, ">= 0"),
-                                                ("top_k", -2, "an integer in [0, 2**31)")])
+                                                ("top_k", -2, "an integer in [0, 2**31)"),
+                                                # float32 logits divided by less overflow to inf
+                                                ("repetition_penalty", 1e-07, "in [1e-6, 2]")])
 def test_one_validator_refuses_alike_through_the_api_the_cli_triton_and_the_openai_front(field, value, rule):
     """SamplingParams' own check is the only one: each entry point says the same line about the field."""
     from click.testing import CliRunner

@@ -423,13 +423,16 @@ def test_sglang_s_generate_gives_offline_generate_s_tokens_and_logprobs(server, 
                       timeout=60) as response:
         events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]" and json.loads(events[-2])["text"] == alone[0]
-    # a penalty that sends logits to infinity: logprobs JSON cannot hold come back as vLLM's floor
-    extreme = httpx.post(f"{server.root}/generate", timeout=60, json={
-        "text": "hi", "return_logprob": True, "top_logprobs_num": 3, "logprob_start_len": 0,
-        "sampling_params": {"max_new_tokens": 3, "temperature": 0, "repetition_penalty": 5e-324}})
-    assert extreme.status_code == 200, extreme.text
-    values = [e[0] for key in ("output_token_logprobs", "input_token_logprobs") for e in extreme.json()["meta_info"][key]]
-    assert all(v is None or -9999.0 <= v <= 0 for v in values)
+    # the budget forces "</think>": the other tokens' logprobs are -inf, which JSON cannot hold: vLLM's floor
+    masked = httpx.post(f"{server.root}/generate", timeout=60, json={
+        "text": "why? <think>\n", "return_logprob": True, "top_logprobs_num": 3,
+        "sampling_params": {"max_new_tokens": 3, "temperature": 0, "thinking_token_budget": 0}})
+    assert masked.status_code == 200, masked.text
+    tops = [e[0] for position in masked.json()["meta_info"]["output_top_logprobs"] for e in position]
+    assert -9999.0 in tops and all(-9999.0 <= v <= 0 for v in tops)
+    tiny = httpx.post(f"{server.root}/generate", timeout=60, json={  # overflows float32 logits: refused
+        "text": "hi", "sampling_params": {"repetition_penalty": 5e-324}})
+    assert tiny.status_code == 400 and tiny.json()["error"]["param"] == "sampling_params.repetition_penalty"
     outside = httpx.post(f"{server.root}/generate", timeout=60, json={
         "text": "hi", "sampling_params": {"logit_bias": {"1000000": 1.0}}})
     assert outside.status_code == 400 and outside.json()["error"]["param"] == "sampling_params.logit_bias"
