@@ -19,16 +19,21 @@ def bad_word_sequences(tokenizer, words: tuple[str, ...]) -> list[tuple[int, ...
     return sequences
 
 
+def vocab_mask(vocab: int, allowed: tuple[int, ...] | None = None, refused: list[int] = ()) -> np.ndarray:
+    """The core's mask words (bit t of word t // 32) allowing `allowed` (None: every token) less `refused`."""
+    bits = np.zeros(((vocab + 31) // 32) * 32, dtype=bool)
+    bits[list(allowed) if allowed is not None else slice(0, vocab)] = True
+    bits[list(refused)] = False
+    return np.packbits(bits, bitorder="little").view(np.uint32)
+
+
 class TokenRules:
     """`allowed`: the only tokens that may come (None: every token); `bad`: token sequences the output may
     not hold (a sequence's last token is refused where the output so far ends with the rest of it; a
     one-token sequence everywhere)."""
 
     def __init__(self, vocab: int, allowed: tuple[int, ...] | None, bad: list[tuple[int, ...]]):
-        bits = np.zeros(((vocab + 31) // 32) * 32, dtype=bool)
-        bits[list(allowed) if allowed is not None else slice(0, vocab)] = True
-        bits[[seq[0] for seq in bad if len(seq) == 1]] = False
-        self.base = np.packbits(bits, bitorder="little").view(np.uint32)
+        self.base = vocab_mask(vocab, allowed, [seq[0] for seq in bad if len(seq) == 1])
         self.longer = [seq for seq in bad if len(seq) > 1]
         self.context = max((len(seq) - 1 for seq in self.longer), default=0)  # output tokens the rules read
         self.recent: list[int] = []  # the output's last `context` tokens
@@ -73,9 +78,7 @@ class ThinkingBudget:
     token may come. State: (phase "idle" | "thinking" | "done", tokens inside so far, recent tokens)."""
 
     def __init__(self, vocab: int, start: tuple[int, ...], end: tuple[int, ...], budget: int, prompt_ids: list[int]):
-        bits = np.zeros(((vocab + 31) // 32) * 32, dtype=bool)
-        bits[:vocab] = True
-        self.every = np.packbits(bits, bitorder="little").view(np.uint32)
+        self.every = vocab_mask(vocab)
         self.start, self.end, self.budget = tuple(start), tuple(end), budget
         self.window = max(len(self.start), len(self.end))
         phase = "idle"
