@@ -42,7 +42,7 @@ void draw_block_drafts(const float* draft_logits, int64_t num_drafts, int64_t dr
   for (int64_t j = 0; j < num_drafts; ++j) {
     const int64_t id = draft_row(draft_logits + j * draft_vocab_size, draft_vocab_size, params, request,
                                  position + uint32_t(j), q + j * draft_vocab_size, order.data());
-    tokens[j] = draft_vocab.empty() ? id : draft_vocab[id];
+    tokens[j] = draft_vocab.empty() || id < 0 ? id : draft_vocab[id];  // -1: no draw (NaN scores)
   }
 }
 
@@ -58,7 +58,8 @@ void draw_selector_drafts(const float* scores, const int64_t* columns, int64_t n
   selector_walk(scores, columns, num_drafts, top_k, draft_vocab_size, params, request, position, q, tokens,
                 probs.data(), order.data());
   if (!draft_vocab.empty())
-    for (int64_t j = 0; j < num_drafts; ++j) tokens[j] = draft_vocab[tokens[j]];
+    for (int64_t j = 0; j < num_drafts; ++j)
+      if (tokens[j] >= 0) tokens[j] = draft_vocab[tokens[j]];
 }
 
 std::vector<int32_t> draft_ids_of(const std::vector<int64_t>& draft_vocab, int64_t vocab, const std::string& who) {
@@ -87,7 +88,7 @@ Acceptance accept_drafter(const int64_t* drafts, int64_t num_drafts, const float
                   " has probability 0 under the distribution it was said to be drawn from");
     const int64_t token = drafter_position(logits + j * vocab, vocab, drafts[j], q_row, draft_of, params, request,
                                            position + uint32_t(j), p.data(), order.data());
-    if (token >= 0) return {j, token};
+    if (token != kKept) return {j, token};
   }
   return {num_drafts, sample(logits + num_drafts * vocab, vocab, params, request, position + uint32_t(num_drafts))};
 }

@@ -85,6 +85,7 @@ py::dict output_dict(const RequestOutput& o) {
   d["cached_tokens"] = o.cached_tokens;
   d["num_preemptions"] = o.preemptions;
   d["finish_reason"] = o.finish == Finish::kNone ? py::object(py::none()) : py::object(py::str(finish_name(o.finish)));
+  if (!o.error.empty()) d["error"] = o.error;
   py::dict metrics = to_dict(o.metrics);
   auto seconds = [](const std::optional<double>& s) { return s ? py::cast(*s) : py::object(py::none()); };
   metrics["queue_time_s"] = seconds(o.timing.queue_time());
@@ -413,7 +414,7 @@ PYBIND11_MODULE(_core, m) {
                                            position + uint32_t(j), q.data() + j * draft_vocab_size, order.data(),
                                            shared);
           });
-          drafts[j] = draft_vocab.empty() ? id : draft_vocab[id];
+          drafts[j] = draft_vocab.empty() || id < 0 ? id : draft_vocab[id];
         }
         for (int64_t j = 0; j < num_drafts; ++j) {
           const int64_t token = on_block([&] {
@@ -421,7 +422,7 @@ PYBIND11_MODULE(_core, m) {
                                                   of, params, request, position + uint32_t(j), p.data(), order.data(),
                                                   shared);
           });
-          if (token >= 0) return py::make_tuple(drafts, int64_t(j), int64_t(token));
+          if (token != kKept) return py::make_tuple(drafts, int64_t(j), int64_t(token));
         }
         const int64_t bonus = on_block([&] {
           return sample_row_by<HostBlock>(rows + num_drafts * vocab, vocab, params, request,

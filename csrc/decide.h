@@ -32,7 +32,13 @@
 
 namespace dflash {
 
-// A verify row's outcome: the drafts it kept (a prefix) and the target's token after them.
+// What a verify position decided, when not a token: its draft is kept (drafter_position_by, a device
+// position), or its logits give no token (a NaN row, or nothing left to draw): the request fails.
+constexpr int64_t kKept = -1;
+constexpr int64_t kNoToken = -2;
+
+// A verify row's outcome: the drafts it kept (a prefix) and the target's token after them (kNoToken:
+// none).
 struct Verdict {
   int64_t accepted = 0;
   int64_t next = -1;
@@ -471,11 +477,12 @@ DFLASH_HD int64_t sorted_between(const float* values, int64_t vocab, float floor
 
 }  // namespace decide_detail
 
-// First token index of the maximum; a NaN counts as the maximum (torch.argmax's rules).
+// First token index of the maximum (torch.argmax's rules), kNoToken for a row with a NaN (torch.argmax
+// takes the first NaN: a token no model meant).
 DFLASH_HD inline int64_t argmax_row(const float* row, int64_t vocab) {
   int64_t best = 0;
   for (int64_t i = 0; i < vocab; ++i) {
-    if (decide_detail::is_nan(row[i])) return i;
+    if (decide_detail::is_nan(row[i])) return kNoToken;
     if (row[i] > row[best]) best = i;
   }
   return best;
@@ -496,7 +503,18 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
     probs[i] = score;
     mine = score > mine ? score : mine;
   });
-  const float top = fold_max<Threads>(mine, s);  // its first barrier: every score is written
+  float top = fold_max<Threads>(mine, s);  // its first barrier: every score is written
+  if (top == __builtin_huge_valf()) {
+    // logits / T overflowed (a temperature near 0, or an infinite logit): the distribution's limit as
+    // T -> 0+, an equal share to each largest logit. Any other logit is at least a float's step below
+    // it, which this small a T turns into a share that underflows to 0.
+    const float largest = row_max<Threads>(logits, vocab, s);
+    strided<Threads>(logits, vocab, [&](int64_t i, float logit) {
+      probs[i] = logit == largest ? 0.0f : -__builtin_huge_valf();
+    });
+    Threads::sync();
+    top = 0.0f;
+  }
   if (params.top_k > 0 && params.top_k < vocab) {  // keep every score >= the k-th largest (ties stay)
     const float kth = radix_select<Threads>(probs, vocab, double(params.top_k), false, s);
     strided<Threads>(probs, vocab, [&](int64_t i, float score) {
@@ -571,7 +589,7 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
 
 // Inverse-CDF draw with uniform u in [0, 1) from a probability row (need not be exactly normalised:
 // u is scaled by the row's own total, so float rounding cannot run off the end); never a token of
-// probability 0. The row must have positive total. Sums run over the fixed chunks: the chunk where
+// probability 0. A row without positive total (NaN) draws kNoToken. Sums run over the fixed chunks: the chunk where
 // the running total passes u * total is found from the chunks' sums, then walked token by token.
 template <class Threads>
 DFLASH_HD int64_t draw_row_by(const float* probs, int64_t vocab, double u, RowShared& s) {
@@ -607,7 +625,7 @@ DFLASH_HD int64_t draw_row_by(const float* probs, int64_t vocab, double u, RowSh
     }
     for (int64_t i = vocab - 1; token < 0 && i >= 0; --i)  // rounding: no chunk passed the target
       if (probs[i] > 0.0f) token = i;
-    s.token = token;
+    s.token = token < 0 ? kNoToken : token;
   }
   Threads::sync();
   const int64_t token = s.token;
@@ -662,7 +680,9 @@ DFLASH_HD void logprobs_row_by(const float* logits, int64_t vocab, int64_t token
     sorted_between<Threads>(logits, vocab, kth, __builtin_huge_valf(), order, s);
   }
   if (Threads::id() == 0) {
-    out[0] = {int32_t(token), float(double(logits[token]) - normaliser)};
+    // a token outside the row (-1: the logits gave none) has no logit: -inf, its request fails
+    const double logit = token >= 0 && token < vocab ? double(logits[token]) : -double(__builtin_huge_valf());
+    out[0] = {int32_t(token), float(logit - normaliser)};
     for (int32_t j = 0; j < top; ++j) out[1 + j] = {order[j], float(double(logits[order[j]]) - normaliser)};
   }
   Threads::sync();  // order and s are rewritten by what follows
@@ -703,7 +723,7 @@ DFLASH_HD void selector_walk_by(const float* scores, const int64_t* columns, int
   }
 }
 
-// The rule at one verify position over the target's logits row: -1 when `draft` (a target id, drawn
+// The rule at one verify position over the target's logits row: kKept when `draft` (a target id, drawn
 // from q_row [draft_vocab] over the draft ids) is kept, u * q(d) < p(d) with the uniform at (position,
 // kAcceptDraw); else the token emitted there, drawn from (p - q)+ renormalised with the uniform at
 // (position, kCategoricalDraw) (from p itself where (p - q)+ is 0 everywhere: p = q but for float
@@ -718,7 +738,7 @@ DFLASH_HD int64_t drafter_position_by(const float* logits, int64_t vocab, int64_
     return id < 0 ? 0.0f : q_row[id];
   };
   probs_row_by<Threads>(logits, vocab, params, p, order, s);
-  if (uniform(params.seed, stream, position, kAcceptDraw) * q_of(draft) < p[draft]) return -1;
+  if (uniform(params.seed, stream, position, kAcceptDraw) * q_of(draft) < p[draft]) return kKept;
   Threads::sync();  // every thread has read p[draft] before the residual rewrites it
   strided<Threads>(p, vocab, [&](int64_t i, float value) {
     const float residual = value - q_of(i);
@@ -733,11 +753,11 @@ DFLASH_HD int64_t drafter_position_by(const float* logits, int64_t vocab, int64_
 }
 
 // A verify row's decision from what each of its positions decided (the GPU decides them all in
-// parallel first): tokens[j] is -1 where draft j was kept, else the token emitted there (j == num_drafts:
-// the bonus). The first position not kept ends the block.
+// parallel first): tokens[j] is kKept where draft j was kept, else the token emitted there (kNoToken:
+// none; j == num_drafts: the bonus). The first position not kept ends the block.
 DFLASH_HD inline Verdict verdict_from_tokens(int64_t num_drafts, const int32_t* tokens) {
   for (int64_t j = 0;; ++j)
-    if (j == num_drafts || tokens[j] >= 0) return {j, tokens[j]};
+    if (j == num_drafts || tokens[j] != kKept) return {j, tokens[j]};
 }
 
 #ifndef __CUDA_ARCH__

@@ -86,8 +86,8 @@ __device__ int64_t block_argmax(const float* __restrict__ row, int64_t vocab, in
   return out;
 }
 
-// A sampled position's token, or the drafter rule's verdict on draft j there (-1: kept): decide.h's rules
-// run by `Threads` together. The caller handles a greedy position.
+// A sampled position's token, or the drafter rule's verdict on draft j there (kKept; kNoToken: none):
+// decide.h's rules run by `Threads` together. The caller handles a greedy position.
 template <class Threads>
 __device__ int64_t sampled_token(const float* logits_row, int64_t vocab, const dflash::DecideRow& row, int64_t j,
                                  const int64_t* drafts, const dflash::DraftQ& drafter, float* probs, int32_t* order,
@@ -99,12 +99,12 @@ __device__ int64_t sampled_token(const float* logits_row, int64_t vocab, const d
                                                 row.sampling, row.stream, position, probs, order, shared);
   const int64_t token = dflash::sample_row_by<Threads>(logits_row, vocab, row.sampling, row.stream, position, probs,
                                                        order, shared);
-  return j < row.num_drafts && token == drafts[row.drafts + j] ? -1 : token;
+  return j < row.num_drafts && token == drafts[row.drafts + j] ? dflash::kKept : token;
 }
 
 }  // namespace
 
-// What each row's positions 0..num_drafts decided -> tokens[b * positions + j]: -1 where draft j is kept,
+// What each row's positions 0..num_drafts decided -> tokens[b * positions + j]: kKept where draft j is kept,
 // else the token emitted there (j == num_drafts: the bonus). A point-mass row takes the target's own
 // token at every position (a greedy row's argmax, a sampled row's draw: decide.h's rules run by the
 // block's threads together, BlockThreads) and keeps a draft equal to it; a row of the drafter rule (its
@@ -124,7 +124,8 @@ extern "C" __global__ void __launch_bounds__(kThreads)
   int64_t token;
   if (row.sampling.greedy()) {
     token = block_argmax(logits_row, vocab, 0, blockDim.x, values, indices);
-    if (j < row.num_drafts && token == drafts[row.drafts + j]) token = -1;
+    if (token >= 0 && logits_row[token] != logits_row[token]) token = dflash::kNoToken;  // a NaN row: argmax_row's
+    if (j < row.num_drafts && token == drafts[row.drafts + j]) token = dflash::kKept;
   } else {
     token = sampled_token<BlockThreads>(logits_row, vocab, row, j, drafts, drafter, probs + at * vocab,
                                         order + at * vocab, shared);
@@ -205,7 +206,8 @@ extern "C" __global__ void __cluster_dims__(dflash::kDecideCluster, 1, 1) __laun
         best = cluster_values[r];
         token = cluster_indices[r];
       }
-    if (j < row.num_drafts && token == drafts[row.drafts + j]) token = -1;
+    if (token >= 0 && logits_row[token] != logits_row[token]) token = dflash::kNoToken;  // a NaN row: argmax_row's
+    if (j < row.num_drafts && token == drafts[row.drafts + j]) token = dflash::kKept;
   } else {
     dflash::RowShared& shared = *cluster.map_shared_rank(&cluster_local, 0);
     token = sampled_token<ClusterThreads>(logits_row, vocab, row, j, drafts, drafter, probs + at * vocab,
@@ -231,7 +233,7 @@ extern "C" __global__ void __cluster_dims__(dflash::kDecideCluster, 1, 1) __laun
                                                           row.position + uint32_t(j), q.q + at * V, order + at * V,
                                                           shared);
   cluster.sync();  // block 0 stays until every block is done with its shared memory
-  if (cluster.block_rank() == 0 && threadIdx.x == 0) tokens[at] = ids ? ids[id] : id;
+  if (cluster.block_rank() == 0 && threadIdx.x == 0) tokens[at] = ids && id >= 0 ? ids[id] : id;  // -1: no draw (NaN scores)
 }
 #endif
 
@@ -294,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     const int64_t id = dflash::draft_row_by<BlockThreads>(scores + at * V, V, row.sampling, row.stream,
                                                           row.position + uint32_t(j), q.q + at * V, order + at * V,
                                                           shared);
-    if (threadIdx.x == 0) tokens[at] = ids ? ids[id] : id;
+    if (threadIdx.x == 0) tokens[at] = ids && id >= 0 ? ids[id] : id;  // -1: no draw (NaN scores)
     return;
   }
   if (row.num_drafts == 0) return;
@@ -303,7 +305,8 @@ extern "C" __global__ void __launch_bounds__(kThreads)
                                          top_k, V, row.sampling, row.stream, row.position, q.q + first * V,
                                          tokens + first, probs + first * top_k, order + first * top_k, shared);
   if (threadIdx.x == 0 && ids)
-    for (int64_t j = 0; j < row.num_drafts; ++j) tokens[first + j] = ids[tokens[first + j]];
+    for (int64_t j = 0; j < row.num_drafts; ++j)
+      if (tokens[first + j] >= 0) tokens[first + j] = ids[tokens[first + j]];
 }
 
 // The log-probabilities of each decided token (dflash_decide_rows's verdicts: the kept drafts, then

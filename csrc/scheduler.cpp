@@ -16,6 +16,7 @@ const char* finish_name(Finish f) {
     case Finish::kStop: return "stop";
     case Finish::kLength: return "length";
     case Finish::kAbort: return "abort";
+    case Finish::kError: return "error";
     default: return "";
   }
 }
@@ -135,12 +136,14 @@ std::vector<RequestOutput> Scheduler::step() {
   try {
     admit();
     const std::vector<Request*> fresh = pick_rows(false);  // pick before prefill marks them
-    const std::vector<Request*> rows = pick_rows(true);
+    std::vector<Request*> rows = pick_rows(true);
     prefill(fresh, out);
     if (!rows.empty()) {
       choose_block(rows);
       draft(rows);
-      accept(rows, verify(rows));
+      std::vector<Verdict> verdicts = verify(rows);
+      drop_failed(rows, verdicts, out);
+      accept(rows, verdicts);
       commit(rows);
       emit(rows, out);
     }
@@ -384,6 +387,10 @@ void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOu
     if (r.prompt_done < int64_t(r.context.size())) continue;  // more chunks in the next steps
     r.prefilled = true;
     if (!r.tokens.empty()) continue;  // resumed: its cache holds what it had, its last token comes next
+    if (first[i] < 0 || first[i] >= executor_.vocab()) {
+      fail(r, "the target's logits after the prompt gave no token (NaN logits, or every token masked out)", out);
+      continue;
+    }
     r.logprobs = executor_.logprobs(i);
     emit_tokens(r, {first[i]}, out);
     if (r.params.prompt_logprobs >= 0) {
@@ -452,6 +459,11 @@ void Scheduler::draft(const std::vector<Request*>& rows) {
       throw Error("executor draft returned " + std::to_string(drafts[i].size()) + " tokens for slot " +
                   std::to_string(r.slot) + "; expected block_size - 1 = " + std::to_string(step_block_ - 1));
     r.drafts.assign(drafts[i].begin(), drafts[i].begin() + (r.block - 1));
+    // a draft the drafter could not draw (-1: its scores were NaN) ends what is verified, as a row near
+    // its end verifies fewer: the target alone decides the tokens
+    const int64_t vocab = executor_.vocab();
+    r.drafts.erase(std::find_if(r.drafts.begin(), r.drafts.end(), [&](int64_t t) { return t < 0 || t >= vocab; }),
+                   r.drafts.end());
   }
 }
 
@@ -481,13 +493,29 @@ std::vector<Verdict> Scheduler::verify(const std::vector<Request*>& rows) {
     throw Error("executor verify returned " + std::to_string(verdicts.size()) + " verdicts for " +
                 std::to_string(rows.size()) + " rows; expected one per row");
   for (size_t i = 0; i < rows.size(); ++i) {
-    if (verdicts[i].accepted < 0 || verdicts[i].accepted >= int64_t(blocks[i].size()) || verdicts[i].next < 0)
+    if (verdicts[i].accepted < 0 || verdicts[i].accepted >= int64_t(blocks[i].size()))
       throw Error("executor verify kept " + std::to_string(verdicts[i].accepted) + " drafts of " +
                   std::to_string(blocks[i].size() - 1) + " (next token " + std::to_string(verdicts[i].next) +
                   ") for slot " + std::to_string(rows[i]->slot));
     rows[i]->logprobs = executor_.logprobs(i);
   }
   return verdicts;
+}
+
+void Scheduler::drop_failed(std::vector<Request*>& rows, std::vector<Verdict>& verdicts,
+                            std::vector<RequestOutput>& out) {
+  size_t kept = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (verdicts[i].next >= 0 && verdicts[i].next < executor_.vocab()) {
+      rows[kept] = rows[i];
+      verdicts[kept++] = verdicts[i];
+      continue;
+    }
+    fail(*rows[i], "the target's logits at output token " + std::to_string(rows[i]->tokens.size() + verdicts[i].accepted) +
+                       " gave no token (NaN logits, or every token masked out)", out);
+  }
+  rows.resize(kept);
+  verdicts.resize(kept);
 }
 
 void Scheduler::accept(const std::vector<Request*>& rows, const std::vector<Verdict>& verdicts) {
@@ -571,9 +599,24 @@ void Scheduler::finish(Request& r, Finish why) {
   if (r.slot >= 0) release_slot(r);  // a waiting one has no slot, no executor row
 }
 
+void Scheduler::fail(Request& r, const std::string& why, std::vector<RequestOutput>& out) {
+  RequestOutput o;
+  o.request = r.id;
+  o.num_tokens = int64_t(r.tokens.size());
+  o.cached_tokens = r.cached;
+  o.preemptions = r.preemptions;
+  o.finish = Finish::kError;
+  o.error = why;
+  finish(r, Finish::kError);
+  o.metrics = r.metrics;
+  o.timing = r.timing;
+  out.push_back(std::move(o));
+}
+
 void Scheduler::release_slot(Request& r) {
   if (slots_.reserved(r.slot)) slots_.rollback(r.slot);
-  kept_tokens_[r.slot] = config_.prefix_reuse ? cached_positions(r) : std::vector<int64_t>{};
+  // a failed request's positions may hold what failed it (NaN states): nobody reuses them
+  kept_tokens_[r.slot] = config_.prefix_reuse && r.finish != Finish::kError ? cached_positions(r) : std::vector<int64_t>{};
   kept_salt_[r.slot] = r.params.cache_salt;
   freed_at_[r.slot] = ++finishes_;
   slots_.free(r.slot);

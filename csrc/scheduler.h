@@ -90,8 +90,9 @@ struct RequestParams {
 // holds every position's logits, rows x chunk x vocab floats.
 constexpr int64_t kScoredChunk = 256;
 
-enum class Finish { kNone, kStop, kLength, kAbort };
-const char* finish_name(Finish f);  // "", "stop", "length", "abort"
+// kError: the target gave the request no token (its logits were NaN, or every token was masked out)
+enum class Finish { kNone, kStop, kLength, kAbort, kError };
+const char* finish_name(Finish f);  // "", "stop", "length", "abort", "error"
 
 // What one step says about one request: the tokens it committed this step (after the stop rule
 // cut them) and, once, why it finished.
@@ -107,6 +108,7 @@ struct RequestOutput {
   int64_t cached_tokens = 0;  // prompt tokens its slot held already (prefix reuse), not prefilled
   int64_t preemptions = 0;  // times it gave its slot to a request of a higher priority, so far
   Finish finish = Finish::kNone;
+  std::string error;  // Finish::kError: why, in one line
   SpecMetrics metrics;
   RequestTiming timing;
 };
@@ -229,6 +231,8 @@ class Scheduler {
   void choose_block(const std::vector<Request*>& rows);
   void draft(const std::vector<Request*>& rows);
   std::vector<Verdict> verify(const std::vector<Request*>& rows);
+  // Rows whose verdict has no token finish "error" and leave `rows` and `verdicts`.
+  void drop_failed(std::vector<Request*>& rows, std::vector<Verdict>& verdicts, std::vector<RequestOutput>& out);
   void accept(const std::vector<Request*>& rows, const std::vector<Verdict>& verdicts);
   void commit(const std::vector<Request*>& rows);
   void emit(const std::vector<Request*>& rows, std::vector<RequestOutput>& out);
@@ -237,6 +241,8 @@ class Scheduler {
   void emit_tokens(Request& r, const std::vector<int64_t>& tokens, std::vector<RequestOutput>& out);
 
   void finish(Request& r, Finish why);  // frees the slot (if any) and the executor's row
+  // Finish r "error" (its slot keeps nothing for reuse): `why` names the step and position.
+  void fail(Request& r, const std::string& why, std::vector<RequestOutput>& out);
   // Free r's slot and executor row, the slot keeping what its cache holds for prefix reuse.
   void release_slot(Request& r);
   void rollback_reserved();             // after an executor error: no slot keeps a claim

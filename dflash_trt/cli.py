@@ -172,13 +172,15 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
                                                          ("prompt_logprobs", out.prompt_logprobs)) if found is not None}
         click.echo(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
                                "metrics": out.metrics.to_dict(), **extra}))
-        return
-    shown = 0
-    for out in llm.stream(prompt, params, speculative=speculative):
-        click.echo(out.text[shown:], nl=False)
-        shown = len(out.text)
-    click.echo()
-    click.echo(f"[{out.finish_reason}] {summary_line(out.metrics)}", err=True)
+    else:
+        shown = 0
+        for out in llm.stream(prompt, params, speculative=speculative):
+            click.echo(out.text[shown:], nl=False)
+            shown = len(out.text)
+        click.echo()
+        click.echo(f"[{out.finish_reason}] {summary_line(out.metrics)}", err=True)
+    if out.finish_reason == "error":  # what came before it is out; the exit status says it failed
+        raise DFlashError(out.error)
 
 
 @main.command()

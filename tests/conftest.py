@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from factories import make_drafter, make_target
+from factories import POISON, make_drafter, make_poisoned_target, make_target
 
 from dflash_trt.export import op_library
 from dflash_trt.export.bundle import export_bundle
@@ -23,6 +23,15 @@ def tiny_pairs(tmp_path_factory):
                                target_layer_ids=[1, 2])
         pairs[family] = (target, drafter)
     return pairs
+
+
+@pytest.fixture(scope="session")
+def poisoned_pair(tmp_path_factory):
+    """(target dir, drafter dir): a qwen3 target whose logits are NaN from token POISON on (factories'
+    make_poisoned_target), and a drafter for it."""
+    root = tmp_path_factory.mktemp("poisoned")
+    return (make_poisoned_target(root / "target", POISON, seed=1),
+            make_drafter(root / "draft", seed=1, block_size=4, target_layer_ids=[1, 2]))
 
 
 @pytest.fixture(scope="session")

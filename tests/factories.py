@@ -106,6 +106,21 @@ def make_target(path: Path, family: str = "qwen3", seed: int = 0, tokenizer: boo
     return _save_decisive(model, path, tokenizer)
 
 
+POISON = 200  # make_poisoned_target's default: its target gives NaN logits from this token on
+
+
+def make_poisoned_target(path: Path, token: int = POISON, seed: int = 0) -> Path:
+    """A tiny qwen3 target whose embedding row of `token` is NaN: every logit from that token on is NaN,
+    as a float16 overflow or corrupt weights give. Its lm_head row of `token` is 0, so that the target
+    itself seldom picks it (a request meets it in its prompt, or by a logit_bias)."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(target_config("qwen3"), dtype=torch.float32)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[token] = float("nan")
+        model.lm_head.weight[token] = 0.0
+    return _save_decisive(model, path, tokenizer=True)
+
+
 def _save_decisive(model, path: Path, tokenizer: bool) -> Path:
     """Save a random model with its matrices scaled up, so that greedy choices are decisive as in
     real models (default init gives near-uniform logits), with no EOS (+ the byte tokenizer)."""

@@ -64,6 +64,15 @@ def test_generate_json_matches_the_api(pair_args, tiny_pairs):
     assert refused.exit_code != 0 and "presence_penalty must be in [-2, 2]" in refused.output
 
 
+@pytest.mark.parametrize("extra", [[], ["--json"]])
+def test_generate_fails_with_one_line_when_the_target_gives_no_token(poisoned_pair, extra):
+    target, draft = poisoned_pair
+    # "\x0c" is token 200, after which the poisoned target's logits are NaN
+    result = CliRunner().invoke(main, ["generate", "--target", str(target), "--draft", str(draft), "--backend",
+                                       "torch", "--max-tokens", "5", *extra, "a\x0cb"])
+    one_error_line(result, "the target's logits after the prompt gave no token (NaN logits")
+
+
 def test_generate_structured_output_follows_the_grammar_as_the_api_does(pair_args, tiny_pairs, tmp_path):
     from dflash_trt import LLM, SamplingParams
 

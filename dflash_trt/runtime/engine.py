@@ -88,6 +88,7 @@ class _Request:
     constraint: object = None  # its structured output's state (runtime/constraints.py), or None
     priority: int = 0  # with scheduling_policy "priority": lower is served first
     cache_salt: str = ""  # reuses only KV positions of requests with the same salt (vLLM's cache_salt)
+    error: str | None = None  # finish "error": why, in one line
 
     @property
     def token_ids(self) -> list[int]:
@@ -103,6 +104,15 @@ class _Request:
             m.prefill_s = self.first_token - self.arrival
             m.decode_s = now - self.first_token
             m.time_per_output_token_s = m.decode_s / (m.output_tokens - 1) if m.output_tokens > 1 else None
+
+
+class StepFailed(DFlashError):
+    """A step the backend failed (its cause chained): `requests` are those it finished "error", and
+    those it had updated before it failed."""
+
+    def __init__(self, cause: BaseException, requests: list[_Request]):
+        super().__init__(f"the engine step failed: {type(cause).__name__}: {cause}")
+        self.requests = requests
 
 
 class BatchRunner:
@@ -247,22 +257,43 @@ class BatchRunner:
     # -- stepping ------------------------------------------------------------------------------
 
     def step(self) -> list[_Request]:
-        """One core step (it admits waiting requests into free slots first) -> the requests it touched."""
+        """One core step (it admits waiting requests into free slots first) -> the requests it touched.
+        A request the target gave no token (NaN logits) finishes "error" alone. Should the step itself
+        fail (the backend raised), every live request finishes "error", what the slots kept for prefix
+        reuse is dropped (the failed step may have half-written them), and StepFailed is raised: the
+        runner goes on serving new requests."""
         touched = []
-        for out in self.scheduler.step():
-            request = self.live.get(out["request"])
-            if request is None:  # aborted from here already: the core's "abort" closes its books
-                continue
-            self._update(request, out)  # may abort the core request (a stop string)
-            touched.append(request)
+        try:
+            for out in self.scheduler.step():
+                request = self.live.get(out["request"])
+                if request is None:  # aborted from here already: the core's "abort" closes its books
+                    continue
+                self._update(request, out)  # may abort the core request (a stop string)
+                touched.append(request)
+        except Exception as err:
+            raise StepFailed(err, touched + self._fail_live(f"{type(err).__name__}: {err}")) from err
         self._read_counts()
         if not self.has_work:  # idle: the steps' scratch goes back to the system, not kept for the next burst
             self.executor.release_scratch()
             native_core().release_host_memory()
         return touched
 
+    def _fail_live(self, why: str) -> list[_Request]:
+        failed = []
+        for core_id, request in list(self.live.items()):
+            self.scheduler.abort(core_id)
+            del self.live[core_id]
+            request.error = f"the engine step failed: {why}"
+            self._finish(request, "error")
+            failed.append(request)
+        self.forget_cached()
+        self._read_counts()
+        return failed
+
     def _update(self, request: _Request, out: dict) -> None:
         new, finish = out["new_tokens"], out["finish_reason"]
+        if finish == "error":
+            request.error = out["error"]
         if new:
             now = time.perf_counter()
             if request.first_token is None:
@@ -326,7 +357,7 @@ class BatchRunner:
                              stop_reason=request.stop.stop_reason if request.finish_reason == "stop" else None,
                              metrics=replace(m, acceptance_lengths=list(m.acceptance_lengths),
                                              token_gaps=list(m.token_gaps)), logprobs=logprobs,
-                             prompt_logprobs=request.prompt_logprobs)
+                             prompt_logprobs=request.prompt_logprobs, error=request.error)
 
     def core_stats(self) -> dict:
         """The scheduler's books: requests running and waiting, and the adaptive bookkeeping (the block
@@ -545,19 +576,12 @@ class Engine:
                         touched.append(request)
             try:
                 touched += self.runner.step() if self.runner.has_work else []
-            except Exception as err:  # a backend failure: finish what was running, keep serving
-                self.error = err
-                with self._cv:
-                    touched += self._fail_running()
+            except StepFailed as failed:  # what ran finished "error"; the engine keeps serving
+                logger.error("an engine step failed; its %d requests finished \"error\": %s",
+                             len(failed.requests), failed.__cause__)
+                self.error = failed.__cause__
+                touched += failed.requests
             self._deliver(touched)
-
-    def _fail_running(self) -> list[_Request]:
-        failed = []
-        for core_id in list(self.runner.live):
-            request = self.runner.live[core_id]
-            self.runner.abort(request.id)
-            failed.append(request)
-        return failed
 
     def _deliver(self, touched: list[_Request]) -> None:
         for request in touched:

@@ -64,6 +64,43 @@ def test_sample_is_argmax_at_temperature_zero_and_stays_in_the_support_otherwise
         assert core.sample(row.numpy(), params, request, 5) in allowed
 
 
+NO_TOKEN = -2  # decide.h's kNoToken: a row whose logits give no token
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-45])
+@pytest.mark.parametrize("cuts", [{}, {"top_k": 3}, {"top_p": 0.9}])
+def test_a_temperature_whose_scores_overflow_is_the_argmax_limit(core, temperature, cuts):
+    """logits / T past float32's range (inf, and inf - inf is NaN): the distribution's limit as T -> 0+,
+    the largest logits alone, tied ones sharing."""
+    logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(2)) * 3
+    logits[5, [4, 9]] = 50.0  # a tie at the top
+    params = core.SamplingParams(temperature=temperature, **cuts)
+    probs = torch.from_numpy(core.target_probs(logits.numpy(), params))
+    expected = torch.zeros_like(logits)
+    expected[torch.arange(5), logits[:5].argmax(dim=1)] = 1.0
+    expected[5, [4, 9]] = 0.5
+    torch.testing.assert_close(probs, expected)
+    for request in range(20):
+        assert core.sample(logits[0].numpy(), params, request, 3) == int(logits[0].argmax())
+        assert core.block_accept([], logits[:1].numpy(), params, request, 3, 4) == (0, int(logits[0].argmax()))
+    assert {core.sample(logits[5].numpy(), params, request, 3) for request in range(40)} == {4, 9}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_row_with_a_nan_logit_gives_no_token(core, temperature):
+    """A NaN logit (a float16 overflow, corrupt weights) is no token the model meant: not torch.argmax's
+    first NaN, nor a draw from NaN probabilities. The verify ends there with NO_TOKEN, which fails the
+    request (the scheduler's rule)."""
+    logits = torch.randn(2, 30, generator=torch.Generator().manual_seed(4))
+    logits[1, 11] = float("nan")
+    params = core.SamplingParams(temperature=temperature, seed=1)
+    assert core.sample(logits[1].numpy(), params, 0, 0) == NO_TOKEN
+    assert core.sample(logits[0].numpy(), params, 0, 0) >= 0
+    draft = core.sample(logits[0].numpy(), params, 0, 0)  # the target's own token at position 0: kept
+    assert core.accept([draft], logits.numpy(), params, 0, 0) == (1, NO_TOKEN)
+    assert core.block_accept([draft], logits.numpy(), params, 0, 0, 4) == (1, NO_TOKEN)
+
+
 @pytest.mark.parametrize("kwargs, field", [
     ({"temperature": -0.1}, "temperature"),
     ({"top_p": 0.0}, "top_p"),

@@ -188,18 +188,28 @@ def test_over_capacity_and_empty_prompts_are_refused_in_one_line_others_continue
         assert request.finish_reason == "length"
 
 
-def test_a_python_graph_error_reaches_the_caller_and_leaves_no_claim(engine_module, llms, monkeypatch):
+def test_a_python_graph_error_reaches_the_caller_fails_what_ran_and_leaves_no_claim(engine_module, llms, monkeypatch):
     from dflash_trt.runtime import torch_graphs
 
-    engine = engine_module.BatchRunner(llms["qwen3"], max_batch=2, capacity=64)
-    engine.add([1, 2, 3], SamplingParams(max_tokens=8, ignore_eos=True))
+    llm = llms["qwen3"]
+    engine = engine_module.BatchRunner(llm, max_batch=2, capacity=64)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    running = engine.add([1, 2, 3], params)
     engine.step()
+    call = torch_graphs.InPlaceSlotAttention.__call__
 
     def broken(*args):
         raise RuntimeError("attention broke")
 
     monkeypatch.setattr(torch_graphs.InPlaceSlotAttention, "__call__", broken)
-    with pytest.raises(RuntimeError, match="attention broke"):
+    with pytest.raises(engine_module.StepFailed, match="attention broke") as failed:
         engine.step()
-    slot = next(i for i in range(2) if engine.slots.request(i) >= 0)
-    assert engine.slots.reserved(slot) == 0
+    assert isinstance(failed.value.__cause__, RuntimeError) and failed.value.requests == [running]
+    assert running.finish_reason == "error" and "RuntimeError: attention broke" in running.error
+    assert engine.slots.num_free == 2 and not engine.live, "no slot keeps a claim"
+    monkeypatch.setattr(torch_graphs.InPlaceSlotAttention, "__call__", call)
+    again = engine.add([1, 2, 3], params)  # the runner serves on; nothing of the failed step is reused
+    while engine.has_work:
+        engine.step()
+    assert again.token_ids == autoregressive(llm, "qwen3", [1, 2, 3], params).token_ids
+    assert engine.output(again).metrics.cached_tokens == 0

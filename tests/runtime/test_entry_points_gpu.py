@@ -2,6 +2,7 @@
 `LLM.stream`, an `Engine` and the `generate` command, each on the torch backend's CUDA executor in float32,
 give the CPU executor's tokens, greedy and seeded at T>0. Skipped where PyTorch sees no GPU."""
 
+import dataclasses
 import json
 
 import pytest
@@ -84,3 +85,19 @@ def test_beam_search_on_cuda_finds_the_cpu_executors_sequences(tiny_pairs):
         assert [s.tokens for s in mine.sequences] == [s.tokens for s in theirs.sequences]
         assert [s.cum_logprob for s in mine.sequences] == pytest.approx([s.cum_logprob for s in theirs.sequences],
                                                                         abs=1e-3)
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=["greedy", "seeded"])
+def test_nan_logits_on_cuda_fail_their_request_alone_as_on_the_cpu(poisoned_pair, params):
+    """The device's decisions (decide_kernel.cu) see the NaN rows the host's do: the same requests
+    finish "error", with the same tokens before; the others give the CPU executor's tokens."""
+    from factories import POISON
+
+    target, draft = map(str, poisoned_pair)
+    prompts = [[5, POISON, 7], [5, 6], [9, 8]]
+    each = [params, dataclasses.replace(params, logit_bias={POISON: 100.0}), params]
+    want = [(o.finish_reason, o.token_ids) for o in LLM(target, draft, block_size=4, backend="torch",
+                                                       device="cpu").generate(prompts, each)]
+    assert [reason for reason, _ in want] == ["error", "error", "length"]
+    cuda = LLM(target, draft, block_size=4, backend="torch", device="cuda", dtype="float32")
+    assert [(o.finish_reason, o.token_ids) for o in cuda.generate(prompts, each)] == want

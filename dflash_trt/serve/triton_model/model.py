@@ -203,6 +203,9 @@ class TritonPythonModel:
                 raise _Cancelled
             if any(out.finish_reason == "abort" for out in outputs):  # the engine stopped under it
                 raise Busy("the engine stopped during the beam search", 503)
+            failed = [out.error for out in outputs if out.finish_reason == "error"]
+            if failed:
+                raise DFlashError(failed[0])
             return outputs
 
         def decode(tokens):
@@ -298,8 +301,15 @@ class _Responder:
             return
         with self.guard:
             self.done = True
-            self.model._finished(self, out)
-            self._send(out, final)
+            try:
+                self.model._finished(self, out)
+                if out.finish_reason == "error" and not self.cancelled:
+                    _refuse(self.sender, RequestError(None, f"internal error: {out.error}", 500))
+                else:
+                    self._send(out, final)
+            except Exception as err:  # a bug of ours: the request still gets its FINAL answer, or Triton waits
+                pb_utils.Logger.log_error(f"request {self.rid}'s last response failed: {type(err).__name__}: {err}")
+                _refuse(self.sender, RequestError(None, f"internal error: {type(err).__name__}: {err}", 500))
 
     def _logprobs(self, out, start: int, count: int) -> str:
         """The JSON of the new tokens' logprobs ("" when not asked)."""

@@ -308,7 +308,7 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
   if (function == reinterpret_cast<CUfunction>(&tokens_function) ||
       function == reinterpret_cast<CUfunction>(&tokens_wide_function)) {
     // dflash_target_tokens(logits, vocab, rows, drafts, drafter, probs, order, tokens): block (b, j) ->
-    // tokens[b * grid_y + j], -1 where draft j is kept; dflash_target_tokens_wide: the same from a cluster
+    // tokens[b * grid_y + j], kKept where draft j is kept; dflash_target_tokens_wide: the same from a cluster
     // of kDecideCluster blocks (b * kDecideCluster + rank, j)
     const unsigned count = wide ? grid_x / dflash::kDecideCluster : grid_x;
     const float* logits = *static_cast<const float**>(args[0]);
@@ -335,7 +335,7 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
           } else {
             token = dflash::sample_row(logits_row, vocab, row.sampling, row.stream, row.position + j, probs + at * vocab,
                                        order + at * vocab);
-            if (j < row.num_drafts && token == drafts[row.drafts + j]) token = -1;
+            if (j < row.num_drafts && token == drafts[row.drafts + j]) token = dflash::kKept;
           }
           tokens[at] = int32_t(token);
         }
@@ -368,14 +368,15 @@ EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned grid_x, unsigned gr
                                 row.sampling, row.stream, row.position, q.q + row.first * V, tokens + row.first,
                                 probs + row.first * top_k, order + row.first * top_k);
           if (ids)
-            for (int64_t j = 0; j < row.num_drafts; ++j) tokens[row.first + j] = ids[tokens[row.first + j]];
+            for (int64_t j = 0; j < row.num_drafts; ++j)
+              if (tokens[row.first + j] >= 0) tokens[row.first + j] = ids[tokens[row.first + j]];
           continue;
         }
         for (unsigned j = 0; j < grid_y && j < row.num_drafts; ++j) {
           const int64_t at = row.first + j;
           const int64_t id = dflash::draft_row(scores + at * V, V, row.sampling, row.stream, row.position + j,
                                                q.q + at * V, order + at * V);
-          tokens[at] = ids ? ids[id] : id;
+          tokens[at] = ids && id >= 0 ? ids[id] : id;
         }
       }
     });

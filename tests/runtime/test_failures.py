@@ -1,0 +1,134 @@
+"""When the numbers go wrong: a temperature so small that logits / T overflows float32, a target whose
+logits are NaN for one request, a backend step that raises. A request the target gives no token
+finishes "error" (vLLM's finish reason) with why in one line, alone: the others in its batch run on
+and give what they give alone; the engine serves on, and keeps nothing of the failure for reuse."""
+
+import threading
+
+import pytest
+from factories import POISON
+from reference import reference_output
+
+from dflash_trt import LLM, SamplingParams
+from dflash_trt.runtime.engine import Engine, StepFailed
+
+pytest.importorskip("dflash_trt._core", reason="dflash_trt._core is not built: run `bash scripts/setup.sh`")
+
+CLEAN = [[5, 6, 7], [9, 8], [1, 2, 3, 4]]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_pairs):
+    target, draft = tiny_pairs["qwen3"]
+    return LLM(str(target), str(draft), max_batch=3, backend="torch")
+
+
+@pytest.fixture(scope="module")
+def poisoned(poisoned_pair):
+    target, draft = poisoned_pair
+    return LLM(str(target), str(draft), max_batch=4, backend="torch")
+
+
+@pytest.mark.parametrize("speculative", [True, False])
+@pytest.mark.parametrize("temperature", [1e-40, 1e-45])
+def test_a_temperature_that_overflows_the_scores_samples_the_greedy_tokens(llm, speculative, temperature):
+    # logits / 1e-40 is inf in float32, and inf - inf is NaN: the limit T -> 0+ is the argmax
+    params = SamplingParams(max_tokens=12, temperature=temperature, seed=3, ignore_eos=True)
+    greedy = SamplingParams(max_tokens=12, ignore_eos=True)
+    for prompt, out in zip(CLEAN, llm.generate(CLEAN, params, speculative=speculative), strict=True):
+        assert out.finish_reason == "length"
+        assert out.token_ids == reference_output(llm, prompt, greedy, speculative).token_ids
+
+
+def sampling(temperature: float, **extra) -> SamplingParams:
+    return SamplingParams(max_tokens=10, temperature=temperature, seed=5, ignore_eos=True, **extra)
+
+
+@pytest.mark.parametrize("speculative", [True, False])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_prompt_the_target_gives_nan_logits_fails_alone(poisoned, speculative, temperature):
+    params = sampling(temperature, logprobs=2)
+    outs = poisoned.generate([[5, POISON, 7], *CLEAN], params, speculative=speculative)
+    assert outs[0].finish_reason == "error" and outs[0].token_ids == []
+    assert "the target's logits after the prompt gave no token (NaN logits" in outs[0].error
+    for prompt, out in zip(CLEAN, outs[1:], strict=True):
+        alone = poisoned.generate([prompt], params, speculative=speculative)[0]
+        assert (out.finish_reason, out.token_ids, out.error) == ("length", alone.token_ids, None)
+        if temperature == 0:
+            assert out.token_ids == reference_output(poisoned, prompt, sampling(0), speculative).token_ids
+
+
+@pytest.mark.parametrize("rule", ["point-mass", "drafter"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_request_that_meets_nan_logits_mid_reply_fails_there_and_its_batch_runs_on(poisoned_pair, rule,
+                                                                                       temperature):
+    """The bias makes POISON the first token: the next verify (and the drafter, whose context it
+    poisons too) sees NaN logits. The request keeps the token it had; the others run on."""
+    target, draft = poisoned_pair
+    llm = LLM(str(target), str(draft), max_batch=4, backend="torch", draft_rule=rule, block_size=4)
+    forced = sampling(temperature, logit_bias={POISON: 100.0}, logprobs=1)
+    params = sampling(temperature)
+    runner_outs = llm.generate([[5, 6], *CLEAN], [forced] + [params] * len(CLEAN))
+    failed = runner_outs[0]
+    assert failed.finish_reason == "error" and failed.token_ids == [POISON] and len(failed.logprobs) == 1
+    assert "the target's logits at output token 1 gave no token (NaN logits" in failed.error
+    for prompt, out in zip(CLEAN, runner_outs[1:], strict=True):
+        assert (out.finish_reason, out.token_ids) == ("length", llm.generate([prompt], params)[0].token_ids)
+
+
+def test_a_failed_prompt_leaves_nothing_for_prefix_reuse(poisoned):
+    """Its slot keeps no positions: a prompt with its head prefills whole."""
+    poisoned.generate([[1, 2, 3, 4, 5, 6, 7, 8, POISON]], sampling(0))
+    again = poisoned.generate([[1, 2, 3, 4, 5, 6, 7, 8, 9]], sampling(0))[0]
+    assert again.finish_reason == "length" and again.metrics.cached_tokens == 0
+    reused = poisoned.generate([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]], sampling(0))[0]
+    assert reused.metrics.cached_tokens > 0  # a clean one's do serve
+
+
+def failing_step(monkeypatch, after: int):
+    """The torch backend's graph runs raise once, at the `after`-th run from now."""
+    from dflash_trt.runtime import torch_graphs
+
+    run = torch_graphs.TorchGraph.run
+    calls = [0]
+
+    def flaky(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == after:
+            raise RuntimeError("the device fell over")
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch_graphs.TorchGraph, "run", flaky)
+
+
+def test_a_step_the_backend_fails_raises_from_generate_and_the_llm_serves_on(llm, monkeypatch):
+    params = sampling(0)
+    failing_step(monkeypatch, after=4)
+    with pytest.raises(StepFailed, match="the engine step failed: RuntimeError: the device fell over"):
+        llm.generate(CLEAN, params)
+    monkeypatch.undo()
+    for prompt, out in zip(CLEAN, llm.generate(CLEAN, params), strict=True):
+        assert out.token_ids == reference_output(llm, prompt, params, True).token_ids
+
+
+def test_an_engine_whose_step_fails_finishes_its_requests_with_error_serves_on_and_drains(llm, monkeypatch):
+    engine = Engine(llm, max_batch=3)
+    params = sampling(0)
+    try:
+        failing_step(monkeypatch, after=3)
+        outs = engine.generate(CLEAN, params)
+        errors = [out for out in outs if out.finish_reason == "error"]
+        assert errors, "a step failed under them"
+        for out in errors:
+            assert out.error == "the engine step failed: RuntimeError: the device fell over"
+        assert isinstance(engine.error, RuntimeError)
+        monkeypatch.undo()
+        for prompt, out in zip(CLEAN, engine.generate(CLEAN, params), strict=True):
+            assert out.token_ids == reference_output(llm, prompt, params, True).token_ids
+        streaming = engine.stream(CLEAN[0], SamplingParams(max_tokens=300, ignore_eos=True))
+        next(streaming)  # running while the engine drains
+        finished = threading.Event()
+        threading.Thread(target=lambda: [*streaming] and finished.set(), daemon=True).start()
+    finally:
+        engine.shutdown(drain=True, timeout=120)
+    assert not engine._thread.is_alive() and finished.wait(10)
