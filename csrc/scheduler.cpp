@@ -103,18 +103,7 @@ int64_t Scheduler::add_request(const std::vector<int64_t>& prompt, const Request
 
 bool Scheduler::abort(int64_t request) {
   auto match = [&](const Request& r) { return r.id == request; };
-  auto abort_now = [&](Request& r) {
-    finish(r, Finish::kAbort);
-    RequestOutput o;
-    o.request = r.id;
-    o.num_tokens = int64_t(r.tokens.size());
-    o.cached_tokens = r.cached;
-    o.preemptions = r.preemptions;
-    o.finish = Finish::kAbort;
-    o.metrics = r.metrics;
-    o.timing = r.timing;
-    aborted_.push_back(std::move(o));
-  };
+  auto abort_now = [&](Request& r) { aborted_.push_back(end(r, Finish::kAbort)); };
   auto running = std::find_if(live_.begin(), live_.end(), match);
   if (running != live_.end() && running->finish == Finish::kNone) {
     abort_now(*running);
@@ -599,18 +588,22 @@ void Scheduler::finish(Request& r, Finish why) {
   if (r.slot >= 0) release_slot(r);  // a waiting one has no slot, no executor row
 }
 
-void Scheduler::fail(Request& r, const std::string& why, std::vector<RequestOutput>& out) {
+RequestOutput Scheduler::end(Request& r, Finish why) {
+  finish(r, why);
   RequestOutput o;
   o.request = r.id;
   o.num_tokens = int64_t(r.tokens.size());
   o.cached_tokens = r.cached;
   o.preemptions = r.preemptions;
-  o.finish = Finish::kError;
-  o.error = why;
-  finish(r, Finish::kError);
+  o.finish = why;
   o.metrics = r.metrics;
   o.timing = r.timing;
-  out.push_back(std::move(o));
+  return o;
+}
+
+void Scheduler::fail(Request& r, const std::string& why, std::vector<RequestOutput>& out) {
+  out.push_back(end(r, Finish::kError));
+  out.back().error = why;
 }
 
 void Scheduler::release_slot(Request& r) {

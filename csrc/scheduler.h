@@ -241,6 +241,8 @@ class Scheduler {
   void emit_tokens(Request& r, const std::vector<int64_t>& tokens, std::vector<RequestOutput>& out);
 
   void finish(Request& r, Finish why);  // frees the slot (if any) and the executor's row
+  // finish(r, why) -> its last output, with no new tokens (an abort, a failure)
+  RequestOutput end(Request& r, Finish why);
   // Finish r "error" (its slot keeps nothing for reuse): `why` names the step and position.
   void fail(Request& r, const std::string& why, std::vector<RequestOutput>& out);
   // Free r's slot and executor row, the slot keeping what its cache holds for prefix reuse.
