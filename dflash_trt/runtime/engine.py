@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH = 8
 DEFAULT_CAPACITY = 4096  # tokens per KV slot: prompt + max_tokens must fit
+# An Engine whose steps failed this many times in a row takes no more requests: its backend is broken
+# (a sticky CUDA error fails every step after it), and a server should be restarted, not answer 500s
+DOWN_AFTER_FAILED_STEPS = 3
 # vLLM's: first come first served, or by each request's priority (lower first), preempting running
 # requests of a lower one when every slot is taken (csrc/scheduler.h)
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -436,7 +439,9 @@ class Engine:
         self._inbox: list[tuple[str, object]] = []
         self._live: set[int] = set()
         self._closing = False
-        self.error: BaseException | None = None  # the last step failure (its requests finished "abort")
+        self.error: BaseException | None = None  # the last step failure (its requests finished "error")
+        self.failed_steps = 0  # in a row, up to now
+        self.down: str | None = None  # why it takes no more requests (DOWN_AFTER_FAILED_STEPS failed steps)
         self._thread = threading.Thread(target=self._loop, name="dflash-engine", daemon=True)
         self._thread.start()
 
@@ -447,6 +452,8 @@ class Engine:
         with self._cv:
             if self._closing:
                 raise Busy("the engine is shutting down and takes no new requests", 503)
+            if self.down:
+                raise Busy(f"the engine is down: {self.down}", 503)
             # every live request beyond the slots waits for one (those in the inbox too)
             if self.max_waiting >= 0 and len(self._live) + 1 - self.max_batch > self.max_waiting:
                 raise Busy(f"all {self.max_batch} slots are taken and {self.max_waiting} requests already wait; "
@@ -575,11 +582,19 @@ class Engine:
                     elif (request := self.runner.abort(item)) is not None:
                         touched.append(request)
             try:
-                touched += self.runner.step() if self.runner.has_work else []
-            except StepFailed as failed:  # what ran finished "error"; the engine keeps serving
+                if self.runner.has_work:
+                    ran = bool(self.runner.live)  # else the step only closes aborted requests' books
+                    touched += self.runner.step()
+                    self.failed_steps = 0 if ran else self.failed_steps
+            except StepFailed as failed:  # what ran finished "error"; the engine serves on, unless it is down
                 logger.error("an engine step failed; its %d requests finished \"error\": %s",
                              len(failed.requests), failed.__cause__)
                 self.error = failed.__cause__
+                self.failed_steps += 1
+                if self.failed_steps >= DOWN_AFTER_FAILED_STEPS:
+                    with self._cv:
+                        cause = failed.__cause__
+                        self.down = f"{self.failed_steps} steps failed in a row, the last: {type(cause).__name__}: {cause}"
                 touched += failed.requests
             self._deliver(touched)
 

@@ -164,14 +164,19 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
 
     @app.get("/health", response_model=Health, responses={503: ERRORS[503]})
     async def health():
-        """200 once the model serves; 503 before that (`error.code` "starting") and while it drains
-        ("draining"): load balancers route elsewhere."""
+        """200 once the model serves; 503 before that (`error.code` "starting"), while it drains
+        ("draining"), and once its engine is down ("engine_down": its steps keep failing; restart the
+        server): load balancers route elsewhere."""
         nonlocal served
-        if await triton.ready():
-            served = True
-            return Health(status="ready")
-        state = "draining" if served else "starting"
-        return _error(503, f"the model is not ready: {state}", code=state)
+        if not await triton.ready():
+            state = "draining" if served else "starting"
+            return _error(503, f"the model is not ready: {state}", code=state)
+        served = True
+        try:
+            await _answer(triton, {"health_check": True})
+        except (RequestError, UpstreamError) as err:
+            return _error(503, str(err), code="engine_down")
+        return Health(status="ready")
 
     @app.get("/metrics", response_class=PlainTextResponse, responses={503: ERRORS[503]})
     async def metrics():

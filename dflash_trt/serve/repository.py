@@ -27,6 +27,7 @@ MODEL_SOURCE = Path(__file__).parent / "triton_model" / "model.py"
 # positions only of requests with the same salt. `tokens_as_ids` (vLLM's return_tokens_as_token_ids):
 # logprob entries name their tokens "token_id:<id>" instead of their text. `reset_prefix_cache` (no prompt):
 # the engine drops what finished requests' slots keep, then one answer, finish reason "reset".
+# `health_check` (no prompt): one answer, finish reason "healthy", or a 503 refusal once the engine is down.
 CONFIG = """name: "{name}"
 backend: "python"
 max_batch_size: 0
@@ -49,7 +50,8 @@ input [
   {{ name: "beam_search", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
   {{ name: "cache_salt", data_type: TYPE_STRING, dims: [ 1 ], optional: true }},
   {{ name: "tokens_as_ids", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
-  {{ name: "reset_prefix_cache", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }}
+  {{ name: "reset_prefix_cache", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
+  {{ name: "health_check", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }}
 ]
 output [
   {{ name: "text_output", data_type: TYPE_STRING, dims: [ 1 ] }},

@@ -85,8 +85,8 @@ def test_a_failed_prompt_leaves_nothing_for_prefix_reuse(poisoned):
     assert reused.metrics.cached_tokens > 0  # a clean one's do serve
 
 
-def failing_step(monkeypatch, after: int):
-    """The torch backend's graph runs raise once, at the `after`-th run from now."""
+def failing_step(monkeypatch, after: int, always: bool = False):
+    """The torch backend's graph runs raise at the `after`-th run from now: that once, or from then on."""
     from dflash_trt.runtime import torch_graphs
 
     run = torch_graphs.TorchGraph.run
@@ -94,7 +94,7 @@ def failing_step(monkeypatch, after: int):
 
     def flaky(self, *args, **kwargs):
         calls[0] += 1
-        if calls[0] == after:
+        if calls[0] == after or (always and calls[0] > after):
             raise RuntimeError("the device fell over")
         return run(self, *args, **kwargs)
 
@@ -132,3 +132,31 @@ def test_an_engine_whose_step_fails_finishes_its_requests_with_error_serves_on_a
     finally:
         engine.shutdown(drain=True, timeout=120)
     assert not engine._thread.is_alive() and finished.wait(10)
+
+
+def test_an_engine_whose_steps_keep_failing_goes_down_and_takes_no_more_requests(llm, monkeypatch):
+    """A broken backend (a sticky CUDA error fails every step after it): after DOWN_AFTER_FAILED_STEPS
+    failed steps in a row the engine refuses requests with 503, which a server's /health reports, so that
+    it is restarted rather than answering 500s. Failures apart, with steps that worked between, do not."""
+    from dflash_trt.errors import Busy
+    from dflash_trt.runtime.engine import DOWN_AFTER_FAILED_STEPS
+
+    engine = Engine(llm, max_batch=3)
+    params = sampling(0)
+    try:
+        for _ in range(DOWN_AFTER_FAILED_STEPS):  # one failure, then requests that succeed
+            failing_step(monkeypatch, after=1)
+            assert engine.generate([CLEAN[0]], params)[0].finish_reason == "error"
+            monkeypatch.undo()
+            assert engine.generate([CLEAN[0]], params)[0].finish_reason == "length"
+        assert engine.down is None
+        failing_step(monkeypatch, after=1, always=True)
+        for _ in range(DOWN_AFTER_FAILED_STEPS):
+            assert engine.generate([CLEAN[1]], params)[0].finish_reason == "error"
+        assert engine.down == f"{DOWN_AFTER_FAILED_STEPS} steps failed in a row, the last: RuntimeError: " \
+                              "the device fell over"
+        with pytest.raises(Busy, match="the engine is down: 3 steps failed in a row") as refused:
+            engine.add_request(CLEAN[2], params)
+        assert refused.value.status == 503
+    finally:
+        engine.shutdown(drain=True, timeout=60)

@@ -41,6 +41,11 @@ class FakeTriton:
             raise RequestError("prompt", "the prompt has 999 tokens; the context capacity is 64 tokens")
         if "down" in str(prompt):
             raise UpstreamError("Stub process is not healthy")
+        if inputs.get("health_check"):  # as Triton's model answers it
+            if getattr(self, "down", None):
+                raise RequestError(None, f"the engine is down: {self.down}", 503)
+            yield Piece("", [], "healthy", None)
+            return
         if inputs.get("reset_prefix_cache"):
             self.resets = getattr(self, "resets", 0) + 1
             yield Piece("", [], "reset", None)
@@ -250,6 +255,17 @@ def test_health_says_starting_before_the_model_serves_and_draining_after():
     draining = front.get("/health")
     assert (starting.status_code, starting.json()["error"]["code"]) == (503, "starting")
     assert (draining.status_code, draining.json()["error"]["code"]) == (503, "draining")
+
+
+def test_health_says_engine_down_once_the_engine_takes_no_more_requests():
+    triton = FakeTriton()
+    front = TestClient(create_app(FrontSettings("tiny"), triton))
+    assert front.get("/health").status_code == 200 and triton.requests[-1] == {"health_check": True}
+    triton.down = "3 steps failed in a row, the last: RuntimeError: CUDA error: an illegal memory access"
+    down = front.get("/health")
+    assert (down.status_code, down.json()["error"]["code"]) == (503, "engine_down")
+    assert down.json()["error"]["message"] == f"the engine is down: {triton.down}"
+    assert front.get("/ping").status_code == 503
 
 
 def test_unknown_paths_and_methods_are_json(front):

@@ -73,6 +73,8 @@ def test_failed_requests_are_counted_by_their_finish_reason(server):
     assert errors >= 2
 
 
-def test_after_failures_the_server_drains_and_stops(server):
+def test_after_failures_the_server_is_healthy_drains_and_stops(server):
+    """A request's NaN logits are its own failure, not the engine's: /health stays 200."""
     assert complete(server, CLEAN[0]).status_code == 200
+    assert httpx.get(f"{server.root}/health", timeout=10).json() == {"status": "ready"}
     assert server.stop(timeout=60) == 0

@@ -90,6 +90,11 @@ class TritonPythonModel:
     def _start(self, request):
         sender = request.get_response_sender()
         try:
+            if _bool(request, "health_check"):  # no prompt: the engine's state, at once
+                if self.engine.down:
+                    raise Busy(f"the engine is down: {self.engine.down}", 503)
+                sender.send(_response(finish_reason="healthy"), flags=FINAL)
+                return
             if _bool(request, "reset_prefix_cache"):  # no prompt: the engine forgets, then one answer
                 self.engine.reset_prefix_cache()
                 sender.send(_response(finish_reason="reset"), flags=FINAL)
