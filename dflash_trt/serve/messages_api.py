@@ -261,7 +261,8 @@ class _EventStream:
                                     self.event("message_stop")]
         if "error" in chunk:  # mid-stream: the status line has gone already
             error = chunk["error"]
-            return [self.event("error", error={"type": error["type"], "message": error["message"]})]
+            kind = "api_error" if error["type"] == "server_error" else error["type"]  # Anthropic's name for a 5xx
+            return [self.event("error", error={"type": kind, "message": error["message"]})]
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         events = []

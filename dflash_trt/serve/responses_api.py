@@ -350,7 +350,7 @@ class ResponseRender:
         self.store.put(self.id, StoredResponse(self._object("in_progress", []), [], self.inputs, cancel))
 
     def failed(self, code: str, message: str) -> dict:
-        """A background response that a refusal or the inference server's failure ended."""
+        """A response that a refusal (background ones) or the inference server's failure ended."""
         return self._object("failed", [], error=ResponseError(code=code, message=message))
 
     def cancelled(self) -> dict:
@@ -409,8 +409,10 @@ class _EventStream:
     def feed(self, chunk: dict | str) -> list[dict]:
         if chunk == "[DONE]":
             return self._close() + self._end()
-        if "error" in chunk:  # a refusal mid-stream: the status line has gone already
+        if "error" in chunk:  # mid-stream: the status line has gone already
             error = chunk["error"]
+            if error["type"] == "server_error":  # the engine failed it (NaN logits, a failed step): stored so
+                return [self._event("response.failed", response=self.render.failed("server_error", error["message"]))]
             return [self._event("error", code=error.get("code") or error["type"], message=error["message"],
                                 param=error.get("param"))]
         if chunk.get("usage"):

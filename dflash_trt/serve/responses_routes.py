@@ -51,8 +51,10 @@ def add_responses_routes(app: FastAPI, model: str, capacity: int, complete: Call
             render.running(cancel)
             try:
                 reply = await complete(Detached(), parsed, render)
-            except RequestError as err:
-                render.failed("rate_limit_exceeded" if err.status == 429 else "invalid_request", err.message)
+            except RequestError as err:  # a refusal, or the engine's failure (500: NaN logits, a failed step)
+                code = {429: "rate_limit_exceeded"}.get(err.status, "server_error" if err.status >= 500 else
+                                                        "invalid_request")
+                render.failed(code, err.message)
             except UpstreamError as err:
                 render.failed("server_error", f"the inference server failed: {err}")
             else:

@@ -91,6 +91,9 @@ class FakeTriton:
         try:
             for i, ch in enumerate("abc" if seed is None else f"{seed:03d}"):
                 yield Piece(ch, [i], "length" if i == 2 else None, USAGE if i == 2 else None, **(first if i == 0 else {}))
+                if "poisoned" in str(prompt):  # the target's logits turn NaN after the first token
+                    raise RequestError(None, "internal error: the target's logits at output token 1 gave no token "
+                                             "(NaN logits, or every token masked out)", 500)
                 await asyncio.sleep(0.001)  # the engine's next step: other requests' pieces come between
         finally:
             self.closed += 1
@@ -625,3 +628,19 @@ def test_a_prefix_cache_reset_asks_the_triton_model_and_needs_the_key():
         flushed = method("/flush_cache", headers=key)
         assert (flushed.status_code, flushed.text) == (200, "Cache flushed.\n")
     assert triton.requests == [{"reset_prefix_cache": True}] * 3
+
+
+@pytest.mark.parametrize("path, body, kind", [
+    ("/v1/chat/completions", chat(stream=True, messages=[{"role": "user", "content": "poisoned"}]), "server_error"),
+    ("/v1/completions", {"model": "tiny", "prompt": "poisoned", "stream": True}, "server_error"),
+    ("/v1/messages", {"model": "tiny", "max_tokens": 8, "stream": True,  # Anthropic's name for it
+                      "messages": [{"role": "user", "content": "poisoned"}]}, "api_error"),
+])
+def test_a_reply_the_engine_fails_mid_stream_ends_with_a_server_error_event(front, path, body, kind):
+    """What went out stays; the last event is the error (the status line has gone already)."""
+    response, data = events(front, path, body)
+    assert response.status_code == 200
+    last = json.loads(data[-1])
+    assert last["error"]["type"] == kind
+    assert last["error"]["message"].startswith("internal error: the target's logits at output token 1")
+    assert any("a" in item for item in data[:-1]), "the first piece went out before the failure"

@@ -388,6 +388,20 @@ def test_a_background_response_its_prompt_refuses_is_stored_failed(lasting):
     assert "context capacity" in failed.error.message
 
 
+def test_a_response_the_engine_fails_mid_reply_ends_failed_streamed_or_in_the_background(lasting):
+    """NaN logits after the first token (the Triton model's 500): a stream ends with response.failed, whose
+    response is stored failed; a background response is stored failed, code server_error."""
+    front, _, client = lasting
+    events = list(client.responses.create(model="tiny", input="poisoned", stream=True))
+    assert [e.type for e in events][-1] == "response.failed" and "response.output_text.delta" in [e.type for e in events]
+    failed = events[-1].response
+    assert failed.status == "failed" and failed.error.code == "server_error"
+    assert "NaN logits" in failed.error.message and client.responses.retrieve(failed.id).status == "failed"
+    queued = client.responses.create(model="tiny", input="poisoned", background=True)
+    stored = finished(client, queued.id)
+    assert stored.status == "failed" and stored.error.code == "server_error" and "NaN logits" in stored.error.message
+
+
 @pytest.mark.parametrize("fields, param", [(dict(stream=True), "background"), (dict(store=False), "background"),
                                            (dict(top_logprobs=2), "top_logprobs")])
 def test_a_background_response_that_cannot_be_followed_is_a_400(served, fields, param):
