@@ -101,6 +101,8 @@ def beam_search(generate: Callable, prompts: Sequence[list[int]], params: BeamSe
         outputs = generate([beam.tokens for _, beam in live], step)
         grown: list[list[BeamSearchSequence]] = [[] for _ in prompts]
         for (i, beam), output in zip(live, outputs, strict=True):
+            if output.finish_reason == "error":  # the target gave this beam no token (NaN logits)
+                raise DFlashError(f"beam search: {output.error}")
             candidates = output.logprobs[0]
             for token, logprob in candidates.items():
                 child = BeamSearchSequence(beam.tokens + [token], beam.cum_logprob + logprob,

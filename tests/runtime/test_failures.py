@@ -9,7 +9,7 @@ import pytest
 from factories import POISON
 from reference import reference_output
 
-from dflash_trt import LLM, SamplingParams
+from dflash_trt import LLM, BeamSearchParams, DFlashError, SamplingParams
 from dflash_trt.runtime.engine import Engine, StepFailed
 
 pytest.importorskip("dflash_trt._core", reason="dflash_trt._core is not built: run `bash scripts/setup.sh`")
@@ -160,3 +160,9 @@ def test_an_engine_whose_steps_keep_failing_goes_down_and_takes_no_more_requests
         assert refused.value.status == 503
     finally:
         engine.shutdown(drain=True, timeout=60)
+
+
+def test_a_beam_search_that_meets_nan_logits_fails_with_one_line(poisoned):
+    with pytest.raises(DFlashError, match="beam search: the target's logits after the prompt gave no token"):
+        poisoned.beam_search([[5, POISON]], BeamSearchParams(beam_width=2, max_tokens=4))
+    assert len(poisoned.beam_search([[5, 6]], BeamSearchParams(beam_width=2, max_tokens=4))[0].sequences) == 2

@@ -208,9 +208,6 @@ class TritonPythonModel:
                 raise _Cancelled
             if any(out.finish_reason == "abort" for out in outputs):  # the engine stopped under it
                 raise Busy("the engine stopped during the beam search", 503)
-            failed = [out.error for out in outputs if out.finish_reason == "error"]
-            if failed:
-                raise DFlashError(failed[0])
             return outputs
 
         def decode(tokens):
