@@ -77,7 +77,7 @@ def fake_step(tables):
     """A model given by hand: the last token -> {next token: logprob}; each output as generate's."""
     def generate(prompts, params):
         assert params.max_tokens == 1 and params.logprobs == 4
-        return [SimpleNamespace(logprobs=[dict(tables[tokens[-1]])]) for tokens in prompts]
+        return [SimpleNamespace(logprobs=[dict(tables[tokens[-1]])], finish_reason="length") for tokens in prompts]
     return generate
 
 
