@@ -25,6 +25,7 @@ from dflash_trt.errors import Busy, DFlashError
 from dflash_trt.runtime.calibration import calibrate_costs
 from dflash_trt.runtime.native import native_core
 from dflash_trt.runtime.outputs import RequestOutput
+from dflash_trt.runtime.prompts import given
 from dflash_trt.spec.metrics import RequestMetrics
 from dflash_trt.spec.sampling import SamplingParams
 from dflash_trt.spec.stopping import StopChecker
@@ -193,6 +194,7 @@ class BatchRunner:
         speculative = self.speculative if speculative is None else speculative
         self.llm._check_request(params, speculative)
         ids = self.llm.encode(prompt)
+        prompt = given(prompt)  # a vLLM prompt dict's text or ids
         if params.truncate_prompt_tokens is not None:
             ids = ids[-params.truncate_prompt_tokens:]
         check_fits(len(ids), params.max_tokens, self.capacity)
@@ -402,17 +404,24 @@ class BatchRunner:
                 self.abort(request.id)
 
     def run(self, prompts: list, params: SamplingParams | list[SamplingParams] | None = None,
-            speculative: bool | None = None, priority: list[int] | None = None) -> list:
+            speculative: bool | None = None, priority: list[int] | None = None,
+            progress: Callable[[int], object] | None = None) -> list:
         """Every prompt concurrently (up to max_batch at once) -> their outputs, in order; `params` one
-        for all or one per prompt, `priority` one per prompt. Every prompt is checked before any work."""
+        for all or one per prompt, `priority` one per prompt. Every prompt is checked before any work.
+        `progress(n)` hears of the n requests each step finished (a progress bar's update)."""
         each = params if isinstance(params, list) else [params] * len(prompts)
         ranks = [0] * len(prompts) if priority is None else priority
         requests = [self.prepare(p, one, speculative=speculative, priority=rank)
                     for p, one, rank in zip(prompts, each, ranks, strict=True)]
         for request in requests:
             self.submit(request)
-        while any(r.finish_reason is None for r in requests):
+        done = 0
+        while done < len(requests):
             self.step()
+            now = sum(r.finish_reason is not None for r in requests)
+            if progress is not None and now > done:
+                progress(now - done)
+            done = now
         return [self.output(r) for r in requests]
 
 

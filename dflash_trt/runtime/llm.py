@@ -14,6 +14,7 @@ from dflash_trt.models.tokenizers import TextStream, load_tokenizer
 from dflash_trt.runtime.beam_search import BeamSearchOutput, BeamSearchParams, beam_search
 from dflash_trt.runtime.engine import DEFAULT_CAPACITY, DEFAULT_MAX_BATCH, BatchRunner, check_batching, check_fits
 from dflash_trt.runtime.outputs import Prompt, RequestOutput
+from dflash_trt.runtime.prompts import RawText, from_dict
 from dflash_trt.spec.sampling import SamplingParams
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
@@ -112,9 +113,16 @@ def placed_backend(backend: str, target: str, draft: str | None, device: str | N
     return backend
 
 
+def _one_of(params, sampling_params):
+    """`params`, or vLLM's keyword for it; both is refused."""
+    if params is not None and sampling_params is not None:
+        raise DFlashError("give the sampling parameters once: params or sampling_params (vLLM's name), not both")
+    return sampling_params if params is None else params
+
+
 def _prompt_list(prompts) -> list:
     """One prompt (text, or a list of token ids) or several -> a list of them; none is refused."""
-    single = isinstance(prompts, str) or (
+    single = isinstance(prompts, (str, dict)) or (
         isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts))
     batch = [prompts] if single else list(prompts)
     if not batch:
@@ -324,12 +332,16 @@ class LLM:
 
     # -- prompts -------------------------------------------------------------------------------
 
-    def encode(self, prompt: Prompt) -> list[int]:
-        """Strings get the chat template when the target has one; token-id lists pass through."""
+    def encode(self, prompt: Prompt | dict) -> list[int]:
+        """Strings get the chat template when the target has one; token-id lists pass through; vLLM's
+        prompt dicts: {"prompt": text} is tokenized as it is (no template), {"prompt_token_ids": ids}."""
+        if isinstance(prompt, dict):
+            prompt = from_dict(prompt)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise DFlashError("this target has no tokenizer; pass prompts as lists of token ids")
-            ids = encode_prompt(self.tokenizer, prompt)
+            raw = isinstance(prompt, RawText)
+            ids = self.tokenizer(prompt)["input_ids"] if raw else encode_prompt(self.tokenizer, prompt)
         else:
             ids = list(prompt)
             bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < self.vocab_size)]
@@ -381,11 +393,16 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         speculative: bool = True,
         priority: Sequence[int] | None = None,
+        *,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Generate for each prompt, up to `max_batch` at once through the C++ core (each request's
         tokens are what it would get alone); returns one output per prompt, in order. `params`: one for
-        all, or one per prompt (vLLM's forms). `priority` (vLLM's; needs scheduling_policy "priority"):
-        one per prompt, lower served first."""
+        all, or one per prompt (vLLM's forms; `sampling_params=`, vLLM's name, is the same). `priority`
+        (vLLM's; needs scheduling_policy "priority"): one per prompt, lower served first. `use_tqdm`:
+        a progress bar of the prompts finished (vLLM's; off by default here)."""
+        params = _one_of(params, sampling_params)
         batch = _prompt_list(prompts)
         each = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(batch)
         if len(each) != len(batch):
@@ -395,7 +412,13 @@ class LLM:
         if priority is not None and len(priority) != len(batch):  # each one is checked with its request
             raise DFlashError(f"{len(priority)} priorities for {len(batch)} prompts: give one per prompt")
         # every prompt is checked before any work
-        return self._runner().run(batch, each, speculative, None if priority is None else list(priority))
+        ranks = None if priority is None else list(priority)
+        if not use_tqdm:
+            return self._runner().run(batch, each, speculative, ranks)
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(batch), desc="Processed prompts", unit="prompt") as bar:
+            return self._runner().run(batch, each, speculative, ranks, progress=bar.update)
 
     def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams) -> list[BeamSearchOutput]:
         """vLLM's beam search (runtime/beam_search.py) for each prompt -> its beam_width best sequences,
@@ -429,13 +452,16 @@ class LLM:
     def chat(self, conversations: list, params: SamplingParams | None = None, tools: list[dict] | None = None,
              chat_template_kwargs: dict | None = None, speculative: bool = True, add_generation_prompt: bool = True,
              continue_final_message: bool = False, chat_template: str | None = None,
-             documents: list[dict] | None = None) -> list[RequestOutput]:
+             documents: list[dict] | None = None, *, sampling_params: SamplingParams | None = None,
+             use_tqdm: bool = False) -> list[RequestOutput]:
         """Reply to a conversation (a list of {"role", "content", ...} turns) or a list of them, each
         through the chat template (`chat_template`, or the tokenizer's) with `tools` (OpenAI tool
         objects), `documents` (a RAG template's, e.g. {"title", "text"}) and the template's extra variables
         (e.g. {"enable_thinking": False}), as `generate` does; one output per conversation.
         `continue_final_message` (with add_generation_prompt=False, vLLM's): the reply continues the last
-        message (an assistant's first words) instead of opening a turn."""
+        message (an assistant's first words) instead of opening a turn. `sampling_params` and `use_tqdm`:
+        as `generate`'s."""
+        params = _one_of(params, sampling_params)
         template = chat_template or (self.tokenizer.chat_template if self.tokenizer is not None else None)
         if self.tokenizer is None or not template:
             raise DFlashError("chat needs a tokenizer with a chat template; this target has none (use generate, "
@@ -450,7 +476,7 @@ class LLM:
         ending = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message}
         prompts = [encode_chat(self.tokenizer, turns, tools, {**(chat_template_kwargs or {}), **ending}, documents,
                                chat_template) for turns in ([conversations] if single else conversations)]
-        return self.generate(prompts, params, speculative)
+        return self.generate(prompts, params, speculative, use_tqdm=use_tqdm)
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, speculative: bool = True) -> Iterator[RequestOutput]:
         """Yield the output after every step that touched the request (stepping the LLM's core); the last

@@ -1,0 +1,67 @@
+"""vLLM's forms of the offline API: prompt dicts (TextPrompt {"prompt": text}, tokenized as it is with
+no chat template; TokensPrompt {"prompt_token_ids": ids}), the `sampling_params=` keyword and
+`use_tqdm`. The oracle for a dict is the same request in our own forms (token-id lists)."""
+
+import pytest
+
+from dflash_trt import LLM, DFlashError, SamplingParams
+
+pytest.importorskip("dflash_trt._core", reason="dflash_trt._core is not built: run `bash scripts/setup.sh`")
+
+PARAMS = SamplingParams(max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_pairs):
+    target, draft = tiny_pairs["qwen3"]
+    return LLM(str(target), str(draft), max_batch=3, backend="torch")
+
+
+def test_a_text_prompt_dict_is_tokenized_as_it_is_without_the_chat_template(llm):
+    raw = llm.tokenizer("hello there")["input_ids"]
+    assert llm.encode("hello there") != raw, "a plain string gets the chat template"
+    out, = llm.generate({"prompt": "hello there"}, PARAMS)
+    assert out.prompt == "hello there" and out.prompt_token_ids == raw
+    assert out.token_ids == llm.generate([raw], PARAMS)[0].token_ids
+
+
+def test_a_tokens_prompt_dict_is_its_ids_and_dicts_mix_with_the_other_forms(llm):
+    ids = [5, 6, 7]
+    outs = llm.generate([{"prompt_token_ids": ids}, ids, "abc", {"prompt": "abc"}], PARAMS)
+    assert outs[0].prompt == ids and outs[0].token_ids == outs[1].token_ids
+    assert outs[2].prompt_token_ids == llm.encode("abc") and outs[3].prompt_token_ids == llm.tokenizer("abc")["input_ids"]
+    streamed = list(llm.stream({"prompt_token_ids": ids}, PARAMS))[-1]
+    assert streamed.token_ids == outs[1].token_ids
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ({"prompt": "a", "multi_modal_data": {}}, "prompt key 'multi_modal_data' is not supported"),
+    ({"prompt": "a", "prompt_token_ids": [1]}, "one of 'prompt' (text) and 'prompt_token_ids', not both"),
+    ({}, "one of 'prompt' (text) and 'prompt_token_ids'"),
+    ({"prompt": 5}, "prompt['prompt'] must be a string, got int"),
+    ({"prompt_token_ids": "abc"}, "prompt['prompt_token_ids'] must be a list of token ids, got str"),
+    ({"prompt_token_ids": [1, 99999]}, "prompt token id 99999 is outside the vocabulary"),
+])
+def test_a_bad_prompt_dict_is_one_line_before_any_work(llm, prompt, message):
+    with pytest.raises(DFlashError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        llm.generate([[5, 6], prompt], PARAMS)
+    assert not llm._runner().has_work
+
+
+def test_sampling_params_is_vllm_s_name_for_params(llm):
+    ids = [[5, 6, 7], [9, 8]]
+    want = [o.token_ids for o in llm.generate(ids, PARAMS)]
+    assert [o.token_ids for o in llm.generate(ids, sampling_params=PARAMS)] == want
+    assert llm.chat([{"role": "user", "content": "hi"}], sampling_params=PARAMS)[0].token_ids == \
+        llm.chat([{"role": "user", "content": "hi"}], PARAMS)[0].token_ids
+    with pytest.raises(DFlashError, match="params or sampling_params"):
+        llm.generate(ids, PARAMS, sampling_params=PARAMS)
+
+
+def test_use_tqdm_shows_the_prompts_finishing_and_changes_nothing(llm, capsys):
+    ids = [[5, 6, 7], [9, 8], [1, 2], [3]]  # more than the 3 slots: they finish over several steps
+    want = [o.token_ids for o in llm.generate(ids, PARAMS)]
+    assert capsys.readouterr().err == ""
+    assert [o.token_ids for o in llm.generate(ids, PARAMS, use_tqdm=True)] == want
+    shown = capsys.readouterr().err
+    assert "Processed prompts: 100%" in shown and "4/4" in shown
