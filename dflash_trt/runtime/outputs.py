@@ -9,6 +9,21 @@ from dflash_trt.spec.metrics import RequestMetrics
 Prompt = str | list[int]
 
 
+@dataclass(frozen=True)
+class CompletionOutput:
+    """vLLM's view of a request's one completion (`RequestOutput.outputs[0]`), for code written against
+    vLLM. Its `logprobs` are this API's: per token {token id: log-probability} floats, not vLLM's Logprob
+    objects."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, float]] | None
+    finish_reason: str | None
+    stop_reason: str | int | None
+
+
 @dataclass
 class RequestOutput:
     prompt: Prompt
@@ -27,3 +42,16 @@ class RequestOutput:
     # for the first (nothing before it); None when not asked. Present once the prompt is prefilled.
     prompt_logprobs: list[dict[int, float] | None] | None = None
     error: str | None = None  # finish "error": why, in one line
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        """vLLM's shape: the one completion (`out.outputs[0].text` is `out.text`); its cumulative logprob
+        is the sum of its tokens' own, when logprobs were asked."""
+        cumulative = None if self.logprobs is None else sum(
+            entries[token] for token, entries in zip(self.token_ids, self.logprobs))
+        return [CompletionOutput(0, self.text, list(self.token_ids), cumulative, self.logprobs, self.finish_reason,
+                                 self.stop_reason)]

@@ -65,3 +65,13 @@ def test_use_tqdm_shows_the_prompts_finishing_and_changes_nothing(llm, capsys):
     assert [o.token_ids for o in llm.generate(ids, PARAMS, use_tqdm=True)] == want
     shown = capsys.readouterr().err
     assert "Processed prompts: 100%" in shown and "4/4" in shown
+
+
+def test_an_output_has_vllm_s_shape_too(llm):
+    out, = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=6, ignore_eos=True, logprobs=1))
+    completion, = out.outputs
+    assert (completion.index, completion.text, completion.token_ids) == (0, out.text, out.token_ids)
+    assert (completion.finish_reason, completion.stop_reason, out.finished) == ("length", None, True)
+    assert completion.cumulative_logprob == pytest.approx(sum(e[t] for t, e in zip(out.token_ids, out.logprobs)))
+    assert completion.cumulative_logprob < 0
+    assert llm.generate([[5, 6, 7]], PARAMS)[0].outputs[0].cumulative_logprob is None  # none asked
