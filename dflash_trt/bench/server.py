@@ -58,19 +58,24 @@ def connect(base_url: str, model: str | None = None, api_key: str = "none") -> E
 
 
 def _request(client, endpoint: Endpoint, prompt: str, max_tokens: int, temperature: float, seed: int) -> RequestRecord:
+    import openai
+
     start = time.perf_counter()
     ttft, parts, usage = None, [], None
-    stream = client.chat.completions.create(
-        model=endpoint.model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
-        temperature=temperature, seed=seed, stream=True, stream_options={"include_usage": True},
-    )
-    for chunk in stream:
-        if chunk.usage is not None:
-            usage = chunk.usage
-        for choice in chunk.choices:
-            if choice.delta.content:
-                ttft = ttft if ttft is not None else time.perf_counter() - start
-                parts.append(choice.delta.content)
+    try:
+        stream = client.chat.completions.create(
+            model=endpoint.model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+            temperature=temperature, seed=seed, stream=True, stream_options={"include_usage": True},
+        )
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    ttft = ttft if ttft is not None else time.perf_counter() - start
+                    parts.append(choice.delta.content)
+    except openai.APIError as exc:  # a failed request spoils the comparison: the run stops, saying why
+        raise DFlashError(f"the server at {endpoint.base_url} failed a request: {exc}") from None
     latency = time.perf_counter() - start
     if usage is not None and usage.completion_tokens and not parts:
         # e.g. a reasoning server that streams only `reasoning_content`: two empty texts would

@@ -22,8 +22,10 @@ class Stub:
     shown without relying on timing; a client that never sends that many fails its requests).
     """
 
-    def __init__(self, acceptance=None, vllm_counters=False, suffix="", content=True, together=None, reset=None):
+    def __init__(self, acceptance=None, vllm_counters=False, suffix="", content=True, together=None, reset=None,
+                 fail=None):
         self.acceptance, self.vllm_counters, self.suffix = acceptance, vllm_counters, suffix
+        self.fail = fail  # "status": a 500 error object; "stream": a first word, then an error event
         self.reset = reset  # the path of its prefix cache reset (None: none, a 404)
         self.log = []  # the POSTs' paths, in order
         self.content = content  # False: stream usage but no message text (as a reasoning-only server)
@@ -66,6 +68,15 @@ class Stub:
                     self._send(b"", "text/plain") if self.path == stub.reset else self.send_error(404)
                     return
                 request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                error = {"error": {"message": "internal error: the target's logits gave no token", "type": "server_error"}}
+                if stub.fail == "status":
+                    self.send_response(500)
+                    body = json.dumps(error).encode()
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 with stub.lock:
                     stub.in_flight += 1
                     stub.requests += 1
@@ -80,6 +91,8 @@ class Stub:
                 if stub.acceptance:
                     usage["acceptance_lengths"] = stub.acceptance
                 chunks.append({"choices": [], "usage": usage})
+                if stub.fail == "stream":
+                    chunks[1:] = [error]
                 body = "".join(
                     "data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "stub", **c}) + "\n\n"
                     for c in chunks) + "data: [DONE]\n\n"
@@ -200,3 +213,10 @@ def test_each_server_forgets_its_cached_prompts_after_the_warm_up_where_it_can(s
     assert server.log[:first_timed - len(asked)] == ["/v1/chat/completions"] * 2  # the warm-up: first C prompts
     assert server.log[first_timed:] == ["/v1/chat/completions"] * 3
     assert base.log.count("/flush_cache") == 1
+
+
+@pytest.mark.parametrize("fail", ["status", "stream"])
+def test_a_failed_request_stops_the_run_with_one_line(stubs, fail):
+    server = stubs(fail=fail)
+    with pytest.raises(DFlashError, match="the server at .* failed a request: .*the target's logits gave no token"):
+        run_bench(BenchConfig(base_url=server.url, datasets=("mt-bench",), num_prompts=2, max_tokens=4))
