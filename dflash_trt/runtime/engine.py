@@ -188,6 +188,9 @@ class BatchRunner:
         `cache_salt` (vLLM's): it reuses KV positions only of requests with the same salt, so one tenant
         cannot time another's prompts through the prefix cache."""
         params = params or SamplingParams()
+        if params.n != 1:
+            raise DFlashError(f"n {params.n}: a request here is one sequence (LLM.generate runs n samples as n "
+                              "requests, the OpenAI front n choices)")
         check_priority(priority, self.scheduling_policy)
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise DFlashError(f"cache_salt must be a non-empty string, got {cache_salt!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -118,6 +119,26 @@ def _one_of(params, sampling_params):
     if params is not None and sampling_params is not None:
         raise DFlashError("give the sampling parameters once: params or sampling_params (vLLM's name), not both")
     return sampling_params if params is None else params
+
+
+def _sample(params: SamplingParams, index: int) -> SamplingParams:
+    """A prompt's sample `index` as one request: seed + index when seeded (the OpenAI front's choices' rule)."""
+    if params.n == 1:
+        return params
+    return dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + index)
+
+
+def _folded(outputs: list[RequestOutput], owner: list[int]) -> list[RequestOutput]:
+    """The requests' outputs -> one per prompt: its first sample's, holding every sample when n > 1."""
+    groups: dict[int, list[RequestOutput]] = {}
+    for k, out in zip(owner, outputs, strict=True):
+        groups.setdefault(k, []).append(out)
+    folded = []
+    for group in groups.values():
+        if len(group) > 1:
+            group[0].samples = [out.completion(i) for i, out in enumerate(group)]
+        folded.append(group[0])
+    return folded
 
 
 def _prompt_list(prompts) -> list:
@@ -411,14 +432,17 @@ class LLM:
             self._check_request(one, speculative)
         if priority is not None and len(priority) != len(batch):  # each one is checked with its request
             raise DFlashError(f"{len(priority)} priorities for {len(batch)} prompts: give one per prompt")
-        # every prompt is checked before any work
-        ranks = None if priority is None else list(priority)
+        # every prompt is checked before any work; n samples of a prompt are n requests
+        owner = [k for k, one in enumerate(each) for _ in range(one.n)]
+        samples = [_sample(one, i) for one in each for i in range(one.n)]
+        runs = [batch[k] for k in owner]
+        ranks = None if priority is None else [priority[k] for k in owner]
         if not use_tqdm:
-            return self._runner().run(batch, each, speculative, ranks)
+            return _folded(self._runner().run(runs, samples, speculative, ranks), owner)
         from tqdm.auto import tqdm
 
-        with tqdm(total=len(batch), desc="Processed prompts", unit="prompt") as bar:
-            return self._runner().run(batch, each, speculative, ranks, progress=bar.update)
+        with tqdm(total=len(runs), desc="Processed prompts", unit="prompt") as bar:
+            return _folded(self._runner().run(runs, samples, speculative, ranks, progress=bar.update), owner)
 
     def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams) -> list[BeamSearchOutput]:
         """vLLM's beam search (runtime/beam_search.py) for each prompt -> its beam_width best sequences,

@@ -42,6 +42,8 @@ class RequestOutput:
     # for the first (nothing before it); None when not asked. Present once the prompt is prefilled.
     prompt_logprobs: list[dict[int, float] | None] | None = None
     error: str | None = None  # finish "error": why, in one line
+    # SamplingParams.n > 1 (LLM.generate): every sample of the prompt, this output's own first
+    samples: list[CompletionOutput] | None = None
 
     @property
     def finished(self) -> bool:
@@ -49,9 +51,13 @@ class RequestOutput:
 
     @property
     def outputs(self) -> list[CompletionOutput]:
-        """vLLM's shape: the one completion (`out.outputs[0].text` is `out.text`); its cumulative logprob
-        is the sum of its tokens' own, when logprobs were asked."""
+        """vLLM's shape: the completions (one, `out.outputs[0].text` being `out.text`, unless n > 1); a
+        cumulative logprob is the sum of its tokens' own, when logprobs were asked."""
+        return self.samples if self.samples is not None else [self.completion(0)]
+
+    def completion(self, index: int) -> CompletionOutput:
+        """This output as sample `index` of its prompt."""
         cumulative = None if self.logprobs is None else sum(
             entries[token] for token, entries in zip(self.token_ids, self.logprobs))
-        return [CompletionOutput(0, self.text, list(self.token_ids), cumulative, self.logprobs, self.finish_reason,
-                                 self.stop_reason)]
+        return CompletionOutput(index, self.text, list(self.token_ids), cumulative, self.logprobs,
+                                self.finish_reason, self.stop_reason)

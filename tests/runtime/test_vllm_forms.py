@@ -2,6 +2,8 @@
 no chat template; TokensPrompt {"prompt_token_ids": ids}), the `sampling_params=` keyword and
 `use_tqdm`. The oracle for a dict is the same request in our own forms (token-id lists)."""
 
+import dataclasses
+
 import pytest
 
 from dflash_trt import LLM, DFlashError, SamplingParams
@@ -75,3 +77,32 @@ def test_an_output_has_vllm_s_shape_too(llm):
     assert completion.cumulative_logprob == pytest.approx(sum(e[t] for t, e in zip(out.token_ids, out.logprobs)))
     assert completion.cumulative_logprob < 0
     assert llm.generate([[5, 6, 7]], PARAMS)[0].outputs[0].cumulative_logprob is None  # none asked
+
+
+def test_n_samples_of_a_prompt_are_its_requests_seeded_seed_plus_i(llm):
+    """vLLM's SamplingParams.n: each sample a request of its own, sample i seeded seed + i (the OpenAI
+    front's rule for choices), folded into the prompt's output; prompts with other n beside it."""
+    sampled = SamplingParams(max_tokens=8, temperature=0.9, seed=11, ignore_eos=True)
+    outs = llm.generate([[5, 6, 7], [9, 8]], [dataclasses.replace(sampled, n=3), sampled], use_tqdm=False)
+    assert len(outs) == 2 and len(outs[1].outputs) == 1
+    want = [llm.generate([[5, 6, 7]], dataclasses.replace(sampled, seed=11 + i))[0].token_ids for i in range(3)]
+    assert [c.token_ids for c in outs[0].outputs] == want and [c.index for c in outs[0].outputs] == [0, 1, 2]
+    assert outs[0].token_ids == want[0] and len(set(map(tuple, want))) > 1
+    assert outs[1].token_ids == llm.generate([[9, 8]], sampled)[0].token_ids
+    unseeded = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, temperature=0.9, n=4, ignore_eos=True))[0]
+    assert len({tuple(c.token_ids) for c in unseeded.outputs}) > 1, "independent draws"
+
+
+def test_n_is_generate_s_alone(llm):
+    from dflash_trt.runtime.engine import Engine
+
+    with pytest.raises(DFlashError, match="n 2: a request here is one sequence"):
+        list(llm.stream([5, 6], SamplingParams(n=2)))
+    engine = Engine(llm, max_batch=2)
+    try:
+        with pytest.raises(DFlashError, match="n 2: a request here is one sequence"):
+            engine.add_request([5, 6], SamplingParams(n=2))
+    finally:
+        engine.shutdown()
+    with pytest.raises(DFlashError, match="SamplingParams.n must be an integer in"):
+        SamplingParams(n=0)
