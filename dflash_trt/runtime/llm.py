@@ -16,6 +16,7 @@ from dflash_trt.runtime.beam_search import BeamSearchOutput, BeamSearchParams, b
 from dflash_trt.runtime.engine import DEFAULT_CAPACITY, DEFAULT_MAX_BATCH, BatchRunner, check_batching, check_fits
 from dflash_trt.runtime.outputs import Prompt, RequestOutput
 from dflash_trt.runtime.prompts import RawText, from_dict
+from dflash_trt.runtime.vllm_names import either, speculative_fields
 from dflash_trt.spec.sampling import SamplingParams
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
@@ -170,8 +171,17 @@ class LLM:
         draft_rule: str = "point-mass",
         prefix_caching: bool = True,
         scheduling_policy: str = "fcfs",
+        *,
+        model: str | None = None,
+        speculative_config: dict | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+        enable_prefix_caching: bool | None = None,
     ):
-        """`device` and `dtype` place the torch backend's models: "cuda" when PyTorch sees a GPU, else
+        """`model`, `speculative_config` ({"method": "dflash", "model": drafter, "num_speculative_tokens":
+        block_size - 1}), `max_model_len`, `max_num_seqs`, `enable_prefix_caching`: vLLM's names for
+        target, draft and block_size, capacity, max_batch, prefix_caching (each setting once).
+        `device` and `dtype` place the torch backend's models: "cuda" when PyTorch sees a GPU, else
         "cpu"; bfloat16 on a GPU, float32 on the CPU. A bundle's backend runs the bundle's own.
         `quant` ("int4", backend onnxruntime or tensorrt): the target's weights in 4 bits
         (export/quantize.py); on backend torch "int4", "fp8" or "nvfp4" (runtime/weight_only.py); `draft_quant`
@@ -181,6 +191,13 @@ class LLM:
         request whose prompt starts with what a finished request's KV slot holds reuses it (BatchRunner).
         `scheduling_policy` "priority": `generate(..., priority=[...])` serves lower values first and
         preempts running requests of a higher value (BatchRunner)."""
+        target = either("target", target, embedded.DEFAULT_TARGET, "model", model)
+        capacity = either("capacity", capacity, DEFAULT_CAPACITY, "max_model_len", max_model_len)
+        max_batch = either("max_batch", max_batch, DEFAULT_MAX_BATCH, "max_num_seqs", max_num_seqs)
+        prefix_caching = either("prefix_caching", prefix_caching, True, "enable_prefix_caching", enable_prefix_caching)
+        if speculative_config is not None:  # its model in place of draft's default (AUTO: the embedded pair's)
+            found, block_size = speculative_fields(speculative_config, None if draft == AUTO else draft, block_size)
+            draft = draft if found is None else found
         backend = placed_backend(backend, target, draft, device, dtype, quant, draft_quant)
         _check_block_size(block_size)
         _check_draft_rule(draft_rule, adaptive=block_size is None)
@@ -352,6 +369,10 @@ class LLM:
         return self._bundle.executor(max_batch, capacity, draft_rule=self.draft_rule)
 
     # -- prompts -------------------------------------------------------------------------------
+
+    def get_tokenizer(self):
+        """The target's tokenizer (vLLM's accessor; None for a target without one)."""
+        return self.tokenizer
 
     def encode(self, prompt: Prompt | dict) -> list[int]:
         """Strings get the chat template when the target has one; token-id lists pass through; vLLM's

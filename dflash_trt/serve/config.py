@@ -158,34 +158,16 @@ def is_bundle(path: str | Path) -> bool:
 
 
 def speculative_config_fields(text: str, draft: str | None, block_size: int | None) -> tuple[str | None, int | None]:
-    """vLLM's --speculative-config JSON -> (draft, block size): its "model" and "num_speculative_tokens"
-    + 1 (the verify block holds the drafts and the token before them); "method" must be dflash."""
+    """vLLM's --speculative-config JSON -> (draft, block size) (runtime/vllm_names.py)."""
     import json
+
+    from dflash_trt.runtime.vllm_names import speculative_fields
 
     try:
         fields = json.loads(text)
     except ValueError:
         raise DFlashError(f"--speculative-config is not valid JSON: {text!r}") from None
-    if not isinstance(fields, dict):
-        raise DFlashError(f"--speculative-config must be a JSON object, got {text!r}")
-    unknown = sorted(set(fields) - {"method", "model", "num_speculative_tokens"})
-    if unknown:
-        raise DFlashError(f"--speculative-config: {unknown[0]!r} is not supported here (method, model, "
-                          "num_speculative_tokens)")
-    if fields.get("method", "dflash") != "dflash":
-        raise DFlashError(f"--speculative-config: method {fields['method']!r}: this server runs dflash drafters")
-    if "model" in fields:
-        if draft is not None:
-            raise DFlashError("pass the drafter once: --draft or --speculative-config's model")
-        draft = fields["model"]
-    if "num_speculative_tokens" in fields:
-        tokens = fields["num_speculative_tokens"]
-        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
-            raise DFlashError(f"--speculative-config: num_speculative_tokens must be an integer >= 1, got {tokens!r}")
-        if block_size is not None:
-            raise DFlashError("pass the block once: --block-size or --speculative-config's num_speculative_tokens")
-        block_size = tokens + 1
-    return draft, block_size
+    return speculative_fields(fields, draft, block_size, "--speculative-config")
 
 
 def _local(source: str | None) -> str:

@@ -106,3 +106,28 @@ def test_n_is_generate_s_alone(llm):
         engine.shutdown()
     with pytest.raises(DFlashError, match="SamplingParams.n must be an integer in"):
         SamplingParams(n=0)
+
+
+def test_vllm_s_names_for_the_llm_s_settings(tiny_pairs):
+    target, draft = map(str, tiny_pairs["qwen3"])
+    ours = LLM(target, draft, backend="torch", block_size=4, capacity=128, max_batch=2, prefix_caching=False)
+    theirs = LLM(model=target, backend="torch", max_model_len=128, max_num_seqs=2, enable_prefix_caching=False,
+                 speculative_config={"method": "dflash", "model": draft, "num_speculative_tokens": 3})
+    for llm in (ours, theirs):
+        assert (llm.block_size, llm.adaptive, llm.capacity, llm.max_batch, llm.prefix_caching) == (4, False, 128, 2, False)
+    assert theirs.generate([[5, 6, 7]], PARAMS)[0].token_ids == ours.generate([[5, 6, 7]], PARAMS)[0].token_ids
+    assert theirs.get_tokenizer() is theirs.tokenizer
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"capacity": 64, "max_model_len": 128}, "pass capacity once: capacity or max_model_len"),
+    ({"max_batch": 3, "max_num_seqs": 2}, "pass max_batch once"),
+    ({"draft": "x", "speculative_config": {"model": "y"}}, "pass the drafter once: draft or speculative_config's model"),
+    ({"block_size": 4, "speculative_config": {"num_speculative_tokens": 3}}, "pass the block once"),
+    ({"speculative_config": {"method": "eagle3"}}, "method 'eagle3': dflash-trt runs dflash drafters"),
+    ({"speculative_config": {"num_speculative_tokens": 0}}, "num_speculative_tokens must be an integer >= 1"),
+    ({"speculative_config": {"draft_tensor_parallel_size": 1}}, "'draft_tensor_parallel_size' is not supported"),
+])
+def test_a_setting_given_twice_or_a_config_it_cannot_honour_is_one_line(tiny_pairs, kwargs, message):
+    with pytest.raises(DFlashError, match=message):
+        LLM(model=str(tiny_pairs["qwen3"][0]), backend="torch", **kwargs)

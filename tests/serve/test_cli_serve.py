@@ -64,7 +64,7 @@ def test_a_bundle_as_model_is_served_as_a_bundle(tiny_pairs, served, tmp_path):
 
 @pytest.mark.parametrize("spec, words", [
     ("{", "not valid JSON"), ("[1]", "must be a JSON object"),
-    ('{"method": "eagle3"}', "method 'eagle3': this server runs dflash drafters"),
+    ('{"method": "eagle3"}', "method 'eagle3': dflash-trt runs dflash drafters"),
     ('{"num_speculative_tokens": 0}', "num_speculative_tokens must be an integer >= 1, got 0"),
     ('{"draft_tensor_parallel_size": 1}', "'draft_tensor_parallel_size' is not supported here"),
     ('{"model": "d"}', "pass the drafter once"), ('{"num_speculative_tokens": 3}', "pass the block once"),
