@@ -279,24 +279,31 @@ class BatchRunner:
                 self._update(request, out)  # may abort the core request (a stop string)
                 touched.append(request)
         except Exception as err:
-            raise StepFailed(err, touched + self._fail_live(f"{type(err).__name__}: {err}")) from err
+            raise StepFailed(err, touched + self.fail_live(f"the engine step failed: {type(err).__name__}: {err}")) \
+                from err
         self._read_counts()
         if not self.has_work:  # idle: the steps' scratch goes back to the system, not kept for the next burst
             self.executor.release_scratch()
             native_core().release_host_memory()
         return touched
 
-    def _fail_live(self, why: str) -> list[_Request]:
+    def fail_live(self, why: str) -> list[_Request]:
+        """Finish every live request "error" (`why`), and drop what the slots keep for prefix reuse (the
+        failure may have half-written them) -> those requests."""
         failed = []
         for core_id, request in list(self.live.items()):
             self.scheduler.abort(core_id)
             del self.live[core_id]
-            request.error = f"the engine step failed: {why}"
-            self._finish(request, "error")
+            self.refuse(request, why)
             failed.append(request)
         self.forget_cached()
         self._read_counts()
         return failed
+
+    def refuse(self, request: _Request, why: str) -> None:
+        """Finish a request "error" that the core does not hold (never queued, or taken out of it)."""
+        request.error = why
+        self._finish(request, "error")
 
     def _update(self, request: _Request, out: dict) -> None:
         new, finish = out["new_tokens"], out["finish_reason"]
@@ -575,6 +582,20 @@ class Engine:
     # -- the engine thread ---------------------------------------------------------------------
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as err:  # a bug of ours: down, and nobody left waiting for an answer
+            logger.exception("the engine thread failed; its requests finish \"error\"")
+            why = f"the engine thread failed: {type(err).__name__}: {err}"
+            with self._cv:
+                self.down = why
+                waiting = [item for kind, item in self._inbox if kind == "add"]
+                self._inbox = []
+            for request in waiting:
+                self.runner.refuse(request, why)
+            self._deliver(waiting + self.runner.fail_live(why))  # (what raises here is logged by the thread)
+
+    def _serve(self) -> None:
         while True:
             with self._cv:
                 while not self._inbox and not self.runner.has_work and not self._closing:
@@ -585,7 +606,11 @@ class Engine:
                 touched = []
                 for kind, item in commands:
                     if kind == "add":
-                        self.runner.submit(item)
+                        try:
+                            self.runner.submit(item)
+                        except Exception as err:  # the core refused what prepare let through: it alone fails
+                            self.runner.refuse(item, f"the core refused it: {type(err).__name__}: {err}")
+                            touched.append(item)
                     elif kind == "forget":
                         try:
                             self.runner.forget_cached()

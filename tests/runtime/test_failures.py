@@ -166,3 +166,48 @@ def test_a_beam_search_that_meets_nan_logits_fails_with_one_line(poisoned):
     with pytest.raises(DFlashError, match="beam search: the target's logits after the prompt gave no token"):
         poisoned.beam_search([[5, POISON]], BeamSearchParams(beam_width=2, max_tokens=4))
     assert len(poisoned.beam_search([[5, 6]], BeamSearchParams(beam_width=2, max_tokens=4))[0].sequences) == 2
+
+
+def test_a_request_the_core_refuses_at_queueing_fails_alone(llm, monkeypatch):
+    """What prepare let through and the core's queue refused: that request finishes "error", the others
+    run on."""
+    engine = Engine(llm, max_batch=3)
+    submit = engine.runner.submit
+
+    def picky(request, *args):
+        if request.ids == [9, 8]:
+            raise RuntimeError("no room for it")
+        return submit(request, *args)
+
+    monkeypatch.setattr(engine.runner, "submit", picky)
+    try:
+        outs = engine.generate(CLEAN, sampling(0))
+    finally:
+        engine.shutdown()
+    assert [out.finish_reason for out in outs] == ["length", "error", "length"]
+    assert outs[1].error == "the core refused it: RuntimeError: no room for it"
+
+
+def test_an_engine_thread_that_fails_answers_every_request_and_goes_down(llm, monkeypatch):
+    """A bug of ours out of the engine loop: the thread ends, but every live and queued request gets its
+    last output ("error"), the engine refuses new ones (503) and shutdown returns."""
+    from dflash_trt.errors import Busy
+
+    engine = Engine(llm, max_batch=1)
+    step = engine.runner.step
+    calls = [0]
+
+    def broken():
+        calls[0] += 1
+        if calls[0] == 3:
+            raise AssertionError("a bug")  # not a StepFailed: out of the loop
+        return step()
+
+    monkeypatch.setattr(engine.runner, "step", broken)
+    outs = engine.generate(CLEAN, sampling(0))  # one slot: two of them wait in the core or the inbox
+    assert [out.finish_reason for out in outs] == ["error"] * 3
+    assert all(out.error == "the engine thread failed: AssertionError: a bug" for out in outs)
+    with pytest.raises(Busy, match="the engine is down: the engine thread failed"):
+        engine.add_request([5, 6], sampling(0))
+    engine.shutdown(timeout=10)
+    assert not engine._thread.is_alive()
