@@ -3,6 +3,7 @@ logits are NaN for one request, a backend step that raises. A request the target
 finishes "error" (vLLM's finish reason) with why in one line, alone: the others in its batch run on
 and give what they give alone; the engine serves on, and keeps nothing of the failure for reuse."""
 
+import dataclasses
 import threading
 
 import pytest
@@ -211,3 +212,27 @@ def test_an_engine_thread_that_fails_answers_every_request_and_goes_down(llm, mo
         engine.add_request([5, 6], sampling(0))
     engine.shutdown(timeout=10)
     assert not engine._thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def poisoned_bundle(poisoned_pair, tmp_path_factory):
+    from dflash_trt.export.bundle import export_bundle
+    from dflash_trt.models.checkpoints import load_drafter, load_target
+
+    target, tokenizer = load_target(str(poisoned_pair[0]))
+    return export_bundle(target, load_drafter(poisoned_pair[1]), tokenizer,
+                         tmp_path_factory.mktemp("poisoned") / "bundle", flavour="slots", check=False)
+
+
+@pytest.mark.parametrize("params", [sampling(0), sampling(0.8)], ids=["greedy", "sampled"])
+def test_the_onnxruntime_executor_fails_the_requests_the_torch_one_fails(poisoned_pair, poisoned_bundle, params):
+    """The default CPU path (a slots bundle on the C++ onnxruntime executor): onnxruntime's NaN logits fail
+    the same requests, with the same tokens before; the others give the torch executor's tokens."""
+    target_dir, draft_dir = poisoned_pair
+    prompts = [[5, POISON, 7], [5, 6], [9, 8]]
+    each = [params, dataclasses.replace(params, logit_bias={POISON: 100.0}), params]
+    want = [(o.finish_reason, o.token_ids) for o in LLM(str(target_dir), str(draft_dir), block_size=4,
+                                                       backend="torch").generate(prompts, each)]
+    assert [reason for reason, _ in want] == ["error", "error", "length"]
+    ort = LLM.from_bundle(poisoned_bundle, block_size=4)
+    assert [(o.finish_reason, o.token_ids) for o in ort.generate(prompts, each)] == want
