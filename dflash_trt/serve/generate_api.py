@@ -65,7 +65,8 @@ class GenerateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     text: str | list[str] | None = None
     input_ids: list[TokenId] | list[list[TokenId]] | None = None
-    sampling_params: SGLangSampling = Field(default_factory=SGLangSampling)
+    sampling_params: SGLangSampling | Annotated[list[SGLangSampling], Field(min_length=1)] = Field(
+        default_factory=SGLangSampling, description="one for every prompt, or one per prompt (a batch's)")
     stream: bool = False
     rid: str | list[str] | None = None
     return_logprob: bool = False
@@ -89,7 +90,16 @@ class GenerateRequest(BaseModel):
 
     def batched(self) -> bool:
         """Whether the answer is a list: a batch of prompts, or n > 1 samples."""
-        return self._given()[1] or self.sampling_params.n > 1
+        return self._given()[1] or any(sampling.n > 1 for sampling in self.each_sampling(1))
+
+    def each_sampling(self, count: int) -> list[SGLangSampling]:
+        """The sampling_params of each of `count` prompts."""
+        if not isinstance(self.sampling_params, list):
+            return [self.sampling_params] * count
+        if len(self.sampling_params) != count:
+            raise RequestError("sampling_params", f"{len(self.sampling_params)} sampling_params for {count} "
+                                                  "prompts: send one, or one per prompt")
+        return list(self.sampling_params)
 
     def ids(self, count: int) -> list[str | None]:
         """Each prompt's rid (SGLang's request id), or None."""
@@ -102,30 +112,26 @@ class GenerateRequest(BaseModel):
     def completions(self, model: str) -> list[tuple[CompletionRequest, str | None]]:
         """(a completion of one prompt and one sample, its rid) for each prompt, then each sample j (seed + j)."""
         prompts = self.prompts()
-        sampling = self.sampling_params
-        if len(prompts) * sampling.n > MAX_CHOICES:
-            raise RequestError("sampling_params.n", f"{len(prompts)} prompts x n {sampling.n}: at most {MAX_CHOICES}")
-        if self.stream and (len(prompts) > 1 or sampling.n > 1):
+        each = self.each_sampling(len(prompts))
+        total = sum(sampling.n for sampling in each)
+        if total > MAX_CHOICES:
+            raise RequestError("sampling_params.n", f"{len(prompts)} prompts, {total} samples in all: at most "
+                                                    f"{MAX_CHOICES}")
+        if self.stream and total > 1:
             raise RequestError("stream", "one prompt and one sample are streamed here: send a batch without stream")
-        fields = {RENAMED.get(name, name): value for name, value in sampling.model_dump(exclude_none=True).items()
-                  if name not in ("n", "spaces_between_special_tokens")}
-        if sampling.json_schema is not None:  # SGLang sends the schema as text
-            try:
-                fields["guided_json"] = json.loads(sampling.json_schema)
-            except ValueError:
-                raise RequestError("sampling_params.json_schema", "json_schema is not valid JSON") from None
-        fields.update(model=model, return_token_ids=True, stream=self.stream)
+        flags = {"model": model, "return_token_ids": True, "stream": self.stream}
         if self.stream:
-            fields["stream_options"] = {"include_usage": True}
+            flags["stream_options"] = {"include_usage": True}
         if self.return_logprob:
-            fields.update(logprobs=self.top_logprobs_num, return_tokens_as_token_ids=True)
+            flags.update(logprobs=self.top_logprobs_num, return_tokens_as_token_ids=True)
             if self.logprob_start_len >= 0 and self.stream:  # as vLLM's prompt_logprobs
                 raise RequestError("logprob_start_len", "the prompt's logprobs are not streamed: send "
                                                         "logprob_start_len -1 with stream")
             if self.logprob_start_len >= 0:
-                fields["prompt_logprobs"] = self.top_logprobs_num
+                flags["prompt_logprobs"] = self.top_logprobs_num
         out = []
-        for prompt, rid in zip(prompts, self.ids(len(prompts)), strict=True):
+        for prompt, rid, sampling in zip(prompts, self.ids(len(prompts)), each, strict=True):
+            fields = {**_completion_fields(sampling), **flags}
             for j in range(sampling.n):
                 seed = {} if sampling.sampling_seed is None else {"seed": sampling.sampling_seed + j}
                 try:
@@ -133,6 +139,18 @@ class GenerateRequest(BaseModel):
                 except ValidationError as err:
                     raise refusal(list(err.errors()), fields) from None
         return out
+
+
+def _completion_fields(sampling: SGLangSampling) -> dict:
+    """SGLang's sampling_params -> the completion's fields (its names; the schema given as text parsed)."""
+    fields = {RENAMED.get(name, name): value for name, value in sampling.model_dump(exclude_none=True).items()
+              if name not in ("n", "spaces_between_special_tokens")}
+    if sampling.json_schema is not None:  # SGLang sends the schema as text
+        try:
+            fields["guided_json"] = json.loads(sampling.json_schema)
+        except ValueError:
+            raise RequestError("sampling_params.json_schema", "json_schema is not valid JSON") from None
+    return fields
 
 
 def refused(err: RequestError, prompt_field: str = "text") -> RequestError:

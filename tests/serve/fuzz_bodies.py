@@ -146,6 +146,9 @@ def acceptable_generate(body: dict) -> dict:
     body.pop("input_ids", None)
     body["text"], body["rid"] = "hi", None
     sampling = body.get("sampling_params")
+    if isinstance(sampling, list):  # one per prompt: this one's
+        body["sampling_params"] = sampling = sampling[:1] or [{}]
+        sampling = sampling[0]
     if isinstance(sampling, dict):  # a reply that fits any server's context (no model name refuses it first)
         if isinstance(sampling.get("max_new_tokens"), (int, float)):
             sampling["max_new_tokens"] = max(1, min(int(sampling["max_new_tokens"]), 16))

@@ -45,6 +45,20 @@ def test_a_batch_and_n_samples_are_a_list_prompt_by_prompt_each_sample_seeded_ap
     assert [sampling(triton, k)["seed"] for k in range(4)] == [40, 41, 40, 41]
 
 
+def test_a_batch_may_send_each_prompt_its_own_sampling_params(served):
+    front, triton = served
+    answers = front.post("/generate", json={"input_ids": [[5, 6], [7]], "sampling_params": [
+        {"max_new_tokens": 3, "sampling_seed": 7, "n": 2}, {"max_new_tokens": 5, "temperature": 0}]}).json()
+    assert [a["text"] for a in answers] == ["007", "008", "abc"]
+    assert [r["input_ids"] for r in triton.requests] == [[5, 6], [5, 6], [7]]
+    assert [sampling(triton, k) for k in range(3)] == [
+        {"max_tokens": 3, "temperature": 1.0, "seed": 7}, {"max_tokens": 3, "temperature": 1.0, "seed": 8},
+        {"max_tokens": 5, "temperature": 0}]
+    refused = front.post("/generate", json={"input_ids": [[5, 6], [7]], "sampling_params": [{}]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "sampling_params"
+    assert "1 sampling_params for 2 prompts" in refused.json()["error"]["message"]
+
+
 def test_sglang_s_sampling_names_reach_the_engine(served):
     front, triton = served
     schema = {"type": "object"}
