@@ -6,6 +6,7 @@ of them for a batch or n > 1, or for one prompt and one sample a stream of cumul
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -117,8 +118,6 @@ class GenerateRequest(BaseModel):
         if total > MAX_CHOICES:
             raise RequestError("sampling_params.n", f"{len(prompts)} prompts, {total} samples in all: at most "
                                                     f"{MAX_CHOICES}")
-        if self.stream and total > 1:
-            raise RequestError("stream", "one prompt and one sample are streamed here: send a batch without stream")
         flags = {"model": model, "return_token_ids": True, "stream": self.stream}
         if self.stream:
             flags["stream_options"] = {"include_usage": True}
@@ -269,3 +268,55 @@ class GenerateRender:
 
         return translated(chunks, [], feed)
 
+
+class StreamTap:
+    """A completion's render for a streamed batch: `complete` hands it the completion's chunks and writes
+    its own response around nothing; the chunks' SGLang events wait here for `merged`."""
+
+    def __init__(self, render: GenerateRender):
+        self.render = render
+        self.events_of: AsyncIterator[dict] | None = None
+
+    def events(self, chunks: AsyncIterator[dict | str]) -> AsyncIterator[dict]:
+        self.events_of = self.render.events(chunks)
+        return _nothing()
+
+    async def close(self) -> None:
+        if self.events_of is not None:
+            await self.events_of.aclose()
+
+
+async def _nothing() -> AsyncIterator[dict]:
+    return
+    yield
+
+
+async def merged(taps: list[StreamTap]) -> AsyncIterator[dict]:
+    """A streamed batch (prompts, n samples): every completion's chunks as they come, each with its "index"
+    (prompt by prompt, each prompt's samples in a row, as the whole answer's list), then one [DONE].
+    Leaving closes every completion (so its Triton request)."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, tap: StreamTap) -> None:
+        try:
+            async for event in tap.events_of:
+                queue.put_nowait((index, event))
+        finally:
+            await tap.close()
+            queue.put_nowait((index, None))
+
+    pumps = [asyncio.ensure_future(pump(index, tap)) for index, tap in enumerate(taps)]
+    try:
+        running = len(pumps)
+        while running:
+            index, event = await queue.get()
+            if event is None:
+                running -= 1
+            elif event["data"] != "[DONE]":
+                data = json.loads(event["data"])
+                yield {"data": json.dumps(data if "error" in data else {**data, "index": index})}
+        yield {"data": "[DONE]"}
+    finally:
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)

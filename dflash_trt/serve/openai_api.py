@@ -309,16 +309,18 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
     @app.post("/generate", response_model=None, responses=replies(generate_api.GenerateReply, generate_api.Answer))
     async def generate(request: Request, body: generate_api.GenerateRequest):
         """SGLang's native generate: prompts (text or token ids, no chat template) and SGLang's
-        sampling_params -> {text, output_ids, meta_info}, a list of them for a batch or n > 1; a stream
-        (one prompt, one sample) of cumulative chunks."""
+        sampling_params -> {text, output_ids, meta_info}, a list of them for a batch or n > 1; streamed,
+        cumulative chunks (a batch's or n samples' each with its "index")."""
         field = "text" if body.text is not None else "input_ids"
         try:
             runs = [(parsed, generate_api.GenerateRender(body, rid)) for parsed, rid in body.completions(settings.model)]
-            if body.stream:
+            if body.stream and len(runs) == 1:
                 ((parsed, render),) = runs
                 return await complete(request, parsed, render)
         except RequestError as err:
             raise generate_api.refused(err, field) from None
+        if body.stream:
+            return await _stream_batch(request, runs, field)
         # each prompt and sample a request of its own; one refused, the others are closed
         tasks = [asyncio.ensure_future(complete(request, parsed, render)) for parsed, render in runs]
         try:
@@ -334,6 +336,24 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
             return left
         answers = [render.answer for _, render in runs]
         return JSONResponse(answers if body.batched() else answers[0])
+
+    async def _stream_batch(request: Request, runs: list, field: str):
+        """Each prompt and sample a streamed completion of its own, all started at once; one refused
+        (before any chunk), the others are closed."""
+        taps = [generate_api.StreamTap(render) for _, render in runs]
+        tasks = [asyncio.ensure_future(complete(request, parsed, tap)) for (parsed, _), tap in zip(runs, taps)]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException as err:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for tap in taps:
+                await tap.close()
+            if isinstance(err, RequestError):
+                raise generate_api.refused(err, field) from None
+            raise
+        return EventSourceResponse(generate_api.merged(taps), sep="\n", shutdown_grace_period=settings.drain_s)
 
     @app.post("/reset_prefix_cache", response_class=Response, responses=ERRORS)
     async def reset_prefix_cache():

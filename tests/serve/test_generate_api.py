@@ -90,13 +90,43 @@ def test_a_stream_is_cumulative_chunks_then_done(served):
     assert chunks[-1]["meta_info"]["spec_verify_ct"] == 2
 
 
+def test_a_streamed_batch_interleaves_each_answer_s_cumulative_chunks_by_index(served):
+    """SGLang's form: every chunk names its answer's index (prompt by prompt, each prompt's samples in a
+    row); each index's chunks are cumulative and end with its finish reason; one [DONE] at the end; the
+    last chunks are the whole answers."""
+    front, triton = served
+    body = {"input_ids": [[5, 6], [7]], "rid": ["a", "b"], "sampling_params": {"n": 2, "sampling_seed": 40}}
+    whole = front.post("/generate", json=body).json()
+    with front.stream("POST", "/generate", json={**body, "stream": True}) as response:
+        lines = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]" and "[DONE]" not in lines[:-1]
+    chunks = [json.loads(line) for line in lines[:-1]]
+    by_index = {k: [c for c in chunks if c["index"] == k] for k in range(4)}
+    assert {c["index"] for c in chunks} == {0, 1, 2, 3}
+    for k, answer in enumerate(whole):
+        texts = [c["text"] for c in by_index[k]]
+        assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:]))
+        last = by_index[k][-1]
+        assert (last["text"], last["output_ids"], last["meta_info"]["id"]) == (
+            answer["text"], answer["output_ids"], answer["meta_info"]["id"])
+        assert last["meta_info"]["finish_reason"] == answer["meta_info"]["finish_reason"]
+        assert [c["meta_info"]["finish_reason"] for c in by_index[k][:-1]] == [None] * (len(by_index[k]) - 1)
+
+
+def test_a_streamed_batch_with_a_refused_prompt_is_one_4xx_and_closes_the_others(served):
+    front, triton = served
+    refused = front.post("/generate", json={"text": ["hi", "a long prompt"], "stream": True})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "text"
+    assert triton.closed == 1  # the prompt it took, closed (the refused one never streamed)
+
+
 @pytest.mark.parametrize("body, param", [
     ({"text": "hi", "input_ids": [1]}, "text"), ({}, "text"),
     ({"text": "hi", "sampling_params": {"top_q": 1}}, "sampling_params.top_q"),
     ({"text": "hi", "sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens"),
     ({"text": "hi", "sampling_params": {"regex": "("}}, "sampling_params.regex"),
     ({"text": "hi", "sampling_params": {"json_schema": "{"}}, "sampling_params.json_schema"),
-    ({"text": ["a", "b"], "stream": True}, "stream"), ({"text": ["a", "b"], "rid": ["x"]}, "rid"),
+    ({"text": ["a", "b"], "rid": ["x"]}, "rid"),
     ({"text": "hi", "return_text_in_logprobs": True}, "return_text_in_logprobs"),
     ({"text": "hi", "stream": True, "return_logprob": True, "logprob_start_len": 0}, "logprob_start_len"),
     ({"text": "a long prompt"}, "text"), ({"input_ids": [1, 2], "sampling_params": {"min_p": 2}}, "sampling_params.min_p"),

@@ -423,6 +423,10 @@ def test_sglang_s_generate_gives_offline_generate_s_tokens_and_logprobs(server, 
                       timeout=60) as response:
         events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]" and json.loads(events[-2])["text"] == alone[0]
+    with httpx.stream("POST", f"{server.root}/generate", json={"text": PROMPTS[8:10], "stream": True, **greedy},
+                      timeout=60) as response:  # a streamed batch: each answer's chunks by its index
+        chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    assert [[c["text"] for c in chunks if c["index"] == k][-1] for k in (0, 1)] == alone
     # the budget forces "</think>": the other tokens' logprobs are -inf, which JSON cannot hold: vLLM's floor
     masked = httpx.post(f"{server.root}/generate", timeout=60, json={
         "text": "why? <think>\n", "return_logprob": True, "top_logprobs_num": 3,
