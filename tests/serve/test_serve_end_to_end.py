@@ -899,6 +899,23 @@ def test_a_non_streaming_client_that_leaves_is_cancelled(server):
                                                            "messages": [{"role": "user", "content": "long answer"}]})
 
 
+def test_a_streamed_sglang_batch_whose_client_leaves_cancels_every_answer(server):
+    before = samples(server)
+    body = {"text": PROMPTS[:2], "stream": True, "sampling_params": {"max_new_tokens": 900, "n": 2,
+                                                                     "ignore_eos": True}}
+    with httpx.stream("POST", f"{server.root}/generate", json=body, timeout=60) as response:
+        next(line for line in response.iter_lines() if line.startswith("data: {"))  # then leave
+    deadline = time.monotonic() + 30
+    while True:
+        now = samples(server)
+        aborted = metric(now, "vllm:request_success_total", finished_reason="abort") - \
+            metric(before, "vllm:request_success_total", finished_reason="abort")
+        if aborted == 4 and metric(now, "vllm:num_requests_running") == 0:
+            break
+        assert time.monotonic() < deadline, f"{aborted} of 4 answers cancelled"
+        time.sleep(0.2)
+
+
 def test_a_beam_search_whose_client_leaves_stops_between_steps(server):
     """Its steps' requests end, nothing more is started for it, and it counts as one aborted request."""
     # 8 beams for up to 1,000 steps: seconds of work here, far more than the client waits
