@@ -42,7 +42,7 @@ void draw_block_drafts(const float* draft_logits, int64_t num_drafts, int64_t dr
   for (int64_t j = 0; j < num_drafts; ++j) {
     const int64_t id = draft_row(draft_logits + j * draft_vocab_size, draft_vocab_size, params, request,
                                  position + uint32_t(j), q + j * draft_vocab_size, order.data());
-    tokens[j] = draft_vocab.empty() || id < 0 ? id : draft_vocab[id];  // -1: no draw (NaN scores)
+    tokens[j] = draft_vocab.empty() || id < 0 ? id : draft_vocab[id];  // kNoToken: no draw (NaN scores)
   }
 }
 

@@ -233,7 +233,8 @@ extern "C" __global__ void __cluster_dims__(dflash::kDecideCluster, 1, 1) __laun
                                                           row.position + uint32_t(j), q.q + at * V, order + at * V,
                                                           shared);
   cluster.sync();  // block 0 stays until every block is done with its shared memory
-  if (cluster.block_rank() == 0 && threadIdx.x == 0) tokens[at] = ids && id >= 0 ? ids[id] : id;  // -1: no draw (NaN scores)
+  // kNoToken (no draw: NaN scores) stays as it is
+  if (cluster.block_rank() == 0 && threadIdx.x == 0) tokens[at] = ids && id >= 0 ? ids[id] : id;
 }
 #endif
 
@@ -296,7 +297,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     const int64_t id = dflash::draft_row_by<BlockThreads>(scores + at * V, V, row.sampling, row.stream,
                                                           row.position + uint32_t(j), q.q + at * V, order + at * V,
                                                           shared);
-    if (threadIdx.x == 0) tokens[at] = ids && id >= 0 ? ids[id] : id;  // -1: no draw (NaN scores)
+    if (threadIdx.x == 0) tokens[at] = ids && id >= 0 ? ids[id] : id;  // kNoToken: no draw (NaN scores)
     return;
   }
   if (row.num_drafts == 0) return;

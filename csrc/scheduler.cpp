@@ -448,8 +448,8 @@ void Scheduler::draft(const std::vector<Request*>& rows) {
       throw Error("executor draft returned " + std::to_string(drafts[i].size()) + " tokens for slot " +
                   std::to_string(r.slot) + "; expected block_size - 1 = " + std::to_string(step_block_ - 1));
     r.drafts.assign(drafts[i].begin(), drafts[i].begin() + (r.block - 1));
-    // a draft the drafter could not draw (-1: its scores were NaN) ends what is verified, as a row near
-    // its end verifies fewer: the target alone decides the tokens
+    // a draft the drafter could not draw (kNoToken: its scores were NaN) ends what is verified, as a row
+    // near its end verifies fewer: the target alone decides the tokens
     const int64_t vocab = executor_.vocab();
     r.drafts.erase(std::find_if(r.drafts.begin(), r.drafts.end(), [&](int64_t t) { return t < 0 || t >= vocab; }),
                    r.drafts.end());
@@ -500,7 +500,8 @@ void Scheduler::drop_failed(std::vector<Request*>& rows, std::vector<Verdict>& v
       verdicts[kept++] = verdicts[i];
       continue;
     }
-    fail(*rows[i], "the target's logits at output token " + std::to_string(rows[i]->tokens.size() + verdicts[i].accepted) +
+    const size_t at = rows[i]->tokens.size() + size_t(verdicts[i].accepted);  // the output token it had to give
+    fail(*rows[i], "the target's logits at output token " + std::to_string(at) +
                        " gave no token (NaN logits, or every token masked out)", out);
   }
   rows.resize(kept);
@@ -609,7 +610,8 @@ void Scheduler::fail(Request& r, const std::string& why, std::vector<RequestOutp
 void Scheduler::release_slot(Request& r) {
   if (slots_.reserved(r.slot)) slots_.rollback(r.slot);
   // a failed request's positions may hold what failed it (NaN states): nobody reuses them
-  kept_tokens_[r.slot] = config_.prefix_reuse && r.finish != Finish::kError ? cached_positions(r) : std::vector<int64_t>{};
+  const bool reusable = config_.prefix_reuse && r.finish != Finish::kError;
+  kept_tokens_[r.slot] = reusable ? cached_positions(r) : std::vector<int64_t>{};
   kept_salt_[r.slot] = r.params.cache_salt;
   freed_at_[r.slot] = ++finishes_;
   slots_.free(r.slot);
