@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from dflash_trt.errors import DFlashError
@@ -437,14 +437,18 @@ class LLM:
         priority: Sequence[int] | None = None,
         *,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool | Callable = False,
+        lora_request: None = None,
     ) -> list[RequestOutput]:
         """Generate for each prompt, up to `max_batch` at once through the C++ core (each request's
         tokens are what it would get alone); returns one output per prompt, in order. `params`: one for
         all, or one per prompt (vLLM's forms; `sampling_params=`, vLLM's name, is the same). `priority`
         (vLLM's; needs scheduling_policy "priority"): one per prompt, lower served first. `use_tqdm`:
-        a progress bar of the prompts finished (vLLM's; off by default here)."""
+        a progress bar of the prompts finished (vLLM's; off by default here; a callable: the bar's class,
+        tqdm's signature). `lora_request`: vLLM's, None only (no adapters here)."""
         params = _one_of(params, sampling_params)
+        if lora_request is not None:
+            raise DFlashError("lora_request: LoRA adapters are not supported (leave it None)")
         batch = _prompt_list(prompts)
         each = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(batch)
         if len(each) != len(batch):
@@ -462,7 +466,8 @@ class LLM:
             return _folded(self._runner().run(runs, samples, speculative, ranks), owner)
         from tqdm.auto import tqdm
 
-        with tqdm(total=len(runs), desc="Processed prompts", unit="prompt") as bar:
+        bar_class = use_tqdm if callable(use_tqdm) else tqdm
+        with bar_class(total=len(runs), desc="Processed prompts", unit="prompt") as bar:
             return _folded(self._runner().run(runs, samples, speculative, ranks, progress=bar.update), owner)
 
     def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams) -> list[BeamSearchOutput]:
@@ -498,14 +503,14 @@ class LLM:
              chat_template_kwargs: dict | None = None, speculative: bool = True, add_generation_prompt: bool = True,
              continue_final_message: bool = False, chat_template: str | None = None,
              documents: list[dict] | None = None, *, sampling_params: SamplingParams | None = None,
-             use_tqdm: bool = False) -> list[RequestOutput]:
+             use_tqdm: bool | Callable = False, lora_request: None = None) -> list[RequestOutput]:
         """Reply to a conversation (a list of {"role", "content", ...} turns) or a list of them, each
         through the chat template (`chat_template`, or the tokenizer's) with `tools` (OpenAI tool
         objects), `documents` (a RAG template's, e.g. {"title", "text"}) and the template's extra variables
         (e.g. {"enable_thinking": False}), as `generate` does; one output per conversation.
         `continue_final_message` (with add_generation_prompt=False, vLLM's): the reply continues the last
-        message (an assistant's first words) instead of opening a turn. `sampling_params` and `use_tqdm`:
-        as `generate`'s."""
+        message (an assistant's first words) instead of opening a turn. `sampling_params`, `use_tqdm` and
+        `lora_request`: as `generate`'s."""
         params = _one_of(params, sampling_params)
         template = chat_template or (self.tokenizer.chat_template if self.tokenizer is not None else None)
         if self.tokenizer is None or not template:
@@ -521,7 +526,7 @@ class LLM:
         ending = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message}
         prompts = [encode_chat(self.tokenizer, turns, tools, {**(chat_template_kwargs or {}), **ending}, documents,
                                chat_template) for turns in ([conversations] if single else conversations)]
-        return self.generate(prompts, params, speculative, use_tqdm=use_tqdm)
+        return self.generate(prompts, params, speculative, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, speculative: bool = True) -> Iterator[RequestOutput]:
         """Yield the output after every step that touched the request (stepping the LLM's core); the last

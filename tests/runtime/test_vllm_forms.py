@@ -131,3 +131,27 @@ def test_vllm_s_names_for_the_llm_s_settings(tiny_pairs):
 def test_a_setting_given_twice_or_a_config_it_cannot_honour_is_one_line(tiny_pairs, kwargs, message):
     with pytest.raises(DFlashError, match=message):
         LLM(model=str(tiny_pairs["qwen3"][0]), backend="torch", **kwargs)
+
+
+def test_use_tqdm_may_be_the_bar_s_class_and_lora_request_only_none(llm):
+    made = []
+
+    class Bar:  # tqdm's signature, as vLLM lets a caller pass its own
+        def __init__(self, total, desc, unit):
+            made.append(self)
+            self.total, self.done = total, 0
+
+        def update(self, n):
+            self.done += n
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    outs = llm.generate([[5, 6], [7]], SamplingParams(max_tokens=4, n=2, temperature=0.5, seed=1), use_tqdm=Bar,
+                        lora_request=None)
+    assert len(outs) == 2 and [(bar.total, bar.done) for bar in made] == [(4, 4)]  # every sample counted
+    with pytest.raises(DFlashError, match="lora_request: LoRA adapters are not supported"):
+        llm.generate([[5, 6]], PARAMS, lora_request=object())
