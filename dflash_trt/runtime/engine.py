@@ -593,7 +593,8 @@ class Engine:
                 self._inbox = []
             for request in waiting:
                 self.runner.refuse(request, why)
-            self._deliver(waiting + self.runner.fail_live(why))  # (what raises here is logged by the thread)
+            self._deliver(waiting)  # first: the core may be what broke
+            self._deliver(self.runner.fail_live(why))  # (what raises here is logged by the thread)
 
     def _serve(self) -> None:
         while True:
