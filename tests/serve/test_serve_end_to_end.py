@@ -877,21 +877,27 @@ def test_disconnects_free_every_slot(server, client):
     assert chat(client, server, "still there?", max_tokens=4).choices[0].finish_reason in ("stop", "length")
 
 
-def leave_and_wait_for_abort(server, path: str, body: dict) -> None:
-    """Send a non-streaming request and leave after 0.5 s; then wait (30 s at most) until it counts as
-    one aborted request and nothing runs."""
-    before = samples(server)
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}{path}", json=body, timeout=httpx.Timeout(60, read=0.5))
+def wait_for_aborts(server, before: dict, count: int) -> None:
+    """Wait (30 s at most) until `count` more requests than `before` counted finished "abort" and nothing
+    runs."""
     deadline = time.monotonic() + 30
     while True:
         now = samples(server)
         aborted = metric(now, "vllm:request_success_total", finished_reason="abort") - \
             metric(before, "vllm:request_success_total", finished_reason="abort")
-        if aborted == 1 and metric(now, "vllm:num_requests_running") == 0:
+        if aborted == count and metric(now, "vllm:num_requests_running") == 0:
             break
-        assert time.monotonic() < deadline, "the request was not cancelled"
+        assert time.monotonic() < deadline, f"{aborted} of {count} requests cancelled"
         time.sleep(0.2)
+
+
+def leave_and_wait_for_abort(server, path: str, body: dict) -> None:
+    """Send a non-streaming request and leave after 0.5 s; then wait until it counts as one aborted
+    request and nothing runs."""
+    before = samples(server)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}{path}", json=body, timeout=httpx.Timeout(60, read=0.5))
+    wait_for_aborts(server, before, 1)
 
 
 def test_a_non_streaming_client_that_leaves_is_cancelled(server):
@@ -905,15 +911,7 @@ def test_a_streamed_sglang_batch_whose_client_leaves_cancels_every_answer(server
                                                                      "ignore_eos": True}}
     with httpx.stream("POST", f"{server.root}/generate", json=body, timeout=60) as response:
         next(line for line in response.iter_lines() if line.startswith("data: {"))  # then leave
-    deadline = time.monotonic() + 30
-    while True:
-        now = samples(server)
-        aborted = metric(now, "vllm:request_success_total", finished_reason="abort") - \
-            metric(before, "vllm:request_success_total", finished_reason="abort")
-        if aborted == 4 and metric(now, "vllm:num_requests_running") == 0:
-            break
-        assert time.monotonic() < deadline, f"{aborted} of 4 answers cancelled"
-        time.sleep(0.2)
+    wait_for_aborts(server, before, 4)
 
 
 def test_a_beam_search_whose_client_leaves_stops_between_steps(server):
