@@ -195,19 +195,32 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         return Version(version=__version__)
 
     card = ModelCard(id=settings.model, object="model", created=0, owned_by="dflash-trt")
+    learnt: dict = {}  # what the Triton model says of itself (its max_model_len), once it has said it
 
-    @app.get("/v1/models", response_model=ModelList, responses={401: ERRORS[401]})
+    async def served_card() -> ModelCard:
+        """The card, with vLLM's max_model_len (prompt + max_tokens) once the model has answered."""
+        if not learnt:
+            try:
+                piece = await _answer(triton, {"health_check": True})
+            except (RequestError, UpstreamError):  # starting, draining or down: the card as far as known
+                return card
+            learnt["max_model_len"] = (piece.usage or {}).get("max_model_len")
+        return card.model_copy(update=learnt)
+
+    @app.get("/v1/models", response_model=ModelList, response_model_exclude_none=True,
+             responses={401: ERRORS[401]})
     async def models():
-        return ModelList(object="list", data=[card])
+        return ModelList(object="list", data=[await served_card()])
 
     def unknown(model: str) -> JSONResponse:
         return _error(404, f"model '{model}' does not exist; this server serves '{settings.model}'", "model",
                       "model_not_found")
 
-    @app.get("/v1/models/{model:path}", response_model=ModelCard, responses={401: ERRORS[401], 404: ERRORS[404]})
+    @app.get("/v1/models/{model:path}", response_model=ModelCard, response_model_exclude_none=True,
+             responses={401: ERRORS[401], 404: ERRORS[404]})
     async def model(model: str):
         """OpenAI's retrieve: the served model's card (a model id may hold slashes)."""
-        return card if model == settings.model else unknown(model)
+        return await served_card() if model == settings.model else unknown(model)
 
     def trusted(template: str | None) -> None:
         if template is not None and not settings.trust_request_chat_template:

@@ -187,6 +187,8 @@ class ModelCard(BaseModel):
     object: Literal["model"]
     created: int
     owned_by: str
+    max_model_len: int | None = Field(None, description="vLLM's: the tokens a request may hold (prompt + "
+                                                        "max_tokens), once the model has started")
 
 
 class ModelList(BaseModel):

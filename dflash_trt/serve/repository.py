@@ -27,7 +27,8 @@ MODEL_SOURCE = Path(__file__).parent / "triton_model" / "model.py"
 # positions only of requests with the same salt. `tokens_as_ids` (vLLM's return_tokens_as_token_ids):
 # logprob entries name their tokens "token_id:<id>" instead of their text. `reset_prefix_cache` (no prompt):
 # the engine drops what finished requests' slots keep, then one answer, finish reason "reset".
-# `health_check` (no prompt): one answer, finish reason "healthy", or a 503 refusal once the engine is down.
+# `health_check` (no prompt): one answer, finish reason "healthy" (its usage: max_model_len), or a 503
+# refusal once the engine is down.
 CONFIG = """name: "{name}"
 backend: "python"
 max_batch_size: 0

@@ -44,7 +44,7 @@ class FakeTriton:
         if inputs.get("health_check"):  # as Triton's model answers it
             if getattr(self, "down", None):
                 raise RequestError(None, f"the engine is down: {self.down}", 503)
-            yield Piece("", [], "healthy", None)
+            yield Piece("", [], "healthy", {"max_model_len": 64})
             return
         if inputs.get("reset_prefix_cache"):
             self.resets = getattr(self, "resets", 0) + 1
@@ -202,8 +202,20 @@ def test_completion_whole_and_stream(front):
 
 def test_models_health_metrics(front):
     assert front.get("/v1/models").json()["data"][0]["id"] == "tiny"
+    assert front.get("/v1/models").json()["data"][0]["max_model_len"] == 64  # vLLM's: what the model says
     assert front.get("/health").status_code == 200
     assert "vllm:num_requests_running" in front.get("/metrics").text
+
+
+def test_a_card_says_its_max_model_len_once_the_model_has_started():
+    triton = FakeTriton()
+    triton.down = "starting"  # (any refusal of the health check)
+    front = TestClient(create_app(FrontSettings("tiny"), triton))
+    assert "max_model_len" not in front.get("/v1/models").json()["data"][0]
+    triton.down = None
+    assert front.get("/v1/models/tiny").json()["max_model_len"] == 64
+    asked = len(triton.requests)
+    assert front.get("/v1/models").json()["data"][0]["max_model_len"] == 64 and len(triton.requests) == asked
 
 
 def test_a_model_is_retrieved_by_its_id_and_the_server_says_its_version():

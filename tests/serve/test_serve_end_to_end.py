@@ -771,6 +771,7 @@ def test_the_real_server_is_healthy_after_schema_fuzzing(server):
 def test_the_served_model_name_is_what_clients_list_and_retrieve(server, client):
     assert [m.id for m in client.models.list().data] == [SERVED]
     assert client.models.retrieve(SERVED).id == SERVED
+    assert client.models.retrieve(SERVED).model_extra["max_model_len"] == CAPACITY  # vLLM's field
 
 
 def test_metrics_move_by_a_requests_amounts(server, client):

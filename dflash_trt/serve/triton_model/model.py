@@ -93,7 +93,8 @@ class TritonPythonModel:
             if _bool(request, "health_check"):  # no prompt: the engine's state, at once
                 if self.engine.down:
                     raise Busy(f"the engine is down: {self.engine.down}", 503)
-                sender.send(_response(finish_reason="healthy"), flags=FINAL)
+                sender.send(_response(finish_reason="healthy", usage=json.dumps({"max_model_len": self.engine.capacity})),
+                            flags=FINAL)
                 return
             if _bool(request, "reset_prefix_cache"):  # no prompt: the engine forgets, then one answer
                 self.engine.reset_prefix_cache()
