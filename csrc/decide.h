@@ -589,8 +589,8 @@ DFLASH_HD void probs_row_by(const float* logits, int64_t vocab, const SamplingPa
 
 // Inverse-CDF draw with uniform u in [0, 1) from a probability row (need not be exactly normalised:
 // u is scaled by the row's own total, so float rounding cannot run off the end); never a token of
-// probability 0. A row without positive total (NaN) draws kNoToken. Sums run over the fixed chunks: the chunk where
-// the running total passes u * total is found from the chunks' sums, then walked token by token.
+// probability 0. A row without positive total (NaN) draws kNoToken. Sums run over the fixed chunks: the
+// chunk where the running total passes u * total is found from the chunks' sums, then walked token by token.
 template <class Threads>
 DFLASH_HD int64_t draw_row_by(const float* probs, int64_t vocab, double u, RowShared& s) {
   using namespace decide_detail;
@@ -680,7 +680,7 @@ DFLASH_HD void logprobs_row_by(const float* logits, int64_t vocab, int64_t token
     sorted_between<Threads>(logits, vocab, kth, __builtin_huge_valf(), order, s);
   }
   if (Threads::id() == 0) {
-    // a token outside the row (-1: the logits gave none) has no logit: -inf, its request fails
+    // a token outside the row (kNoToken: the logits gave none) has no logit: -inf, its request fails
     const double logit = token >= 0 && token < vocab ? double(logits[token]) : -double(__builtin_huge_valf());
     out[0] = {int32_t(token), float(logit - normaliser)};
     for (int32_t j = 0; j < top; ++j) out[1 + j] = {order[j], float(double(logits[order[j]]) - normaliser)};

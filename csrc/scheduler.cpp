@@ -376,7 +376,7 @@ void Scheduler::prefill(const std::vector<Request*>& rows, std::vector<RequestOu
     if (r.prompt_done < int64_t(r.context.size())) continue;  // more chunks in the next steps
     r.prefilled = true;
     if (!r.tokens.empty()) continue;  // resumed: its cache holds what it had, its last token comes next
-    if (first[i] < 0 || first[i] >= executor_.vocab()) {
+    if (!is_token(first[i])) {
       fail(r, "the target's logits after the prompt gave no token (NaN logits, or every token masked out)", out);
       continue;
     }
@@ -450,8 +450,7 @@ void Scheduler::draft(const std::vector<Request*>& rows) {
     r.drafts.assign(drafts[i].begin(), drafts[i].begin() + (r.block - 1));
     // a draft the drafter could not draw (kNoToken: its scores were NaN) ends what is verified, as a row
     // near its end verifies fewer: the target alone decides the tokens
-    const int64_t vocab = executor_.vocab();
-    r.drafts.erase(std::find_if(r.drafts.begin(), r.drafts.end(), [&](int64_t t) { return t < 0 || t >= vocab; }),
+    r.drafts.erase(std::find_if(r.drafts.begin(), r.drafts.end(), [&](int64_t t) { return !is_token(t); }),
                    r.drafts.end());
   }
 }
@@ -495,7 +494,7 @@ void Scheduler::drop_failed(std::vector<Request*>& rows, std::vector<Verdict>& v
                             std::vector<RequestOutput>& out) {
   size_t kept = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
-    if (verdicts[i].next >= 0 && verdicts[i].next < executor_.vocab()) {
+    if (is_token(verdicts[i].next)) {
       rows[kept] = rows[i];
       verdicts[kept++] = verdicts[i];
       continue;

@@ -231,6 +231,7 @@ class Scheduler {
   void choose_block(const std::vector<Request*>& rows);
   void draft(const std::vector<Request*>& rows);
   std::vector<Verdict> verify(const std::vector<Request*>& rows);
+  bool is_token(int64_t t) const { return t >= 0 && t < executor_.vocab(); }  // else kNoToken, or out of range
   // Rows whose verdict has no token finish "error" and leave `rows` and `verdicts`.
   void drop_failed(std::vector<Request*>& rows, std::vector<Verdict>& verdicts, std::vector<RequestOutput>& out);
   void accept(const std::vector<Request*>& rows, const std::vector<Verdict>& verdicts);

@@ -471,8 +471,7 @@ class Engine:
         with self._cv:
             if self._closing:
                 raise Busy("the engine is shutting down and takes no new requests", 503)
-            if self.down:
-                raise Busy(f"the engine is down: {self.down}", 503)
+            self.check_up()
             # every live request beyond the slots waits for one (those in the inbox too)
             if self.max_waiting >= 0 and len(self._live) + 1 - self.max_batch > self.max_waiting:
                 raise Busy(f"all {self.max_batch} slots are taken and {self.max_waiting} requests already wait; "
@@ -481,6 +480,11 @@ class Engine:
             self._live.add(request.id)
             self._cv.notify()
         return request.id
+
+    def check_up(self) -> None:
+        """Busy (503) once the engine is down (its steps kept failing): it takes no more requests."""
+        if self.down:
+            raise Busy(f"the engine is down: {self.down}", 503)
 
     def abort(self, request_id: int) -> bool:
         """Finish the request before the next step (its slot is freed then); False if it is not live."""
@@ -623,7 +627,8 @@ class Engine:
                 if self.runner.has_work:
                     ran = bool(self.runner.live)  # else the step only closes aborted requests' books
                     touched += self.runner.step()
-                    self.failed_steps = 0 if ran else self.failed_steps
+                    if ran:
+                        self.failed_steps = 0
             except StepFailed as failed:  # what ran finished "error"; the engine serves on, unless it is down
                 logger.error("an engine step failed; its %d requests finished \"error\": %s",
                              len(failed.requests), failed.__cause__)

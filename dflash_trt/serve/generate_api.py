@@ -1,7 +1,8 @@
 """SGLang's native POST /generate: a prompt (text, or token ids; a list of them is a batch) and its
 `sampling_params`, no chat template. Each prompt and each of its n samples runs as a completion of its own
 (so each answer carries its own meta_info); the answer is SGLang's {text, output_ids, meta_info}, a list
-of them for a batch or n > 1, or for one prompt and one sample a stream of cumulative chunks.
+of them for a batch or n > 1, or a stream of cumulative chunks (a batch's or n samples' each with its
+"index").
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ class GenerateRequest(BaseModel):
 
     def batched(self) -> bool:
         """Whether the answer is a list: a batch of prompts, or n > 1 samples."""
-        return self._given()[1] or any(sampling.n > 1 for sampling in self.each_sampling(1))
+        given = self.sampling_params if isinstance(self.sampling_params, list) else [self.sampling_params]
+        return self._given()[1] or any(sampling.n > 1 for sampling in given)
 
     def each_sampling(self, count: int) -> list[SGLangSampling]:
         """The sampling_params of each of `count` prompts."""

@@ -91,8 +91,7 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         try:
             if _bool(request, "health_check"):  # no prompt: the engine's state, at once
-                if self.engine.down:
-                    raise Busy(f"the engine is down: {self.engine.down}", 503)
+                self.engine.check_up()
                 sender.send(_response(finish_reason="healthy", usage=json.dumps({"max_model_len": self.engine.capacity})),
                             flags=FINAL)
                 return
