@@ -116,6 +116,10 @@ class Executor {
   // keep_released is on, the row keeps what its caches hold (its committed positions) for a later
   // request starting with the same tokens, until the executor needs the memory for another row.
   virtual void release(int64_t row) = 0;
+  // The row's request failed: release it keeping nothing, and zero its place first. What failed it (NaN
+  // from an overflow, corrupt weights) may sit in its caches and states, and a later row in that place
+  // reads past its own positions where a batch's attention spans more (masked, yet 0 x NaN is NaN).
+  virtual void discard(int64_t row) = 0;
   // Prefix reuse (SchedulerConfig::prefix_reuse): off, a released row keeps nothing.
   virtual void keep_released(bool on) = 0;
   // How many of a row's positions a new request can start on, when its first `match` tokens equal

@@ -614,7 +614,8 @@ void Scheduler::release_slot(Request& r) {
   kept_salt_[r.slot] = r.params.cache_salt;
   freed_at_[r.slot] = ++finishes_;
   slots_.free(r.slot);
-  executor_.release(r.slot);
+  if (r.finish == Finish::kError) executor_.discard(r.slot);
+  else executor_.release(r.slot);
 }
 
 void Scheduler::rollback_reserved() {

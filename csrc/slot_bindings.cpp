@@ -113,6 +113,7 @@ void bind_slot_executors(py::module_& m) {
           py::arg("rows"), py::arg("blocks"), "-> logits [len(block), vocab] per row")
       .def("commit", &SlotExecutor::commit, py::arg("rows"), py::arg("kept"))
       .def("release", &SlotExecutor::release, py::arg("row"))
+      .def("discard", &SlotExecutor::discard, py::arg("row"))
       .def("release_scratch", &SlotExecutor::release_scratch,
            "With no request live on a host device, free the phase-sized scratch -> bytes freed (a GPU keeps it).")
       .def("reserve_memory", &SlotExecutor::reserve_memory,

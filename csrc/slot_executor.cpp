@@ -791,6 +791,21 @@ void SlotExecutor::release(int64_t row) {
   pack();
 }
 
+void SlotExecutor::discard(int64_t row) {
+  Row& r = state(row);
+  if (r.place >= 0) {
+    const auto zero = [&](std::vector<Buffer>& group, int64_t per_place) {
+      for (Buffer& buffer : group) device_.zero(buffer.at(r.place * per_place), per_place * buffer.element());
+    };
+    zero(target_kv_, cache_layout(false).slot);
+    zero(draft_kv_, cache_layout(true).slot);
+    zero(conv_, conv_size_);
+    zero(recurrent_, recurrent_size_);
+  }
+  r.committed = 0;  // keeps nothing, even with keep_released on
+  release(row);
+}
+
 void SlotExecutor::keep_released(bool on) {
   keep_released_ = on;
   if (!on) forget_retained();

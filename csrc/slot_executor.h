@@ -129,6 +129,7 @@ class SlotExecutor : public Executor {
                                         const std::vector<std::vector<int64_t>>& blocks);
   void commit(const std::vector<int64_t>& rows, const std::vector<int64_t>& kept) override;
   void release(int64_t row) override;
+  void discard(int64_t row) override;
   void keep_released(bool on) override;
   // Every released row gives its place back and keeps nothing (a benchmark's warm-up, reserve_memory).
   void forget_retained();

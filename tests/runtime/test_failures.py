@@ -86,6 +86,28 @@ def test_a_failed_prompt_leaves_nothing_for_prefix_reuse(poisoned):
     assert reused.metrics.cached_tokens > 0  # a clean one's do serve
 
 
+@pytest.mark.parametrize("speculative", [True, False])
+def test_the_rows_that_take_a_failed_requests_place_next_run_as_they_would_anywhere(poisoned_pair, speculative):
+    """A failed request's place holds NaN K/V past what the next rows write; the torch backend's batched
+    attention reads past a row's own positions (masked, but 0 x NaN is NaN). The place is zeroed when
+    the request fails: a request started there later, and a live row moved there when the failed one
+    left, give the tokens they give on a fresh LLM."""
+    target, draft = map(str, poisoned_pair)
+    pair, poison, params = [[9, 8], [1, 2, 3, 4, 5, 6]], [5, POISON, 7, 7, 7, 7], sampling(0)
+
+    def fresh(max_batch):
+        return LLM(target, draft, backend="torch", max_batch=max_batch, capacity=64)
+
+    want = [o.token_ids for o in fresh(2).generate(pair, params, speculative=speculative)]
+    llm = fresh(2)
+    assert llm.generate([poison], params, speculative=speculative)[0].finish_reason == "error"
+    assert [o.token_ids for o in llm.generate(pair, params, speculative=speculative)] == want  # in its place
+    # the poisoned prompt between the two: when it fails, the row above moves down into its place
+    outs = fresh(3).generate([pair[1], poison, pair[0]], params, speculative=speculative)
+    assert [o.finish_reason for o in outs] == ["length", "error", "length"]
+    assert [outs[2].token_ids, outs[0].token_ids] == want
+
+
 def failing_step(monkeypatch, after: int, always: bool = False):
     """The torch backend's graph runs raise at the `after`-th run from now: that once, or from then on."""
     from dflash_trt.runtime import torch_graphs
