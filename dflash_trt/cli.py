@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import shutil
@@ -31,6 +32,11 @@ DRAFT_RULE_HELP = ("At T>0: point-mass drafts the drafter's argmax (a seeded rep
                    "drafter draws drafts from the drafter's distribution, kept with min(1, p/q) (needs --block-size "
                    "and graphs that return that distribution: a slots bundle, engines of a slots-trt export with "
                    "--draft-distribution, or the torch backend).")
+GENERATION_CONFIG_HELP = ("vLLM's: where the sampling defaults of a request that leaves fields out come from: auto, the "
+                          "model's generation_config.json (its temperature, top_p, top_k, min_p, repetition_penalty "
+                          "and max_new_tokens, which caps max_tokens); vllm, none; or a directory holding one.")
+OVERRIDE_GENERATION_HELP = ("vLLM's: a JSON object of those fields set over what --generation-config found, e.g. "
+                            "'{\"temperature\": 0.6}'.")
 DRAFT_DISTRIBUTION_HELP = ("The draft block graph also returns what --draft-rule drafter draws from (the drafter's "
                            "float32 logits, or a DFlash2 drafter's selector tables) [default: yes for --flavour "
                            "slots; for slots-trt only when asked, since a TensorRT engine writes every output at "
@@ -97,19 +103,20 @@ def main():
                    "engines on onnxruntime, TensorRT engines on the GPU.")
 @click.option("--block-size", type=int, default=None, help="Verify block size B (default: the drafter's, at most 4: on a CPU a larger verify costs more than its drafts save).")
 @click.option("--speculative/--no-speculative", default=True, show_default=True, help="Off: plain autoregressive decoding.")
-@click.option("--max-tokens", type=int, default=256, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--top-k", type=int, default=0, show_default=True, help="0 disables top-k.")
+@click.option("--max-tokens", type=int, default=None, help="[default: 256, or the model's generation config's]")
+@click.option("--temperature", type=float, default=None,
+              help="0 is greedy [default: the model's generation config's, else 0].")
+@click.option("--top-p", type=float, default=None, help="[default: the model's generation config's, else 1]")
+@click.option("--top-k", type=int, default=None, help="0 disables top-k [default: the model's generation config's, else 0].")
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="Stop string (repeatable); cut from the output.")
 @click.option("--presence-penalty", type=float, default=0.0, show_default=True,
               help="Subtracted from the logit of each token the reply has (OpenAI's; in [-2, 2]).")
 @click.option("--frequency-penalty", type=float, default=0.0, show_default=True,
               help="Times a token's count in the reply, subtracted from its logit (OpenAI's; in [-2, 2]).")
-@click.option("--repetition-penalty", type=float, default=1.0, show_default=True,
+@click.option("--repetition-penalty", type=float, default=None,
               help="Divides a positive logit (multiplies a negative one) of each token the prompt or reply has "
-                   "(vLLM's; in [1e-6, 2]).")
+                   "(vLLM's; in [1e-6, 2]) [default: the model's generation config's, else 1].")
 @click.option("--json-schema", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
               help="Structured output: the reply follows this JSON schema file (a grammar masks every decision).")
 @click.option("--regex", default=None, help="Structured output: the reply matches this regular expression.")
@@ -134,10 +141,13 @@ def main():
 @click.option("--draft-quant", type=click.Choice(DRAFT_QUANTS), default=None, help=DRAFT_QUANT_HELP)
 @click.option("--draft-rule", type=click.Choice(["point-mass", "drafter"]), default="point-mass", show_default=True,
               help=DRAFT_RULE_HELP)
+@click.option("--generation-config", default="auto", show_default=True, help=GENERATION_CONFIG_HELP)
+@click.option("--override-generation-config", default=None, help=OVERRIDE_GENERATION_HELP)
 @user_errors
 def generate(prompt, target, draft, backend, bundle, block_size, speculative, max_tokens, temperature, top_p, top_k, seed, stop,
              presence_penalty, frequency_penalty, repetition_penalty, json_schema, regex, choices, grammar,
-             thinking_token_budget, as_json, logprobs, prompt_logprobs, device, dtype, quant, draft_quant, draft_rule):
+             thinking_token_budget, as_json, logprobs, prompt_logprobs, device, dtype, quant, draft_quant, draft_rule,
+             generation_config, override_generation_config):
     """Generate a reply to PROMPT, streaming it, then print the acceptance summary."""
     from dflash_trt.runtime.llm import AUTO, BUNDLE_PLACED, LLM
     from dflash_trt.spec.metrics import summary_line
@@ -149,18 +159,24 @@ def generate(prompt, target, draft, backend, bundle, block_size, speculative, ma
     structured = {"json": json_schema and json_schema.read_text(), "regex": regex, "choice": list(choices) or None,
                   "grammar": grammar and grammar.read_text()}
     structured = {kind: value for kind, value in structured.items() if value is not None}
-    params = SamplingParams(
-        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop, logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty,
+    # the options given; those left out take the model's sampling defaults once it is loaded
+    given = {name: value for name, value in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
+                                             ("top_k", top_k), ("repetition_penalty", repetition_penalty))
+             if value is not None}
+    params = SamplingParams(  # checked before any work
+        **given, seed=seed, stop=stop, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
         structured_output=structured or None, thinking_token_budget=thinking_token_budget,
     )
+    generation = {"generation_config": generation_config, "override_generation_config": override_generation_config}
     if bundle:
         if device or dtype or quant or draft_quant:
             raise DFlashError(BUNDLE_PLACED)
-        llm = LLM.from_bundle(bundle, block_size=block_size, draft_rule=draft_rule)
+        llm = LLM.from_bundle(bundle, block_size=block_size, draft_rule=draft_rule, **generation)
     else:
         llm = LLM(target=target, draft=draft or AUTO, backend=backend, block_size=block_size, device=device,
-                  dtype=dtype, quant=quant, draft_quant=draft_quant, draft_rule=draft_rule)
+                  dtype=dtype, quant=quant, draft_quant=draft_quant, draft_rule=draft_rule, **generation)
+    params = dataclasses.replace(params, **{k: v for k, v in llm.sampling_defaults.items() if k not in given})
     if speculative and not llm.has_drafter:
         raise DFlashError(f"no drafter for target '{target}': pass --draft DIR or --no-speculative")
     if as_json:
@@ -716,11 +732,14 @@ def pack_corpus(src, dst):
 @click.option("--default-chat-template-kwargs", default=None,
               help="vLLM's: chat template variables (a JSON object, e.g. '{\"enable_thinking\": false}') every "
                    "request gets, under its own chat_template_kwargs.")
+@click.option("--generation-config", default="auto", show_default=True, help=GENERATION_CONFIG_HELP)
+@click.option("--override-generation-config", default=None, help=OVERRIDE_GENERATION_HELP)
 @user_errors
 def serve(model, target, draft, speculative_config, enable_auto_tool_choice, host, port, api_key, served_model_name,
           max_batch, capacity, block_size, prefill_chunk, backend, device, dtype, quant, draft_quant, max_waiting, docs,
           draft_rule, prefix_caching, scheduling_policy, chat_template, tool_call_parser, reasoning_parser,
-          responses_store, trust_request_chat_template, default_chat_template_kwargs):
+          responses_store, trust_request_chat_template, default_chat_template_kwargs, generation_config,
+          override_generation_config):
     """Serve MODEL (a bundle or engine bundle directory that export / build wrote; else a target, as
     --target takes it, which vLLM's `serve MODEL` is) with an OpenAI-compatible API (/v1/chat/completions,
     /v1/completions, /v1/responses, Anthropic's /v1/messages and its count_tokens, /v1/models, /health,
@@ -746,7 +765,8 @@ def serve(model, target, draft, speculative_config, enable_auto_tool_choice, hos
                          chat_template=chat_template,
                          tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
                          responses_store=responses_store, trust_request_chat_template=trust_request_chat_template,
-                         default_chat_template_kwargs=default_chat_template_kwargs)
+                         default_chat_template_kwargs=default_chat_template_kwargs,
+                         generation_config=generation_config, override_generation_config=override_generation_config)
     run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
 
 

@@ -43,7 +43,7 @@ class Outcome:
 
 
 def request_params(rng: random.Random) -> dict:
-    params = {"max_tokens": rng.randint(8, 96)}
+    params = {"max_tokens": rng.randint(8, 96), "temperature": 0}  # greedy: checked against offline decoding
     if rng.random() < 0.5:  # sampled: seeded, so a rerun can reproduce it
         params.update(temperature=round(rng.uniform(0.3, 1.2), 2), top_p=rng.choice([1.0, 0.9]), seed=rng.randrange(2**31))
     if rng.random() < 0.3:
@@ -206,7 +206,7 @@ def main() -> None:
         server.stop()
 
     counts = {kind: sum(o.kind == kind for o in outcomes) for kind in ("completed", "left", "refused", "5xx", "lost")}
-    greedy = [o for o in outcomes if o.kind == "completed" and "temperature" not in o.params]
+    greedy = [o for o in outcomes if o.kind == "completed" and o.params["temperature"] == 0]
     random.Random(args.seed).shuffle(greedy)
     llm = LLM.from_bundle(bundle)
     checked = greedy[: args.greedy_checks]

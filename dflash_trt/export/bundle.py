@@ -44,6 +44,7 @@ from dflash_trt.export.verify import TOLERANCES, check_graph, inspect_graph
 from dflash_trt.export.weights import WeightsAsInputs, attach_weights, module_weights
 from dflash_trt.models.draft_vocab import write_draft_vocab
 from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.models.generation_defaults import FILE as GENERATION_FILE
 from dflash_trt.models.target import TargetModel, eos_token_ids
 
 OPSET = 17
@@ -401,6 +402,9 @@ def export_bundle(target: TargetModel, drafter: DFlashDrafter, tokenizer, out: P
                               "i (draft_logits, selector_columns) is target id token_ids[i]")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        # the sampling defaults the model's creator recommends (LLM.from_bundle and serve apply them, as vLLM
+        # does): written as found, without transformers' checks, which may refuse a published config
+        (tmp / GENERATION_FILE).write_text(target.model.generation_config.to_json_string(use_diff=True))
         progress("tokenizer")
         manifest = {
             "format_version": FORMAT_VERSION,

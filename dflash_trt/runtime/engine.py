@@ -187,7 +187,7 @@ class BatchRunner:
         """Check a request (one line for what is wrong, before any work) -> the request, not yet queued.
         `cache_salt` (vLLM's): it reuses KV positions only of requests with the same salt, so one tenant
         cannot time another's prompts through the prefix cache."""
-        params = params or SamplingParams()
+        params = params or self.llm.get_default_sampling_params()
         if params.n != 1:
             raise DFlashError(f"n {params.n}: a request here is one sequence (LLM.generate runs n samples as n "
                               "requests, the OpenAI front n choices)")

@@ -11,6 +11,7 @@ from dflash_trt.errors import DFlashError
 from dflash_trt.export.manifest import DRAFT_QUANTS, QUANTS, TORCH_QUANTS
 from dflash_trt.models import embedded
 from dflash_trt.models.chat import encode_chat, encode_prompt
+from dflash_trt.models.generation_defaults import sampling_defaults
 from dflash_trt.models.tokenizers import TextStream, load_tokenizer
 from dflash_trt.runtime.beam_search import BeamSearchOutput, BeamSearchParams, beam_search
 from dflash_trt.runtime.engine import DEFAULT_CAPACITY, DEFAULT_MAX_BATCH, BatchRunner, check_batching, check_fits
@@ -177,6 +178,8 @@ class LLM:
         max_model_len: int | None = None,
         max_num_seqs: int | None = None,
         enable_prefix_caching: bool | None = None,
+        generation_config: str = "auto",
+        override_generation_config: dict | str | None = None,
     ):
         """`model`, `speculative_config` ({"method": "dflash", "model": drafter, "num_speculative_tokens":
         block_size - 1}), `max_model_len`, `max_num_seqs`, `enable_prefix_caching`: vLLM's names for
@@ -190,7 +193,10 @@ class LLM:
         "drafter" needs a fixed `block_size` (and, from a bundle, a slots one). `prefix_caching`: a
         request whose prompt starts with what a finished request's KV slot holds reuses it (BatchRunner).
         `scheduling_policy` "priority": `generate(..., priority=[...])` serves lower values first and
-        preempts running requests of a higher value (BatchRunner)."""
+        preempts running requests of a higher value (BatchRunner). `generation_config` ("auto": the
+        target's generation_config.json; "vllm": none; a directory holding one) and
+        `override_generation_config` (a dict of its names, or JSON): the sampling defaults a request
+        without its own SamplingParams gets (vLLM's; models/generation_defaults.py)."""
         target = either("target", target, embedded.DEFAULT_TARGET, "model", model)
         capacity = either("capacity", capacity, DEFAULT_CAPACITY, "max_model_len", max_model_len)
         max_batch = either("max_batch", max_batch, DEFAULT_MAX_BATCH, "max_num_seqs", max_num_seqs)
@@ -202,6 +208,9 @@ class LLM:
         _check_block_size(block_size)
         _check_draft_rule(draft_rule, adaptive=block_size is None)
         self._batching(max_batch, capacity, prefill_chunk, prefix_caching, scheduling_policy)
+        from dflash_trt.models.checkpoints import resolve_target
+
+        self.sampling_defaults = sampling_defaults(resolve_target(target), generation_config, override_generation_config)
         # PyTorch model code is imported here, on the torch path only: from_bundle never loads it.
         from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, resolve_draft
         from dflash_trt.models.pairing import validate_pair
@@ -265,7 +274,8 @@ class LLM:
     @classmethod
     def from_bundle(cls, path: str | Path, block_size: int | None = None, max_batch: int | None = None,
                     capacity: int | None = None, prefill_chunk: int = 0, draft_rule: str = "point-mass",
-                    prefix_caching: bool = True, scheduling_policy: str = "fcfs") -> LLM:
+                    prefix_caching: bool = True, scheduling_policy: str = "fcfs", *, generation_config: str = "auto",
+                    override_generation_config: dict | str | None = None) -> LLM:
         """Run what `dflash-trt export` or `dflash-trt build` wrote on a C++ executor: a slots (or
         slots-trt) bundle or onnxruntime engines built from one on onnxruntime, TensorRT engines built
         from a slots-trt bundle on the GPU. Portable and plugin bundles (graph contract 1, for engine
@@ -273,7 +283,8 @@ class LLM:
         `capacity` (tokens per KV slot) defaults to the bundle's own where its graphs fix one
         (slots-trt), else DEFAULT_CAPACITY. TensorRT slots-trt engines also bound the rows per step
         (`max_batch` defaults to theirs) and the prompt tokens per step (prompts longer than their
-        prefill profile enter in chunks of it)."""
+        prefill profile enter in chunks of it). `generation_config`, `override_generation_config`: as
+        LLM's ("auto": the generation_config.json export copied from the target)."""
         from dflash_trt.runtime.engine_bundles import bundle_capacity
 
         _check_block_size(block_size)
@@ -281,6 +292,7 @@ class LLM:
         capacity = capacity or bundle_capacity(path) or DEFAULT_CAPACITY
         # the user's values first
         llm._batching(max_batch or DEFAULT_MAX_BATCH, capacity, prefill_chunk, prefix_caching, scheduling_policy)
+        llm.sampling_defaults = sampling_defaults(path, generation_config, override_generation_config)
         llm._load_bundle(Path(path), block_size, max_batch)
         llm._set_draft_rule(draft_rule)
         return llm
@@ -370,6 +382,11 @@ class LLM:
 
     # -- prompts -------------------------------------------------------------------------------
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a request without SamplingParams gets (vLLM's): the generation config's defaults over
+        SamplingParams' own (greedy, 256 tokens)."""
+        return SamplingParams(**self.sampling_defaults)
+
     def get_tokenizer(self):
         """The target's tokenizer (vLLM's accessor; None for a target without one)."""
         return self.tokenizer
@@ -450,7 +467,7 @@ class LLM:
         if lora_request is not None:
             raise DFlashError("lora_request: LoRA adapters are not supported (leave it None)")
         batch = _prompt_list(prompts)
-        each = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(batch)
+        each = list(params) if isinstance(params, (list, tuple)) else [params or self.get_default_sampling_params()] * len(batch)
         if len(each) != len(batch):
             raise DFlashError(f"{len(each)} SamplingParams for {len(batch)} prompts: give one, or one per prompt")
         for one in each:
@@ -531,7 +548,7 @@ class LLM:
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, speculative: bool = True) -> Iterator[RequestOutput]:
         """Yield the output after every step that touched the request (stepping the LLM's core); the last
         has finish_reason set. Closing the iterator early aborts the request."""
-        params = params or SamplingParams()
+        params = params or self.get_default_sampling_params()
         self._check_request(params, speculative)
         return self._runner().stream(prompt, params, speculative)
 

@@ -48,6 +48,10 @@ class ServeConfig:
     trust_request_chat_template: bool = False  # vLLM's: a request's own chat_template renders its prompt
     # vLLM's: chat template variables every request gets under its own chat_template_kwargs (a JSON object)
     default_chat_template_kwargs: str | None = None
+    # vLLM's: where a request's sampling defaults come from ("auto": the model's generation_config.json;
+    # "vllm": none; a directory holding one), and a JSON object of some set over them
+    generation_config: str = "auto"
+    override_generation_config: str | None = None
 
     def __post_init__(self):
         if self.bundle is not None and (self.target or self.draft):
@@ -115,6 +119,12 @@ class ServeConfig:
                 template_kwargs(self.default_chat_template_kwargs)
             except RequestError as err:
                 raise DFlashError(f"--default-chat-template-kwargs: {err.message}") from None
+        from dflash_trt.models.generation_defaults import AUTO, FILE, NEUTRAL, parse_overrides
+
+        if self.generation_config not in (AUTO, NEUTRAL) and not (Path(self.generation_config) / FILE).is_file():
+            raise DFlashError(f"--generation-config must be auto, vllm or a directory holding a {FILE}, "
+                              f"got {self.generation_config!r}")
+        parse_overrides(self.override_generation_config)
         if not isinstance(self.responses_store, int) or self.responses_store < 0:
             raise DFlashError(f"--responses-store must be an integer >= 0, got {self.responses_store!r}")
         if not 0 <= self.port <= 65535:
@@ -146,7 +156,19 @@ class ServeConfig:
             "scheduling_policy": self.scheduling_policy,
             "chat_template": "" if self.chat_template is None else str(Path(self.chat_template).resolve()),
             "default_chat_template_kwargs": self.default_chat_template_kwargs or "",
+            "generation_config": self.generation_config if self.generation_config in ("auto", "vllm")
+            else str(Path(self.generation_config).resolve()),
+            "override_generation_config": self.override_generation_config or "",
         }
+
+    def sampling_defaults(self) -> dict:
+        """The sampling defaults the Triton model's LLM will apply (models/generation_defaults.py), read here
+        first: a bad value is refused before Triton starts, and serve says what they are."""
+        from dflash_trt.models.checkpoints import resolve_target
+        from dflash_trt.models.generation_defaults import sampling_defaults
+
+        source = self.bundle if self.bundle is not None else resolve_target(self.target)
+        return sampling_defaults(source, self.generation_config, self.override_generation_config)
 
 
 def is_bundle(path: str | Path) -> bool:

@@ -34,12 +34,13 @@ RENAMED = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "json
 
 
 class SGLangSampling(BaseModel):
-    """SGLang's sampling_params (its defaults: 128 new tokens, temperature 1)."""
+    """SGLang's sampling_params (its defaults: 128 new tokens; the rest the server's, as the completion's:
+    the model's generation config, else temperature 1)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     max_new_tokens: JsonInt = Field(128, json_schema_extra=RANGES["max_tokens"])
     min_new_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["min_tokens"])
-    temperature: float = Field(1.0, json_schema_extra=RANGES["temperature"])
+    temperature: float | None = Field(None, json_schema_extra=RANGES["temperature"])
     top_p: float | None = Field(None, json_schema_extra=RANGES["top_p"])
     top_k: JsonInt | None = Field(None, json_schema_extra={**RANGES["top_k"], "minimum": -1})
     min_p: float | None = Field(None, json_schema_extra=RANGES["min_p"])

@@ -44,8 +44,15 @@ class RequestError(Exception):
         return cls(data.get("param"), str(data["message"]), int(data.get("status", 400)))
 
 
-def parse_sampling(text: str | None, prompt_tokens: int, capacity: int) -> SamplingParams:
-    """JSON object -> SamplingParams; max_tokens defaults to what the context has left."""
+# what a request gets for a field neither it nor the model's generation config sets, where SamplingParams'
+# own default differs: OpenAI's temperature (vLLM's and SGLang's too), not greedy decoding
+SERVER_DEFAULTS = {"temperature": 1.0}
+
+
+def parse_sampling(text: str | None, prompt_tokens: int, capacity: int, defaults: dict | None = None) -> SamplingParams:
+    """JSON object -> SamplingParams. A field it leaves out takes `defaults` (the model's generation
+    config, models/generation_defaults.py), else SERVER_DEFAULTS, else SamplingParams'; max_tokens
+    defaults to what the context has left, and a default max_tokens caps it (vLLM's rule)."""
     try:
         raw = json.loads(text) if text else {}
     except ValueError:
@@ -67,7 +74,11 @@ def parse_sampling(text: str | None, prompt_tokens: int, capacity: int) -> Sampl
     if isinstance(max_tokens, int) and max_tokens > left:
         raise RequestError("max_tokens", f"max_tokens {max_tokens} is more than the context has left for this "
                                          f"prompt ({prompt_tokens} + {max_tokens} > capacity {capacity})")
-    return sampling_params(values)
+    defaults = {**SERVER_DEFAULTS, **(defaults or {})}
+    cap = defaults.pop("max_tokens", None)
+    if cap is not None and isinstance(max_tokens, int):
+        values["max_tokens"] = min(max_tokens, cap)
+    return sampling_params({**defaults, **values})
 
 
 def sampling_params(values: dict) -> SamplingParams:

@@ -80,6 +80,14 @@ def front_options(config: ServeConfig) -> dict:
     return {"tool_parser": parser, "thinking": thinking}
 
 
+def sampling_line(defaults: dict) -> str:
+    """What a request gets for the sampling fields it leaves out (vLLM says so at start too)."""
+    from dflash_trt.serve.requests import SERVER_DEFAULTS
+
+    shown = ", ".join(f"{name} {value}" for name, value in {**SERVER_DEFAULTS, **defaults}.items())
+    return f"default sampling (a request's own fields win; --generation-config): {shown}"
+
+
 def bind(host: str, port: int) -> socket.socket:
     """The front's listening socket, bound before anything starts: a taken port is one line."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -103,6 +111,7 @@ def serve(config: ServeConfig, say: Callable[[str], None] = print) -> None:
     from dflash_trt.serve.triton_client import TritonClient
 
     options = check_inputs(config)
+    defaults = config.sampling_defaults()
     sock = bind(config.host, config.port)
     try:
         install = find_triton()
@@ -124,6 +133,7 @@ def serve(config: ServeConfig, say: Callable[[str], None] = print) -> None:
         host, port = sock.getsockname()[:2]
         say(f"serving '{config.served_name}' at http://{host}:{port}/v1 (Triton at {triton.url}); tool calls: "
             f"{options['tool_parser'] or 'none'}; reasoning: {config.reasoning_parser}")
+        say(sampling_line(defaults))
         _quiet_after_capture()
         server.run(sockets=[sock])
     finally:

@@ -104,3 +104,36 @@ def test_vllm_s_option_names_are_taken_too(tiny_pairs):
     assert code == 2 and "--max-batch must be an integer >= 1, got 0" in out
     code, out = run("--target", str(tiny_pairs["qwen3"][0]), "--max-model-len", "1")
     assert code == 2 and "--capacity must be an integer >= 2, got 1" in out
+
+
+@pytest.mark.parametrize("options, words", [
+    (["--generation-config", "nowhere"], "--generation-config must be auto, vllm or a directory holding a "
+                                         "generation_config.json, got 'nowhere'"),
+    (["--override-generation-config", '{"do_sample": true}'], "'do_sample' is not a sampling default"),
+    (["--override-generation-config", '{"top_p": 0}'], "--override-generation-config: SamplingParams.top_p must be"),
+])
+def test_sampling_defaults_it_cannot_take_are_one_line(tiny_pairs, options, words):
+    target, draft = map(str, tiny_pairs["qwen3"])
+    code, out = run("--target", target, "--draft", draft, *options)
+    assert code == 2 and words in out and len(out.splitlines()) == 1
+
+
+def test_a_generation_config_the_model_ships_with_a_bad_value_is_one_line(tiny_pairs, tmp_path):
+    import json
+    import shutil
+
+    target = shutil.copytree(tiny_pairs["qwen3"][0], tmp_path / "target")
+    config = json.loads((target / "generation_config.json").read_text())
+    (target / "generation_config.json").write_text(json.dumps({**config, "temperature": -0.5}))
+    code, out = run("--target", str(target), "--draft", str(tiny_pairs["qwen3"][1]))
+    assert code == 2 and len(out.splitlines()) == 1
+    assert "target's generation config: SamplingParams.temperature must be >= 0" in out
+
+
+def test_the_generation_config_settings_reach_the_triton_model(tiny_pairs, served):
+    target, draft = map(str, tiny_pairs["qwen3"])
+    code, out = run("--target", target, "--draft", draft, "--generation-config", "vllm",
+                    "--override-generation-config", '{"temperature": 0.5}')
+    assert code == 0, out
+    parameters = served[0].model_parameters()
+    assert (parameters["generation_config"], parameters["override_generation_config"]) == ("vllm", '{"temperature": 0.5}')

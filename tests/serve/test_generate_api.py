@@ -27,7 +27,8 @@ def test_a_text_prompt_is_a_completion_with_sglang_s_defaults(served):
     answer = front.post("/generate", json={"text": "hi", "rid": "r1"}).json()
     (asked,) = triton.requests
     assert asked["text_input"] == "hi" and "messages" not in asked  # no chat template
-    assert sampling(triton) == {"max_tokens": 128, "temperature": 1.0}
+    # SGLang's 128 new tokens; the temperature left to the Triton model (the generation config's, else 1)
+    assert sampling(triton) == {"max_tokens": 128}
     assert asked["return_token_ids"] is True
     assert answer == {"text": "abc", "output_ids": [0, 1, 2], "meta_info": {
         "id": "r1", "finish_reason": {"type": "length", "length": 3}, "prompt_tokens": USAGE["prompt_tokens"],
@@ -52,8 +53,7 @@ def test_a_batch_may_send_each_prompt_its_own_sampling_params(served):
     assert [a["text"] for a in answers] == ["007", "008", "abc"]
     assert [r["input_ids"] for r in triton.requests] == [[5, 6], [5, 6], [7]]
     assert [sampling(triton, k) for k in range(3)] == [
-        {"max_tokens": 3, "temperature": 1.0, "seed": 7}, {"max_tokens": 3, "temperature": 1.0, "seed": 8},
-        {"max_tokens": 5, "temperature": 0}]
+        {"max_tokens": 3, "seed": 7}, {"max_tokens": 3, "seed": 8}, {"max_tokens": 5, "temperature": 0}]
     refused = front.post("/generate", json={"input_ids": [[5, 6], [7]], "sampling_params": [{}]})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "sampling_params"
     assert "1 sampling_params for 2 prompts" in refused.json()["error"]["message"]

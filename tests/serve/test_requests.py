@@ -16,9 +16,26 @@ from dflash_trt.serve.requests import (
 from dflash_trt.spec.sampling import SamplingParams
 
 
-def test_defaults_fill_the_context():
+def test_defaults_fill_the_context_and_sample_at_openais_temperature():
     params = parse_sampling(None, prompt_tokens=10, capacity=64)
-    assert params.max_tokens == 54 and params.greedy
+    assert params.max_tokens == 54 and params.temperature == 1.0 and (params.top_p, params.top_k) == (1.0, 0)
+
+
+def test_the_models_generation_defaults_fill_what_a_request_leaves_out():
+    defaults = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.05}
+    params = parse_sampling(json.dumps({"top_p": 0.5, "temperature": 0}), 4, 64, defaults)
+    assert (params.temperature, params.top_p, params.top_k, params.min_p) == (0, 0.5, 20, 0.05)
+    params = parse_sampling(None, 4, 64, {"repetition_penalty": 1.1})  # temperature: still OpenAI's
+    assert (params.temperature, params.repetition_penalty) == (1.0, 1.1)
+
+
+def test_a_default_max_tokens_caps_every_request_as_vllms_does():
+    defaults = {"max_tokens": 8}
+    assert [parse_sampling(text, 4, 64, defaults).max_tokens
+            for text in (None, '{"max_tokens": 30}', '{"max_tokens": 5}')] == [8, 8, 5]
+    with pytest.raises(RequestError) as err:  # beyond the context is refused first, as without the cap
+        parse_sampling('{"max_tokens": 61}', 4, 64, defaults)
+    assert err.value.param == "max_tokens"
 
 
 def test_fields_pass_through():

@@ -104,7 +104,7 @@ def test_greedy_equals_offline(server, client, offline):
         # token for token, through Triton's own generate endpoint
         direct = httpx.post(f"{server.triton}/v2/models/dflash/generate", timeout=60, json={
             "messages": json.dumps([{"role": "user", "content": prompt}]),
-            "sampling_parameters": json.dumps({"max_tokens": 24})}).json()
+            "sampling_parameters": json.dumps({"max_tokens": 24, "temperature": 0})}).json()
         ids = direct["token_ids"] if isinstance(direct["token_ids"], list) else [direct["token_ids"]]
         assert ids == expected.token_ids and direct["finish_reason"] == expected.finish_reason
 
@@ -675,9 +675,9 @@ def test_beam_search_equals_offline_beam_search(server, client, offline):
 
 def test_concurrent_streams_equal_sequential_replies(server, client):
     prompts = [f"{p} {i}" for i in range(4) for p in PROMPTS]  # 64 clients at once
-    sequential = [chat(client, server, p, max_tokens=16).choices[0].message.content for p in prompts]
+    sequential = [chat(client, server, p, max_tokens=16, temperature=0).choices[0].message.content for p in prompts]
     with ThreadPoolExecutor(len(prompts)) as pool:
-        concurrent = list(pool.map(lambda p: streamed(client, server, p, max_tokens=16), prompts))
+        concurrent = list(pool.map(lambda p: streamed(client, server, p, max_tokens=16, temperature=0), prompts))
     assert [text for text, _, _ in concurrent] == sequential
     assert all(reason in ("stop", "length") for _, _, reason in concurrent)
 
@@ -848,7 +848,7 @@ def test_disconnects_free_every_slot(server, client):
 
     def leave_early(prompt, n=1):
         body = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 200,
-                "stream": True, "n": n}
+                "temperature": 0, "stream": True, "n": n}  # greedy: no early EOS before the client leaves
         with httpx.stream("POST", f"{server.url}/chat/completions", json=body, timeout=60) as response:
             for line in response.iter_lines():
                 if line.startswith("data: "):

@@ -50,12 +50,16 @@ class TritonPythonModel:
         capacity = int(params["capacity"]) if params["capacity"] else None
         block_size = int(params["block_size"]) if params["block_size"] else None
         rule = params.get("draft_rule") or "point-mass"
+        # serve --generation-config / --override-generation-config: a request's sampling defaults
+        generation = {"generation_config": params.get("generation_config") or "auto",
+                      "override_generation_config": params.get("override_generation_config") or None}
         if params["bundle"]:  # capacity None: the bundle's own, else 4096
-            self.llm = LLM.from_bundle(params["bundle"], block_size=block_size, capacity=capacity, draft_rule=rule)
+            self.llm = LLM.from_bundle(params["bundle"], block_size=block_size, capacity=capacity, draft_rule=rule,
+                                       **generation)
         else:
             placed = {name: params.get(name) or None for name in ("device", "dtype", "quant", "draft_quant")}
             self.llm = LLM(params["target"], params["draft"] or AUTO, backend=params.get("backend") or AUTO,
-                           block_size=block_size, draft_rule=rule, **placed)
+                           block_size=block_size, draft_rule=rule, **placed, **generation)
         self.engine = Engine(self.llm, max_batch=int(params["max_batch"]), capacity=capacity or self.llm.capacity,
                              block_size=block_size,
                              prefill_chunk=int(params.get("prefill_chunk") or 0),
@@ -104,7 +108,7 @@ class TritonPythonModel:
                 self._tokenized(sender, ids)
                 return
             sampling = _string(request, "sampling_parameters")
-            params = parse_sampling(sampling, len(ids), self.engine.capacity)
+            params = parse_sampling(sampling, len(ids), self.engine.capacity, self.llm.sampling_defaults)
             salt = _string(request, "cache_salt") or None
             tokenizer = self.llm.tokenizer
             # a logprob entry's token: its text, or (vLLM's return_tokens_as_token_ids) "token_id:<id>"
