@@ -367,7 +367,7 @@ def build(target, draft, source, out, engine, compute_capability, dtype, flavour
     from dflash_trt.export.bundle import SLOT_FLAVOURS, export_bundle
     from dflash_trt.export.manifest import read_bundle
     from dflash_trt.export.staging import check_output_dir
-    from dflash_trt.runtime.engine import DEFAULT_MAX_BATCH
+    from dflash_trt.runtime.batch_runner import DEFAULT_MAX_BATCH
 
     if source is not None and (target or draft):
         raise DFlashError("pass either --bundle or --target/--draft, not both")

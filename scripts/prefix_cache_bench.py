@@ -28,7 +28,7 @@ from pathlib import Path
 from dflash_trt import LLM, SamplingParams
 from dflash_trt.bench.datasets import load_prompts
 from dflash_trt.bench.report import environment
-from dflash_trt.runtime.engine import BatchRunner
+from dflash_trt.runtime.batch_runner import BatchRunner
 
 SYSTEM = ("You are a careful assistant. Answer in plain prose, name your assumptions, prefer short sentences, "
           "and say so when a question has no single answer. When code is asked for, give one complete function "

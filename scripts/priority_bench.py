@@ -26,7 +26,7 @@ from pathlib import Path
 from dflash_trt import LLM, SamplingParams
 from dflash_trt.bench.datasets import load_prompts
 from dflash_trt.bench.report import environment
-from dflash_trt.runtime.engine import SCHEDULING_POLICIES, BatchRunner
+from dflash_trt.runtime.batch_runner import SCHEDULING_POLICIES, BatchRunner
 
 
 def run(llm: LLM, policy: str, slots: int, batch: list[str], interactive: list[str], gap: int,

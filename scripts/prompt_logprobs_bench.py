@@ -23,7 +23,7 @@ from pathlib import Path
 from dflash_trt import LLM, SamplingParams
 from dflash_trt.bench.datasets import load_prompts
 from dflash_trt.bench.report import environment
-from dflash_trt.runtime.engine import BatchRunner
+from dflash_trt.runtime.batch_runner import BatchRunner
 
 
 def run(llm: LLM, prompts: list[str], params: SamplingParams, concurrency: int) -> tuple[dict, list]:

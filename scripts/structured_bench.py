@@ -24,7 +24,7 @@ from pathlib import Path
 from dflash_trt import LLM, SamplingParams
 from dflash_trt.bench.report import environment
 from dflash_trt.runtime import constraints
-from dflash_trt.runtime.engine import BatchRunner
+from dflash_trt.runtime.batch_runner import BatchRunner
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "year", "tags"], "properties": {
     "name": {"type": "string", "maxLength": 40}, "year": {"type": "integer"},

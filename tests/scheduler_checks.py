@@ -169,7 +169,7 @@ def check_draft_kernels(llm, monkeypatch, mode) -> None:
 def check_batched_greedy(llm, count: int, seed: int) -> None:
     """`count` workload requests through a BatchRunner of 3 slots (blocks of 4): each greedy output equals
     autoregressive decoding."""
-    from dflash_trt.runtime.engine import BatchRunner
+    from dflash_trt.runtime.batch_runner import BatchRunner
 
     work = workload(llm.vocab_size, count, seed=seed)
     runner = BatchRunner(llm, max_batch=3, capacity=64, block_size=4)

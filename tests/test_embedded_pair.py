@@ -128,7 +128,7 @@ def test_structured_output_on_the_real_pair_keeps_drafts_and_the_constrained_loo
     from reference import constrained_greedy
 
     from dflash_trt import SamplingParams
-    from dflash_trt.runtime.engine import BatchRunner
+    from dflash_trt.runtime.batch_runner import BatchRunner
 
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}

@@ -9,7 +9,7 @@ from dataclasses import replace
 from tqdm import tqdm
 
 from dflash_trt.bench.summary import RequestRecord
-from dflash_trt.runtime.engine import BatchRunner
+from dflash_trt.runtime.batch_runner import BatchRunner
 from dflash_trt.runtime.llm import LLM
 from dflash_trt.spec.sampling import SamplingParams
 

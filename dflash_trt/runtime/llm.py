@@ -14,7 +14,7 @@ from dflash_trt.models.chat import encode_chat, encode_prompt
 from dflash_trt.models.generation_defaults import sampling_defaults
 from dflash_trt.models.tokenizers import TextStream, load_tokenizer
 from dflash_trt.runtime.beam_search import BeamSearchOutput, BeamSearchParams, beam_search
-from dflash_trt.runtime.engine import DEFAULT_CAPACITY, DEFAULT_MAX_BATCH, BatchRunner, check_batching, check_fits
+from dflash_trt.runtime.batch_runner import DEFAULT_CAPACITY, DEFAULT_MAX_BATCH, BatchRunner, check_batching, check_fits
 from dflash_trt.runtime.outputs import Prompt, RequestOutput
 from dflash_trt.runtime.prompts import RawText, from_dict
 from dflash_trt.runtime.vllm_names import either, speculative_fields

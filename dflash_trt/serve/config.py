@@ -40,7 +40,7 @@ class ServeConfig:
     docs: bool = True  # /docs (Swagger UI)
     draft_rule: str = "point-mass"  # T>0 drafts (runtime/ort_executor.py DRAFT_RULES); "drafter" needs block_size
     prefix_caching: bool = True  # a prompt starting with what a finished request's slot holds reuses it
-    scheduling_policy: str = "fcfs"  # runtime/engine.py SCHEDULING_POLICIES: "priority" honours a request's priority
+    scheduling_policy: str = "fcfs"  # runtime/batch_runner.py SCHEDULING_POLICIES: "priority" honours a request's priority
     chat_template: Path | None = None  # a Jinja file in place of the checkpoint's chat template
     tool_call_parser: str = "auto"  # how replies write tool calls (tool_calls.PARSERS); auto: from the template
     reasoning_parser: str = "none"  # qwen3: a chat reply's <think> block is its reasoning_content
@@ -90,7 +90,7 @@ class ServeConfig:
             raise DFlashError(f"--capacity must be an integer >= 2, got {self.capacity!r}")
         if self.block_size is not None and self.block_size < 2:
             raise DFlashError(f"--block-size must be >= 2, got {self.block_size}")
-        from dflash_trt.runtime.engine import SCHEDULING_POLICIES
+        from dflash_trt.runtime.batch_runner import SCHEDULING_POLICIES
 
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise DFlashError(f"--scheduling-policy must be one of {', '.join(SCHEDULING_POLICIES)}, "

@@ -30,10 +30,10 @@ def ort(core):
 
 
 @pytest.fixture(scope="session")
-def engine_module(core):
-    from dflash_trt.runtime import engine
+def runner_module(core):
+    from dflash_trt.runtime import batch_runner
 
-    return engine
+    return batch_runner
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ CUDA device's and the TensorRT executor's), and the fake CUDA driver's counters 
 import ctypes
 
 from dflash_trt import SamplingParams
-from dflash_trt.runtime.engine import BatchRunner
+from dflash_trt.runtime.batch_runner import BatchRunner
 
 PROMPTS = [[1, 2, 3], [4, 0, 1, 2], [3], [2, 2, 4, 1, 0]]
 PARAMS = [SamplingParams(max_tokens=14, temperature=0.8, seed=3, ignore_eos=True),

@@ -13,11 +13,11 @@ from dflash_trt.errors import DFlashError
 
 @pytest.mark.parametrize("name", ["qwen3", "small_vocab"])
 @pytest.mark.parametrize("chunk", [1, 3])
-def test_chunked_prefill_equals_each_requests_autoregressive_output(engine_module, llms, name, chunk):
+def test_chunked_prefill_equals_each_requests_autoregressive_output(runner_module, llms, name, chunk):
     llm = llms[name]
     work = workload(llm.vocab_size, 6, seed=chunk)
-    engine = engine_module.BatchRunner(llm, max_batch=3, capacity=64, block_size=llm.block_size, prefill_chunk=chunk)
-    whole = engine_module.BatchRunner(llm, max_batch=3, capacity=64, block_size=llm.block_size)
+    engine = runner_module.BatchRunner(llm, max_batch=3, capacity=64, block_size=llm.block_size, prefill_chunk=chunk)
+    whole = runner_module.BatchRunner(llm, max_batch=3, capacity=64, block_size=llm.block_size)
     for (_, prompt, params), out, ref in zip(work, drive(engine, work), drive(whole, work), strict=True):
         assert out.token_ids == autoregressive(llm, name, prompt, params).token_ids, (prompt, params)
         # the drafter saw the same context: every chunk's features reached it, in order
@@ -25,20 +25,20 @@ def test_chunked_prefill_equals_each_requests_autoregressive_output(engine_modul
     assert engine.slots.num_free == 3 and not engine.executor.live_rows
 
 
-def test_seeded_sampling_is_the_same_chunked_or_whole(engine_module, llms):
+def test_seeded_sampling_is_the_same_chunked_or_whole(runner_module, llms):
     llm = llms["llama"]
     params = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=5, ignore_eos=True)
     prompts = [list(range(3, 20)), [7, 8]]
     outputs = []
     for chunk in (0, 4):
-        engine = engine_module.BatchRunner(llm, max_batch=2, capacity=64, block_size=4, prefill_chunk=chunk)
+        engine = runner_module.BatchRunner(llm, max_batch=2, capacity=64, block_size=4, prefill_chunk=chunk)
         outputs.append(drive(engine, [(0, p, params) for p in prompts]))
     assert [o.token_ids for o in outputs[0]] == [o.token_ids for o in outputs[1]]
 
 
-def test_a_long_prompt_enters_over_several_steps_while_the_running_request_decodes(engine_module, llms):
+def test_a_long_prompt_enters_over_several_steps_while_the_running_request_decodes(runner_module, llms):
     llm = llms["qwen3"]
-    engine = engine_module.BatchRunner(llm, max_batch=2, capacity=64, speculative=False, prefill_chunk=4)
+    engine = runner_module.BatchRunner(llm, max_batch=2, capacity=64, speculative=False, prefill_chunk=4)
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     running = engine.add([5, 6], params)
     engine.step()  # its prefill: the first token
@@ -54,8 +54,8 @@ def test_a_long_prompt_enters_over_several_steps_while_the_running_request_decod
     assert long.token_ids == ar.token_ids
 
 
-def test_a_negative_chunk_is_refused_in_one_line(core, engine_module, llms):
-    from dflash_trt.runtime.engine import BatchRunner
+def test_a_negative_chunk_is_refused_in_one_line(core, runner_module, llms):
+    from dflash_trt.runtime.batch_runner import BatchRunner
 
     with pytest.raises(DFlashError, match=r"prefill_chunk must be an integer >= 0 \(0: whole prompts\), got -1"):
         BatchRunner(llms["qwen3"], max_batch=1, capacity=64, prefill_chunk=-1)

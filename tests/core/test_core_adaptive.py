@@ -132,10 +132,10 @@ def force(engine, max_batch, block):
 
 
 @pytest.mark.parametrize("forced", [None, 1, 4], ids=["adaptive", "forced-B1", "forced-Bmax"])
-def test_adaptive_greedy_equals_each_requests_autoregressive_output(engine_module, llms, forced):
+def test_adaptive_greedy_equals_each_requests_autoregressive_output(runner_module, llms, forced):
     llm = llms["small_vocab"]
     work = workload(llm.vocab_size, 6, seed=7)
-    engine = engine_module.BatchRunner(llm, max_batch=3, capacity=64, calibrate=forced is None)
+    engine = runner_module.BatchRunner(llm, max_batch=3, capacity=64, calibrate=forced is None)
     assert engine.core_stats()["adaptive"] and engine.core_stats()["max_block"] == 4
     if forced:
         force(engine, 3, forced)
@@ -157,7 +157,7 @@ def test_adaptive_greedy_equals_each_requests_autoregressive_output(engine_modul
         assert drafts > 0 and accepted > 0 and stats["acceptance"][0] != 0.5
 
 
-def test_a_seeded_request_samples_the_same_tokens_whatever_the_block_and_the_batch(engine_module, llms):
+def test_a_seeded_request_samples_the_same_tokens_whatever_the_block_and_the_batch(runner_module, llms):
     """Sample-then-compare acceptance: the token at a position is the target's draw there, so block
     1, 2, 4, adaptive, alone or among others, a seeded T > 0 request commits the same tokens."""
     llm = llms["small_vocab"]
@@ -173,7 +173,7 @@ def test_a_seeded_request_samples_the_same_tokens_whatever_the_block_and_the_bat
 
     def alone(**kwargs):
         return [
-            engine_module.BatchRunner(llm, max_batch=1, capacity=64, **kwargs).run([p], s)[0]
+            runner_module.BatchRunner(llm, max_batch=1, capacity=64, **kwargs).run([p], s)[0]
             for p, s in zip(prompts, params, strict=True)
         ]
 
@@ -181,27 +181,27 @@ def test_a_seeded_request_samples_the_same_tokens_whatever_the_block_and_the_bat
     for block in (2, 4):
         outputs = alone(block_size=block)
         assert [o.token_ids for o in outputs] == reference, f"alone, block {block}"
-        batched = drive(engine_module.BatchRunner(llm, max_batch=3, capacity=64, block_size=block), work)
+        batched = drive(runner_module.BatchRunner(llm, max_batch=3, capacity=64, block_size=block), work)
         assert [o.token_ids for o in batched] == reference, f"batched, block {block}"
     # drafts were really checked, and some of them accepted (the equality above is not vacuous)
     assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
     assert sum(o.metrics.num_draft_tokens - o.metrics.num_accepted_tokens for o in outputs) > 0
-    adaptive = drive(engine_module.BatchRunner(llm, max_batch=3, capacity=64), work)
+    adaptive = drive(runner_module.BatchRunner(llm, max_batch=3, capacity=64), work)
     assert [o.token_ids for o in adaptive] == reference, "adaptive"
-    other = engine_module.BatchRunner(llm, max_batch=1, capacity=64, block_size=4).run(
+    other = runner_module.BatchRunner(llm, max_batch=1, capacity=64, block_size=4).run(
         [prompts[0]], SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=999, ignore_eos=True)
     )[0]
     assert other.token_ids != reference[0], "the seed matters"
 
 
-def test_stats_are_visible_from_the_engine(engine_module, llms):
-    engine = engine_module.BatchRunner(llms["qwen3"], max_batch=2, capacity=64)
+def test_stats_are_visible_from_the_engine(runner_module, llms):
+    engine = runner_module.BatchRunner(llms["qwen3"], max_batch=2, capacity=64)
     stats = engine.core_stats()
     assert stats["adaptive"] and stats["num_running"] == 0 and stats["num_waiting"] == 0
     # the load-time calibration seeded both phases at 1 and max_batch rows
     assert {(c["rows"], c["block"]) for c in stats["verify_cost"]} == {(1, 1), (1, 4), (2, 1), (2, 4)}
     assert {(c["rows"], c["block"]) for c in stats["draft_cost"]} == {(1, 4), (2, 4)}
-    pinned = engine_module.BatchRunner(llms["qwen3"], max_batch=2, capacity=64, block_size=4)
+    pinned = runner_module.BatchRunner(llms["qwen3"], max_batch=2, capacity=64, block_size=4)
     assert not pinned.core_stats()["adaptive"] and pinned.core_stats()["verify_cost"] == []
     with pytest.raises(DFlashError, match="seed_cost: phase"):
         engine.scheduler.seed_cost("prefill", 1, 1, 0.1)

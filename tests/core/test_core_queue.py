@@ -12,9 +12,9 @@ PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)
 PROMPTS = [[5, 6, 7], [9, 8], [1, 2, 3, 4], [3]]
 
 
-def test_requests_beyond_the_slots_wait_and_are_admitted_in_arrival_order(engine_module, llms):
+def test_requests_beyond_the_slots_wait_and_are_admitted_in_arrival_order(runner_module, llms):
     llm = llms["qwen3"]
-    engine = engine_module.BatchRunner(llm, max_batch=2, capacity=32)
+    engine = runner_module.BatchRunner(llm, max_batch=2, capacity=32)
     ids = [engine.add(p, PARAMS) for p in PROMPTS]
     assert (engine.scheduler.num_running, engine.scheduler.num_waiting) == (2, 2)
     assert engine.slots.num_free == 0
@@ -33,9 +33,9 @@ def test_requests_beyond_the_slots_wait_and_are_admitted_in_arrival_order(engine
     assert engine.scheduler.num_waiting == 0 and engine.slots.num_free == 2
 
 
-def test_abort_reaches_a_waiting_request(engine_module, llms):
+def test_abort_reaches_a_waiting_request(runner_module, llms):
     llm = llms["qwen3"]
-    engine = engine_module.BatchRunner(llm, max_batch=1, capacity=32)
+    engine = runner_module.BatchRunner(llm, max_batch=1, capacity=32)
     running, waiting, last = (engine.add(p, PARAMS) for p in PROMPTS[:3])
     assert engine.scheduler.num_waiting == 2
     assert engine.abort(waiting.id) is waiting
@@ -48,14 +48,14 @@ def test_abort_reaches_a_waiting_request(engine_module, llms):
         assert request.token_ids == autoregressive(llm, "qwen3", prompt, PARAMS).token_ids
 
 
-def test_a_capped_queue_refuses_with_one_line_and_the_others_continue(engine_module, llms):
-    engine = engine_module.BatchRunner(llms["qwen3"], max_batch=1, capacity=32, max_waiting=1)
+def test_a_capped_queue_refuses_with_one_line_and_the_others_continue(runner_module, llms):
+    engine = runner_module.BatchRunner(llms["qwen3"], max_batch=1, capacity=32, max_waiting=1)
     queued = [engine.add(PROMPTS[0], PARAMS), engine.add(PROMPTS[1], PARAMS)]
     with pytest.raises(DFlashError, match="waiting queue is full") as err:
         engine.add(PROMPTS[2], PARAMS)
     assert "\n" not in str(err.value)
     assert engine.scheduler.num_waiting == 1
-    no_queue = engine_module.BatchRunner(llms["qwen3"], max_batch=1, capacity=32, max_waiting=0)
+    no_queue = runner_module.BatchRunner(llms["qwen3"], max_batch=1, capacity=32, max_waiting=0)
     no_queue.add(PROMPTS[0], PARAMS)
     with pytest.raises(DFlashError, match="no free KV slot"):
         no_queue.add(PROMPTS[1], PARAMS)
@@ -64,8 +64,8 @@ def test_a_capped_queue_refuses_with_one_line_and_the_others_continue(engine_mod
     assert [r.finish_reason for r in queued] == ["length", "length"]
 
 
-def test_every_output_carries_its_latencies_once_known(engine_module, llms):
-    engine = engine_module.BatchRunner(llms["small_vocab"], max_batch=1, capacity=32)
+def test_every_output_carries_its_latencies_once_known(runner_module, llms):
+    engine = runner_module.BatchRunner(llms["small_vocab"], max_batch=1, capacity=32)
     one = engine.add([1, 2], SamplingParams(max_tokens=1, ignore_eos=True))
     many = engine.add([3, 4, 1], SamplingParams(max_tokens=9, ignore_eos=True))  # waits for `one`
     seen = []

@@ -15,13 +15,13 @@ from dflash_trt.runtime.native import native_core
 
 @pytest.mark.parametrize("name", ["qwen3", "llama", "small_vocab"])
 @pytest.mark.parametrize("concurrency", [1, 3, 8])
-def test_greedy_equals_each_requests_autoregressive_output(engine_module, llms, name, concurrency):
+def test_greedy_equals_each_requests_autoregressive_output(runner_module, llms, name, concurrency):
     llm = llms[name]
     work = workload(llm.vocab_size, 8 if concurrency > 1 else 4, seed=concurrency)
     # The small pair pins its block so that speculation surely happens (adaptive may pick B = 1 for a
     # drafter that is rarely right); the random pairs run adaptive.
     pinned = llm.block_size if name == "small_vocab" else None
-    engine = engine_module.BatchRunner(llm, max_batch=concurrency, capacity=64, block_size=pinned)
+    engine = runner_module.BatchRunner(llm, max_batch=concurrency, capacity=64, block_size=pinned)
     outputs = drive(engine, work)
     for (_, prompt, params), out in zip(work, outputs, strict=True):
         ref = autoregressive(llm, name, prompt, params)
@@ -34,20 +34,20 @@ def test_greedy_equals_each_requests_autoregressive_output(engine_module, llms, 
         assert drafts > 0 and accepted > 0
 
 
-def test_plain_decoding_through_the_core_equals_autoregressive(engine_module, llms):
+def test_plain_decoding_through_the_core_equals_autoregressive(runner_module, llms):
     llm = llms["qwen3"]
     work = workload(llm.vocab_size, 5, seed=11)
-    engine = engine_module.BatchRunner(llm, max_batch=3, capacity=64, speculative=False)
+    engine = runner_module.BatchRunner(llm, max_batch=3, capacity=64, speculative=False)
     for (_, prompt, params), out in zip(work, drive(engine, work), strict=True):
         assert out.token_ids == autoregressive(llm, "qwen3", prompt, params).token_ids
         assert out.core_metrics["num_drafts"] == 0
 
 
-def test_greedy_equals_the_python_speculative_loop(engine_module, llms):
+def test_greedy_equals_the_python_speculative_loop(runner_module, llms):
     llm = llms["small_vocab"]
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     prompts = [[1, 2, 3], [4, 0, 4, 0, 1, 1, 2]]
-    engine = engine_module.BatchRunner(llm, max_batch=2, capacity=64, block_size=llm.block_size)  # pinned
+    engine = runner_module.BatchRunner(llm, max_batch=2, capacity=64, block_size=llm.block_size)  # pinned
     assert not engine.core_stats()["adaptive"]
     ids = [engine.add(p, params) for p in prompts]
     taus = {i: [] for i in ids}  # acceptance length per verify step while the block was not cut short
@@ -74,7 +74,7 @@ def test_greedy_equals_the_python_speculative_loop(engine_module, llms):
 
 
 @pytest.mark.parametrize("name", ["qwen3", "small_vocab"])
-def test_seeded_sampling_is_the_same_alone_and_in_a_batch(engine_module, llms, name):
+def test_seeded_sampling_is_the_same_alone_and_in_a_batch(runner_module, llms, name):
     llm = llms[name]
     top = 5 if name == "small_vocab" else llm.vocab_size
     rng = random.Random(3)
@@ -91,24 +91,24 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_batch(engine_module, llms, n
         for i in range(5)
     ]
     alone = [
-        engine_module.BatchRunner(llm, max_batch=1, capacity=64).run([p], s)[0].token_ids
+        runner_module.BatchRunner(llm, max_batch=1, capacity=64).run([p], s)[0].token_ids
         for p, s in zip(prompts, params, strict=True)
     ]
     work = [(i, p, s) for i, (p, s) in enumerate(zip(prompts, params, strict=True))]
-    batched = [o.token_ids for o in drive(engine_module.BatchRunner(llm, max_batch=4, capacity=64), work)]
+    batched = [o.token_ids for o in drive(runner_module.BatchRunner(llm, max_batch=4, capacity=64), work)]
     assert batched == alone
     # the seed matters (so the equality above is not vacuous)
-    other = engine_module.BatchRunner(llm, max_batch=1, capacity=64).run(
+    other = runner_module.BatchRunner(llm, max_batch=1, capacity=64).run(
         [prompts[0]], SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=999, ignore_eos=True)
     )[0]
     assert other.token_ids != alone[0]
 
 
-def test_abort_mid_stream_frees_the_slot_and_the_others_continue(engine_module, llms):
+def test_abort_mid_stream_frees_the_slot_and_the_others_continue(runner_module, llms):
     llm = llms["qwen3"]
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     prompts = [[5, 6, 7], [9, 8, 7, 6, 5, 4], [1, 2]]
-    engine = engine_module.BatchRunner(llm, max_batch=3, capacity=64)
+    engine = runner_module.BatchRunner(llm, max_batch=3, capacity=64)
     ids = [engine.add(p, params) for p in prompts]
     engine.step()
     engine.step()
@@ -131,8 +131,8 @@ def test_abort_mid_stream_frees_the_slot_and_the_others_continue(engine_module, 
     assert engine.slots.num_free == 3
 
 
-def test_a_thousand_add_abort_cycles_leave_the_allocator_as_it_began(engine_module, llms):
-    engine = engine_module.BatchRunner(llms["qwen3"], max_batch=4, capacity=64)
+def test_a_thousand_add_abort_cycles_leave_the_allocator_as_it_began(runner_module, llms):
+    engine = runner_module.BatchRunner(llms["qwen3"], max_batch=4, capacity=64)
     slots = engine.slots
 
     def snapshot():
@@ -161,10 +161,10 @@ def test_a_thousand_add_abort_cycles_leave_the_allocator_as_it_began(engine_modu
     assert not engine.executor.live_rows and engine.scheduler.num_running == 0
 
 
-def test_over_capacity_and_empty_prompts_are_refused_in_one_line_others_continue(engine_module, llms):
+def test_over_capacity_and_empty_prompts_are_refused_in_one_line_others_continue(runner_module, llms):
     llm = llms["qwen3"]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
-    engine = engine_module.BatchRunner(llm, max_batch=2, capacity=32)
+    engine = runner_module.BatchRunner(llm, max_batch=2, capacity=32)
     first = engine.add([4, 5, 6], params)
     engine.step()
     with pytest.raises(DFlashError) as err:
@@ -188,11 +188,11 @@ def test_over_capacity_and_empty_prompts_are_refused_in_one_line_others_continue
         assert request.finish_reason == "length"
 
 
-def test_a_python_graph_error_reaches_the_caller_fails_what_ran_and_leaves_no_claim(engine_module, llms, monkeypatch):
+def test_a_python_graph_error_reaches_the_caller_fails_what_ran_and_leaves_no_claim(runner_module, llms, monkeypatch):
     from dflash_trt.runtime import torch_graphs
 
     llm = llms["qwen3"]
-    engine = engine_module.BatchRunner(llm, max_batch=2, capacity=64)
+    engine = runner_module.BatchRunner(llm, max_batch=2, capacity=64)
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     running = engine.add([1, 2, 3], params)
     engine.step()
@@ -202,7 +202,7 @@ def test_a_python_graph_error_reaches_the_caller_fails_what_ran_and_leaves_no_cl
         raise RuntimeError("attention broke")
 
     monkeypatch.setattr(torch_graphs.InPlaceSlotAttention, "__call__", broken)
-    with pytest.raises(engine_module.StepFailed, match="attention broke") as failed:
+    with pytest.raises(runner_module.StepFailed, match="attention broke") as failed:
         engine.step()
     assert isinstance(failed.value.__cause__, RuntimeError) and failed.value.requests == [running]
     assert running.finish_reason == "error" and "RuntimeError: attention broke" in running.error

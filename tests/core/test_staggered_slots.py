@@ -9,7 +9,7 @@ from reference import reference_output
 from scheduler_checks import workload
 
 from dflash_trt import LLM
-from dflash_trt.runtime.engine import BatchRunner
+from dflash_trt.runtime.batch_runner import BatchRunner
 
 @pytest.fixture(scope="module", params=["dense", "sliding-window", "hybrid"])
 def pair(core, request, tmp_path_factory):

@@ -18,7 +18,7 @@ from scheduler_checks import check_batched_greedy, check_draft_kernels, workload
 from dflash_trt import LLM
 from dflash_trt.errors import DFlashError
 from dflash_trt.export.slot_ops import slot_attention
-from dflash_trt.runtime.engine import BatchRunner
+from dflash_trt.runtime.batch_runner import BatchRunner
 from dflash_trt.runtime.ort_executor import SlotBundle
 from dflash_trt.runtime.torch_graphs import InPlaceSlotAttention
 

@@ -11,7 +11,7 @@ from scheduler_checks import check_draft_kernels, workload
 
 from dflash_trt import LLM, SamplingParams
 from dflash_trt.export.moe import is_sparse_moe
-from dflash_trt.runtime.engine import BatchRunner
+from dflash_trt.runtime.batch_runner import BatchRunner
 
 pytestmark = [
     pytest.mark.gpu,

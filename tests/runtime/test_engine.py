@@ -11,7 +11,8 @@ import pytest
 from reference import reference_output
 
 from dflash_trt import LLM, DFlashError, SamplingParams
-from dflash_trt.runtime.engine import BatchRunner, Engine
+from dflash_trt.runtime.engine import Engine
+from dflash_trt.runtime.batch_runner import BatchRunner
 from dflash_trt.runtime.native import native_core
 
 pytest.importorskip("dflash_trt._core", reason="dflash_trt._core is not built: run `bash scripts/setup.sh`")

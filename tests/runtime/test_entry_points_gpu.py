@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from dflash_trt import LLM, SamplingParams
 from dflash_trt.cli import main
-from dflash_trt.runtime.engine import BatchRunner, Engine
+from dflash_trt.runtime.engine import Engine
+from dflash_trt.runtime.batch_runner import BatchRunner
 
 pytestmark = [
     pytest.mark.gpu,

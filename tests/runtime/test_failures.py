@@ -11,7 +11,8 @@ from factories import POISON
 from reference import reference_output
 
 from dflash_trt import LLM, BeamSearchParams, DFlashError, SamplingParams
-from dflash_trt.runtime.engine import Engine, StepFailed
+from dflash_trt.runtime.engine import Engine
+from dflash_trt.runtime.batch_runner import StepFailed
 
 pytest.importorskip("dflash_trt._core", reason="dflash_trt._core is not built: run `bash scripts/setup.sh`")
 

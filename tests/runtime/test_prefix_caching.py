@@ -7,7 +7,7 @@ import pytest
 from reference import reference_output
 
 from dflash_trt import LLM, DFlashError, SamplingParams
-from dflash_trt.runtime.engine import BatchRunner
+from dflash_trt.runtime.batch_runner import BatchRunner
 
 pytest.importorskip("dflash_trt._core", reason="dflash_trt._core is not built: run `bash scripts/setup.sh`")
 

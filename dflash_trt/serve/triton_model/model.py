@@ -19,7 +19,7 @@ import triton_python_backend_utils as pb_utils
 from dflash_trt.errors import Busy, DFlashError
 from dflash_trt.models.chat import encode_chat
 from dflash_trt.runtime.beam_search import beam_search
-from dflash_trt.runtime.engine import check_priority
+from dflash_trt.runtime.batch_runner import check_priority
 from dflash_trt.serve.deltas import DeltaStream
 from dflash_trt.serve.reply_text import reasoning_tokens
 from dflash_trt.serve.requests import (
