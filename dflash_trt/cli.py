@@ -43,6 +43,19 @@ DRAFT_DISTRIBUTION_HELP = ("The draft block graph also returns what --draft-rule
                            "every draft step, the rule running or not].")
 
 
+def _json_strings(ctx, param, value):
+    """A JSON list of strings (vLLM's form of its CORS options) -> a tuple; one line for anything else."""
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, list) or not all(isinstance(item, str) and item for item in parsed):
+        raise click.BadParameter(f"a JSON list of strings, e.g. '[\"https://app.example\"]'; got {value!r}")
+    return tuple(parsed)
+
+
 def user_errors(command):
     """A DFlashError becomes one 'Error: ...' line and exit status 2, never a traceback; so does an
     OSError about a named file (a path the user gave that cannot be read or written, a full disk),
@@ -734,12 +747,25 @@ def pack_corpus(src, dst):
                    "request gets, under its own chat_template_kwargs.")
 @click.option("--generation-config", default="auto", show_default=True, help=GENERATION_CONFIG_HELP)
 @click.option("--override-generation-config", default=None, help=OVERRIDE_GENERATION_HELP)
+@click.option("--allowed-origins", default=None, callback=_json_strings,
+              help="vLLM's CORS option: a JSON list of the origins whose browser pages may call the API, e.g. "
+                   "'[\"https://app.example\"]' or '[\"*\"]' [default: none; vLLM's is any].")
+@click.option("--allow-credentials", is_flag=True, default=False, help="CORS: let those pages send credentials.")
+@click.option("--allowed-methods", default=None, callback=_json_strings, help="CORS: a JSON list [default: any].")
+@click.option("--allowed-headers", default=None, callback=_json_strings, help="CORS: a JSON list [default: any].")
+@click.option("--ssl-keyfile", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
+              help="With --ssl-certfile: the API answers https (TLS), this the certificate's private key.")
+@click.option("--ssl-certfile", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
+              help="With --ssl-keyfile: the certificate (PEM) the API answers https with.")
+@click.option("--root-path", default="",
+              help="The path prefix a reverse proxy serves the API under (e.g. /llm): /docs then works through it.")
 @user_errors
 def serve(model, target, draft, speculative_config, enable_auto_tool_choice, host, port, api_key, served_model_name,
           max_batch, capacity, block_size, prefill_chunk, backend, device, dtype, quant, draft_quant, max_waiting, docs,
           draft_rule, prefix_caching, scheduling_policy, chat_template, tool_call_parser, reasoning_parser,
           responses_store, trust_request_chat_template, default_chat_template_kwargs, generation_config,
-          override_generation_config):
+          override_generation_config, allowed_origins, allow_credentials, allowed_methods, allowed_headers,
+          ssl_keyfile, ssl_certfile, root_path):
     """Serve MODEL (a bundle or engine bundle directory that export / build wrote; else a target, as
     --target takes it, which vLLM's `serve MODEL` is) with an OpenAI-compatible API (/v1/chat/completions,
     /v1/completions, /v1/responses, Anthropic's /v1/messages and its count_tokens, /v1/models, /health,
@@ -766,7 +792,10 @@ def serve(model, target, draft, speculative_config, enable_auto_tool_choice, hos
                          tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
                          responses_store=responses_store, trust_request_chat_template=trust_request_chat_template,
                          default_chat_template_kwargs=default_chat_template_kwargs,
-                         generation_config=generation_config, override_generation_config=override_generation_config)
+                         generation_config=generation_config, override_generation_config=override_generation_config,
+                         allowed_origins=allowed_origins or (), allow_credentials=allow_credentials,
+                         allowed_methods=allowed_methods or ("*",), allowed_headers=allowed_headers or ("*",),
+                         ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile, root_path=root_path)
     run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
 
 

@@ -52,6 +52,15 @@ class ServeConfig:
     # "vllm": none; a directory holding one), and a JSON object of some set over them
     generation_config: str = "auto"
     override_generation_config: str | None = None
+    # CORS, as vLLM's options name it (openai_api.FrontSettings): no origin by default
+    allowed_origins: tuple[str, ...] = ()
+    allow_credentials: bool = False
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    # TLS (vLLM's --ssl-keyfile / --ssl-certfile): the API answers https when both are given
+    ssl_keyfile: Path | None = None
+    ssl_certfile: Path | None = None
+    root_path: str = ""  # vLLM's --root-path: the prefix a proxy serves the API under (/docs links carry it)
 
     def __post_init__(self):
         if self.bundle is not None and (self.target or self.draft):
@@ -127,6 +136,18 @@ class ServeConfig:
         parse_overrides(self.override_generation_config)
         if not isinstance(self.responses_store, int) or self.responses_store < 0:
             raise DFlashError(f"--responses-store must be an integer >= 0, got {self.responses_store!r}")
+        if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
+            raise DFlashError("--ssl-keyfile and --ssl-certfile go together: pass both for https, or neither")
+        if self.ssl_certfile is not None:
+            import ssl
+
+            try:
+                ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+            except (OSError, ssl.SSLError) as err:
+                raise DFlashError(f"--ssl-certfile {self.ssl_certfile} with --ssl-keyfile {self.ssl_keyfile}: not a "
+                                  f"certificate and its key ({err})") from None
+        if self.root_path and (not self.root_path.startswith("/") or self.root_path.endswith("/")):
+            raise DFlashError(f"--root-path must start with / and not end with one (e.g. /llm), got {self.root_path!r}")
         if not 0 <= self.port <= 65535:
             raise DFlashError(f"--port must be in 0..65535, got {self.port}")
 

@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sse_starlette import EventSourceResponse
@@ -75,6 +76,13 @@ class FrontSettings:
     thinking: Callable[[dict, str | None], bool] | None = None
     trust_request_chat_template: bool = False  # vLLM's flag: a request's chat_template renders its prompt
     responses_store: int = 256  # Responses API responses kept for previous_response_id (the most recent; 0: none)
+    # CORS (vLLM's --allowed-origins, ...): the origins whose browser pages may call the API; none: no
+    # CORS headers (a page of another origin cannot read a reply), so that a server on a user's machine
+    # is not open to every site its browser visits (vLLM allows any origin by default)
+    allowed_origins: tuple[str, ...] = ()
+    allow_credentials: bool = False
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -129,6 +137,10 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
     app = FastAPI(title="dflash-trt", summary="OpenAI-compatible DFlash speculative decoding",
                   docs_url="/docs" if settings.docs else None, redoc_url=None, lifespan=lifespan)
     app.add_middleware(_Guard, settings=settings)
+    if settings.allowed_origins:  # outside the guard: a preflight carries no API key, and refusals get the headers
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
+                           allow_credentials=settings.allow_credentials, allow_methods=list(settings.allowed_methods),
+                           allow_headers=list(settings.allowed_headers))
 
     @app.exception_handler(RequestError)
     async def refused(request, err: RequestError):

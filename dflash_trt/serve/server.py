@@ -125,13 +125,19 @@ def serve(config: ServeConfig, say: Callable[[str], None] = print) -> None:
         triton = start_triton(repository, workdir, install, exit_timeout_s=DRAIN_S)
         triton.wait_ready(READY_S)
         client = TritonClient(triton.url, triton.metrics_url)
+        cors = {name: getattr(config, name) for name in ("allowed_origins", "allow_credentials", "allowed_methods",
+                                                         "allowed_headers")}
         app = create_app(FrontSettings(config.served_name, config.api_key, config.max_body_bytes, config.docs,
                                        drain_s=DRAIN_S, responses_store=config.responses_store,
-                                       trust_request_chat_template=config.trust_request_chat_template, **options),
+                                       trust_request_chat_template=config.trust_request_chat_template, **cors,
+                                       **options),
                            client)
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=DRAIN_S))
+        tls = {"ssl_keyfile": config.ssl_keyfile, "ssl_certfile": config.ssl_certfile}
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=DRAIN_S,
+                                               root_path=config.root_path, **tls))
         host, port = sock.getsockname()[:2]
-        say(f"serving '{config.served_name}' at http://{host}:{port}/v1 (Triton at {triton.url}); tool calls: "
+        scheme = "https" if config.ssl_certfile is not None else "http"
+        say(f"serving '{config.served_name}' at {scheme}://{host}:{port}/v1 (Triton at {triton.url}); tool calls: "
             f"{options['tool_parser'] or 'none'}; reasoning: {config.reasoning_parser}")
         say(sampling_line(defaults))
         _quiet_after_capture()

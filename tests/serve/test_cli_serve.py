@@ -137,3 +137,18 @@ def test_the_generation_config_settings_reach_the_triton_model(tiny_pairs, serve
     assert code == 0, out
     parameters = served[0].model_parameters()
     assert (parameters["generation_config"], parameters["override_generation_config"]) == ("vllm", '{"temperature": 0.5}')
+
+
+def test_tls_and_cors_options_it_cannot_take_are_one_line(tiny_pairs, tmp_path):
+    target, draft = map(str, tiny_pairs["qwen3"])
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    for options, words in [
+        (["--ssl-keyfile", str(junk)], "--ssl-keyfile and --ssl-certfile go together"),
+        (["--ssl-keyfile", str(junk), "--ssl-certfile", str(junk)], "not a certificate and its key"),
+        (["--root-path", "llm/"], "--root-path must start with / and not end with one"),
+    ]:
+        code, out = run("--target", target, "--draft", draft, *options)
+        assert code == 2 and words in out and len(out.splitlines()) == 1, out
+    code, out = run("--target", target, "--draft", draft, "--allowed-origins", '{"https://app.example": 1}')
+    assert code == 2 and "--allowed-origins" in out and "a JSON list of strings" in out
