@@ -759,13 +759,16 @@ def pack_corpus(src, dst):
               help="With --ssl-keyfile: the certificate (PEM) the API answers https with.")
 @click.option("--root-path", default="",
               help="The path prefix a reverse proxy serves the API under (e.g. /llm): /docs then works through it.")
+@click.option("--seed", type=int, default=None,
+              help="vLLM's: requests that bring no seed draw from this one, so a restarted server sampling the same "
+                   "requests in the same order gives the same tokens [default: random at each start].")
 @user_errors
 def serve(model, target, draft, speculative_config, enable_auto_tool_choice, host, port, api_key, served_model_name,
           max_batch, capacity, block_size, prefill_chunk, backend, device, dtype, quant, draft_quant, max_waiting, docs,
           draft_rule, prefix_caching, scheduling_policy, chat_template, tool_call_parser, reasoning_parser,
           responses_store, trust_request_chat_template, default_chat_template_kwargs, generation_config,
           override_generation_config, allowed_origins, allow_credentials, allowed_methods, allowed_headers,
-          ssl_keyfile, ssl_certfile, root_path):
+          ssl_keyfile, ssl_certfile, root_path, seed):
     """Serve MODEL (a bundle or engine bundle directory that export / build wrote; else a target, as
     --target takes it, which vLLM's `serve MODEL` is) with an OpenAI-compatible API (/v1/chat/completions,
     /v1/completions, /v1/responses, Anthropic's /v1/messages and its count_tokens, /v1/models, /health,
@@ -795,7 +798,7 @@ def serve(model, target, draft, speculative_config, enable_auto_tool_choice, hos
                          generation_config=generation_config, override_generation_config=override_generation_config,
                          allowed_origins=allowed_origins or (), allow_credentials=allow_credentials,
                          allowed_methods=allowed_methods or ("*",), allowed_headers=allowed_headers or ("*",),
-                         ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile, root_path=root_path)
+                         ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile, root_path=root_path, seed=seed)
     run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -116,6 +117,13 @@ def placed_backend(backend: str, target: str, draft: str | None, device: str | N
     return backend
 
 
+def engine_seeds(seed: int | None) -> random.Random:
+    """What the engine seeds of an LLM's runners are drawn from: `seed` (vLLM's LLM(seed=)), else the OS."""
+    if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**64):
+        raise DFlashError(f"seed must be an integer in [0, 2**64) or None, got {seed!r}")
+    return random.Random(seed)
+
+
 def _one_of(params, sampling_params):
     """`params`, or vLLM's keyword for it; both is refused."""
     if params is not None and sampling_params is not None:
@@ -180,6 +188,7 @@ class LLM:
         enable_prefix_caching: bool | None = None,
         generation_config: str = "auto",
         override_generation_config: dict | str | None = None,
+        seed: int | None = None,
     ):
         """`model`, `speculative_config` ({"method": "dflash", "model": drafter, "num_speculative_tokens":
         block_size - 1}), `max_model_len`, `max_num_seqs`, `enable_prefix_caching`: vLLM's names for
@@ -196,7 +205,9 @@ class LLM:
         preempts running requests of a higher value (BatchRunner). `generation_config` ("auto": the
         target's generation_config.json; "vllm": none; a directory holding one) and
         `override_generation_config` (a dict of its names, or JSON): the sampling defaults a request
-        without its own SamplingParams gets (vLLM's; models/generation_defaults.py)."""
+        without its own SamplingParams gets (vLLM's; models/generation_defaults.py). `seed` (vLLM's):
+        the draws of requests that bring no seed of their own follow from it, so a rerun of the same
+        calls samples the same tokens (None: they differ run to run)."""
         target = either("target", target, embedded.DEFAULT_TARGET, "model", model)
         capacity = either("capacity", capacity, DEFAULT_CAPACITY, "max_model_len", max_model_len)
         max_batch = either("max_batch", max_batch, DEFAULT_MAX_BATCH, "max_num_seqs", max_num_seqs)
@@ -208,6 +219,7 @@ class LLM:
         _check_block_size(block_size)
         _check_draft_rule(draft_rule, adaptive=block_size is None)
         self._batching(max_batch, capacity, prefill_chunk, prefix_caching, scheduling_policy)
+        self._seeds = engine_seeds(seed)
         from dflash_trt.models.checkpoints import resolve_target
 
         self.sampling_defaults = sampling_defaults(resolve_target(target), generation_config, override_generation_config)
@@ -275,7 +287,7 @@ class LLM:
     def from_bundle(cls, path: str | Path, block_size: int | None = None, max_batch: int | None = None,
                     capacity: int | None = None, prefill_chunk: int = 0, draft_rule: str = "point-mass",
                     prefix_caching: bool = True, scheduling_policy: str = "fcfs", *, generation_config: str = "auto",
-                    override_generation_config: dict | str | None = None) -> LLM:
+                    override_generation_config: dict | str | None = None, seed: int | None = None) -> LLM:
         """Run what `dflash-trt export` or `dflash-trt build` wrote on a C++ executor: a slots (or
         slots-trt) bundle or onnxruntime engines built from one on onnxruntime, TensorRT engines built
         from a slots-trt bundle on the GPU. Portable and plugin bundles (graph contract 1, for engine
@@ -284,7 +296,7 @@ class LLM:
         (slots-trt), else DEFAULT_CAPACITY. TensorRT slots-trt engines also bound the rows per step
         (`max_batch` defaults to theirs) and the prompt tokens per step (prompts longer than their
         prefill profile enter in chunks of it). `generation_config`, `override_generation_config`: as
-        LLM's ("auto": the generation_config.json export copied from the target)."""
+        LLM's ("auto": the generation_config.json export copied from the target); `seed`: as LLM's."""
         from dflash_trt.runtime.engine_bundles import bundle_capacity
 
         _check_block_size(block_size)
@@ -293,6 +305,7 @@ class LLM:
         # the user's values first
         llm._batching(max_batch or DEFAULT_MAX_BATCH, capacity, prefill_chunk, prefix_caching, scheduling_policy)
         llm.sampling_defaults = sampling_defaults(path, generation_config, override_generation_config)
+        llm._seeds = engine_seeds(seed)
         llm._load_bundle(Path(path), block_size, max_batch)
         llm._set_draft_rule(draft_rule)
         return llm
@@ -511,7 +524,9 @@ class LLM:
         settings = (pinned, self.prefill_chunk, self.prefix_caching, self.scheduling_policy)
         if self._core is None or self._core[0] != settings:
             self._core = None  # the old runner's KV slots go before the new one's are allocated
+            # each runner its own engine seed (request ids start again in a new one), from the LLM's seed
             self._core = settings, BatchRunner(self, self.max_batch, self.capacity, block_size=pinned,
+                                               engine_seed=self._seeds.getrandbits(64),
                                                prefill_chunk=self.prefill_chunk, prefix_caching=self.prefix_caching,
                                                scheduling_policy=self.scheduling_policy)
         return self._core[1]

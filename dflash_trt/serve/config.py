@@ -61,6 +61,7 @@ class ServeConfig:
     ssl_keyfile: Path | None = None
     ssl_certfile: Path | None = None
     root_path: str = ""  # vLLM's --root-path: the prefix a proxy serves the API under (/docs links carry it)
+    seed: int | None = None  # vLLM's --seed: what requests without a seed draw from (None: random per start)
 
     def __post_init__(self):
         if self.bundle is not None and (self.target or self.draft):
@@ -148,6 +149,10 @@ class ServeConfig:
                                   f"certificate and its key ({err})") from None
         if self.root_path and (not self.root_path.startswith("/") or self.root_path.endswith("/")):
             raise DFlashError(f"--root-path must start with / and not end with one (e.g. /llm), got {self.root_path!r}")
+        if self.seed is not None:
+            from dflash_trt.runtime.llm import engine_seeds
+
+            engine_seeds(self.seed)  # its range, as the engine takes it
         if not 0 <= self.port <= 65535:
             raise DFlashError(f"--port must be in 0..65535, got {self.port}")
 
@@ -180,6 +185,7 @@ class ServeConfig:
             "generation_config": self.generation_config if self.generation_config in ("auto", "vllm")
             else str(Path(self.generation_config).resolve()),
             "override_generation_config": self.override_generation_config or "",
+            "seed": "" if self.seed is None else str(self.seed),
         }
 
     def sampling_defaults(self) -> dict:

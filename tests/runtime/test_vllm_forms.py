@@ -155,3 +155,29 @@ def test_use_tqdm_may_be_the_bar_s_class_and_lora_request_only_none(llm):
     assert len(outs) == 2 and [(bar.total, bar.done) for bar in made] == [(4, 4)]  # every sample counted
     with pytest.raises(DFlashError, match="lora_request: LoRA adapters are not supported"):
         llm.generate([[5, 6]], PARAMS, lora_request=object())
+
+
+def test_an_llm_seed_makes_unseeded_sampling_repeat_run_to_run(tiny_pairs):
+    """vLLM's LLM(seed=): requests without a seed draw from it, so the same calls on a new LLM sample the
+    same tokens; later calls (and a runner made anew when the block is pinned) draw afresh; a request's
+    own seed is unaffected."""
+    target, draft = map(str, tiny_pairs["qwen3"])
+    unseeded, own = SamplingParams(max_tokens=10, temperature=1.0), SamplingParams(max_tokens=10, temperature=1.0, seed=3)
+    prompts = [[5, 6, 7], [9, 8]]
+
+    def calls(seed):
+        llm = LLM(target, draft, backend="torch", seed=seed)
+        first = [o.token_ids for o in llm.generate(prompts, unseeded)]
+        second = [o.token_ids for o in llm.generate(prompts, unseeded)]
+        llm.block_size = 4  # a new runner
+        third = [o.token_ids for o in llm.generate(prompts, unseeded)]
+        return first, second, third, llm.generate(prompts[0], own)[0].token_ids
+
+    a, b = calls(7), calls(7)
+    assert a == b
+    first, second, third, seeded = a
+    assert first != second and third not in (first, second)
+    other = calls(8)
+    assert other[0] != first and other[3] == seeded
+    with pytest.raises(DFlashError, match=r"seed must be an integer in \[0, 2\*\*64\) or None, got -1"):
+        LLM(target, draft, backend="torch", seed=-1)

@@ -152,3 +152,11 @@ def test_tls_and_cors_options_it_cannot_take_are_one_line(tiny_pairs, tmp_path):
         assert code == 2 and words in out and len(out.splitlines()) == 1, out
     code, out = run("--target", target, "--draft", draft, "--allowed-origins", '{"https://app.example": 1}')
     assert code == 2 and "--allowed-origins" in out and "a JSON list of strings" in out
+
+
+def test_the_seed_reaches_the_triton_model_and_a_bad_one_is_one_line(tiny_pairs, served):
+    target, draft = map(str, tiny_pairs["qwen3"])
+    assert run("--target", target, "--draft", draft, "--seed", "7")[0] == 0
+    assert served[0].model_parameters()["seed"] == "7"
+    code, out = run("--target", target, "--draft", draft, "--seed", "-2")
+    assert code == 2 and out == "Error: seed must be an integer in [0, 2**64) or None, got -2"

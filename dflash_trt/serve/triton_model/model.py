@@ -66,6 +66,7 @@ class TritonPythonModel:
                              max_waiting=int(params.get("max_waiting") or -1),
                              prefix_caching=params.get("prefix_caching", "1") == "1",
                              scheduling_policy=params.get("scheduling_policy") or "fcfs",
+                             engine_seed=int(params["seed"]) if params.get("seed") else None,  # serve --seed
                              reserve_memory=True)  # memory at start is memory under load; a pool too large runs out here
         # serve --default-chat-template-kwargs: under every request's own
         self.default_variables = template_kwargs(params.get("default_chat_template_kwargs") or None)
