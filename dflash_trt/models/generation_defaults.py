@@ -29,7 +29,10 @@ def _found(source: str | Path) -> dict:
 
     try:
         config = GenerationConfig.from_pretrained(source)
-    except (OSError, ValueError):  # none there (a hub id's lookup failing is one of these too)
+    except ValueError as err:  # one transformers refuses (max_new_tokens 0, ...)
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DFlashError(f"{source}'s generation config: {reason}") from None
+    except OSError:  # none there
         try:
             config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(source))
         except (OSError, ValueError):  # a bundle holds no config.json; an unknown model type

@@ -61,6 +61,9 @@ def test_bad_defaults_are_one_line_naming_where_they_came_from(pair, tmp_path):
     bad = ship(make_target(tmp_path / "bad", "qwen3"), top_p=1.5)
     with pytest.raises(DFlashError, match=r"bad's generation config: SamplingParams.top_p must be in \(0, 1\]"):
         sampling_defaults(bad)
+    refused = ship(make_target(tmp_path / "refused", "qwen3"), max_new_tokens=0)  # transformers' own refusal
+    with pytest.raises(DFlashError, match="refused's generation config: `max_new_tokens` must be greater than 0"):
+        sampling_defaults(refused)
 
 
 @pytest.fixture(scope="module")
