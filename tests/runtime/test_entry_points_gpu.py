@@ -102,3 +102,8 @@ def test_nan_logits_on_cuda_fail_their_request_alone_as_on_the_cpu(poisoned_pair
     assert [reason for reason, _ in want] == ["error", "error", "length"]
     cuda = LLM(target, draft, block_size=4, backend="torch", device="cuda", dtype="float32")
     assert [(o.finish_reason, o.token_ids) for o in cuda.generate(prompts, each)] == want
+    # the failed requests' places were zeroed on the device (Executor::discard): the rows that take them
+    # next read no NaN past their own positions
+    again = [[9, 8], [1, 2, 3, 4, 5, 6], [5, 6, 7]]
+    fresh = LLM(target, draft, block_size=4, backend="torch", device="cuda", dtype="float32")
+    assert [o.token_ids for o in cuda.generate(again, params)] == [o.token_ids for o in fresh.generate(again, params)]
