@@ -10,7 +10,6 @@ randomness, so a request's tokens never depend on the batch around it.
 from __future__ import annotations
 
 import itertools
-import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -154,7 +153,7 @@ class BatchRunner:
         if reserve_memory:
             self.executor.reserve_memory()
         config = core.SchedulerConfig(max_batch=max_batch, capacity=capacity, block_size=self.block_size,
-                                      engine_seed=random.getrandbits(64) if engine_seed is None else engine_seed,
+                                      engine_seed=llm.engine_seed() if engine_seed is None else engine_seed,
                                       adaptive=adaptive, max_waiting=max_waiting, prefill_chunk=prefill_chunk,
                                       prefix_reuse=prefix_caching, prefix_wait_tokens=prefix_wait_tokens,
                                       by_priority=scheduling_policy == "priority")

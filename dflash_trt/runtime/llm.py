@@ -400,6 +400,11 @@ class LLM:
         SamplingParams' own (greedy, 256 tokens)."""
         return SamplingParams(**self.sampling_defaults)
 
+    def engine_seed(self) -> int:
+        """The engine seed of a new core runner (its requests without a seed draw from it): each runner its
+        own, since request ids start again in a new one, all following from LLM(seed=)."""
+        return self._seeds.getrandbits(64)
+
     def get_tokenizer(self):
         """The target's tokenizer (vLLM's accessor; None for a target without one)."""
         return self.tokenizer
@@ -524,9 +529,7 @@ class LLM:
         settings = (pinned, self.prefill_chunk, self.prefix_caching, self.scheduling_policy)
         if self._core is None or self._core[0] != settings:
             self._core = None  # the old runner's KV slots go before the new one's are allocated
-            # each runner its own engine seed (request ids start again in a new one), from the LLM's seed
             self._core = settings, BatchRunner(self, self.max_batch, self.capacity, block_size=pinned,
-                                               engine_seed=self._seeds.getrandbits(64),
                                                prefill_chunk=self.prefill_chunk, prefix_caching=self.prefix_caching,
                                                scheduling_policy=self.scheduling_policy)
         return self._core[1]

@@ -174,6 +174,15 @@ def test_an_llm_seed_makes_unseeded_sampling_repeat_run_to_run(tiny_pairs):
         return first, second, third, llm.generate(prompts[0], own)[0].token_ids
 
     a, b = calls(7), calls(7)
+    from dflash_trt.runtime.engine import Engine
+
+    engines = [Engine(LLM(target, draft, backend="torch", seed=7)) for _ in range(2)]  # an Engine draws from it too
+    try:
+        first_engine, second_engine = ([o.token_ids for o in e.generate(prompts, unseeded)] for e in engines)
+        assert first_engine == second_engine
+    finally:
+        for e in engines:
+            e.shutdown()
     assert a == b
     first, second, third, seeded = a
     assert first != second and third not in (first, second)
