@@ -137,9 +137,10 @@ def serve(config: ServeConfig, say: Callable[[str], None] = print) -> None:
                                                root_path=config.root_path, **tls))
         host, port = sock.getsockname()[:2]
         scheme = "https" if config.ssl_certfile is not None else "http"
+        say(sampling_line(defaults))
+        # the ready line last: scripts wait for it
         say(f"serving '{config.served_name}' at {scheme}://{host}:{port}/v1 (Triton at {triton.url}); tool calls: "
             f"{options['tool_parser'] or 'none'}; reasoning: {config.reasoning_parser}")
-        say(sampling_line(defaults))
         _quiet_after_capture()
         server.run(sockets=[sock])
     finally:
