@@ -627,8 +627,8 @@ void Scheduler::seed_cost(const std::string& phase, int64_t rows, int64_t block,
   if (rows < 1 || block < 1)
     throw Error("seed_cost: rows and block must be at least 1, got rows " + std::to_string(rows) + ", block " +
                 std::to_string(block));
-  if (phase == "verify") verify_cost_.observe(rows, block, seconds);
-  else if (phase == "draft") draft_cost_.observe(rows, block, seconds);
+  if (phase == "verify") verify_cost_.observe_warm(rows, block, seconds);
+  else if (phase == "draft") draft_cost_.observe_warm(rows, block, seconds);
   else throw Error("seed_cost: phase must be \"verify\" or \"draft\", got \"" + phase + "\"");
 }
 
