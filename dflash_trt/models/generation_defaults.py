@@ -29,9 +29,11 @@ def _found(source: str | Path) -> dict:
 
     try:
         config = GenerationConfig.from_pretrained(source)
-    except ValueError as err:  # one transformers refuses (max_new_tokens 0, ...)
+    except ValueError as err:
+        if not (Path(source) / FILE).is_file():  # no model transformers can find: its loader says why
+            return {}
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DFlashError(f"{source}'s generation config: {reason}") from None
+        raise DFlashError(f"{source}'s generation config: {reason}") from None  # one it refuses (max_new_tokens 0)
     except OSError:  # none there
         try:
             config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(source))
