@@ -36,11 +36,15 @@ void check_timing(int64_t rows, int64_t block, double seconds) {
 void CostModel::observe(int64_t rows, int64_t block, double seconds) {
   check_timing(rows, block, seconds);
   if (!cells_.count({rows, block}) && first_seen_.insert({rows, block}).second) return;  // its set-up call
-  observe_warm(rows, block, seconds);
+  record(rows, block, seconds);
 }
 
 void CostModel::observe_warm(int64_t rows, int64_t block, double seconds) {
   check_timing(rows, block, seconds);
+  record(rows, block, seconds);
+}
+
+void CostModel::record(int64_t rows, int64_t block, double seconds) {
   Cell& c = cells_[{rows, block}];
   c.rows = rows;
   c.block = block;

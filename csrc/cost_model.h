@@ -39,6 +39,7 @@ class CostModel {
   bool empty() const { return cells_.empty(); }
 
  private:
+  void record(int64_t rows, int64_t block, double seconds);  // a checked timing into its cell's mean
   std::map<std::pair<int64_t, int64_t>, Cell> cells_;
   std::set<std::pair<int64_t, int64_t>> first_seen_;  // shapes whose first live call was dropped
 };

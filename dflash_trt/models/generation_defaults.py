@@ -43,6 +43,12 @@ def _found(source: str | Path) -> dict:
     return {name: diff[name] for name in FIELDS if diff.get(name) is not None}
 
 
+def check_setting(setting: str | Path) -> None:
+    """vLLM's --generation-config: auto, vllm, or a directory holding a generation_config.json; else one line."""
+    if str(setting) not in (AUTO, NEUTRAL) and not (Path(setting) / FILE).is_file():
+        raise DFlashError(f"--generation-config must be auto, vllm or a directory holding a {FILE}, got {str(setting)!r}")
+
+
 def parse_overrides(text: str | dict | None) -> dict:
     """vLLM's --override-generation-config: a JSON object of generation-config names (FIELDS); any other
     key, or not an object, is refused in one line."""
@@ -69,14 +75,12 @@ def sampling_defaults(model: str | Path, setting: str | Path = AUTO, overrides: 
     line naming where they came from, before any request."""
     from dflash_trt.spec.sampling import SamplingParams
 
+    check_setting(setting)
     if str(setting) == NEUTRAL:
         found, where = {}, None
     elif str(setting) == AUTO:
         found, where = _found(model), f"{model}'s generation config"
     else:
-        if not (Path(setting) / FILE).is_file():
-            raise DFlashError(f"--generation-config {setting}: no {FILE} there (pass auto, vllm or a directory "
-                              f"holding one)")
         found, where = _found(setting), f"{Path(setting) / FILE}"
     overrides = parse_overrides(overrides)
     found.update(overrides)

@@ -220,11 +220,10 @@ class LLM:
         _check_draft_rule(draft_rule, adaptive=block_size is None)
         self._batching(max_batch, capacity, prefill_chunk, prefix_caching, scheduling_policy)
         self._seeds = engine_seeds(seed)
-        from dflash_trt.models.checkpoints import resolve_target
+        # PyTorch model code is imported here, on the torch path only: from_bundle never loads it.
+        from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, resolve_draft, resolve_target
 
         self.sampling_defaults = sampling_defaults(resolve_target(target), generation_config, override_generation_config)
-        # PyTorch model code is imported here, on the torch path only: from_bundle never loads it.
-        from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, resolve_draft
         from dflash_trt.models.pairing import validate_pair
         from dflash_trt.models.target import eos_token_ids
         from dflash_trt.runtime.grouped_attention import use_grouped_attention

@@ -129,11 +129,9 @@ class ServeConfig:
                 template_kwargs(self.default_chat_template_kwargs)
             except RequestError as err:
                 raise DFlashError(f"--default-chat-template-kwargs: {err.message}") from None
-        from dflash_trt.models.generation_defaults import AUTO, FILE, NEUTRAL, parse_overrides
+        from dflash_trt.models.generation_defaults import check_setting, parse_overrides
 
-        if self.generation_config not in (AUTO, NEUTRAL) and not (Path(self.generation_config) / FILE).is_file():
-            raise DFlashError(f"--generation-config must be auto, vllm or a directory holding a {FILE}, "
-                              f"got {self.generation_config!r}")
+        check_setting(self.generation_config)
         parse_overrides(self.override_generation_config)
         if not isinstance(self.responses_store, int) or self.responses_store < 0:
             raise DFlashError(f"--responses-store must be an integer >= 0, got {self.responses_store!r}")

@@ -52,7 +52,8 @@ def test_bad_defaults_are_one_line_naming_where_they_came_from(pair, tmp_path):
         (dict(overrides="[1]"), "--override-generation-config must be a JSON object"),
         (dict(overrides="{temperature"), "--override-generation-config is not valid JSON"),
         (dict(overrides={"temperature": -1}), "--override-generation-config: SamplingParams.temperature must be >= 0"),
-        (dict(setting=str(tmp_path)), f"--generation-config {tmp_path}: no generation_config.json there"),
+        (dict(setting=str(tmp_path)), f"--generation-config must be auto, vllm or a directory holding a "
+                                      f"generation_config.json, got '{tmp_path}'"),
     ]
     for kwargs, message in cases:
         with pytest.raises(DFlashError) as err:
