@@ -516,7 +516,6 @@ PYBIND11_MODULE(_core, m) {
   py::class_<CostModel>(m, "CostModel")
       .def(py::init<>())
       .def("observe", &CostModel::observe, py::arg("rows"), py::arg("block"), py::arg("seconds"))
-      .def("observe_warm", &CostModel::observe_warm, py::arg("rows"), py::arg("block"), py::arg("seconds"))
       .def("predict", &CostModel::predict, py::arg("rows"), py::arg("block"))
       .def("cells", [](const CostModel& c) { return cells_list(c.cells()); });
 

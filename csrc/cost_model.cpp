@@ -27,24 +27,11 @@ double fit(const std::vector<std::pair<double, double>>& points, double tokens) 
   return a + b * tokens;
 }
 
-void check_timing(int64_t rows, int64_t block, double seconds) {
-  DFLASH_INVARIANT(rows >= 1 && block >= 1);
-  if (!(seconds >= 0)) throw Error("a phase cost must be a number of seconds >= 0, got " + std::to_string(seconds));
-}
 }  // namespace
 
 void CostModel::observe(int64_t rows, int64_t block, double seconds) {
-  check_timing(rows, block, seconds);
-  if (!cells_.count({rows, block}) && first_seen_.insert({rows, block}).second) return;  // its set-up call
-  record(rows, block, seconds);
-}
-
-void CostModel::observe_warm(int64_t rows, int64_t block, double seconds) {
-  check_timing(rows, block, seconds);
-  record(rows, block, seconds);
-}
-
-void CostModel::record(int64_t rows, int64_t block, double seconds) {
+  DFLASH_INVARIANT(rows >= 1 && block >= 1);
+  if (!(seconds >= 0)) throw Error("a phase cost must be a number of seconds >= 0, got " + std::to_string(seconds));
   Cell& c = cells_[{rows, block}];
   c.rows = rows;
   c.block = block;

@@ -143,6 +143,9 @@ class Executor {
   virtual const std::vector<TokenLogprob>& logprobs(size_t i) const = 0;
   // The last prefill's i-th row's prompt logprobs, when its RowSampling asked (else empty).
   virtual const std::vector<TokenLogprob>& prompt_logprobs(size_t i) const = 0;
+  // Graph runs so far that paid one-time set-up (Graph::run): a phase call during which this grew is
+  // no measure of the next call's cost.
+  virtual int64_t set_up_runs() const = 0;
 };
 
 }  // namespace dflash

@@ -48,10 +48,11 @@ class PyGraph final : public Graph {
   }
   void input(const std::string& name, const TensorRef& tensor) override { inputs_[name] = tensor; }
   void output(const std::string& name, const TensorRef& tensor) override { outputs_[name] = tensor; }
-  void run(const std::string& what) override {
+  bool run(const std::string& what) override {
     py::gil_scoped_acquire gil;
     const Bindings& bound = bindings();
-    graph_.attr("run")(what, bound.inputs, bound.outputs, bound.id);
+    const py::object set_up = graph_.attr("run")(what, bound.inputs, bound.outputs, bound.id);
+    return !set_up.is_none() && set_up.cast<bool>();
   }
 
  private:

@@ -436,10 +436,11 @@ void Scheduler::draft(const std::vector<Request*>& rows) {
   }
   if (drafting.empty()) return;
   // Every drafting row drafts the step's block; a row near its end keeps only what it may use.
+  const int64_t set_ups = executor_.set_up_runs();
   const double start = RequestTiming::now();
   const std::vector<std::vector<int64_t>> drafts = executor_.draft(slots, bonus, step_block_, sampling);
   const double seconds = RequestTiming::now() - start;
-  draft_cost_.observe(int64_t(drafting.size()), step_block_, seconds);
+  if (executor_.set_up_runs() == set_ups) draft_cost_.observe(int64_t(drafting.size()), step_block_, seconds);
   seconds_.draft += seconds;
   DFLASH_INVARIANT(drafts.size() == drafting.size());
   for (size_t i = 0; i < drafting.size(); ++i) {
@@ -472,10 +473,11 @@ std::vector<Verdict> Scheduler::verify(const std::vector<Request*>& rows) {
     slots.push_back(r->slot);
     blocks.push_back(std::move(block));
   }
+  const int64_t set_ups = executor_.set_up_runs();
   const double start = RequestTiming::now();
   std::vector<Verdict> verdicts = executor_.verify(slots, blocks, sampling);
   const double seconds = RequestTiming::now() - start;
-  verify_cost_.observe(int64_t(rows.size()), widest, seconds);
+  if (executor_.set_up_runs() == set_ups) verify_cost_.observe(int64_t(rows.size()), widest, seconds);
   seconds_.verify += seconds;
   if (verdicts.size() != rows.size())
     throw Error("executor verify returned " + std::to_string(verdicts.size()) + " verdicts for " +
@@ -627,8 +629,8 @@ void Scheduler::seed_cost(const std::string& phase, int64_t rows, int64_t block,
   if (rows < 1 || block < 1)
     throw Error("seed_cost: rows and block must be at least 1, got rows " + std::to_string(rows) + ", block " +
                 std::to_string(block));
-  if (phase == "verify") verify_cost_.observe_warm(rows, block, seconds);
-  else if (phase == "draft") draft_cost_.observe_warm(rows, block, seconds);
+  if (phase == "verify") verify_cost_.observe(rows, block, seconds);
+  else if (phase == "draft") draft_cost_.observe(rows, block, seconds);
   else throw Error("seed_cost: phase must be \"verify\" or \"draft\", got \"" + phase + "\"");
 }
 

@@ -83,6 +83,8 @@ void bind_slot_executors(py::module_& m) {
       .def_property_readonly("config", &SlotExecutor::config)
       .def_property_readonly("backend_version", &SlotExecutor::backend_version)
       .def_property_readonly("target_runs", &SlotExecutor::target_runs)
+      .def_property_readonly("set_up_runs", &SlotExecutor::set_up_runs,
+                             "graph runs so far that paid one-time set-up (a new shape, a CUDA graph capture)")
       .def_property_readonly("target_rows", &SlotExecutor::target_rows)
       .def("place", &SlotExecutor::place, py::arg("row"))
       .def("retained", &SlotExecutor::retained, py::arg("row"), "a released row's kept positions (prefix reuse)")

@@ -489,7 +489,7 @@ void SlotExecutor::run_target_range(int64_t lo, int64_t n, int64_t s, int64_t r,
   }
   g.output("logits", {logits_.device_data(n * r * c.vocab), DType::float32, {n, r, c.vocab}});
   if (c.has_drafter()) g.output("features", {features_.at(0), dtype_, {n, s, c.feature_width}});
-  g.run("running target.onnx");
+  set_up_runs_ += g.run("running target.onnx");
   // Logits for the host are waited for here. Decided on the device, nothing is read back before the
   // decision's verdicts (decide_run waits for those), so the host goes on queueing the drafter's
   // context pass and the decision behind the Run instead of leaving the GPU idle while it does.
@@ -971,7 +971,7 @@ void SlotExecutor::inject_run(int64_t n, int64_t s) {
     run.context[k].reserve(n * c.draft_kv_heads * s * c.draft_head_dim);
     g.output(context_names_[k], {run.context[k].at(0), dtype_, {n, c.draft_kv_heads, s, c.draft_head_dim}});
   }
-  g.run("running draft_context.onnx");
+  set_up_runs_ += g.run("running draft_context.onnx");
 }
 
 void SlotExecutor::keep_context(int64_t row, int64_t run, int64_t j, int64_t count) {
@@ -1051,7 +1051,7 @@ std::vector<std::vector<int64_t>> SlotExecutor::draft(const std::vector<int64_t>
       g.output("draft_logits", {draft_scores_.device_data(), DType::float32, {m, B - 1, c.draft_vocab_size}});
     }
   }
-  g.run("running draft_block.onnx");
+  set_up_runs_ += g.run("running draft_block.onnx");
   if (any && device_.decides()) {
     draw_drafts_on_device(rows, sampled, sampling, B);
   } else if (any) {  // drawn on the host from the block pass's outputs

@@ -160,6 +160,7 @@ class SlotExecutor : public Executor {
   int64_t retained(int64_t row) const { return state(row).live ? 0 : state(row).committed; }
   std::vector<int64_t> live_rows() const;  // rows holding a request (prefilled, not released)
   int64_t target_runs() const { return target_runs_; }  // target Runs so far (a phase may split)
+  int64_t set_up_runs() const override { return set_up_runs_; }
   int64_t target_rows() const { return target_rows_; }  // rows those Runs fed, summed
   int64_t place(int64_t row) const { return state(row).live ? state(row).place : -1; }  // -1: the row holds no request
   int64_t retained_place(int64_t row) const { return retained(row) ? state(row).place : -1; }
@@ -311,7 +312,7 @@ class SlotExecutor : public Executor {
   bool keep_released_ = false;
   Buffer swap_scratch_;  // one cache slot (or state), for swap_places
   int64_t releases_ = 0;  // releases so far (the clock of Row::released_at)
-  int64_t target_runs_ = 0, target_rows_ = 0;
+  int64_t target_runs_ = 0, target_rows_ = 0, set_up_runs_ = 0;
   int64_t phase_ = 0;       // target phases (prefill or verify calls) so far
   int64_t run_ = -1;        // the Run of the current phase whose rows `take` sees
   std::vector<StateRun> state_runs_;  // the current phase's Runs (grown, never shrunk)

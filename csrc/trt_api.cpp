@@ -50,12 +50,6 @@ size_t trt_size(nvinfer1::DataType t) {
   }
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 // One engine and an execution context per optimization profile (`build` makes one profile per
 // phase: prefill, verify, ...). A run takes the first profile whose box holds every input's shape.
 // Outputs the executor does not bind (draft_logits) go to scratch sized from the shapes the inputs
@@ -103,7 +97,7 @@ class TrtGraph final : public Graph {
     check(name, t, nvinfer1::TensorIOMode::kOUTPUT);
     outputs_[name] = t.data;
   }
-  void run(const std::string& what) override {
+  bool run(const std::string& what) override {
     const int32_t profile = fitting_profile();
     if (profile < 0) fail(what + ": " + shapes() + " are outside every optimization profile of " + path_ +
                           ": rebuild with a larger --max-batch / --max-seq-len");
@@ -139,28 +133,40 @@ class TrtGraph final : public Graph {
       bind(context, name, buffer.at(0));
       keyed(name, buffer.at(0), nullptr);
     }
-    const bool graphable = graphed_ && first_shape_.size() >= 2 && first_shape_[1] <= kGraphedTokens;
-    if (graphable && replay_or_capture(key, context)) return;
+    // decode-sized runs (a prefill chunk's shapes are too many to remember) count their set-up: the
+    // first enqueue of a binding, then its capture
+    const bool decode_sized = first_shape_.size() >= 2 && first_shape_[1] <= kGraphedTokens;
+    const bool first = decode_sized && first_runs_.first(key);
+    Replay replay = Replay::eager;
+    if (decode_sized && graphed_ && !first) {
+      replay = replay_or_capture(key, context);
+      if (replay == Replay::replayed || replay == Replay::captured) return replay == Replay::captured;
+    }
     if (!context->enqueueV3(device_.stream())) fail(what);
+    return first || replay == Replay::capture_failed;
   }
 
  private:
-  // Replays the graph captured for `key`, or captures it the second time `key` recurs; false: run
-  // eagerly (the first time, past kGraphsKept graphs, or where the capture failed).
-  bool replay_or_capture(const std::string& key, nvinfer1::IExecutionContext* context) {
+  enum class Replay { replayed, captured, capture_failed, eager };
+  // Replays the graph captured for `key`, or captures it (the second time `key` runs) and launches it;
+  // capture_failed, eager: run it eagerly (past kGraphsKept graphs, eager from then on).
+  Replay replay_or_capture(const std::string& key, nvinfer1::IExecutionContext* context) {
     auto found = graphs_.find(key);
     if (found == graphs_.end()) {
-      if (seen_[key]++ == 0) return false;
       if (captured_ >= kGraphsKept) {
         graphs_.emplace(key, nullptr);
-        return false;
+        return Replay::eager;
       }
-      found = graphs_.emplace(key, device_.capture([&] { return context->enqueueV3(device_.stream()); })).first;
-      captured_ += found->second != nullptr;
+      CUgraphExec graph = device_.capture([&] { return context->enqueueV3(device_.stream()); });
+      graphs_.emplace(key, graph);
+      if (!graph) return Replay::capture_failed;
+      ++captured_;
+      device_.launch(graph);
+      return Replay::captured;
     }
-    if (!found->second) return false;
+    if (!found->second) return Replay::eager;
     device_.launch(found->second);
-    return true;
+    return Replay::replayed;
   }
   [[noreturn]] void fail(const std::string& what) const {
     const std::string why = logger_.last_error();
@@ -208,7 +214,7 @@ class TrtGraph final : public Graph {
   std::map<std::string, Buffer> scratch_;
   bool graphed_;
   std::vector<int64_t> first_shape_;  // the first input bound since clear: [rows, tokens, ...]
-  std::map<std::string, int> seen_;   // eager runs per binding key
+  FirstRuns first_runs_;              // decode-sized binding keys run once
   std::map<std::string, CUgraphExec> graphs_;  // null: eager (not capturable, or past kGraphsKept)
   size_t captured_ = 0;
 };

@@ -209,7 +209,10 @@ class TorchGraph:
         self._views[key] = view
         return view
 
-    def run(self, what: str, inputs: dict, outputs: dict, bindings: int | None = None) -> None:
+    def run(self, what: str, inputs: dict, outputs: dict, bindings: int | None = None) -> bool:
+        """Run over the bound memory -> whether this run paid one-time set-up (a graphed run's first, eager,
+        then its capture): its time is no measure of the next run's (csrc/graph.h). Eager PyTorch plans
+        nothing per shape: an ungraphed run pays none."""
         missing = [name for name in self.inputs if name not in inputs]
         if missing:
             raise DFlashError(f"{what}: the executor bound no {missing[0]}")
@@ -220,16 +223,18 @@ class TorchGraph:
             if graph is not None:
                 graph.replay()
                 self.stats["replayed"] += 1
-                return
-            if key is not None and key not in self._graphs and self._seen[key] >= 1:
-                if self._capture(key, what, inputs, outputs):
-                    self._graphs[key].replay()
-                    self.stats["replayed"] += 1
-                    return
+                return False
+            capturing = key is not None and key not in self._graphs and self._seen[key] >= 1
+            if capturing and self._capture(key, what, inputs, outputs):
+                self._graphs[key].replay()
+                self.stats["replayed"] += 1
+                return True
+            first = key is not None and self._seen[key] == 0  # its kernels' first launch (cuBLAS's choice)
             if key is not None:
                 self._seen[key] += 1
             self._forward(what, inputs, outputs)
             self.stats["eager"] += 1
+            return first or capturing
 
     def _forward(self, what: str, inputs: dict, outputs: dict) -> None:
         results = self.module(*(self._view(*inputs[name]) for name in self.inputs))

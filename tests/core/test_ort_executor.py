@@ -236,6 +236,28 @@ def test_a_phase_skips_the_live_rows_between_its_own(ort, pairs):
         np.testing.assert_allclose(logits, session.forward(block)[0].numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_the_runs_that_pay_set_up_are_each_rows_by_tokens_shapes_first(ort, pairs):
+    """executor.set_up_runs, what the scheduler leaves out of its cost model: onnxruntime plans new
+    shapes of the token and index inputs ([rows, tokens], [rows, logits rows]) on their first run. The
+    block pass's context grows a row every step here, a plan paid at every step: no set-up, the steady
+    cost."""
+    bundle = pairs["small_vocab"][0]
+    executor = ort.ort_executor(bundle, max_batch=3, capacity=64)
+    executor.prefill_logits([0, 1], [[1, 2, 3], [4, 0]])  # [2, 3] tokens, one logits row each: not a verify's
+
+    def paid(block):
+        before = executor.set_up_runs
+        drafts = executor.draft([0, 1], [1, 2], block)
+        drafted = executor.set_up_runs - before
+        executor.verify_logits([0, 1], [[1, *drafts[0]], [2, *drafts[1]]])
+        executor.commit([0, 1], [1, 1])
+        return drafted, executor.set_up_runs - before - drafted
+
+    # (the draft block pass, the target and the draft context pass over the verified block): a verify of
+    # 3 tokens has the prefill's context pass shapes, not its target's (3 logits rows each)
+    assert [paid(4), paid(4), paid(4), paid(3), paid(3), paid(4)] == [(1, 2), (0, 0), (0, 0), (1, 1), (0, 0), (0, 0)]
+
+
 def test_an_onnxruntime_error_is_a_dflash_error(core, ort, pairs):
     bundle = pairs["qwen3"][0]
     broken = ort.executor_config(bundle, max_batch=2, capacity=32)

@@ -245,6 +245,38 @@ def test_a_cuda_graph_is_keyed_on_every_binding_and_only_for_decode_sized_runs()
     assert graph._graph_key(inputs, outputs, 5) == 5 and graph._graph_key(inputs, outputs, -1) is None
 
 
+def test_a_graphed_run_pays_set_up_on_its_first_run_and_capture_and_an_eager_one_never(pair):
+    """What TorchGraph.run answers the executor (its set_up_runs): eager PyTorch plans nothing per shape;
+    graphed, a binding's first run and its capture pay set-up, its replays none. On the CPU the graphed
+    path is driven through its bookkeeping with the capture stubbed (no CUDA graphs here)."""
+    from dflash_trt.runtime.torch_graphs import GRAPHED_TOKENS, TorchGraph
+
+    _, llm = pair
+    executor = llm.executor(3, 64)
+    executor.prefill_logits([0, 1], [[3, 1, 4], [2, 7]])
+    for _ in range(3):
+        drafts = executor.draft([0, 1], [7, 11], 4)
+        executor.verify_logits([0, 1], [[7, *drafts[0]], [11, *drafts[1]]])
+        executor.commit([0, 1], [1, 1])
+    assert executor.set_up_runs == 0
+
+    class Replayed:
+        def replay(self):
+            pass
+
+    graph = TorchGraph(torch.nn.Identity(), ["input_ids"], ["y"], torch.device("cpu"), None, graphed=True)
+    graph._capture = lambda key, *_: graph._graphs.update({key: Replayed()}) or True
+    ids = torch.zeros(2, 4, dtype=torch.int64)
+    out = torch.zeros(2, 4, dtype=torch.int64)
+    bound = ({"input_ids": (ids.data_ptr(), "int64", (2, 4))}, {"y": (out.data_ptr(), "int64", (2, 4))})
+    assert [graph.run("step", *bound, 0) for _ in range(4)] == [True, True, False, False]
+    assert graph.stats == {"eager": 1, "replayed": 3}
+    long = (1, GRAPHED_TOKENS + 1)
+    ids, out = torch.zeros(long, dtype=torch.int64), torch.zeros(long, dtype=torch.int64)
+    prefill = ({"input_ids": (ids.data_ptr(), "int64", long)}, {"y": (out.data_ptr(), "int64", long)})
+    assert [graph.run("prefill", *prefill, 1) for _ in range(2)] == [False, False]  # never graphed
+
+
 def test_the_executor_numbers_each_set_of_bindings_the_same_every_time_it_recurs(pair, monkeypatch):
     """csrc/py_graph.cpp hands a graph the same number (and the same dicts) whenever it binds the same
     memory, dtypes and shapes, and another number otherwise: what a captured graph is keyed on."""

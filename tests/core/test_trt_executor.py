@@ -331,6 +331,27 @@ def test_decode_sized_runs_replay_cuda_graphs_captured_around_enqueue_with_the_e
     assert graphed == eager
 
 
+@pytest.mark.parametrize("graphs", [True, False], ids=["cuda-graphs", "eager"])
+def test_the_runs_that_pay_set_up_are_a_bindings_first_enqueue_and_its_capture(core, ort, fakes, pair, graphs):
+    """executor.set_up_runs, what the scheduler leaves out of its cost model: a decode-sized binding's
+    first (eager) run, then its capture; the replays after them, and eager runs of a binding seen
+    before, pay none."""
+    bundle, engines, *_ = pair
+    config = trt_config(ort, fakes, bundle, engines)
+    config.cuda_graphs = graphs
+    executor = core.TrtExecutor(config)
+    executor.prefill_logits([0, 2], [PROMPTS[1], PROMPTS[0]])
+    paid = []
+    for _ in range(4):
+        before = executor.set_up_runs
+        drafts = executor.draft([0, 2], [1, 2], 4)
+        executor.verify_logits([0, 2], [[1, *drafts[0]], [2, *drafts[1]]])
+        executor.commit([0, 2], [1, 1])
+        paid.append(executor.set_up_runs - before)
+    # every graph's first run (draft block, target, draft context), then (graphed) their captures
+    assert paid == ([3, 3, 0, 0] if graphs else [3, 0, 0, 0])
+
+
 def test_shapes_outside_every_optimization_profile_are_refused_in_one_line(core, ort, fakes, pair, tmp_path):
     bundle, *_ = pair
     engines = fake_engines(bundle, tmp_path, ort.onnxruntime_library(), max_batch=2)  # engines for 2 rows
