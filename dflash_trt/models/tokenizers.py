@@ -27,6 +27,12 @@ def load_tokenizer(source: str) -> PreTrainedTokenizerBase | None:
         return None  # a hub repository without a tokenizer
 
 
+def token_text(tokenizer: PreTrainedTokenizerBase | None, token: int) -> str:
+    """One token's text, decoded alone (what a logprob entry names it by; its id's digits without a
+    tokenizer)."""
+    return tokenizer.decode([token]) if tokenizer is not None else str(token)
+
+
 class TextStream:
     """One request's output text, a token at a time (tokenizers' DecodeStream, special tokens skipped
     unless asked): each token costs a bounded amount of work, where decoding all ids again would grow

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, WithJsonSchema
@@ -75,7 +75,8 @@ class GenerateRequest(BaseModel):
     return_logprob: bool = False
     top_logprobs_num: JsonInt = Field(0, ge=RANGES["logprobs"]["minimum"], le=RANGES["logprobs"]["maximum"])
     logprob_start_len: JsonInt = Field(-1, ge=-1, description="-1: no prompt logprobs; n: the prompt's from token n")
-    return_text_in_logprobs: only(False) | None = Field(None, description="logprob entries carry ids, not text")
+    return_text_in_logprobs: bool = Field(False, description="logprob entries [logprob, id, text]: each token's text "
+                                                             "decoded alone (else null)")
 
     def _given(self) -> tuple[Any, bool]:
         """(the text or the ids, whether they are a list of prompts)."""
@@ -170,9 +171,6 @@ def refused(err: RequestError, prompt_field: str = "text") -> RequestError:
     return RequestError(f"sampling_params.{name}", err.message.replace(head, name, 1), err.status)
 
 
-def _entry(token: str, logprob: float | None) -> list:
-    """A logprob entry of a completion (tokens named "token_id:<id>") -> SGLang's [logprob, id, text]."""
-    return [logprob, int(token.removeprefix("token_id:")), None]
 
 
 class Answer(BaseModel):
@@ -190,9 +188,17 @@ class GenerateReply(RootModel[Answer | list[Answer]]):
 class GenerateRender:
     """One completion's reply -> SGLang's answer (`whole`), or its chunks -> SGLang's cumulative chunks."""
 
-    def __init__(self, request: GenerateRequest, rid: str | None):
+    def __init__(self, request: GenerateRequest, rid: str | None, token_text: Callable[[int], str] | None = None):
         self.request, self.rid = request, rid
+        # an entry's text: with return_text_in_logprobs the token's (the front checked there is a tokenizer)
+        self.text = token_text if request.return_text_in_logprobs else None
         self.answer: dict | None = None  # the whole answer, once written
+
+    def _entry(self, logprob: float | None, token: int | str) -> list:
+        """A logprob of a token (an id, or a completion's entry name "token_id:<id>") -> SGLang's [logprob,
+        id, text]."""
+        token = int(token.removeprefix("token_id:")) if isinstance(token, str) else token
+        return [logprob, token, self.text(token) if self.text is not None else None]
 
     def _meta(self, usage: dict | None, finish: str | None, stop_reason, output_ids: list[int]) -> dict:
         usage = usage or {}
@@ -217,17 +223,17 @@ class GenerateRender:
         if not self.request.return_logprob:
             return
         logprobs = logprobs or {"tokens": [], "token_logprobs": [], "top_logprobs": []}
-        meta["output_token_logprobs"] = [_entry(t, lp) for t, lp in zip(logprobs["tokens"],
-                                                                         logprobs["token_logprobs"], strict=True)]
-        meta["output_top_logprobs"] = [[_entry(t, lp) for t, lp in (top or {}).items()]
+        meta["output_token_logprobs"] = [self._entry(lp, t) for t, lp in zip(logprobs["tokens"],
+                                                                             logprobs["token_logprobs"], strict=True)]
+        meta["output_top_logprobs"] = [[self._entry(lp, t) for t, lp in (top or {}).items()]
                                        for top in logprobs["top_logprobs"]]
         if prompt is None:
             return
         start = self.request.logprob_start_len
         own = [None] + [entries[str(token)]["logprob"] for token, entries in zip(prompt_ids[1:], prompt[1:],
                                                                                    strict=True)]
-        meta["input_token_logprobs"] = [[lp, token, None] for lp, token in zip(own, prompt_ids, strict=True)][start:]
-        tops = [None] + [sorted(([e["logprob"], int(t), None] for t, e in entries.items() if e["rank"] is not None),
+        meta["input_token_logprobs"] = [self._entry(lp, token) for lp, token in zip(own, prompt_ids, strict=True)][start:]
+        tops = [None] + [sorted((self._entry(e["logprob"], int(t)) for t, e in entries.items() if e["rank"] is not None),
                                 key=lambda entry: -entry[0]) for entries in prompt[1:]]
         meta["input_top_logprobs"] = tops[start:]
 

@@ -74,6 +74,9 @@ class FrontSettings:
     # with a reasoning parser: (chat_template_kwargs, a request's own template or None) -> whether the
     # prompt leaves a think block open (reply_text.py); None: replies are all content
     thinking: Callable[[dict, str | None], bool] | None = None
+    # a token id's text, decoded alone by the model's tokenizer (SGLang's return_text_in_logprobs); None:
+    # the model has no tokenizer
+    token_text: Callable[[int], str] | None = None
     trust_request_chat_template: bool = False  # vLLM's flag: a request's chat_template renders its prompt
     responses_store: int = 256  # Responses API responses kept for previous_response_id (the most recent; 0: none)
     # CORS (vLLM's --allowed-origins, ...): the origins whose browser pages may call the API; none: no
@@ -338,7 +341,10 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         cumulative chunks (a batch's or n samples' each with its "index")."""
         field = "text" if body.text is not None else "input_ids"
         try:
-            runs = [(parsed, generate_api.GenerateRender(body, rid)) for parsed, rid in body.completions(settings.model)]
+            if body.return_logprob and body.return_text_in_logprobs and settings.token_text is None:
+                raise RequestError("return_text_in_logprobs", "this model has no tokenizer to give tokens' text")
+            runs = [(parsed, generate_api.GenerateRender(body, rid, settings.token_text))
+                    for parsed, rid in body.completions(settings.model)]
             if body.stream and len(runs) == 1:
                 ((parsed, render),) = runs
                 return await complete(request, parsed, render)

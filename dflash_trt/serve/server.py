@@ -43,11 +43,12 @@ def check_inputs(config: ServeConfig) -> dict:
 
 def front_options(config: ServeConfig) -> dict:
     """FrontSettings' tool_parser (--tool-call-parser, or for auto the format the chat template
-    teaches: tool_calls.detect_parser) and thinking (with --reasoning-parser: whether the template's
-    generation prompt, under a request's chat_template_kwargs, leaves a think block open)."""
+    teaches: tool_calls.detect_parser), thinking (with --reasoning-parser: whether the template's
+    generation prompt, under a request's chat_template_kwargs, leaves a think block open) and token_text
+    (the tokenizer's, None without one)."""
     from dflash_trt.models.chat import ENDINGS
     from dflash_trt.models.checkpoints import resolve_target
-    from dflash_trt.models.tokenizers import load_tokenizer
+    from dflash_trt.models.tokenizers import load_tokenizer, token_text
     from dflash_trt.serve.reply_text import opens_thinking
     from dflash_trt.serve.tool_calls import detect_parser
 
@@ -77,7 +78,8 @@ def front_options(config: ServeConfig) -> dict:
             variables = {**defaults, **kwargs}
             return rendered(json.dumps({k: v for k, v in variables.items() if k not in ENDINGS}, sort_keys=True),
                             template)
-    return {"tool_parser": parser, "thinking": thinking}
+    text = functools.partial(token_text, tokenizer) if tokenizer is not None else None
+    return {"tool_parser": parser, "thinking": thinking, "token_text": text}
 
 
 def sampling_line(defaults: dict) -> str:

@@ -127,7 +127,7 @@ def test_a_streamed_batch_with_a_refused_prompt_is_one_4xx_and_closes_the_others
     ({"text": "hi", "sampling_params": {"regex": "("}}, "sampling_params.regex"),
     ({"text": "hi", "sampling_params": {"json_schema": "{"}}, "sampling_params.json_schema"),
     ({"text": ["a", "b"], "rid": ["x"]}, "rid"),
-    ({"text": "hi", "return_text_in_logprobs": True}, "return_text_in_logprobs"),
+    ({"text": "hi", "return_logprob": True, "return_text_in_logprobs": True}, "return_text_in_logprobs"),  # no tokenizer
     ({"text": "hi", "stream": True, "return_logprob": True, "logprob_start_len": 0}, "logprob_start_len"),
     ({"text": "a long prompt"}, "text"), ({"input_ids": [1, 2], "sampling_params": {"min_p": 2}}, "sampling_params.min_p"),
 ])
@@ -137,6 +137,20 @@ def test_what_generate_cannot_honour_is_a_400_naming_the_field(served, body, par
     assert response.status_code == 400, response.json()
     assert response.json()["error"]["param"] == param
     assert all("long" in str(r.get("text_input")) for r in triton.requests)  # none ran but the refused prompt
+
+
+@pytest.mark.parametrize("with_text", [False, True])
+def test_logprob_entries_name_their_token_by_id_and_with_return_text_in_logprobs_by_text(with_text):
+    """SGLang's [logprob, id, text]: the text is the token's own, decoded alone by the model's tokenizer
+    (the front's token_text), and null unless asked for."""
+    triton = FakeTriton()
+    front = TestClient(create_app(FrontSettings("tiny", token_text=lambda t: f"<{t}>"), triton))
+    answer = front.post("/generate", json={"input_ids": [4, 5], "return_logprob": True, "top_logprobs_num": 1,
+                                           "logprob_start_len": 0, "return_text_in_logprobs": with_text}).json()
+    text = (lambda t: f"<{t}>") if with_text else (lambda t: None)
+    meta = answer["meta_info"]
+    assert meta["input_token_logprobs"] == [[None, 4, text(4)], [-0.5, 5, text(5)]]
+    assert meta["input_top_logprobs"] == [None, [[-0.1, 100, text(100)]]]
 
 
 def test_one_refused_prompt_of_a_batch_closes_the_others(served):

@@ -399,7 +399,7 @@ def test_sglang_s_generate_gives_offline_generate_s_tokens_and_logprobs(server, 
     ids = offline.tokenizer(PROMPTS[8])["input_ids"]
     expected = offline.generate([ids], SamplingParams(max_tokens=10, logprobs=2, prompt_logprobs=2))[0]
     body = {"text": PROMPTS[8], "sampling_params": {"max_new_tokens": 10, "temperature": 0}, "rid": "r",
-            "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": 0}
+            "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": 0, "return_text_in_logprobs": True}
     answer = httpx.post(f"{server.root}/generate", json=body, timeout=60).json()
     assert (answer["text"], answer["output_ids"]) == (expected.text, list(expected.token_ids))
     meta = answer["meta_info"]
@@ -414,6 +414,9 @@ def test_sglang_s_generate_gives_offline_generate_s_tokens_and_logprobs(server, 
     for (logprob, token, _), wanted in zip(meta["input_token_logprobs"][1:], expected.prompt_logprobs[1:],
                                            strict=True):
         assert logprob == pytest.approx(wanted[token], abs=LOGPROB_TOL)
+    entries = [*meta["output_token_logprobs"], *meta["input_token_logprobs"],
+               *(e for tops in meta["output_top_logprobs"] + meta["input_top_logprobs"][1:] for e in tops)]
+    assert all(text == offline.tokenizer.decode([token]) for _, token, text in entries)  # return_text_in_logprobs
     greedy = {"sampling_params": {"max_new_tokens": 8, "temperature": 0}}
     batch = httpx.post(f"{server.root}/generate", json={"text": PROMPTS[8:10], **greedy}, timeout=60).json()
     alone = [httpx.post(f"{server.root}/generate", json={"text": p, **greedy}, timeout=60).json()["text"]

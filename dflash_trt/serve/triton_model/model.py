@@ -18,6 +18,7 @@ import triton_python_backend_utils as pb_utils
 
 from dflash_trt.errors import Busy, DFlashError
 from dflash_trt.models.chat import encode_chat
+from dflash_trt.models.tokenizers import token_text
 from dflash_trt.runtime.beam_search import beam_search
 from dflash_trt.runtime.batch_runner import check_priority
 from dflash_trt.serve.deltas import DeltaStream
@@ -114,7 +115,7 @@ class TritonPythonModel:
             tokenizer = self.llm.tokenizer
             # a logprob entry's token: its text, or (vLLM's return_tokens_as_token_ids) "token_id:<id>"
             named = (lambda t: f"token_id:{t}") if _bool(request, "tokens_as_ids") else (
-                lambda t: _token_text(tokenizer, t))
+                lambda t: token_text(tokenizer, t))
             beams = _string(request, "beam_search")
             if beams is not None:
                 search = _beam_params(beams, params)
@@ -415,10 +416,6 @@ def _token_logprobs(entries: dict, top: int, text) -> list:
     logprob] of the `top` most probable]]."""
     token, logprob = next(iter(entries.items()))
     return [text(token), _finite(logprob), [[text(t), _finite(lp)] for t, lp in _ranked(entries, top)]]
-
-
-def _token_text(tokenizer, token: int) -> str:
-    return tokenizer.decode([token]) if tokenizer is not None else str(token)
 
 
 def _ranked(entries: dict, top: int) -> list:
