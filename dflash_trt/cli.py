@@ -762,13 +762,18 @@ def pack_corpus(src, dst):
 @click.option("--seed", type=int, default=None,
               help="vLLM's: requests that bring no seed draw from this one, so a restarted server sampling the same "
                    "requests in the same order gives the same tokens [default: random at each start].")
+@click.option("--disable-log-stats", is_flag=True,
+              help="vLLM's: no periodic stats lines (throughput, requests running and waiting, KV cache usage, "
+                   "prefix cache hits, speculative decoding's acceptance) in the log.")
+@click.option("--log-stats-interval", type=float, default=10.0, show_default=True,
+              help="Seconds between stats lines (vLLM's VLLM_LOG_STATS_INTERVAL); an idle interval logs none.")
 @user_errors
 def serve(model, target, draft, speculative_config, enable_auto_tool_choice, host, port, api_key, served_model_name,
           max_batch, capacity, block_size, prefill_chunk, backend, device, dtype, quant, draft_quant, max_waiting, docs,
           draft_rule, prefix_caching, scheduling_policy, chat_template, tool_call_parser, reasoning_parser,
           responses_store, trust_request_chat_template, default_chat_template_kwargs, generation_config,
           override_generation_config, allowed_origins, allow_credentials, allowed_methods, allowed_headers,
-          ssl_keyfile, ssl_certfile, root_path, seed):
+          ssl_keyfile, ssl_certfile, root_path, seed, disable_log_stats, log_stats_interval):
     """Serve MODEL (a bundle or engine bundle directory that export / build wrote; else a target, as
     --target takes it, which vLLM's `serve MODEL` is) with an OpenAI-compatible API (/v1/chat/completions,
     /v1/completions, /v1/responses, Anthropic's /v1/messages and its count_tokens, /v1/models, /health,
@@ -798,7 +803,8 @@ def serve(model, target, draft, speculative_config, enable_auto_tool_choice, hos
                          generation_config=generation_config, override_generation_config=override_generation_config,
                          allowed_origins=allowed_origins or (), allow_credentials=allow_credentials,
                          allowed_methods=allowed_methods or ("*",), allowed_headers=allowed_headers or ("*",),
-                         ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile, root_path=root_path, seed=seed)
+                         ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile, root_path=root_path, seed=seed,
+                         log_stats_s=None if disable_log_stats else log_stats_interval)
     run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
 
 

@@ -62,6 +62,8 @@ class ServeConfig:
     ssl_certfile: Path | None = None
     root_path: str = ""  # vLLM's --root-path: the prefix a proxy serves the API under (/docs links carry it)
     seed: int | None = None  # vLLM's --seed: what requests without a seed draw from (None: random per start)
+    # vLLM's periodic stats lines (stats_log.py) every this many seconds; None: --disable-log-stats
+    log_stats_s: float | None = 10.0
 
     def __post_init__(self):
         if self.bundle is not None and (self.target or self.draft):
@@ -151,6 +153,8 @@ class ServeConfig:
             from dflash_trt.runtime.llm import engine_seeds
 
             engine_seeds(self.seed)  # its range, as the engine takes it
+        if self.log_stats_s is not None and not self.log_stats_s > 0:
+            raise DFlashError(f"--log-stats-interval must be a number of seconds > 0, got {self.log_stats_s!r}")
         if not 0 <= self.port <= 65535:
             raise DFlashError(f"--port must be in 0..65535, got {self.port}")
 

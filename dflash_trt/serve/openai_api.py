@@ -49,6 +49,7 @@ from dflash_trt.serve.responses import Outcome, Reply, error_body, merged_usage
 from dflash_trt.serve.openapi_docs import ERRORS, replies
 from dflash_trt.serve.responses_api import ResponseRender
 from dflash_trt.serve.responses_routes import add_responses_routes
+from dflash_trt.serve.stats_log import STATS_INTERVAL_S, log_stats
 from dflash_trt.serve.tokenize_api import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -86,6 +87,9 @@ class FrontSettings:
     allow_credentials: bool = False
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
+    # vLLM's periodic stats lines (stats_log.py), said through this every stats_interval_s; None: none
+    stats_log: Callable[[str], None] | None = None
+    stats_interval_s: float = STATS_INTERVAL_S
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -130,7 +134,11 @@ class _Guard:
 def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
+        stats = None if settings.stats_log is None else asyncio.ensure_future(
+            log_stats(triton.metrics, settings.stats_log, settings.stats_interval_s))
         yield
+        if stats is not None:
+            stats.cancel()
         for task in list(background):  # background responses still running: each closes its Triton stream
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)

@@ -109,6 +109,7 @@ def serve(config: ServeConfig, say: Callable[[str], None] = print) -> None:
 
     from dflash_trt.serve.openai_api import FrontSettings, create_app
     from dflash_trt.serve.repository import write_repository
+    from dflash_trt.serve.stats_log import STATS_INTERVAL_S
     from dflash_trt.serve.triton import find_triton, start_triton
     from dflash_trt.serve.triton_client import TritonClient
 
@@ -132,7 +133,8 @@ def serve(config: ServeConfig, say: Callable[[str], None] = print) -> None:
         app = create_app(FrontSettings(config.served_name, config.api_key, config.max_body_bytes, config.docs,
                                        drain_s=DRAIN_S, responses_store=config.responses_store,
                                        trust_request_chat_template=config.trust_request_chat_template, **cors,
-                                       **options),
+                                       stats_log=None if config.log_stats_s is None else say,
+                                       stats_interval_s=config.log_stats_s or STATS_INTERVAL_S, **options),
                            client)
         tls = {"ssl_keyfile": config.ssl_keyfile, "ssl_certfile": config.ssl_certfile}
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=DRAIN_S,

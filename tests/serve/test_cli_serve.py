@@ -139,7 +139,7 @@ def test_the_generation_config_settings_reach_the_triton_model(tiny_pairs, serve
     assert (parameters["generation_config"], parameters["override_generation_config"]) == ("vllm", '{"temperature": 0.5}')
 
 
-def test_tls_and_cors_options_it_cannot_take_are_one_line(tiny_pairs, tmp_path):
+def test_tls_cors_and_log_options_it_cannot_take_are_one_line(tiny_pairs, tmp_path):
     target, draft = map(str, tiny_pairs["qwen3"])
     junk = tmp_path / "junk.pem"
     junk.write_text("not a certificate\n")
@@ -147,6 +147,7 @@ def test_tls_and_cors_options_it_cannot_take_are_one_line(tiny_pairs, tmp_path):
         (["--ssl-keyfile", str(junk)], "--ssl-keyfile and --ssl-certfile go together"),
         (["--ssl-keyfile", str(junk), "--ssl-certfile", str(junk)], "not a certificate and its key"),
         (["--root-path", "llm/"], "--root-path must start with / and not end with one"),
+        (["--log-stats-interval", "0"], "--log-stats-interval must be a number of seconds > 0"),
     ]:
         code, out = run("--target", target, "--draft", draft, *options)
         assert code == 2 and words in out and len(out.splitlines()) == 1, out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -47,7 +48,7 @@ def server(pair, tmp_path_factory):
     started = start_server(["--target", str(target), "--draft", str(draft), "--max-model-len", str(CAPACITY),
                             "--max-num-seqs", "4", "--backend", "torch", "--chat-template", str(template),
                             "--reasoning-parser", "qwen3", "--scheduling-policy", "priority",
-                            "--served-model-name", SERVED, "--trust-request-chat-template"])
+                            "--served-model-name", SERVED, "--trust-request-chat-template", "--log-stats-interval", "1"])
     assert any("tool calls: hermes; reasoning: qwen3" in line for line in started.output)
     assert started.model == SERVED
     yield started
@@ -775,6 +776,22 @@ def test_the_served_model_name_is_what_clients_list_and_retrieve(server, client)
     assert [m.id for m in client.models.list().data] == [SERVED]
     assert client.models.retrieve(SERVED).id == SERVED
     assert client.models.retrieve(SERVED).model_extra["max_model_len"] == CAPACITY  # vLLM's field
+
+
+def test_the_log_has_vllms_stats_lines_while_requests_run(server, client):
+    """Each second with work (--log-stats-interval 1): throughput, requests, KV cache and prefix cache hits,
+    then speculative decoding's acceptance (stats_log.py's figures are checked in test_stats_log.py)."""
+    start = len(server.output)
+    client.completions.create(model=server.model, prompt="count me", max_tokens=10, temperature=0)
+    deadline = time.monotonic() + 10
+    while not any(line.startswith("SpecDecoding metrics: Mean acceptance length: ") for line in server.output[start:]):
+        assert time.monotonic() < deadline, server.output[start:]
+        time.sleep(0.1)
+    rates = [float(m[1]) for line in server.output[start:]
+             if (m := re.match(r"Avg prompt throughput: [\d.]+ tokens/s, Avg generation throughput: ([\d.]+) tokens/s, "
+                               r"Running: \d+ reqs, Waiting: \d+ reqs, KV cache usage: [\d.]+%, Prefix cache hit "
+                               r"rate: [\d.]+%$", line))]
+    assert rates and max(rates) > 0, server.output[start:]
 
 
 def test_metrics_move_by_a_requests_amounts(server, client):
