@@ -275,6 +275,48 @@ def test_a_seeded_request_samples_the_same_tokens_whatever_the_block_and_the_bat
     assert other.token_ids != reference[0], "the seed matters"
 
 
+def test_calibration_seeds_each_shape_once_from_a_greedy_call_that_paid_no_set_up(ort, small_vocab_pair, tmp_path):
+    """calibrate_costs over onnxruntime, whose first run of a shape plans it: each (rows, block) phase is
+    timed from a call during which the executor's set_up_runs did not grow, once, through the phases a
+    greedy request runs (verify decided where the executor decides, not verify_logits)."""
+    from dflash_trt.export.bundle import export_bundle
+    from dflash_trt.models.checkpoints import load_drafter, load_target
+    from dflash_trt.runtime.calibration import calibrate_costs
+
+    target, drafter = load_target(str(small_vocab_pair[0]))[0], load_drafter(small_vocab_pair[1])
+    bundle = export_bundle(target, drafter, None, tmp_path / "bundle", flavour="slots", check=False)
+    executor = ort.ort_executor(bundle, max_batch=2, capacity=64)
+    calls, seeded = [], []
+
+    class Watched:
+        """The executor, each phase call noted with whether it paid set-up."""
+
+        def __getattr__(self, name):
+            method = getattr(executor, name)
+            if name not in ("draft", "verify", "verify_logits"):
+                return method
+
+            def call(*args):
+                before = executor.set_up_runs
+                out = method(*args)
+                calls.append((name, len(args[0]), len(args[1][0]) if name != "draft" else args[2],
+                              executor.set_up_runs > before))
+                return out
+            return call
+
+    class Seeds:
+        def seed_cost(self, phase, rows, block, seconds):
+            seeded.append((phase, rows, block, calls[-1]))  # the call just timed
+
+    calibrate_costs(Seeds(), Watched(), [1, 2], [1, 4], [0] * 8)
+    assert sorted((phase, rows, block) for phase, rows, block, _ in seeded) == [
+        ("draft", 1, 4), ("draft", 2, 4), ("verify", 1, 1), ("verify", 1, 4), ("verify", 2, 1), ("verify", 2, 4)]
+    for phase, rows, block, (name, n, b, paid) in seeded:
+        assert (name, n, b, paid) == (phase, rows, block, False)
+    assert any(paid for *_, paid in calls), "onnxruntime's first runs paid set-up, and were not seeded"
+    assert {name for name, *_ in calls} == {"draft", "verify"}
+
+
 def test_stats_are_visible_from_the_engine(runner_module, llms):
     engine = runner_module.BatchRunner(llms["qwen3"], max_batch=2, capacity=64)
     stats = engine.core_stats()
