@@ -110,6 +110,14 @@ class StepFailed(DFlashError):
         self.requests = requests
 
 
+def max_block(speculative: bool, drafts: int | None) -> int:
+    """The core's block limit of a request: 1 plain decoding, k + 1 for at most k drafts a step, 0 the
+    engine's block."""
+    if not speculative:
+        return 1
+    return 0 if drafts is None else drafts + 1
+
+
 class BatchRunner:
     """Requests through the core, one `step()` at a time, on the caller's thread."""
 
@@ -187,6 +195,7 @@ class BatchRunner:
             raise DFlashError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
         speculative = self.speculative if speculative is None else speculative
         self.llm._check_request(params, speculative)
+        speculative = speculative and params.num_speculative_tokens != 0
         ids = self.llm.encode(prompt)
         prompt = given(prompt)  # a vLLM prompt dict's text or ids
         if params.truncate_prompt_tokens is not None:
@@ -207,7 +216,7 @@ class BatchRunner:
         request.core_id = self.scheduler.add_request(request.ids, native_core().RequestParams(
             max_tokens=params.max_tokens, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
             seed=params.seed, stop_token_ids=list(params.stop_token_ids), eos_token_ids=list(self.llm.eos_token_ids),
-            ignore_eos=params.ignore_eos, max_block=0 if request.speculative else 1,
+            ignore_eos=params.ignore_eos, max_block=max_block(request.speculative, params.num_speculative_tokens),
             logprobs=-1 if params.logprobs is None else params.logprobs, repetition_penalty=params.repetition_penalty,
             frequency_penalty=params.frequency_penalty, presence_penalty=params.presence_penalty,
             logit_bias=list(params.logit_bias), min_tokens=params.min_tokens, min_p=params.min_p,

@@ -62,6 +62,7 @@ class SGLangSampling(BaseModel):
         {"type": "integer", "minimum": 0, "maximum": 2**53 - 1})] | None = None
     logit_bias: LogitBias | None = None
     thinking_token_budget: JsonInt | None = Field(None, json_schema_extra=RANGES["thinking_token_budget"])
+    num_speculative_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["num_speculative_tokens"])
 
 
 class GenerateRequest(BaseModel):

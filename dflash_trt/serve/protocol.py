@@ -282,6 +282,10 @@ class _Sampling(BaseModel):
     truncate_prompt_tokens: JsonInt | None = Field(None, json_schema_extra=RANGES["truncate_prompt_tokens"])
     # vLLM's: at most this many tokens inside a think block, then "</think>" is forced
     thinking_token_budget: JsonInt | None = Field(None, json_schema_extra=RANGES["thinking_token_budget"])
+    num_speculative_tokens: JsonInt | None = Field(
+        None, json_schema_extra=RANGES["num_speculative_tokens"],
+        description="at most this many drafts a step verifies for this request (0: plain decoding; default: as "
+                    "many as the server's block allows); its tokens are the same either way")
     # JSON's exact integers (the engine takes int64)
     priority: Annotated[JsonInt, Field(ge=-(2**53 - 1), le=2**53 - 1), WithJsonSchema(
         {"type": "integer", "minimum": -(2**53 - 1), "maximum": 2**53 - 1})] | None = Field(
@@ -380,6 +384,7 @@ class _Sampling(BaseModel):
                   "skip_special_tokens": self.skip_special_tokens, "allowed_token_ids": self.allowed_token_ids,
                   "bad_words": self.bad_words, "truncate_prompt_tokens": self.truncate_prompt_tokens,
                   "thinking_token_budget": self.thinking_token_budget,
+                  "num_speculative_tokens": self.num_speculative_tokens,
                   "structured_output": (self.structured() or (None, None))[1]}
         if values["structured_output"] is not None and after is not None:  # the grammar starts after it
             values["structured_output"] = {**values["structured_output"], "after": after}

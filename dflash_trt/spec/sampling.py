@@ -25,7 +25,8 @@ RANGES = {"max_tokens": {"minimum": 1, "maximum": 2**31 - 1}, "temperature": {"m
           "frequency_penalty": {"minimum": -2, "maximum": 2}, "presence_penalty": {"minimum": -2, "maximum": 2},
           "logit_bias": {"minimum": -100, "maximum": 100}, "min_tokens": {"minimum": 0, "maximum": 2**31 - 1},
           "min_p": {"minimum": 0, "maximum": 1}, "truncate_prompt_tokens": {"minimum": 1, "maximum": 2**31 - 1},
-          "thinking_token_budget": {"minimum": 0, "maximum": 2**31 - 1}, "n": {"minimum": 1, "maximum": 2**31 - 1}}
+          "thinking_token_budget": {"minimum": 0, "maximum": 2**31 - 1}, "n": {"minimum": 1, "maximum": 2**31 - 1},
+          "num_speculative_tokens": {"minimum": 0, "maximum": 2**31 - 1}}
 SEED_RANGE = {"minimum": 0, "maximum": 2**64 - 1}  # the core keys its RNG with 64 bits
 
 
@@ -90,6 +91,9 @@ class SamplingParams:
     # vLLM's: at most this many tokens inside a think block (from "<think>", in the prompt or the output, to
     # "</think>"); then "</think>" is forced, token by token, as a grammar's masks force (runtime/token_rules.py)
     thinking_token_budget: int | None = None
+    # at most this many drafts a step verifies for this request (0: plain decoding; None: as many as the
+    # engine's block allows): speculation per request, where vLLM sets it for the whole engine
+    num_speculative_tokens: int | None = None
     # vLLM's: samples of the prompt, LLM.generate's (one request each; sample i seeded seed + i when seeded).
     # A request to the engine is one sequence (n 1); the OpenAI front's n are choices, each a request.
     n: int = 1
@@ -160,6 +164,9 @@ class SamplingParams:
         budget = self.thinking_token_budget
         if budget is not None and not (integer(budget) and in_range(budget, "thinking_token_budget")):
             raise bad("thinking_token_budget", "an integer in [0, 2**31) or None", budget)
+        drafts = self.num_speculative_tokens
+        if drafts is not None and not (integer(drafts) and in_range(drafts, "num_speculative_tokens")):
+            raise bad("num_speculative_tokens", "an integer in [0, 2**31) or None", drafts)
         if not integer(self.n) or not in_range(self.n, "n"):
             raise bad("n", "an integer in [1, 2**31)", self.n)
         words = self.bad_words or ()

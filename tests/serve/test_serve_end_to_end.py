@@ -778,6 +778,18 @@ def test_the_served_model_name_is_what_clients_list_and_retrieve(server, client)
     assert client.models.retrieve(SERVED).model_extra["max_model_len"] == CAPACITY  # vLLM's field
 
 
+def test_num_speculative_tokens_caps_a_requests_drafts_and_keeps_its_reply(server, client):
+    """Speculation per request: at most k drafts a step (0: plain decoding), the reply the same."""
+    asked = dict(model=server.model, prompt="count me", max_tokens=24, temperature=0)
+    default = client.completions.create(**asked)
+    capped = {k: client.completions.create(**asked, extra_body={"num_speculative_tokens": k}) for k in (0, 1)}
+    assert {reply.choices[0].text for reply in capped.values()} == {default.choices[0].text}
+    assert capped[0].usage.model_extra["acceptance_lengths"] == []
+    assert max(capped[1].usage.model_extra["acceptance_lengths"]) <= 2
+    refused = httpx.post(f"{server.url}/completions", json={**asked, "num_speculative_tokens": -1}, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "num_speculative_tokens"
+
+
 def test_the_log_has_vllms_stats_lines_while_requests_run(server, client):
     """Each second with work (--log-stats-interval 1): throughput, requests, KV cache and prefix cache hits,
     then speculative decoding's acceptance (stats_log.py's figures are checked in test_stats_log.py)."""
