@@ -285,7 +285,7 @@ class _Sampling(BaseModel):
     num_speculative_tokens: JsonInt | None = Field(
         None, json_schema_extra=RANGES["num_speculative_tokens"],
         description="at most this many drafts a step verifies for this request (0: plain decoding; default: as "
-                    "many as the server's block allows); its tokens are the same either way")
+                    "many as the server's block allows); a greedy reply is the same whatever k")
     # JSON's exact integers (the engine takes int64)
     priority: Annotated[JsonInt, Field(ge=-(2**53 - 1), le=2**53 - 1), WithJsonSchema(
         {"type": "integer", "minimum": -(2**53 - 1), "maximum": 2**53 - 1})] | None = Field(
