@@ -767,13 +767,21 @@ def pack_corpus(src, dst):
                    "prefix cache hits, speculative decoding's acceptance) in the log.")
 @click.option("--log-stats-interval", type=float, default=10.0, show_default=True,
               help="Seconds between stats lines (vLLM's VLLM_LOG_STATS_INTERVAL); an idle interval logs none.")
+@click.option("--enable-log-requests", is_flag=True,
+              help="vLLM's: log each chat and completion on arrival (its id, sampling fields and prompt).")
+@click.option("--max-log-len", type=int, default=None,
+              help="vLLM's: a logged prompt is cut to this many characters [default: whole].")
+@click.option("--enable-request-id-headers", is_flag=True,
+              help="vLLM's: every reply carries X-Request-Id (the request's own, else a new one that the "
+                   "chat's or completion's id carries too).")
 @user_errors
 def serve(model, target, draft, speculative_config, enable_auto_tool_choice, host, port, api_key, served_model_name,
           max_batch, capacity, block_size, prefill_chunk, backend, device, dtype, quant, draft_quant, max_waiting, docs,
           draft_rule, prefix_caching, scheduling_policy, chat_template, tool_call_parser, reasoning_parser,
           responses_store, trust_request_chat_template, default_chat_template_kwargs, generation_config,
           override_generation_config, allowed_origins, allow_credentials, allowed_methods, allowed_headers,
-          ssl_keyfile, ssl_certfile, root_path, seed, disable_log_stats, log_stats_interval):
+          ssl_keyfile, ssl_certfile, root_path, seed, disable_log_stats, log_stats_interval, enable_log_requests,
+          max_log_len, enable_request_id_headers):
     """Serve MODEL (a bundle or engine bundle directory that export / build wrote; else a target, as
     --target takes it, which vLLM's `serve MODEL` is) with an OpenAI-compatible API (/v1/chat/completions,
     /v1/completions, /v1/responses, Anthropic's /v1/messages and its count_tokens, /v1/models, /health,
@@ -804,7 +812,9 @@ def serve(model, target, draft, speculative_config, enable_auto_tool_choice, hos
                          allowed_origins=allowed_origins or (), allow_credentials=allow_credentials,
                          allowed_methods=allowed_methods or ("*",), allowed_headers=allowed_headers or ("*",),
                          ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile, root_path=root_path, seed=seed,
-                         log_stats_s=None if disable_log_stats else log_stats_interval)
+                         log_stats_s=None if disable_log_stats else log_stats_interval,
+                         log_requests=enable_log_requests, max_log_len=max_log_len,
+                         request_id_headers=enable_request_id_headers)
     run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
 
 

@@ -64,6 +64,9 @@ class ServeConfig:
     seed: int | None = None  # vLLM's --seed: what requests without a seed draw from (None: random per start)
     # vLLM's periodic stats lines (stats_log.py) every this many seconds; None: --disable-log-stats
     log_stats_s: float | None = 10.0
+    log_requests: bool = False  # vLLM's --enable-log-requests: each chat and completion said on arrival
+    max_log_len: int | None = None  # vLLM's: a logged prompt cut to this many characters (None: whole)
+    request_id_headers: bool = False  # vLLM's --enable-request-id-headers: replies carry X-Request-Id
 
     def __post_init__(self):
         if self.bundle is not None and (self.target or self.draft):
@@ -153,6 +156,8 @@ class ServeConfig:
             from dflash_trt.runtime.llm import engine_seeds
 
             engine_seeds(self.seed)  # its range, as the engine takes it
+        if self.max_log_len is not None and self.max_log_len < 0:
+            raise DFlashError(f"--max-log-len must be >= 0, got {self.max_log_len}")
         if self.log_stats_s is not None and not self.log_stats_s > 0:
             raise DFlashError(f"--log-stats-interval must be a number of seconds > 0, got {self.log_stats_s!r}")
         if not 0 <= self.port <= 65535:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -90,6 +91,11 @@ class FrontSettings:
     # vLLM's periodic stats lines (stats_log.py), said through this every stats_interval_s; None: none
     stats_log: Callable[[str], None] | None = None
     stats_interval_s: float = STATS_INTERVAL_S
+    # vLLM's --enable-log-requests: each chat and completion said on arrival (its id, sampling and prompt,
+    # the prompt cut to max_log_len characters; None: whole); None: not logged
+    request_log: Callable[[str], None] | None = None
+    max_log_len: int | None = None
+    request_id_headers: bool = False  # vLLM's --enable-request-id-headers: replies carry X-Request-Id
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -131,6 +137,40 @@ class _Guard:
         await self.app(scope, limited, send)
 
 
+class _RequestIdHeader:
+    """ASGI middleware: every reply carries X-Request-Id, the request's own or a new one (vLLM's
+    --enable-request-id-headers), so a client can find its request in the server's log. A new one is
+    handed to the route as if the client had sent it: a chat's or completion's id carries it too."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = next((v for k, v in scope["headers"] if k.lower() == b"x-request-id"), None)
+        request_id = given or uuid.uuid4().hex.encode()
+        if given is None:
+            scope = {**scope, "headers": [*scope["headers"], (b"x-request-id", request_id)]}
+
+        async def tagged(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", request_id)]}
+            await send(message)
+
+        await self.app(scope, receive, tagged)
+
+
+def _logged(request_id: str, parsed: protocol._Sampling, most: int | None) -> str:
+    """vLLM's "Received request" line: the id, the sampling fields sent, the prompt (cut to `most` characters)."""
+    prompt = next(iter(parsed.model_dump(include={"messages", "prompt"}).values()))
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False)
+    if most is not None:
+        text = text[:most]
+    sent = parsed.model_dump(exclude_none=True, exclude={"messages", "prompt", "model", "tools"})
+    return f"Received request {request_id}: prompt: {text!r}, params: {json.dumps(sent, default=str)}"
+
+
 def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
@@ -148,6 +188,8 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
     app = FastAPI(title="dflash-trt", summary="OpenAI-compatible DFlash speculative decoding",
                   docs_url="/docs" if settings.docs else None, redoc_url=None, lifespan=lifespan)
     app.add_middleware(_Guard, settings=settings)
+    if settings.request_id_headers:  # outside the guard: a refusal carries the id too
+        app.add_middleware(_RequestIdHeader)
     if settings.allowed_origins:  # outside the guard: a preflight carries no API key, and refusals get the headers
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
                            allow_credentials=settings.allow_credentials, allow_methods=list(settings.allowed_methods),
@@ -273,7 +315,10 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
         echo_top = parsed.logprobs if not chat and parsed.echo else None
         reply = Reply(chat=chat, model=settings.model, with_meta_info=parsed.return_meta_info,
                       logprobs=parsed.logprob_count() is not None, reasoning=thinking is not None,
-                      prompt_top=parsed.prompt_logprobs, echo_top=echo_top)
+                      prompt_top=parsed.prompt_logprobs, echo_top=echo_top,
+                      request_id=parsed.request_id or request.headers.get("x-request-id"))
+        if settings.request_log is not None:
+            settings.request_log(_logged(reply.id, parsed, settings.max_log_len))
         reply.per_prompt, reply.token_ids = parsed.n, bool(parsed.return_token_ids)
         count = parsed.choice_count()
         most = 1 if getattr(parsed, "parallel_tool_calls", None) is False else None

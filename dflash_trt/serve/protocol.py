@@ -293,6 +293,8 @@ class _Sampling(BaseModel):
                           "than 0 only on a server started with --scheduling-policy priority")
     # vLLM's: logprobs name their tokens "token_id:<id>" (some are no text JSON can hold whole)
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's: the reply's id is chatcmpl-<it> (cmpl- for a completion); default: the X-Request-Id header's
+    request_id: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
     # vLLM's: the request reuses prefix-cached positions only of requests with the same salt
     cache_salt: Annotated[str, StringConstraints(min_length=1)] | None = None
     # vLLM's beam search: n is its width; length_penalty weighs a sequence's length in its score

@@ -169,14 +169,16 @@ class Reply:
     """One request's identity and the shapes of its chat or completion objects."""
 
     def __init__(self, chat: bool, model: str, with_meta_info: bool = False, logprobs: bool = False,
-                 reasoning: bool = False, prompt_top: int | None = None, echo_top: int | None = None):
+                 reasoning: bool = False, prompt_top: int | None = None, echo_top: int | None = None,
+                 request_id: str | None = None):
         self.chat, self.model, self.with_meta_info, self.logprobs = chat, model, with_meta_info, logprobs
         self.reasoning = reasoning  # replies carry reasoning_content
         # vLLM's prompt_logprobs asked (its count), and a completion's echo with logprobs (their count)
         self.prompt_top, self.echo_top = prompt_top, echo_top
         self.per_prompt = 1  # choices per prompt (n), in a row: a prompt's tokens count once in the usage
         self.token_ids = False  # replies carry the prompt's and the reply's token ids (return_token_ids)
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        # vLLM's: the client's request id (the body's, else its X-Request-Id) after the prefix, else a random one
+        self.id = ("chatcmpl-" if chat else "cmpl-") + (request_id or uuid.uuid4().hex)
         self.created = int(time.time())
 
     def _head(self) -> dict:

@@ -134,7 +134,10 @@ def serve(config: ServeConfig, say: Callable[[str], None] = print) -> None:
                                        drain_s=DRAIN_S, responses_store=config.responses_store,
                                        trust_request_chat_template=config.trust_request_chat_template, **cors,
                                        stats_log=None if config.log_stats_s is None else say,
-                                       stats_interval_s=config.log_stats_s or STATS_INTERVAL_S, **options),
+                                       stats_interval_s=config.log_stats_s or STATS_INTERVAL_S,
+                                       request_log=say if config.log_requests else None,
+                                       max_log_len=config.max_log_len, request_id_headers=config.request_id_headers,
+                                       **options),
                            client)
         tls = {"ssl_keyfile": config.ssl_keyfile, "ssl_certfile": config.ssl_certfile}
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=DRAIN_S,

@@ -148,6 +148,7 @@ def test_tls_cors_and_log_options_it_cannot_take_are_one_line(tiny_pairs, tmp_pa
         (["--ssl-keyfile", str(junk), "--ssl-certfile", str(junk)], "not a certificate and its key"),
         (["--root-path", "llm/"], "--root-path must start with / and not end with one"),
         (["--log-stats-interval", "0"], "--log-stats-interval must be a number of seconds > 0"),
+        (["--max-log-len", "-1"], "--max-log-len must be >= 0"),
     ]:
         code, out = run("--target", target, "--draft", draft, *options)
         assert code == 2 and words in out and len(out.splitlines()) == 1, out

@@ -48,7 +48,8 @@ def server(pair, tmp_path_factory):
     started = start_server(["--target", str(target), "--draft", str(draft), "--max-model-len", str(CAPACITY),
                             "--max-num-seqs", "4", "--backend", "torch", "--chat-template", str(template),
                             "--reasoning-parser", "qwen3", "--scheduling-policy", "priority",
-                            "--served-model-name", SERVED, "--trust-request-chat-template", "--log-stats-interval", "1"])
+                            "--served-model-name", SERVED, "--trust-request-chat-template", "--log-stats-interval", "1",
+                            "--enable-log-requests", "--max-log-len", "40", "--enable-request-id-headers"])
     assert any("tool calls: hermes; reasoning: qwen3" in line for line in started.output)
     assert started.model == SERVED
     yield started
@@ -788,6 +789,21 @@ def test_num_speculative_tokens_caps_a_requests_drafts_and_keeps_its_reply(serve
     assert max(capped[1].usage.model_extra["acceptance_lengths"]) <= 2
     refused = httpx.post(f"{server.url}/completions", json={**asked, "num_speculative_tokens": -1}, timeout=60)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "num_speculative_tokens"
+
+
+def test_a_request_s_id_is_on_its_reply_and_in_the_log(server):
+    """--enable-request-id-headers and --enable-log-requests (--max-log-len 40), as vLLM's."""
+    body = {"model": server.model, "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}
+    reply = httpx.post(f"{server.url}/completions", json=body, headers={"X-Request-Id": "e2e-7"}, timeout=60)
+    assert reply.headers["x-request-id"] == "e2e-7" and reply.json()["id"] == "cmpl-e2e-7"
+    deadline = time.monotonic() + 5  # said before the request ran; the test's reader thread may lag
+    while not (said := [line for line in server.output if line.startswith("Received request cmpl-e2e-7: ")]):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    (said,) = said
+    head, params = said.split(", params: ")
+    assert head == f"Received request cmpl-e2e-7: prompt: {PROMPTS[0][:40]!r}"
+    assert json.loads(params)["max_tokens"] == 4 and json.loads(params)["temperature"] == 0
 
 
 def test_the_log_has_vllms_stats_lines_while_requests_run(server, client):
