@@ -67,6 +67,10 @@ class ServeConfig:
     log_requests: bool = False  # vLLM's --enable-log-requests: each chat and completion said on arrival
     max_log_len: int | None = None  # vLLM's: a logged prompt cut to this many characters (None: whole)
     request_id_headers: bool = False  # vLLM's --enable-request-id-headers: replies carry X-Request-Id
+    # the HTTP server's own log (vLLM's --uvicorn-log-level; info adds a line per request, unless
+    # --disable-uvicorn-access-log)
+    uvicorn_log_level: str = "warning"
+    access_log: bool = True
 
     def __post_init__(self):
         if self.bundle is not None and (self.target or self.draft):

@@ -140,8 +140,8 @@ def serve(config: ServeConfig, say: Callable[[str], None] = print) -> None:
                                        **options),
                            client)
         tls = {"ssl_keyfile": config.ssl_keyfile, "ssl_certfile": config.ssl_certfile}
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=DRAIN_S,
-                                               root_path=config.root_path, **tls))
+        server = uvicorn.Server(uvicorn.Config(app, log_level=config.uvicorn_log_level, access_log=config.access_log,
+                                               timeout_graceful_shutdown=DRAIN_S, root_path=config.root_path, **tls))
         host, port = sock.getsockname()[:2]
         scheme = "https" if config.ssl_certfile is not None else "http"
         say(sampling_line(defaults))

@@ -49,7 +49,8 @@ def server(pair, tmp_path_factory):
                             "--max-num-seqs", "4", "--backend", "torch", "--chat-template", str(template),
                             "--reasoning-parser", "qwen3", "--scheduling-policy", "priority",
                             "--served-model-name", SERVED, "--trust-request-chat-template", "--log-stats-interval", "1",
-                            "--enable-log-requests", "--max-log-len", "40", "--enable-request-id-headers"])
+                            "--enable-log-requests", "--max-log-len", "40", "--enable-request-id-headers",
+                            "--uvicorn-log-level", "info"])
     assert any("tool calls: hermes; reasoning: qwen3" in line for line in started.output)
     assert started.model == SERVED
     yield started
@@ -792,7 +793,8 @@ def test_num_speculative_tokens_caps_a_requests_drafts_and_keeps_its_reply(serve
 
 
 def test_a_request_s_id_is_on_its_reply_and_in_the_log(server):
-    """--enable-request-id-headers and --enable-log-requests (--max-log-len 40), as vLLM's."""
+    """--enable-request-id-headers and --enable-log-requests (--max-log-len 40), as vLLM's; at
+    --uvicorn-log-level info, the HTTP server's status line of each request too."""
     body = {"model": server.model, "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}
     reply = httpx.post(f"{server.url}/completions", json=body, headers={"X-Request-Id": "e2e-7"}, timeout=60)
     assert reply.headers["x-request-id"] == "e2e-7" and reply.json()["id"] == "cmpl-e2e-7"
@@ -804,6 +806,7 @@ def test_a_request_s_id_is_on_its_reply_and_in_the_log(server):
     head, params = said.split(", params: ")
     assert head == f"Received request cmpl-e2e-7: prompt: {PROMPTS[0][:40]!r}"
     assert json.loads(params)["max_tokens"] == 4 and json.loads(params)["temperature"] == 0
+    assert any('"POST /v1/completions HTTP/1.1" 200' in line for line in server.output)
 
 
 def test_the_log_has_vllms_stats_lines_while_requests_run(server, client):
