@@ -11,7 +11,8 @@
 // `use_stream(handle)` once before any open; a graph answers `run(what, inputs, outputs, bindings)`,
 // inputs and outputs each a dict name -> (address, dtype name, shape) that it must not change, bindings
 // their number (the same for the same bindings, per graph), and returns once its outputs are written
-// (ordered on the stream): True where the run paid one-time set-up (Graph::run), else False or None. Phases run without the GIL (Scheduler.step releases it); each call here takes it.
+// (ordered on the stream): True where the run paid one-time set-up (Graph::run), else False or None.
+// Phases run without the GIL (Scheduler.step releases it); each call here takes it.
 #pragma once
 
 #include <pybind11/pybind11.h>
