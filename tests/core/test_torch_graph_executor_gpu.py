@@ -388,3 +388,21 @@ def test_captured_graphs_share_one_memory_pool_and_replay_in_any_order():
             stream.synchronize()
             torch.testing.assert_close(y, x * 2 + rows)
     assert graph.stats["replayed"] >= 9
+
+
+def test_a_bindings_first_run_and_its_capture_pay_set_up_and_its_replays_none(pair_dirs):
+    """executor.set_up_runs on CUDA (what the scheduler leaves out of its cost model): the draft block, the
+    target and the draft context pass each run once eagerly, then are captured (or, where a run cannot
+    be, tried once); after that (same rows, same block, the draft context within one length bucket)
+    every run replays, or runs eagerly without set-up."""
+    llm = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
+    executor = llm.executor(2, 64)
+    executor.prefill_logits([0, 1], [[3, 1, 4], [2, 7]])
+    paid = []
+    for _ in range(6):
+        before = executor.set_up_runs
+        drafts = executor.draft([0, 1], [1, 2], 4)
+        executor.verify_logits([0, 1], [[1, *drafts[0]], [2, *drafts[1]]])
+        executor.commit([0, 1], [1, 1])
+        paid.append(executor.set_up_runs - before)
+    assert paid[-2:] == [0, 0] and paid[0] > 0 and paid[1] > 0, paid
