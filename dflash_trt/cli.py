@@ -762,6 +762,8 @@ def pack_corpus(src, dst):
 @click.option("--seed", type=int, default=None,
               help="vLLM's: requests that bring no seed draw from this one, so a restarted server sampling the same "
                    "requests in the same order gives the same tokens [default: random at each start].")
+@click.option("--enforce-eager", is_flag=True,
+              help="vLLM's: no CUDA graphs on a GPU, each decode step launched kernel by kernel (debugging, profiling).")
 @click.option("--disable-log-stats", is_flag=True,
               help="vLLM's: no periodic stats lines (throughput, requests running and waiting, KV cache usage, "
                    "prefix cache hits, speculative decoding's acceptance) in the log.")
@@ -784,7 +786,7 @@ def serve(model, target, draft, speculative_config, enable_auto_tool_choice, hos
           draft_rule, prefix_caching, scheduling_policy, chat_template, tool_call_parser, reasoning_parser,
           responses_store, trust_request_chat_template, default_chat_template_kwargs, generation_config,
           override_generation_config, allowed_origins, allow_credentials, allowed_methods, allowed_headers,
-          ssl_keyfile, ssl_certfile, root_path, seed, disable_log_stats, log_stats_interval, enable_log_requests,
+          ssl_keyfile, ssl_certfile, root_path, seed, enforce_eager, disable_log_stats, log_stats_interval, enable_log_requests,
           max_log_len, uvicorn_log_level, disable_uvicorn_access_log, enable_request_id_headers):
     """Serve MODEL (a bundle or engine bundle directory that export / build wrote; else a target, as
     --target takes it, which vLLM's `serve MODEL` is) with an OpenAI-compatible API (/v1/chat/completions,
@@ -816,7 +818,7 @@ def serve(model, target, draft, speculative_config, enable_auto_tool_choice, hos
                          allowed_origins=allowed_origins or (), allow_credentials=allow_credentials,
                          allowed_methods=allowed_methods or ("*",), allowed_headers=allowed_headers or ("*",),
                          ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile, root_path=root_path, seed=seed,
-                         log_stats_s=None if disable_log_stats else log_stats_interval,
+                         enforce_eager=enforce_eager, log_stats_s=None if disable_log_stats else log_stats_interval,
                          log_requests=enable_log_requests, max_log_len=max_log_len,
                          request_id_headers=enable_request_id_headers, uvicorn_log_level=uvicorn_log_level,
                          access_log=not disable_uvicorn_access_log)

@@ -173,7 +173,6 @@ def main() -> None:
     from dflash_trt.runtime.native import native_core
     from dflash_trt.runtime.torch_graphs import torch_executor
 
-    torch_graphs.CUDA_GRAPHS = not args.eager
     torch_graphs.DRAFT_KERNELS = "auto" if args.kernels == "auto" else False
     torch_graphs.TARGET_KERNELS = args.kernels == "auto"
 
@@ -187,6 +186,7 @@ def main() -> None:
         parser.error(f"--capacity {args.capacity} is below the {need} tokens the phases need")
     pair = RandomPair(args.preset, args.layers, device, dtype)
     pair.draft_rule = args.draft_rule  # read by torch_executor: the block pass returns its logits for the rule
+    pair.enforce_eager = args.eager  # read by torch_executor: no CUDA graphs
     capacity = args.capacity or need
     executor = torch_executor(pair, max(rows_list), capacity)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

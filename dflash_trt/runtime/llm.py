@@ -189,6 +189,7 @@ class LLM:
         generation_config: str = "auto",
         override_generation_config: dict | str | None = None,
         seed: int | None = None,
+        enforce_eager: bool = False,
     ):
         """`model`, `speculative_config` ({"method": "dflash", "model": drafter, "num_speculative_tokens":
         block_size - 1}), `max_model_len`, `max_num_seqs`, `enable_prefix_caching`: vLLM's names for
@@ -207,7 +208,8 @@ class LLM:
         `override_generation_config` (a dict of its names, or JSON): the sampling defaults a request
         without its own SamplingParams gets (vLLM's; models/generation_defaults.py). `seed` (vLLM's):
         the draws of requests that bring no seed of their own follow from it, so a rerun of the same
-        calls samples the same tokens (None: they differ run to run)."""
+        calls samples the same tokens (None: they differ run to run). `enforce_eager` (vLLM's): no CUDA
+        graphs on a GPU, every decode step launched kernel by kernel (debugging, profiling)."""
         target = either("target", target, embedded.DEFAULT_TARGET, "model", model)
         capacity = either("capacity", capacity, DEFAULT_CAPACITY, "max_model_len", max_model_len)
         max_batch = either("max_batch", max_batch, DEFAULT_MAX_BATCH, "max_num_seqs", max_num_seqs)
@@ -220,6 +222,7 @@ class LLM:
         _check_draft_rule(draft_rule, adaptive=block_size is None)
         self._batching(max_batch, capacity, prefill_chunk, prefix_caching, scheduling_policy)
         self._seeds = engine_seeds(seed)
+        self.enforce_eager = bool(enforce_eager)
         # PyTorch model code is imported here, on the torch path only: from_bundle never loads it.
         from dflash_trt.models.checkpoints import check_pair, load_drafter, load_target, resolve_draft, resolve_target
 
@@ -286,7 +289,8 @@ class LLM:
     def from_bundle(cls, path: str | Path, block_size: int | None = None, max_batch: int | None = None,
                     capacity: int | None = None, prefill_chunk: int = 0, draft_rule: str = "point-mass",
                     prefix_caching: bool = True, scheduling_policy: str = "fcfs", *, generation_config: str = "auto",
-                    override_generation_config: dict | str | None = None, seed: int | None = None) -> LLM:
+                    override_generation_config: dict | str | None = None, seed: int | None = None,
+                    enforce_eager: bool = False) -> LLM:
         """Run what `dflash-trt export` or `dflash-trt build` wrote on a C++ executor: a slots (or
         slots-trt) bundle or onnxruntime engines built from one on onnxruntime, TensorRT engines built
         from a slots-trt bundle on the GPU. Portable and plugin bundles (graph contract 1, for engine
@@ -295,7 +299,8 @@ class LLM:
         (slots-trt), else DEFAULT_CAPACITY. TensorRT slots-trt engines also bound the rows per step
         (`max_batch` defaults to theirs) and the prompt tokens per step (prompts longer than their
         prefill profile enter in chunks of it). `generation_config`, `override_generation_config`: as
-        LLM's ("auto": the generation_config.json export copied from the target); `seed`: as LLM's."""
+        LLM's ("auto": the generation_config.json export copied from the target); `seed`, `enforce_eager`:
+        as LLM's (TensorRT engines' CUDA graphs)."""
         from dflash_trt.runtime.engine_bundles import bundle_capacity
 
         _check_block_size(block_size)
@@ -305,6 +310,7 @@ class LLM:
         llm._batching(max_batch or DEFAULT_MAX_BATCH, capacity, prefill_chunk, prefix_caching, scheduling_policy)
         llm.sampling_defaults = sampling_defaults(path, generation_config, override_generation_config)
         llm._seeds = engine_seeds(seed)
+        llm.enforce_eager = bool(enforce_eager)
         llm._load_bundle(Path(path), block_size, max_batch)
         llm._set_draft_rule(draft_rule)
         return llm
@@ -390,7 +396,8 @@ class LLM:
             from dflash_trt.runtime.torch_graphs import torch_executor
 
             return torch_executor(self, max_batch, capacity)
-        return self._bundle.executor(max_batch, capacity, draft_rule=self.draft_rule)
+        return self._bundle.executor(max_batch, capacity, draft_rule=self.draft_rule,
+                                     cuda_graphs=not self.enforce_eager)
 
     # -- prompts -------------------------------------------------------------------------------
 

@@ -147,7 +147,6 @@ class SlotBundle:
     manifest."""
 
     cuda_driver = "libcuda.so.1"  # the CUDA driver library the TensorRT executor loads
-    cuda_graphs = True  # the TensorRT executor replays decode-sized runs as CUDA graphs (tests compare eager)
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -206,13 +205,15 @@ class SlotBundle:
             raise DFlashError(f"{self.root} was exported with --capacity {self.capacity} (a static cache size in "
                               f"its graphs): run it with capacity {self.capacity}, or re-export")
 
-    def config(self, max_batch: int, capacity: int, threads: int | None = None, draft_rule: str = "point-mass"):
-        """The `_core.ExecutorConfig` for `max_batch` slots of `capacity` tokens."""
+    def config(self, max_batch: int, capacity: int, threads: int | None = None, draft_rule: str = "point-mass",
+               cuda_graphs: bool = True):
+        """The `_core.ExecutorConfig` for `max_batch` slots of `capacity` tokens; `cuda_graphs`: the
+        TensorRT executor replays decode-sized runs as CUDA graphs (off: LLM's enforce_eager)."""
         self.check_limits(max_batch, capacity)
         paths = {name: str(self.root / graph["file"]) for name, graph in self.manifest["graphs"].items()}
         config = slot_config(self.manifest, paths, self.library, max_batch, capacity, threads, self.cuda_driver,
                              draft_rule, self.draft_vocab() if draft_rule != "point-mass" else None)
-        config.cuda_graphs = self.cuda_graphs
+        config.cuda_graphs = cuda_graphs
         return config
 
     def draft_vocab(self) -> list[int] | None:
@@ -220,6 +221,7 @@ class SlotBundle:
         path = self.root / "draft_vocab.json"
         return json.loads(path.read_text())["token_ids"] if path.is_file() else None
 
-    def executor(self, max_batch: int, capacity: int, threads: int | None = None, draft_rule: str = "point-mass"):
-        config = self.config(max_batch, capacity, threads, draft_rule)
+    def executor(self, max_batch: int, capacity: int, threads: int | None = None, draft_rule: str = "point-mass",
+                 cuda_graphs: bool = True):
+        config = self.config(max_batch, capacity, threads, draft_rule, cuda_graphs)
         return (native_core().TrtExecutor if self.kind == "tensorrt" else native_core().OrtExecutor)(config)

@@ -36,7 +36,6 @@ _TYPESTR = {torch.float32: "<f4", torch.float16: "<f2", torch.bfloat16: "<i2", t
 _VIEWS_KEPT = 512  # views made from addresses, reused across runs (the buffers are reused every step)
 GRAPHED_TOKENS = 16  # runs of at most this many new tokens per row are CUDA-graphed (not prefill chunks)
 GRAPHS_KEPT = 256  # captured graphs per graph (one a rows x tokens shape: adaptive blocks make many)
-CUDA_GRAPHS = True  # capture on a GPU (tests compare against eager by turning it off)
 # The draft graphs as the plugin flavour writes them (dflash:: ops for KV injection and block attention):
 # "auto" on a GPU where our CUDA kernels register (runtime/cuda_ops.py), so decoding runs them; True
 # also elsewhere, on the ops' PyTorch reference bodies (tests); False never.
@@ -372,7 +371,7 @@ class TorchGraphs:
         self.specs, self.device, self.stream = specs, device, None
         self.stats = Counter() if stats is None else stats  # CUDA graphs: captured, replayed, eager runs
         self.memory = GraphMemory()  # every graph's captures share it
-        graphed = CUDA_GRAPHS and device.type == "cuda"
+        graphed = device.type == "cuda" and not getattr(llm, "enforce_eager", False)  # LLM's enforce_eager
         # HF's sparse MoE block routes on the host (which experts to run): such a target is not captured
         self.graphed = {"target": graphed and not any(is_sparse_moe(m) for m in target.mlps),
                         "draft_context": graphed, "draft_block": graphed}

@@ -64,6 +64,7 @@ class ServeConfig:
     seed: int | None = None  # vLLM's --seed: what requests without a seed draw from (None: random per start)
     # vLLM's periodic stats lines (stats_log.py) every this many seconds; None: --disable-log-stats
     log_stats_s: float | None = 10.0
+    enforce_eager: bool = False  # vLLM's --enforce-eager: no CUDA graphs on a GPU
     log_requests: bool = False  # vLLM's --enable-log-requests: each chat and completion said on arrival
     max_log_len: int | None = None  # vLLM's: a logged prompt cut to this many characters (None: whole)
     request_id_headers: bool = False  # vLLM's --enable-request-id-headers: replies carry X-Request-Id
@@ -197,6 +198,7 @@ class ServeConfig:
             else str(Path(self.generation_config).resolve()),
             "override_generation_config": self.override_generation_config or "",
             "seed": "" if self.seed is None else str(self.seed),
+            "enforce_eager": "1" if self.enforce_eager else "0",
         }
 
     def sampling_defaults(self) -> dict:

@@ -171,15 +171,12 @@ def test_bfloat16_dflash_on_cuda_equals_the_same_engines_plain_decoding(pair_dir
     assert run(llm, work, 1) == run(llm, work, 1, speculative=False)
 
 
-def test_cuda_graphs_replay_what_eager_decoding_gives(pair_dirs, monkeypatch):
-    from dflash_trt.runtime import torch_graphs
-
+def test_cuda_graphs_replay_what_eager_decoding_gives(pair_dirs):
     graphed = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
     work = workload(graphed.vocab_size, 8, seed=11)
     tokens = run(graphed, work, 4)
     assert graphed.graph_stats["captured"] > 0 and graphed.graph_stats["replayed"] > 0, graphed.graph_stats
-    monkeypatch.setattr(torch_graphs, "CUDA_GRAPHS", False)
-    eager = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
+    eager = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch", enforce_eager=True)
     assert run(eager, work, 4) == tokens
     assert eager.graph_stats["captured"] == 0
 

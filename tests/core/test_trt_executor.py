@@ -310,7 +310,7 @@ def test_decode_sized_runs_replay_cuda_graphs_captured_around_enqueue_with_the_e
     """Each run of at most 16 new tokens per row (a plain step, a verify, a draft; not a prefill chunk) is
     captured as a CUDA graph around enqueueV3 the second time its bindings (shapes, addresses) recur, then
     replayed: greedy and seeded rows, in one batch and joining as others end (rows and slots change from
-    step to step), give the tokens of eager runs (cuda_graphs off), where the fake driver replayed none.
+    step to step), give the tokens of eager runs (enforce_eager), where the fake driver replayed none.
     The fake records the engine's run with its bindings at capture and reruns it on their memory at each
     launch, as a GPU replays kernels; that every graph is freed with the executor is the test above's."""
     from seeded_batches import mixed_batch
@@ -321,11 +321,10 @@ def test_decode_sized_runs_replay_cuda_graphs_captured_around_enqueue_with_the_e
     bundle = export_bundle(target, drafter, None, tmp_path / "bundle", flavour="slots-trt", capacity=64, check=False)
     engines = tensorrt_engines(bundle, tmp_path / "engines", ort, fakes, monkeypatch)
     launches = fake_counter(fakes, "fake_cuda_graph_launches")
-    monkeypatch.setattr(ort.SlotBundle, "cuda_graphs", False)
     before = launches()
-    eager = [mixed_batch(LLM.from_bundle(engines, block_size=4), max_batch=rows, capacity=64) for rows in (3, 2)]
+    eager = [mixed_batch(LLM.from_bundle(engines, block_size=4, enforce_eager=True), max_batch=rows, capacity=64)
+             for rows in (3, 2)]
     assert launches() == before
-    monkeypatch.setattr(ort.SlotBundle, "cuda_graphs", True)
     graphed = [mixed_batch(LLM.from_bundle(engines, block_size=4), max_batch=rows, capacity=64) for rows in (3, 2)]
     assert launches() > before
     assert graphed == eager

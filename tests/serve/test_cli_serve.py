@@ -156,6 +156,13 @@ def test_tls_cors_and_log_options_it_cannot_take_are_one_line(tiny_pairs, tmp_pa
     assert code == 2 and "--allowed-origins" in out and "a JSON list of strings" in out
 
 
+def test_enforce_eager_reaches_the_triton_model(tiny_pairs, served):
+    target, draft = map(str, tiny_pairs["qwen3"])
+    assert run("--target", target, "--draft", draft)[0] == 0
+    assert run("--target", target, "--draft", draft, "--enforce-eager")[0] == 0
+    assert [config.model_parameters()["enforce_eager"] for config in served] == ["0", "1"]
+
+
 def test_the_seed_reaches_the_triton_model_and_a_bad_one_is_one_line(tiny_pairs, served):
     target, draft = map(str, tiny_pairs["qwen3"])
     assert run("--target", target, "--draft", draft, "--seed", "7")[0] == 0

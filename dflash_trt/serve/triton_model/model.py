@@ -53,7 +53,8 @@ class TritonPythonModel:
         rule = params.get("draft_rule") or "point-mass"
         # serve --generation-config / --override-generation-config: a request's sampling defaults
         generation = {"generation_config": params.get("generation_config") or "auto",
-                      "override_generation_config": params.get("override_generation_config") or None}
+                      "override_generation_config": params.get("override_generation_config") or None,
+                      "enforce_eager": params.get("enforce_eager") == "1"}  # serve --enforce-eager
         if params["bundle"]:  # capacity None: the bundle's own, else 4096
             self.llm = LLM.from_bundle(params["bundle"], block_size=block_size, capacity=capacity, draft_rule=rule,
                                        **generation)
