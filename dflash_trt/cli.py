@@ -777,6 +777,9 @@ def pack_corpus(src, dst):
               default="warning", show_default=True,
               help="vLLM's: the HTTP server's log level; info says each request's status line (vLLM's default).")
 @click.option("--disable-uvicorn-access-log", is_flag=True, help="vLLM's: no status line per request at info.")
+@click.option("--enable-force-include-usage", is_flag=True,
+              help="vLLM's: every streamed chat and completion ends with its usage, as if it asked with "
+                   "stream_options.include_usage.")
 @click.option("--enable-request-id-headers", is_flag=True,
               help="vLLM's: every reply carries X-Request-Id (the request's own, else a new one that the "
                    "chat's or completion's id carries too).")
@@ -787,7 +790,8 @@ def serve(model, target, draft, speculative_config, enable_auto_tool_choice, hos
           responses_store, trust_request_chat_template, default_chat_template_kwargs, generation_config,
           override_generation_config, allowed_origins, allow_credentials, allowed_methods, allowed_headers,
           ssl_keyfile, ssl_certfile, root_path, seed, enforce_eager, disable_log_stats, log_stats_interval, enable_log_requests,
-          max_log_len, uvicorn_log_level, disable_uvicorn_access_log, enable_request_id_headers):
+          max_log_len, uvicorn_log_level, disable_uvicorn_access_log, enable_force_include_usage,
+          enable_request_id_headers):
     """Serve MODEL (a bundle or engine bundle directory that export / build wrote; else a target, as
     --target takes it, which vLLM's `serve MODEL` is) with an OpenAI-compatible API (/v1/chat/completions,
     /v1/completions, /v1/responses, Anthropic's /v1/messages and its count_tokens, /v1/models, /health,
@@ -820,7 +824,8 @@ def serve(model, target, draft, speculative_config, enable_auto_tool_choice, hos
                          ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile, root_path=root_path, seed=seed,
                          enforce_eager=enforce_eager, log_stats_s=None if disable_log_stats else log_stats_interval,
                          log_requests=enable_log_requests, max_log_len=max_log_len,
-                         request_id_headers=enable_request_id_headers, uvicorn_log_level=uvicorn_log_level,
+                         request_id_headers=enable_request_id_headers, force_include_usage=enable_force_include_usage,
+                         uvicorn_log_level=uvicorn_log_level,
                          access_log=not disable_uvicorn_access_log)
     run_server(config, say=lambda line: (click.echo(line), sys.stdout.flush()))  # flushed: scripts wait for it
 

@@ -68,6 +68,7 @@ class ServeConfig:
     log_requests: bool = False  # vLLM's --enable-log-requests: each chat and completion said on arrival
     max_log_len: int | None = None  # vLLM's: a logged prompt cut to this many characters (None: whole)
     request_id_headers: bool = False  # vLLM's --enable-request-id-headers: replies carry X-Request-Id
+    force_include_usage: bool = False  # vLLM's --enable-force-include-usage: every stream ends with its usage
     # the HTTP server's own log (vLLM's --uvicorn-log-level; info adds a line per request, unless
     # --disable-uvicorn-access-log)
     uvicorn_log_level: str = "warning"

@@ -96,6 +96,7 @@ class FrontSettings:
     request_log: Callable[[str], None] | None = None
     max_log_len: int | None = None
     request_id_headers: bool = False  # vLLM's --enable-request-id-headers: replies carry X-Request-Id
+    force_include_usage: bool = False  # vLLM's --enable-force-include-usage: every stream ends with its usage
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -341,7 +342,8 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
                 return whole
             return JSONResponse(whole if render is None else render.whole(whole))
         early = await choices.first_pieces()  # refusals (prompt too long, ...) come first: a 4xx, not a broken stream
-        chunks = _chunks(reply, choices, early, parsed.include_usage, readers, echoes, not chat and bool(parsed.echo),
+        usage = parsed.include_usage or settings.force_include_usage
+        chunks = _chunks(reply, choices, early, usage, readers, echoes, not chat and bool(parsed.echo),
                          parsed.continuous_usage)
         # sse-starlette ends its streams when the server begins to stop; a drain lets them finish
         return EventSourceResponse(_sse(chunks) if render is None else render.events(chunks),

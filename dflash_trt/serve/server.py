@@ -137,6 +137,7 @@ def serve(config: ServeConfig, say: Callable[[str], None] = print) -> None:
                                        stats_interval_s=config.log_stats_s or STATS_INTERVAL_S,
                                        request_log=say if config.log_requests else None,
                                        max_log_len=config.max_log_len, request_id_headers=config.request_id_headers,
+                                       force_include_usage=config.force_include_usage,
                                        **options),
                            client)
         tls = {"ssl_keyfile": config.ssl_keyfile, "ssl_certfile": config.ssl_certfile}

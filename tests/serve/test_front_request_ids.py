@@ -1,7 +1,8 @@
 """vLLM's request ids and request log in the front, over the stand-in Triton client of test_front.py: a
 chat's or completion's id carries the client's id (the body's request_id, else its X-Request-Id),
 --enable-request-id-headers puts X-Request-Id on every reply, --enable-log-requests says each request on
-arrival."""
+arrival.; --enable-force-include-usage ends every stream
+with its usage."""
 
 import json
 
@@ -50,3 +51,17 @@ def test_each_request_is_said_on_arrival_its_prompt_cut_to_max_log_len():
                                                                               "content": "hi there, a big question"}])[:12])
     assert json.loads(params)["temperature"] == 0.5 and json.loads(params)["max_tokens"] == 3
     assert second.startswith("Received request cmpl-b: prompt: 'a prompt wid', params: ")
+
+
+def test_with_force_include_usage_a_stream_that_did_not_ask_ends_with_its_usage():
+    """vLLM's --enable-force-include-usage."""
+    from test_front import events
+
+    for forced in (False, True):
+        front = TestClient(create_app(FrontSettings("tiny", force_include_usage=forced), FakeTriton()))
+        for path, body in (("/v1/chat/completions", chat(stream=True)),
+                           ("/v1/completions", {"model": "tiny", "prompt": "x", "stream": True})):
+            _, data = events(front, path, body)
+            last = json.loads(data[-2])
+            assert data[-1] == "[DONE]"
+            assert (last["choices"] == [] and last["usage"]["completion_tokens"] == 3) == forced, (path, last)
