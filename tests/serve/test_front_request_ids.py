@@ -1,8 +1,7 @@
 """vLLM's request ids and request log in the front, over the stand-in Triton client of test_front.py: a
 chat's or completion's id carries the client's id (the body's request_id, else its X-Request-Id),
 --enable-request-id-headers puts X-Request-Id on every reply, --enable-log-requests says each request on
-arrival.; --enable-force-include-usage ends every stream
-with its usage."""
+arrival; and --enable-force-include-usage ends every stream with its usage."""
 
 import json
 
