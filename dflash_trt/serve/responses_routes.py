@@ -43,6 +43,8 @@ def add_responses_routes(app: FastAPI, model: str, capacity: int, complete: Call
         stop = asyncio.Event()
 
         class Detached:
+            headers: dict = {}  # no X-Request-Id: the run is no HTTP request's
+
             @staticmethod
             async def is_disconnected() -> bool:
                 return stop.is_set()
