@@ -59,6 +59,9 @@ def add_responses_routes(app: FastAPI, model: str, capacity: int, complete: Call
                 render.failed(code, err.message)
             except UpstreamError as err:
                 render.failed("server_error", f"the inference server failed: {err}")
+            except Exception as err:  # a bug of ours: the response says so rather than stay in progress for good
+                render.failed("server_error", f"internal error: {type(err).__name__}: {err}")
+                raise
             else:
                 if reply.status_code == 499:  # cancelled before its reply was whole
                     render.cancelled()

@@ -402,6 +402,21 @@ def test_a_response_the_engine_fails_mid_reply_ends_failed_streamed_or_in_the_ba
     assert stored.status == "failed" and stored.error.code == "server_error" and "NaN logits" in stored.error.message
 
 
+def test_a_background_response_whose_run_breaks_unexpectedly_is_stored_failed_not_left_in_progress(lasting):
+    """A bug of ours inside the run (an exception no reply maps) still ends the stored response."""
+    _, triton, client = lasting
+
+    async def broken(inputs):
+        raise ValueError("boom")
+        yield  # an async generator, as Triton's client's is
+
+    triton.generate = broken
+    queued = client.responses.create(model="tiny", input="hi", background=True)
+    stored = finished(client, queued.id)
+    assert stored.status == "failed" and stored.error.code == "server_error"
+    assert stored.error.message == "internal error: ValueError: boom"
+
+
 @pytest.mark.parametrize("fields, param", [(dict(stream=True), "background"), (dict(store=False), "background"),
                                            (dict(top_logprobs=2), "top_logprobs")])
 def test_a_background_response_that_cannot_be_followed_is_a_400(served, fields, param):
