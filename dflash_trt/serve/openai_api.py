@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from dflash_trt.serve.openai_models import (
     Version,
 )
 from dflash_trt.serve.reply_text import UNTHINK, ReplyText
+from dflash_trt.serve.request_ids import RequestIdHeader, received
 from dflash_trt.serve.requests import RequestError
 from dflash_trt.serve.responses import Outcome, Reply, error_body, merged_usage
 from dflash_trt.serve.openapi_docs import ERRORS, replies
@@ -138,40 +138,6 @@ class _Guard:
         await self.app(scope, limited, send)
 
 
-class _RequestIdHeader:
-    """ASGI middleware: every reply carries X-Request-Id, the request's own or a new one (vLLM's
-    --enable-request-id-headers), so a client can find its request in the server's log. A new one is
-    handed to the route as if the client had sent it: a chat's or completion's id carries it too."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        given = next((v for k, v in scope["headers"] if k.lower() == b"x-request-id"), None)
-        request_id = given or uuid.uuid4().hex.encode()
-        if given is None:
-            scope = {**scope, "headers": [*scope["headers"], (b"x-request-id", request_id)]}
-
-        async def tagged(message):
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", request_id)]}
-            await send(message)
-
-        await self.app(scope, receive, tagged)
-
-
-def _logged(request_id: str, parsed: protocol._Sampling, most: int | None) -> str:
-    """vLLM's "Received request" line: the id, the sampling fields sent, the prompt (cut to `most` characters)."""
-    prompt = next(iter(parsed.model_dump(include={"messages", "prompt"}).values()))
-    text = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False)
-    if most is not None:
-        text = text[:most]
-    sent = parsed.model_dump(exclude_none=True, exclude={"messages", "prompt", "model", "tools"})
-    return f"Received request {request_id}: prompt: {text!r}, params: {json.dumps(sent, default=str)}"
-
-
 def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
@@ -190,7 +156,7 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
                   docs_url="/docs" if settings.docs else None, redoc_url=None, lifespan=lifespan)
     app.add_middleware(_Guard, settings=settings)
     if settings.request_id_headers:  # outside the guard: a refusal carries the id too
-        app.add_middleware(_RequestIdHeader)
+        app.add_middleware(RequestIdHeader)
     if settings.allowed_origins:  # outside the guard: a preflight carries no API key, and refusals get the headers
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
                            allow_credentials=settings.allow_credentials, allow_methods=list(settings.allowed_methods),
@@ -319,7 +285,7 @@ def create_app(settings: FrontSettings, triton: TritonClient) -> FastAPI:
                       prompt_top=parsed.prompt_logprobs, echo_top=echo_top,
                       request_id=parsed.request_id or request.headers.get("x-request-id"))
         if settings.request_log is not None:
-            settings.request_log(_logged(reply.id, parsed, settings.max_log_len))
+            settings.request_log(received(reply.id, parsed, settings.max_log_len))
         reply.per_prompt, reply.token_ids = parsed.n, bool(parsed.return_token_ids)
         count = parsed.choice_count()
         most = 1 if getattr(parsed, "parallel_tool_calls", None) is False else None
