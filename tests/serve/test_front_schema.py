@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, settings  # noqa: E402  (schemathesis brings
 
 from dflash_trt.serve.openai_api import FrontSettings, create_app
 
-APP = create_app(FrontSettings("tiny", tool_parser="hermes"), FakeTriton())
+# a model with a tool-call format and a tokenizer (the stand-in's token names: "t<id>")
+APP = create_app(FrontSettings("tiny", tool_parser="hermes", token_text=lambda t: f"t{t}"), FakeTriton())
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 
 
