@@ -372,3 +372,18 @@ def test_how_a_conversation_ends_goes_to_the_template_with_its_kwargs():
     with pytest.raises(RequestError) as err:
         parse(chat(continue_final_message=True, add_generation_prompt=True), ChatRequest)
     assert err.value.param == "continue_final_message"
+
+
+def test_num_speculative_tokens_reaches_the_engine_s_sampling_params():
+    """A request's speculation cap, from the chat body through the Triton model's sampling_parameters to the
+    SamplingParams the engine's block limit is made from (batch_runner.max_block)."""
+    from dflash_trt.runtime.batch_runner import max_block
+    from dflash_trt.serve.requests import parse_sampling
+
+    for k, limit in ((0, 1), (3, 4), (None, 0)):
+        extra = {} if k is None else {"num_speculative_tokens": k}
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}).encode()
+        sent = parse(body, ChatRequest).triton_inputs()["sampling_parameters"]
+        params = parse_sampling(sent, 4, 64)
+        assert params.num_speculative_tokens == k
+        assert max_block(params.num_speculative_tokens != 0, params.num_speculative_tokens) == limit
