@@ -35,6 +35,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 _TYPESTR = {torch.float32: "<f4", torch.float16: "<f2", torch.bfloat16: "<i2", torch.int64: "<i8"}
 _VIEWS_KEPT = 512  # views made from addresses, reused across runs (the buffers are reused every step)
 GRAPHED_TOKENS = 16  # runs of at most this many new tokens per row are CUDA-graphed (not prefill chunks)
+SHAPES_KEPT = 4096  # an ungraphed graph's input shapes remembered (csrc/graph.h's FirstRuns: as many)
 GRAPHS_KEPT = 256  # captured graphs per graph (one a rows x tokens shape: adaptive blocks make many)
 # The draft graphs as the plugin flavour writes them (dflash:: ops for KV injection and block attention):
 # "auto" on a GPU where our CUDA kernels register (runtime/cuda_ops.py), so decoding runs them; True
@@ -188,6 +189,7 @@ class TorchGraph:
         self._views: dict[tuple, torch.Tensor] = {}
         self._graphs: dict[tuple | int, torch.cuda.CUDAGraph | None] = {}  # None: eager (could not capture)
         self._seen: Counter = Counter()
+        self._shapes: set[tuple] = set()  # an ungraphed run's token and index input shapes, run at least once
 
     def _view(self, address: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
         key = (address, dtype, shape)
@@ -209,9 +211,10 @@ class TorchGraph:
         return view
 
     def run(self, what: str, inputs: dict, outputs: dict, bindings: int | None = None) -> bool:
-        """Run over the bound memory -> whether this run paid one-time set-up (a graphed run's first, eager,
-        then its capture): its time is no measure of the next run's (csrc/graph.h). Eager PyTorch plans
-        nothing per shape: an ungraphed run pays none."""
+        """Run over the bound memory -> whether this run paid one-time set-up: a graphed run's first (eager)
+        and its capture; an ungraphed one, the first run of its token and index inputs' shapes (rank <= 2,
+        as onnxruntime's: the allocator grows for them; not the draft context's, which grows each step on
+        the host). Its time is no measure of the next run's (csrc/graph.h)."""
         missing = [name for name in self.inputs if name not in inputs]
         if missing:
             raise DFlashError(f"{what}: the executor bound no {missing[0]}")
@@ -228,9 +231,14 @@ class TorchGraph:
                 self._graphs[key].replay()
                 self.stats["replayed"] += 1
                 return True
-            first = key is not None and self._seen[key] == 0  # its kernels' first launch (cuBLAS's choice)
             if key is not None:
+                first = self._seen[key] == 0  # its kernels' first launch (cuBLAS's choice)
                 self._seen[key] += 1
+            else:
+                shapes = tuple((name, shape) for name, (_, _, shape) in inputs.items() if len(shape) <= 2)
+                first = len(self._shapes) < SHAPES_KEPT and shapes not in self._shapes
+                if first:
+                    self._shapes.add(shapes)
             self._forward(what, inputs, outputs)
             self.stats["eager"] += 1
             return first or capturing

@@ -245,20 +245,24 @@ def test_a_cuda_graph_is_keyed_on_every_binding_and_only_for_decode_sized_runs()
     assert graph._graph_key(inputs, outputs, 5) == 5 and graph._graph_key(inputs, outputs, -1) is None
 
 
-def test_a_graphed_run_pays_set_up_on_its_first_run_and_capture_and_an_eager_one_never(pair):
-    """What TorchGraph.run answers the executor (its set_up_runs): eager PyTorch plans nothing per shape;
-    graphed, a binding's first run and its capture pay set-up, its replays none. On the CPU the graphed
-    path is driven through its bookkeeping with the capture stubbed (no CUDA graphs here)."""
+def test_a_graphed_run_pays_set_up_on_its_first_run_and_capture_an_eager_one_on_its_shapes_first(pair):
+    """What TorchGraph.run answers the executor (its set_up_runs): ungraphed, the first run of its token and
+    index inputs' shapes (as onnxruntime's; the draft context growing each step is no new shape); graphed,
+    a binding's first run and its capture, its replays none. On the CPU the graphed path is driven through
+    its bookkeeping with the capture stubbed (no CUDA graphs here)."""
     from dflash_trt.runtime.torch_graphs import GRAPHED_TOKENS, TorchGraph
 
     _, llm = pair
     executor = llm.executor(3, 64)
-    executor.prefill_logits([0, 1], [[3, 1, 4], [2, 7]])
+    executor.prefill_logits([0, 1], [[3, 1, 4, 1, 5], [2, 7]])  # [2, 5] tokens: no verify's shape
+    paid = []
     for _ in range(3):
+        before = executor.set_up_runs
         drafts = executor.draft([0, 1], [7, 11], 4)
         executor.verify_logits([0, 1], [[7, *drafts[0]], [11, *drafts[1]]])
         executor.commit([0, 1], [1, 1])
-    assert executor.set_up_runs == 0
+        paid.append(executor.set_up_runs - before)
+    assert paid == [3, 0, 0]  # the draft block, the target and the draft context passes' first [2, 4]
 
     class Replayed:
         def replay(self):
@@ -274,7 +278,7 @@ def test_a_graphed_run_pays_set_up_on_its_first_run_and_capture_and_an_eager_one
     long = (1, GRAPHED_TOKENS + 1)
     ids, out = torch.zeros(long, dtype=torch.int64), torch.zeros(long, dtype=torch.int64)
     prefill = ({"input_ids": (ids.data_ptr(), "int64", long)}, {"y": (out.data_ptr(), "int64", long)})
-    assert [graph.run("prefill", *prefill, 1) for _ in range(2)] == [False, False]  # never graphed
+    assert [graph.run("prefill", *prefill, 1) for _ in range(2)] == [True, False]  # never graphed: its shapes
 
 
 def test_the_executor_numbers_each_set_of_bindings_the_same_every_time_it_recurs(pair, monkeypatch):
