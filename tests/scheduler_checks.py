@@ -178,3 +178,16 @@ def check_batched_greedy(llm, count: int, seed: int) -> None:
         runner.step()
     for request, (_, prompt, params) in zip(requests, work, strict=True):
         assert request.token_ids == reference_output(llm, prompt, params).token_ids
+
+
+def set_up_per_step(executor, rows: list[int], bonus: list[int], steps: int, block: int = 4) -> list[int]:
+    """The executor's set_up_runs each of `steps` steps paid (a draft of `block`, its verify, one position
+    kept a row): what the scheduler would leave out of its cost model."""
+    paid = []
+    for _ in range(steps):
+        before = executor.set_up_runs
+        drafts = executor.draft(rows, bonus, block)
+        executor.verify_logits(rows, [[b, *d] for b, d in zip(bonus, drafts, strict=True)])
+        executor.commit(rows, [1] * len(rows))
+        paid.append(executor.set_up_runs - before)
+    return paid

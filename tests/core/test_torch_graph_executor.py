@@ -13,7 +13,7 @@ import pytest
 import torch
 from factories import SLOT_KINDS, make_dflash2_drafter, make_target, tiny_slots_pair
 from reference import reference_output
-from scheduler_checks import check_batched_greedy, check_draft_kernels, workload
+from scheduler_checks import check_batched_greedy, check_draft_kernels, set_up_per_step, workload
 
 from dflash_trt import LLM
 from dflash_trt.errors import DFlashError
@@ -255,14 +255,7 @@ def test_a_graphed_run_pays_set_up_on_its_first_run_and_capture_an_eager_one_on_
     _, llm = pair
     executor = llm.executor(3, 64)
     executor.prefill_logits([0, 1], [[3, 1, 4, 1, 5], [2, 7]])  # [2, 5] tokens: no verify's shape
-    paid = []
-    for _ in range(3):
-        before = executor.set_up_runs
-        drafts = executor.draft([0, 1], [7, 11], 4)
-        executor.verify_logits([0, 1], [[7, *drafts[0]], [11, *drafts[1]]])
-        executor.commit([0, 1], [1, 1])
-        paid.append(executor.set_up_runs - before)
-    assert paid == [3, 0, 0]  # the draft block, the target and the draft context passes' first [2, 4]
+    assert set_up_per_step(executor, [0, 1], [7, 11], 3) == [3, 0, 0]  # the draft block, the target and the draft context passes' first [2, 4]
 
     class Replayed:
         def replay(self):

@@ -7,7 +7,7 @@ import torch
 from factories import SLOT_KINDS, make_dflash2_drafter, make_drafter, make_target, tiny_slots_pair
 from no_recent import NoRecent, no_recent_greedy
 from reference import reference_output
-from scheduler_checks import check_draft_kernels, workload
+from scheduler_checks import check_draft_kernels, set_up_per_step, workload
 
 from dflash_trt import LLM, SamplingParams
 from dflash_trt.export.moe import is_sparse_moe
@@ -395,11 +395,5 @@ def test_a_bindings_first_run_and_its_capture_pay_set_up_and_its_replays_none(pa
     llm = LLM(*pair_dirs, block_size=4, device="cuda", dtype="float32", backend="torch")
     executor = llm.executor(2, 64)
     executor.prefill_logits([0, 1], [[3, 1, 4], [2, 7]])
-    paid = []
-    for _ in range(6):
-        before = executor.set_up_runs
-        drafts = executor.draft([0, 1], [1, 2], 4)
-        executor.verify_logits([0, 1], [[1, *drafts[0]], [2, *drafts[1]]])
-        executor.commit([0, 1], [1, 1])
-        paid.append(executor.set_up_runs - before)
+    paid = set_up_per_step(executor, [0, 1], [1, 2], 6)
     assert paid[-2:] == [0, 0] and paid[0] > 0 and paid[1] > 0, paid

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from factories import make_dflash2_drafter, make_drafter, make_target
 from no_recent import NoRecent
-from scheduler_checks import decode_on, decode_preempted, python_loop
+from scheduler_checks import decode_on, decode_preempted, python_loop, set_up_per_step
 
 from dflash_trt.engines.profiles import input_ranges, profile_dims
 from dflash_trt.errors import DFlashError
@@ -340,15 +340,8 @@ def test_the_runs_that_pay_set_up_are_a_bindings_first_enqueue_and_its_capture(c
     config.cuda_graphs = graphs
     executor = core.TrtExecutor(config)
     executor.prefill_logits([0, 2], [PROMPTS[1], PROMPTS[0]])
-    paid = []
-    for _ in range(4):
-        before = executor.set_up_runs
-        drafts = executor.draft([0, 2], [1, 2], 4)
-        executor.verify_logits([0, 2], [[1, *drafts[0]], [2, *drafts[1]]])
-        executor.commit([0, 2], [1, 1])
-        paid.append(executor.set_up_runs - before)
     # every graph's first run (draft block, target, draft context), then (graphed) their captures
-    assert paid == ([3, 3, 0, 0] if graphs else [3, 0, 0, 0])
+    assert set_up_per_step(executor, [0, 2], [1, 2], 4) == ([3, 3, 0, 0] if graphs else [3, 0, 0, 0])
 
 
 def test_shapes_outside_every_optimization_profile_are_refused_in_one_line(core, ort, fakes, pair, tmp_path):
