@@ -789,8 +789,8 @@ def serve(model, target, draft, speculative_config, enable_auto_tool_choice, hos
           draft_rule, prefix_caching, scheduling_policy, chat_template, tool_call_parser, reasoning_parser,
           responses_store, trust_request_chat_template, default_chat_template_kwargs, generation_config,
           override_generation_config, allowed_origins, allow_credentials, allowed_methods, allowed_headers,
-          ssl_keyfile, ssl_certfile, root_path, seed, enforce_eager, disable_log_stats, log_stats_interval, enable_log_requests,
-          max_log_len, uvicorn_log_level, disable_uvicorn_access_log, enable_force_include_usage,
+          ssl_keyfile, ssl_certfile, root_path, seed, enforce_eager, disable_log_stats, log_stats_interval,
+          enable_log_requests, max_log_len, uvicorn_log_level, disable_uvicorn_access_log, enable_force_include_usage,
           enable_request_id_headers):
     """Serve MODEL (a bundle or engine bundle directory that export / build wrote; else a target, as
     --target takes it, which vLLM's `serve MODEL` is) with an OpenAI-compatible API (/v1/chat/completions,

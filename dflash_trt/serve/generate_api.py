@@ -172,8 +172,6 @@ def refused(err: RequestError, prompt_field: str = "text") -> RequestError:
     return RequestError(f"sampling_params.{name}", err.message.replace(head, name, 1), err.status)
 
 
-
-
 class Answer(BaseModel):
     text: str
     output_ids: list[int]

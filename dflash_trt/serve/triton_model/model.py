@@ -53,15 +53,15 @@ class TritonPythonModel:
         rule = params.get("draft_rule") or "point-mass"
         # serve --generation-config / --override-generation-config: a request's sampling defaults
         generation = {"generation_config": params.get("generation_config") or "auto",
-                      "override_generation_config": params.get("override_generation_config") or None,
-                      "enforce_eager": params.get("enforce_eager") == "1"}  # serve --enforce-eager
+                      "override_generation_config": params.get("override_generation_config") or None}
+        eager = params.get("enforce_eager") == "1"  # serve --enforce-eager
         if params["bundle"]:  # capacity None: the bundle's own, else 4096
             self.llm = LLM.from_bundle(params["bundle"], block_size=block_size, capacity=capacity, draft_rule=rule,
-                                       **generation)
+                                       enforce_eager=eager, **generation)
         else:
             placed = {name: params.get(name) or None for name in ("device", "dtype", "quant", "draft_quant")}
             self.llm = LLM(params["target"], params["draft"] or AUTO, backend=params.get("backend") or AUTO,
-                           block_size=block_size, draft_rule=rule, **placed, **generation)
+                           block_size=block_size, draft_rule=rule, enforce_eager=eager, **placed, **generation)
         self.engine = Engine(self.llm, max_batch=int(params["max_batch"]), capacity=capacity or self.llm.capacity,
                              block_size=block_size,
                              prefill_chunk=int(params.get("prefill_chunk") or 0),
